@@ -1,0 +1,165 @@
+//! `hesper-rs bench`: prompt-processing and generation speed, in the spirit of `llama-bench`.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use hesper_engine::backend::Backend;
+use hesper_engine::model::Logits;
+
+use crate::args::ModelArgs;
+use crate::load::load;
+
+/// Flags of `bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens processed in one batch (pp test; 0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Tokens generated one at a time (tg test; 0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    repetitions: usize,
+    /// Prompt batch size.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// Print JSON instead of a table.
+    #[arg(long = "json")]
+    json: bool,
+}
+
+/// One test's result.
+struct Row {
+    test: String,
+    tokens_per_s: Vec<f64>,
+}
+
+impl Row {
+    fn mean_sd(&self) -> (f64, f64) {
+        let n = self.tokens_per_s.len() as f64;
+        let mean = self.tokens_per_s.iter().sum::<f64>() / n;
+        let var = self
+            .tokens_per_s
+            .iter()
+            .map(|v| (v - mean).powi(2))
+            .sum::<f64>()
+            / (n - 1.0).max(1.0);
+        (mean, var.sqrt())
+    }
+}
+
+/// Runs `bench`.
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.repetitions == 0 || (args.n_prompt == 0 && args.n_gen == 0) {
+        bail!("nothing to measure: give -r >= 1 and -p or -n above 0");
+    }
+    let loaded = load(&args.model, None)?;
+    let model = &loaded.model;
+    let c = &model.config;
+    let n_ctx = args.n_prompt.max(args.n_gen).max(1);
+    if n_ctx > c.n_ctx_train {
+        eprintln!(
+            "hesper: note: {n_ctx} tokens exceed the model's training context {}",
+            c.n_ctx_train
+        );
+    }
+    // Deterministic, in-vocabulary token ids.
+    let ids = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i as u64 * 2_654_435_761 + 1) % c.n_vocab as u64) as u32)
+            .collect()
+    };
+    let mut rows = Vec::new();
+    if args.n_prompt > 0 {
+        let tokens = ids(args.n_prompt);
+        let mut row = Row {
+            test: format!("pp{}", args.n_prompt),
+            tokens_per_s: Vec::new(),
+        };
+        for _ in 0..args.repetitions {
+            let mut s = model.new_session(n_ctx, args.batch_size)?;
+            let t0 = Instant::now();
+            model.eval(&mut s, &tokens, Logits::Last)?;
+            row.tokens_per_s
+                .push(tokens.len() as f64 / t0.elapsed().as_secs_f64());
+        }
+        rows.push(row);
+    }
+    if args.n_gen > 0 {
+        let tokens = ids(args.n_gen);
+        let mut row = Row {
+            test: format!("tg{}", args.n_gen),
+            tokens_per_s: Vec::new(),
+        };
+        for _ in 0..args.repetitions {
+            let mut s = model.new_session(n_ctx, 1)?;
+            let t0 = Instant::now();
+            for &t in &tokens {
+                model.eval(&mut s, &[t], Logits::Last)?;
+            }
+            row.tokens_per_s
+                .push(tokens.len() as f64 / t0.elapsed().as_secs_f64());
+        }
+        rows.push(row);
+    }
+    let weight_bytes: u64 = model
+        .file
+        .header()
+        .tensors()
+        .iter()
+        .filter(|t| {
+            t.name != "token_embd.weight" || model.file.header().tensor("output.weight").is_none()
+        })
+        .filter_map(|t| t.nbytes)
+        .sum();
+    let size_mib = model.file.len() as f64 / (1 << 20) as f64;
+    let params = model
+        .file
+        .header()
+        .tensors()
+        .iter()
+        .map(|t| t.n_elements())
+        .sum::<u64>() as f64
+        / 1e9;
+    if args.json {
+        let items: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                let (mean, sd) = r.mean_sd();
+                serde_json::json!({
+                    "model": model.file.source, "size_bytes": model.file.len(), "params_b": params,
+                    "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test,
+                    "avg_ts": mean, "stddev_ts": sd, "samples_ts": r.tokens_per_s,
+                    "bytes_per_token": weight_bytes, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(());
+    }
+    println!("| model | size | params | backend | test | t/s | weight GB/s |");
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+    for r in &rows {
+        let (mean, sd) = r.mean_sd();
+        let gbs = if r.test.starts_with("tg") {
+            format!("{:.2}", mean * weight_bytes as f64 / 1e9)
+        } else {
+            "-".into()
+        };
+        println!(
+            "| {} | {size_mib:.2} MiB | {params:.2} B | {} | {} | {mean:.2} ± {sd:.2} | {gbs} |",
+            c.arch,
+            model.backend.name(),
+            r.test
+        );
+    }
+    println!(
+        "\nbytes read per generated token (weights incl. LM head): {:.1} MB",
+        weight_bytes as f64 / 1e6
+    );
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! `hesper-rs info`: metadata, tensor table, model config and tokenizer of a GGUF file.
+
+use anyhow::Result;
+use clap::Args;
+use hesper_engine::config::Config;
+use hesper_engine::gguf::{Array, Value};
+use hesper_engine::tokenizer::Tokenizer;
+
+use crate::args::ModelArgs;
+use crate::load::open_file;
+
+/// Flags of `info`.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Print every tensor (default: the first 40 and a summary).
+    #[arg(long = "all-tensors")]
+    all_tensors: bool,
+}
+
+/// Runs `info`.
+pub fn run(args: InfoArgs) -> Result<()> {
+    let file = open_file(&args.model)?;
+    let g = file.header();
+    println!(
+        "file:      {} ({} bytes, GGUF v{}, alignment {})",
+        file.source,
+        file.len(),
+        g.version,
+        g.alignment
+    );
+    println!("\nmetadata ({} keys):", g.metadata().len());
+    for (key, value) in g.metadata() {
+        println!("  {key:<45} {}", show(value));
+    }
+    let tensors = g.tensors();
+    let total: u64 = tensors.iter().filter_map(|t| t.nbytes).sum();
+    println!(
+        "\ntensors ({}, {:.2} MiB):",
+        tensors.len(),
+        total as f64 / (1 << 20) as f64
+    );
+    let shown = if args.all_tensors {
+        tensors.len()
+    } else {
+        tensors.len().min(40)
+    };
+    for t in &tensors[..shown] {
+        let dims: Vec<String> = t.dims().iter().map(u64::to_string).collect();
+        let bytes = t.nbytes.map_or("?".into(), |n| n.to_string());
+        println!(
+            "  {:<36} {:<8} [{:<14}] {:>12} bytes",
+            t.name,
+            t.ty.to_string(),
+            dims.join(", "),
+            bytes
+        );
+    }
+    if shown < tensors.len() {
+        println!(
+            "  … {} more (--all-tensors lists them)",
+            tensors.len() - shown
+        );
+    }
+    let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
+    match Config::from_gguf(g, n_vocab) {
+        Ok(c) => {
+            println!("\nmodel:     {} ({:?} flavour), {} layers, n_embd {}, n_ff {}, heads {}/{} (head dim {}), vocab {}, ctx {}", c.arch, c.flavour, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.n_ctx_train);
+            println!(
+                "numerics:  {:?} FFN, RMSNorm eps {}, NeoX RoPE base {} over {} dims",
+                c.activation, c.eps, c.rope_base, c.rope_dim
+            );
+        }
+        Err(e) => println!("\nmodel:     not runnable by hesper-rs: {e}"),
+    }
+    match Tokenizer::from_gguf(g) {
+        Ok(Some(t)) => println!("tokenizer: {}", t.describe()),
+        Ok(None) => println!("tokenizer: none (feed token ids)"),
+        Err(e) => println!("tokenizer: unusable: {e}"),
+    }
+    Ok(())
+}
+
+fn show(v: &Value) -> String {
+    match v {
+        Value::Array(Array::String(items)) => {
+            let head: Vec<String> = items.iter().take(4).map(|s| format!("{s:?}")).collect();
+            format!(
+                "[str × {}] {}{}",
+                items.len(),
+                head.join(", "),
+                if items.len() > 4 { ", …" } else { "" }
+            )
+        }
+        Value::String(s) if s.len() > 80 => format!(
+            "{:?}… ({} bytes)",
+            s.chars().take(60).collect::<String>(),
+            s.len()
+        ),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,49 @@
+//! `hesper-rs`: run BitNet b1.58 GGUF models.
+
+mod args;
+mod bench;
+mod generate;
+mod info;
+mod load;
+mod logits;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run ternary BitNet b1.58 GGUF models on the CPU (WebGPU backend coming).
+#[derive(Parser)]
+#[command(name = "hesper-rs", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, or chat interactively with --chat.
+    Generate(generate::GenerateArgs),
+    /// Print a model's metadata, tensor table, config and tokenizer.
+    Info(info::InfoArgs),
+    /// Evaluate token ids and write the logits of every position (float32 LE [n_tokens][n_vocab]).
+    Logits(logits::LogitsArgs),
+    /// Measure prompt processing (pp) and text generation (tg) speed.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Info(a) => info::run(a),
+        Command::Logits(a) => logits::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

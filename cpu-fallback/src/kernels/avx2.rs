@@ -1,0 +1,181 @@
+//! AVX2 + FMA + F16C kernels for x86_64. Each function is `unsafe` because the caller must
+//! have checked the CPU features (see [`super::Isa::detect`]).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use half::f16;
+use hesper_engine::weights::{I2S_GROUP, TQ2_0_BLOCK_BYTES};
+
+use crate::quant::Q8KBlock;
+
+/// Horizontal sum of eight i32 lanes.
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Horizontal sum of eight f32 lanes.
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_f32(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Σ over 32 code bytes × four 32-byte activation slices (shifts 6, 4, 2, 0 when
+/// `msb_first`, else 0, 2, 4, 6), as eight i32 partial sums.
+#[target_feature(enable = "avx2")]
+unsafe fn crumbs_dot(codes: *const u8, q: *const i8, msb_first: bool) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes at `codes` and 128 at `q`.
+    unsafe {
+        let mask = _mm256_set1_epi8(3);
+        let b = _mm256_loadu_si256(codes.cast());
+        let planes = [
+            _mm256_and_si256(b, mask),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
+        ];
+        let mut sum16 = _mm256_setzero_si256();
+        for (slice, plane) in (0..4).zip(if msb_first {
+            [3, 2, 1, 0]
+        } else {
+            [0, 1, 2, 3]
+        }) {
+            let qv = _mm256_loadu_si256(q.add(32 * slice).cast());
+            // codes are 0..=2 and |q| <= 128, so each i16 pair sum is at most 512 and the
+            // sum of four stays far below i16::MAX.
+            sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(planes[plane], qv));
+        }
+        _mm256_madd_epi16(sum16, _mm256_set1_epi16(1))
+    }
+}
+
+/// AVX2 version of [`super::scalar::i2s_code_dot`].
+///
+/// # Safety
+/// The CPU must support AVX2; `row.len() * 4 == q.len()` and `q.len() % 128 == 0`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
+    debug_assert!(row.len() * 4 == q.len() && q.len() % I2S_GROUP == 0);
+    let mut acc = _mm256_setzero_si256();
+    for g in 0..q.len() / I2S_GROUP {
+        // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of q.
+        acc = _mm256_add_epi32(acc, unsafe {
+            crumbs_dot(
+                row.as_ptr().add(32 * g),
+                q.as_ptr().add(I2S_GROUP * g),
+                true,
+            )
+        });
+    }
+    hsum_i32(acc)
+}
+
+/// AVX2 version of [`super::scalar::tq2_0_dot`]; bit-identical result.
+///
+/// # Safety
+/// The CPU must support AVX2; `row` holds `act.len()` TQ2_0 blocks.
+#[target_feature(enable = "avx2")]
+pub unsafe fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    debug_assert!(row.len() == act.len() * TQ2_0_BLOCK_BYTES);
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(TQ2_0_BLOCK_BYTES).zip(act) {
+        // SAFETY: each half reads 32 code bytes and 128 activations inside the block.
+        let (h0, h1) = unsafe {
+            (
+                crumbs_dot(blk.as_ptr(), a.qs.as_ptr(), false),
+                crumbs_dot(blk.as_ptr().add(32), a.qs.as_ptr().add(128), false),
+            )
+        };
+        let codes_q = hsum_i32(_mm256_add_epi32(h0, h1));
+        let sum_q: i32 = a.bsums.iter().map(|&s| i32::from(s)).sum();
+        let d = a.d * f16::from_le_bytes([blk[64], blk[65]]).to_f32();
+        acc += (codes_q - sum_q) as f32 * d;
+    }
+    acc
+}
+
+/// AVX2/FMA version of [`super::scalar::f32_dot`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `row.len() == 4 * x.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn f32_dot(row: &[u8], x: &[f32]) -> f32 {
+    debug_assert!(row.len() == 4 * x.len());
+    let n = x.len();
+    let w = row.as_ptr().cast::<f32>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY: every load reads inside [0, n) of both slices; loadu has no alignment needs.
+    unsafe {
+        while i + 32 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(w.add(i + 8 * j)),
+                    _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)),
+                    *a,
+                );
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(w.add(i)),
+                _mm256_loadu_ps(x.as_ptr().add(i)),
+                acc[0],
+            );
+            i += 8;
+        }
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum_f32(v) + super::scalar::f32_dot(&row[4 * i..], &x[i..])
+}
+
+/// Eight f16 values at `p` widened to f32.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load_f16x8(p: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 16 readable bytes at `p`.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+}
+
+/// AVX2/FMA/F16C version of [`super::scalar::f16_dot`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `row.len() == 2 * x.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_dot(row: &[u8], x: &[f32]) -> f32 {
+    debug_assert!(row.len() == 2 * x.len());
+    let n = x.len();
+    let w = row.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY: every load reads 8 halves / 8 floats inside [0, n).
+    unsafe {
+        while i + 32 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(
+                    load_f16x8(w.add(2 * (i + 8 * j))),
+                    _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)),
+                    *a,
+                );
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(
+                load_f16x8(w.add(2 * i)),
+                _mm256_loadu_ps(x.as_ptr().add(i)),
+                acc[0],
+            );
+            i += 8;
+        }
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum_f32(v) + super::scalar::f16_dot(&row[2 * i..], &x[i..])
+}

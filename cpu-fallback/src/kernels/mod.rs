@@ -1,0 +1,91 @@
+//! Row dot-product kernels and the run-time choice between them.
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+pub mod scalar;
+
+use crate::quant::Q8KBlock;
+
+/// The instruction set the kernels use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable scalar code (the reference).
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Self::Avx2;
+        }
+        Self::Scalar
+    }
+
+    /// Whether this CPU can run `self`.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Self::Scalar => true,
+            Self::Avx2 => Self::detect() == Self::Avx2,
+        }
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scalar => "scalar",
+            Self::Avx2 => "avx2",
+        }
+    }
+
+    /// Σ code·q over an I2_S row.
+    #[inline]
+    pub fn i2s_code_dot(self, row: &[u8], q: &[i8]) -> i32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` is only constructed after the CPU reported AVX2; lengths are
+            // checked by the matmul driver (rows of whole 128-element groups).
+            Self::Avx2 => unsafe { avx2::i2s_code_dot(row, q) },
+            _ => scalar::i2s_code_dot(row, q),
+        }
+    }
+
+    /// TQ2_0 row · Q8_K activations.
+    #[inline]
+    pub fn tq2_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: see `i2s_code_dot`; the row holds one block per activation block.
+            Self::Avx2 => unsafe { avx2::tq2_0_dot(row, act) },
+            _ => scalar::tq2_0_dot(row, act),
+        }
+    }
+
+    /// F32 row · x.
+    #[inline]
+    pub fn f32_dot(self, row: &[u8], x: &[f32]) -> f32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2 and FMA; the row holds x.len() floats.
+            Self::Avx2 => unsafe { avx2::f32_dot(row, x) },
+            _ => scalar::f32_dot(row, x),
+        }
+    }
+
+    /// F16 row · x.
+    #[inline]
+    pub fn f16_dot(self, row: &[u8], x: &[f32]) -> f32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2, FMA and F16C; the row holds x.len() halves.
+            Self::Avx2 => unsafe { avx2::f16_dot(row, x) },
+            _ => scalar::f16_dot(row, x),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Scalar row dot products: the exact semantics every other kernel is tested against.
+//!
+//! Integer parts (ternary × int8) are exact; float accumulation runs block by block in the
+//! order ggml's generic kernels use.
+
+use half::{bf16, f16};
+use hesper_engine::weights::{
+    i2s_code, tq1_0_code, tq2_0_code, Q8_0_BLOCK_BYTES, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
+};
+
+use crate::quant::{Q8KBlock, Q8_0Block, QK_K};
+
+/// Σ code·q over one I2_S row (codes 0, 1, 2; subtract Σq for the ternary sum).
+pub fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
+    q.iter()
+        .enumerate()
+        .map(|(k, &qv)| i32::from(i2s_code(row, k)) * i32::from(qv))
+        .sum()
+}
+
+/// One TQ2_0 row · Q8_K activations: per block the exact integer Σ(c−1)·q, then
+/// `acc += sumi · (d_act · d_weight)` in f32.
+pub fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(TQ2_0_BLOCK_BYTES).zip(act) {
+        let sumi: i32 = (0..QK_K)
+            .map(|e| (i32::from(tq2_0_code(blk, e)) - 1) * i32::from(a.qs[e]))
+            .sum();
+        let d = a.d * f16::from_le_bytes([blk[64], blk[65]]).to_f32();
+        acc += sumi as f32 * d;
+    }
+    acc
+}
+
+/// One TQ1_0 row · Q8_K activations (same accumulation as [`tq2_0_dot`]).
+pub fn tq1_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(TQ1_0_BLOCK_BYTES).zip(act) {
+        let sumi: i32 = (0..QK_K)
+            .map(|e| (i32::from(tq1_0_code(blk, e)) - 1) * i32::from(a.qs[e]))
+            .sum();
+        let d = a.d * f16::from_le_bytes([blk[52], blk[53]]).to_f32();
+        acc += sumi as f32 * d;
+    }
+    acc
+}
+
+/// One Q8_0 row · Q8_0 activations.
+pub fn q8_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(Q8_0_BLOCK_BYTES).zip(act) {
+        let sumi: i32 = blk[2..]
+            .iter()
+            .zip(&a.qs)
+            .map(|(&w, &q)| i32::from(w as i8) * i32::from(q))
+            .sum();
+        acc += sumi as f32 * (f16::from_le_bytes([blk[0], blk[1]]).to_f32() * a.d);
+    }
+    acc
+}
+
+/// One F32 row (little-endian bytes) · x.
+pub fn f32_dot(row: &[u8], x: &[f32]) -> f32 {
+    row.chunks_exact(4)
+        .zip(x)
+        .map(|(b, &v)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * v)
+        .sum()
+}
+
+/// One F16 row · x (x already rounded through f16 by the caller).
+pub fn f16_dot(row: &[u8], x: &[f32]) -> f32 {
+    row.chunks_exact(2)
+        .zip(x)
+        .map(|(b, &v)| f16::from_le_bytes([b[0], b[1]]).to_f32() * v)
+        .sum()
+}
+
+/// One BF16 row · x (x already rounded through bf16 by the caller).
+pub fn bf16_dot(row: &[u8], x: &[f32]) -> f32 {
+    row.chunks_exact(2)
+        .zip(x)
+        .map(|(b, &v)| bf16::from_le_bytes([b[0], b[1]]).to_f32() * v)
+        .sum()
+}

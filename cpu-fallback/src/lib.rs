@@ -1,0 +1,181 @@
+//! hesper-cpu: the CPU backend of hesper-rs (see the crate README).
+
+pub mod kernels;
+pub mod matmul;
+pub mod ops;
+pub mod quant;
+
+use std::sync::Arc;
+
+use hesper_engine::backend::{AttentionShape, Backend, BackendError, RopeShape};
+use hesper_engine::config::Activation;
+use hesper_engine::file::ModelFile;
+use hesper_engine::weights::{Format, MatrixDesc};
+
+pub use kernels::Isa;
+pub use matmul::CpuMatrix;
+pub use ops::KvCache;
+
+/// The CPU backend: a thread pool and an instruction set.
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    isa: Isa,
+}
+
+impl CpuBackend {
+    /// A backend with `threads` workers (0 = one per core) on the best instruction set.
+    pub fn new(threads: usize) -> Result<Self, BackendError> {
+        Self::with_isa(threads, Isa::detect())
+    }
+
+    /// A backend forced onto `isa` (tests compare instruction sets).
+    pub fn with_isa(threads: usize, isa: Isa) -> Result<Self, BackendError> {
+        if !isa.is_supported() {
+            return Err(BackendError::Device(format!(
+                "this CPU cannot run the {} kernels",
+                isa.name()
+            )));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hesper-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::Device(format!("cannot start {threads} threads: {e}")))?;
+        Ok(Self { pool, isa })
+    }
+
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type Matrix = CpuMatrix;
+    type Vector = Vec<f32>;
+    type Cache = KvCache;
+
+    fn name(&self) -> String {
+        format!("cpu ({}, {} threads)", self.isa.name(), self.threads())
+    }
+
+    fn load_matrix(
+        &self,
+        file: &Arc<ModelFile>,
+        desc: MatrixDesc,
+        scale: Option<f32>,
+    ) -> Result<CpuMatrix, BackendError> {
+        let unsupported = |why: &str| BackendError::Unsupported {
+            backend: self.name(),
+            tensor: desc.name.clone(),
+            why: why.into(),
+        };
+        match desc.format {
+            Format::TQ1_0 | Format::TQ2_0 if desc.cols % 256 != 0 => {
+                return Err(unsupported("TQ rows must be whole 256-element blocks"))
+            }
+            Format::Q8_0 if desc.cols % 32 != 0 => {
+                return Err(unsupported("Q8_0 rows must be whole 32-element blocks"))
+            }
+            _ => {}
+        }
+        Ok(CpuMatrix::new(file.clone(), desc, scale))
+    }
+
+    fn load_vector(&self, data: Vec<f32>) -> Result<Vec<f32>, BackendError> {
+        Ok(data)
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>, BackendError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn new_cache(
+        &self,
+        n_layer: usize,
+        n_ctx: usize,
+        kv_dim: usize,
+    ) -> Result<KvCache, BackendError> {
+        let bytes = (n_layer as u64) * (n_ctx as u64) * (kv_dim as u64) * 8;
+        if bytes > isize::MAX as u64 / 2 {
+            return Err(BackendError::Allocation {
+                what: "KV cache".into(),
+                bytes,
+                why: "larger than the address space".into(),
+            });
+        }
+        Ok(KvCache::new(n_layer, n_ctx, kv_dim))
+    }
+
+    fn write(&self, dst: &mut Vec<f32>, data: &[f32]) -> Result<(), BackendError> {
+        dst[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&self, src: &Vec<f32>, out: &mut [f32]) -> Result<(), BackendError> {
+        out.copy_from_slice(&src[..out.len()]);
+        Ok(())
+    }
+
+    fn embed(&self, table: &CpuMatrix, tokens: &[u32], out: &mut Vec<f32>) {
+        let d = table.desc.cols;
+        for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            table.decode_row(t as usize, row);
+        }
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, n: usize, eps: f32, out: &mut Vec<f32>) {
+        ops::rms_norm(x, w, n, eps, out);
+    }
+
+    fn matmul(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) {
+        self.pool.install(|| w.matmul(self.isa, x, n, out));
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, n: usize, pos0: usize, shape: &RopeShape) {
+        ops::rope(x, n, pos0, shape);
+    }
+
+    fn attention(
+        &self,
+        cache: &mut KvCache,
+        layer: usize,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        n: usize,
+        pos0: usize,
+        shape: &AttentionShape,
+        out: &mut Vec<f32>,
+    ) {
+        self.pool
+            .install(|| ops::attention(cache, layer, q, k, v, n, pos0, shape, out));
+    }
+
+    fn glu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, act: Activation, out: &mut Vec<f32>) {
+        ops::glu(gate, up, len, act, out);
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        for (a, b) in x[..len].iter_mut().zip(&y[..len]) {
+            *a += b;
+        }
+    }
+
+    fn copy_rows(
+        &self,
+        src: &Vec<f32>,
+        row0: usize,
+        n_rows: usize,
+        width: usize,
+        dst: &mut Vec<f32>,
+    ) {
+        dst[..n_rows * width].copy_from_slice(&src[row0 * width..(row0 + n_rows) * width]);
+    }
+}

@@ -1,0 +1,159 @@
+//! Matrix × activations: quantize each token's activations once, then split weight rows
+//! across the thread pool; every weight row is read once and dotted with all tokens.
+
+use std::sync::Arc;
+
+use hesper_engine::file::ModelFile;
+use hesper_engine::weights::{Format, MatrixDesc};
+use rayon::prelude::*;
+
+use crate::kernels::{scalar, Isa};
+use crate::quant::{
+    quantize_i8_row, quantize_q8_0, quantize_q8_k, round_bf16, round_f16, I8Row, Q8KBlock,
+    Q8_0Block,
+};
+
+/// A weight matrix borrowed from the memory-mapped file (no copy).
+pub struct CpuMatrix {
+    file: Arc<ModelFile>,
+    /// Shape, layout and location.
+    pub desc: MatrixDesc,
+    /// Multiplier applied to every output (mainline `*.scale` tensors).
+    pub scale: Option<f32>,
+}
+
+/// One batch of activations in the form the weight layout multiplies with.
+enum Activations {
+    I8(Vec<I8Row>),
+    Q8K(Vec<Vec<Q8KBlock>>),
+    Q8_0(Vec<Vec<Q8_0Block>>),
+    Float(Vec<Vec<f32>>),
+}
+
+impl CpuMatrix {
+    /// Wraps `desc` inside `file`.
+    pub fn new(file: Arc<ModelFile>, desc: MatrixDesc, scale: Option<f32>) -> Self {
+        Self { file, desc, scale }
+    }
+
+    /// The weight bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.file.bytes()[self.desc.range.clone()]
+    }
+
+    /// Decodes row `r` to f32.
+    pub fn decode_row(&self, r: usize, out: &mut [f32]) {
+        self.desc.decode_row(self.file.bytes(), r, out);
+    }
+
+    fn quantize(&self, x: &[f32], n: usize) -> Activations {
+        let rows = x.chunks_exact(self.desc.cols).take(n);
+        match self.desc.format {
+            Format::I2S { .. } => Activations::I8(
+                rows.map(|r| {
+                    let mut q = I8Row::default();
+                    quantize_i8_row(r, &mut q);
+                    q
+                })
+                .collect(),
+            ),
+            Format::TQ1_0 | Format::TQ2_0 => Activations::Q8K(
+                rows.map(|r| {
+                    let mut b = Vec::new();
+                    quantize_q8_k(r, &mut b);
+                    b
+                })
+                .collect(),
+            ),
+            Format::Q8_0 => Activations::Q8_0(
+                rows.map(|r| {
+                    let mut b = Vec::new();
+                    quantize_q8_0(r, &mut b);
+                    b
+                })
+                .collect(),
+            ),
+            Format::F16 => Activations::Float(
+                rows.map(|r| {
+                    let mut v = Vec::new();
+                    round_f16(r, &mut v);
+                    v
+                })
+                .collect(),
+            ),
+            Format::BF16 => Activations::Float(
+                rows.map(|r| {
+                    let mut v = Vec::new();
+                    round_bf16(r, &mut v);
+                    v
+                })
+                .collect(),
+            ),
+            Format::F32 => Activations::Float(rows.map(<[f32]>::to_vec).collect()),
+        }
+    }
+
+    /// `out[t][r] = W[r] · x[t]` for `n` tokens (`x` is `[n][cols]`, `out` is `[n][rows]`).
+    pub fn matmul(&self, isa: Isa, x: &[f32], n: usize, out: &mut [f32]) {
+        let act = self.quantize(x, n);
+        let rows = self.desc.rows;
+        let row_bytes = self.desc.row_bytes();
+        let data = self.data();
+        let threads = rayon::current_num_threads();
+        let chunk = (rows / (threads * 8)).clamp(8, 1024);
+        let dot_row = |r: usize, t: usize| -> f32 {
+            let row = &data[r * row_bytes..(r + 1) * row_bytes];
+            let v = dot(isa, self.desc.format, row, &act, t);
+            self.scale.map_or(v, |s| v * s)
+        };
+        if n == 1 {
+            out[..rows]
+                .par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(ci, o)| {
+                    for (j, v) in o.iter_mut().enumerate() {
+                        *v = dot_row(ci * chunk + j, 0);
+                    }
+                });
+            return;
+        }
+        let blocks: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(chunk))
+            .into_par_iter()
+            .map(|ci| {
+                let r0 = ci * chunk;
+                let r1 = (r0 + chunk).min(rows);
+                let mut local = vec![0.0; (r1 - r0) * n];
+                for r in r0..r1 {
+                    for t in 0..n {
+                        local[t * (r1 - r0) + (r - r0)] = dot_row(r, t);
+                    }
+                }
+                (r0, local)
+            })
+            .collect();
+        for (r0, local) in blocks {
+            let width = local.len() / n;
+            for t in 0..n {
+                out[t * rows + r0..t * rows + r0 + width]
+                    .copy_from_slice(&local[t * width..(t + 1) * width]);
+            }
+        }
+    }
+}
+
+fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32 {
+    match (format, act) {
+        (Format::I2S { beta }, Activations::I8(a)) => {
+            let a = &a[t];
+            let sumi = isa.i2s_code_dot(row, &a.q) - a.sum;
+            sumi as f32 / a.scale * beta
+        }
+        (Format::TQ2_0, Activations::Q8K(a)) => isa.tq2_0_dot(row, &a[t]),
+        (Format::TQ1_0, Activations::Q8K(a)) => scalar::tq1_0_dot(row, &a[t]),
+        (Format::Q8_0, Activations::Q8_0(a)) => scalar::q8_0_dot(row, &a[t]),
+        (Format::F32, Activations::Float(a)) => isa.f32_dot(row, &a[t]),
+        (Format::F16, Activations::Float(a)) => isa.f16_dot(row, &a[t]),
+        (Format::BF16, Activations::Float(a)) => scalar::bf16_dot(row, &a[t]),
+        _ => unreachable!("activations are prepared for the matrix's own format"),
+    }
+}

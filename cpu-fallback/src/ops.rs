@@ -1,0 +1,204 @@
+//! Element-wise and attention operations, with ggml's arithmetic.
+
+use hesper_engine::backend::{AttentionShape, RopeShape};
+use hesper_engine::config::Activation;
+use rayon::prelude::*;
+
+/// RMSNorm of each `w.len()`-wide row: Σx² in f64, `scale = 1/sqrt(mean + eps)` in f32,
+/// `y = (x·scale)·w`.
+pub fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).take(n) {
+        let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+        let mean = (sum / d as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((y, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+            *y = (v * scale) * g;
+        }
+    }
+}
+
+/// NeoX RoPE in place: per head, pair `i` with `i + rope_dim/2`; the angle of pair `i` is
+/// `pos · base^(−2i/rope_dim)`, built by repeated f32 multiplication as ggml does.
+pub fn rope(x: &mut [f32], n: usize, pos0: usize, s: &RopeShape) {
+    let half = s.rope_dim / 2;
+    let theta_scale = s.base.powf(-2.0 / s.rope_dim as f32);
+    let mut cs = vec![(0.0f32, 0.0f32); half];
+    for (t, row) in x
+        .chunks_exact_mut(s.n_head * s.head_dim)
+        .take(n)
+        .enumerate()
+    {
+        let mut theta = (pos0 + t) as f32;
+        for c in cs.iter_mut() {
+            *c = (theta.cos(), theta.sin());
+            theta *= theta_scale;
+        }
+        for head in row.chunks_exact_mut(s.head_dim) {
+            for (i, &(cos, sin)) in cs.iter().enumerate() {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos - b * sin;
+                head[i + half] = a * sin + b * cos;
+            }
+        }
+    }
+}
+
+/// An f32 KV cache for every layer: `[layer][position][kv_dim]` for K and for V.
+pub struct KvCache {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    n_ctx: usize,
+    kv_dim: usize,
+}
+
+impl KvCache {
+    /// A zeroed cache (pages are only touched as positions fill).
+    pub fn new(n_layer: usize, n_ctx: usize, kv_dim: usize) -> Self {
+        let len = n_layer * n_ctx * kv_dim;
+        Self {
+            k: vec![0.0; len],
+            v: vec![0.0; len],
+            n_ctx,
+            kv_dim,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 4
+    }
+}
+
+/// Stores `k`, `v` of `n` tokens at `pos0..` in `layer`, then causal attention of `q`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    cache: &mut KvCache,
+    layer: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    pos0: usize,
+    s: &AttentionShape,
+    out: &mut [f32],
+) {
+    let kv_dim = cache.kv_dim;
+    let base = layer * cache.n_ctx * kv_dim;
+    let at = base + pos0 * kv_dim;
+    cache.k[at..at + n * kv_dim].copy_from_slice(&k[..n * kv_dim]);
+    cache.v[at..at + n * kv_dim].copy_from_slice(&v[..n * kv_dim]);
+    let (kc, vc) = (&cache.k[base..], &cache.v[base..]);
+    let hd = s.head_dim;
+    let group = s.n_head / s.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let width = s.n_head * hd;
+    out[..n * width]
+        .par_chunks_mut(hd)
+        .enumerate()
+        .for_each(|(idx, o)| {
+            let (t, h) = (idx / s.n_head, idx % s.n_head);
+            let qh = &q[t * width + h * hd..t * width + (h + 1) * hd];
+            let kvh = h / group;
+            let len = pos0 + t + 1;
+            let mut scores: Vec<f32> = (0..len)
+                .map(|j| {
+                    let kj = &kc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f64;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += f64::from(*sc);
+            }
+            let inv = (1.0 / sum) as f32;
+            o.fill(0.0);
+            for (j, &p) in scores.iter().enumerate() {
+                let vj = &vc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+                let p = p * inv;
+                for (a, &b) in o.iter_mut().zip(vj) {
+                    *a += p * b;
+                }
+            }
+        });
+}
+
+/// `out = act(gate) · up`.
+pub fn glu(gate: &[f32], up: &[f32], len: usize, act: Activation, out: &mut [f32]) {
+    let it = out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]);
+    match act {
+        Activation::Silu => it.for_each(|((o, &g), &u)| *o = g / (1.0 + (-g).exp()) * u),
+        Activation::Relu2 => it.for_each(|((o, &g), &u)| {
+            let r = g.max(0.0);
+            *o = r * r * u;
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_rotates_pairs_half_apart() {
+        let s = RopeShape {
+            n_head: 1,
+            head_dim: 4,
+            rope_dim: 4,
+            base: 10000.0,
+        };
+        let mut x = vec![1.0, 0.0, 0.0, 0.0];
+        rope(&mut x, 1, 1, &s);
+        // Pair (0, 2) rotates by angle 1.
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[2] - 1f32.sin()).abs() < 1e-6);
+        let mut y = vec![1.0, 2.0, 3.0, 4.0];
+        rope(&mut y, 1, 0, &s);
+        assert_eq!(y, vec![1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn attention_of_one_position_returns_its_value() {
+        let s = AttentionShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 2,
+        };
+        let mut cache = KvCache::new(1, 4, 2);
+        let mut out = vec![0.0; 4];
+        attention(
+            &mut cache,
+            0,
+            &[1.0, 0.0, 0.0, 1.0],
+            &[0.5, 0.5],
+            &[3.0, -1.0],
+            1,
+            0,
+            &s,
+            &mut out,
+        );
+        assert_eq!(out, vec![3.0, -1.0, 3.0, -1.0]);
+        // A second position with a key aligned to head 0's query gets more weight there.
+        attention(
+            &mut cache,
+            0,
+            &[10.0, 0.0, 0.0, 10.0],
+            &[1.0, 0.0],
+            &[1.0, 1.0],
+            1,
+            1,
+            &s,
+            &mut out,
+        );
+        assert!(out[0] < 3.0 && out[0] > 1.0 && out[1] > -1.0);
+        assert!(out[0] < out[2], "head 1 attends less to the new key");
+    }
+
+    #[test]
+    fn rms_norm_normalises() {
+        let mut y = vec![0.0; 4];
+        rms_norm(&[2.0, 2.0, 2.0, 2.0], &[1.0, 2.0, 1.0, 1.0], 1, 0.0, &mut y);
+        assert_eq!(y, vec![1.0, 2.0, 1.0, 1.0]);
+    }
+}

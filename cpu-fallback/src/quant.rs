@@ -1,0 +1,165 @@
+//! Activation quantizers, exactly as the reference implementations define them.
+
+use half::{bf16, f16};
+
+/// Elements per ggml Q8_K block.
+pub const QK_K: usize = 256;
+
+/// One token's activations quantized per token to int8 (bitnet.cpp `quantize_row_i8_s`, the
+/// BitNet b1.58 A8 rule): `s = 127 / max(max|x|, 1e-5)`, `q = clamp(rne(x·s), −128, 127)`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct I8Row {
+    /// Quantized values.
+    pub q: Vec<i8>,
+    /// The scale `s` (x ≈ q / s).
+    pub scale: f32,
+    /// Σ q, used to turn code sums (codes 0..2) into ternary sums.
+    pub sum: i32,
+}
+
+/// Quantizes `x` per token (see [`I8Row`]).
+pub fn quantize_i8_row(x: &[f32], out: &mut I8Row) {
+    let max = x
+        .iter()
+        .fold(0.0f64, |m, &v| m.max(f64::from(v.abs())))
+        .max(1e-5);
+    let s = (127.0 / max) as f32;
+    out.q.clear();
+    out.q.extend(
+        x.iter()
+            .map(|&v| (v * s).round_ties_even().clamp(-128.0, 127.0) as i8),
+    );
+    out.scale = s;
+    out.sum = out.q.iter().map(|&q| i32::from(q)).sum();
+}
+
+/// One ggml Q8_K block: `x ≈ d · q`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Q8KBlock {
+    /// Scale; negative when the block's extreme value is positive (ggml's `-127/max` rule).
+    pub d: f32,
+    /// Quantized values.
+    pub qs: [i8; QK_K],
+    /// Sums of each 16 consecutive values.
+    pub bsums: [i16; QK_K / 16],
+}
+
+/// Quantizes `x` (a multiple of 256 long) into Q8_K blocks like ggml's
+/// `quantize_row_q8_K_ref`: the signed value with the largest magnitude (first on ties)
+/// gives `iscale = −127/max`, `q = min(127, rne(iscale·x))`, `d = 1/iscale`.
+pub fn quantize_q8_k(x: &[f32], out: &mut Vec<Q8KBlock>) {
+    out.clear();
+    for xb in x.chunks_exact(QK_K) {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let mut blk = Q8KBlock {
+            d: 0.0,
+            qs: [0; QK_K],
+            bsums: [0; QK_K / 16],
+        };
+        if amax != 0.0 {
+            let iscale = -127.0 / max;
+            for (q, &v) in blk.qs.iter_mut().zip(xb) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for (s, chunk) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
+                *s = chunk.iter().map(|&q| i16::from(q)).sum();
+            }
+            blk.d = 1.0 / iscale;
+        }
+        out.push(blk);
+    }
+}
+
+/// One ggml Q8_0 block of activations: `x ≈ d · q`, `d` stored as f16.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Q8_0Block {
+    /// Scale (already rounded through f16).
+    pub d: f32,
+    /// Quantized values.
+    pub qs: [i8; 32],
+}
+
+/// Quantizes `x` into Q8_0 blocks like ggml's `quantize_row_q8_0_ref`
+/// (`d = amax/127`, `q = roundf(x/d)`, half away from zero).
+pub fn quantize_q8_0(x: &[f32], out: &mut Vec<Q8_0Block>) {
+    out.clear();
+    for xb in x.chunks_exact(32) {
+        let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut qs = [0i8; 32];
+        for (q, &v) in qs.iter_mut().zip(xb) {
+            *q = (v * id).round() as i8;
+        }
+        out.push(Q8_0Block {
+            d: f16::from_f32(d).to_f32(),
+            qs,
+        });
+    }
+}
+
+/// Rounds every value through f16 (what ggml does to activations multiplied with F16 weights).
+pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(x.iter().map(|&v| f16::from_f32(v).to_f32()));
+}
+
+/// Rounds every value through bf16 (activations multiplied with BF16 weights).
+pub fn round_bf16(x: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(x.iter().map(|&v| bf16::from_f32(v).to_f32()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i8_rounds_half_to_even_and_scales_by_max() {
+        let x = [1.0f32, -0.5, 0.25, 2.5 / 127.0];
+        let mut r = I8Row::default();
+        quantize_i8_row(&x, &mut r);
+        assert_eq!(r.scale, 127.0);
+        assert_eq!(r.q, vec![127, -64, 32, 2]); // -63.5 -> -64, 31.75 -> 32, 2.5 -> 2
+        assert_eq!(r.sum, 127 - 64 + 32 + 2);
+        quantize_i8_row(&[0.0; 4], &mut r);
+        assert_eq!(r.q, vec![0; 4]);
+        assert_eq!(r.scale, (127.0f64 / 1e-5) as f32);
+    }
+
+    #[test]
+    fn q8_k_uses_negative_scale_for_positive_extreme() {
+        let mut x = vec![0.0f32; 256];
+        x[0] = 2.0;
+        x[1] = -1.0;
+        x[2] = 1.0 / 127.0 * 2.0 * 0.5;
+        let mut out = Vec::new();
+        quantize_q8_k(&x, &mut out);
+        let b = &out[0];
+        assert!(b.d < 0.0);
+        assert_eq!(b.qs[0], -127);
+        assert_eq!(b.qs[1], 64); // 63.5 rounds to even
+        assert_eq!(b.qs[2], 0); // -0.5 rounds to even (0)
+        assert_eq!(b.bsums[0], -127 + 64);
+        quantize_q8_k(&[0.0; 256], &mut out);
+        assert_eq!(out[0].d, 0.0);
+    }
+
+    #[test]
+    fn q8_0_rounds_half_away_from_zero() {
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = 0.5;
+        x[2] = -2.5;
+        let mut out = Vec::new();
+        quantize_q8_0(&x, &mut out);
+        assert_eq!(&out[0].qs[..3], &[127, 1, -3]);
+    }
+}

@@ -1,0 +1,154 @@
+//! The operations a backend provides; the forward pass in [`crate::model`] is written once
+//! over this trait and runs on every backend (CPU, wgpu, a ring node's share of layers).
+//!
+//! Buffers hold f32 activations laid out `[n_tokens][width]`. Every operation is given the
+//! number of tokens `n` it works on; buffers may be larger (they are sized for a batch).
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::config::Activation;
+use crate::file::ModelFile;
+use crate::weights::MatrixDesc;
+
+/// Errors a backend can raise.
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// The backend cannot compute with this weight layout.
+    #[error("backend {backend} cannot use tensor {tensor:?}: {why}")]
+    Unsupported {
+        /// Backend name.
+        backend: String,
+        /// Tensor name.
+        tensor: String,
+        /// Why.
+        why: String,
+    },
+    /// An allocation failed or exceeds a device limit.
+    #[error("cannot allocate {bytes} bytes for {what}: {why}")]
+    Allocation {
+        /// What was being allocated.
+        what: String,
+        /// Requested size.
+        bytes: u64,
+        /// Why it failed.
+        why: String,
+    },
+    /// The device failed.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+/// Geometry of attention for one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads; query head `h` reads kv head `h / (n_head / n_head_kv)`.
+    pub n_head_kv: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+}
+
+/// Rotary embedding parameters (NeoX "rotate half" pairing: `i` with `i + rope_dim/2`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeShape {
+    /// Heads in the buffer.
+    pub n_head: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Leading dims of each head that rotate.
+    pub rope_dim: usize,
+    /// Base frequency θ.
+    pub base: f32,
+}
+
+/// A compute backend.
+pub trait Backend {
+    /// f32 activations `[n][width]`.
+    type Buffer;
+    /// A weight matrix prepared for this backend.
+    type Matrix;
+    /// An f32 vector (norm gains).
+    type Vector;
+    /// The KV cache of all layers a model instance runs.
+    type Cache;
+
+    /// Short name shown to users, e.g. `cpu (avx2, 2 threads)`.
+    fn name(&self) -> String;
+    /// Prepares a weight matrix stored in `file`; `scale` multiplies every output
+    /// (mainline's optional `*.scale` tensors).
+    fn load_matrix(
+        &self,
+        file: &Arc<ModelFile>,
+        desc: MatrixDesc,
+        scale: Option<f32>,
+    ) -> Result<Self::Matrix, BackendError>;
+    /// Prepares a vector.
+    fn load_vector(&self, data: Vec<f32>) -> Result<Self::Vector, BackendError>;
+    /// A zeroed buffer of `len` floats.
+    fn alloc(&self, len: usize) -> Result<Self::Buffer, BackendError>;
+    /// A KV cache for `n_layer` layers of `n_ctx` positions of `kv_dim` keys and values.
+    fn new_cache(
+        &self,
+        n_layer: usize,
+        n_ctx: usize,
+        kv_dim: usize,
+    ) -> Result<Self::Cache, BackendError>;
+    /// Copies host data into the front of `dst`.
+    fn write(&self, dst: &mut Self::Buffer, data: &[f32]) -> Result<(), BackendError>;
+    /// Copies the front of `src` to the host.
+    fn read(&self, src: &Self::Buffer, out: &mut [f32]) -> Result<(), BackendError>;
+    /// `out[i] = table[tokens[i]]` as f32 (ids are checked by the caller).
+    fn embed(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Buffer);
+    /// RMSNorm of each of `n` rows of `w.len()` values, times the gains `w`.
+    fn rms_norm(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Vector,
+        n: usize,
+        eps: f32,
+        out: &mut Self::Buffer,
+    );
+    /// `out[i] = W · x[i]` for `n` rows, with the activation quantization the weight layout
+    /// implies (per-token int8 for I2_S, Q8_K blocks for TQ, f16 rounding for F16, none for F32).
+    fn matmul(&self, w: &Self::Matrix, x: &Self::Buffer, n: usize, out: &mut Self::Buffer);
+    /// Rotates `n` rows of `shape.n_head` heads in place; row `i` is at position `pos0 + i`.
+    fn rope(&self, x: &mut Self::Buffer, n: usize, pos0: usize, shape: &RopeShape);
+    /// Writes `k`, `v` for positions `pos0..pos0+n` into layer `layer` of the cache, then
+    /// computes causal softmax attention of the `n` query rows over positions `0..=pos0+i`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        cache: &mut Self::Cache,
+        layer: usize,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        n: usize,
+        pos0: usize,
+        shape: &AttentionShape,
+        out: &mut Self::Buffer,
+    );
+    /// `out = act(gate) * up` over `len` values.
+    fn glu(
+        &self,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+        len: usize,
+        act: Activation,
+        out: &mut Self::Buffer,
+    );
+    /// `x += y` over `len` values.
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize);
+    /// Copies `n_rows` rows of `width` floats starting at row `row0` of `src` to the front of `dst`.
+    fn copy_rows(
+        &self,
+        src: &Self::Buffer,
+        row0: usize,
+        n_rows: usize,
+        width: usize,
+        dst: &mut Self::Buffer,
+    );
+}

@@ -1,0 +1,112 @@
+//! A GGUF file held in memory: memory-mapped natively, or an owned buffer (tests, wasm).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::gguf::{Gguf, GgufError, TensorError, TensorInfo};
+
+/// Errors raised while opening a model file.
+#[derive(Debug, Error)]
+pub enum FileError {
+    /// The file could not be opened or mapped.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The path given.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid GGUF file.
+    #[error("{path}: {source}")]
+    Gguf {
+        /// The path given.
+        path: String,
+        /// What is wrong with it.
+        source: GgufError,
+    },
+}
+
+enum Bytes {
+    #[cfg(not(target_arch = "wasm32"))]
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+/// A parsed GGUF file and its bytes. Cheap to share: backends keep an `Arc` and borrow tensor
+/// data from it instead of copying weights.
+pub struct ModelFile {
+    bytes: Bytes,
+    header: Gguf,
+    /// Where the file came from (a path, or a label for in-memory files).
+    pub source: String,
+}
+
+impl ModelFile {
+    /// Memory-maps and parses the file at `path`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(path: &Path) -> Result<Arc<Self>, FileError> {
+        let shown = path.display().to_string();
+        let io = |source| FileError::Io {
+            path: shown.clone(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only and private to this process; like every mmap-based model
+        // loader we rely on the file not being truncated while it is in use.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::from_bytes_inner(Bytes::Mapped(map), shown)
+    }
+
+    /// Parses a file already in memory.
+    pub fn from_bytes(bytes: Vec<u8>, label: &str) -> Result<Arc<Self>, FileError> {
+        Self::from_bytes_inner(Bytes::Owned(bytes), label.to_string())
+    }
+
+    fn from_bytes_inner(bytes: Bytes, source: String) -> Result<Arc<Self>, FileError> {
+        let raw: &[u8] = match &bytes {
+            #[cfg(not(target_arch = "wasm32"))]
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        };
+        let header = Gguf::parse(raw).map_err(|source_err| FileError::Gguf {
+            path: source.clone(),
+            source: source_err,
+        })?;
+        Ok(Arc::new(Self {
+            bytes,
+            header,
+            source,
+        }))
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            #[cfg(not(target_arch = "wasm32"))]
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    /// The parsed header.
+    pub fn header(&self) -> &Gguf {
+        &self.header
+    }
+
+    /// The data of one tensor.
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<&[u8], TensorError> {
+        self.header.tensor_bytes(self.bytes(), info)
+    }
+
+    /// Size of the file in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// True for an empty buffer (never the case for a parsed file).
+    pub fn is_empty(&self) -> bool {
+        self.bytes().is_empty()
+    }
+}

@@ -1,0 +1,18 @@
+//! hesper-engine: the parts of hesper-rs every backend shares.
+//!
+//! * [`gguf`]: our GGUF reader (why not `gguf-rs`: see the module docs) and [`file`], a
+//!   memory-mapped model file;
+//! * [`weights`]: typed views of tensor data and the reference decoders of every ternary layout;
+//! * [`config`]: the model hyper-parameters and numeric flavour read from metadata;
+//! * [`backend`] and [`model`]: the BitNet b1.58 forward pass, written once over a backend trait;
+//! * [`tokenizer`], [`sampler`], [`chat`]: text in, tokens out.
+
+pub mod backend;
+pub mod chat;
+pub mod config;
+pub mod file;
+pub mod gguf;
+pub mod model;
+pub mod sampler;
+pub mod tokenizer;
+pub mod weights;

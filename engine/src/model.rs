@@ -1,0 +1,550 @@
+//! The BitNet b1.58 forward pass, written once over [`Backend`].
+//!
+//! ```text
+//! x = E[tokens]
+//! per layer: h = norm(x)·g_attn; q,k,v = W·h; rope(q,k); o = attn(q,k,v)
+//!            x += Wo · (norm(o)·g_attn_sub)
+//!            h = norm(x)·g_ffn; a = act(Wgate·h) ⊙ (Wup·h)
+//!            x += Wdown · (norm(a)·g_ffn_sub)
+//! logits = E_out · (norm(x)·g_out)          (E_out = E when the head is tied)
+//! ```
+//! A [`Model`] may hold only a layer range `[start, end)` (a ring node's share); it then
+//! runs [`Model::forward_hidden`] on hidden states it is handed.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
+use crate::config::{Config, ConfigError};
+use crate::file::ModelFile;
+use crate::gguf::TensorInfo;
+use crate::weights::{read_f32_vector, MatrixDesc, WeightError};
+
+/// Errors raised while loading or running a model.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    /// The metadata does not describe a supported model.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A weight tensor is unusable.
+    #[error(transparent)]
+    Weight(#[from] WeightError),
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A tensor the model needs is not in the file.
+    #[error("tensor {0:?} is missing from the file")]
+    MissingTensor(String),
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary (size {n_vocab})")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        n_vocab: usize,
+    },
+    /// The context window is full.
+    #[error(
+        "context full: {needed} positions needed, the context holds {n_ctx} (raise -c/--ctx-size)"
+    )]
+    ContextFull {
+        /// Positions needed.
+        needed: usize,
+        /// Context size.
+        n_ctx: usize,
+    },
+    /// Nothing to evaluate.
+    #[error("no tokens to evaluate")]
+    Empty,
+    /// A layer range outside the model.
+    #[error(
+        "layer range {start}..{end} is not inside this model's layers {have_start}..{have_end}"
+    )]
+    LayerRange {
+        /// Requested start.
+        start: usize,
+        /// Requested end.
+        end: usize,
+        /// Loaded start.
+        have_start: usize,
+        /// Loaded end.
+        have_end: usize,
+    },
+    /// Hidden states of the wrong size.
+    #[error("hidden states hold {got} floats, expected {n_tokens} × {n_embd}")]
+    HiddenSize {
+        /// Floats given.
+        got: usize,
+        /// Tokens.
+        n_tokens: usize,
+        /// Width.
+        n_embd: usize,
+    },
+}
+
+/// Which logits [`Model::eval`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position's (generation).
+    Last,
+    /// Every position's, `[n_tokens][n_vocab]`.
+    All,
+}
+
+/// Options for [`Model::load`].
+#[derive(Default)]
+pub struct LoadOptions<'a> {
+    /// The layers to hold; `None` = all.
+    pub layers: Option<Range<usize>>,
+    /// Called after each loaded tensor with (done, total).
+    pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
+}
+
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    wq: B::Matrix,
+    wk: B::Matrix,
+    wv: B::Matrix,
+    attn_sub_norm: B::Vector,
+    wo: B::Matrix,
+    ffn_norm: B::Vector,
+    gate: B::Matrix,
+    up: B::Matrix,
+    ffn_sub_norm: B::Vector,
+    down: B::Matrix,
+}
+
+/// A loaded model (or a layer range of one) on a backend.
+pub struct Model<B: Backend> {
+    /// Shape and flavour.
+    pub config: Config,
+    /// The backend that runs it.
+    pub backend: B,
+    /// The file the weights come from.
+    pub file: Arc<ModelFile>,
+    layers: Vec<Layer<B>>,
+    layer_range: Range<usize>,
+    embedding: Option<B::Matrix>,
+    output: Option<B::Matrix>,
+    output_norm: Option<B::Vector>,
+}
+
+/// Per-conversation state: KV cache, position and scratch buffers.
+pub struct Session<B: Backend> {
+    cache: B::Cache,
+    pos: usize,
+    n_ctx: usize,
+    batch: usize,
+    s: Scratch<B>,
+}
+
+struct Scratch<B: Backend> {
+    x: B::Buffer,
+    h: B::Buffer,
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    att: B::Buffer,
+    gate: B::Buffer,
+    up: B::Buffer,
+    act: B::Buffer,
+    logits: B::Buffer,
+}
+
+impl<B: Backend> Session<B> {
+    /// Tokens evaluated so far (the next position).
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// Context size.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Forgets everything after position `pos` (e.g. to start a new prompt).
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads the model held in `file` onto `backend`.
+    pub fn load(
+        backend: B,
+        file: Arc<ModelFile>,
+        opts: LoadOptions<'_>,
+    ) -> Result<Self, ModelError> {
+        let g = file.header();
+        let embd_info = g
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let config = Config::from_gguf(g, Some(embd_info.ne[1] as usize))?;
+        let all = 0..config.n_layer;
+        let layer_range = opts.layers.clone().unwrap_or(all.clone());
+        if layer_range.start > layer_range.end || layer_range.end > config.n_layer {
+            return Err(ModelError::LayerRange {
+                start: layer_range.start,
+                end: layer_range.end,
+                have_start: 0,
+                have_end: config.n_layer,
+            });
+        }
+        let first = layer_range.start == 0;
+        let last = layer_range.end == config.n_layer;
+        let tied = g.tensor("output.weight").is_none();
+        let total =
+            layer_range.len() * 11 + usize::from(first || (last && tied)) + 2 * usize::from(last);
+        let mut loader = Loader {
+            backend: &backend,
+            file: &file,
+            done: 0,
+            total,
+            progress: opts.progress,
+        };
+        let (d, ff, kv) = (config.n_embd, config.n_ff, config.kv_dim());
+        let embedding = if first || (last && tied) {
+            Some(loader.matrix("token_embd.weight", config.n_vocab, d)?)
+        } else {
+            None
+        };
+        let mut layers = Vec::with_capacity(layer_range.len());
+        for il in layer_range.clone() {
+            let p = |n: &str| format!("blk.{il}.{n}");
+            layers.push(Layer {
+                attn_norm: loader.vector(&p("attn_norm.weight"), d)?,
+                wq: loader.matrix(&p("attn_q.weight"), d, d)?,
+                wk: loader.matrix(&p("attn_k.weight"), kv, d)?,
+                wv: loader.matrix(&p("attn_v.weight"), kv, d)?,
+                attn_sub_norm: loader.vector(&p("attn_sub_norm.weight"), d)?,
+                wo: loader.matrix(&p("attn_output.weight"), d, d)?,
+                ffn_norm: loader.vector(&p("ffn_norm.weight"), d)?,
+                gate: loader.matrix(&p("ffn_gate.weight"), ff, d)?,
+                up: loader.matrix(&p("ffn_up.weight"), ff, d)?,
+                ffn_sub_norm: loader.vector(&p("ffn_sub_norm.weight"), ff)?,
+                down: loader.matrix(&p("ffn_down.weight"), d, ff)?,
+            });
+        }
+        let (output, output_norm) = if last {
+            let norm = loader.vector("output_norm.weight", d)?;
+            let out = if tied {
+                None
+            } else {
+                Some(loader.matrix("output.weight", config.n_vocab, d)?)
+            };
+            (out, Some(norm))
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            config,
+            backend,
+            file,
+            layers,
+            layer_range,
+            embedding,
+            output,
+            output_norm,
+        })
+    }
+
+    /// The layers this instance holds.
+    pub fn layer_range(&self) -> Range<usize> {
+        self.layer_range.clone()
+    }
+
+    /// A new session with a KV cache of `n_ctx` positions, evaluating at most `batch`
+    /// tokens per step (longer inputs are split).
+    pub fn new_session(&self, n_ctx: usize, batch: usize) -> Result<Session<B>, ModelError> {
+        let c = &self.config;
+        let batch = batch.max(1);
+        let b = &self.backend;
+        let s = Scratch {
+            x: b.alloc(batch * c.n_embd)?,
+            h: b.alloc(batch * c.n_embd)?,
+            q: b.alloc(batch * c.n_embd)?,
+            k: b.alloc(batch * c.kv_dim())?,
+            v: b.alloc(batch * c.kv_dim())?,
+            att: b.alloc(batch * c.n_embd)?,
+            gate: b.alloc(batch * c.n_ff)?,
+            up: b.alloc(batch * c.n_ff)?,
+            act: b.alloc(batch * c.n_ff)?,
+            logits: b.alloc(if self.output_norm.is_some() {
+                batch * c.n_vocab
+            } else {
+                1
+            })?,
+        };
+        let cache = b.new_cache(self.layers.len(), n_ctx, c.kv_dim())?;
+        Ok(Session {
+            cache,
+            pos: 0,
+            n_ctx,
+            batch,
+            s,
+        })
+    }
+
+    /// Evaluates `tokens` at the session's next positions and returns logits. Needs a model
+    /// holding every layer.
+    pub fn eval(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        self.check_tokens(tokens)?;
+        self.check_context(s, tokens.len())?;
+        let (Some(embedding), Some(_)) = (&self.embedding, &self.output_norm) else {
+            return Err(self.range_error(0..c.n_layer));
+        };
+        if self.layer_range != (0..c.n_layer) {
+            return Err(self.range_error(0..c.n_layer));
+        }
+        let mut out = Vec::with_capacity(match want {
+            Logits::Last => c.n_vocab,
+            Logits::All => tokens.len() * c.n_vocab,
+        });
+        let chunks = tokens.chunks(s.batch);
+        let n_chunks = chunks.len();
+        for (i, chunk) in chunks.enumerate() {
+            let n = chunk.len();
+            self.backend.embed(embedding, chunk, &mut s.s.x);
+            self.run_layers(s, n);
+            match want {
+                Logits::All => out.extend(self.head(s, n, 0)?),
+                Logits::Last if i + 1 == n_chunks => out.extend(self.head(s, 1, n - 1)?),
+                Logits::Last => {}
+            }
+            s.pos += n;
+        }
+        Ok(out)
+    }
+
+    /// Runs this instance's layers on `hidden` (`[n_tokens][n_embd]`, the residual stream
+    /// entering its first layer) at the session's next positions, and returns the residual
+    /// stream leaving its last layer. This is what a ring node computes.
+    pub fn forward_hidden(
+        &self,
+        s: &mut Session<B>,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let d = self.config.n_embd;
+        let n_tokens = hidden.len() / d;
+        if hidden.is_empty() || hidden.len() % d != 0 {
+            return Err(ModelError::HiddenSize {
+                got: hidden.len(),
+                n_tokens,
+                n_embd: d,
+            });
+        }
+        self.check_context(s, n_tokens)?;
+        let mut out = vec![0.0; hidden.len()];
+        for (rows_in, rows_out) in hidden.chunks(s.batch * d).zip(out.chunks_mut(s.batch * d)) {
+            let n = rows_in.len() / d;
+            self.backend.write(&mut s.s.x, rows_in)?;
+            self.run_layers(s, n);
+            self.backend.read(&s.s.x, rows_out)?;
+            s.pos += n;
+        }
+        Ok(out)
+    }
+
+    /// Token embeddings `[n][n_embd]` (needs layer 0 in this instance); uses the session's
+    /// scratch space but not its position.
+    pub fn embed(&self, s: &mut Session<B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let d = self.config.n_embd;
+        let embedding = self
+            .embedding
+            .as_ref()
+            .filter(|_| self.layer_range.start == 0)
+            .ok_or_else(|| self.range_error(0..1))?;
+        self.check_tokens(tokens)?;
+        let mut out = vec![0.0; tokens.len() * d];
+        for (chunk, rows) in tokens.chunks(s.batch).zip(out.chunks_mut(s.batch * d)) {
+            self.backend.embed(embedding, chunk, &mut s.s.x);
+            self.backend.read(&s.s.x, rows)?;
+        }
+        Ok(out)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        let n_vocab = self.config.n_vocab;
+        match tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, n_vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// Final norm and LM head on hidden states `[n][n_embd]` (needs the last layer here).
+    pub fn logits_from_hidden(
+        &self,
+        s: &mut Session<B>,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let d = self.config.n_embd;
+        if hidden.is_empty() || hidden.len() % d != 0 {
+            return Err(ModelError::HiddenSize {
+                got: hidden.len(),
+                n_tokens: hidden.len() / d,
+                n_embd: d,
+            });
+        }
+        let mut out = Vec::new();
+        for rows in hidden.chunks(s.batch * d) {
+            self.backend.write(&mut s.s.x, rows)?;
+            out.extend(self.head(s, rows.len() / d, 0)?);
+        }
+        Ok(out)
+    }
+
+    fn check_context(&self, s: &Session<B>, n: usize) -> Result<(), ModelError> {
+        if s.pos + n > s.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed: s.pos + n,
+                n_ctx: s.n_ctx,
+            });
+        }
+        Ok(())
+    }
+
+    fn range_error(&self, need: Range<usize>) -> ModelError {
+        ModelError::LayerRange {
+            start: need.start,
+            end: need.end,
+            have_start: self.layer_range.start,
+            have_end: self.layer_range.end,
+        }
+    }
+
+    /// Norm + LM head on `n` rows of the residual stream starting at row `row0`.
+    fn head(&self, s: &mut Session<B>, n: usize, row0: usize) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let b = &self.backend;
+        let (Some(norm), Some(head)) = (
+            &self.output_norm,
+            self.output.as_ref().or(self.embedding.as_ref()),
+        ) else {
+            return Err(self.range_error(c.n_layer - 1..c.n_layer));
+        };
+        let sc = &mut s.s;
+        b.copy_rows(&sc.x, row0, n, c.n_embd, &mut sc.att);
+        b.rms_norm(&sc.att, norm, n, c.eps, &mut sc.h);
+        b.matmul(head, &sc.h, n, &mut sc.logits);
+        let mut out = vec![0.0; n * c.n_vocab];
+        b.read(&sc.logits, &mut out)?;
+        Ok(out)
+    }
+
+    fn run_layers(&self, s: &mut Session<B>, n: usize) {
+        let c = &self.config;
+        let b = &self.backend;
+        let pos0 = s.pos;
+        let attn = AttentionShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        };
+        let rope_q = RopeShape {
+            n_head: c.n_head,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+            base: c.rope_base,
+        };
+        let rope_k = RopeShape {
+            n_head: c.n_head_kv,
+            ..rope_q
+        };
+        let Scratch {
+            x,
+            h,
+            q,
+            k,
+            v,
+            att,
+            gate,
+            up,
+            act,
+            ..
+        } = &mut s.s;
+        for (li, l) in self.layers.iter().enumerate() {
+            b.rms_norm(x, &l.attn_norm, n, c.eps, h);
+            b.matmul(&l.wq, h, n, q);
+            b.matmul(&l.wk, h, n, k);
+            b.matmul(&l.wv, h, n, v);
+            b.rope(q, n, pos0, &rope_q);
+            b.rope(k, n, pos0, &rope_k);
+            b.attention(&mut s.cache, li, q, k, v, n, pos0, &attn, att);
+            b.rms_norm(att, &l.attn_sub_norm, n, c.eps, h);
+            b.matmul(&l.wo, h, n, q);
+            b.add(x, q, n * c.n_embd);
+            b.rms_norm(x, &l.ffn_norm, n, c.eps, h);
+            b.matmul(&l.gate, h, n, gate);
+            b.matmul(&l.up, h, n, up);
+            b.glu(gate, up, n * c.n_ff, c.activation, act);
+            b.rms_norm(act, &l.ffn_sub_norm, n, c.eps, gate);
+            b.matmul(&l.down, gate, n, q);
+            b.add(x, q, n * c.n_embd);
+        }
+    }
+}
+
+struct Loader<'a, 'p, B: Backend> {
+    backend: &'a B,
+    file: &'a Arc<ModelFile>,
+    done: usize,
+    total: usize,
+    progress: Option<&'p mut dyn FnMut(usize, usize)>,
+}
+
+impl<B: Backend> Loader<'_, '_, B> {
+    fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+        self.file
+            .header()
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))
+    }
+
+    fn tick(&mut self) {
+        self.done += 1;
+        if let Some(progress) = self.progress.as_mut() {
+            progress(self.done, self.total);
+        }
+    }
+
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix, ModelError> {
+        let desc = MatrixDesc::new(self.info(name)?, self.file.bytes(), rows, cols)?;
+        let scale_name = name.replace(".weight", ".scale");
+        let scale = match self.file.header().tensor(&scale_name) {
+            Some(info) => Some(
+                read_f32_vector(
+                    info,
+                    self.file.tensor_bytes(info).map_err(WeightError::from)?,
+                    1,
+                )?[0],
+            ),
+            None => None,
+        };
+        let m = self.backend.load_matrix(self.file, desc, scale)?;
+        self.tick();
+        Ok(m)
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
+        let info = self.info(name)?;
+        let data = read_f32_vector(
+            info,
+            self.file.tensor_bytes(info).map_err(WeightError::from)?,
+            len,
+        )?;
+        let v = self.backend.load_vector(data)?;
+        self.tick();
+        Ok(v)
+    }
+}

@@ -1,0 +1,62 @@
+//! Incremental detokenization for streaming output.
+//!
+//! One token may end in the middle of a UTF-8 character (an emoji is often 2–4 byte tokens), so
+//! bytes are held back until the character they start is complete.
+
+use super::Tokenizer;
+
+/// Turns generated tokens into text as it becomes valid UTF-8.
+///
+/// The text equals [`Tokenizer::decode`] of all pushed ids except that nothing is stripped:
+/// the stream usually continues a prompt, so a leading space is meaningful.
+#[derive(Debug)]
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    pending: Vec<u8>,
+}
+
+impl<'a> TextStream<'a> {
+    /// A stream with nothing pending.
+    pub fn new(t: &'a Tokenizer) -> Self {
+        Self {
+            tokenizer: t,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Adds token `id`; returns the text completed by it (possibly empty). Bytes that can never
+    /// become valid UTF-8 come out as U+FFFD.
+    pub fn push(&mut self, id: u32) -> String {
+        self.tokenizer.push_token_bytes(id, &mut self.pending);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let good = e.valid_up_to();
+                    out.push_str(&String::from_utf8_lossy(&self.pending[..good]));
+                    match e.error_len() {
+                        // An incomplete character at the end: wait for the next token.
+                        None => {
+                            self.pending.drain(..good);
+                            return out;
+                        }
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..good + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the stream: whatever is still pending, with U+FFFD for an unfinished character.
+    pub fn finish(self) -> String {
+        String::from_utf8_lossy(&self.pending).into_owned()
+    }
+}

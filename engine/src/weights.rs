@@ -1,0 +1,383 @@
+//! Typed views of weight tensors and the reference decoders of every weight layout.
+//!
+//! The decoders here define what each stored byte means; backends may use faster routes but
+//! are tested against these.
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+use thiserror::Error;
+
+use crate::gguf::{GgmlType, TensorError, TensorInfo};
+
+/// Bytes per TQ2_0 block (64 code bytes + f16 scale) for 256 weights.
+pub const TQ2_0_BLOCK_BYTES: usize = 66;
+/// Bytes per TQ1_0 block (48 + 4 packed trit bytes + f16 scale) for 256 weights.
+pub const TQ1_0_BLOCK_BYTES: usize = 54;
+/// Bytes per Q8_0 block (f16 scale + 32 × i8) for 32 weights.
+pub const Q8_0_BLOCK_BYTES: usize = 34;
+/// Weights per I2_S group (x86 / official layout).
+pub const I2S_GROUP: usize = 128;
+
+/// How a matrix's elements are stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Format {
+    /// f32 elements.
+    F32,
+    /// f16 elements.
+    F16,
+    /// bf16 elements.
+    BF16,
+    /// ggml Q8_0 blocks.
+    Q8_0,
+    /// ggml TQ1_0 blocks.
+    TQ1_0,
+    /// ggml TQ2_0 blocks.
+    TQ2_0,
+    /// bitnet.cpp I2_S: codes only (the f32 scale is lifted out into `beta`).
+    I2S {
+        /// The per-tensor weight scale β.
+        beta: f32,
+    },
+}
+
+/// A 2-D weight matrix: `rows` outputs of `cols` inputs each (GGUF `ne = [cols, rows]`).
+#[derive(Debug, Clone)]
+pub struct MatrixDesc {
+    /// Tensor name.
+    pub name: String,
+    /// Output rows.
+    pub rows: usize,
+    /// Inputs per row.
+    pub cols: usize,
+    /// Element layout.
+    pub format: Format,
+    /// Byte range of the element data inside the file (for I2_S, the codes only).
+    pub range: Range<usize>,
+}
+
+/// Errors raised while interpreting a tensor as a weight.
+#[derive(Debug, Error, PartialEq)]
+pub enum WeightError {
+    /// The tensor's type is not usable as a weight matrix.
+    #[error("tensor {name:?} has type {ty}, which hesper-rs cannot compute with")]
+    UnsupportedType {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        ty: String,
+    },
+    /// The tensor's shape is not what the model needs.
+    #[error("tensor {name:?} has shape {got:?}, expected {expected:?}")]
+    Shape {
+        /// Tensor name.
+        name: String,
+        /// Its dims.
+        got: Vec<u64>,
+        /// The dims the model needs.
+        expected: Vec<u64>,
+    },
+    /// The tensor data cannot be used (unknown type id or outside the file).
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// I2_S rows must cover whole 128-element groups.
+    #[error("tensor {name:?}: I2_S needs rows that are a multiple of 128 elements, got {cols}")]
+    I2sRow {
+        /// Tensor name.
+        name: String,
+        /// Row length.
+        cols: usize,
+    },
+    /// A 32-bit float in the file is not finite where it must be.
+    #[error("tensor {name:?}: scale {value} is not a finite number")]
+    BadScale {
+        /// Tensor name.
+        name: String,
+        /// The value read.
+        value: f32,
+    },
+}
+
+impl MatrixDesc {
+    /// Describes `info` (found in `file`) as a `[rows, cols]` matrix; checks the shape.
+    pub fn new(
+        info: &TensorInfo,
+        file: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, WeightError> {
+        let expected = vec![cols as u64, rows as u64];
+        let dims: Vec<u64> = info.ne.iter().copied().filter(|&d| d != 1).collect();
+        let shape_ok =
+            info.ne[0] == cols as u64 && info.ne[1..].iter().product::<u64>() == rows as u64;
+        if !shape_ok {
+            return Err(WeightError::Shape {
+                name: info.name.clone(),
+                got: dims,
+                expected,
+            });
+        }
+        let unsupported = || WeightError::UnsupportedType {
+            name: info.name.clone(),
+            ty: info.ty.to_string(),
+        };
+        let nbytes = info.nbytes.ok_or_else(|| TensorError::UnknownType {
+            name: info.name.clone(),
+            id: info.ty.id(),
+        })?;
+        let start = info.start as usize;
+        let format = match info.ty {
+            GgmlType::F32 => Format::F32,
+            GgmlType::F16 => Format::F16,
+            GgmlType::BF16 => Format::BF16,
+            GgmlType::Q8_0 => Format::Q8_0,
+            GgmlType::TQ1_0 => Format::TQ1_0,
+            GgmlType::TQ2_0 => Format::TQ2_0,
+            GgmlType::I2S => {
+                if cols % I2S_GROUP != 0 {
+                    return Err(WeightError::I2sRow {
+                        name: info.name.clone(),
+                        cols,
+                    });
+                }
+                let codes = rows * cols / 4;
+                let at = start + codes;
+                let raw = file
+                    .get(at..at + 4)
+                    .ok_or_else(|| TensorError::NotInBuffer {
+                        name: info.name.clone(),
+                    })?;
+                let beta = f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
+                if !beta.is_finite() {
+                    return Err(WeightError::BadScale {
+                        name: info.name.clone(),
+                        value: beta,
+                    });
+                }
+                return Ok(Self {
+                    name: info.name.clone(),
+                    rows,
+                    cols,
+                    format: Format::I2S { beta },
+                    range: start..start + codes,
+                });
+            }
+            GgmlType::Other(_) | GgmlType::Unknown(_) => return Err(unsupported()),
+        };
+        if file.len() < start + nbytes as usize {
+            return Err(TensorError::NotInBuffer {
+                name: info.name.clone(),
+            }
+            .into());
+        }
+        Ok(Self {
+            name: info.name.clone(),
+            rows,
+            cols,
+            format,
+            range: start..start + nbytes as usize,
+        })
+    }
+
+    /// Bytes of one row (for I2_S: of the codes).
+    pub fn row_bytes(&self) -> usize {
+        match self.format {
+            Format::F32 => self.cols * 4,
+            Format::F16 | Format::BF16 => self.cols * 2,
+            Format::Q8_0 => self.cols / 32 * Q8_0_BLOCK_BYTES,
+            Format::TQ1_0 => self.cols / 256 * TQ1_0_BLOCK_BYTES,
+            Format::TQ2_0 => self.cols / 256 * TQ2_0_BLOCK_BYTES,
+            Format::I2S { .. } => self.cols / 4,
+        }
+    }
+
+    /// Decodes row `r` to f32 with the reference decoders (`data` = the whole file).
+    pub fn decode_row(&self, data: &[u8], r: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        let row = &data[self.range.start + r * rb..self.range.start + (r + 1) * rb];
+        decode_row(self.format, row, out);
+    }
+}
+
+/// Decodes one stored row of `format` into `out` (whose length is the row length).
+pub fn decode_row(format: Format, row: &[u8], out: &mut [f32]) {
+    match format {
+        Format::F32 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        Format::F16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        Format::BF16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        Format::Q8_0 => {
+            for (o, blk) in out
+                .chunks_exact_mut(32)
+                .zip(row.chunks_exact(Q8_0_BLOCK_BYTES))
+            {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                for (v, &q) in o.iter_mut().zip(&blk[2..]) {
+                    *v = f32::from(q as i8) * d;
+                }
+            }
+        }
+        Format::TQ2_0 => {
+            for (o, blk) in out
+                .chunks_exact_mut(256)
+                .zip(row.chunks_exact(TQ2_0_BLOCK_BYTES))
+            {
+                let d = f16::from_le_bytes([blk[64], blk[65]]).to_f32();
+                for (e, v) in o.iter_mut().enumerate() {
+                    *v = f32::from(tq2_0_code(blk, e) as i8 - 1) * d;
+                }
+            }
+        }
+        Format::TQ1_0 => {
+            for (o, blk) in out
+                .chunks_exact_mut(256)
+                .zip(row.chunks_exact(TQ1_0_BLOCK_BYTES))
+            {
+                let d = f16::from_le_bytes([blk[52], blk[53]]).to_f32();
+                for (e, v) in o.iter_mut().enumerate() {
+                    *v = f32::from(tq1_0_code(blk, e) as i8 - 1) * d;
+                }
+            }
+        }
+        Format::I2S { beta } => {
+            for (k, v) in out.iter_mut().enumerate() {
+                *v = f32::from(i2s_code(row, k) as i8 - 1) * beta;
+            }
+        }
+    }
+}
+
+/// Code (0, 1, 2 ↦ −1, 0, +1) of element `e` (0..256) of a TQ2_0 block: LSB-first crumbs,
+/// byte `(e/128)*32 + e%32`, shift `2*((e%128)/32)`.
+pub fn tq2_0_code(block: &[u8], e: usize) -> u8 {
+    let byte = block[(e / 128) * 32 + e % 32];
+    (byte >> (2 * ((e % 128) / 32))) & 3
+}
+
+/// Code of element `k` of an I2_S row: 128-element groups of 32 bytes, MSB-first crumbs,
+/// byte `32*(k/128) + k%32`, shift `6 - 2*((k%128)/32)`.
+pub fn i2s_code(row: &[u8], k: usize) -> u8 {
+    let byte = row[32 * (k / I2S_GROUP) + k % 32];
+    (byte >> (6 - 2 * ((k % I2S_GROUP) / 32))) & 3
+}
+
+/// Code (trit + 1) of element `e` (0..256) of a TQ1_0 block.
+pub fn tq1_0_code(block: &[u8], e: usize) -> u8 {
+    let (byte, n) = match e {
+        0..=159 => (block[e % 32], e / 32),
+        160..=239 => (block[32 + (e - 160) % 16], (e - 160) / 16),
+        _ => (block[48 + (e - 240) % 4], (e - 240) / 4),
+    };
+    let m = byte.wrapping_mul(3u8.pow(n as u32));
+    ((u16::from(m) * 3) >> 8) as u8
+}
+
+/// Reads an F32 vector tensor (norm gains, scales).
+pub fn read_f32_vector(
+    info: &TensorInfo,
+    data: &[u8],
+    len: usize,
+) -> Result<Vec<f32>, WeightError> {
+    if info.n_elements() != len as u64 {
+        return Err(WeightError::Shape {
+            name: info.name.clone(),
+            got: info.dims().to_vec(),
+            expected: vec![len as u64],
+        });
+    }
+    let mut out = vec![0.0; len];
+    match info.ty {
+        GgmlType::F32 => decode_row(Format::F32, data, &mut out),
+        GgmlType::F16 => decode_row(Format::F16, data, &mut out),
+        GgmlType::BF16 => decode_row(Format::BF16, data, &mut out),
+        _ => {
+            return Err(WeightError::UnsupportedType {
+                name: info.name.clone(),
+                ty: info.ty.to_string(),
+            })
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tq2_0_layout_is_lsb_first() {
+        let mut blk = [0u8; TQ2_0_BLOCK_BYTES];
+        blk[0] = 0b10_01_00_10; // e=0 -> 2, e=32 -> 0, e=64 -> 1, e=96 -> 2
+        blk[33] = 0b00_00_00_01; // e=129 -> 1
+        assert_eq!(
+            [0, 32, 64, 96, 129].map(|e| tq2_0_code(&blk, e)),
+            [2, 0, 1, 2, 1]
+        );
+    }
+
+    #[test]
+    fn i2s_layout_is_msb_first() {
+        let mut row = [0u8; 64];
+        row[0] = 0b10_01_00_10; // k=0 -> 2, k=32 -> 1, k=64 -> 0, k=96 -> 2
+        row[33] = 0b01_00_00_00; // k=129 -> 1
+        assert_eq!(
+            [0, 32, 64, 96, 129].map(|k| i2s_code(&row, k)),
+            [2, 1, 0, 2, 1]
+        );
+    }
+
+    #[test]
+    fn tq1_0_packs_five_trits_per_byte() {
+        // Encode trits the way ggml's quantizer does and check every position decodes back.
+        let codes: Vec<u8> = (0..256).map(|i| ((i * 7 + 3) % 3) as u8).collect();
+        let mut blk = [0u8; TQ1_0_BLOCK_BYTES];
+        let pack = |digits: &[u8]| -> u8 {
+            let q = digits.iter().fold(0u16, |acc, &d| acc * 3 + u16::from(d));
+            ((q * 256).div_ceil(243)) as u8
+        };
+        for j in 0..32 {
+            blk[j] = pack(&[
+                codes[j],
+                codes[32 + j],
+                codes[64 + j],
+                codes[96 + j],
+                codes[128 + j],
+            ]);
+        }
+        for j in 0..16 {
+            blk[32 + j] = pack(&[
+                codes[160 + j],
+                codes[176 + j],
+                codes[192 + j],
+                codes[208 + j],
+                codes[224 + j],
+            ]);
+        }
+        for j in 0..4 {
+            let q = [
+                codes[240 + j],
+                codes[244 + j],
+                codes[248 + j],
+                codes[252 + j],
+            ]
+            .iter()
+            .fold(0u16, |a, &d| a * 3 + u16::from(d))
+                * 3;
+            blk[48 + j] = ((q * 256).div_ceil(243)) as u8;
+        }
+        for (e, &c) in codes.iter().enumerate() {
+            assert_eq!(tq1_0_code(&blk, e), c, "element {e}");
+        }
+    }
+}

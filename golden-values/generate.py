@@ -1,0 +1,1078 @@
+#!/usr/bin/env python3
+"""Golden values for hesper-rs: tiny synthetic BitNet b1.58 GGUF models and reference outputs.
+
+Everything here is generated from fixed seeds, so running the script again reproduces the
+committed files byte for byte (models) and to within floating-point reproducibility of the
+reference implementation (outputs).
+
+Steps (positional arguments; default = all three, in this order):
+
+  models     Write the tiny GGUF models to models/ and check them:
+               * mainline llama.cpp arch ``bitnet``: tiny-f32, tiny-f32-scale, tiny-tq2_0,
+                 tiny-tq1_0, tiny-tq2_0-f16emb;
+               * official bitnet.cpp arch ``bitnet-b1.58`` with I2_S (type 36) weights: tiny-i2s.
+             Checks: our TQ1_0/TQ2_0 packers are byte-identical to gguf-py's quantizer, every
+             mainline file reads back through gguf-py with exactly the intended values, and
+             tiny-i2s reads back through our own parser (gguf-py cannot read type 36).
+  llama      Run llama.cpp (through llama-cpp-python's low-level API) on the five mainline
+             models: logits for every position and the residual stream after every layer
+             (graph tensors ``l_out-<il>``), flash attention off, F32 KV cache, one ubatch.
+  reference  Run our float64 NumPy reference of the BitNet b1.58 semantics on tiny-i2s
+             (ReLU^2, per-token int8 activation quantization). Then validate the reference by
+             running it in SiLU / no-activation-quantization mode on tiny-f32 and tiny-f32-scale
+             and comparing with llama.cpp (needs the ``llama`` outputs). The comparison is printed
+             and written to out/reference-validation.txt.
+
+Optional:
+
+  --bench-2b4t DIR   Write two synthetic models with the exact shape of BitNet b1.58 2B4T into DIR:
+                     bench-2b4t-i2s.gguf (official arch, I2_S, f32 beta) and bench-2b4t-tq2_0.gguf
+                     (mainline arch, the same ternary codes as TQ2_0, beta rounded to f16), for
+                     speed measurements (e.g. llama.cpp's llama-bench on the TQ2_0 file). The files
+                     are ~1.2 GB each and are written tensor by tensor, so memory stays small.
+                     Given alone, only this step runs.
+
+Output format (read by the Rust tests), per model ``out/<stem>.json``::
+
+  {"model": "models/<stem>.gguf", "reference": "...", "activation": "silu"|"relu2",
+   "act_quant": "none"|"q8_k"|"per_token_i8", "n_vocab": 512, "n_embd": 256, "n_layer": 2,
+   "sequences": [{"tokens": [...], "logits": "<stem>.s0.logits.f32",
+                  "hidden": "<stem>.s0.hidden.f32"}, ...]}
+
+``*.logits.f32`` is float32 little-endian [n_tokens][n_vocab] (row i = logits after token i);
+``*.hidden.f32`` is float32 little-endian [n_layer][n_tokens][n_embd] (residual stream after each
+layer, i.e. llama.cpp's ``l_out-<il>``).
+
+Requirements: numpy, gguf==0.19.0; the ``llama`` step also needs llama-cpp-python==0.3.36
+(see README.md and requirements.txt).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import struct
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent          # golden-values/
+MODELS_DIR = ROOT / "models"
+OUT_DIR = ROOT / "out"
+
+SEED = 20261122                 # master seed; every tensor derives its own stream from it
+TOKEN_SEED = 7                  # seed of the token sequences
+SEQ_LENGTHS = (7, 16, 33)       # every sequence starts with token id 1
+LLAMA_CPP_COMMIT = "0c1e57098"  # llama.cpp vendored by llama-cpp-python 0.3.36
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+
+
+# ============================================================================================
+# Hyper-parameters
+# ============================================================================================
+
+@dataclass(frozen=True)
+class HParams:
+    n_vocab: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_layer: int
+    n_ctx: int
+    rope_base: float = 500000.0
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_embd_kv(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def emb_std(self) -> float:
+        """Embedding std 4/sqrt(n_embd) (0.25 for n_embd = 256): logits then have std ~4 and
+        |max| ~15, and the token's own embedding does not dominate the final residual stream."""
+        return 4.0 / np.sqrt(self.n_embd)
+
+    def projections(self) -> list[tuple[str, int, int]]:
+        """(name, rows = out features, cols = in features) of the 7 ternary projections."""
+        E, KV, F = self.n_embd, self.n_embd_kv, self.n_ff
+        return [("attn_q", E, E), ("attn_k", KV, E), ("attn_v", KV, E), ("attn_output", E, E),
+                ("ffn_gate", F, E), ("ffn_up", F, E), ("ffn_down", E, F)]
+
+
+TINY = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, n_ctx=256)
+BITNET_2B4T = HParams(n_vocab=128256, n_embd=2560, n_ff=6912, n_head=20, n_head_kv=5, n_layer=30,
+                      n_ctx=4096)
+
+NORMS = ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")
+
+
+# ============================================================================================
+# Ternary block formats (packers work from codes c = t + 1 in {0, 1, 2})
+# ============================================================================================
+
+GGML_F32, GGML_F16, GGML_TQ1_0, GGML_TQ2_0, GGML_I2_S = 0, 1, 34, 35, 36
+TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_TQ1_0: "TQ1_0", GGML_TQ2_0: "TQ2_0",
+              GGML_I2_S: "I2_S"}
+
+
+def tensor_nbytes(ggml_type: int, ne: list[int]) -> int:
+    """Byte size of a tensor blob (before alignment padding)."""
+    n = int(np.prod(ne))
+    if ggml_type == GGML_F32:
+        return 4 * n
+    if ggml_type == GGML_F16:
+        return 2 * n
+    if ggml_type in (GGML_TQ1_0, GGML_TQ2_0):
+        assert ne[0] % 256 == 0, "TQ row length must be a multiple of 256"
+        return n // 256 * (54 if ggml_type == GGML_TQ1_0 else 66)
+    if ggml_type == GGML_I2_S:          # bitnet.cpp: codes of the whole tensor + 32-byte trailer
+        assert n % 128 == 0
+        return n // 4 + 32
+    raise ValueError(f"unsupported ggml type {ggml_type}")
+
+
+def f16_bytes(d: float) -> np.ndarray:
+    return np.frombuffer(np.float16(d).tobytes(), np.uint8)
+
+
+def pack_tq2_0(codes: np.ndarray, d: float) -> bytes:
+    """TQ2_0 (66-byte blocks of 256): qs[64] then f16 d.  Element e of a block lives in byte
+    32*(e//128) + e%32 at bit 2*((e%128)//32) (LSB first)."""
+    c = codes.reshape(-1, 2, 4, 32)                           # block, half, crumb, byte-in-half
+    qs = c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)
+    out = np.empty((c.shape[0], 66), np.uint8)
+    out[:, :64] = qs.reshape(-1, 64)
+    out[:, 64:] = f16_bytes(d)
+    return out.tobytes()
+
+
+def pack_tq1_0(codes: np.ndarray, d: float) -> bytes:
+    """TQ1_0 (54-byte blocks of 256): qs[48] (5 trits/byte), qh[4] (4 trits/byte), f16 d.
+    A byte holding trits (c0 most significant ...) stores ceil(q * 256 / 243)."""
+    c = codes.reshape(-1, 256).astype(np.uint16)
+    p5 = np.array([81, 27, 9, 3, 1], np.uint16)
+    q_a = np.einsum("bnm,n->bm", c[:, :160].reshape(-1, 5, 32), p5)         # elements 0..159
+    q_b = np.einsum("bnm,n->bm", c[:, 160:240].reshape(-1, 5, 16), p5)      # elements 160..239
+    q_h = np.einsum("bnm,n->bm", c[:, 240:].reshape(-1, 4, 4), p5[1:]) * 3  # elements 240..255
+    q = np.concatenate([q_a, q_b, q_h], axis=1).astype(np.uint32)
+    out = np.empty((c.shape[0], 54), np.uint8)
+    out[:, :52] = (q * 256 + 242) // 243
+    out[:, 52:] = f16_bytes(d)
+    return out.tobytes()
+
+
+def pack_i2s(codes: np.ndarray, beta: float) -> bytes:
+    """bitnet.cpp I2_S, x86 "128-group" layout: element j of flat group g (128 elements) lives in
+    byte 32*g + j%32 at bit 6 - 2*(j//32) (MSB first); then f32 beta and 28 zero bytes."""
+    c = codes.reshape(-1, 4, 32)
+    packed = (c[:, 0] << 6) | (c[:, 1] << 4) | (c[:, 2] << 2) | c[:, 3]
+    return packed.tobytes() + np.float32(beta).tobytes() + bytes(28)
+
+
+def unpack_i2s(blob: bytes | np.ndarray, n: int) -> tuple[np.ndarray, np.float32]:
+    """Inverse of pack_i2s: flat ternary values int8 in {-1,0,1} and the f32 beta."""
+    b = np.frombuffer(blob, np.uint8, count=n // 4).reshape(-1, 32)
+    codes = np.stack([(b >> 6) & 3, (b >> 4) & 3, (b >> 2) & 3, b & 3], axis=1).reshape(-1)
+    assert codes.max() <= 2, "I2_S code 3 is invalid"
+    beta = np.frombuffer(blob, np.float32, count=1, offset=n // 4)[0]
+    return codes.astype(np.int8) - 1, beta
+
+
+# ============================================================================================
+# GGUF v3 writer (streaming) and reader (type-36 aware)
+# ============================================================================================
+
+GGUF_U8, GGUF_I8, GGUF_U16, GGUF_I16, GGUF_U32, GGUF_I32, GGUF_F32, GGUF_BOOL, GGUF_STR, \
+    GGUF_ARR, GGUF_U64, GGUF_I64, GGUF_F64 = range(13)
+_SCALAR_FMT = {GGUF_U8: "<B", GGUF_I8: "<b", GGUF_U16: "<H", GGUF_I16: "<h", GGUF_U32: "<I",
+               GGUF_I32: "<i", GGUF_F32: "<f", GGUF_BOOL: "<?", GGUF_U64: "<Q", GGUF_I64: "<q",
+               GGUF_F64: "<d"}
+
+
+def _gguf_str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+@dataclass(frozen=True)
+class KV:
+    key: str
+    vtype: int
+    value: object
+
+    def encode(self) -> bytes:
+        head = _gguf_str(self.key) + struct.pack("<I", self.vtype)
+        if self.vtype == GGUF_STR:
+            return head + _gguf_str(self.value)
+        return head + struct.pack(_SCALAR_FMT[self.vtype], self.value)
+
+
+def kv_u32(k, v): return KV(k, GGUF_U32, int(v))
+def kv_f32(k, v): return KV(k, GGUF_F32, float(v))
+def kv_str(k, v): return KV(k, GGUF_STR, str(v))
+def kv_bool(k, v): return KV(k, GGUF_BOOL, bool(v))
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ne: tuple[int, ...]         # ggml order: ne[0] = row length (contiguous)
+    ggml_type: int
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.ggml_type, list(self.ne))
+
+
+class GGUFStreamWriter:
+    """Writes a GGUF v3 file whose tensor list is known up front; tensor data is then appended
+    in tensor-info order, in as many chunks as convenient. Offsets follow ggml's rule: each blob
+    starts at the previous one's end rounded up to ALIGN, data section aligned, zero padding."""
+
+    ALIGN = 32
+
+    def __init__(self, path: Path, kvs: list[KV], tensors: list[TensorInfo]):
+        self.path, self.tensors = Path(path), tensors
+        self.f = open(self.path, "wb")
+        header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+        header += b"".join(kv.encode() for kv in kvs)
+        offset = 0
+        for t in tensors:
+            header += _gguf_str(t.name) + struct.pack("<I", len(t.ne))
+            header += b"".join(struct.pack("<Q", d) for d in t.ne)
+            header += struct.pack("<IQ", t.ggml_type, offset)
+            offset += self._padded(t.nbytes)
+        self.f.write(header + bytes(self._padded(len(header)) - len(header)))
+        self.index, self.written = 0, 0
+
+    @classmethod
+    def _padded(cls, n: int) -> int:
+        return (n + cls.ALIGN - 1) // cls.ALIGN * cls.ALIGN
+
+    def write(self, name: str, data: bytes | np.ndarray) -> None:
+        t = self.tensors[self.index]
+        assert name == t.name, f"expected data of {t.name}, got {name}"
+        data = data.tobytes() if isinstance(data, np.ndarray) else data
+        assert self.written + len(data) <= t.nbytes, f"too much data for {name}"
+        self.f.write(data)
+        self.written += len(data)
+        if self.written == t.nbytes:                 # tensor complete: pad, go to the next one
+            self.f.write(bytes(self._padded(t.nbytes) - t.nbytes))
+            self.index, self.written = self.index + 1, 0
+
+    def close(self) -> None:
+        assert self.index == len(self.tensors), "not all tensors were written"
+        self.f.close()
+
+
+@dataclass
+class GGUFTensor:
+    name: str
+    ne: tuple[int, ...]
+    ggml_type: int
+    offset: int                 # absolute file offset
+    nbytes: int
+
+
+class GGUFFile:
+    """Minimal GGUF v3 reader: all metadata value types, tensor infos, ggml's offset rules, and
+    decoders for F32, F16 and bitnet.cpp's I2_S (type 36)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.raw = np.memmap(self.path, np.uint8, mode="r")
+        self.pos = 0
+        assert bytes(self.raw[:4]) == b"GGUF", "not a GGUF file"
+        self.pos = 4
+        version, n_tensors, n_kv = self._unpack("<IQQ")
+        assert version == 3, f"GGUF version {version}"
+        self.kv: dict[str, object] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            (vtype,) = self._unpack("<I")
+            assert key not in self.kv, f"duplicate key {key}"
+            self.kv[key] = self._value(vtype)
+        align = int(self.kv.get("general.alignment", 32))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._string()
+            (n_dims,) = self._unpack("<I")
+            ne = tuple(self._unpack(f"<{n_dims}Q"))
+            ggml_type, rel = self._unpack("<IQ")
+            infos.append((name, ne, ggml_type, rel))
+        data_start = (self.pos + align - 1) // align * align
+        self.tensors: dict[str, GGUFTensor] = {}
+        expected = 0
+        for name, ne, ggml_type, rel in infos:      # ggml requires in-order, gap-free blobs
+            assert rel == expected, f"{name}: offset {rel} != expected {expected}"
+            nbytes = tensor_nbytes(ggml_type, list(ne))
+            self.tensors[name] = GGUFTensor(name, ne, ggml_type, data_start + rel, nbytes)
+            expected = rel + (nbytes + align - 1) // align * align
+        assert data_start + expected <= len(self.raw), "file truncated"
+
+    def _unpack(self, fmt: str):
+        vals = struct.unpack_from(fmt, self.raw, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return vals
+
+    def _string(self) -> str:
+        (n,) = self._unpack("<Q")
+        s = bytes(self.raw[self.pos:self.pos + n]).decode("utf-8")
+        self.pos += n
+        return s
+
+    def _value(self, vtype: int):
+        if vtype == GGUF_STR:
+            return self._string()
+        if vtype == GGUF_ARR:
+            etype, count = self._unpack("<IQ")
+            return [self._value(etype) for _ in range(count)]
+        return self._unpack(_SCALAR_FMT[vtype])[0]
+
+    def blob(self, name: str) -> np.ndarray:
+        t = self.tensors[name]
+        return self.raw[t.offset:t.offset + t.nbytes]
+
+    def array(self, name: str) -> np.ndarray:
+        """F32/F16 tensor as a float64 array in numpy order (shape = reversed ne)."""
+        t = self.tensors[name]
+        dtype = {GGML_F32: "<f4", GGML_F16: "<f2"}.get(t.ggml_type)
+        if dtype is None:
+            raise NotImplementedError(f"{name}: type {TYPE_NAMES.get(t.ggml_type, t.ggml_type)}")
+        return np.frombuffer(self.blob(name), dtype).astype(np.float64).reshape(t.ne[::-1])
+
+    def ternary_i2s(self, name: str) -> tuple[np.ndarray, float]:
+        """I2_S tensor as (ternary int8 matrix [rows, cols], f32 beta)."""
+        t = self.tensors[name]
+        assert t.ggml_type == GGML_I2_S
+        tern, beta = unpack_i2s(self.blob(name), int(np.prod(t.ne)))
+        return tern.reshape(t.ne[::-1]), beta
+
+    def hparam(self, key: str):
+        return self.kv[f"{self.kv['general.architecture']}.{key}"]
+
+
+# ============================================================================================
+# Synthetic model content (shared by all variants)
+# ============================================================================================
+#
+# Every tensor draws from its own random stream keyed by (seed, tensor name), so the tiny models
+# can be built in memory and the 2B4T-shaped one tensor by tensor with the same code.
+#
+#   token_embd : N(0, emb_std) rounded to f16 (identical values in F32 and F16 files);
+#                generated in chunks of EMB_CHUNK rows (chunk k uses stream "token_embd.<k>")
+#   norm gains : 1 + 0.1 N(0, 1), f32
+#   projection : codes uniform in {0,1,2} (t = code - 1), beta ~ U(1, 2) * sqrt(1.5 / n_in)
+#                (so y = beta t.x has std 1..2 for unit-RMS x: attention scores with std ~1..4,
+#                residual stream RMS ~2.4 / 3.3 after layers 0 / 1, argmax of the logits set by
+#                the layers, not by the input token); beta32 = f32(beta) is used by the
+#                I2_S files, beta16 = f16(beta32) (what an I2_S -> TQ2_0 conversion keeps) by the
+#                mainline files. beta32 is never f16-exact.
+
+EMB_CHUNK = 4096
+
+
+def tensor_rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def gen_norm(seed: int, name: str, n: int) -> np.ndarray:
+    return (1.0 + 0.1 * tensor_rng(seed, name).standard_normal(n)).astype(np.float32)
+
+
+def gen_embedding_chunk(seed: int, hp: HParams, chunk: int) -> np.ndarray:
+    rows = min(EMB_CHUNK, hp.n_vocab - chunk * EMB_CHUNK)
+    rng = tensor_rng(seed, f"token_embd.{chunk}")
+    return (hp.emb_std * rng.standard_normal((rows, hp.n_embd))).astype(np.float16)
+
+
+@dataclass
+class Projection:
+    codes: np.ndarray           # uint8 [rows=out, cols=in], values 0, 1, 2 (t = code - 1)
+    beta32: float               # f32 scale (I2_S files)
+    beta16: float               # f16(beta32) (mainline files)
+
+    @property
+    def ternary(self) -> np.ndarray:
+        return self.codes.astype(np.int8) - 1
+
+
+def gen_projection(seed: int, name: str, rows: int, cols: int) -> Projection:
+    rng = tensor_rng(seed, name)
+    codes = rng.integers(0, 3, size=(rows, cols), dtype=np.uint8)
+    beta32 = np.float32(rng.uniform(1.0, 2.0) * np.sqrt(1.5 / cols))
+    while float(np.float16(beta32)) == float(beta32):      # keep beta32 off the f16 grid
+        beta32 = np.nextafter(beta32, np.float32(1.0))
+    return Projection(codes, float(beta32), float(np.float16(beta32)))
+
+
+@dataclass
+class SyntheticModel:
+    hp: HParams
+    token_embd: np.ndarray      # float16 [n_vocab, n_embd]
+    output_norm: np.ndarray     # float32 [n_embd]
+    norms: list[dict[str, np.ndarray]] = field(default_factory=list)     # per layer
+    proj: list[dict[str, Projection]] = field(default_factory=list)      # per layer
+
+
+def make_synthetic(hp: HParams, seed: int) -> SyntheticModel:
+    n_chunks = (hp.n_vocab + EMB_CHUNK - 1) // EMB_CHUNK
+    emb = np.concatenate([gen_embedding_chunk(seed, hp, k) for k in range(n_chunks)])
+    m = SyntheticModel(hp, emb, gen_norm(seed, "output_norm.weight", hp.n_embd))
+    for il in range(hp.n_layer):
+        m.norms.append({nm: gen_norm(seed, f"blk.{il}.{nm}.weight",
+                                     hp.n_ff if nm == "ffn_sub_norm" else hp.n_embd)
+                        for nm in NORMS})
+        m.proj.append({nm: gen_projection(seed, f"blk.{il}.{nm}.weight", r, c)
+                       for nm, r, c in hp.projections()})
+    return m
+
+
+def layer_tensor_order(il: int, with_scales: bool) -> list[tuple[str, str]]:
+    """(tensor name, role) of one block, in file order; role is a norm name, a projection
+    name, or "<proj>.scale"."""
+    p = f"blk.{il}."
+    names = [(p + "attn_norm.weight", "attn_norm")]
+    for proj in ("attn_q", "attn_k", "attn_v", "attn_output"):
+        names.append((p + proj + ".weight", proj))
+        if with_scales:
+            names.append((p + proj + ".scale", proj + ".scale"))
+    names += [(p + "attn_sub_norm.weight", "attn_sub_norm"), (p + "ffn_norm.weight", "ffn_norm")]
+    for proj in ("ffn_gate", "ffn_up", "ffn_down"):
+        names.append((p + proj + ".weight", proj))
+        if with_scales:
+            names.append((p + proj + ".scale", proj + ".scale"))
+    names.append((p + "ffn_sub_norm.weight", "ffn_sub_norm"))
+    return names
+
+
+# ============================================================================================
+# Model files
+# ============================================================================================
+
+@dataclass(frozen=True)
+class Variant:
+    stem: str
+    arch: str                   # "bitnet" (mainline llama.cpp) or "bitnet-b1.58" (official)
+    weight_type: int            # GGML_F32 / GGML_TQ2_0 / GGML_TQ1_0 / GGML_I2_S
+    scale_tensors: bool         # pure {-1,0,1} weights + blk.N.<proj>.scale F32 [1]
+    embd_type: int              # GGML_F32 / GGML_F16
+    activation: str             # what the reference outputs use: "silu" | "relu2"
+    act_quant: str              # "none" | "q8_k" | "per_token_i8"
+
+    @property
+    def path(self) -> Path:
+        return MODELS_DIR / f"{self.stem}.gguf"
+
+    @property
+    def file_type(self) -> int:  # llama_ftype
+        return {GGML_F32: 0, GGML_TQ1_0: 36, GGML_TQ2_0: 37, GGML_I2_S: 40}[self.weight_type]
+
+
+MAINLINE_VARIANTS = [
+    Variant("tiny-f32", "bitnet", GGML_F32, False, GGML_F32, "silu", "none"),
+    Variant("tiny-f32-scale", "bitnet", GGML_F32, True, GGML_F32, "silu", "none"),
+    Variant("tiny-tq2_0", "bitnet", GGML_TQ2_0, False, GGML_F32, "silu", "q8_k"),
+    Variant("tiny-tq1_0", "bitnet", GGML_TQ1_0, True, GGML_F32, "silu", "q8_k"),
+    Variant("tiny-tq2_0-f16emb", "bitnet", GGML_TQ2_0, False, GGML_F16, "silu", "q8_k"),
+]
+I2S_VARIANT = Variant("tiny-i2s", "bitnet-b1.58", GGML_I2_S, False, GGML_F16, "relu2",
+                      "per_token_i8")
+
+
+def mainline_kvs(hp: HParams, name: str, file_type: int) -> list[KV]:
+    """Keys of llama.cpp's `bitnet` arch (as gguf-py would write them); no text vocabulary:
+    tokenizer.ggml.model = "none" + bitnet.vocab_size, token ids are fed directly."""
+    A = "bitnet"
+    return [kv_str("general.architecture", A), kv_str("general.name", name),
+            kv_u32(f"{A}.vocab_size", hp.n_vocab), kv_u32(f"{A}.context_length", hp.n_ctx),
+            kv_u32(f"{A}.embedding_length", hp.n_embd), kv_u32(f"{A}.block_count", hp.n_layer),
+            kv_u32(f"{A}.feed_forward_length", hp.n_ff),
+            kv_u32(f"{A}.attention.head_count", hp.n_head),
+            kv_u32(f"{A}.attention.head_count_kv", hp.n_head_kv),
+            kv_f32(f"{A}.attention.layer_norm_rms_epsilon", hp.eps),
+            kv_f32(f"{A}.rope.freq_base", hp.rope_base),
+            kv_u32(f"{A}.rope.dimension_count", hp.head_dim),
+            kv_u32("general.file_type", file_type), kv_u32("general.quantization_version", 2),
+            kv_str("tokenizer.ggml.model", "none")]
+
+
+def official_kvs(hp: HParams, name: str) -> list[KV]:
+    """The metadata of microsoft/bitnet-b1.58-2B-4T-gguf (spec §3.1), same keys, types and order,
+    minus the text-vocabulary arrays and chat template (tokenizer.ggml.model = "none")."""
+    A = "bitnet-b1.58"
+    return [kv_str("general.architecture", A), kv_str("general.name", name),
+            kv_u32(f"{A}.vocab_size", hp.n_vocab), kv_u32(f"{A}.context_length", hp.n_ctx),
+            kv_u32(f"{A}.embedding_length", hp.n_embd), kv_u32(f"{A}.block_count", hp.n_layer),
+            kv_u32(f"{A}.feed_forward_length", hp.n_ff),
+            kv_u32(f"{A}.rope.dimension_count", hp.head_dim),
+            kv_u32(f"{A}.attention.head_count", hp.n_head),
+            kv_u32(f"{A}.attention.head_count_kv", hp.n_head_kv),
+            kv_bool("tokenizer.ggml.add_bos_token", True),
+            kv_f32(f"{A}.attention.layer_norm_rms_epsilon", hp.eps),
+            kv_f32(f"{A}.rope.freq_base", hp.rope_base),
+            kv_u32("general.file_type", 40),
+            kv_str("tokenizer.ggml.model", "none"),
+            kv_u32("tokenizer.ggml.bos_token_id", 1), kv_u32("tokenizer.ggml.eos_token_id", 2),
+            kv_u32("tokenizer.ggml.padding_token_id", 2),
+            kv_u32("general.quantization_version", 2)]
+
+
+def variant_tensor_infos(v: Variant, hp: HParams) -> list[TensorInfo]:
+    shapes = {nm: (c, r) for nm, r, c in hp.projections()}
+    infos = [TensorInfo("token_embd.weight", (hp.n_embd, hp.n_vocab), v.embd_type),
+             TensorInfo("output_norm.weight", (hp.n_embd,), GGML_F32)]
+    for il in range(hp.n_layer):
+        for name, role in layer_tensor_order(il, v.scale_tensors):
+            if role in NORMS:
+                infos.append(TensorInfo(name, (hp.n_ff if role == "ffn_sub_norm" else hp.n_embd,),
+                                        GGML_F32))
+            elif role.endswith(".scale"):
+                infos.append(TensorInfo(name, (1,), GGML_F32))
+            else:
+                infos.append(TensorInfo(name, shapes[role], v.weight_type))
+    return infos
+
+
+def encode_projection(v: Variant, p: Projection) -> bytes:
+    """Blob of one projection weight in the variant's format."""
+    if v.weight_type == GGML_I2_S:
+        return pack_i2s(p.codes, p.beta32)
+    d = 1.0 if v.scale_tensors else p.beta16          # with .scale tensors: pure {-1, 0, 1}
+    if v.weight_type == GGML_F32:
+        return (p.ternary.astype(np.float32) * np.float32(d)).tobytes()
+    if v.weight_type == GGML_TQ2_0:
+        return pack_tq2_0(p.codes, d)
+    if v.weight_type == GGML_TQ1_0:
+        return pack_tq1_0(p.codes, d)
+    raise ValueError(v.weight_type)
+
+
+def write_variant(v: Variant, m: SyntheticModel) -> None:
+    hp = m.hp
+    kvs = (official_kvs(hp, "tiny-bitnet-b1.58") if v.arch == "bitnet-b1.58"
+           else mainline_kvs(hp, f"hesper-rs {v.stem}", v.file_type))
+    w = GGUFStreamWriter(v.path, kvs, variant_tensor_infos(v, hp))
+    w.write("token_embd.weight", m.token_embd.astype(np.float32 if v.embd_type == GGML_F32
+                                                     else np.float16))
+    w.write("output_norm.weight", m.output_norm)
+    for il in range(hp.n_layer):
+        for name, role in layer_tensor_order(il, v.scale_tensors):
+            if role in NORMS:
+                w.write(name, m.norms[il][role])
+            elif role.endswith(".scale"):
+                w.write(name, np.array([m.proj[il][role[:-6]].beta16], np.float32))
+            else:
+                w.write(name, encode_projection(v, m.proj[il][role]))
+    w.close()
+
+
+# ---------------------------------------------------------------------------- model checks
+
+def check_packers_against_gguf_py(m: SyntheticModel) -> None:
+    """Our TQ1_0/TQ2_0 packers must be byte-identical to gguf-py's reference quantizer."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import quantize
+    for name, p in m.proj[0].items():
+        t = p.ternary.astype(np.float32)
+        assert pack_tq2_0(p.codes, p.beta16) == quantize(t * np.float32(p.beta16), QT.TQ2_0).tobytes(), name
+        assert pack_tq1_0(p.codes, 1.0) == quantize(t, QT.TQ1_0).tobytes(), name
+        assert pack_tq1_0(p.codes, p.beta16) == quantize(t * np.float32(p.beta16), QT.TQ1_0).tobytes(), name
+
+
+def check_mainline_file(v: Variant, m: SyntheticModel) -> None:
+    """Read the file back with gguf-py and compare every tensor with the intended values."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    r = GGUFReader(v.path)
+    got = {t.name: dequantize(t.data, t.tensor_type).reshape(-1) for t in r.tensors}
+    want = {"token_embd.weight": m.token_embd, "output_norm.weight": m.output_norm}
+    for il in range(m.hp.n_layer):
+        for name, role in layer_tensor_order(il, v.scale_tensors):
+            if role in NORMS:
+                want[name] = m.norms[il][role]
+            elif role.endswith(".scale"):
+                want[name] = np.array([m.proj[il][role[:-6]].beta16])
+            else:
+                p = m.proj[il][role]
+                want[name] = p.ternary * (1.0 if v.scale_tensors else p.beta16)
+    assert list(got) == list(want), "tensor list mismatch"
+    for name, w in want.items():
+        assert np.array_equal(got[name].astype(np.float64), np.asarray(w, np.float64).reshape(-1)), name
+    assert r.fields["general.architecture"].contents() == "bitnet"
+
+
+def check_i2s_file(v: Variant, m: SyntheticModel) -> None:
+    """Read tiny-i2s back with our parser; additionally decode a sample of weights with the
+    per-element formula of the spec (independent of the vectorized unpacker)."""
+    g = GGUFFile(v.path)
+    assert g.kv["general.architecture"] == "bitnet-b1.58"
+    assert np.array_equal(g.array("token_embd.weight"), m.token_embd.astype(np.float64))
+    rng = np.random.default_rng(0)
+    for il in range(m.hp.n_layer):
+        for nm, p in m.proj[il].items():
+            name = f"blk.{il}.{nm}.weight"
+            tern, beta = g.ternary_i2s(name)
+            assert np.array_equal(tern, p.ternary) and beta == np.float32(p.beta32), name
+            blob, flat = g.blob(name), p.ternary.reshape(-1)
+            for k in rng.integers(0, flat.size, 64):
+                grp, j = divmod(int(k), 128)
+                code = (int(blob[32 * grp + j % 32]) >> (6 - 2 * (j // 32))) & 3
+                assert code - 1 == flat[k], (name, k)
+        for nm in NORMS:
+            assert np.array_equal(g.array(f"blk.{il}.{nm}.weight"), m.norms[il][nm]), nm
+
+
+def step_models(seed: int) -> None:
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    m = make_synthetic(TINY, seed)
+    check_packers_against_gguf_py(m)
+    print("TQ1_0/TQ2_0 packers == gguf-py quantize (byte-identical)")
+    for v in MAINLINE_VARIANTS + [I2S_VARIANT]:
+        write_variant(v, m)
+        (check_i2s_file if v.weight_type == GGML_I2_S else check_mainline_file)(v, m)
+        print(f"wrote {v.path.relative_to(ROOT)}  {v.path.stat().st_size:>9,d} B  (read back OK)")
+
+
+# ============================================================================================
+# Token sequences and output files
+# ============================================================================================
+
+def token_sequences(hp: HParams) -> list[list[int]]:
+    """The same three sequences for every tiny model: first id 1, then uniform ids."""
+    rng = np.random.default_rng(TOKEN_SEED)
+    return [[1] + rng.integers(0, hp.n_vocab, n - 1).tolist() for n in SEQ_LENGTHS]
+
+
+def write_outputs(v: Variant, hp: HParams, reference: str,
+                  results: list[tuple[list[int], np.ndarray, np.ndarray]]) -> None:
+    """results: (tokens, logits [n_tok, n_vocab], hidden [n_layer, n_tok, n_embd]) per sequence."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    seqs = []
+    for i, (tokens, logits, hidden) in enumerate(results):
+        n = len(tokens)
+        assert logits.shape == (n, hp.n_vocab) and hidden.shape == (hp.n_layer, n, hp.n_embd)
+        assert np.isfinite(logits).all() and np.isfinite(hidden).all()
+        lf, hf = f"{v.stem}.s{i}.logits.f32", f"{v.stem}.s{i}.hidden.f32"
+        np.ascontiguousarray(logits, "<f4").tofile(OUT_DIR / lf)
+        np.ascontiguousarray(hidden, "<f4").tofile(OUT_DIR / hf)
+        seqs.append({"tokens": [int(t) for t in tokens], "logits": lf, "hidden": hf})
+    manifest = {"model": f"models/{v.stem}.gguf", "reference": reference,
+                "activation": v.activation, "act_quant": v.act_quant, "n_vocab": hp.n_vocab,
+                "n_embd": hp.n_embd, "n_layer": hp.n_layer, "sequences": seqs}
+    (OUT_DIR / f"{v.stem}.json").write_text(format_manifest(manifest))
+    print(f"wrote out/{v.stem}.json (+{2 * len(seqs)} .f32 files)")
+
+
+def format_manifest(manifest: dict) -> str:
+    """Plain JSON, one key per line and one line per sequence (diff-friendly)."""
+    head = {k: v for k, v in manifest.items() if k != "sequences"}
+    lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    seqs = ",\n".join("  " + json.dumps(s) for s in manifest["sequences"])
+    return "{\n" + "\n".join(lines) + '\n "sequences": [\n' + seqs + "\n ]\n}\n"
+
+
+def read_outputs(stem: str) -> tuple[dict, list[tuple[np.ndarray, np.ndarray]]]:
+    man = json.loads((OUT_DIR / f"{stem}.json").read_text())
+    L, V, E = man["n_layer"], man["n_vocab"], man["n_embd"]
+    data = []
+    for s in man["sequences"]:
+        n = len(s["tokens"])
+        data.append((np.fromfile(OUT_DIR / s["logits"], "<f4").reshape(n, V),
+                     np.fromfile(OUT_DIR / s["hidden"], "<f4").reshape(L, n, E)))
+    return man, data
+
+
+# ============================================================================================
+# llama.cpp reference (llama-cpp-python low-level API)
+# ============================================================================================
+
+class LlamaCpp:
+    """Runs a GGUF through llama.cpp and captures logits + every layer's `l_out-<il>`.
+
+    Settings: CPU only, flash attention disabled, K and V cache F32, n_ctx = n_batch = n_ubatch
+    = 256 (the whole sequence in one ubatch, so each graph tensor is computed exactly once), logits
+    requested for every position (so the last layer keeps all rows: llama.cpp's `inp_out_ids`
+    selects the output rows before the last FFN)."""
+
+    def __init__(self, threads: int):
+        import llama_cpp
+        from llama_cpp import llama_cpp as C
+        self.C, self.threads, self.version = C, threads, llama_cpp.__version__
+        if self.version != LLAMA_CPP_PYTHON_VERSION:
+            print(f"WARNING: llama-cpp-python {self.version}, the golden values were made with "
+                  f"{LLAMA_CPP_PYTHON_VERSION} (llama.cpp {LLAMA_CPP_COMMIT})", file=sys.stderr)
+        lib = Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"
+        g = self.ggml = ctypes.CDLL(str(lib))
+        g.ggml_get_name.restype, g.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        g.ggml_nbytes.restype, g.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+        g.ggml_is_contiguous.restype, g.ggml_is_contiguous.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+        g.ggml_backend_tensor_get.restype = None
+        g.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                              ctypes.c_size_t]
+
+        @C.llama_log_callback
+        def log(level, text, _user):            # keep warnings (3) and errors (4) only
+            if level in (3, 4):
+                sys.stderr.write("llama.cpp: " + text.decode(errors="replace"))
+        self._log = log
+        C.llama_log_set(log, None)
+        C.llama_backend_init()
+
+    class _TensorHead(ctypes.Structure):       # leading fields of struct ggml_tensor (ggml.h)
+        _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
+
+    def run(self, path: Path, hp: HParams, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        C, g, n = self.C, self.ggml, len(tokens)
+        captured: dict[int, np.ndarray] = {}
+
+        @C.ggml_backend_sched_eval_callback
+        def on_tensor(t, ask, _user):
+            name = g.ggml_get_name(t).decode()
+            if not name.startswith("l_out-"):
+                return False if ask else True
+            if ask:
+                return True
+            head = ctypes.cast(t, ctypes.POINTER(self._TensorHead)).contents
+            ne = tuple(head.ne)
+            assert head.type == GGML_F32 and g.ggml_is_contiguous(t), name
+            assert ne == (hp.n_embd, n, 1, 1), (name, ne)
+            buf = np.empty(n * hp.n_embd, np.float32)
+            g.ggml_backend_tensor_get(t, buf.ctypes.data, 0, g.ggml_nbytes(t))
+            captured[int(name[len("l_out-"):])] = buf.reshape(n, hp.n_embd)
+            return True
+
+        mp = C.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        model = C.llama_model_load_from_file(str(path).encode(), mp)
+        assert model, f"llama.cpp refused {path}"
+        try:
+            vocab = C.llama_model_get_vocab(model)
+            assert C.llama_vocab_n_tokens(vocab) == hp.n_vocab
+            cp = C.llama_context_default_params()
+            cp.n_ctx = cp.n_batch = cp.n_ubatch = hp.n_ctx
+            cp.n_seq_max = 1
+            cp.n_threads = cp.n_threads_batch = self.threads
+            cp.flash_attn_type = 0                  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+            cp.type_k = cp.type_v = GGML_F32        # F32 KV cache
+            cp.cb_eval, cp.cb_eval_user_data = on_tensor, None
+            ctx = C.llama_init_from_model(model, cp)
+            assert ctx, "llama_init_from_model failed"
+            batch = C.llama_batch_init(n, 0, 1)
+            try:
+                for i, tok in enumerate(tokens):
+                    batch.token[i], batch.pos[i] = tok, i
+                    batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, 1
+                batch.n_tokens = n
+                rc = C.llama_decode(ctx, batch)
+                assert rc == 0, f"llama_decode returned {rc}"
+                logits = np.stack([np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, i),
+                                                         shape=(hp.n_vocab,)).copy()
+                                   for i in range(n)])
+            finally:
+                C.llama_batch_free(batch)
+                C.llama_free(ctx)
+        finally:
+            C.llama_model_free(model)
+        assert sorted(captured) == list(range(hp.n_layer)), sorted(captured)
+        return logits, np.stack([captured[il] for il in range(hp.n_layer)])
+
+    def description(self) -> str:
+        return (f"llama.cpp {LLAMA_CPP_COMMIT} via llama-cpp-python {self.version}, CPU, "
+                f"flash attention off, KV cache F32, n_threads {self.threads}, one ubatch, "
+                f"logits for all positions; hidden = l_out-<il>")
+
+
+def step_llama(threads: int) -> None:
+    llama = LlamaCpp(threads)
+    seqs = token_sequences(TINY)
+    for v in MAINLINE_VARIANTS:
+        t0 = time.time()
+        results = [(toks, *llama.run(v.path, TINY, toks)) for toks in seqs]
+        write_outputs(v, TINY, llama.description(), results)
+        print(f"  {v.stem}: llama.cpp {time.time() - t0:.1f} s")
+
+
+# ============================================================================================
+# float64 NumPy reference of the BitNet b1.58 forward pass (spec §4.1)
+# ============================================================================================
+
+REFERENCE_LABEL = ("hesper-rs float64 NumPy reference (transformers unavailable: PyPI torch needs "
+                   "CUDA wheels); golden-values/generate.py, numpy {np}")
+
+
+@dataclass
+class RefLinear:
+    weight: np.ndarray          # float64 [out, in]: ternary (I2_S, .scale variants) or t*beta
+    scale: float                # beta applied after the product (1.0 if folded into weight)
+
+
+@dataclass
+class RefModel:
+    hp: HParams
+    token_embd: np.ndarray      # float64 [n_vocab, n_embd] (also the tied LM head)
+    output_norm: np.ndarray
+    layers: list[dict]          # norm name -> gains, projection name -> RefLinear
+
+
+def load_ref_model(path: Path) -> RefModel:
+    """Read a model for the reference from a GGUF (F32/F16 tensors, I2_S, optional .scale)."""
+    g = GGUFFile(path)
+    hp = HParams(n_vocab=int(g.hparam("vocab_size")), n_embd=int(g.hparam("embedding_length")),
+                 n_ff=int(g.hparam("feed_forward_length")), n_head=int(g.hparam("attention.head_count")),
+                 n_head_kv=int(g.hparam("attention.head_count_kv")), n_layer=int(g.hparam("block_count")),
+                 n_ctx=int(g.hparam("context_length")), rope_base=float(g.hparam("rope.freq_base")),
+                 eps=float(g.hparam("attention.layer_norm_rms_epsilon")))
+    layers = []
+    for il in range(hp.n_layer):
+        p, layer = f"blk.{il}.", {}
+        for nm in NORMS:
+            layer[nm] = g.array(p + nm + ".weight")
+        for nm, _, _ in hp.projections():
+            if g.tensors[p + nm + ".weight"].ggml_type == GGML_I2_S:
+                tern, beta = g.ternary_i2s(p + nm + ".weight")
+                layer[nm] = RefLinear(tern.astype(np.float64), float(beta))
+            else:
+                scale = (float(g.array(p + nm + ".scale")[0]) if p + nm + ".scale" in g.tensors
+                         else 1.0)
+                layer[nm] = RefLinear(g.array(p + nm + ".weight"), scale)
+        layers.append(layer)
+    return RefModel(hp, g.array("token_embd.weight"), g.array("output_norm.weight"), layers)
+
+
+def ref_model_as(m: RefModel, dtype) -> RefModel:
+    """The same model with every array in another float type (all reference functions keep the
+    dtype of their inputs), used to estimate how much an f32 implementation deviates."""
+    c = lambda a: a.astype(dtype)
+    layers = [{k: (RefLinear(c(v.weight), dtype(v.scale)) if isinstance(v, RefLinear) else c(v))
+               for k, v in L.items()} for L in m.layers]
+    return RefModel(m.hp, c(m.token_embd), c(m.output_norm), layers)
+
+
+def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gain
+
+
+def bit_linear(x: np.ndarray, lin: RefLinear, act_quant: str) -> np.ndarray:
+    """y = beta * W x.  With per_token_i8 (the model's W1.58A8 semantics), each row x is first
+    quantized: s = 127 / max(max|x|, 1e-5), q = clamp(round_half_even(x*s), -128, 127), and
+    y = beta * (W q) / s (integer dot product, exact in float64)."""
+    if act_quant == "none":
+        return (x @ lin.weight.T) * lin.scale
+    if act_quant == "per_token_i8":
+        s = 127.0 / np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-5)
+        q = np.clip(np.rint(x * s), -128, 127)
+        return (q @ lin.weight.T) / s * lin.scale
+    raise ValueError(f"reference has no act_quant mode {act_quant!r}")
+
+
+def rope_neox(x: np.ndarray, base: float) -> np.ndarray:
+    """NeoX ("rotate half") RoPE on x [n_tok, n_heads, head_dim], positions 0..n_tok-1:
+    pairs (i, i + d/2) rotated by pos * base^(-2i/d)."""
+    n, _, d = x.shape
+    theta = np.arange(n)[:, None] * base ** (-2.0 * np.arange(d // 2) / d)   # [n_tok, d/2]
+    cos, sin = (np.cos(theta)[:, None, :].astype(x.dtype), np.sin(theta)[:, None, :].astype(x.dtype))
+    x0, x1 = x[..., :d // 2], x[..., d // 2:]
+    return np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal softmax attention with GQA (query head h uses kv head h // (n_head / n_head_kv))."""
+    n, n_head, d = q.shape
+    group = n_head // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("ihd,jhd->hij", q, k) * (1.0 / d ** 0.5)
+    scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("hij,jhd->ihd", p, v).reshape(n, n_head * d)
+
+
+def reference_forward(m: RefModel, tokens: list[int], activation: str,
+                      act_quant: str) -> tuple[np.ndarray, np.ndarray]:
+    """Returns logits [n_tok, n_vocab] and the residual stream after each layer
+    [n_layer, n_tok, n_embd] (float64)."""
+    hp, n = m.hp, len(tokens)
+    act = {"relu2": lambda g: np.square(np.maximum(g, 0.0)),
+           "silu": lambda g: g / (1.0 + np.exp(-g))}[activation]
+    x = m.token_embd[np.asarray(tokens)]
+    hidden = []
+    for L in m.layers:
+        h = rms_norm(x, L["attn_norm"], hp.eps)
+        q = bit_linear(h, L["attn_q"], act_quant).reshape(n, hp.n_head, hp.head_dim)
+        k = bit_linear(h, L["attn_k"], act_quant).reshape(n, hp.n_head_kv, hp.head_dim)
+        v = bit_linear(h, L["attn_v"], act_quant).reshape(n, hp.n_head_kv, hp.head_dim)
+        o = attention(rope_neox(q, hp.rope_base), rope_neox(k, hp.rope_base), v)
+        o = rms_norm(o, L["attn_sub_norm"], hp.eps)
+        x = x + bit_linear(o, L["attn_output"], act_quant)
+        h = rms_norm(x, L["ffn_norm"], hp.eps)
+        a = act(bit_linear(h, L["ffn_gate"], act_quant)) * bit_linear(h, L["ffn_up"], act_quant)
+        a = rms_norm(a, L["ffn_sub_norm"], hp.eps)
+        x = x + bit_linear(a, L["ffn_down"], act_quant)
+        hidden.append(x)
+    logits = rms_norm(x, m.output_norm, hp.eps) @ m.token_embd.T       # tied LM head
+    return logits, np.stack(hidden)
+
+
+def lm_head_from_hidden(m: RefModel, hidden_last: np.ndarray) -> np.ndarray:
+    return rms_norm(hidden_last.astype(np.float64), m.output_norm, m.hp.eps) @ m.token_embd.T
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def validation_report() -> list[str]:
+    """Compare the reference (SiLU, no activation quantization) with llama.cpp on the F32 models,
+    and report a few other differences that help choosing test tolerances."""
+    lines = ["# float64 NumPy reference vs llama.cpp " + LLAMA_CPP_COMMIT +
+             " (FA off, KV F32, 2 threads), same token sequences (lengths "
+             + ", ".join(map(str, SEQ_LENGTHS)) + ")", ""]
+    row = "{:<52} {:>12} {:>11} {:>12} {:>11}"
+    lines.append(row.format("comparison (max over all sequences and positions)", "max|dlogits|",
+                            "max|logits|", "max|dhidden|", "max|hidden|"))
+
+    def add(label, pairs_logits, pairs_hidden):
+        dl = max(max_abs(a, b) for a, b in pairs_logits)
+        ml = max(float(np.abs(b).max()) for _, b in pairs_logits)
+        dh = f"{max(max_abs(a, b) for a, b in pairs_hidden):.3e}" if pairs_hidden else "-"
+        mh = f"{max(float(np.abs(b).max()) for _, b in pairs_hidden):.2f}" if pairs_hidden else "-"
+        lines.append(row.format(label, f"{dl:.3e}", f"{ml:.2f}", dh, mh))
+
+    outs = {}
+    for v in MAINLINE_VARIANTS:
+        if not (OUT_DIR / f"{v.stem}.json").exists():
+            return lines + ["", "llama.cpp outputs missing: run the `llama` step first"]
+        outs[v.stem] = read_outputs(v.stem)
+    seqs = token_sequences(TINY)
+    for stem in ("tiny-f32", "tiny-f32-scale"):
+        m = load_ref_model(MODELS_DIR / f"{stem}.gguf")
+        refs = [reference_forward(m, t, "silu", "none") for t in seqs]
+        gold = outs[stem][1]
+        add(f"reference(silu,none) vs llama {stem}", [(r[0], g[0]) for r, g in zip(refs, gold)],
+            [(r[1], g[1]) for r, g in zip(refs, gold)])
+    lines.append("")
+    lines.append("# consistency of llama.cpp's own outputs (row order of the last layer's l_out):")
+    lines.append("# logits recomputed in float64 from hidden[n_layer-1] vs llama.cpp logits")
+    for v in MAINLINE_VARIANTS:
+        m = load_ref_model(MODELS_DIR / "tiny-f32.gguf")  # same norms/embedding in all variants
+        gold = outs[v.stem][1]
+        add(f"lm_head(hidden[-1]) vs logits {v.stem}",
+            [(lm_head_from_hidden(m, g[1][-1]), g[0]) for g in gold], [])
+    lines.append("")
+    lines.append("# differences between storage formats of the same ternary model (llama.cpp):")
+    for a, b in (("tiny-f32-scale", "tiny-f32"), ("tiny-tq1_0", "tiny-tq2_0"),
+                 ("tiny-tq2_0", "tiny-f32"), ("tiny-tq2_0-f16emb", "tiny-tq2_0")):
+        ga, gb = outs[a][1], outs[b][1]
+        add(f"{a} vs {b}", [(x[0], y[0]) for x, y in zip(ga, gb)],
+            [(x[1], y[1]) for x, y in zip(ga, gb)])
+    lines.append("")
+    lines.append("# effect of the model semantics on tiny-i2s (float64 reference only):")
+    m = load_ref_model(I2S_VARIANT.path)
+    base = [reference_forward(m, t, "relu2", "per_token_i8") for t in seqs]
+    for act, aq in (("relu2", "none"), ("silu", "per_token_i8")):
+        alt = [reference_forward(m, t, act, aq) for t in seqs]
+        add(f"reference({act},{aq}) vs (relu2,per_token_i8)",
+            [(x[0], y[0]) for x, y in zip(alt, base)], [(x[1], y[1]) for x, y in zip(alt, base)])
+    m32 = ref_model_as(m, np.float32)
+    alt = [reference_forward(m32, t, "relu2", "per_token_i8") for t in seqs]
+    add("same in float32 arithmetic vs float64 (golden)",
+        [(x[0], y[0]) for x, y in zip(alt, base)], [(x[1], y[1]) for x, y in zip(alt, base)])
+    return lines
+
+
+def step_reference() -> None:
+    m = load_ref_model(I2S_VARIANT.path)
+    results = []
+    for toks in token_sequences(m.hp):
+        logits, hidden = reference_forward(m, toks, I2S_VARIANT.activation, I2S_VARIANT.act_quant)
+        results.append((toks, logits, hidden))
+    write_outputs(I2S_VARIANT, m.hp, REFERENCE_LABEL.format(np=np.__version__), results)
+    report = validation_report()
+    print("\n".join(report))
+    (OUT_DIR / "reference-validation.txt").write_text("\n".join(report) + "\n")
+    print("wrote out/reference-validation.txt")
+
+
+# ============================================================================================
+# Synthetic 2B4T-shaped models for benchmarks (streamed, not committed)
+# ============================================================================================
+
+def step_bench_2b4t(out_dir: Path, seed: int) -> None:
+    """Same generator as the tiny models, one tensor at a time into two files at once."""
+    hp = BITNET_2B4T
+    out_dir.mkdir(parents=True, exist_ok=True)
+    i2s = Variant("bench-2b4t-i2s", "bitnet-b1.58", GGML_I2_S, False, GGML_F16, "relu2",
+                  "per_token_i8")
+    tq2 = Variant("bench-2b4t-tq2_0", "bitnet", GGML_TQ2_0, False, GGML_F16, "silu", "q8_k")
+    writers = [(v, GGUFStreamWriter(out_dir / f"{v.stem}.gguf",
+                                    official_kvs(hp, "bench-2b4t (synthetic, hesper-rs)")
+                                    if v.arch == "bitnet-b1.58"
+                                    else mainline_kvs(hp, "bench-2b4t (synthetic, hesper-rs)",
+                                                      v.file_type),
+                                    variant_tensor_infos(v, hp))) for v in (i2s, tq2)]
+
+    def emit(name: str, data_for) -> None:
+        for v, w in writers:
+            w.write(name, data_for(v))
+
+    t0 = time.time()
+    for k in range((hp.n_vocab + EMB_CHUNK - 1) // EMB_CHUNK):
+        chunk = gen_embedding_chunk(seed, hp, k)
+        emit("token_embd.weight", lambda v: chunk)
+    norm = gen_norm(seed, "output_norm.weight", hp.n_embd)
+    emit("output_norm.weight", lambda v: norm)
+    shapes = {nm: (r, c) for nm, r, c in hp.projections()}
+    for il in range(hp.n_layer):
+        for name, role in layer_tensor_order(il, False):
+            if role in NORMS:
+                g = gen_norm(seed, name, hp.n_ff if role == "ffn_sub_norm" else hp.n_embd)
+                emit(name, lambda v: g)
+            else:
+                p = gen_projection(seed, name, *shapes[role])
+                emit(name, lambda v: encode_projection(v, p))
+        print(f"  layer {il + 1}/{hp.n_layer} ({time.time() - t0:.0f} s)", flush=True)
+    for v, w in writers:
+        w.close()
+        print(f"wrote {w.path}  {w.path.stat().st_size:,d} B")
+
+
+# ============================================================================================
+# CLI
+# ============================================================================================
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("steps", nargs="*", metavar="STEP",
+                    help="models, llama, reference (default: all three)")
+    ap.add_argument("--seed", type=int, default=SEED, help=f"model seed (default {SEED})")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    ap.add_argument("--bench-2b4t", metavar="DIR", type=Path,
+                    help="write the 2B4T-shaped benchmark models (I2_S + TQ2_0) into DIR")
+    a = ap.parse_args()
+    steps = a.steps or ([] if a.bench_2b4t else ["models", "llama", "reference"])
+    unknown = set(steps) - {"models", "llama", "reference"}
+    if unknown:
+        ap.error(f"unknown step(s): {', '.join(sorted(unknown))}")
+    for step in ("models", "llama", "reference"):
+        if step in steps:
+            print(f"== {step}")
+            {"models": lambda: step_models(a.seed), "llama": lambda: step_llama(a.threads),
+             "reference": step_reference}[step]()
+    if a.bench_2b4t:
+        print("== bench-2b4t")
+        step_bench_2b4t(a.bench_2b4t, a.seed)
+
+
+if __name__ == "__main__":
+    main()

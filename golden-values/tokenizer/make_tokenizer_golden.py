@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Write llama.cpp's token ids for a set of strings, as golden values for hesper-rs's tokenizer.
+
+Run with a Python that has llama-cpp-python 0.3.36 (its vendored llama.cpp is commit 0c1e57098):
+
+    python make_tokenizer_golden.py
+
+Reads, next to this script, llama.cpp's test vocabularies (copied from the llama-cpp-python
+0.3.36 sdist, vendor/llama.cpp/models/): ggml-vocab-llama-bpe.gguf and ggml-vocab-llama-spm.gguf,
+with their .inp test strings. Writes llama-bpe.json, llama-spm.json and llama-bpe-nopre.json (the
+llama-bpe vocabulary with `tokenizer.ggml.pre` removed, so llama.cpp uses its 'default' split).
+
+Each JSON: {"source": ..., "vocab": ..., "cases": [{"text", "add_special", "parse_special", "ids"}]}.
+"""
+import ctypes
+import json
+import os
+import struct
+import sys
+import tempfile
+
+from llama_cpp import llama_cpp as C
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = ("llama.cpp 0c1e57098 via llama-cpp-python 0.3.36 (PyPI sdist, built from source): "
+          "llama_tokenize(vocab, text, add_special, parse_special) on a vocab_only model")
+SEP = "\n__ggml_vocab_test__\n"
+
+EXTRA = [
+    # ASCII prose and punctuation
+    "The capital of France is",
+    "I've 12345 apples, don't you? We'll see; they're here.",
+    "hello!!! ... ?? (yes) [no] {maybe} <tag> a+b=c ~x^y |z|",
+    "Mr. O'Neil's dog said \"woof\" -- twice.",
+    "ALL CAPS SHOUTING AND MiXeD cAsE wOrDs",
+    "'S 'T 'RE 'VE 'M 'LL 'D and 'ſ",
+    # accents, other scripts
+    "naïve café résumé Ångström façade Zürich",
+    "Ελληνικά και русский язык, עברית, العربية",
+    "東京は日本の首都です。北京是中国的首都。",
+    "한국어 텍스트와 ひらがな カタカナ",
+    "हिन्दी भाषा और தமிழ்",
+    # emoji and symbols
+    "🙂🙃😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈",
+    "∑∫√∞ ≠ ≤ ≥ → ← ↔ © ® ™ € £ ¥",
+    "\u00a0non-breaking\u2003em space\u200bzero width",
+    # code
+    "fn main() {\n    println!(\"Hello, world!\");\n}\n",
+    "def f(x):\n\treturn x**2 if x > 0 else -x  # comment\n",
+    "for (int i = 0; i < n; ++i) { a[i] += b[i] * 2; }",
+    "<html><body class=\"x\">&amp; &lt;</body></html>",
+    "SELECT * FROM t WHERE id = 42 AND name LIKE '%abc%';",
+    # whitespace runs
+    "a  b   c    d     e",
+    "a\tb\t\tc\t\t\td",
+    "a\r\nb\r\n\r\nc",
+    "line1\nline2\n\n\nline5",
+    "trailing spaces   ",
+    "   leading spaces",
+    " \t \n \r\n mixed \t\t  \n\n  whitespace",
+    "\n\n\n\n\n\n\n\n",
+    "                                ",
+    # numbers
+    "1234567",
+    "3.14159265358979323846264338327950288419716939937510",
+    "12345678901234567890 1,000,000 0x1F 1e-10 -42 +7",
+    "2024-11-22 13:45:00 v1.2.3 192.168.0.1",
+    # special-token-looking text
+    "<|eot_id|>",
+    "User: Hey, are you conscious?<|eot_id|>Assistant:",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+    "<s>Hello</s> <unk> world",
+    "<s> [INST] Hi [/INST]",
+    "<|end_of_text|><|reserved_special_token_5|>",
+    "<|eot_id|<|eot_id|>|>",
+    # llama.cpp tokenizer edge cases
+    "Hi<|eot_id|>",
+    " (",
+    "a\r\nb",
+    "hello world" * 20,
+]
+
+
+def read_inp(path):
+    raw = open(path, encoding="utf-8").read()
+    out, pos = [], 0
+    while pos < len(raw):
+        nxt = raw.find(SEP, pos)
+        if nxt < 0:
+            out.append(raw[pos:])
+            break
+        out.append(raw[pos:nxt])
+        pos = nxt + len(SEP)
+    return out
+
+
+def load(path):
+    params = C.llama_model_default_params()
+    params.vocab_only = True
+    model = C.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        sys.exit(f"llama.cpp could not load {path}")
+    return model
+
+
+def tokenize(model, text, add_special, parse_special):
+    vocab = C.llama_model_get_vocab(model)
+    data = text.encode("utf-8")
+    cap = len(data) + 8
+    buf = (C.llama_token * cap)()
+    n = C.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    if n < 0:
+        sys.exit(f"llama_tokenize failed ({n}) on {text!r}")
+    return list(buf[:n])
+
+
+def gguf_without_key(src, dst, drop):
+    """Copies a GGUF v3 file that has no tensors, leaving out metadata key `drop`."""
+    blob = open(src, "rb").read()
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", blob, 0)
+    if magic != b"GGUF" or version != 3 or n_tensors != 0:
+        sys.exit(f"{src}: expected a tensor-less GGUF v3 file")
+    fixed = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    pos = 24
+
+    def skip_value(pos, ty):
+        if ty in fixed:
+            return pos + fixed[ty]
+        if ty == 8:
+            (n,) = struct.unpack_from("<Q", blob, pos)
+            return pos + 8 + n
+        if ty == 9:
+            elem, count = struct.unpack_from("<IQ", blob, pos)
+            pos += 12
+            if elem in fixed:
+                return pos + fixed[elem] * count
+            for _ in range(count):
+                pos = skip_value(pos, elem)
+            return pos
+        sys.exit(f"{src}: unknown GGUF value type {ty}")
+
+    kept, dropped = [], 0
+    for _ in range(n_kv):
+        start = pos
+        (klen,) = struct.unpack_from("<Q", blob, pos)
+        key = blob[pos + 8:pos + 8 + klen].decode()
+        pos += 8 + klen
+        (ty,) = struct.unpack_from("<I", blob, pos)
+        pos = skip_value(pos + 4, ty)
+        if key == drop:
+            dropped += 1
+        else:
+            kept.append(blob[start:pos])
+    if dropped != 1:
+        sys.exit(f"{src}: key {drop} not found")
+    out = struct.pack("<4sIQQ", b"GGUF", 3, 0, len(kept)) + b"".join(kept)
+    out += b"\0" * (-len(out) % 32)
+    open(dst, "wb").write(out)
+
+
+def cases_for(model, strings):
+    cases = []
+    for text in strings:
+        combos = [(False, False), (True, True)]
+        if "<" in text:
+            combos += [(True, False), (False, True)]
+        for add_special, parse_special in combos:
+            ids = tokenize(model, text, add_special, parse_special)
+            cases.append({"text": text, "add_special": add_special, "parse_special": parse_special, "ids": ids})
+    return cases
+
+
+def write(name, vocab_file, model, strings, note):
+    cases = cases_for(model, strings)
+    doc = {"source": SOURCE, "vocab": vocab_file, "note": note, "cases": cases}
+    path = os.path.join(HERE, name)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print(f"{name}: {len(cases)} cases")
+
+
+def main():
+    C.llama_backend_init()
+    bpe_file = os.path.join(HERE, "ggml-vocab-llama-bpe.gguf")
+    spm_file = os.path.join(HERE, "ggml-vocab-llama-spm.gguf")
+    bpe_strings = read_inp(bpe_file + ".inp") + EXTRA
+    spm_strings = read_inp(spm_file + ".inp") + EXTRA
+
+    write("llama-bpe.json", "ggml-vocab-llama-bpe.gguf", load(bpe_file), bpe_strings,
+          "tokenizer.ggml.pre = llama-bpe: llama.cpp's Llama-3 split")
+    write("llama-spm.json", "ggml-vocab-llama-spm.gguf", load(spm_file), spm_strings,
+          "SentencePiece (tokenizer.ggml.model = llama)")
+    with tempfile.TemporaryDirectory() as tmp:
+        stripped = os.path.join(tmp, "ggml-vocab-llama-bpe-nopre.gguf")
+        gguf_without_key(bpe_file, stripped, "tokenizer.ggml.pre")
+        write("llama-bpe-nopre.json", "ggml-vocab-llama-bpe.gguf without tokenizer.ggml.pre", load(stripped),
+              bpe_strings, "tokenizer.ggml.pre removed: llama.cpp's 'default' split, add_bos off")
+
+
+if __name__ == "__main__":
+    main()
