@@ -17,11 +17,15 @@ Steps (positional arguments; default = all three, in this order):
   llama      Run llama.cpp (through llama-cpp-python's low-level API) on the five mainline
              models: logits for every position and the residual stream after every layer
              (graph tensors ``l_out-<il>``), flash attention off, F32 KV cache, one ubatch.
+             For sequence s1 it also captures every per-op tensor of every layer
+             (out/<stem>.ops.json + .ops.f32, see "Per-op reference tensors" below).
   reference  Run our float64 NumPy reference of the BitNet b1.58 semantics on tiny-i2s
-             (ReLU^2, per-token int8 activation quantization). Then validate the reference by
-             running it in SiLU / no-activation-quantization mode on tiny-f32 and tiny-f32-scale
-             and comparing with llama.cpp (needs the ``llama`` outputs). The comparison is printed
-             and written to out/reference-validation.txt.
+             (ReLU^2, per-token int8 activation quantization), including its per-op tensors
+             for s1. Then validate the reference by running it in SiLU /
+             no-activation-quantization mode on tiny-f32 and tiny-f32-scale and comparing with
+             llama.cpp (needs the ``llama`` outputs). The comparison is printed and written to
+             out/reference-validation.txt. Finally every stored op tensor of the six models is
+             recomputed from its stored inputs (out/ops-validation.txt).
 
 Optional:
 
@@ -42,6 +46,16 @@ Output format (read by the Rust tests), per model ``out/<stem>.json``::
 ``*.logits.f32`` is float32 little-endian [n_tokens][n_vocab] (row i = logits after token i);
 ``*.hidden.f32`` is float32 little-endian [n_layer][n_tokens][n_embd] (residual stream after each
 layer, i.e. llama.cpp's ``l_out-<il>``).
+
+Per-op tensors (sequence s1 only), per model ``out/<stem>.ops.json``::
+
+  {"model": ..., "reference": ..., "activation": ..., "act_quant": ..., "sequence": 1,
+   "tokens": [...], "n_tokens": 16,
+   "ops": {"attn_norm-0": {"file": "<stem>.ops.f32", "offset": 0, "shape": [16, 256]}, ...,
+           "result_norm": {...}}}
+
+All ops live in one float32 little-endian blob ``<stem>.ops.f32``; each is [n_tokens][width] at
+a byte offset. Op names: OP_NAMES + "-<il>" for every layer, then "result_norm".
 
 Requirements: numpy, gguf==0.19.0; the ``llama`` step also needs llama-cpp-python==0.3.36
 (see README.md and requirements.txt).
@@ -716,6 +730,7 @@ class LlamaCpp:
         g.ggml_get_name.restype, g.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
         g.ggml_nbytes.restype, g.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
         g.ggml_is_contiguous.restype, g.ggml_is_contiguous.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+        g.ggml_op_desc.restype, g.ggml_op_desc.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
         g.ggml_backend_tensor_get.restype = None
         g.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                               ctypes.c_size_t]
@@ -731,24 +746,34 @@ class LlamaCpp:
     class _TensorHead(ctypes.Structure):       # leading fields of struct ggml_tensor (ggml.h)
         _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
 
-    def run(self, path: Path, hp: HParams, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, path: Path, hp: HParams, tokens: list[int], capture_ops: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str, tuple, np.ndarray]] | None]:
+        """Logits [n, n_vocab], hidden [n_layer, n, n_embd] and, with capture_ops, every graph
+        tensor whose name is in llama_op_graph_names() as (name, ggml op, ne, values), in graph
+        order (several tensors can carry the same name, e.g. Qcur-<il>)."""
         C, g, n = self.C, self.ggml, len(tokens)
         captured: dict[int, np.ndarray] = {}
+        op_names = llama_op_graph_names(hp) if capture_ops else set()
+        op_tensors: list[tuple[str, str, tuple, np.ndarray]] = []
 
         @C.ggml_backend_sched_eval_callback
         def on_tensor(t, ask, _user):
             name = g.ggml_get_name(t).decode()
-            if not name.startswith("l_out-"):
+            if not name.startswith("l_out-") and name not in op_names:
                 return False if ask else True
             if ask:
                 return True
             head = ctypes.cast(t, ctypes.POINTER(self._TensorHead)).contents
             ne = tuple(head.ne)
             assert head.type == GGML_F32 and g.ggml_is_contiguous(t), name
-            assert ne == (hp.n_embd, n, 1, 1), (name, ne)
-            buf = np.empty(n * hp.n_embd, np.float32)
+            assert ne[1:] in ((n, 1, 1), (ne[1], n, 1)), (name, ne)    # token-major rows
+            buf = np.empty(int(np.prod(ne)), np.float32)
             g.ggml_backend_tensor_get(t, buf.ctypes.data, 0, g.ggml_nbytes(t))
-            captured[int(name[len("l_out-"):])] = buf.reshape(n, hp.n_embd)
+            if name in op_names:
+                op_tensors.append((name, g.ggml_op_desc(t).decode(), ne, buf.reshape(n, -1)))
+            if name.startswith("l_out-"):
+                assert ne == (hp.n_embd, n, 1, 1), (name, ne)
+                captured[int(name[len("l_out-"):])] = buf.reshape(n, hp.n_embd)
             return True
 
         mp = C.llama_model_default_params()
@@ -784,7 +809,8 @@ class LlamaCpp:
         finally:
             C.llama_model_free(model)
         assert sorted(captured) == list(range(hp.n_layer)), sorted(captured)
-        return logits, np.stack([captured[il] for il in range(hp.n_layer)])
+        return (logits, np.stack([captured[il] for il in range(hp.n_layer)]),
+                op_tensors if capture_ops else None)
 
     def description(self) -> str:
         return (f"llama.cpp {LLAMA_CPP_COMMIT} via llama-cpp-python {self.version}, CPU, "
@@ -797,8 +823,17 @@ def step_llama(threads: int) -> None:
     seqs = token_sequences(TINY)
     for v in MAINLINE_VARIANTS:
         t0 = time.time()
-        results = [(toks, *llama.run(v.path, TINY, toks)) for toks in seqs]
+        results = [(toks, *llama.run(v.path, TINY, toks)[:2]) for toks in seqs]
         write_outputs(v, TINY, llama.description(), results)
+        # per-op tensors of sequence OPS_SEQUENCE, from a second run that also captures them
+        toks = seqs[OPS_SEQUENCE]
+        logits, hidden, op_tensors = llama.run(v.path, TINY, toks, capture_ops=True)
+        _, logits0, hidden0 = results[OPS_SEQUENCE]
+        assert np.array_equal(logits, logits0) and np.array_equal(hidden, hidden0), \
+            f"{v.stem}: capturing the op tensors changed llama.cpp's results"
+        ops = llama_ops_from_capture(op_tensors, TINY, len(toks))
+        assert all(np.array_equal(ops[f"l_out-{il}"], hidden0[il]) for il in range(TINY.n_layer))
+        write_ops(v, TINY, llama.description(), toks, ops)
         print(f"  {v.stem}: llama.cpp {time.time() - t0:.1f} s")
 
 
@@ -897,29 +932,48 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.einsum("hij,jhd->ihd", p, v).reshape(n, n_head * d)
 
 
-def reference_forward(m: RefModel, tokens: list[int], activation: str,
-                      act_quant: str) -> tuple[np.ndarray, np.ndarray]:
+ACTIVATIONS = {"relu2": lambda g: np.square(np.maximum(g, 0.0)),
+               "silu": lambda g: g / (1.0 + np.exp(-g))}
+
+
+def reference_forward(m: RefModel, tokens: list[int], activation: str, act_quant: str,
+                      ops: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Returns logits [n_tok, n_vocab] and the residual stream after each layer
-    [n_layer, n_tok, n_embd] (float64)."""
+    [n_layer, n_tok, n_embd] (float64). If `ops` is a dict, every per-op tensor (OP_NAMES,
+    "<op>-<il>", and "result_norm") is also stored in it as [n_tok, width]."""
     hp, n = m.hp, len(tokens)
-    act = {"relu2": lambda g: np.square(np.maximum(g, 0.0)),
-           "silu": lambda g: g / (1.0 + np.exp(-g))}[activation]
+    act = ACTIVATIONS[activation]
+    rec = (lambda name, a: ops.__setitem__(name, a.reshape(n, -1))) if ops is not None else \
+        (lambda name, a: None)
     x = m.token_embd[np.asarray(tokens)]
     hidden = []
-    for L in m.layers:
+    for il, L in enumerate(m.layers):
         h = rms_norm(x, L["attn_norm"], hp.eps)
         q = bit_linear(h, L["attn_q"], act_quant).reshape(n, hp.n_head, hp.head_dim)
         k = bit_linear(h, L["attn_k"], act_quant).reshape(n, hp.n_head_kv, hp.head_dim)
         v = bit_linear(h, L["attn_v"], act_quant).reshape(n, hp.n_head_kv, hp.head_dim)
-        o = attention(rope_neox(q, hp.rope_base), rope_neox(k, hp.rope_base), v)
+        qr, kr = rope_neox(q, hp.rope_base), rope_neox(k, hp.rope_base)
+        o = attention(qr, kr, v)
+        for name, a in (("attn_norm", h), ("q_proj", q), ("k_proj", k), ("v_proj", v),
+                        ("q_rope", qr), ("k_rope", kr), ("kqv_out", o)):
+            rec(f"{name}-{il}", a)
         o = rms_norm(o, L["attn_sub_norm"], hp.eps)
-        x = x + bit_linear(o, L["attn_output"], act_quant)
+        ao = bit_linear(o, L["attn_output"], act_quant)
+        x = x + ao
+        rec(f"attn_sub_norm-{il}", o), rec(f"attn_out-{il}", ao), rec(f"ffn_inp-{il}", x)
         h = rms_norm(x, L["ffn_norm"], hp.eps)
-        a = act(bit_linear(h, L["ffn_gate"], act_quant)) * bit_linear(h, L["ffn_up"], act_quant)
+        gate, up = bit_linear(h, L["ffn_gate"], act_quant), bit_linear(h, L["ffn_up"], act_quant)
+        a = act(gate) * up
+        rec(f"ffn_norm-{il}", h), rec(f"ffn_gate-{il}", gate), rec(f"ffn_up-{il}", up)
+        rec(f"ffn_act-{il}", a)
         a = rms_norm(a, L["ffn_sub_norm"], hp.eps)
-        x = x + bit_linear(a, L["ffn_down"], act_quant)
+        d = bit_linear(a, L["ffn_down"], act_quant)
+        x = x + d
+        rec(f"ffn_sub_norm-{il}", a), rec(f"ffn_down-{il}", d), rec(f"l_out-{il}", x)
         hidden.append(x)
-    logits = rms_norm(x, m.output_norm, hp.eps) @ m.token_embd.T       # tied LM head
+    xn = rms_norm(x, m.output_norm, hp.eps)
+    rec("result_norm", xn)
+    logits = xn @ m.token_embd.T                                        # tied LM head
     return logits, np.stack(hidden)
 
 
@@ -997,10 +1051,276 @@ def step_reference() -> None:
         logits, hidden = reference_forward(m, toks, I2S_VARIANT.activation, I2S_VARIANT.act_quant)
         results.append((toks, logits, hidden))
     write_outputs(I2S_VARIANT, m.hp, REFERENCE_LABEL.format(np=np.__version__), results)
+    toks, ops64 = token_sequences(m.hp)[OPS_SEQUENCE], {}
+    logits, hidden = reference_forward(m, toks, I2S_VARIANT.activation, I2S_VARIANT.act_quant,
+                                       ops=ops64)
+    assert np.array_equal(hidden, results[OPS_SEQUENCE][2])
+    write_ops(I2S_VARIANT, m.hp, REFERENCE_LABEL.format(np=np.__version__), toks, ops64)
     report = validation_report()
     print("\n".join(report))
     (OUT_DIR / "reference-validation.txt").write_text("\n".join(report) + "\n")
     print("wrote out/reference-validation.txt")
+    report = ops_validation_report(ops64)
+    print("\n".join(report))
+    (OUT_DIR / "ops-validation.txt").write_text("\n".join(report) + "\n")
+    print("wrote out/ops-validation.txt")
+
+
+# ============================================================================================
+# Per-op reference tensors (sequence s1, every layer)
+# ============================================================================================
+#
+# For per-op tests with teacher forcing: each op of the engine can be fed the reference's own
+# input tensor, so one flipped int8 activation code upstream cannot hide or fake an error.
+#
+# out/<stem>.ops.json + out/<stem>.ops.f32 (one float32 LE blob; every op is [n_tokens][width]
+# at a byte offset). Op names (per layer il, "<op>-<il>"), in graph order:
+#   attn_norm       RMSNorm(residual) * attn_norm gain               (llama.cpp attn_norm-il, MUL)
+#   q_proj, k_proj, v_proj   projections incl. their scale, before RoPE  (first Qcur/Kcur/Vcur-il)
+#   q_rope, k_rope  after NeoX RoPE, heads concatenated                 (Qcur/Kcur-il, ROPE)
+#   kqv_out         attention output, heads concatenated, before attn_sub_norm
+#   attn_sub_norm   RMSNorm(kqv_out) * gain
+#   attn_out        wo projection incl. scale
+#   ffn_inp         residual + attn_out
+#   ffn_norm        RMSNorm(ffn_inp) * gain
+#   ffn_gate, ffn_up   projections incl. scale                         (ffn_gate_s/ffn_up_s if any)
+#   ffn_act         act(ffn_gate) * ffn_up                              (llama.cpp ffn_sub_out-il)
+#   ffn_sub_norm    RMSNorm(ffn_act) * gain
+#   ffn_down        down projection incl. scale
+#   l_out           ffn_inp + ffn_down
+# and "result_norm" = RMSNorm(l_out-<last>) * output_norm (no layer suffix).
+
+OPS_SEQUENCE = 1                # index of the token sequence (16 tokens)
+OP_NAMES = ("attn_norm", "q_proj", "k_proj", "v_proj", "q_rope", "k_rope", "kqv_out",
+            "attn_sub_norm", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act",
+            "ffn_sub_norm", "ffn_down", "l_out")
+# llama.cpp graph names (cb() names, "<name>-<il>") that hold the ops above
+_LLAMA_LAYER_NAMES = ("attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "attn_sub_norm",
+                      "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_gate_s", "ffn_up",
+                      "ffn_up_s", "ffn_sub_out", "ffn_sub_norm", "ffn_down", "l_out")
+
+
+def op_keys(hp: HParams) -> list[str]:
+    return [f"{op}-{il}" for il in range(hp.n_layer) for op in OP_NAMES] + ["result_norm"]
+
+
+def op_width(hp: HParams, key: str) -> int:
+    op = key.rsplit("-", 1)[0]
+    if op in ("k_proj", "v_proj", "k_rope"):
+        return hp.n_embd_kv
+    if op in ("ffn_gate", "ffn_up", "ffn_act", "ffn_sub_norm"):
+        return hp.n_ff
+    return hp.n_embd
+
+
+def llama_op_graph_names(hp: HParams) -> set[str]:
+    return {f"{nm}-{il}" for il in range(hp.n_layer) for nm in _LLAMA_LAYER_NAMES} | {"result_norm"}
+
+
+def llama_ops_from_capture(captured: list[tuple[str, str, tuple, np.ndarray]], hp: HParams,
+                           n: int) -> dict[str, np.ndarray]:
+    """Map the captured llama.cpp graph tensors (name, op, ne, [n, -1] values, graph order) to
+    OP_NAMES. Qcur/Kcur/Vcur-<il> name up to three tensors: the projection (MUL_MAT, or MUL
+    when a .scale tensor exists), its RESHAPE to [head_dim, n_head, n] (same values) and, for
+    Q and K, the ROPE output. ffn_gate/ffn_up: with a .scale tensor, ffn_<x>-<il> is the bare
+    MUL_MAT and ffn_<x>_s-<il> the scaled result, which is the one kept. The SiLU gate product is
+    ggml's fused SWIGLU, renamed ffn_sub_out-<il> by the bitnet graph."""
+    by_name: dict[str, list[tuple[str, tuple, np.ndarray]]] = {}
+    for name, op, ne, a in captured:
+        by_name.setdefault(name, []).append((op, ne, a))
+
+    def one(name: str, ops: tuple[str, ...]) -> np.ndarray:
+        hits = [a for op, _, a in by_name.get(name, []) if op in ops]
+        assert len(hits) == 1, f"{name}: {len(hits)} tensors with op in {ops}: {by_name.get(name)}"
+        return hits[0]
+
+    out = {}
+    for il in range(hp.n_layer):
+        for x in ("q", "k", "v"):
+            nm = f"{x.upper()}cur-{il}"
+            assert {op for op, _, _ in by_name[nm]} <= {"MUL_MAT", "MUL", "RESHAPE", "ROPE"}, nm
+            out[f"{x}_proj-{il}"] = one(nm, ("MUL_MAT", "MUL"))
+            if x != "v":
+                out[f"{x}_rope-{il}"] = one(nm, ("ROPE",))
+            else:
+                assert not [op for op, _, _ in by_name[nm] if op == "ROPE"], nm
+        for op, nm, kinds in (("attn_norm", "attn_norm", ("MUL",)), ("kqv_out", "kqv_out", ("CONT",)),
+                              ("attn_sub_norm", "attn_sub_norm", ("MUL",)),
+                              ("attn_out", "attn_out", ("MUL_MAT", "MUL")),
+                              ("ffn_inp", "ffn_inp", ("ADD",)), ("ffn_norm", "ffn_norm", ("MUL",)),
+                              ("ffn_act", "ffn_sub_out", ("SWIGLU",)),
+                              ("ffn_sub_norm", "ffn_sub_norm", ("MUL",)),
+                              ("ffn_down", "ffn_down", ("MUL_MAT", "MUL")), ("l_out", "l_out", ("ADD",))):
+            out[f"{op}-{il}"] = one(f"{nm}-{il}", kinds)
+        for x in ("gate", "up"):
+            scaled = f"ffn_{x}_s-{il}" in by_name
+            out[f"ffn_{x}-{il}"] = (one(f"ffn_{x}_s-{il}", ("MUL",)) if scaled
+                                    else one(f"ffn_{x}-{il}", ("MUL_MAT",)))
+    out["result_norm"] = one("result_norm", ("MUL",))
+    for key in op_keys(hp):
+        assert out[key].shape == (n, op_width(hp, key)), (key, out[key].shape)
+        assert np.isfinite(out[key]).all(), key
+    return {key: out[key] for key in op_keys(hp)}
+
+
+def write_ops(v: Variant, hp: HParams, reference: str, tokens: list[int],
+              ops: dict[str, np.ndarray]) -> None:
+    """out/<stem>.ops.f32 (all ops, float32 LE, concatenated in op_keys order) + .ops.json."""
+    n, blob_name, offset, entries, blobs = len(tokens), f"{v.stem}.ops.f32", 0, {}, []
+    for key in op_keys(hp):
+        a = np.ascontiguousarray(ops[key], "<f4")
+        assert a.shape == (n, op_width(hp, key)) and np.isfinite(a).all(), key
+        entries[key] = {"file": blob_name, "offset": offset, "shape": [n, a.shape[1]]}
+        blobs.append(a.tobytes())
+        offset += a.nbytes
+    (OUT_DIR / blob_name).write_bytes(b"".join(blobs))
+    head = {"model": f"models/{v.stem}.gguf", "reference": reference, "activation": v.activation,
+            "act_quant": v.act_quant, "sequence": OPS_SEQUENCE, "tokens": [int(t) for t in tokens],
+            "n_tokens": n}
+    lines = [f" {json.dumps(k)}: {json.dumps(val)}," for k, val in head.items()]
+    ops_lines = ",\n".join(f"  {json.dumps(k)}: {json.dumps(e)}" for k, e in entries.items())
+    (OUT_DIR / f"{v.stem}.ops.json").write_text("{\n" + "\n".join(lines) + '\n "ops": {\n'
+                                                + ops_lines + "\n }\n}\n")
+    print(f"wrote out/{v.stem}.ops.json + {blob_name} ({offset:,d} B, {len(entries)} tensors)")
+
+
+def read_ops(stem: str) -> tuple[dict, dict[str, np.ndarray]]:
+    man = json.loads((OUT_DIR / f"{stem}.ops.json").read_text())
+    blobs: dict[str, bytes] = {}
+    ops = {}
+    for key, e in man["ops"].items():
+        if e["file"] not in blobs:
+            blobs[e["file"]] = (OUT_DIR / e["file"]).read_bytes()
+        rows, cols = e["shape"]
+        ops[key] = np.frombuffer(blobs[e["file"]], "<f4", rows * cols, e["offset"]).reshape(rows, cols)
+    return man, ops
+
+
+def q8k_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's quantize_row_q8_K_ref (used by the x86 CPU backend) on float32 rows [n, K]:
+    per block of 256, max = the first element of largest |x|, iscale = f32(-127 / max),
+    q = min(127, round_half_even(f32(iscale * x))), d = f32(1 / iscale).
+    Returns q [n, K/256, 256] (int64) and d [n, K/256] (float32)."""
+    x = np.asarray(x, np.float32)
+    xb = x.reshape(x.shape[0], -1, 256)
+    idx = np.abs(xb).argmax(axis=-1)[..., None]
+    mx = np.take_along_axis(xb, idx, axis=-1)                          # signed, [n, nb, 1]
+    zero = mx == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(zero, np.float32(0), np.float32(-127.0) / mx).astype(np.float32)
+        d = np.where(zero, np.float32(0), np.float32(1.0) / iscale).astype(np.float32)
+    q = np.minimum(np.rint((iscale * xb).astype(np.float32)), 127).astype(np.int64)
+    return q, d[..., 0]
+
+
+def bit_linear_q8k(x: np.ndarray, lin: RefLinear) -> np.ndarray:
+    """What llama.cpp's CPU mat-mul computes for a TQ1_0/TQ2_0 weight (ternary t, scale beta in
+    the block d and/or a .scale tensor): y = beta * sum_blocks d_x * (t . q_x), evaluated in
+    float64 from the exact int8 codes (llama.cpp rounds the products to f32)."""
+    q, d = q8k_quantize(x)
+    t = lin.weight.reshape(lin.weight.shape[0], -1, 256)
+    isum = np.einsum("nbk,obk->nbo", q, t.astype(np.int64))           # exact integers
+    return np.einsum("nbo,nb->no", isum.astype(np.float64), d.astype(np.float64)) * lin.scale
+
+
+def per_op_recompute(m: RefModel, tokens: list[int], ops: dict[str, np.ndarray],
+                     activation: str, act_quant: str) -> dict[str, np.ndarray]:
+    """Each op recomputed in float64 from the STORED (float32) tensors of its inputs, i.e.
+    what a per-op test with teacher forcing does. m: ternary weights + beta as RefLinear.scale."""
+    hp, n = m.hp, len(tokens)
+    act = ACTIVATIONS[activation]
+    o = {k: np.asarray(a, np.float64) for k, a in ops.items()}
+
+    def mm(x, lin):
+        return bit_linear_q8k(x.astype(np.float32), lin) if act_quant == "q8_k" else \
+            bit_linear(x, lin, act_quant)
+
+    def heads(a, h):
+        return a.reshape(n, h, hp.head_dim)
+
+    exp = {}
+    for il, L in enumerate(m.layers):
+        prev = m.token_embd[np.asarray(tokens)] if il == 0 else o[f"l_out-{il - 1}"]
+        g = lambda op: o[f"{op}-{il}"]
+        exp[f"attn_norm-{il}"] = rms_norm(prev, L["attn_norm"], hp.eps)
+        for x, w in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v")):
+            exp[f"{x}_proj-{il}"] = mm(g("attn_norm"), L[w])
+        exp[f"q_rope-{il}"] = rope_neox(heads(g("q_proj"), hp.n_head), hp.rope_base).reshape(n, -1)
+        exp[f"k_rope-{il}"] = rope_neox(heads(g("k_proj"), hp.n_head_kv), hp.rope_base).reshape(n, -1)
+        exp[f"kqv_out-{il}"] = attention(heads(g("q_rope"), hp.n_head), heads(g("k_rope"), hp.n_head_kv),
+                                         heads(g("v_proj"), hp.n_head_kv))
+        exp[f"attn_sub_norm-{il}"] = rms_norm(g("kqv_out"), L["attn_sub_norm"], hp.eps)
+        exp[f"attn_out-{il}"] = mm(g("attn_sub_norm"), L["attn_output"])
+        exp[f"ffn_inp-{il}"] = prev + g("attn_out")
+        exp[f"ffn_norm-{il}"] = rms_norm(g("ffn_inp"), L["ffn_norm"], hp.eps)
+        exp[f"ffn_gate-{il}"] = mm(g("ffn_norm"), L["ffn_gate"])
+        exp[f"ffn_up-{il}"] = mm(g("ffn_norm"), L["ffn_up"])
+        exp[f"ffn_act-{il}"] = act(g("ffn_gate")) * g("ffn_up")
+        exp[f"ffn_sub_norm-{il}"] = rms_norm(g("ffn_act"), L["ffn_sub_norm"], hp.eps)
+        exp[f"ffn_down-{il}"] = mm(g("ffn_sub_norm"), L["ffn_down"])
+        exp[f"l_out-{il}"] = g("ffn_inp") + g("ffn_down")
+    exp["result_norm"] = rms_norm(o[f"l_out-{hp.n_layer - 1}"], m.output_norm, hp.eps)
+    return exp
+
+
+def i8_code_flips(x64: np.ndarray) -> int:
+    """How many per-token int8 codes change when the float64 input is stored as float32 first."""
+    def codes(x):
+        s = 127.0 / np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-5)
+        return np.clip(np.rint(x * s), -128, 127)
+    return int((codes(x64) != codes(x64.astype(np.float32).astype(np.float64))).sum())
+
+
+def ops_validation_report(i2s_ops64: dict[str, np.ndarray]) -> list[str]:
+    """Per-op consistency of the stored op tensors of all six models (see per_op_recompute):
+    max |stored - recomputed| per op kind (max over layers and tokens). Mainline files must agree
+    to f32 rounding (asserted); for tiny-i2s, int8 code flips caused by the f32 storage of the
+    BitLinear inputs are counted."""
+    hp = TINY
+    stems = [v.stem for v in MAINLINE_VARIANTS] + [I2S_VARIANT.stem]
+    missing = [s for s in stems if not (OUT_DIR / f"{s}.ops.json").exists()]
+    if missing:
+        return [f"op tensors missing for {', '.join(missing)}: run the `llama` step first"]
+    m_main = load_ref_model(MODELS_DIR / "tiny-f32-scale.gguf")   # ternary + beta16 as .scale
+    m_i2s = load_ref_model(I2S_VARIANT.path)
+    tokens = token_sequences(hp)[OPS_SEQUENCE]
+    lines = ["# per-op consistency of out/<stem>.ops.f32 (sequence s%d, %d tokens): each op "
+             "recomputed in float64 from the stored" % (OPS_SEQUENCE, len(tokens)),
+             "# float32 tensors of its inputs (teacher forcing per op). max|stored - recomputed| "
+             "over both layers and all tokens;",
+             "# last column: max|stored value| over all models. Matmuls: f32 models plain, TQ "
+             "models via an exact emulation of ggml's Q8_K", "# activation quantization, "
+             "tiny-i2s per-token int8 (from the f32-stored input).", ""]
+    row = "{:<14}" + " {:>10}" * len(stems) + " {:>9}"
+    lines.append(row.format("op", *[s.replace("tiny-", "") for s in stems], "max|val|"))
+    diffs, vmax = {}, {}
+    for stem in stems:
+        v = next(x for x in MAINLINE_VARIANTS + [I2S_VARIANT] if x.stem == stem)
+        man, ops = read_ops(stem)
+        assert man["tokens"] == tokens and list(man["ops"]) == op_keys(hp), stem
+        _, gold = read_outputs(stem)
+        assert np.array_equal(np.stack([ops[f"l_out-{il}"] for il in range(hp.n_layer)]),
+                              gold[OPS_SEQUENCE][1]), f"{stem}: l_out != golden hidden"
+        exp = per_op_recompute(m_i2s if stem == I2S_VARIANT.stem else m_main, tokens, ops,
+                               v.activation, v.act_quant)
+        for key in op_keys(hp):
+            op = key.rsplit("-", 1)[0] if key != "result_norm" else key
+            diffs.setdefault(op, {})[stem] = max(diffs.get(op, {}).get(stem, 0.0),
+                                                 max_abs(ops[key], exp[key]))
+            vmax[op] = max(vmax.get(op, 0.0), float(np.abs(ops[key]).max()))
+    for op in list(OP_NAMES) + ["result_norm"]:
+        lines.append(row.format(op, *[f"{diffs[op][s]:.2e}" for s in stems], f"{vmax[op]:.2f}"))
+        for s in stems[:-1]:                    # llama.cpp: every op at f32 rounding level
+            assert diffs[op][s] <= 2e-5 * max(1.0, vmax[op]), (s, op, diffs[op][s])
+    lines.append("")
+    flips = {nm: sum(i8_code_flips(i2s_ops64[f"{nm}-{il}"]) for il in range(hp.n_layer))
+             for nm in ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")}
+    total = {nm: hp.n_layer * len(tokens) * op_width(hp, f"{nm}-0") for nm in flips}
+    lines.append("# tiny-i2s: per-token int8 codes that change when a BitLinear input is taken "
+                 "from the f32 file instead of")
+    lines.append("# the float64 reference: " + ", ".join(f"{nm} {flips[nm]}/{total[nm]}"
+                                                          for nm in flips))
+    return lines
 
 
 # ============================================================================================

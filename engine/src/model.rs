@@ -19,7 +19,6 @@ use thiserror::Error;
 use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
-use crate::gguf::TensorInfo;
 use crate::weights::{read_f32_vector, MatrixDesc, WeightError};
 
 /// Errors raised while loading or running a model.
@@ -504,13 +503,6 @@ struct Loader<'a, 'p, B: Backend> {
 }
 
 impl<B: Backend> Loader<'_, '_, B> {
-    fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
-        self.file
-            .header()
-            .tensor(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.into()))
-    }
-
     fn tick(&mut self) {
         self.done += 1;
         if let Some(progress) = self.progress.as_mut() {
@@ -519,32 +511,51 @@ impl<B: Backend> Loader<'_, '_, B> {
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix, ModelError> {
-        let desc = MatrixDesc::new(self.info(name)?, self.file.bytes(), rows, cols)?;
-        let scale_name = name.replace(".weight", ".scale");
-        let scale = match self.file.header().tensor(&scale_name) {
-            Some(info) => Some(
-                read_f32_vector(
-                    info,
-                    self.file.tensor_bytes(info).map_err(WeightError::from)?,
-                    1,
-                )?[0],
-            ),
-            None => None,
-        };
+        let (desc, scale) = matrix_source(self.file, name, rows, cols)?;
         let m = self.backend.load_matrix(self.file, desc, scale)?;
         self.tick();
         Ok(m)
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
-        let info = self.info(name)?;
-        let data = read_f32_vector(
-            info,
-            self.file.tensor_bytes(info).map_err(WeightError::from)?,
-            len,
-        )?;
-        let v = self.backend.load_vector(data)?;
+        let v = self
+            .backend
+            .load_vector(vector_source(self.file, name, len)?)?;
         self.tick();
         Ok(v)
     }
+}
+
+/// Locates weight matrix `name` (`rows × cols`) in `file`, with its optional `*.scale`
+/// multiplier (mainline `bitnet` files).
+pub fn matrix_source(
+    file: &ModelFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<(MatrixDesc, Option<f32>), ModelError> {
+    let info = file
+        .header()
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    let desc = MatrixDesc::new(info, file.bytes(), rows, cols)?;
+    let scale_name = name.replace(".weight", ".scale");
+    let scale = match file.header().tensor(&scale_name) {
+        Some(_) => Some(vector_source(file, &scale_name, 1)?[0]),
+        None => None,
+    };
+    Ok((desc, scale))
+}
+
+/// Reads the f32 vector `name` (`len` values) from `file`.
+pub fn vector_source(file: &ModelFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let info = file
+        .header()
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    Ok(read_f32_vector(
+        info,
+        file.tensor_bytes(info).map_err(WeightError::from)?,
+        len,
+    )?)
 }

@@ -4,7 +4,8 @@
 //! * `ggml-vocab-llama-{bpe,spm}.gguf(.inp/.out)`: llama.cpp's own tokenizer test files (from the
 //!   llama-cpp-python 0.3.36 sdist, `vendor/llama.cpp/models`, llama.cpp commit 0c1e57098);
 //! * `llama-bpe.json`, `llama-spm.json`, `llama-bpe-nopre.json`: ids from that llama.cpp for
-//!   more strings and flag combinations, written by `make_tokenizer_golden.py`.
+//!   more strings and flag combinations, and `random.json` (1000 random strings, all three
+//!   configurations), written by `make_tokenizer_golden.py`.
 
 use std::sync::OnceLock;
 
@@ -223,6 +224,43 @@ fn missing_pre_on_llama3_vocab_chooses_llama3() {
         &json_cases("llama-bpe.json"),
         "llama-bpe without pre, auto-chosen split",
     );
+}
+
+/// 1000 seeded random strings mixing scripts, emoji, digits, punctuation and odd whitespace.
+#[test]
+fn random_strings_match_llama_cpp() {
+    let doc: serde_json::Value = serde_json::from_slice(&read("random.json")).expect("valid JSON");
+    let texts: Vec<&str> = doc["texts"]
+        .as_array()
+        .expect("texts")
+        .iter()
+        .map(|t| t.as_str().expect("str"))
+        .collect();
+    assert_eq!(texts.len(), 1000);
+    let forced_default = build(stripped_bpe_bytes(), Some(PreTokenizer::LlamaCppDefault));
+    for (name, t) in [
+        ("llama-bpe", bpe()),
+        ("llama-bpe-nopre", &forced_default),
+        ("llama-spm", spm()),
+    ] {
+        let expected = doc[name].as_array().expect("ids per text");
+        let cases: Vec<Case> = texts
+            .iter()
+            .zip(expected)
+            .map(|(text, ids)| Case {
+                text: text.to_string(),
+                add_special: false,
+                parse_special: false,
+                ids: ids
+                    .as_array()
+                    .expect("ids")
+                    .iter()
+                    .map(|v| u32::try_from(v.as_u64().expect("id")).expect("u32 id"))
+                    .collect(),
+            })
+            .collect();
+        check_cases(t, &cases, &format!("random.json {name}"));
+    }
 }
 
 #[test]

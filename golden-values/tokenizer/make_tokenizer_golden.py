@@ -12,9 +12,9 @@ llama-bpe vocabulary with `tokenizer.ggml.pre` removed, so llama.cpp uses its 'd
 
 Each JSON: {"source": ..., "vocab": ..., "cases": [{"text", "add_special", "parse_special", "ids"}]}.
 """
-import ctypes
 import json
 import os
+import random
 import struct
 import sys
 import tempfile
@@ -79,6 +79,44 @@ EXTRA = [
     "a\r\nb",
     "hello world" * 20,
 ]
+
+
+# Character pools for random strings (a differential test against llama.cpp's regex engine).
+POOLS = [
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "0123456789",
+    "0123456789",
+    "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+    "      \t\n\r",
+    "\u00a0\u2003\u3000\u2028\u200b\u200d\u00ad\x0b\x0c\x85",
+    "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'VE 'M 'LL 'D",
+    "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿÀÉÎÕÜßœŒ",
+    "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔ",
+    "абвгдеёжзийклмнопрстуфхцчшщъыьэюяАБВ",
+    "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年",
+    "가나다라마바사아자차카타파하한국어",
+    "ひらがなカタカナ漢字",
+    "हिन्दीதமிழ்ภาษาไทยعربيעברית",
+    "😀😁😂🤣😃😄🦙🚀👍🏽👨‍👩‍👧❤️🏳️‍🌈",
+    "∑∫√∞≠≤≥→←↔©®™€£¥§¶•…‰′″‹›«»",
+    "\u0301\u0308\u0323\u20dd\ufe0f",
+    "①②③¹²³½¼ⅠⅡⅢ٣٤٥०१२",
+]
+
+
+def random_strings(seed, n):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 10)):
+            pool = rng.choice(POOLS)
+            if pool.startswith("'s"):
+                parts.append(rng.choice(pool.split(" ")))
+            else:
+                parts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 6))))
+        out.append("".join(parts))
+    return out
 
 
 def read_inp(path):
@@ -194,8 +232,28 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         stripped = os.path.join(tmp, "ggml-vocab-llama-bpe-nopre.gguf")
         gguf_without_key(bpe_file, stripped, "tokenizer.ggml.pre")
-        write("llama-bpe-nopre.json", "ggml-vocab-llama-bpe.gguf without tokenizer.ggml.pre", load(stripped),
+        nopre = load(stripped)
+        write("llama-bpe-nopre.json", "ggml-vocab-llama-bpe.gguf without tokenizer.ggml.pre", nopre,
               bpe_strings, "tokenizer.ggml.pre removed: llama.cpp's 'default' split, add_bos off")
+        write_random(load(bpe_file), nopre, load(spm_file))
+
+
+def write_random(bpe, nopre, spm):
+    """random.json: seeded random strings, add_special = parse_special = false, ids per vocab."""
+    strings = random_strings(20261122, 1000)
+    doc = {
+        "source": SOURCE,
+        "note": "random strings (make_tokenizer_golden.py random_strings, seed 20261122); "
+                "add_special = parse_special = false",
+        "texts": strings,
+        "llama-bpe": [tokenize(bpe, s, False, False) for s in strings],
+        "llama-bpe-nopre": [tokenize(nopre, s, False, False) for s in strings],
+        "llama-spm": [tokenize(spm, s, False, False) for s in strings],
+    }
+    with open(os.path.join(HERE, "random.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(f"random.json: {len(strings)} strings x 3 vocabularies")
 
 
 if __name__ == "__main__":

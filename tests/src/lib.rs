@@ -167,3 +167,56 @@ pub fn argmax(v: &[f32]) -> usize {
         })
         .0
 }
+
+/// Per-op reference tensors of one sequence (`golden-values/out/<stem>.ops.json`).
+pub struct Ops {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    tensors: std::collections::HashMap<String, Vec<f32>>,
+}
+
+impl Ops {
+    /// Reads the op tensors of `stem`.
+    pub fn load(stem: &str) -> Self {
+        let out = golden_dir().join("out");
+        let path = out.join(format!("{stem}.ops.json"));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let m: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut blobs = std::collections::HashMap::new();
+        let mut tensors = std::collections::HashMap::new();
+        for (name, op) in m["ops"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{stem}: no ops"))
+        {
+            let file = op["file"].as_str().unwrap_or_default().to_string();
+            let blob = blobs
+                .entry(file.clone())
+                .or_insert_with(|| read_f32(&out.join(&file)));
+            let start = op["offset"].as_u64().unwrap_or_default() as usize / 4;
+            let len: usize = op["shape"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_u64)
+                .product::<u64>() as usize;
+            tensors.insert(name.clone(), blob[start..start + len].to_vec());
+        }
+        let tokens = m["tokens"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .map(|t| t as u32)
+            .collect();
+        Self { tokens, tensors }
+    }
+
+    /// The tensor `name` (e.g. `q_proj-0`), `[n_tokens][width]`.
+    pub fn get(&self, name: &str) -> &[f32] {
+        self.tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("op {name} missing"))
+    }
+}

@@ -161,28 +161,7 @@ impl Tokenizer {
             &Engine::Spm {
                 add_space_prefix,
                 unk,
-            } => {
-                // Text at the start and after a special token gets the space prefix.
-                let mut after_special = true;
-                let mut buf = String::new();
-                for frag in frags {
-                    match frag {
-                        Fragment::Text(s) => {
-                            buf.clear();
-                            if add_space_prefix && after_special {
-                                buf.push('\u{2581}');
-                            }
-                            buf.extend(s.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }));
-                            spm::encode(&self.vocab, &buf, unk, &mut out)?;
-                            after_special = false;
-                        }
-                        Fragment::Token(id) => {
-                            out.push(id);
-                            after_special = true;
-                        }
-                    }
-                }
-            }
+            } => spm::encode_fragments(&self.vocab, &frags, add_space_prefix, unk, &mut out)?,
         }
         Ok(out)
     }

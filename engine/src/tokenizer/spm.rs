@@ -14,8 +14,41 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use super::special::Fragment;
 use super::vocab::Vocab;
 use super::TokenizerError;
+
+/// Tokenizes the fragments left by special-token matching, as llama.cpp's SPM branch of
+/// `llama_vocab::impl::tokenize`: text at the start and right after a special token gets the
+/// space prefix (`▁`) when `add_space_prefix`; every space becomes `▁`.
+pub(crate) fn encode_fragments(
+    vocab: &Vocab,
+    frags: &[Fragment<'_>],
+    add_space_prefix: bool,
+    unk: Option<u32>,
+    out: &mut Vec<u32>,
+) -> Result<(), TokenizerError> {
+    let mut after_special = true;
+    let mut buf = String::new();
+    for frag in frags {
+        match *frag {
+            Fragment::Text(s) => {
+                buf.clear();
+                if add_space_prefix && after_special {
+                    buf.push('\u{2581}');
+                }
+                buf.extend(s.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }));
+                encode(vocab, &buf, unk, out)?;
+                after_special = false;
+            }
+            Fragment::Token(id) => {
+                out.push(id);
+                after_special = true;
+            }
+        }
+    }
+    Ok(())
+}
 
 /// One piece of the text: a byte range linked to its neighbours.
 #[derive(Debug, Clone, Copy)]
