@@ -47,7 +47,7 @@ impl CpuMatrix {
     }
 
     fn quantize(&self, x: &[f32], n: usize) -> Activations {
-        let rows = x.chunks_exact(self.desc.cols).take(n);
+        let rows = x.par_chunks_exact(self.desc.cols).take(n);
         match self.desc.format {
             Format::I2S { .. } => Activations::I8(
                 rows.map(|r| {
@@ -122,10 +122,28 @@ impl CpuMatrix {
             .map(|ci| {
                 let r0 = ci * chunk;
                 let r1 = (r0 + chunk).min(rows);
-                let mut local = vec![0.0; (r1 - r0) * n];
+                let width = r1 - r0;
+                let mut local = vec![0.0; width * n];
                 for r in r0..r1 {
-                    for t in 0..n {
-                        local[t * (r1 - r0) + (r - r0)] = dot_row(r, t);
+                    let mut t = 0;
+                    if let (Format::I2S { beta }, Activations::I8(a)) = (self.desc.format, &act) {
+                        // Four tokens per pass: the row's codes are unpacked once for all four.
+                        let row = &data[r * row_bytes..(r + 1) * row_bytes];
+                        while t + 4 <= n {
+                            let sums = isa.i2s_code_dot_x4(
+                                row,
+                                [&a[t].q, &a[t + 1].q, &a[t + 2].q, &a[t + 3].q],
+                            );
+                            for (k, s) in sums.into_iter().enumerate() {
+                                let v = i2s_output(s, &a[t + k], beta);
+                                local[(t + k) * width + (r - r0)] =
+                                    self.scale.map_or(v, |sc| v * sc);
+                            }
+                            t += 4;
+                        }
+                    }
+                    for t in t..n {
+                        local[t * width + (r - r0)] = dot_row(r, t);
                     }
                 }
                 (r0, local)
@@ -144,9 +162,7 @@ impl CpuMatrix {
 fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32 {
     match (format, act) {
         (Format::I2S { beta }, Activations::I8(a)) => {
-            let a = &a[t];
-            let sumi = isa.i2s_code_dot(row, &a.q) - a.sum;
-            sumi as f32 / a.scale * beta
+            i2s_output(isa.i2s_code_dot(row, &a[t].q), &a[t], beta)
         }
         (Format::TQ2_0, Activations::Q8K(a)) => isa.tq2_0_dot(row, &a[t]),
         (Format::TQ1_0, Activations::Q8K(a)) => scalar::tq1_0_dot(row, &a[t]),
@@ -156,4 +172,10 @@ fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32
         (Format::BF16, Activations::Float(a)) => scalar::bf16_dot(row, &a[t]),
         _ => unreachable!("activations are prepared for the matrix's own format"),
     }
+}
+
+/// bitnet.cpp's I2_S epilogue: the ternary sum Σ(code−1)·q = Σcode·q − Σq, divided by the
+/// activation scale and multiplied by the weight scale, in f32.
+fn i2s_output(code_sum: i32, act: &I8Row, beta: f32) -> f32 {
+    (code_sum - act.sum) as f32 / act.scale * beta
 }

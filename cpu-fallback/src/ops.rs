@@ -104,7 +104,7 @@ pub fn attention(
             let mut scores: Vec<f32> = (0..len)
                 .map(|j| {
                     let kj = &kc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale
+                    dot(qh, kj) * scale
                 })
                 .collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -123,6 +123,24 @@ pub fn attention(
                 }
             }
         });
+}
+
+/// f32 dot product with eight independent partial sums (vectorises without fast-math).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// `out = act(gate) · up`.

@@ -17,18 +17,22 @@ pub struct I8Row {
     pub sum: i32,
 }
 
+/// ggml's `nearest_int`: round half to even through the float mantissa (exact for
+/// |v| < 2^22, which covers every clamped activation code).
+#[inline]
+pub fn nearest_int(v: f32) -> i32 {
+    let v = v.clamp(-4_194_303.0, 4_194_303.0);
+    ((v + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
 /// Quantizes `x` per token (see [`I8Row`]).
 pub fn quantize_i8_row(x: &[f32], out: &mut I8Row) {
-    let max = x
-        .iter()
-        .fold(0.0f64, |m, &v| m.max(f64::from(v.abs())))
-        .max(1e-5);
+    let max = x.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    let max = f64::from(max).max(1e-5);
     let s = (127.0 / max) as f32;
     out.q.clear();
-    out.q.extend(
-        x.iter()
-            .map(|&v| (v * s).round_ties_even().clamp(-128.0, 127.0) as i8),
-    );
+    out.q
+        .extend(x.iter().map(|&v| nearest_int(v * s).clamp(-128, 127) as i8));
     out.scale = s;
     out.sum = out.q.iter().map(|&q| i32::from(q)).sum();
 }
@@ -66,7 +70,7 @@ pub fn quantize_q8_k(x: &[f32], out: &mut Vec<Q8KBlock>) {
         if amax != 0.0 {
             let iscale = -127.0 / max;
             for (q, &v) in blk.qs.iter_mut().zip(xb) {
-                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+                *q = nearest_int(iscale * v).min(127) as i8;
             }
             for (s, chunk) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
                 *s = chunk.iter().map(|&q| i16::from(q)).sum();
@@ -150,6 +154,15 @@ mod tests {
         assert_eq!(b.bsums[0], -127 + 64);
         quantize_q8_k(&[0.0; 256], &mut out);
         assert_eq!(out[0].d, 0.0);
+    }
+
+    #[test]
+    fn nearest_int_is_round_half_even() {
+        for v in [
+            -3.5f32, -2.5, -0.5, 0.5, 1.5, 2.5, 126.5, -127.5, 0.49999997, 3.2, -7.8,
+        ] {
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
     }
 
     #[test]

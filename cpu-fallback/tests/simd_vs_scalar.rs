@@ -73,3 +73,21 @@ proptest! {
         prop_assert!(rel_close(a, b, scale), "f16 {a} vs {b}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The four-token I2_S kernel equals four single-token scalar dots (full i8 range).
+    #[test]
+    fn i2s_x4_matches_scalar(groups in 1usize..30, seed in any::<u64>()) {
+        let cols = groups * 128;
+        let mut s = seed;
+        let mut next = move || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let row: Vec<u8> = (0..cols / 4).map(|_| (0..4).fold(0u8, |b, k| b | (((next() % 3) as u8) << (2 * k)))).collect();
+        let qs: Vec<Vec<i8>> = (0..4).map(|_| (0..cols).map(|_| (next() % 256) as u8 as i8).collect()).collect();
+        let got = simd().i2s_code_dot_x4(&row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
+        for (k, q) in qs.iter().enumerate() {
+            prop_assert_eq!(got[k], scalar::i2s_code_dot(&row, q));
+        }
+    }
+}

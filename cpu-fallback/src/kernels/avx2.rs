@@ -28,7 +28,8 @@ unsafe fn hsum_f32(v: __m256) -> f32 {
 }
 
 /// Σ over 32 code bytes × four 32-byte activation slices (shifts 6, 4, 2, 0 when
-/// `msb_first`, else 0, 2, 4, 6), as eight i32 partial sums.
+/// `msb_first`, else 0, 2, 4, 6), as sixteen i16 partial sums, each at most 4·512 = 2048 in
+/// magnitude (so up to 8 of them can be added before widening).
 #[target_feature(enable = "avx2")]
 unsafe fn crumbs_dot(codes: *const u8, q: *const i8, msb_first: bool) -> __m256i {
     // SAFETY: the caller guarantees 32 readable bytes at `codes` and 128 at `q`.
@@ -52,8 +53,14 @@ unsafe fn crumbs_dot(codes: *const u8, q: *const i8, msb_first: bool) -> __m256i
             // sum of four stays far below i16::MAX.
             sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(planes[plane], qv));
         }
-        _mm256_madd_epi16(sum16, _mm256_set1_epi16(1))
+        sum16
     }
+}
+
+/// Widens sixteen i16 partial sums to eight i32 ones.
+#[target_feature(enable = "avx2")]
+unsafe fn widen(sum16: __m256i) -> __m256i {
+    _mm256_madd_epi16(sum16, _mm256_set1_epi16(1))
 }
 
 /// AVX2 version of [`super::scalar::i2s_code_dot`].
@@ -64,17 +71,66 @@ unsafe fn crumbs_dot(codes: *const u8, q: *const i8, msb_first: bool) -> __m256i
 pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
     debug_assert!(row.len() * 4 == q.len() && q.len() % I2S_GROUP == 0);
     let mut acc = _mm256_setzero_si256();
-    for g in 0..q.len() / I2S_GROUP {
-        // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of q.
-        acc = _mm256_add_epi32(acc, unsafe {
-            crumbs_dot(
-                row.as_ptr().add(32 * g),
-                q.as_ptr().add(I2S_GROUP * g),
-                true,
-            )
-        });
+    let groups = q.len() / I2S_GROUP;
+    // Eight groups' i16 sums stay within ±16384, so widen once per eight groups.
+    for g0 in (0..groups).step_by(8) {
+        let mut sum16 = _mm256_setzero_si256();
+        for g in g0..(g0 + 8).min(groups) {
+            // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of q.
+            sum16 = _mm256_add_epi16(sum16, unsafe {
+                crumbs_dot(
+                    row.as_ptr().add(32 * g),
+                    q.as_ptr().add(I2S_GROUP * g),
+                    true,
+                )
+            });
+        }
+        acc = _mm256_add_epi32(acc, widen(sum16));
     }
     hsum_i32(acc)
+}
+
+/// Σ code·q of one I2_S row against four token rows at once: each group's codes are unpacked
+/// once and reused for all four tokens (prefill).
+///
+/// # Safety
+/// The CPU must support AVX2; every `q` has `row.len() * 4` values, a multiple of 128.
+#[target_feature(enable = "avx2")]
+pub unsafe fn i2s_code_dot_x4(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
+    debug_assert!(q
+        .iter()
+        .all(|q| q.len() == row.len() * 4 && q.len() % I2S_GROUP == 0));
+    let mask = _mm256_set1_epi8(3);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for g in 0..row.len() / 32 {
+        // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of each q.
+        unsafe {
+            let b = _mm256_loadu_si256(row.as_ptr().add(32 * g).cast());
+            // MSB-first: activation slice 0 pairs with bits 7-6, slice 3 with bits 1-0.
+            let planes = [
+                _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
+                _mm256_and_si256(b, mask),
+            ];
+            for (a, qt) in acc.iter_mut().zip(q) {
+                let base = qt.as_ptr().add(I2S_GROUP * g);
+                let mut sum16 = _mm256_maddubs_epi16(planes[0], _mm256_loadu_si256(base.cast()));
+                for (slice, plane) in planes.iter().enumerate().skip(1) {
+                    sum16 = _mm256_add_epi16(
+                        sum16,
+                        _mm256_maddubs_epi16(
+                            *plane,
+                            _mm256_loadu_si256(base.add(32 * slice).cast()),
+                        ),
+                    );
+                }
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(sum16, ones));
+            }
+        }
+    }
+    acc.map(|a| hsum_i32(a))
 }
 
 /// AVX2 version of [`super::scalar::tq2_0_dot`]; bit-identical result.
@@ -93,7 +149,7 @@ pub unsafe fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
                 crumbs_dot(blk.as_ptr().add(32), a.qs.as_ptr().add(128), false),
             )
         };
-        let codes_q = hsum_i32(_mm256_add_epi32(h0, h1));
+        let codes_q = hsum_i32(widen(_mm256_add_epi16(h0, h1)));
         let sum_q: i32 = a.bsums.iter().map(|&s| i32::from(s)).sum();
         let d = a.d * f16::from_le_bytes([blk[64], blk[65]]).to_f32();
         acc += (codes_q - sum_q) as f32 * d;

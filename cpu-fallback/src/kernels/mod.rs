@@ -56,6 +56,17 @@ impl Isa {
         }
     }
 
+    /// Σ code·q of one I2_S row against four token rows.
+    #[inline]
+    pub fn i2s_code_dot_x4(self, row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for `i2s_code_dot`, for each of the four rows.
+            Self::Avx2 => unsafe { avx2::i2s_code_dot_x4(row, q) },
+            _ => q.map(|q| scalar::i2s_code_dot(row, q)),
+        }
+    }
+
     /// TQ2_0 row · Q8_K activations.
     #[inline]
     pub fn tq2_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
