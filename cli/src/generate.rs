@@ -101,13 +101,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let n_ctx = args.ctx.ctx_size.unwrap_or(model.config.n_ctx_train).max(1);
     let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
     let mut sampler = args.sampler()?;
-    eprintln!(
-        "hesper: {} | {} | ctx {n_ctx}",
-        model.file.source,
-        model.backend.name()
-    );
+    let banner = || {
+        eprintln!(
+            "hesper: {} | {} | ctx {n_ctx}",
+            model.file.source,
+            model.backend.name()
+        )
+    };
     let mut stats = Stats::default();
     if args.chat {
+        banner();
         chat(&args, model, tok, &mut session, &mut sampler, &mut stats)?;
     } else {
         let prompt = tok.encode(&args.prompt, tok.add_bos(), true)?;
@@ -117,6 +120,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 prompt.len()
             );
         }
+        banner();
         print!("{}", args.prompt);
         complete(
             model,

@@ -1,0 +1,159 @@
+//! The `hesper-rs` binary as a user runs it.
+
+use std::process::{Command, Output};
+
+fn hesper(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hesper-rs"))
+        .args(args)
+        .output()
+        .expect("run hesper-rs")
+}
+
+fn golden(name: &str) -> String {
+    format!("{}/../golden-values/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn generate_runs_the_builtin_model_and_the_seed_fixes_the_text() {
+    let run = |seed: &str| {
+        hesper(&[
+            "generate",
+            "-p",
+            "Once upon a time",
+            "-n",
+            "12",
+            "--seed",
+            seed,
+        ])
+    };
+    let (a, b, c) = (run("7"), run("7"), run("8"));
+    assert!(a.status.success(), "{}", stderr(&a));
+    let text = String::from_utf8_lossy(&a.stdout);
+    assert!(text.starts_with("Once upon a time"), "{text}");
+    assert!(
+        text.len() > "Once upon a time".len() + 5,
+        "nothing generated: {text}"
+    );
+    assert_eq!(a.stdout, b.stdout, "same seed, different text");
+    assert_ne!(a.stdout, c.stdout, "different seeds, same text");
+    let err = stderr(&a);
+    assert!(
+        err.contains("prompt eval time") && err.contains("tokens per second"),
+        "{err}"
+    );
+}
+
+#[test]
+fn greedy_generation_is_deterministic_without_a_seed() {
+    let run = || hesper(&["generate", "-p", "Hello", "-n", "8", "--temp", "0"]);
+    assert_eq!(run().stdout, run().stdout);
+}
+
+#[test]
+fn logits_writes_every_position() {
+    let out = std::env::temp_dir().join(format!("hesper-logits-{}.f32", std::process::id()));
+    let o = hesper(&[
+        "logits",
+        "-m",
+        &golden("models/tiny-f32.gguf"),
+        "--tokens",
+        "1,483,320",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).expect("output file");
+    std::fs::remove_file(&out).ok();
+    assert_eq!(bytes.len(), 3 * 512 * 4, "[n_tokens][n_vocab] float32");
+    // The first position's logits equal llama.cpp's for the same ids (s0 starts 1, 483, 320).
+    let reference = std::fs::read(golden("out/tiny-f32.s0.logits.f32")).expect("golden");
+    let ours: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let theirs: Vec<f32> = reference
+        .chunks_exact(4)
+        .take(3 * 512)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let diff = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(diff <= 1e-3, "max |Δlogit| {diff}");
+}
+
+#[test]
+fn info_describes_model_and_tokenizer() {
+    let o = hesper(&["info", "--gguf", &golden("models/tiny-i2s.gguf")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "bitnet-b1.58",
+        "I2_S",
+        "Relu2",
+        "blk.0.attn_q.weight",
+        "tokenizer: none",
+    ] {
+        assert!(text.contains(needle), "info lacks {needle:?}:\n{text}");
+    }
+    let o = hesper(&["info"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("SentencePiece") || text.contains("llama"),
+        "{text}"
+    );
+}
+
+/// Bad input: one clear line on stderr, a non-zero exit, no panic.
+#[test]
+fn bad_input_gives_one_clear_line() {
+    let not_gguf = std::env::temp_dir().join(format!("hesper-not-gguf-{}.bin", std::process::id()));
+    std::fs::write(&not_gguf, b"this is not a model").expect("write");
+    let long_prompt = "word ".repeat(600);
+    let no_tokenizer = golden("models/tiny-i2s.gguf");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["generate", "-m", "/nonexistent/model.gguf"],
+            "cannot read /nonexistent/model.gguf",
+        ),
+        (
+            vec!["info", "-m", not_gguf.to_str().unwrap()],
+            "not a GGUF file",
+        ),
+        (
+            vec!["generate", "-p", &long_prompt],
+            "longer than the context",
+        ),
+        (vec!["generate", "-m", &no_tokenizer], "has no tokenizer"),
+        (
+            vec!["logits", "--tokens", "1,99999999", "--out", "/dev/null"],
+            "outside the vocabulary",
+        ),
+        (
+            vec!["logits", "--tokens", "1,x", "--out", "/dev/null"],
+            "is not a token id",
+        ),
+    ];
+    for (args, needle) in cases {
+        let o = hesper(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: stderr lacks {needle:?}: {err}"
+        );
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: more than one line: {err}"
+        );
+    }
+    std::fs::remove_file(&not_gguf).ok();
+}
