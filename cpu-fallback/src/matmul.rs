@@ -126,6 +126,18 @@ impl CpuMatrix {
                 let mut local = vec![0.0; width * n];
                 for r in r0..r1 {
                     let mut t = 0;
+                    if let (Format::TQ2_0, Activations::Q8K(a)) = (self.desc.format, &act) {
+                        let row = &data[r * row_bytes..(r + 1) * row_bytes];
+                        while t + 4 <= n {
+                            let sums =
+                                isa.tq2_0_dot_x4(row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]);
+                            for (k, v) in sums.into_iter().enumerate() {
+                                local[(t + k) * width + (r - r0)] =
+                                    self.scale.map_or(v, |sc| v * sc);
+                            }
+                            t += 4;
+                        }
+                    }
                     if let (Format::I2S { beta }, Activations::I8(a)) = (self.desc.format, &act) {
                         // Four tokens per pass: the row's codes are unpacked once for all four.
                         let row = &data[r * row_bytes..(r + 1) * row_bytes];

@@ -44,8 +44,8 @@ pub struct Q8KBlock {
     pub d: f32,
     /// Quantized values.
     pub qs: [i8; QK_K],
-    /// Sums of each 16 consecutive values.
-    pub bsums: [i16; QK_K / 16],
+    /// Σ qs (ggml keeps it as 16 partial sums, `bsums`; the dot products need only the total).
+    pub sum: i32,
 }
 
 /// Quantizes `x` (a multiple of 256 long) into Q8_K blocks like ggml's
@@ -65,16 +65,14 @@ pub fn quantize_q8_k(x: &[f32], out: &mut Vec<Q8KBlock>) {
         let mut blk = Q8KBlock {
             d: 0.0,
             qs: [0; QK_K],
-            bsums: [0; QK_K / 16],
+            sum: 0,
         };
         if amax != 0.0 {
             let iscale = -127.0 / max;
             for (q, &v) in blk.qs.iter_mut().zip(xb) {
                 *q = nearest_int(iscale * v).min(127) as i8;
             }
-            for (s, chunk) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
-                *s = chunk.iter().map(|&q| i16::from(q)).sum();
-            }
+            blk.sum = blk.qs.iter().map(|&q| i32::from(q)).sum();
             blk.d = 1.0 / iscale;
         }
         out.push(blk);
@@ -151,7 +149,7 @@ mod tests {
         assert_eq!(b.qs[0], -127);
         assert_eq!(b.qs[1], 64); // 63.5 rounds to even
         assert_eq!(b.qs[2], 0); // -0.5 rounds to even (0)
-        assert_eq!(b.bsums[0], -127 + 64);
+        assert_eq!(b.sum, -127 + 64);
         quantize_q8_k(&[0.0; 256], &mut out);
         assert_eq!(out[0].d, 0.0);
     }

@@ -91,3 +91,30 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The four-token TQ2_0 kernel is bit-identical to four scalar dots.
+    #[test]
+    fn tq2_0_x4_matches_scalar(blocks in 1usize..12, seed in any::<u64>()) {
+        let cols = blocks * 256;
+        let mut s = seed;
+        let mut next = move || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
+        let mut row = Vec::new();
+        for _ in 0..blocks {
+            for _ in 0..64 { row.push((0..4).fold(0u8, |b, k| b | (((next() % 3) as u8) << (2 * k)))); }
+            row.extend(half::f16::from_f32((next() % 100) as f32 / 1000.0).to_le_bytes());
+        }
+        let acts: Vec<Vec<hesper_cpu::quant::Q8KBlock>> = (0..4).map(|_| {
+            let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 100.0 - 10.0).collect();
+            let mut a = Vec::new();
+            quantize_q8_k(&x, &mut a);
+            a
+        }).collect();
+        let got = simd().tq2_0_dot_x4(&row, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+        for (k, a) in acts.iter().enumerate() {
+            prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(&row, a).to_bits());
+        }
+    }
+}

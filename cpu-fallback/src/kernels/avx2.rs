@@ -4,7 +4,6 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use half::f16;
 use hesper_engine::weights::{I2S_GROUP, TQ2_0_BLOCK_BYTES};
 
 use crate::quant::Q8KBlock;
@@ -133,26 +132,56 @@ pub unsafe fn i2s_code_dot_x4(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
     acc.map(|a| hsum_i32(a))
 }
 
+/// Σ code·q of one 256-element TQ2_0 block (LSB-first crumbs) against 256 activations.
+#[target_feature(enable = "avx2")]
+unsafe fn tq2_0_block_codes_q(codes: *const u8, q: *const i8) -> i32 {
+    // SAFETY: the caller guarantees 64 code bytes and 256 activations.
+    unsafe {
+        let h0 = crumbs_dot(codes, q, false);
+        let h1 = crumbs_dot(codes.add(32), q.add(128), false);
+        hsum_i32(widen(_mm256_add_epi16(h0, h1)))
+    }
+}
+
+/// The f16 scale stored at the end of a TQ2_0 block.
+#[target_feature(enable = "f16c")]
+unsafe fn tq2_0_scale(blk: &[u8]) -> f32 {
+    let bits = i32::from(u16::from_le_bytes([blk[64], blk[65]]));
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+}
+
 /// AVX2 version of [`super::scalar::tq2_0_dot`]; bit-identical result.
 ///
 /// # Safety
-/// The CPU must support AVX2; `row` holds `act.len()` TQ2_0 blocks.
-#[target_feature(enable = "avx2")]
+/// The CPU must support AVX2 and F16C; `row` holds `act.len()` TQ2_0 blocks.
+#[target_feature(enable = "avx2,f16c")]
 pub unsafe fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
     debug_assert!(row.len() == act.len() * TQ2_0_BLOCK_BYTES);
     let mut acc = 0.0f32;
     for (blk, a) in row.chunks_exact(TQ2_0_BLOCK_BYTES).zip(act) {
-        // SAFETY: each half reads 32 code bytes and 128 activations inside the block.
-        let (h0, h1) = unsafe {
-            (
-                crumbs_dot(blk.as_ptr(), a.qs.as_ptr(), false),
-                crumbs_dot(blk.as_ptr().add(32), a.qs.as_ptr().add(128), false),
-            )
-        };
-        let codes_q = hsum_i32(widen(_mm256_add_epi16(h0, h1)));
-        let sum_q: i32 = a.bsums.iter().map(|&s| i32::from(s)).sum();
-        let d = a.d * f16::from_le_bytes([blk[64], blk[65]]).to_f32();
-        acc += (codes_q - sum_q) as f32 * d;
+        // SAFETY: the block holds 64 code bytes; `a` holds 256 activations.
+        let codes_q = unsafe { tq2_0_block_codes_q(blk.as_ptr(), a.qs.as_ptr()) };
+        acc += (codes_q - a.sum) as f32 * (a.d * tq2_0_scale(blk));
+    }
+    acc
+}
+
+/// [`tq2_0_dot`] of one row against four token rows: the codes of each block are loaded
+/// once for all four (prefill). Bit-identical to four single dots.
+///
+/// # Safety
+/// As for [`tq2_0_dot`], for each of the four activation rows.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq2_0_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+    let mut acc = [0.0f32; 4];
+    for (b, blk) in row.chunks_exact(TQ2_0_BLOCK_BYTES).enumerate() {
+        let d = tq2_0_scale(blk);
+        for (sum, a) in acc.iter_mut().zip(act) {
+            let a = &a[b];
+            // SAFETY: the block holds 64 code bytes; `a` holds 256 activations.
+            let codes_q = unsafe { tq2_0_block_codes_q(blk.as_ptr(), a.qs.as_ptr()) };
+            *sum += (codes_q - a.sum) as f32 * (a.d * d);
+        }
     }
     acc
 }

@@ -72,9 +72,20 @@ impl Isa {
     pub fn tq2_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: see `i2s_code_dot`; the row holds one block per activation block.
+            // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
             Self::Avx2 => unsafe { avx2::tq2_0_dot(row, act) },
             _ => scalar::tq2_0_dot(row, act),
+        }
+    }
+
+    /// TQ2_0 row · Q8_K activations of four tokens.
+    #[inline]
+    pub fn tq2_0_dot_x4(self, row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: see `tq2_0_dot`.
+            Self::Avx2 => unsafe { avx2::tq2_0_dot_x4(row, act) },
+            _ => act.map(|a| scalar::tq2_0_dot(row, a)),
         }
     }
 
