@@ -2,7 +2,27 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
+use hesper_engine::model::HeadFormat;
+
+/// `--lm-head` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LmHead {
+    /// As stored in the file.
+    Exact,
+    /// Re-quantized to Q8_0 at load.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<LmHead> for HeadFormat {
+    fn from(h: LmHead) -> Self {
+        match h {
+            LmHead::Exact => HeadFormat::AsStored,
+            LmHead::Q8_0 => HeadFormat::Q8_0,
+        }
+    }
+}
 
 /// Which model to load and how to run it.
 #[derive(Args, Debug, Clone)]
@@ -15,6 +35,10 @@ pub struct ModelArgs {
         value_name = "FILE"
     )]
     pub gguf: Option<PathBuf>,
+    /// LM head storage: `exact` (as in the file) or `q8_0` (re-quantized at load: fewer bytes per
+    /// token, small quality cost measured in BENCHMARKS.md).
+    #[arg(long = "lm-head", value_enum, default_value_t = LmHead::Exact)]
+    pub lm_head: LmHead,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Option<usize>,

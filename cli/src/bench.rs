@@ -7,7 +7,7 @@ use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_engine::model::Logits;
 
-use crate::args::ModelArgs;
+use crate::args::{LmHead, ModelArgs};
 use crate::load::load;
 
 /// Flags of `bench`.
@@ -106,16 +106,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         rows.push(row);
     }
-    let weight_bytes: u64 = model
-        .file
-        .header()
-        .tensors()
-        .iter()
-        .filter(|t| {
-            t.name != "token_embd.weight" || model.file.header().tensor("output.weight").is_none()
-        })
-        .filter_map(|t| t.nbytes)
-        .sum();
+    let weight_bytes = model.bytes_per_token();
     let size_mib = model.file.len() as f64 / (1 << 20) as f64;
     let params = model
         .file
@@ -131,7 +122,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map(|r| {
                 let (mean, sd) = r.mean_sd();
                 serde_json::json!({
-                    "model": model.file.source, "size_bytes": model.file.len(), "params_b": params,
+                    "model": model.file.source, "lm_head": format!("{:?}", args.model.lm_head), "size_bytes": model.file.len(), "params_b": params,
                     "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test,
                     "avg_ts": mean, "stddev_ts": sd, "samples_ts": r.tokens_per_s,
                     "bytes_per_token": weight_bytes, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
@@ -152,7 +143,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         };
         println!(
             "| {} | {size_mib:.2} MiB | {params:.2} B | {} | {} | {mean:.2} ± {sd:.2} | {gbs} |",
-            c.arch,
+            match args.model.lm_head {
+                LmHead::Exact => c.arch.clone(),
+                LmHead::Q8_0 => format!("{} (lm-head q8_0)", c.arch),
+            },
             model.backend.name(),
             r.test
         );

@@ -57,6 +57,7 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
         file.clone(),
         LoadOptions {
             layers,
+            head: args.lm_head.into(),
             progress: None,
         },
     )

@@ -88,6 +88,22 @@ impl Backend for CpuBackend {
         Ok(CpuMatrix::new(file.clone(), desc, scale))
     }
 
+    fn load_owned_matrix(
+        &self,
+        desc: MatrixDesc,
+        data: Vec<u8>,
+        scale: Option<f32>,
+    ) -> Result<CpuMatrix, BackendError> {
+        if data.len() < desc.range.end {
+            return Err(BackendError::Unsupported {
+                backend: self.name(),
+                tensor: desc.name,
+                why: "the data is shorter than the matrix".into(),
+            });
+        }
+        Ok(CpuMatrix::owned(data, desc, scale))
+    }
+
     fn load_vector(&self, data: Vec<f32>) -> Result<Vec<f32>, BackendError> {
         Ok(data)
     }

@@ -13,9 +13,17 @@ use crate::quant::{
     Q8_0Block,
 };
 
-/// A weight matrix borrowed from the memory-mapped file (no copy).
+/// Where a matrix's bytes live.
+enum Storage {
+    /// Borrowed from the memory-mapped file (no copy).
+    File(Arc<ModelFile>),
+    /// Made by hesper-rs (a re-quantized LM head).
+    Owned(Vec<u8>),
+}
+
+/// A weight matrix: usually borrowed from the memory-mapped file.
 pub struct CpuMatrix {
-    file: Arc<ModelFile>,
+    storage: Storage,
     /// Shape, layout and location.
     pub desc: MatrixDesc,
     /// Multiplier applied to every output (mainline `*.scale` tensors).
@@ -33,17 +41,37 @@ enum Activations {
 impl CpuMatrix {
     /// Wraps `desc` inside `file`.
     pub fn new(file: Arc<ModelFile>, desc: MatrixDesc, scale: Option<f32>) -> Self {
-        Self { file, desc, scale }
+        Self {
+            storage: Storage::File(file),
+            desc,
+            scale,
+        }
+    }
+
+    /// Wraps bytes made by hesper-rs; `desc.range` indexes `data`.
+    pub fn owned(data: Vec<u8>, desc: MatrixDesc, scale: Option<f32>) -> Self {
+        Self {
+            storage: Storage::Owned(data),
+            desc,
+            scale,
+        }
+    }
+
+    fn storage_bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::File(f) => f.bytes(),
+            Storage::Owned(v) => v,
+        }
     }
 
     /// The weight bytes.
     pub fn data(&self) -> &[u8] {
-        &self.file.bytes()[self.desc.range.clone()]
+        &self.storage_bytes()[self.desc.range.clone()]
     }
 
     /// Decodes row `r` to f32.
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
-        self.desc.decode_row(self.file.bytes(), r, out);
+        self.desc.decode_row(self.storage_bytes(), r, out);
     }
 
     fn quantize(&self, x: &[f32], n: usize) -> Activations {
@@ -178,7 +206,7 @@ fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32
         }
         (Format::TQ2_0, Activations::Q8K(a)) => isa.tq2_0_dot(row, &a[t]),
         (Format::TQ1_0, Activations::Q8K(a)) => scalar::tq1_0_dot(row, &a[t]),
-        (Format::Q8_0, Activations::Q8_0(a)) => scalar::q8_0_dot(row, &a[t]),
+        (Format::Q8_0, Activations::Q8_0(a)) => isa.q8_0_dot(row, &a[t]),
         (Format::F32, Activations::Float(a)) => isa.f32_dot(row, &a[t]),
         (Format::F16, Activations::Float(a)) => isa.f16_dot(row, &a[t]),
         (Format::BF16, Activations::Float(a)) => scalar::bf16_dot(row, &a[t]),

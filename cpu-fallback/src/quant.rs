@@ -1,6 +1,7 @@
 //! Activation quantizers, exactly as the reference implementations define them.
 
 use half::{bf16, f16};
+use hesper_engine::weights::q8_0_block;
 
 /// Elements per ggml Q8_K block.
 pub const QK_K: usize = 256;
@@ -92,19 +93,10 @@ pub struct Q8_0Block {
 /// (`d = amax/127`, `q = roundf(x/d)`, half away from zero).
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<Q8_0Block>) {
     out.clear();
-    for xb in x.chunks_exact(32) {
-        let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut qs = [0i8; 32];
-        for (q, &v) in qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
-        }
-        out.push(Q8_0Block {
-            d: f16::from_f32(d).to_f32(),
-            qs,
-        });
-    }
+    out.extend(x.chunks_exact(32).map(|xb| {
+        let (d, qs) = q8_0_block(xb);
+        Q8_0Block { d: d.to_f32(), qs }
+    }));
 }
 
 /// Rounds every value through f16 (what ggml does to activations multiplied with F16 weights).

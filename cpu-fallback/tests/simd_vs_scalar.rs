@@ -118,3 +118,23 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Q8_0 × Q8_0: equal up to float summation order.
+    #[test]
+    fn q8_0_matches_scalar(w in proptest::collection::vec(-3.0f32..3.0, 32..2048), x in proptest::collection::vec(-3.0f32..3.0, 2048)) {
+        let cols = w.len() / 32 * 32;
+        let (w, x) = (&w[..cols], &x[..cols]);
+        let row: Vec<u8> = w.chunks_exact(32).flat_map(|b| {
+            let (d, qs) = hesper_engine::weights::q8_0_block(b);
+            d.to_le_bytes().into_iter().chain(qs.map(|q| q as u8))
+        }).collect();
+        let mut act = Vec::new();
+        hesper_cpu::quant::quantize_q8_0(x, &mut act);
+        let scale: f32 = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+        let (a, b) = (simd().q8_0_dot(&row, &act), scalar::q8_0_dot(&row, &act));
+        prop_assert!(rel_close(a, b, scale), "{a} vs {b}");
+    }
+}

@@ -85,6 +85,14 @@ pub trait Backend {
         desc: MatrixDesc,
         scale: Option<f32>,
     ) -> Result<Self::Matrix, BackendError>;
+    /// Prepares a weight matrix whose bytes hesper-rs made (e.g. a re-quantized LM head);
+    /// `desc.range` indexes `data`.
+    fn load_owned_matrix(
+        &self,
+        desc: MatrixDesc,
+        data: Vec<u8>,
+        scale: Option<f32>,
+    ) -> Result<Self::Matrix, BackendError>;
     /// Prepares a vector.
     fn load_vector(&self, data: Vec<f32>) -> Result<Self::Vector, BackendError>;
     /// A zeroed buffer of `len` floats.

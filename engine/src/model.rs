@@ -19,7 +19,7 @@ use thiserror::Error;
 use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
-use crate::weights::{read_f32_vector, MatrixDesc, WeightError};
+use crate::weights::{read_f32_vector, requantize_q8_0, MatrixDesc, WeightError};
 
 /// Errors raised while loading or running a model.
 #[derive(Debug, Error)]
@@ -92,11 +92,24 @@ pub enum Logits {
     All,
 }
 
+/// How the LM head is stored in memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeadFormat {
+    /// As in the file (exact; the default).
+    #[default]
+    AsStored,
+    /// Re-quantized to Q8_0 at load: about half the bytes of an F16 head per token, at a
+    /// small, measured quality cost (see BENCHMARKS.md).
+    Q8_0,
+}
+
 /// Options for [`Model::load`].
 #[derive(Default)]
 pub struct LoadOptions<'a> {
     /// The layers to hold; `None` = all.
     pub layers: Option<Range<usize>>,
+    /// LM head storage.
+    pub head: HeadFormat,
     /// Called after each loaded tensor with (done, total).
     pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
 }
@@ -128,6 +141,7 @@ pub struct Model<B: Backend> {
     embedding: Option<B::Matrix>,
     output: Option<B::Matrix>,
     output_norm: Option<B::Vector>,
+    bytes_per_token: u64,
 }
 
 /// Per-conversation state: KV cache, position and scratch buffers.
@@ -194,20 +208,31 @@ impl<B: Backend> Model<B> {
         let first = layer_range.start == 0;
         let last = layer_range.end == config.n_layer;
         let tied = g.tensor("output.weight").is_none();
-        let total =
-            layer_range.len() * 11 + usize::from(first || (last && tied)) + 2 * usize::from(last);
+        let head_loaded = last && (!tied || opts.head != HeadFormat::AsStored);
+        let total = layer_range.len() * 11
+            + usize::from(first || (last && tied))
+            + usize::from(last)
+            + usize::from(head_loaded);
         let mut loader = Loader {
             backend: &backend,
             file: &file,
             done: 0,
             total,
             progress: opts.progress,
+            matrix_bytes: 0,
         };
         let (d, ff, kv) = (config.n_embd, config.n_ff, config.kv_dim());
         let embedding = if first || (last && tied) {
             Some(loader.matrix("token_embd.weight", config.n_vocab, d)?)
         } else {
             None
+        };
+        // The embedding table is read a row per token, unless it also is the LM head.
+        let head_is_embedding = last && tied && opts.head == HeadFormat::AsStored;
+        let embedding_bytes = if head_is_embedding {
+            0
+        } else {
+            loader.matrix_bytes
         };
         let mut layers = Vec::with_capacity(layer_range.len());
         for il in layer_range.clone() {
@@ -228,15 +253,21 @@ impl<B: Backend> Model<B> {
         }
         let (output, output_norm) = if last {
             let norm = loader.vector("output_norm.weight", d)?;
-            let out = if tied {
-                None
+            let head = if tied {
+                "token_embd.weight"
             } else {
-                Some(loader.matrix("output.weight", config.n_vocab, d)?)
+                "output.weight"
+            };
+            let out = match opts.head {
+                HeadFormat::AsStored if tied => None,
+                HeadFormat::AsStored => Some(loader.matrix(head, config.n_vocab, d)?),
+                HeadFormat::Q8_0 => Some(loader.requantized(head, config.n_vocab, d)?),
             };
             (out, Some(norm))
         } else {
             (None, None)
         };
+        let bytes_per_token = loader.matrix_bytes - embedding_bytes;
         Ok(Self {
             config,
             backend,
@@ -246,7 +277,14 @@ impl<B: Backend> Model<B> {
             embedding,
             output,
             output_norm,
+            bytes_per_token,
         })
+    }
+
+    /// Weight bytes read for one decoded token (every matrix, the LM head included; the
+    /// embedding table only when it doubles as the head).
+    pub fn bytes_per_token(&self) -> u64 {
+        self.bytes_per_token
     }
 
     /// The layers this instance holds.
@@ -500,6 +538,8 @@ struct Loader<'a, 'p, B: Backend> {
     done: usize,
     total: usize,
     progress: Option<&'p mut dyn FnMut(usize, usize)>,
+    /// Bytes of every matrix loaded so far (what a decoded token reads).
+    matrix_bytes: u64,
 }
 
 impl<B: Backend> Loader<'_, '_, B> {
@@ -512,7 +552,22 @@ impl<B: Backend> Loader<'_, '_, B> {
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix, ModelError> {
         let (desc, scale) = matrix_source(self.file, name, rows, cols)?;
+        self.matrix_bytes += desc.range.len() as u64;
         let m = self.backend.load_matrix(self.file, desc, scale)?;
+        self.tick();
+        Ok(m)
+    }
+
+    fn requantized(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<B::Matrix, ModelError> {
+        let (desc, scale) = matrix_source(self.file, name, rows, cols)?;
+        let (desc, data) = requantize_q8_0(&desc, self.file.bytes())?;
+        self.matrix_bytes += data.len() as u64;
+        let m = self.backend.load_owned_matrix(desc, data, scale)?;
         self.tick();
         Ok(m)
     }

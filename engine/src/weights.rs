@@ -283,6 +283,53 @@ pub fn tq1_0_code(block: &[u8], e: usize) -> u8 {
     ((u16::from(m) * 3) >> 8) as u8
 }
 
+/// Quantizes 32 values like ggml's `quantize_row_q8_0_ref`: `d = amax/127` (stored as f16),
+/// `q = roundf(x/d)` (half away from zero). Returns `(d as f16, q)`.
+pub fn q8_0_block(x: &[f32]) -> (f16, [i8; 32]) {
+    let amax = x.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; 32];
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round() as i8;
+    }
+    (f16::from_f32(d), qs)
+}
+
+/// Re-encodes a matrix as Q8_0 (e.g. an F16 LM head, to halve the bytes read per token).
+/// Returns the new description (its range covers the returned bytes) and the bytes.
+pub fn requantize_q8_0(
+    desc: &MatrixDesc,
+    file: &[u8],
+) -> Result<(MatrixDesc, Vec<u8>), WeightError> {
+    if desc.cols % 32 != 0 {
+        return Err(WeightError::Shape {
+            name: desc.name.clone(),
+            got: vec![desc.cols as u64],
+            expected: vec![desc.cols.div_ceil(32) as u64 * 32],
+        });
+    }
+    let row_bytes = desc.cols / 32 * Q8_0_BLOCK_BYTES;
+    let mut out = Vec::with_capacity(desc.rows * row_bytes);
+    let mut row = vec![0.0f32; desc.cols];
+    for r in 0..desc.rows {
+        desc.decode_row(file, r, &mut row);
+        for block in row.chunks_exact(32) {
+            let (d, qs) = q8_0_block(block);
+            out.extend(d.to_le_bytes());
+            out.extend(qs.iter().map(|&q| q as u8));
+        }
+    }
+    let new = MatrixDesc {
+        name: desc.name.clone(),
+        rows: desc.rows,
+        cols: desc.cols,
+        format: Format::Q8_0,
+        range: 0..out.len(),
+    };
+    Ok((new, out))
+}
+
 /// Reads an F32 vector tensor (norm gains, scales).
 pub fn read_f32_vector(
     info: &TensorInfo,

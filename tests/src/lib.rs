@@ -121,16 +121,20 @@ pub fn cpu_model(
     isa: Isa,
     layers: Option<std::ops::Range<usize>>,
 ) -> Model<CpuBackend> {
-    let backend = CpuBackend::with_isa(2, isa).unwrap_or_else(|e| panic!("{e}"));
-    Model::load(
-        backend,
-        file.clone(),
+    cpu_model_with(
+        file,
+        isa,
         LoadOptions {
             layers,
-            progress: None,
+            ..Default::default()
         },
     )
-    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Loads `file` on a 2-thread CPU backend using `isa` with explicit options.
+pub fn cpu_model_with(file: &Arc<ModelFile>, isa: Isa, opts: LoadOptions<'_>) -> Model<CpuBackend> {
+    let backend = CpuBackend::with_isa(2, isa).unwrap_or_else(|e| panic!("{e}"));
+    Model::load(backend, file.clone(), opts).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Largest absolute difference.

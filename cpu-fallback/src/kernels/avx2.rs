@@ -4,9 +4,9 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use hesper_engine::weights::{I2S_GROUP, TQ2_0_BLOCK_BYTES};
+use hesper_engine::weights::{I2S_GROUP, Q8_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
 
-use crate::quant::Q8KBlock;
+use crate::quant::{Q8KBlock, Q8_0Block};
 
 /// Horizontal sum of eight i32 lanes.
 #[target_feature(enable = "avx2")]
@@ -184,6 +184,34 @@ pub unsafe fn tq2_0_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
         }
     }
     acc
+}
+
+/// AVX2 version of [`super::scalar::q8_0_dot`]: exact integer block sums, f32 accumulation
+/// in eight lanes (summation order differs from the scalar path).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `row` holds `act.len()` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
+    debug_assert!(row.len() == act.len() * Q8_0_BLOCK_BYTES);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    for (blk, a) in row.chunks_exact(Q8_0_BLOCK_BYTES).zip(act) {
+        // SAFETY: a block is 2 scale bytes + 32 weights; `a.qs` holds 32 activations.
+        unsafe {
+            let w = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
+            let x = _mm256_loadu_si256(a.qs.as_ptr().cast());
+            // |w| · (x · sign w): maddubs needs one unsigned operand. Activations never hold
+            // −128 (|q| ≤ 127), so a pair sum stays below i16::MAX.
+            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+            let p32 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+                u16::from_le_bytes([blk[0], blk[1]]),
+            ))));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p32, acc);
+        }
+    }
+    hsum_f32(acc)
 }
 
 /// AVX2/FMA version of [`super::scalar::f32_dot`].

@@ -4,7 +4,7 @@
 pub mod avx2;
 pub mod scalar;
 
-use crate::quant::Q8KBlock;
+use crate::quant::{Q8KBlock, Q8_0Block};
 
 /// The instruction set the kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +86,17 @@ impl Isa {
             // SAFETY: see `tq2_0_dot`.
             Self::Avx2 => unsafe { avx2::tq2_0_dot_x4(row, act) },
             _ => act.map(|a| scalar::tq2_0_dot(row, a)),
+        }
+    }
+
+    /// Q8_0 row · Q8_0 activations.
+    #[inline]
+    pub fn q8_0_dot(self, row: &[u8], act: &[Q8_0Block]) -> f32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2, FMA and F16C; the row holds one block per activation block.
+            Self::Avx2 => unsafe { avx2::q8_0_dot(row, act) },
+            _ => scalar::q8_0_dot(row, act),
         }
     }
 
