@@ -157,3 +157,33 @@ fn bad_input_gives_one_clear_line() {
     }
     std::fs::remove_file(&not_gguf).ok();
 }
+
+/// `--chat` reads turns from stdin, answers each, keeps the conversation in one context and
+/// ends cleanly at end of input.
+#[test]
+fn chat_answers_each_turn_until_eof() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hesper-rs"))
+        .args(["generate", "--chat", "-n", "6", "--seed", "3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"Hello there\n\nHow are you?\n")
+        .expect("write");
+    let o = child.wait_with_output().expect("wait");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    // A prompt for each of the three input lines (the empty one is skipped without an
+    // answer), and a last one that meets end of input.
+    assert_eq!(err.matches("\n> ").count(), 4, "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.lines().count(), 2, "one answer line per turn: {out:?}");
+    assert!(err.contains("prompt eval time"), "{err}");
+}

@@ -77,46 +77,11 @@ impl CpuMatrix {
     fn quantize(&self, x: &[f32], n: usize) -> Activations {
         let rows = x.par_chunks_exact(self.desc.cols).take(n);
         match self.desc.format {
-            Format::I2S { .. } => Activations::I8(
-                rows.map(|r| {
-                    let mut q = I8Row::default();
-                    quantize_i8_row(r, &mut q);
-                    q
-                })
-                .collect(),
-            ),
-            Format::TQ1_0 | Format::TQ2_0 => Activations::Q8K(
-                rows.map(|r| {
-                    let mut b = Vec::new();
-                    quantize_q8_k(r, &mut b);
-                    b
-                })
-                .collect(),
-            ),
-            Format::Q8_0 => Activations::Q8_0(
-                rows.map(|r| {
-                    let mut b = Vec::new();
-                    quantize_q8_0(r, &mut b);
-                    b
-                })
-                .collect(),
-            ),
-            Format::F16 => Activations::Float(
-                rows.map(|r| {
-                    let mut v = Vec::new();
-                    round_f16(r, &mut v);
-                    v
-                })
-                .collect(),
-            ),
-            Format::BF16 => Activations::Float(
-                rows.map(|r| {
-                    let mut v = Vec::new();
-                    round_bf16(r, &mut v);
-                    v
-                })
-                .collect(),
-            ),
+            Format::I2S { .. } => Activations::I8(rows.map(quantize_i8_row).collect()),
+            Format::TQ1_0 | Format::TQ2_0 => Activations::Q8K(rows.map(quantize_q8_k).collect()),
+            Format::Q8_0 => Activations::Q8_0(rows.map(quantize_q8_0).collect()),
+            Format::F16 => Activations::Float(rows.map(round_f16).collect()),
+            Format::BF16 => Activations::Float(rows.map(round_bf16).collect()),
             Format::F32 => Activations::Float(rows.map(<[f32]>::to_vec).collect()),
         }
     }

@@ -93,33 +93,42 @@ pub fn attention(
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let width = s.n_head * hd;
+    // One task per (token, kv head): the query heads that share a kv head read each cached
+    // key and value row once. Per head the arithmetic is the plain per-query loop.
+    let group_width = group * hd;
     out[..n * width]
-        .par_chunks_mut(hd)
+        .par_chunks_mut(group_width)
         .enumerate()
         .for_each(|(idx, o)| {
-            let (t, h) = (idx / s.n_head, idx % s.n_head);
-            let qh = &q[t * width + h * hd..t * width + (h + 1) * hd];
-            let kvh = h / group;
+            let (t, kvh) = (idx / s.n_head_kv, idx % s.n_head_kv);
+            let qs = &q[t * width + kvh * group_width..][..group_width];
             let len = pos0 + t + 1;
-            let mut scores: Vec<f32> = (0..len)
-                .map(|j| {
-                    let kj = &kc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                    dot(qh, kj) * scale
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f64;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += f64::from(*sc);
+            let row_at = |j: usize| j * kv_dim + kvh * hd;
+            let mut scores = vec![0.0f32; group * len];
+            for j in 0..len {
+                let kj = &kc[row_at(j)..][..hd];
+                for (g, qh) in qs.chunks_exact(hd).enumerate() {
+                    scores[g * len + j] = dot(qh, kj) * scale;
+                }
             }
-            let inv = (1.0 / sum) as f32;
+            let mut inv = vec![0.0f32; group];
+            for (row, inv) in scores.chunks_exact_mut(len).zip(inv.iter_mut()) {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0f64;
+                for sc in row.iter_mut() {
+                    *sc = (*sc - max).exp();
+                    sum += f64::from(*sc);
+                }
+                *inv = (1.0 / sum) as f32;
+            }
             o.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                let vj = &vc[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                let p = p * inv;
-                for (a, &b) in o.iter_mut().zip(vj) {
-                    *a += p * b;
+            for j in 0..len {
+                let vj = &vc[row_at(j)..][..hd];
+                for (g, oh) in o.chunks_exact_mut(hd).enumerate() {
+                    let p = scores[g * len + j] * inv[g];
+                    for (a, &b) in oh.iter_mut().zip(vj) {
+                        *a += p * b;
+                    }
                 }
             }
         });

@@ -27,15 +27,15 @@ pub fn nearest_int(v: f32) -> i32 {
 }
 
 /// Quantizes `x` per token (see [`I8Row`]).
-pub fn quantize_i8_row(x: &[f32], out: &mut I8Row) {
+pub fn quantize_i8_row(x: &[f32]) -> I8Row {
     let max = x.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
-    let max = f64::from(max).max(1e-5);
-    let s = (127.0 / max) as f32;
-    out.q.clear();
-    out.q
-        .extend(x.iter().map(|&v| nearest_int(v * s).clamp(-128, 127) as i8));
-    out.scale = s;
-    out.sum = out.q.iter().map(|&q| i32::from(q)).sum();
+    let s = (127.0 / f64::from(max).max(1e-5)) as f32;
+    let q: Vec<i8> = x
+        .iter()
+        .map(|&v| nearest_int(v * s).clamp(-128, 127) as i8)
+        .collect();
+    let sum = q.iter().map(|&v| i32::from(v)).sum();
+    I8Row { q, scale: s, sum }
 }
 
 /// One ggml Q8_K block: `x ≈ d · q`.
@@ -52,32 +52,32 @@ pub struct Q8KBlock {
 /// Quantizes `x` (a multiple of 256 long) into Q8_K blocks like ggml's
 /// `quantize_row_q8_K_ref`: the signed value with the largest magnitude (first on ties)
 /// gives `iscale = −127/max`, `q = min(127, rne(iscale·x))`, `d = 1/iscale`.
-pub fn quantize_q8_k(x: &[f32], out: &mut Vec<Q8KBlock>) {
-    out.clear();
-    for xb in x.chunks_exact(QK_K) {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
+pub fn quantize_q8_k(x: &[f32]) -> Vec<Q8KBlock> {
+    x.chunks_exact(QK_K)
+        .map(|xb| {
+            let (mut amax, mut max) = (0.0f32, 0.0f32);
+            for &v in xb {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
             }
-        }
-        let mut blk = Q8KBlock {
-            d: 0.0,
-            qs: [0; QK_K],
-            sum: 0,
-        };
-        if amax != 0.0 {
-            let iscale = -127.0 / max;
-            for (q, &v) in blk.qs.iter_mut().zip(xb) {
-                *q = nearest_int(iscale * v).min(127) as i8;
+            let mut blk = Q8KBlock {
+                d: 0.0,
+                qs: [0; QK_K],
+                sum: 0,
+            };
+            if amax != 0.0 {
+                let iscale = -127.0 / max;
+                for (q, &v) in blk.qs.iter_mut().zip(xb) {
+                    *q = nearest_int(iscale * v).min(127) as i8;
+                }
+                blk.sum = blk.qs.iter().map(|&q| i32::from(q)).sum();
+                blk.d = 1.0 / iscale;
             }
-            blk.sum = blk.qs.iter().map(|&q| i32::from(q)).sum();
-            blk.d = 1.0 / iscale;
-        }
-        out.push(blk);
-    }
+            blk
+        })
+        .collect()
 }
 
 /// One ggml Q8_0 block of activations: `x ≈ d · q`, `d` stored as f16.
@@ -91,24 +91,23 @@ pub struct Q8_0Block {
 
 /// Quantizes `x` into Q8_0 blocks like ggml's `quantize_row_q8_0_ref`
 /// (`d = amax/127`, `q = roundf(x/d)`, half away from zero).
-pub fn quantize_q8_0(x: &[f32], out: &mut Vec<Q8_0Block>) {
-    out.clear();
-    out.extend(x.chunks_exact(32).map(|xb| {
-        let (d, qs) = q8_0_block(xb);
-        Q8_0Block { d: d.to_f32(), qs }
-    }));
+pub fn quantize_q8_0(x: &[f32]) -> Vec<Q8_0Block> {
+    x.chunks_exact(32)
+        .map(|xb| {
+            let (d, qs) = q8_0_block(xb);
+            Q8_0Block { d: d.to_f32(), qs }
+        })
+        .collect()
 }
 
 /// Rounds every value through f16 (what ggml does to activations multiplied with F16 weights).
-pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {
-    out.clear();
-    out.extend(x.iter().map(|&v| f16::from_f32(v).to_f32()));
+pub fn round_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
 }
 
 /// Rounds every value through bf16 (activations multiplied with BF16 weights).
-pub fn round_bf16(x: &[f32], out: &mut Vec<f32>) {
-    out.clear();
-    out.extend(x.iter().map(|&v| bf16::from_f32(v).to_f32()));
+pub fn round_bf16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
 }
 
 #[cfg(test)]
@@ -118,12 +117,11 @@ mod tests {
     #[test]
     fn i8_rounds_half_to_even_and_scales_by_max() {
         let x = [1.0f32, -0.5, 0.25, 2.5 / 127.0];
-        let mut r = I8Row::default();
-        quantize_i8_row(&x, &mut r);
+        let r = quantize_i8_row(&x);
         assert_eq!(r.scale, 127.0);
         assert_eq!(r.q, vec![127, -64, 32, 2]); // -63.5 -> -64, 31.75 -> 32, 2.5 -> 2
         assert_eq!(r.sum, 127 - 64 + 32 + 2);
-        quantize_i8_row(&[0.0; 4], &mut r);
+        let r = quantize_i8_row(&[0.0; 4]);
         assert_eq!(r.q, vec![0; 4]);
         assert_eq!(r.scale, (127.0f64 / 1e-5) as f32);
     }
@@ -134,15 +132,14 @@ mod tests {
         x[0] = 2.0;
         x[1] = -1.0;
         x[2] = 1.0 / 127.0 * 2.0 * 0.5;
-        let mut out = Vec::new();
-        quantize_q8_k(&x, &mut out);
+        let out = quantize_q8_k(&x);
         let b = &out[0];
         assert!(b.d < 0.0);
         assert_eq!(b.qs[0], -127);
         assert_eq!(b.qs[1], 64); // 63.5 rounds to even
         assert_eq!(b.qs[2], 0); // -0.5 rounds to even (0)
         assert_eq!(b.sum, -127 + 64);
-        quantize_q8_k(&[0.0; 256], &mut out);
+        let out = quantize_q8_k(&[0.0; 256]);
         assert_eq!(out[0].d, 0.0);
     }
 
@@ -161,8 +158,7 @@ mod tests {
         x[0] = 127.0;
         x[1] = 0.5;
         x[2] = -2.5;
-        let mut out = Vec::new();
-        quantize_q8_0(&x, &mut out);
+        let out = quantize_q8_0(&x);
         assert_eq!(&out[0].qs[..3], &[127, 1, -3]);
     }
 }

@@ -2,7 +2,8 @@
 //! not multiples of the vector width.
 
 use hesper_cpu::kernels::{scalar, Isa};
-use hesper_cpu::quant::{quantize_i8_row, quantize_q8_k, I8Row};
+use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, Q8KBlock};
+use hesper_engine::weights::q8_0_block;
 use proptest::prelude::*;
 
 fn simd() -> Isa {
@@ -17,10 +18,42 @@ fn simd() -> Isa {
     isa
 }
 
-fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-        .collect()
+/// A small deterministic generator (proptest picks the seed).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+
+    /// A byte of four random 2-bit codes in 0..=2.
+    fn codes(&mut self) -> u8 {
+        (0..4).fold(0u8, |b, k| b | (((self.next() % 3) as u8) << (2 * k)))
+    }
+
+    /// A float in [lo, lo + span] on a 1/100 grid.
+    fn float(&mut self, lo: f32, span: u32) -> f32 {
+        (self.next() % (span * 100 + 1)) as f32 / 100.0 + lo
+    }
+
+    /// A TQ2_0 row of `blocks` blocks with small f16 scales.
+    fn tq2_0_row(&mut self, blocks: usize) -> Vec<u8> {
+        let mut row = Vec::new();
+        for _ in 0..blocks {
+            row.extend((0..64).map(|_| self.codes()));
+            row.extend(half::f16::from_f32((self.next() % 100) as f32 / 1000.0).to_le_bytes());
+        }
+        row
+    }
+
+    /// Q8_K activations of `cols` values in [-10, 10].
+    fn q8_k(&mut self, cols: usize) -> Vec<Q8KBlock> {
+        quantize_q8_k(&(0..cols).map(|_| self.float(-10.0, 20)).collect::<Vec<_>>())
+    }
 }
 
 fn rel_close(a: f32, b: f32, scale: f32) -> bool {
@@ -33,94 +66,59 @@ proptest! {
     /// I2_S: the integer code sum is bit-identical.
     #[test]
     fn i2s_matches_scalar(groups in 1usize..60, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
         let cols = groups * 128;
-        let mut s = seed;
-        let mut next = move || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
-        let row: Vec<u8> = (0..cols / 4).map(|_| { let mut b = 0u8; for k in 0..4 { b |= ((next() % 3) as u8) << (2 * k); } b }).collect();
-        let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-        let mut q = I8Row::default();
-        quantize_i8_row(&x, &mut q);
+        let row: Vec<u8> = (0..cols / 4).map(|_| g.codes()).collect();
+        let q = quantize_i8_row(&(0..cols).map(|_| g.float(-1.0, 2)).collect::<Vec<_>>());
         prop_assert_eq!(simd().i2s_code_dot(&row, &q.q), scalar::i2s_code_dot(&row, &q.q));
+    }
+
+    /// The four-token I2_S kernel equals four single-token scalar dots (full i8 range).
+    #[test]
+    fn i2s_x4_matches_scalar(groups in 1usize..30, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = groups * 128;
+        let row: Vec<u8> = (0..cols / 4).map(|_| g.codes()).collect();
+        let qs: Vec<Vec<i8>> = (0..4).map(|_| (0..cols).map(|_| g.next() as u8 as i8).collect()).collect();
+        let got = simd().i2s_code_dot_x4(&row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
+        for (k, q) in qs.iter().enumerate() {
+            prop_assert_eq!(got[k], scalar::i2s_code_dot(&row, q));
+        }
     }
 
     /// TQ2_0 × Q8_K: bit-identical (same integer sums, same float order).
     #[test]
     fn tq2_0_matches_scalar(blocks in 1usize..30, seed in any::<u64>()) {
-        let cols = blocks * 256;
-        let mut s = seed;
-        let mut next = move || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
-        let mut row = Vec::new();
-        for _ in 0..blocks {
-            for _ in 0..64 { let mut b = 0u8; for k in 0..4 { b |= ((next() % 3) as u8) << (2 * k); } row.push(b); }
-            row.extend(half::f16::from_f32((next() % 100) as f32 / 1000.0).to_le_bytes());
-        }
-        let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 100.0 - 10.0).collect();
-        let mut act = Vec::new();
-        quantize_q8_k(&x, &mut act);
+        let mut g = Lcg(seed);
+        let row = g.tq2_0_row(blocks);
+        let act = g.q8_k(blocks * 256);
         prop_assert_eq!(simd().tq2_0_dot(&row, &act).to_bits(), scalar::tq2_0_dot(&row, &act).to_bits());
+    }
+
+    /// The four-token TQ2_0 kernel is bit-identical to four scalar dots.
+    #[test]
+    fn tq2_0_x4_matches_scalar(blocks in 1usize..12, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let row = g.tq2_0_row(blocks);
+        let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
+        let got = simd().tq2_0_dot_x4(&row, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+        for (k, a) in acts.iter().enumerate() {
+            prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(&row, a).to_bits());
+        }
     }
 
     /// F32 and F16 rows of any length: equal up to summation order.
     #[test]
     fn float_dots_match_scalar(x in proptest::collection::vec(-4.0f32..4.0, 1..1100), w in proptest::collection::vec(-4.0f32..4.0, 1100)) {
         let w = &w[..x.len()];
-        let f32_row: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let scale: f32 = x.iter().zip(w).map(|(a, b)| (a * b).abs()).sum();
+        let f32_row: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let (a, b) = (simd().f32_dot(&f32_row, &x), scalar::f32_dot(&f32_row, &x));
         prop_assert!(rel_close(a, b, scale), "f32 {a} vs {b}");
-        let f16_row = f16_bytes(w);
+        let f16_row: Vec<u8> = w.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
         let (a, b) = (simd().f16_dot(&f16_row, &x), scalar::f16_dot(&f16_row, &x));
         prop_assert!(rel_close(a, b, scale), "f16 {a} vs {b}");
     }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
-
-    /// The four-token I2_S kernel equals four single-token scalar dots (full i8 range).
-    #[test]
-    fn i2s_x4_matches_scalar(groups in 1usize..30, seed in any::<u64>()) {
-        let cols = groups * 128;
-        let mut s = seed;
-        let mut next = move || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
-        let row: Vec<u8> = (0..cols / 4).map(|_| (0..4).fold(0u8, |b, k| b | (((next() % 3) as u8) << (2 * k)))).collect();
-        let qs: Vec<Vec<i8>> = (0..4).map(|_| (0..cols).map(|_| (next() % 256) as u8 as i8).collect()).collect();
-        let got = simd().i2s_code_dot_x4(&row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
-        for (k, q) in qs.iter().enumerate() {
-            prop_assert_eq!(got[k], scalar::i2s_code_dot(&row, q));
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
-
-    /// The four-token TQ2_0 kernel is bit-identical to four scalar dots.
-    #[test]
-    fn tq2_0_x4_matches_scalar(blocks in 1usize..12, seed in any::<u64>()) {
-        let cols = blocks * 256;
-        let mut s = seed;
-        let mut next = move || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 33) as u32 };
-        let mut row = Vec::new();
-        for _ in 0..blocks {
-            for _ in 0..64 { row.push((0..4).fold(0u8, |b, k| b | (((next() % 3) as u8) << (2 * k)))); }
-            row.extend(half::f16::from_f32((next() % 100) as f32 / 1000.0).to_le_bytes());
-        }
-        let acts: Vec<Vec<hesper_cpu::quant::Q8KBlock>> = (0..4).map(|_| {
-            let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 100.0 - 10.0).collect();
-            let mut a = Vec::new();
-            quantize_q8_k(&x, &mut a);
-            a
-        }).collect();
-        let got = simd().tq2_0_dot_x4(&row, [&acts[0], &acts[1], &acts[2], &acts[3]]);
-        for (k, a) in acts.iter().enumerate() {
-            prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(&row, a).to_bits());
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// Q8_0 × Q8_0: equal up to float summation order.
     #[test]
@@ -128,11 +126,10 @@ proptest! {
         let cols = w.len() / 32 * 32;
         let (w, x) = (&w[..cols], &x[..cols]);
         let row: Vec<u8> = w.chunks_exact(32).flat_map(|b| {
-            let (d, qs) = hesper_engine::weights::q8_0_block(b);
+            let (d, qs) = q8_0_block(b);
             d.to_le_bytes().into_iter().chain(qs.map(|q| q as u8))
         }).collect();
-        let mut act = Vec::new();
-        hesper_cpu::quant::quantize_q8_0(x, &mut act);
+        let act = quantize_q8_0(x);
         let scale: f32 = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
         let (a, b) = (simd().q8_0_dot(&row, &act), scalar::q8_0_dot(&row, &act));
         prop_assert!(rel_close(a, b, scale), "{a} vs {b}");

@@ -50,15 +50,16 @@ fn read_f32(path: &Path) -> Vec<f32> {
         .collect()
 }
 
+fn read_manifest(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 impl Golden {
     /// Reads `golden-values/out/<stem>.json` and its data files.
     pub fn load(stem: &str) -> Self {
         let out = golden_dir().join("out");
-        let path = out.join(format!("{stem}.json"));
-        let text =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let m: Value =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let m = read_manifest(&out.join(format!("{stem}.json")));
         let num = |k: &str| {
             m[k].as_u64()
                 .unwrap_or_else(|| panic!("{stem}: {k} missing")) as usize
@@ -183,11 +184,7 @@ impl Ops {
     /// Reads the op tensors of `stem`.
     pub fn load(stem: &str) -> Self {
         let out = golden_dir().join("out");
-        let path = out.join(format!("{stem}.ops.json"));
-        let text =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let m: Value =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let m = read_manifest(&out.join(format!("{stem}.ops.json")));
         let mut blobs = std::collections::HashMap::new();
         let mut tensors = std::collections::HashMap::new();
         for (name, op) in m["ops"]

@@ -21,25 +21,28 @@ pub fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
 /// One TQ2_0 row · Q8_K activations: per block the exact integer Σ(c−1)·q, then
 /// `acc += sumi · (d_act · d_weight)` in f32.
 pub fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
-    let mut acc = 0.0f32;
-    for (blk, a) in row.chunks_exact(TQ2_0_BLOCK_BYTES).zip(act) {
-        let sumi: i32 = (0..QK_K)
-            .map(|e| (i32::from(tq2_0_code(blk, e)) - 1) * i32::from(a.qs[e]))
-            .sum();
-        let d = a.d * f16::from_le_bytes([blk[64], blk[65]]).to_f32();
-        acc += sumi as f32 * d;
-    }
-    acc
+    ternary_blocks_dot(row, act, TQ2_0_BLOCK_BYTES, tq2_0_code)
 }
 
 /// One TQ1_0 row · Q8_K activations (same accumulation as [`tq2_0_dot`]).
 pub fn tq1_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    ternary_blocks_dot(row, act, TQ1_0_BLOCK_BYTES, tq1_0_code)
+}
+
+/// Shared body of the TQ dots: blocks of `block_bytes` whose last two bytes are the f16
+/// scale, element `e`'s code given by `code(block, e)`.
+fn ternary_blocks_dot(
+    row: &[u8],
+    act: &[Q8KBlock],
+    block_bytes: usize,
+    code: fn(&[u8], usize) -> u8,
+) -> f32 {
     let mut acc = 0.0f32;
-    for (blk, a) in row.chunks_exact(TQ1_0_BLOCK_BYTES).zip(act) {
+    for (blk, a) in row.chunks_exact(block_bytes).zip(act) {
         let sumi: i32 = (0..QK_K)
-            .map(|e| (i32::from(tq1_0_code(blk, e)) - 1) * i32::from(a.qs[e]))
+            .map(|e| (i32::from(code(blk, e)) - 1) * i32::from(a.qs[e]))
             .sum();
-        let d = a.d * f16::from_le_bytes([blk[52], blk[53]]).to_f32();
+        let d = a.d * f16::from_le_bytes([blk[block_bytes - 2], blk[block_bytes - 1]]).to_f32();
         acc += sumi as f32 * d;
     }
     acc
