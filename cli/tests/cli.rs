@@ -117,6 +117,7 @@ fn bad_input_gives_one_clear_line() {
     std::fs::write(&not_gguf, b"this is not a model").expect("write");
     let long_prompt = "word ".repeat(600);
     let no_tokenizer = golden("models/tiny-i2s.gguf");
+    let llama_vocab = golden("tokenizer/ggml-vocab-llama-spm.gguf");
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
             vec!["generate", "-m", "/nonexistent/model.gguf"],

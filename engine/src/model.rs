@@ -191,10 +191,9 @@ impl<B: Backend> Model<B> {
         opts: LoadOptions<'_>,
     ) -> Result<Self, ModelError> {
         let g = file.header();
-        let embd_info = g
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
-        let config = Config::from_gguf(g, Some(embd_info.ne[1] as usize))?;
+        // The architecture is checked before any tensor, so a non-BitNet file says so.
+        let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
+        let config = Config::from_gguf(g, n_vocab)?;
         let all = 0..config.n_layer;
         let layer_range = opts.layers.clone().unwrap_or(all.clone());
         if layer_range.start > layer_range.end || layer_range.end > config.n_layer {
