@@ -140,6 +140,14 @@ fn bad_input_gives_one_clear_line() {
             vec!["logits", "--tokens", "1,x", "--out", "/dev/null"],
             "is not a token id",
         ),
+        (
+            vec!["generate", "-m", &llama_vocab],
+            "unsupported architecture \"llama\"",
+        ),
+        (
+            vec!["bench", "-m", &no_tokenizer, "-r", "0"],
+            "nothing to measure",
+        ),
     ];
     for (args, needle) in cases {
         let o = hesper(&args);

@@ -94,18 +94,16 @@ impl CpuMatrix {
         let data = self.data();
         let threads = rayon::current_num_threads();
         let chunk = (rows / (threads * 8)).clamp(8, 1024);
-        let dot_row = |r: usize, t: usize| -> f32 {
-            let row = &data[r * row_bytes..(r + 1) * row_bytes];
-            let v = dot(isa, self.desc.format, row, &act, t);
-            self.scale.map_or(v, |s| v * s)
-        };
+        let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
+        let row_at = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
+        let format = self.desc.format;
         if n == 1 {
             out[..rows]
                 .par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(ci, o)| {
                     for (j, v) in o.iter_mut().enumerate() {
-                        *v = dot_row(ci * chunk + j, 0);
+                        *v = scaled(dot(isa, format, row_at(ci * chunk + j), &act, 0));
                     }
                 });
             return;
@@ -118,37 +116,20 @@ impl CpuMatrix {
                 let width = r1 - r0;
                 let mut local = vec![0.0; width * n];
                 for r in r0..r1 {
+                    let row = row_at(r);
                     let mut t = 0;
-                    if let (Format::TQ2_0, Activations::Q8K(a)) = (self.desc.format, &act) {
-                        let row = &data[r * row_bytes..(r + 1) * row_bytes];
-                        while t + 4 <= n {
-                            let sums =
-                                isa.tq2_0_dot_x4(row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]);
-                            for (k, v) in sums.into_iter().enumerate() {
-                                local[(t + k) * width + (r - r0)] =
-                                    self.scale.map_or(v, |sc| v * sc);
-                            }
-                            t += 4;
+                    // Four tokens per pass where a kernel unpacks the row once for all four.
+                    while t + 4 <= n {
+                        let Some(values) = dot_x4(isa, format, row, &act, t) else {
+                            break;
+                        };
+                        for (k, v) in values.into_iter().enumerate() {
+                            local[(t + k) * width + (r - r0)] = scaled(v);
                         }
-                    }
-                    if let (Format::I2S { beta }, Activations::I8(a)) = (self.desc.format, &act) {
-                        // Four tokens per pass: the row's codes are unpacked once for all four.
-                        let row = &data[r * row_bytes..(r + 1) * row_bytes];
-                        while t + 4 <= n {
-                            let sums = isa.i2s_code_dot_x4(
-                                row,
-                                [&a[t].q, &a[t + 1].q, &a[t + 2].q, &a[t + 3].q],
-                            );
-                            for (k, s) in sums.into_iter().enumerate() {
-                                let v = i2s_output(s, &a[t + k], beta);
-                                local[(t + k) * width + (r - r0)] =
-                                    self.scale.map_or(v, |sc| v * sc);
-                            }
-                            t += 4;
-                        }
+                        t += 4;
                     }
                     for t in t..n {
-                        local[t * width + (r - r0)] = dot_row(r, t);
+                        local[t * width + (r - r0)] = scaled(dot(isa, format, row, &act, t));
                     }
                 }
                 (r0, local)
@@ -164,6 +145,23 @@ impl CpuMatrix {
     }
 }
 
+/// One row against tokens `t..t+4`, for the layouts with a four-token kernel.
+fn dot_x4(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> Option<[f32; 4]> {
+    match (format, act) {
+        (Format::I2S { beta }, Activations::I8(a)) => {
+            let sums = isa.i2s_code_dot_x4(row, [&a[t].q, &a[t + 1].q, &a[t + 2].q, &a[t + 3].q]);
+            Some(std::array::from_fn(|k| {
+                i2s_output(sums[k], &a[t + k], beta)
+            }))
+        }
+        (Format::TQ2_0, Activations::Q8K(a)) => {
+            Some(isa.tq2_0_dot_x4(row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]))
+        }
+        _ => None,
+    }
+}
+
+/// One row against token `t`.
 fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32 {
     match (format, act) {
         (Format::I2S { beta }, Activations::I8(a)) => {
