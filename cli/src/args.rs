@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use hesper_engine::gguf::Gguf;
 use hesper_engine::model::HeadFormat;
+use hesper_engine::tokenizer::{PreTokenizer, Tokenizer};
 
 /// `--lm-head` values.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,12 +41,29 @@ pub struct ModelArgs {
     /// token, small quality cost measured in BENCHMARKS.md).
     #[arg(long = "lm-head", value_enum, default_value_t = LmHead::Exact)]
     pub lm_head: LmHead,
+    /// Override the tokenizer's pre-tokenizer split: `llama3` (Llama-3, what the 2B4T model was
+    /// trained with), `default` (llama.cpp's fallback when tokenizer.ggml.pre is missing).
+    #[arg(long = "tokenizer-pre", value_name = "NAME")]
+    pub tokenizer_pre: Option<String>,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Option<usize>,
 }
 
 impl ModelArgs {
+    /// The tokenizer of `g`, with the `--tokenizer-pre` override applied.
+    pub fn tokenizer(&self, g: &Gguf) -> anyhow::Result<Option<Tokenizer>> {
+        let pre = match &self.tokenizer_pre {
+            None => None,
+            Some(name) => Some(PreTokenizer::from_name(name).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--tokenizer-pre {name:?}: expected llama3, llama-bpe, default or spm"
+                )
+            })?),
+        };
+        Ok(Tokenizer::from_gguf_with(g, pre)?)
+    }
+
     /// Worker threads to use.
     pub fn threads(&self) -> usize {
         self.threads

@@ -4,7 +4,6 @@ use anyhow::Result;
 use clap::Args;
 use hesper_engine::config::Config;
 use hesper_engine::gguf::{Array, Value};
-use hesper_engine::tokenizer::Tokenizer;
 
 use crate::args::ModelArgs;
 use crate::load::open_file;
@@ -74,7 +73,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         }
         Err(e) => println!("\nmodel:     not runnable by hesper-rs: {e}"),
     }
-    match Tokenizer::from_gguf(g) {
+    match args.model.tokenizer(g) {
         Ok(Some(t)) => println!("tokenizer: {}", t.describe()),
         Ok(None) => println!("tokenizer: none (feed token ids)"),
         Err(e) => println!("tokenizer: unusable: {e}"),

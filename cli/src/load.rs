@@ -49,7 +49,8 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
     if file.len() > PROGRESS_BYTES {
         page_in(&file);
     }
-    let tokenizer = Tokenizer::from_gguf(file.header())
+    let tokenizer = args
+        .tokenizer(file.header())
         .with_context(|| format!("{}: cannot build the tokenizer", file.source))?;
     let backend = CpuBackend::new(args.threads())?;
     let model = Model::load(

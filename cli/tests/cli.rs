@@ -196,3 +196,27 @@ fn chat_answers_each_turn_until_eof() {
     assert_eq!(out.lines().count(), 2, "one answer line per turn: {out:?}");
     assert!(err.contains("prompt eval time"), "{err}");
 }
+
+/// `--tokenizer-pre` switches the split; `info` says which one is in use.
+#[test]
+fn tokenizer_pre_override_is_reported() {
+    let vocab = golden("tokenizer/ggml-vocab-llama-bpe.gguf");
+    let info = |extra: &[&str]| {
+        let mut args = vec!["info", "-m", vocab.as_str()];
+        args.extend_from_slice(extra);
+        let o = hesper(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("tokenizer:"))
+            .collect::<String>()
+    };
+    assert!(info(&[]).contains("Llama-3 split"), "{}", info(&[]));
+    assert!(info(&["--tokenizer-pre", "default"]).contains("'default' split (forced"));
+    let o = hesper(&["generate", "-m", &vocab, "--tokenizer-pre", "bogus"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--tokenizer-pre \"bogus\""),
+        "{}",
+        stderr(&o)
+    );
+}
