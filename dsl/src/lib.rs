@@ -1,0 +1,135 @@
+//! `#[kernel]`: a restricted Rust function → a WGSL compute shader plus its binding table.
+//! See the crate README for the accepted subset.
+
+mod emit;
+mod signature;
+
+use proc_macro::TokenStream;
+use quote::{format_ident, quote};
+use syn::{parse_macro_input, ItemFn, LitInt, LitStr};
+
+/// The largest workgroup WebGPU guarantees (`maxComputeInvocationsPerWorkgroup`).
+const MAX_WORKGROUP: u32 = 256;
+/// The workgroup memory WebGPU guarantees (`maxComputeWorkgroupStorageSize`).
+const MAX_SHARED_BYTES: u32 = 16 * 1024;
+
+/// Turns `fn name(..) { .. }` into `pub mod name { WGSL, ENTRY_POINT, WORKGROUP_SIZE, BINDINGS }`.
+#[proc_macro_attribute]
+pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let func = parse_macro_input!(item as ItemFn);
+    match expand(attr.into(), &func) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
+    let workgroup = parse_workgroup(attr)?;
+    let sig = signature::Signature::parse(func)?;
+    let shared_bytes = sig.shared_bytes();
+    if shared_bytes > MAX_SHARED_BYTES {
+        return Err(syn::Error::new_spanned(
+            &func.sig.inputs,
+            format!(
+                "workgroup memory is {shared_bytes} bytes; WebGPU guarantees {MAX_SHARED_BYTES}"
+            ),
+        ));
+    }
+    let body = emit::Emitter::new(&sig).block(&func.block, 1)?;
+    let wgsl = format!("{}\n@compute @workgroup_size({workgroup})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n{body}}}\n", sig.declarations());
+    let name = &func.sig.ident;
+    let module = format_ident!("{}", name);
+    let wgsl = LitStr::new(&wgsl, name.span());
+    let bindings = sig
+        .bindings()
+        .into_iter()
+        .map(|(binding, param, kind)| quote! { (#binding, #param, #kind) });
+    let vis = &func.vis;
+    let doc =
+        format!("The `{name}` kernel: WGSL source, entry point, workgroup size and bindings.");
+    Ok(quote! {
+        #[doc = #doc]
+        #vis mod #module {
+            /// The WGSL module.
+            pub const WGSL: &str = #wgsl;
+            /// Entry point name.
+            pub const ENTRY_POINT: &str = "main";
+            /// Invocations per workgroup (x; y and z are 1).
+            pub const WORKGROUP_SIZE: u32 = #workgroup;
+            /// `(binding, parameter, kind)` in group 0; kind is `read`, `read_write` or `uniform`.
+            pub const BINDINGS: &[(u32, &str, &str)] = &[#(#bindings),*];
+            /// Bytes of workgroup memory the kernel declares.
+            pub const SHARED_BYTES: u32 = #shared_bytes;
+        }
+    })
+}
+
+fn parse_workgroup(attr: proc_macro2::TokenStream) -> syn::Result<u32> {
+    let mut size = None;
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("workgroup") {
+            let lit: LitInt = meta.value()?.parse()?;
+            let n: u32 = lit.base10_parse()?;
+            if n == 0 || n > MAX_WORKGROUP {
+                return Err(syn::Error::new_spanned(
+                    lit,
+                    format!("workgroup size must be 1..={MAX_WORKGROUP}"),
+                ));
+            }
+            size = Some(n);
+            Ok(())
+        } else {
+            Err(meta.error("expected `workgroup = N`"))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    size.ok_or_else(|| syn::Error::new(proc_macro2::Span::call_site(), "missing `workgroup = N`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_str(attr: &str, item: &str) -> Result<String, String> {
+        let func: ItemFn = syn::parse_str(item).map_err(|e| e.to_string())?;
+        expand(attr.parse().map_err(|_| "attr".to_string())?, &func)
+            .map(|t| t.to_string())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn misuse_is_a_compile_error_naming_the_problem() {
+        let ok = "fn k(x: &[f32], y: &mut [f32]) { let i = gid(); y[i] = x[i]; }";
+        assert!(expand_str("workgroup = 64", ok).is_ok());
+        let cases = [
+            ("workgroup = 512", ok, "workgroup size must be 1..=256"),
+            ("", ok, "missing `workgroup = N`"),
+            ("workgroup = 64", "fn k(x: &[f64]) {}", "f32, u32 or i32"),
+            ("workgroup = 64", "fn k(x: Vec<f32>) {}", "expected `&[T]`"),
+            (
+                "workgroup = 64",
+                "fn k(y: &mut [f32]) -> f32 { 1.0 }",
+                "kernels return nothing",
+            ),
+            (
+                "workgroup = 64",
+                "fn k(y: &mut [f32]) { let f = |a: f32| a; }",
+                "not supported in a kernel",
+            ),
+            (
+                "workgroup = 64",
+                "fn k(y: &mut [f32]) { y[0] = foo(1.0); }",
+                "the call `foo`",
+            ),
+            (
+                "workgroup = 64",
+                "fn k(#[shared] a: &mut [f32; 8192]) {}",
+                "workgroup memory is 32768 bytes",
+            ),
+        ];
+        for (attr, item, needle) in cases {
+            let err = expand_str(attr, item).expect_err(item);
+            assert!(err.contains(needle), "{item}: {err}");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Kernel parameters → WGSL declarations and the binding table.
+
+use syn::{Expr, FnArg, ItemFn, Lit, Pat, Type};
+
+/// A WGSL scalar type a parameter may hold.
+fn scalar(ty: &Type) -> syn::Result<&'static str> {
+    if let Type::Path(p) = ty {
+        if let Some(id) = p.path.get_ident() {
+            match id.to_string().as_str() {
+                "f32" => return Ok("f32"),
+                "u32" => return Ok("u32"),
+                "i32" => return Ok("i32"),
+                _ => {}
+            }
+        }
+    }
+    Err(syn::Error::new_spanned(
+        ty,
+        "kernel data must be f32, u32 or i32",
+    ))
+}
+
+/// What a parameter becomes in WGSL.
+enum Kind {
+    /// `&[T]` / `&mut [T]`: a storage buffer.
+    Storage { elem: &'static str, write: bool },
+    /// `#[uniform] x: T`: a field of the uniform struct.
+    Uniform { ty: &'static str },
+    /// `#[shared] x: &mut [T; N]`: workgroup memory.
+    Shared { elem: &'static str, len: u32 },
+}
+
+struct Param {
+    name: String,
+    kind: Kind,
+}
+
+/// A kernel's parameters, in signature order.
+pub struct Signature {
+    params: Vec<Param>,
+}
+
+impl Signature {
+    /// Reads and checks the parameters of `func`.
+    pub fn parse(func: &ItemFn) -> syn::Result<Self> {
+        let sig = &func.sig;
+        if !sig.generics.params.is_empty() {
+            return Err(syn::Error::new_spanned(
+                &sig.generics,
+                "kernels take no generics",
+            ));
+        }
+        if let syn::ReturnType::Type(_, ty) = &sig.output {
+            return Err(syn::Error::new_spanned(
+                ty,
+                "kernels return nothing; write results to a `&mut [T]`",
+            ));
+        }
+        let mut params = Vec::new();
+        for arg in &sig.inputs {
+            let FnArg::Typed(pt) = arg else {
+                return Err(syn::Error::new_spanned(arg, "kernels are free functions"));
+            };
+            let Pat::Ident(id) = &*pt.pat else {
+                return Err(syn::Error::new_spanned(
+                    &pt.pat,
+                    "parameters must be plain names",
+                ));
+            };
+            let name = id.ident.to_string();
+            let uniform = pt.attrs.iter().any(|a| a.path().is_ident("uniform"));
+            let shared = pt.attrs.iter().any(|a| a.path().is_ident("shared"));
+            let kind = match (&*pt.ty, uniform, shared) {
+                (ty, true, false) => Kind::Uniform { ty: scalar(ty)? },
+                (Type::Reference(r), false, true) => match &*r.elem {
+                    Type::Array(a) if r.mutability.is_some() => Kind::Shared {
+                        elem: scalar(&a.elem)?,
+                        len: array_len(&a.len)?,
+                    },
+                    _ => {
+                        return Err(syn::Error::new_spanned(
+                            &pt.ty,
+                            "#[shared] parameters are `&mut [T; N]`",
+                        ))
+                    }
+                },
+                (Type::Reference(r), false, false) => match &*r.elem {
+                    Type::Slice(s) => Kind::Storage {
+                        elem: scalar(&s.elem)?,
+                        write: r.mutability.is_some(),
+                    },
+                    _ => {
+                        return Err(syn::Error::new_spanned(
+                            &pt.ty,
+                            "buffers are `&[T]` or `&mut [T]`",
+                        ))
+                    }
+                },
+                _ => return Err(syn::Error::new_spanned(
+                    pt,
+                    "expected `&[T]`, `&mut [T]`, `#[uniform] x: T` or `#[shared] x: &mut [T; N]`",
+                )),
+            };
+            params.push(Param { name, kind });
+        }
+        Ok(Self { params })
+    }
+
+    /// Whether `name` is a uniform scalar (read as `params.name`).
+    pub fn is_uniform(&self, name: &str) -> bool {
+        self.params
+            .iter()
+            .any(|p| p.name == name && matches!(p.kind, Kind::Uniform { .. }))
+    }
+
+    /// Whether `name` is a buffer or workgroup array (so `.len()` applies).
+    pub fn is_array(&self, name: &str) -> bool {
+        self.params
+            .iter()
+            .any(|p| p.name == name && !matches!(p.kind, Kind::Uniform { .. }))
+    }
+
+    /// Bytes of workgroup memory.
+    pub fn shared_bytes(&self) -> u32 {
+        self.params
+            .iter()
+            .map(|p| {
+                if let Kind::Shared { len, .. } = p.kind {
+                    len * 4
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// `(binding, name, kind)` for each binding of group 0.
+    pub fn bindings(&self) -> Vec<(u32, String, String)> {
+        let mut out: Vec<(u32, String, String)> = self
+            .params
+            .iter()
+            .filter_map(|p| match p.kind {
+                Kind::Storage { write, .. } => {
+                    Some((p.name.clone(), if write { "read_write" } else { "read" }))
+                }
+                _ => None,
+            })
+            .enumerate()
+            .map(|(i, (name, kind))| (i as u32, name, kind.to_string()))
+            .collect();
+        if self
+            .params
+            .iter()
+            .any(|p| matches!(p.kind, Kind::Uniform { .. }))
+        {
+            out.push((out.len() as u32, "params".into(), "uniform".into()));
+        }
+        out
+    }
+
+    /// The module-scope WGSL declarations.
+    pub fn declarations(&self) -> String {
+        let mut out = String::new();
+        let mut fields = Vec::new();
+        let mut binding = 0;
+        for p in &self.params {
+            match p.kind {
+                Kind::Storage { elem, write } => {
+                    let access = if write { "read_write" } else { "read" };
+                    out += &format!(
+                        "@group(0) @binding({binding}) var<storage, {access}> {}: array<{elem}>;\n",
+                        p.name
+                    );
+                    binding += 1;
+                }
+                Kind::Uniform { ty } => fields.push(format!("    {}: {ty},\n", p.name)),
+                Kind::Shared { elem, len } => {
+                    out += &format!("var<workgroup> {}: array<{elem}, {len}>;\n", p.name)
+                }
+            }
+        }
+        if !fields.is_empty() {
+            out += &format!("struct Params {{\n{}}}\n@group(0) @binding({binding}) var<uniform> params: Params;\n", fields.concat());
+        }
+        out
+    }
+}
+
+fn array_len(e: &Expr) -> syn::Result<u32> {
+    if let Expr::Lit(l) = e {
+        if let Lit::Int(i) = &l.lit {
+            return i.base10_parse();
+        }
+    }
+    Err(syn::Error::new_spanned(
+        e,
+        "workgroup array lengths are integer literals",
+    ))
+}

@@ -1,0 +1,123 @@
+//! Every kernel's WGSL parses and validates in naga 30 — with all capabilities (native) and
+//! with the default set (a browser: no subgroups, no f16) — and naga's reflection of the module
+//! agrees with the binding table the macro generated.
+
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+use naga::{AddressSpace, StorageAccess};
+
+struct Kernel {
+    name: &'static str,
+    wgsl: &'static str,
+    workgroup: u32,
+    bindings: &'static [(u32, &'static str, &'static str)],
+}
+
+macro_rules! kernels {
+    ($($k:ident),*) => {
+        vec![$(Kernel { name: stringify!($k), wgsl: hesper_shaders::$k::WGSL, workgroup: hesper_shaders::$k::WORKGROUP_SIZE, bindings: hesper_shaders::$k::BINDINGS }),*]
+    };
+}
+
+fn all() -> Vec<Kernel> {
+    kernels!(add, silu_mul, relu2_mul, rms_norm, argmax_partial)
+}
+
+fn validate(k: &Kernel, caps: Capabilities) -> naga::Module {
+    let module = naga::front::wgsl::parse_str(k.wgsl)
+        .unwrap_or_else(|e| panic!("{}: {}\n{}", k.name, e.emit_to_string(k.wgsl), k.wgsl));
+    Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {}\n{}", k.name, e.emit_to_string(k.wgsl), k.wgsl));
+    module
+}
+
+#[test]
+fn every_kernel_validates_native_and_web() {
+    for k in all() {
+        validate(&k, Capabilities::all());
+        validate(&k, Capabilities::default());
+    }
+}
+
+#[test]
+fn reflection_matches_the_generated_binding_table() {
+    for k in all() {
+        let module = validate(&k, Capabilities::all());
+        let ep = module
+            .entry_points
+            .iter()
+            .find(|e| e.name == "main")
+            .unwrap_or_else(|| panic!("{}: no main", k.name));
+        assert_eq!(ep.workgroup_size, [k.workgroup, 1, 1], "{}", k.name);
+        let mut found: Vec<(u32, String, &str)> = module
+            .global_variables
+            .iter()
+            .filter_map(|(_, g)| {
+                let b = g.binding.as_ref()?;
+                assert_eq!(b.group, 0, "{}", k.name);
+                let kind = match g.space {
+                    AddressSpace::Storage { access } if access.contains(StorageAccess::STORE) => {
+                        "read_write"
+                    }
+                    AddressSpace::Storage { .. } => "read",
+                    AddressSpace::Uniform => "uniform",
+                    other => panic!("{}: unexpected address space {other:?}", k.name),
+                };
+                Some((b.binding, g.name.clone().unwrap_or_default(), kind))
+            })
+            .collect();
+        found.sort();
+        let expected: Vec<(u32, String, &str)> = k
+            .bindings
+            .iter()
+            .map(|&(b, n, kind)| (b, n.to_string(), kind))
+            .collect();
+        assert_eq!(found, expected, "{}", k.name);
+    }
+}
+
+#[test]
+fn workgroup_memory_is_declared_and_counted() {
+    assert_eq!(hesper_shaders::rms_norm::SHARED_BYTES, 1024);
+    assert_eq!(hesper_shaders::argmax_partial::SHARED_BYTES, 2048);
+    assert!(hesper_shaders::rms_norm::WGSL.contains("var<workgroup> acc: array<f32, 256>;"));
+    assert!(hesper_shaders::rms_norm::WGSL.contains("params.eps"));
+}
+
+#[test]
+fn a_broken_module_is_rejected() {
+    // The checks have teeth: an f16 module fails without SHADER_FLOAT16.
+    let k = Kernel {
+        name: "f16",
+        wgsl: "enable f16;\n@compute @workgroup_size(1) fn main() { let x: f16 = 1.0h; }",
+        workgroup: 1,
+        bindings: &[],
+    };
+    let module = naga::front::wgsl::parse_str(k.wgsl).expect("parses");
+    assert!(
+        Validator::new(ValidationFlags::all(), Capabilities::default())
+            .validate(&module)
+            .is_err()
+    );
+}
+
+#[test]
+fn add_emits_readable_wgsl() {
+    let expected = "@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+struct Params {
+    n: u32,
+}
+@group(0) @binding(3) var<uniform> params: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let i = gid.x;
+    if i < params.n {
+        out[i] = x[i] + y[i];
+    }
+}
+";
+    assert_eq!(hesper_shaders::add::WGSL, expected);
+}
