@@ -1,0 +1,21 @@
+//! hesper-gpu: the WebGPU runtime under the GPU backend.
+//!
+//! * [`Gpu`]: adapter and device, requested with the adapter's real limits (the 2B4T LM head
+//!   alone is above WebGPU's default 128 MiB binding);
+//! * [`PipelineCache`]: compute pipelines keyed by SHA-256 of WGSL text, entry point and layout,
+//!   with hit/miss counters;
+//! * [`Batch`]: many dispatches recorded into one command buffer, one queue submit;
+//! * [`KernelSource`]: what a `#[kernel]` module of `hesper-shaders` provides.
+//!
+//! Its own crate (not inside `hesper-engine`) so the engine core stays free of wgpu for builds
+//! that only need the CPU.
+
+mod batch;
+mod context;
+mod kernel;
+mod pipeline;
+
+pub use batch::Batch;
+pub use context::{Gpu, GpuError};
+pub use kernel::{BindingKind, KernelSource};
+pub use pipeline::{CacheStats, PipelineCache};

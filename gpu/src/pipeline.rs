@@ -1,0 +1,135 @@
+//! Compute pipelines cached by the SHA-256 of everything that defines them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::kernel::{BindingKind, KernelSource};
+use crate::GpuError;
+
+/// A compiled kernel: its pipeline and the layout its bind groups must follow.
+pub struct Pipeline {
+    /// The pipeline.
+    pub pipeline: wgpu::ComputePipeline,
+    /// Group 0's layout.
+    pub layout: wgpu::BindGroupLayout,
+    /// The kernel it was built from.
+    pub source: KernelSource,
+}
+
+/// Hits and misses of a [`PipelineCache`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found a pipeline.
+    pub hits: u64,
+    /// Lookups that compiled one.
+    pub misses: u64,
+}
+
+/// Pipelines keyed by SHA-256(WGSL ‖ entry point ‖ binding layout).
+#[derive(Default)]
+pub struct PipelineCache {
+    pipelines: HashMap<[u8; 32], Arc<Pipeline>>,
+    stats: CacheStats,
+}
+
+/// The cache key of `k`.
+pub fn cache_key(k: &KernelSource) -> Result<[u8; 32], GpuError> {
+    let mut h = Sha256::new();
+    h.update(k.wgsl.as_bytes());
+    h.update([0]);
+    h.update(k.entry_point.as_bytes());
+    h.update([0]);
+    for &(binding, _, kind) in k.bindings {
+        let kind = BindingKind::from_dsl(kind).ok_or_else(|| GpuError::Kernel {
+            kernel: k.name,
+            why: format!("unknown binding kind {kind:?}"),
+        })?;
+        h.update(binding.to_le_bytes());
+        h.update([kind as u8]);
+    }
+    Ok(h.finalize().into())
+}
+
+impl PipelineCache {
+    /// The pipeline of `k`, compiled on first use.
+    pub fn get(
+        &mut self,
+        device: &wgpu::Device,
+        k: &KernelSource,
+    ) -> Result<Arc<Pipeline>, GpuError> {
+        let key = cache_key(k)?;
+        if let Some(p) = self.pipelines.get(&key) {
+            self.stats.hits += 1;
+            return Ok(p.clone());
+        }
+        self.stats.misses += 1;
+        let p = Arc::new(compile(device, k)?);
+        self.pipelines.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Hit and miss counts so far.
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+}
+
+fn compile(device: &wgpu::Device, k: &KernelSource) -> Result<Pipeline, GpuError> {
+    let entries = k
+        .bindings
+        .iter()
+        .map(|&(binding, _, kind)| {
+            let ty = match BindingKind::from_dsl(kind) {
+                Some(BindingKind::Read) => wgpu::BufferBindingType::Storage { read_only: true },
+                Some(BindingKind::ReadWrite) => {
+                    wgpu::BufferBindingType::Storage { read_only: false }
+                }
+                Some(BindingKind::Uniform) => wgpu::BufferBindingType::Uniform,
+                None => {
+                    return Err(GpuError::Kernel {
+                        kernel: k.name,
+                        why: format!("unknown binding kind {kind:?}"),
+                    })
+                }
+            };
+            Ok(wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(k.name),
+        entries: &entries,
+    });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(k.name),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(k.name),
+        source: wgpu::ShaderSource::Wgsl(k.wgsl.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(k.name),
+        layout: Some(&pipeline_layout),
+        module: &module,
+        entry_point: Some(k.entry_point),
+        compilation_options: wgpu::PipelineCompilationOptions::default(),
+        cache: None,
+    });
+    Ok(Pipeline {
+        pipeline,
+        layout,
+        source: *k,
+    })
+}
