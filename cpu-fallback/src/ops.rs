@@ -18,27 +18,21 @@ pub fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) {
     }
 }
 
-/// NeoX RoPE in place: per head, pair `i` with `i + rope_dim/2`; the angle of pair `i` is
-/// `pos · base^(−2i/rope_dim)`, built by repeated f32 multiplication as ggml does.
+/// NeoX RoPE in place: per head, pair `i` with `i + rope_dim/2`, rotated by the angles of
+/// [`RopeShape::angles`].
 pub fn rope(x: &mut [f32], n: usize, pos0: usize, s: &RopeShape) {
     let half = s.rope_dim / 2;
-    let theta_scale = s.base.powf(-2.0 / s.rope_dim as f32);
-    let mut cs = vec![(0.0f32, 0.0f32); half];
-    for (t, row) in x
+    let angles = s.angles(pos0, n);
+    for (row, cs) in x
         .chunks_exact_mut(s.n_head * s.head_dim)
         .take(n)
-        .enumerate()
+        .zip(angles.chunks_exact(2 * half))
     {
-        let mut theta = (pos0 + t) as f32;
-        for c in cs.iter_mut() {
-            *c = (theta.cos(), theta.sin());
-            theta *= theta_scale;
-        }
         for head in row.chunks_exact_mut(s.head_dim) {
-            for (i, &(cos, sin)) in cs.iter().enumerate() {
+            for (i, c) in cs.chunks_exact(2).enumerate() {
                 let (a, b) = (head[i], head[i + half]);
-                head[i] = a * cos - b * sin;
-                head[i + half] = a * sin + b * cos;
+                head[i] = a * c[0] - b * c[1];
+                head[i + half] = a * c[1] + b * c[0];
             }
         }
     }

@@ -64,6 +64,27 @@ pub struct RopeShape {
     pub base: f32,
 }
 
+impl RopeShape {
+    /// `(cos, sin)` of every rotated pair for positions `pos0..pos0+n`, interleaved as
+    /// `[n][rope_dim/2][2]`. Angle of pair `i` at position `p` is `p · base^(−2i/rope_dim)`,
+    /// built by repeated f32 multiplication as ggml does; every backend uses this table so
+    /// they all rotate by the same angles.
+    pub fn angles(&self, pos0: usize, n: usize) -> Vec<f32> {
+        let half = self.rope_dim / 2;
+        let theta_scale = self.base.powf(-2.0 / self.rope_dim as f32);
+        let mut out = Vec::with_capacity(n * half * 2);
+        for p in pos0..pos0 + n {
+            let mut theta = p as f32;
+            for _ in 0..half {
+                out.push(theta.cos());
+                out.push(theta.sin());
+                theta *= theta_scale;
+            }
+        }
+        out
+    }
+}
+
 /// A compute backend.
 pub trait Backend {
     /// f32 activations `[n][width]`.

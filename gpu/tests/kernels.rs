@@ -175,3 +175,34 @@ fn batch_error(g: &mut Gpu, k: &KernelSource, buffers: &[&wgpu::Buffer]) -> Stri
         .expect_err("mismatched buffers")
         .to_string()
 }
+
+#[test]
+fn rope_matches_the_cpu() {
+    use hesper_engine::backend::RopeShape;
+    let mut g = gpu();
+    // 7 tokens from position 5, 3 heads of 64 with 48 rotated dims (a partial rotation).
+    let (n, pos0) = (7usize, 5usize);
+    let shape = RopeShape {
+        n_head: 3,
+        head_dim: 64,
+        rope_dim: 48,
+        base: 500000.0,
+    };
+    let x = data(n * shape.n_head * shape.head_dim, 7);
+    let bx = g.storage("x", &x);
+    let cs = g.storage("cs", &shape.angles(pos0, n));
+    let params = g.uniform("params", &[n as u32, 3, 64, 48].map(u32::to_le_bytes));
+    let pairs = (n * shape.n_head * shape.rope_dim / 2) as u32;
+    run(
+        &mut g,
+        &kernel_source!(hesper_shaders::rope_neox),
+        &[&bx, &cs, &params],
+        pairs.div_ceil(64),
+    );
+    let got: Vec<f32> = g.read(&bx, x.len()).expect("read");
+    let mut want = x.clone();
+    ops::rope(&mut want, n, pos0, &shape);
+    // Same angles and the same two products per output; a GPU may fuse them into one FMA.
+    let d = max_rel_diff(&got, &want);
+    assert!(d <= 1e-6, "rope: max relative difference {d}");
+}

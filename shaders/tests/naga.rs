@@ -19,7 +19,14 @@ macro_rules! kernels {
 }
 
 fn all() -> Vec<Kernel> {
-    kernels!(add, silu_mul, relu2_mul, rms_norm, argmax_partial)
+    kernels!(
+        add,
+        silu_mul,
+        relu2_mul,
+        rms_norm,
+        argmax_partial,
+        rope_neox
+    )
 }
 
 fn validate(k: &Kernel, caps: Capabilities) -> naga::Module {
