@@ -206,3 +206,53 @@ fn rope_matches_the_cpu() {
     let d = max_rel_diff(&got, &want);
     assert!(d <= 1e-6, "rope: max relative difference {d}");
 }
+
+#[test]
+fn bitlinear_i2s_matches_the_cpu() {
+    use hesper_cpu::{kernels::Isa, quant::quantize_i8_row};
+    let mut g = gpu();
+    // 37 rows of 640 weights (5 groups of 128): odd against the workgroup of 256.
+    let (rows, cols, beta) = (37usize, 640usize, 0.0371f32);
+    let mut s = 11u64;
+    let codes: Vec<u8> = (0..rows * cols / 4)
+        .map(|_| {
+            (0..4).fold(0u8, |b, k| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                b | ((((s >> 33) % 3) as u8) << (2 * k))
+            })
+        })
+        .collect();
+    let act = quantize_i8_row(&data(cols, 12));
+    let q: Vec<i32> = act.q.iter().map(|&v| i32::from(v)).collect();
+    let words: Vec<u32> = codes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (bc, bq) = (g.storage("codes", &words), g.storage("q", &q));
+    let out = g.storage_zeroed::<f32>("out", rows);
+    let params = g.uniform(
+        "params",
+        &[
+            (cols as u32).to_le_bytes(),
+            beta.to_le_bytes(),
+            act.scale.to_le_bytes(),
+            act.sum.to_le_bytes(),
+        ],
+    );
+    run(
+        &mut g,
+        &kernel_source!(hesper_shaders::bitlinear_i2s),
+        &[&bc, &bq, &out, &params],
+        rows as u32,
+    );
+    let got: Vec<f32> = g.read(&out, rows).expect("read");
+    let want: Vec<f32> = codes
+        .chunks_exact(cols / 4)
+        .map(|row| (Isa::Scalar.i2s_code_dot(row, &act.q) - act.sum) as f32 / act.scale * beta)
+        .collect();
+    // The integer sums are exact; only the f32 division may differ (WGSL allows 2.5 ulp).
+    let d = max_rel_diff(&got, &want);
+    assert!(d <= 1e-6, "bitlinear_i2s: max relative difference {d}");
+}

@@ -138,3 +138,49 @@ pub fn rope_neox(
         x[base + i + half] = a * s + b * c;
     }
 }
+
+/// BitLinear for I2_S weights (bitnet.cpp's layout: 128-element groups of 32 bytes, 2-bit
+/// codes MSB-first, read here as little-endian u32 words) times one token's int8 activations
+/// (held as i32): one workgroup per output row, exact integer sums, then bitnet.cpp's
+/// epilogue `(Σ code·q − Σq) / act_scale · beta`.
+#[kernel(workgroup = 256)]
+pub fn bitlinear_i2s(
+    codes: &[u32],
+    q: &[i32],
+    out: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] beta: f32,
+    #[uniform] act_scale: f32,
+    #[uniform] act_sum: i32,
+    #[shared] acc: &mut [i32; 256],
+) {
+    let row = wid();
+    let t = lid();
+    let words = cols / 16u32;
+    let mut sum: i32 = 0;
+    for w in (t..words).step_by(256) {
+        let packed = codes[row * words + w];
+        for b in 0..4u32 {
+            let at = w * 4u32 + b;
+            let k = (at / 32u32) * 128u32 + at % 32u32;
+            let bits = (packed >> (8u32 * b)) & 255u32;
+            sum += ((bits >> 6u32) as i32) * q[k];
+            sum += (((bits >> 4u32) & 3u32) as i32) * q[k + 32u32];
+            sum += (((bits >> 2u32) & 3u32) as i32) * q[k + 64u32];
+            sum += ((bits & 3u32) as i32) * q[k + 96u32];
+        }
+    }
+    acc[t] = sum;
+    barrier();
+    let mut stride: u32 = 128;
+    while stride > 0 {
+        if t < stride {
+            acc[t] += acc[t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if t == 0 {
+        out[row] = ((acc[0] - act_sum) as f32) / act_scale * beta;
+    }
+}
