@@ -3,7 +3,7 @@
 use syn::spanned::Spanned;
 use syn::{BinOp, Block, Expr, Lit, Local, Pat, Stmt, Type, UnOp};
 
-use crate::signature::Signature;
+use crate::signature::{wgsl_type, Signature};
 
 /// Prints statements and expressions of a kernel body as WGSL.
 pub struct Emitter<'a> {
@@ -70,18 +70,7 @@ impl<'a> Emitter<'a> {
     }
 
     fn ty(&self, t: &Type) -> syn::Result<&'static str> {
-        if let Type::Path(p) = t {
-            if let Some(id) = p.path.get_ident() {
-                match id.to_string().as_str() {
-                    "f32" => return Ok("f32"),
-                    "u32" => return Ok("u32"),
-                    "i32" => return Ok("i32"),
-                    "bool" => return Ok("bool"),
-                    _ => {}
-                }
-            }
-        }
-        Err(unsupported(t, "types other than f32, u32, i32 and bool"))
+        wgsl_type(t).ok_or_else(|| unsupported(t, "types other than f32, u32, i32 and bool"))
     }
 
     fn control(&self, e: &Expr, depth: usize) -> syn::Result<String> {

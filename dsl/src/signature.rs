@@ -2,22 +2,27 @@
 
 use syn::{Expr, FnArg, ItemFn, Lit, Pat, Type};
 
-/// A WGSL scalar type a parameter may hold.
-fn scalar(ty: &Type) -> syn::Result<&'static str> {
-    if let Type::Path(p) = ty {
-        if let Some(id) = p.path.get_ident() {
-            match id.to_string().as_str() {
-                "f32" => return Ok("f32"),
-                "u32" => return Ok("u32"),
-                "i32" => return Ok("i32"),
-                _ => {}
-            }
-        }
+/// The WGSL name of a Rust scalar type the DSL knows (`f32`, `u32`, `i32`, `bool`).
+pub fn wgsl_type(ty: &Type) -> Option<&'static str> {
+    let Type::Path(p) = ty else { return None };
+    match p.path.get_ident()?.to_string().as_str() {
+        "f32" => Some("f32"),
+        "u32" => Some("u32"),
+        "i32" => Some("i32"),
+        "bool" => Some("bool"),
+        _ => None,
     }
-    Err(syn::Error::new_spanned(
-        ty,
-        "kernel data must be f32, u32 or i32",
-    ))
+}
+
+/// A WGSL scalar type a parameter may hold (no `bool`: it has no host layout).
+fn scalar(ty: &Type) -> syn::Result<&'static str> {
+    match wgsl_type(ty) {
+        Some(t) if t != "bool" => Ok(t),
+        _ => Err(syn::Error::new_spanned(
+            ty,
+            "kernel data must be f32, u32 or i32",
+        )),
+    }
 }
 
 /// What a parameter becomes in WGSL.
