@@ -26,6 +26,17 @@ impl From<LmHead> for HeadFormat {
     }
 }
 
+/// `--backend` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// A hardware GPU through WebGPU when there is one, otherwise the CPU.
+    Auto,
+    /// The CPU backend.
+    Cpu,
+    /// The WebGPU backend on whatever adapter exists (also a software one such as lavapipe).
+    Gpu,
+}
+
 /// Which model to load and how to run it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -45,6 +56,11 @@ pub struct ModelArgs {
     /// trained with), `default` (llama.cpp's fallback when tokenizer.ggml.pre is missing).
     #[arg(long = "tokenizer-pre", value_name = "NAME")]
     pub tokenizer_pre: Option<String>,
+    /// Where to run: `auto` (a hardware GPU if there is one, else the CPU; says which on
+    /// stderr), `cpu`, or `gpu` (WebGPU on any adapter: Vulkan, Metal, DX12; `WGPU_BACKEND`
+    /// restricts the choice).
+    #[arg(long = "backend", value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Option<usize>,

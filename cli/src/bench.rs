@@ -5,10 +5,11 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
-use hesper_engine::model::Logits;
+use hesper_engine::model::{Logits, Model};
+use hesper_gpu_backend::GpuStats;
 
 use crate::args::{LmHead, ModelArgs};
-use crate::load::load;
+use crate::load::{load, AnyModel};
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
@@ -58,7 +59,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("nothing to measure: give -r >= 1 and -p or -n above 0");
     }
     let loaded = load(&args.model, None)?;
-    let model = &loaded.model;
+    match &loaded.model {
+        AnyModel::Cpu(model) => bench_on(&args, model, || None),
+        AnyModel::Gpu(model) => bench_on(&args, model, || Some(model.backend.stats())),
+    }
+}
+
+/// Runs the tests on a model on any backend; `gpu_stats` reads the GPU counters (submits,
+/// dispatches, pipeline cache) when there are any.
+fn bench_on<B: Backend>(
+    args: &BenchArgs,
+    model: &Model<B>,
+    gpu_stats: impl Fn() -> Option<GpuStats>,
+) -> Result<()> {
     let c = &model.config;
     let n_ctx = args.n_prompt.max(args.n_gen).max(1);
     if n_ctx > c.n_ctx_train {
@@ -74,6 +87,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect()
     };
     let mut rows = Vec::new();
+    let mut gpu_line = None;
     if args.n_prompt > 0 {
         let tokens = ids(args.n_prompt);
         let mut row = Row {
@@ -97,12 +111,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
         };
         for _ in 0..args.repetitions {
             let mut s = model.new_session(n_ctx, 1)?;
+            let before = gpu_stats();
             let t0 = Instant::now();
             for &t in &tokens {
                 model.eval(&mut s, &[t], Logits::Last)?;
             }
             row.tokens_per_s
                 .push(tokens.len() as f64 / t0.elapsed().as_secs_f64());
+            if let (Some(a), Some(b)) = (before, gpu_stats()) {
+                let n = tokens.len() as f64;
+                gpu_line = Some(format!(
+                    "gpu per generated token: {:.1} dispatches, {:.2} queue submits; pipeline cache during tg: {} hits, {} misses",
+                    (b.dispatches - a.dispatches) as f64 / n,
+                    (b.submits - a.submits) as f64 / n,
+                    b.cache.hits - a.cache.hits,
+                    b.cache.misses - a.cache.misses
+                ));
+            }
         }
         rows.push(row);
     }
@@ -123,7 +148,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let (mean, sd) = r.mean_sd();
                 serde_json::json!({
                     "model": model.file.source, "lm_head": format!("{:?}", args.model.lm_head), "size_bytes": model.file.len(), "params_b": params,
-                    "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test,
+                    "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test, "gpu": gpu_line,
                     "avg_ts": mean, "stddev_ts": sd, "samples_ts": r.tokens_per_s,
                     "bytes_per_token": weight_bytes, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
                 })
@@ -155,5 +180,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "\nbytes read per generated token (weights incl. LM head): {:.1} MB",
         weight_bytes as f64 / 1e6
     );
+    if let Some(line) = gpu_line {
+        println!("{line}");
+    }
     Ok(())
 }

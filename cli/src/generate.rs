@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hesper_cpu::CpuBackend;
 use hesper_engine::backend::Backend;
 use hesper_engine::chat::{format_prompt, format_turn, Role};
 use hesper_engine::model::{Logits, Model, Session};
@@ -13,7 +12,7 @@ use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::{TextStream, Tokenizer};
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::load;
+use crate::load::{load, with_model};
 
 /// Flags of `generate`.
 #[derive(Args, Debug)]
@@ -94,10 +93,24 @@ struct Stats {
 /// Runs `generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
     let loaded = load(&args.model, None)?;
-    let model = &loaded.model;
     let Some(tok) = loaded.tokenizer.as_ref() else {
-        bail!("{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); use `hesper-rs logits --tokens`", model.file.source);
+        bail!("{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); use `hesper-rs logits --tokens`", loaded.model.file().source);
     };
+    with_model!(&loaded.model, |model| generate_on(
+        &args,
+        model,
+        tok,
+        loaded.load_ms
+    ))
+}
+
+/// `generate` on a model loaded on any backend.
+fn generate_on<B: Backend>(
+    args: &GenerateArgs,
+    model: &Model<B>,
+    tok: &Tokenizer,
+    load_ms: f64,
+) -> Result<()> {
     let n_ctx = args.ctx.ctx_size.unwrap_or(model.config.n_ctx_train).max(1);
     let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
     let mut sampler = args.sampler()?;
@@ -111,7 +124,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut stats = Stats::default();
     if args.chat {
         banner();
-        chat(&args, model, tok, &mut session, &mut sampler, &mut stats)?;
+        chat(args, model, tok, &mut session, &mut sampler, &mut stats)?;
     } else {
         let prompt = tok.encode(&args.prompt, tok.add_bos(), true)?;
         if prompt.len() > n_ctx {
@@ -133,16 +146,24 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         )?;
         println!();
     }
-    print_stats(loaded.load_ms, &stats);
+    print_stats(load_ms, &stats);
     Ok(())
+}
+
+/// What one evaluation hands the sampler.
+enum Next {
+    /// The greedy choice, found by the backend.
+    Token(u32),
+    /// The last position's logits.
+    Logits(Vec<f32>),
 }
 
 /// Evaluates `input`, then samples and streams tokens until end of generation, `n_predict`
 /// tokens, or a full context. Returns the token that ended generation, if any.
-fn complete(
-    model: &Model<CpuBackend>,
+fn complete<B: Backend>(
+    model: &Model<B>,
     tok: &Tokenizer,
-    session: &mut Session<CpuBackend>,
+    session: &mut Session<B>,
     sampler: &mut Sampler,
     input: &[u32],
     n_predict: i64,
@@ -151,8 +172,18 @@ fn complete(
     for &t in input {
         sampler.accept(t);
     }
+    // Greedy decoding needs only the argmax, which the backend finds without handing back
+    // the logits (on a GPU: a 4-byte read-back instead of the whole vocabulary).
+    let greedy = sampler.is_greedy();
+    let step = |session: &mut Session<B>, input: &[u32]| -> Result<Next> {
+        Ok(if greedy {
+            Next::Token(model.eval_greedy(session, input)?)
+        } else {
+            Next::Logits(model.eval(session, input, Logits::Last)?)
+        })
+    };
     let t0 = Instant::now();
-    let mut logits = model.eval(session, input, Logits::Last)?;
+    let mut next_of = step(session, input)?;
     stats.prompt_ms += t0.elapsed().as_secs_f64() * 1e3;
     stats.prompt_tokens += input.len();
     let mut stream = TextStream::new(tok);
@@ -161,7 +192,10 @@ fn complete(
     let t0 = Instant::now();
     let mut end = None;
     while n_predict < 0 || produced < n_predict {
-        let next = sampler.sample(&logits);
+        let next = match &next_of {
+            Next::Token(t) => *t,
+            Next::Logits(logits) => sampler.sample(logits),
+        };
         if tok.is_end_of_generation(next) {
             end = Some(next);
             break;
@@ -174,7 +208,7 @@ fn complete(
             eprintln!("\nhesper: context full ({} tokens)", session.n_ctx());
             break;
         }
-        logits = model.eval(session, &[next], Logits::Last)?;
+        next_of = step(session, &[next])?;
     }
     write!(out, "{}", stream.finish())?;
     stats.gen_ms += t0.elapsed().as_secs_f64() * 1e3;
@@ -182,11 +216,11 @@ fn complete(
     Ok(end)
 }
 
-fn chat(
+fn chat<B: Backend>(
     args: &GenerateArgs,
-    model: &Model<CpuBackend>,
+    model: &Model<B>,
     tok: &Tokenizer,
-    session: &mut Session<CpuBackend>,
+    session: &mut Session<B>,
     sampler: &mut Sampler,
     stats: &mut Stats,
 ) -> Result<()> {

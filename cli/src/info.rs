@@ -5,8 +5,8 @@ use clap::Args;
 use hesper_engine::config::Config;
 use hesper_engine::gguf::{Array, Value};
 
-use crate::args::ModelArgs;
-use crate::load::open_file;
+use crate::args::{BackendChoice, ModelArgs};
+use crate::load::{gpu_backend, open_file};
 
 /// Flags of `info`.
 #[derive(Args, Debug)]
@@ -77,6 +77,13 @@ pub fn run(args: InfoArgs) -> Result<()> {
         Ok(Some(t)) => println!("tokenizer: {}", t.describe()),
         Ok(None) => println!("tokenizer: none (feed token ids)"),
         Err(e) => println!("tokenizer: unusable: {e}"),
+    }
+    match args.model.backend {
+        BackendChoice::Cpu => {}
+        choice => match gpu_backend(choice)? {
+            Some(gpu) => println!("\n{}", gpu.describe()),
+            None => println!("\nbackend:   cpu (no hardware GPU adapter; --backend gpu uses any)"),
+        },
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use hesper_engine::model::Logits;
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::load;
+use crate::load::{load, with_model};
 
 /// Flags of `logits`.
 #[derive(Args, Debug)]
@@ -35,7 +35,6 @@ pub struct LogitsArgs {
 /// Runs `logits`.
 pub fn run(args: LogitsArgs) -> Result<()> {
     let loaded = load(&args.model, None)?;
-    let model = &loaded.model;
     let tokens: Vec<u32> = match (&args.tokens, &args.prompt) {
         (Some(list), _) => parse_ids(list)?,
         (None, Some(text)) => {
@@ -46,13 +45,18 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         }
         (None, None) => bail!("pass --tokens or --prompt"),
     };
-    let n_ctx = args
-        .ctx
-        .ctx_size
-        .unwrap_or(model.config.n_ctx_train)
-        .max(tokens.len());
-    let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
-    let logits = model.eval(&mut session, &tokens, Logits::All)?;
+    let (logits, n_vocab) = with_model!(&loaded.model, |model| {
+        let n_ctx = args
+            .ctx
+            .ctx_size
+            .unwrap_or(model.config.n_ctx_train)
+            .max(tokens.len());
+        let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
+        (
+            model.eval(&mut session, &tokens, Logits::All)?,
+            model.config.n_vocab,
+        )
+    });
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut f = std::fs::File::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -61,7 +65,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     eprintln!(
         "hesper: wrote {} × {} logits (float32 LE) to {}",
         tokens.len(),
-        model.config.n_vocab,
+        n_vocab,
         args.out.display()
     );
     Ok(())

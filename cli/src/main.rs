@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Run ternary BitNet b1.58 GGUF models on the CPU (WebGPU backend coming).
+/// Run ternary BitNet b1.58 GGUF models on WebGPU (any Vulkan/Metal/DX12 adapter) or the CPU.
 #[derive(Parser)]
 #[command(name = "hesper-rs", version, about, long_about = None, propagate_version = true)]
 struct Cli {

@@ -179,7 +179,8 @@ impl<'a> Emitter<'a> {
             .collect::<syn::Result<Vec<_>>>()?;
         let name = m.method.to_string();
         Ok(match (name.as_str(), args.as_slice()) {
-            ("sqrt" | "exp" | "abs" | "floor", []) => format!("{name}({recv})"),
+            ("sqrt" | "exp" | "abs" | "floor" | "round" | "trunc", []) => format!("{name}({recv})"),
+            ("clamp", [lo, hi]) => format!("clamp({recv}, {lo}, {hi})"),
             ("max" | "min", [other]) => format!("{name}({recv}, {other})"),
             ("len", []) if self.sig.is_array(&recv) => format!("arrayLength(&{recv})"),
             _ => {
@@ -207,12 +208,17 @@ impl<'a> Emitter<'a> {
             ("gid", []) => "gid.x".into(),
             ("lid", []) => "lid.x".into(),
             ("wid", []) => "wid.x".into(),
+            ("wid_y", []) => "wid.y".into(),
+            ("f32_from_bits", [w]) => format!("bitcast<f32>({w})"),
+            ("unpack_f16_lo", [w]) => format!("unpack2x16float({w}).x"),
+            ("unpack_f16_hi", [w]) => format!("unpack2x16float({w}).y"),
+            ("round_to_f16", [x]) => format!("quantizeToF16({x})"),
             ("barrier", []) => "workgroupBarrier()".into(),
             ("select", [f, t, cond]) => format!("select({f}, {t}, {cond})"),
             (name, _) => {
                 return Err(unsupported(
                     c,
-                    &format!("the call `{name}` (intrinsics: gid, lid, wid, barrier, select)"),
+                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, unpack_f16_lo, unpack_f16_hi, round_to_f16)"),
                 ))
             }
         })

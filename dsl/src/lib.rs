@@ -6,6 +6,7 @@ mod signature;
 
 use proc_macro::TokenStream;
 use quote::{format_ident, quote};
+use signature::ArgKind;
 use syn::{parse_macro_input, ItemFn, LitInt, LitStr};
 
 /// The largest workgroup WebGPU guarantees (`maxComputeInvocationsPerWorkgroup`).
@@ -44,6 +45,31 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
         .bindings()
         .into_iter()
         .map(|(binding, param, kind)| quote! { (#binding, #param, #kind) });
+    let args = sig.launch_args();
+    let fields = args.iter().map(|(name, ty, kind)| {
+        let name = format_ident!("{}", name);
+        let ty = format_ident!("{}", ty);
+        match kind {
+            ArgKind::Input => quote! { pub #name: &'a ::hesper_gpu::GpuBuffer<#ty> },
+            ArgKind::Output => quote! { pub #name: &'a mut ::hesper_gpu::GpuBuffer<#ty> },
+            ArgKind::Uniform => quote! { pub #name: #ty },
+        }
+    });
+    let buffers = args
+        .iter()
+        .filter(|a| a.2 != ArgKind::Uniform)
+        .map(|(name, ..)| {
+            let name = format_ident!("{}", name);
+            quote! { self.#name.raw() }
+        });
+    let uniforms = args
+        .iter()
+        .filter(|a| a.2 == ArgKind::Uniform)
+        .map(|(name, ..)| {
+            let name = format_ident!("{}", name);
+            quote! { self.#name.to_le_bytes() }
+        });
+    let name_str = name.to_string();
     let vis = &func.vis;
     let doc =
         format!("The `{name}` kernel: WGSL source, entry point, workgroup size and bindings.");
@@ -60,6 +86,28 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             pub const BINDINGS: &[(u32, &str, &str)] = &[#(#bindings),*];
             /// Bytes of workgroup memory the kernel declares.
             pub const SHARED_BYTES: u32 = #shared_bytes;
+
+            /// The arguments of one launch: inputs `&GpuBuffer<T>`, outputs
+            /// `&mut GpuBuffer<T>` (so one buffer cannot be both), uniforms by value.
+            pub struct Args<'a> {
+                #(#fields,)*
+            }
+
+            impl ::hesper_gpu::KernelArgs for Args<'_> {
+                const SOURCE: ::hesper_gpu::KernelSource = ::hesper_gpu::KernelSource {
+                    name: #name_str,
+                    wgsl: WGSL,
+                    entry_point: ENTRY_POINT,
+                    workgroup_size: WORKGROUP_SIZE,
+                    bindings: BINDINGS,
+                };
+                fn buffers(&self) -> ::std::vec::Vec<&::hesper_gpu::wgpu::Buffer> {
+                    ::std::vec![#(#buffers),*]
+                }
+                fn params(&self) -> ::std::vec::Vec<[u8; 4]> {
+                    ::std::vec![#(#uniforms),*]
+                }
+            }
         }
     })
 }
@@ -105,6 +153,11 @@ mod tests {
             ("workgroup = 512", ok, "workgroup size must be 1..=256"),
             ("", ok, "missing `workgroup = N`"),
             ("workgroup = 64", "fn k(x: &[f64]) {}", "f32, u32 or i32"),
+            (
+                "workgroup = 64",
+                "fn k(x: &[f32]) {}",
+                "at least one output buffer",
+            ),
             ("workgroup = 64", "fn k(x: Vec<f32>) {}", "expected `&[T]`"),
             (
                 "workgroup = 64",
@@ -123,7 +176,7 @@ mod tests {
             ),
             (
                 "workgroup = 64",
-                "fn k(#[shared] a: &mut [f32; 8192]) {}",
+                "fn k(y: &mut [f32], #[shared] a: &mut [f32; 8192]) {}",
                 "workgroup memory is 32768 bytes",
             ),
         ];

@@ -35,6 +35,17 @@ enum Kind {
     Shared { elem: &'static str, len: u32 },
 }
 
+/// How a launch argument is passed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    /// `&GpuBuffer<T>`.
+    Input,
+    /// `&mut GpuBuffer<T>`.
+    Output,
+    /// A uniform scalar by value.
+    Uniform,
+}
+
 struct Param {
     name: String,
     kind: Kind,
@@ -108,6 +119,15 @@ impl Signature {
             };
             params.push(Param { name, kind });
         }
+        if !params
+            .iter()
+            .any(|p| matches!(p.kind, Kind::Storage { write: true, .. }))
+        {
+            return Err(syn::Error::new_spanned(
+                &sig.inputs,
+                "a kernel needs at least one output buffer (`&mut [T]`)",
+            ));
+        }
         Ok(Self { params })
     }
 
@@ -123,6 +143,27 @@ impl Signature {
         self.params
             .iter()
             .any(|p| p.name == name && !matches!(p.kind, Kind::Uniform { .. }))
+    }
+
+    /// The launch arguments: `(name, element or scalar type, kind)` for buffers and uniforms
+    /// in signature order (workgroup arrays are not arguments).
+    pub fn launch_args(&self) -> Vec<(String, &'static str, ArgKind)> {
+        self.params
+            .iter()
+            .filter_map(|p| match p.kind {
+                Kind::Storage { elem, write } => Some((
+                    p.name.clone(),
+                    elem,
+                    if write {
+                        ArgKind::Output
+                    } else {
+                        ArgKind::Input
+                    },
+                )),
+                Kind::Uniform { ty } => Some((p.name.clone(), ty, ArgKind::Uniform)),
+                Kind::Shared { .. } => None,
+            })
+            .collect()
     }
 
     /// Bytes of workgroup memory.

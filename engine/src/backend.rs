@@ -129,6 +129,14 @@ pub trait Backend {
     fn write(&self, dst: &mut Self::Buffer, data: &[f32]) -> Result<(), BackendError>;
     /// Copies the front of `src` to the host.
     fn read(&self, src: &Self::Buffer, out: &mut [f32]) -> Result<(), BackendError>;
+    /// The index of the largest of the first `len` values of `x` (the first on ties).
+    /// Backends that can find it without reading `x` back (a GPU reads back 4 bytes)
+    /// override this.
+    fn argmax(&self, x: &Self::Buffer, len: usize) -> Result<u32, BackendError> {
+        let mut v = vec![0.0; len];
+        self.read(x, &mut v)?;
+        Ok(crate::sampler::argmax(v))
+    }
     /// `out[i] = table[tokens[i]]` as f32 (ids are checked by the caller).
     fn embed(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Buffer);
     /// RMSNorm of each of `n` rows of `w.len()` values, times the gains `w`.

@@ -363,6 +363,37 @@ impl<B: Backend> Model<B> {
         Ok(out)
     }
 
+    /// Evaluates `tokens` like [`Model::eval`] and returns only the most likely next token
+    /// (greedy decoding): the backend finds the argmax without handing back the logits.
+    pub fn eval_greedy(&self, s: &mut Session<B>, tokens: &[u32]) -> Result<u32, ModelError> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        self.check_tokens(tokens)?;
+        self.check_context(s, tokens.len())?;
+        let (Some(embedding), Some(_)) = (&self.embedding, &self.output_norm) else {
+            return Err(self.range_error(0..c.n_layer));
+        };
+        if self.layer_range != (0..c.n_layer) {
+            return Err(self.range_error(0..c.n_layer));
+        }
+        let chunks = tokens.chunks(s.batch);
+        let n_chunks = chunks.len();
+        let mut best = 0;
+        for (i, chunk) in chunks.enumerate() {
+            let n = chunk.len();
+            self.backend.embed(embedding, chunk, &mut s.s.x);
+            self.run_layers(s, n);
+            if i + 1 == n_chunks {
+                self.record_head(s, 1, n - 1)?;
+                best = self.backend.argmax(&s.s.logits, c.n_vocab)?;
+            }
+            s.pos += n;
+        }
+        Ok(best)
+    }
+
     /// Runs this instance's layers on `hidden` (`[n_tokens][n_embd]`, the residual stream
     /// entering its first layer) at the session's next positions, and returns the residual
     /// stream leaving its last layer. This is what a ring node computes.
@@ -461,6 +492,14 @@ impl<B: Backend> Model<B> {
 
     /// Norm + LM head on `n` rows of the residual stream starting at row `row0`.
     fn head(&self, s: &mut Session<B>, n: usize, row0: usize) -> Result<Vec<f32>, ModelError> {
+        self.record_head(s, n, row0)?;
+        let mut out = vec![0.0; n * self.config.n_vocab];
+        self.backend.read(&s.s.logits, &mut out)?;
+        Ok(out)
+    }
+
+    /// Computes the logits of `n` rows from row `row0` into the session's logits buffer.
+    fn record_head(&self, s: &mut Session<B>, n: usize, row0: usize) -> Result<(), ModelError> {
         let c = &self.config;
         let b = &self.backend;
         let (Some(norm), Some(head)) = (
@@ -473,9 +512,7 @@ impl<B: Backend> Model<B> {
         b.copy_rows(&sc.x, row0, n, c.n_embd, &mut sc.att);
         b.rms_norm(&sc.att, norm, n, c.eps, &mut sc.h);
         b.matmul(head, &sc.h, n, &mut sc.logits);
-        let mut out = vec![0.0; n * c.n_vocab];
-        b.read(&sc.logits, &mut out)?;
-        Ok(out)
+        Ok(())
     }
 
     fn run_layers(&self, s: &mut Session<B>, n: usize) {

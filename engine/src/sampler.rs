@@ -52,6 +52,12 @@ impl Sampler {
         }
     }
 
+    /// Whether this sampler always picks the most likely token (temperature ≤ 0, no repeat
+    /// penalty): then only the argmax of the logits is needed.
+    pub fn is_greedy(&self) -> bool {
+        self.config.temperature <= 0.0 && self.config.repeat_penalty == 1.0
+    }
+
     /// Records a token (prompt or generated) for the repeat penalty.
     pub fn accept(&mut self, token: u32) {
         self.recent.push(token);

@@ -1,11 +1,12 @@
 //! Adapter, device and buffer helpers.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 use wgpu::util::DeviceExt;
 
 use crate::batch::Batch;
+use crate::buffer::GpuBuffer;
 use crate::kernel::KernelSource;
 use crate::pipeline::{CacheStats, Pipeline, PipelineCache};
 
@@ -26,6 +27,24 @@ pub enum GpuError {
         /// What is wrong.
         why: String,
     },
+    /// A buffer larger than the device allows.
+    #[error(
+        "cannot allocate {bytes} bytes for {what} on the GPU: the device allows {limit} per buffer"
+    )]
+    TooLarge {
+        /// What was being allocated.
+        what: String,
+        /// Requested size.
+        bytes: u64,
+        /// The device's limit.
+        limit: u64,
+    },
+    /// A copy outside a buffer.
+    #[error("buffer copy out of range: {0}")]
+    Copy(String),
+    /// The device reported an error (validation, out of memory, device lost).
+    #[error("the GPU reported: {0}")]
+    Reported(String),
     /// Reading a buffer back failed.
     #[error("cannot read GPU buffer back: {0}")]
     Readback(String),
@@ -41,8 +60,11 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// The limits the device was opened with (the adapter's own).
     pub limits: wgpu::Limits,
+    /// The adapter's optional features (e.g. `SHADER_F16`, `SUBGROUP`, `TIMESTAMP_QUERY`).
+    pub features: wgpu::Features,
     cache: PipelineCache,
     submits: u64,
+    errors: Arc<Mutex<Option<String>>>,
 }
 
 impl Gpu {
@@ -65,13 +87,28 @@ impl Gpu {
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device(e.to_string()))?;
+        // Errors become values: the first one is kept and returned by the next submit or
+        // read instead of wgpu's default panic.
+        let errors = Arc::new(Mutex::new(None::<String>));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| e.to_string());
+        }));
+        let lost = errors.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            let mut slot = lost.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| format!("device lost ({reason:?}): {msg}"));
+        });
         Ok(Self {
             device,
             queue,
             info: adapter.get_info(),
+            features: adapter.features(),
             limits,
             cache: PipelineCache::default(),
             submits: 0,
+            errors,
         })
     }
 
@@ -90,34 +127,107 @@ impl Gpu {
         self.submits
     }
 
-    /// A new batch of dispatches.
+    /// A new, empty batch.
     pub fn batch(&self) -> Batch {
-        Batch::new(&self.device)
+        Batch::new(self.limits.min_uniform_buffer_offset_alignment)
     }
 
-    /// Submits a batch: one queue submit for all its dispatches.
-    pub fn submit(&mut self, batch: Batch) {
-        self.queue.submit([batch.finish()]);
+    /// Submits a batch: one queue submit for all its commands.
+    pub fn submit(&mut self, batch: Batch) -> Result<(), GpuError> {
+        let commands = batch.encode(&self.device);
+        self.queue.submit([commands]);
         self.submits += 1;
+        self.check()
+    }
+
+    /// The first error the device reported since the last check, as a value.
+    pub fn check(&self) -> Result<(), GpuError> {
+        let mut slot = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.take() {
+            Some(e) => Err(GpuError::Reported(e)),
+            None => Ok(()),
+        }
+    }
+
+    fn check_size(&self, what: &str, bytes: u64) -> Result<(), GpuError> {
+        let limit = self
+            .limits
+            .max_buffer_size
+            .min(self.limits.max_storage_buffer_binding_size);
+        if bytes > limit {
+            return Err(GpuError::TooLarge {
+                what: what.into(),
+                bytes,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Largest storage binding in bytes.
+    pub fn max_binding(&self) -> u64 {
+        self.limits
+            .max_buffer_size
+            .min(self.limits.max_storage_buffer_binding_size)
     }
 
     /// A storage buffer holding `data`.
-    pub fn storage<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::cast_slice(data),
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            })
+    pub fn upload<T: bytemuck::Pod>(
+        &self,
+        what: &str,
+        data: &[T],
+    ) -> Result<GpuBuffer<T>, GpuError> {
+        self.upload_bytes(what, bytemuck::cast_slice(data))
     }
 
-    /// A zeroed storage buffer of `len` elements of `T`.
-    pub fn storage_zeroed<T: bytemuck::Pod>(&self, label: &str, len: usize) -> wgpu::Buffer {
+    /// A storage buffer of elements `T` holding `bytes` as they are (e.g. weights straight
+    /// from the memory-mapped file, whatever their alignment in host memory).
+    pub fn upload_bytes<T: bytemuck::Pod>(
+        &self,
+        what: &str,
+        bytes: &[u8],
+    ) -> Result<GpuBuffer<T>, GpuError> {
+        let size = std::mem::size_of::<T>();
+        if bytes.len() % size != 0 {
+            return Err(GpuError::Copy(format!(
+                "{what}: {} bytes is not a whole number of {size}-byte elements",
+                bytes.len()
+            )));
+        }
+        self.check_size(what, bytes.len() as u64)?;
+        let raw = if bytes.is_empty() {
+            self.raw_zeroed(what, 4)
+        } else {
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(what),
+                    contents: bytes,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                })
+        };
+        self.check()?;
+        Ok(GpuBuffer::new(raw, bytes.len() / size))
+    }
+
+    /// A zeroed storage buffer of `len` elements.
+    pub fn zeroed<T: bytemuck::Pod>(
+        &self,
+        what: &str,
+        len: usize,
+    ) -> Result<GpuBuffer<T>, GpuError> {
+        let bytes = (len * std::mem::size_of::<T>()) as u64;
+        self.check_size(what, bytes)?;
+        let raw = self.raw_zeroed(what, bytes.next_multiple_of(4).max(4));
+        self.check()?;
+        Ok(GpuBuffer::new(raw, len))
+    }
+
+    fn raw_zeroed(&self, what: &str, bytes: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: (len * std::mem::size_of::<T>()).max(4) as u64,
+            label: Some(what),
+            size: bytes,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
@@ -125,24 +235,54 @@ impl Gpu {
         })
     }
 
-    /// A uniform buffer holding the 4-byte fields of a kernel's `Params`, padded to 16 bytes.
-    pub fn uniform(&self, label: &str, fields: &[[u8; 4]]) -> wgpu::Buffer {
-        let mut bytes: Vec<u8> = fields.concat();
-        bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
+    /// Queues a write of `data` at element `at` of `dst`; it lands before the next submit's
+    /// commands run (so a batch recorded before it already sees it).
+    pub fn write<T: bytemuck::Pod>(
+        &self,
+        dst: &mut GpuBuffer<T>,
+        at: usize,
+        data: &[T],
+    ) -> Result<(), GpuError> {
+        if at + data.len() > dst.len() {
+            return Err(GpuError::Copy(format!(
+                "writing {} elements at {at} into a buffer of {}",
+                data.len(),
+                dst.len()
+            )));
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        // write_buffer needs a multiple of 4 bytes; every element type here is 4 bytes wide.
+        if !bytes.is_empty() {
+            self.queue
+                .write_buffer(dst.raw(), (at * std::mem::size_of::<T>()) as u64, bytes);
+        }
+        Ok(())
     }
 
-    /// Copies `len` elements of `buffer` back to the host (one submit, then a wait).
+    /// Copies the first `len` elements of `buffer` back to the host (one submit, then a wait).
     pub fn read<T: bytemuck::Pod>(
         &mut self,
-        buffer: &wgpu::Buffer,
+        buffer: &GpuBuffer<T>,
         len: usize,
     ) -> Result<Vec<T>, GpuError> {
+        let batch = self.batch();
+        self.submit_and_read(batch, buffer, len)
+    }
+
+    /// Records `batch` and reads back `len` elements of `buffer` with one submit: the copy to
+    /// the read-back buffer rides in the same command buffer as the batch.
+    pub fn submit_and_read<T: bytemuck::Pod>(
+        &mut self,
+        mut batch: Batch,
+        buffer: &GpuBuffer<T>,
+        len: usize,
+    ) -> Result<Vec<T>, GpuError> {
+        if len > buffer.len() {
+            return Err(GpuError::Copy(format!(
+                "reading {len} elements of a buffer of {}",
+                buffer.len()
+            )));
+        }
         let size = (len * std::mem::size_of::<T>()) as u64;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -150,15 +290,9 @@ impl Gpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("readback"),
-            });
-        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.queue.submit([encoder.finish()]);
-        self.submits += 1;
-        let slice = staging.slice(..size);
+        batch.read_into(buffer.raw(), &staging, size);
+        self.submit(batch)?;
+        let slice = staging.slice(..size.max(4));
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -166,12 +300,14 @@ impl Gpu {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.check()?;
         rx.recv()
             .map_err(|e| GpuError::Readback(e.to_string()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         let view = slice
             .get_mapped_range()
             .map_err(|e| GpuError::Readback(e.to_string()))?;
-        Ok(bytemuck::cast_slice(&view).to_vec())
+        let all: &[T] = bytemuck::cast_slice(&view);
+        Ok(all[..len].to_vec())
     }
 }

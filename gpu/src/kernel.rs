@@ -1,4 +1,4 @@
-//! The description of a DSL kernel the runtime needs.
+//! The description of a DSL kernel the runtime needs, and its typed arguments.
 
 /// How a binding is declared in WGSL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,17 +38,15 @@ pub struct KernelSource {
     pub bindings: &'static [(u32, &'static str, &'static str)],
 }
 
-/// Builds a [`KernelSource`] from a `#[kernel]` module path, e.g.
-/// `kernel_source!(hesper_shaders::add)`.
-#[macro_export]
-macro_rules! kernel_source {
-    ($($m:ident)::+) => {
-        $crate::KernelSource {
-            name: stringify!($($m)::+),
-            wgsl: $($m)::+::WGSL,
-            entry_point: $($m)::+::ENTRY_POINT,
-            workgroup_size: $($m)::+::WORKGROUP_SIZE,
-            bindings: $($m)::+::BINDINGS,
-        }
-    };
+/// The arguments of one launch of a kernel; the `#[kernel]` macro generates an `Args` struct
+/// implementing this for every kernel (inputs `&GpuBuffer<T>`, outputs `&mut GpuBuffer<T>`,
+/// uniforms by value).
+pub trait KernelArgs {
+    /// The kernel these arguments are for.
+    const SOURCE: KernelSource;
+    /// The storage buffers, in binding order.
+    fn buffers(&self) -> Vec<&wgpu::Buffer>;
+    /// The uniform fields (4 bytes each, little-endian) in declaration order; empty when the
+    /// kernel has no uniforms.
+    fn params(&self) -> Vec<[u8; 4]>;
 }

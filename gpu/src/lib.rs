@@ -5,17 +5,22 @@
 //! * [`PipelineCache`]: compute pipelines keyed by SHA-256 of WGSL text, entry point and layout,
 //!   with hit/miss counters;
 //! * [`Batch`]: many dispatches recorded into one command buffer, one queue submit;
-//! * [`KernelSource`]: what a `#[kernel]` module of `hesper-shaders` provides.
+//! * [`GpuBuffer`], [`KernelArgs`], [`KernelSource`]: typed buffers and the typed launch
+//!   arguments every `#[kernel]` of `hesper-shaders` generates.
 //!
 //! Its own crate (not inside `hesper-engine`) so the engine core stays free of wgpu for builds
 //! that only need the CPU.
 
 mod batch;
+mod buffer;
 mod context;
 mod kernel;
 mod pipeline;
 
 pub use batch::Batch;
+pub use buffer::GpuBuffer;
 pub use context::{Gpu, GpuError};
-pub use kernel::{BindingKind, KernelSource};
+pub use kernel::{BindingKind, KernelArgs, KernelSource};
 pub use pipeline::{CacheStats, PipelineCache};
+/// The wgpu version the runtime is built on (generated kernel code names its types).
+pub use wgpu;

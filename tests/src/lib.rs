@@ -132,6 +132,19 @@ pub fn cpu_model(
     )
 }
 
+/// Loads `file` (optionally only `layers`) on the GPU backend; finding no adapter fails.
+pub fn gpu_model(
+    file: &Arc<ModelFile>,
+    layers: Option<std::ops::Range<usize>>,
+) -> Model<hesper_gpu_backend::GpuBackend> {
+    let backend = hesper_gpu_backend::GpuBackend::new().unwrap_or_else(|e| panic!("{e}"));
+    let opts = LoadOptions {
+        layers,
+        ..Default::default()
+    };
+    Model::load(backend, file.clone(), opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Loads `file` on a 2-thread CPU backend using `isa` with explicit options.
 pub fn cpu_model_with(file: &Arc<ModelFile>, isa: Isa, opts: LoadOptions<'_>) -> Model<CpuBackend> {
     let backend = CpuBackend::with_isa(2, isa).unwrap_or_else(|e| panic!("{e}"));

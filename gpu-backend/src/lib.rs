@@ -1,0 +1,695 @@
+//! hesper-gpu-backend: the BitNet forward pass of `hesper-engine` on WebGPU.
+//!
+//! Every operation the model asks for is recorded into one pending batch; nothing reaches the
+//! GPU queue until a result is read back, so decoding a token is one queue submit (the logits
+//! read-back rides in the same command buffer). Errors raised while recording are kept and
+//! returned by that read.
+
+mod matrix;
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use hesper_engine::backend::{AttentionShape, Backend, BackendError, RopeShape};
+use hesper_engine::config::Activation;
+use hesper_engine::file::ModelFile;
+use hesper_engine::weights::MatrixDesc;
+use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError};
+use hesper_shaders as k;
+
+pub use matrix::{GpuMatrix, Kind};
+
+/// Largest head the attention kernel handles (one thread per dimension).
+pub const MAX_HEAD_DIM: usize = 128;
+
+/// The KV cache of every layer, on the GPU.
+pub struct GpuKvCache {
+    k: Vec<GpuBuffer<f32>>,
+    v: Vec<GpuBuffer<f32>>,
+    kv_dim: usize,
+}
+
+/// Counters a benchmark reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Queue submits.
+    pub submits: u64,
+    /// Kernel dispatches submitted.
+    pub dispatches: u64,
+    /// Pipeline-cache hits and misses.
+    pub cache: CacheStats,
+}
+
+/// The `(cos, sin)` table of every position up to `positions`, for one rotary shape.
+struct RopeTable {
+    rope_dim: usize,
+    base: f32,
+    positions: usize,
+    cs: GpuBuffer<f32>,
+}
+
+struct State {
+    gpu: Gpu,
+    batch: Batch,
+    /// The first error raised while recording; returned by the next read.
+    error: Option<GpuError>,
+    dispatches: u64,
+    /// Quantized activations of the matrix being multiplied.
+    q: GpuBuffer<i32>,
+    /// Their scales (per token or per block).
+    act_scale: GpuBuffer<f32>,
+    rope: Option<RopeTable>,
+}
+
+/// The WebGPU backend.
+pub struct GpuBackend {
+    state: RefCell<State>,
+    name: String,
+}
+
+fn device_error(e: GpuError) -> BackendError {
+    BackendError::Device(e.to_string())
+}
+
+impl GpuBackend {
+    /// Opens the best adapter (`WGPU_BACKEND=vulkan|metal|dx12|gl` restricts the choice).
+    pub fn new() -> Result<Self, BackendError> {
+        let gpu = Gpu::new().map_err(device_error)?;
+        let name = format!("gpu ({}, {:?})", gpu.info.name, gpu.info.backend);
+        let batch = gpu.batch();
+        let q = gpu.zeroed("activation codes", 1).map_err(device_error)?;
+        let act_scale = gpu.zeroed("activation scales", 1).map_err(device_error)?;
+        Ok(Self {
+            state: RefCell::new(State {
+                gpu,
+                batch,
+                error: None,
+                dispatches: 0,
+                q,
+                act_scale,
+                rope: None,
+            }),
+            name,
+        })
+    }
+
+    /// Whether the adapter is hardware (not a software rasterizer such as lavapipe, which
+    /// runs on the CPU far slower than the CPU backend).
+    pub fn is_hardware(&self) -> bool {
+        self.state.borrow().gpu.info.device_type != hesper_gpu::wgpu::DeviceType::Cpu
+    }
+
+    /// The adapter, its limits and features, for `hesper-rs info --backend gpu`.
+    pub fn describe(&self) -> String {
+        let st = self.state.borrow();
+        let g = &st.gpu;
+        let l = &g.limits;
+        format!(
+            "adapter: {} ({:?}, {:?}, driver {} {})\nmax buffer: {} MiB, max storage binding: {} MiB, workgroup invocations: {}, workgroup memory: {} KiB\nfeatures: {:?}",
+            g.info.name,
+            g.info.backend,
+            g.info.device_type,
+            g.info.driver,
+            g.info.driver_info,
+            l.max_buffer_size >> 20,
+            l.max_storage_buffer_binding_size >> 20,
+            l.max_compute_invocations_per_workgroup,
+            l.max_compute_workgroup_storage_size >> 10,
+            g.features
+        )
+    }
+
+    /// Submits, dispatches and pipeline-cache counters so far.
+    pub fn stats(&self) -> GpuStats {
+        let st = self.state.borrow();
+        GpuStats {
+            submits: st.gpu.submits(),
+            dispatches: st.dispatches,
+            cache: st.gpu.cache_stats(),
+        }
+    }
+
+    /// Records commands with `f`; the first failure is kept for the next read.
+    fn record(&self, f: impl FnOnce(&mut State) -> Result<(), GpuError>) {
+        let mut st = self.state.borrow_mut();
+        if st.error.is_none() {
+            if let Err(e) = f(&mut st) {
+                st.error = Some(e);
+            }
+        }
+    }
+
+    fn unsupported(&self, what: &str, why: String) -> GpuError {
+        GpuError::Kernel {
+            kernel: "backend",
+            why: format!("{what}: {why} ({})", self.name),
+        }
+    }
+}
+
+/// Workgroups for `n` invocations of `size`.
+fn groups(n: usize, size: u32) -> u32 {
+    (n as u32).div_ceil(size).max(1)
+}
+
+impl State {
+    /// Makes the activation scratch hold at least `q` codes and `scales` scales.
+    fn reserve(&mut self, q: usize, scales: usize) -> Result<(), GpuError> {
+        if self.q.len() < q {
+            self.q = self.gpu.zeroed("activation codes", q.next_power_of_two())?;
+        }
+        if self.act_scale.len() < scales {
+            self.act_scale = self
+                .gpu
+                .zeroed("activation scales", scales.next_power_of_two())?;
+        }
+        Ok(())
+    }
+
+    /// Makes the rotary table cover positions `0..positions` for `shape`.
+    fn rope_table(&mut self, shape: &RopeShape, positions: usize) -> Result<(), GpuError> {
+        let fits = self.rope.as_ref().is_some_and(|t| {
+            t.rope_dim == shape.rope_dim && t.base == shape.base && t.positions >= positions
+        });
+        if !fits {
+            let positions = positions.next_power_of_two().max(256);
+            // A fresh buffer (not a queued write) so work recorded earlier keeps the old one.
+            let cs = self.gpu.upload("rope table", &shape.angles(0, positions))?;
+            self.rope = Some(RopeTable {
+                rope_dim: shape.rope_dim,
+                base: shape.base,
+                positions,
+                cs,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Backend for GpuBackend {
+    type Buffer = GpuBuffer<f32>;
+    type Matrix = GpuMatrix;
+    type Vector = GpuBuffer<f32>;
+    type Cache = GpuKvCache;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn load_matrix(
+        &self,
+        file: &Arc<ModelFile>,
+        desc: MatrixDesc,
+        scale: Option<f32>,
+    ) -> Result<GpuMatrix, BackendError> {
+        let st = self.state.borrow();
+        let mut m = GpuMatrix::upload(&st.gpu, desc, file.bytes(), scale, &self.name)?;
+        if !matches!(m.kind, Kind::F32 | Kind::F16) {
+            // Embedding rows of packed layouts are decoded on the host from the mapping.
+            m.host = Some(file.clone());
+        }
+        Ok(m)
+    }
+
+    fn load_owned_matrix(
+        &self,
+        desc: MatrixDesc,
+        data: Vec<u8>,
+        scale: Option<f32>,
+    ) -> Result<GpuMatrix, BackendError> {
+        let st = self.state.borrow();
+        GpuMatrix::upload(&st.gpu, desc, &data, scale, &self.name)
+    }
+
+    fn load_vector(&self, data: Vec<f32>) -> Result<GpuBuffer<f32>, BackendError> {
+        let st = self.state.borrow();
+        st.gpu.upload("norm gains", &data).map_err(device_error)
+    }
+
+    fn alloc(&self, len: usize) -> Result<GpuBuffer<f32>, BackendError> {
+        let st = self.state.borrow();
+        st.gpu
+            .zeroed("activations", len)
+            .map_err(|e| BackendError::Allocation {
+                what: "activations".into(),
+                bytes: len as u64 * 4,
+                why: e.to_string(),
+            })
+    }
+
+    fn new_cache(
+        &self,
+        n_layer: usize,
+        n_ctx: usize,
+        kv_dim: usize,
+    ) -> Result<GpuKvCache, BackendError> {
+        let st = self.state.borrow();
+        let len = n_ctx * kv_dim;
+        let alloc = |what: &str| {
+            st.gpu
+                .zeroed::<f32>(what, len)
+                .map_err(|e| BackendError::Allocation {
+                    what: format!("KV cache ({n_layer} layers × {n_ctx} positions)"),
+                    bytes: 2 * (n_layer * len * 4) as u64,
+                    why: e.to_string(),
+                })
+        };
+        let mut cache = GpuKvCache {
+            k: Vec::with_capacity(n_layer),
+            v: Vec::with_capacity(n_layer),
+            kv_dim,
+        };
+        for _ in 0..n_layer {
+            cache.k.push(alloc("K cache")?);
+            cache.v.push(alloc("V cache")?);
+        }
+        Ok(cache)
+    }
+
+    fn write(&self, dst: &mut GpuBuffer<f32>, data: &[f32]) -> Result<(), BackendError> {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        // Staged through a fresh buffer and a recorded copy, so it lands in order with the
+        // work recorded around it.
+        let src = st.gpu.upload("host data", data).map_err(device_error)?;
+        st.batch
+            .copy(&src, 0, dst, 0, data.len())
+            .map_err(device_error)
+    }
+
+    fn read(&self, src: &GpuBuffer<f32>, out: &mut [f32]) -> Result<(), BackendError> {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
+        if let Some(e) = st.error.take() {
+            return Err(device_error(e));
+        }
+        st.dispatches += batch.dispatches() as u64;
+        let got = st
+            .gpu
+            .submit_and_read(batch, src, out.len())
+            .map_err(device_error)?;
+        out.copy_from_slice(&got);
+        Ok(())
+    }
+
+    /// The index of the largest of the first `len` values of `logits` (the first on ties),
+    /// computed on the GPU: the recorded work, two argmax stages and a 4-byte read-back in
+    /// one submit.
+    fn argmax(&self, logits: &GpuBuffer<f32>, len: usize) -> Result<u32, BackendError> {
+        let mut st = self.state.borrow_mut();
+        if let Some(e) = st.error.take() {
+            st.batch = st.gpu.batch();
+            return Err(device_error(e));
+        }
+        let st = &mut *st;
+        let groups = len.div_ceil(256 * 64).clamp(1, 256) as u32;
+        let per_thread = (len as u32).div_ceil(256 * groups);
+        let mut best = st
+            .gpu
+            .zeroed::<f32>("argmax values", groups as usize)
+            .map_err(device_error)?;
+        let mut best_index = st
+            .gpu
+            .zeroed::<u32>("argmax indices", groups as usize)
+            .map_err(device_error)?;
+        let mut index = st.gpu.zeroed::<u32>("argmax", 1).map_err(device_error)?;
+        let mut run = |st: &mut State| -> Result<(), GpuError> {
+            st.batch.run(
+                &mut st.gpu,
+                &k::argmax_partial::Args {
+                    logits,
+                    best: &mut best,
+                    best_index: &mut best_index,
+                    n: len as u32,
+                    per_thread,
+                },
+                [groups, 1, 1],
+            )?;
+            st.batch.run(
+                &mut st.gpu,
+                &k::argmax_final::Args {
+                    best: &best,
+                    best_index: &best_index,
+                    index: &mut index,
+                    n: groups,
+                },
+                [1, 1, 1],
+            )
+        };
+        run(st).map_err(device_error)?;
+        let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
+        st.dispatches += batch.dispatches() as u64;
+        let got = st
+            .gpu
+            .submit_and_read(batch, &index, 1)
+            .map_err(device_error)?;
+        Ok(got[0])
+    }
+
+    fn embed(&self, table: &GpuMatrix, tokens: &[u32], out: &mut GpuBuffer<f32>) {
+        let cols = table.desc.cols;
+        self.record(|st| {
+            if let Some(file) = &table.host {
+                let mut rows = vec![0.0f32; tokens.len() * cols];
+                for (&t, row) in tokens.iter().zip(rows.chunks_exact_mut(cols)) {
+                    table.desc.decode_row(file.bytes(), t as usize, row);
+                }
+                let src = st.gpu.upload("embeddings", &rows)?;
+                return st.batch.copy(&src, 0, out, 0, rows.len());
+            }
+            let ids = st.gpu.upload("token ids", tokens)?;
+            let n = tokens.len() as u32;
+            for w in &table.windows {
+                let (row0, rows) = (w.row0 as u32, w.rows as u32);
+                match table.kind {
+                    Kind::F32 => st.batch.run(
+                        &mut st.gpu,
+                        &k::embed_f32::Args {
+                            table: &w.data,
+                            ids: &ids,
+                            out: &mut *out,
+                            cols: cols as u32,
+                            n,
+                            row0,
+                            rows,
+                        },
+                        [groups(tokens.len() * cols, 256), 1, 1],
+                    )?,
+                    _ => st.batch.run(
+                        &mut st.gpu,
+                        &k::embed_f16::Args {
+                            table: &w.data,
+                            ids: &ids,
+                            out: &mut *out,
+                            cols: cols as u32,
+                            n,
+                            row0,
+                            rows,
+                        },
+                        [groups(tokens.len() * cols / 2, 256), 1, 1],
+                    )?,
+                }
+            }
+            Ok(())
+        });
+    }
+
+    fn rms_norm(
+        &self,
+        x: &GpuBuffer<f32>,
+        w: &GpuBuffer<f32>,
+        n: usize,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+    ) {
+        self.record(|st| {
+            st.batch.run(
+                &mut st.gpu,
+                &k::rms_norm::Args {
+                    x,
+                    w,
+                    y: out,
+                    width: w.len() as u32,
+                    eps,
+                },
+                [n as u32, 1, 1],
+            )
+        });
+    }
+
+    fn matmul(&self, w: &GpuMatrix, x: &GpuBuffer<f32>, n: usize, out: &mut GpuBuffer<f32>) {
+        let (rows, cols) = (w.desc.rows as u32, w.desc.cols as u32);
+        let tiles = (n as u32).div_ceil(k::TOKEN_TILE);
+        self.record(|st| {
+            match w.kind {
+                Kind::I2s { .. } => {
+                    st.reserve(n * w.desc.cols, n)?;
+                    let State {
+                        gpu,
+                        batch,
+                        q,
+                        act_scale,
+                        ..
+                    } = st;
+                    batch.run(
+                        gpu,
+                        &k::quantize_i8::Args {
+                            x,
+                            q,
+                            scale: act_scale,
+                            cols,
+                        },
+                        [n as u32, 1, 1],
+                    )?;
+                }
+                Kind::Tq => {
+                    let blocks = n * w.desc.cols / 256;
+                    st.reserve(n * w.desc.cols, blocks)?;
+                    let State {
+                        gpu,
+                        batch,
+                        q,
+                        act_scale,
+                        ..
+                    } = st;
+                    batch.run(
+                        gpu,
+                        &k::quantize_q8k::Args { x, q, d: act_scale },
+                        [blocks as u32, 1, 1],
+                    )?;
+                }
+                Kind::Q8_0 => {
+                    let blocks = n * w.desc.cols / 32;
+                    st.reserve(n * w.desc.cols, blocks)?;
+                    let State {
+                        gpu,
+                        batch,
+                        q,
+                        act_scale,
+                        ..
+                    } = st;
+                    batch.run(
+                        gpu,
+                        &k::quantize_q8_0::Args {
+                            x,
+                            q,
+                            d: act_scale,
+                            blocks: blocks as u32,
+                        },
+                        [groups(blocks, 8), 1, 1],
+                    )?;
+                }
+                Kind::F32 | Kind::F16 => {}
+            }
+            let State {
+                gpu,
+                batch,
+                q,
+                act_scale,
+                ..
+            } = st;
+            for win in &w.windows {
+                let grid = [win.rows as u32, tiles, 1];
+                let row0 = win.row0 as u32;
+                match w.kind {
+                    Kind::I2s { beta } => batch.run(
+                        gpu,
+                        &k::bitlinear_i2s::Args {
+                            codes: &win.data,
+                            q,
+                            scale: act_scale,
+                            out: &mut *out,
+                            cols,
+                            rows,
+                            row0,
+                            n: n as u32,
+                            beta: beta * w.scale,
+                        },
+                        grid,
+                    )?,
+                    Kind::Q8_0 => batch.run(
+                        gpu,
+                        &k::matvec_q8_0::Args {
+                            wq: &win.data,
+                            wd: win.scales(&w.desc.name)?,
+                            q,
+                            d: act_scale,
+                            out: &mut *out,
+                            cols,
+                            rows,
+                            row0,
+                            n: n as u32,
+                            out_scale: w.scale,
+                        },
+                        grid,
+                    )?,
+                    Kind::Tq => {
+                        let wscale = win.scales(&w.desc.name)?;
+                        batch.run(
+                            gpu,
+                            &k::bitlinear_tq::Args {
+                                codes: &win.data,
+                                wscale,
+                                q,
+                                d: act_scale,
+                                out: &mut *out,
+                                cols,
+                                rows,
+                                row0,
+                                n: n as u32,
+                                out_scale: w.scale,
+                            },
+                            grid,
+                        )?
+                    }
+                    Kind::F32 => batch.run(
+                        gpu,
+                        &k::matvec_f32::Args {
+                            w: &win.data,
+                            x,
+                            out: &mut *out,
+                            cols,
+                            rows,
+                            row0,
+                            n: n as u32,
+                            out_scale: w.scale,
+                        },
+                        grid,
+                    )?,
+                    Kind::F16 => batch.run(
+                        gpu,
+                        &k::matvec_f16::Args {
+                            w: &win.data,
+                            x,
+                            out: &mut *out,
+                            cols,
+                            rows,
+                            row0,
+                            n: n as u32,
+                            out_scale: w.scale,
+                        },
+                        grid,
+                    )?,
+                }
+            }
+            Ok(())
+        });
+    }
+
+    fn rope(&self, x: &mut GpuBuffer<f32>, n: usize, pos0: usize, shape: &RopeShape) {
+        self.record(|st| {
+            st.rope_table(shape, pos0 + n)?;
+            let State {
+                gpu, batch, rope, ..
+            } = st;
+            let Some(table) = rope else {
+                unreachable!("rope_table just made it");
+            };
+            let pairs = n * shape.n_head * shape.rope_dim / 2;
+            batch.run(
+                gpu,
+                &k::rope_neox::Args {
+                    x,
+                    cs: &table.cs,
+                    n_tokens: n as u32,
+                    n_head: shape.n_head as u32,
+                    head_dim: shape.head_dim as u32,
+                    rope_dim: shape.rope_dim as u32,
+                    pos0: pos0 as u32,
+                },
+                [groups(pairs, 64), 1, 1],
+            )
+        });
+    }
+
+    fn attention(
+        &self,
+        cache: &mut GpuKvCache,
+        layer: usize,
+        q: &GpuBuffer<f32>,
+        k_new: &GpuBuffer<f32>,
+        v_new: &GpuBuffer<f32>,
+        n: usize,
+        pos0: usize,
+        shape: &AttentionShape,
+        out: &mut GpuBuffer<f32>,
+    ) {
+        self.record(|st| {
+            if shape.head_dim > MAX_HEAD_DIM {
+                return Err(self.unsupported(
+                    "attention",
+                    format!("heads of {} (at most {MAX_HEAD_DIM})", shape.head_dim),
+                ));
+            }
+            let kv = cache.kv_dim;
+            let at = pos0 * kv;
+            st.batch.copy(k_new, 0, &mut cache.k[layer], at, n * kv)?;
+            st.batch.copy(v_new, 0, &mut cache.v[layer], at, n * kv)?;
+            st.batch.run(
+                &mut st.gpu,
+                &k::attention::Args {
+                    q,
+                    k_cache: &cache.k[layer],
+                    v_cache: &cache.v[layer],
+                    out,
+                    n_head: shape.n_head as u32,
+                    n_head_kv: shape.n_head_kv as u32,
+                    head_dim: shape.head_dim as u32,
+                    pos0: pos0 as u32,
+                    scale: 1.0 / (shape.head_dim as f32).sqrt(),
+                },
+                [shape.n_head as u32, n as u32, 1],
+            )
+        });
+    }
+
+    fn glu(
+        &self,
+        gate: &GpuBuffer<f32>,
+        up: &GpuBuffer<f32>,
+        len: usize,
+        act: Activation,
+        out: &mut GpuBuffer<f32>,
+    ) {
+        self.record(|st| {
+            let grid = [groups(len, 256), 1, 1];
+            let n = len as u32;
+            match act {
+                Activation::Relu2 => {
+                    st.batch
+                        .run(&mut st.gpu, &k::relu2_mul::Args { gate, up, out, n }, grid)
+                }
+                Activation::Silu => {
+                    st.batch
+                        .run(&mut st.gpu, &k::silu_mul::Args { gate, up, out, n }, grid)
+                }
+            }
+        });
+    }
+
+    fn add(&self, x: &mut GpuBuffer<f32>, y: &GpuBuffer<f32>, len: usize) {
+        self.record(|st| {
+            st.batch.run(
+                &mut st.gpu,
+                &k::add_assign::Args {
+                    x,
+                    y,
+                    n: len as u32,
+                },
+                [groups(len, 256), 1, 1],
+            )
+        });
+    }
+
+    fn copy_rows(
+        &self,
+        src: &GpuBuffer<f32>,
+        row0: usize,
+        n_rows: usize,
+        width: usize,
+        dst: &mut GpuBuffer<f32>,
+    ) {
+        self.record(|st| st.batch.copy(src, row0 * width, dst, 0, n_rows * width));
+    }
+}

@@ -1,0 +1,42 @@
+//! Typed storage buffers.
+
+use std::marker::PhantomData;
+
+/// A storage buffer of `len` elements of `T` on the device. Kernel arguments take
+/// `&GpuBuffer<T>` for inputs and `&mut GpuBuffer<T>` for outputs, so the element type must
+/// match the kernel's and one buffer cannot be bound as both input and output.
+pub struct GpuBuffer<T> {
+    raw: wgpu::Buffer,
+    len: usize,
+    _elem: PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> GpuBuffer<T> {
+    pub(crate) fn new(raw: wgpu::Buffer, len: usize) -> Self {
+        Self {
+            raw,
+            len,
+            _elem: PhantomData,
+        }
+    }
+
+    /// Elements it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its size in bytes.
+    pub fn bytes(&self) -> u64 {
+        (self.len * std::mem::size_of::<T>()) as u64
+    }
+
+    /// The wgpu buffer (for bindings and copies).
+    pub fn raw(&self) -> &wgpu::Buffer {
+        &self.raw
+    }
+}

@@ -1,0 +1,171 @@
+//! BitLinear: ternary weights (2-bit codes 0, 1, 2 meaning −1, 0, +1) times int8 activations.
+//!
+//! Both kernels read codes in bitnet.cpp's I2_S layout — 128-element groups of 32 bytes, byte
+//! `j` holding elements `j, j+32, j+64, j+96` from its high bits down, read here as
+//! little-endian u32 words — so I2_S files upload as they are and TQ1_0/TQ2_0 are repacked
+//! into it (still 2 bits a weight) with their block scales beside. One workgroup computes one
+//! output row for a tile of up to 4 tokens (grid `[rows, ceil(n/4)]`), reading each weight
+//! word once per tile. `rows` is the output width, `row0` where this window of rows starts.
+
+use hesper_dsl::kernel;
+
+/// I2_S × per-token int8: exact integer sums over the whole row, then bitnet.cpp's epilogue
+/// `Σ(c−1)·q / s · beta · out_scale` with `s` from [`crate::quantize_i8`].
+#[kernel(workgroup = 64)]
+pub fn bitlinear_i2s(
+    codes: &[u32],
+    q: &[i32],
+    scale: &[f32],
+    out: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] n: u32,
+    #[uniform] beta: f32,
+    #[shared] acc: &mut [i32; 256],
+) {
+    let r = wid();
+    let t0 = wid_y() * 4u32;
+    let t = lid();
+    let words = cols / 16u32;
+    let mut s0: i32 = 0;
+    let mut s1: i32 = 0;
+    let mut s2: i32 = 0;
+    let mut s3: i32 = 0;
+    for w in (t..words).step_by(64) {
+        let packed = codes[r * words + w];
+        for b in 0..4u32 {
+            let at = w * 4u32 + b;
+            let k = (at / 32u32) * 128u32 + at % 32u32;
+            let bits = (packed >> (8u32 * b)) & 255u32;
+            let c0 = (bits >> 6u32) as i32 - 1;
+            let c1 = ((bits >> 4u32) & 3u32) as i32 - 1;
+            let c2 = ((bits >> 2u32) & 3u32) as i32 - 1;
+            let c3 = (bits & 3u32) as i32 - 1;
+            let a = t0 * cols + k;
+            s0 += c0 * q[a] + c1 * q[a + 32u32] + c2 * q[a + 64u32] + c3 * q[a + 96u32];
+            if t0 + 1u32 < n {
+                let a1 = a + cols;
+                s1 += c0 * q[a1] + c1 * q[a1 + 32u32] + c2 * q[a1 + 64u32] + c3 * q[a1 + 96u32];
+            }
+            if t0 + 2u32 < n {
+                let a2 = a + 2u32 * cols;
+                s2 += c0 * q[a2] + c1 * q[a2 + 32u32] + c2 * q[a2 + 64u32] + c3 * q[a2 + 96u32];
+            }
+            if t0 + 3u32 < n {
+                let a3 = a + 3u32 * cols;
+                s3 += c0 * q[a3] + c1 * q[a3 + 32u32] + c2 * q[a3 + 64u32] + c3 * q[a3 + 96u32];
+            }
+        }
+    }
+    acc[t] = s0;
+    acc[64u32 + t] = s1;
+    acc[128u32 + t] = s2;
+    acc[192u32 + t] = s3;
+    barrier();
+    let mut stride: u32 = 32;
+    while stride > 0 {
+        if t < stride {
+            acc[t] += acc[t + stride];
+            acc[64u32 + t] += acc[64u32 + t + stride];
+            acc[128u32 + t] += acc[128u32 + t + stride];
+            acc[192u32 + t] += acc[192u32 + t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if t < 4u32 && t0 + t < n {
+        out[(t0 + t) * rows + row0 + r] = (acc[64u32 * t] as f32) / scale[t0 + t] * beta;
+    }
+}
+
+/// TQ1_0/TQ2_0 (repacked) × Q8_K blocks: per 256-element block the exact integer
+/// `Σ(c−1)·q`, then `acc += sumi · (d_act · d_weight)` as ggml does; `wscale` holds the
+/// weight scale of every (row, block) of this window, `d` the activation scale of every
+/// (token, block) from [`crate::quantize_q8k`].
+#[kernel(workgroup = 64)]
+pub fn bitlinear_tq(
+    codes: &[u32],
+    wscale: &[f32],
+    q: &[i32],
+    d: &[f32],
+    out: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] n: u32,
+    #[uniform] out_scale: f32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let r = wid();
+    let t0 = wid_y() * 4u32;
+    let t = lid();
+    let words = cols / 16u32;
+    let blocks = cols / 256u32;
+    let mut f0: f32 = 0.0;
+    let mut f1: f32 = 0.0;
+    let mut f2: f32 = 0.0;
+    let mut f3: f32 = 0.0;
+    for blk in (t..blocks).step_by(64) {
+        let mut s0: i32 = 0;
+        let mut s1: i32 = 0;
+        let mut s2: i32 = 0;
+        let mut s3: i32 = 0;
+        for w in blk * 16u32..blk * 16u32 + 16u32 {
+            let packed = codes[r * words + w];
+            for b in 0..4u32 {
+                let at = w * 4u32 + b;
+                let k = (at / 32u32) * 128u32 + at % 32u32;
+                let bits = (packed >> (8u32 * b)) & 255u32;
+                let c0 = (bits >> 6u32) as i32 - 1;
+                let c1 = ((bits >> 4u32) & 3u32) as i32 - 1;
+                let c2 = ((bits >> 2u32) & 3u32) as i32 - 1;
+                let c3 = (bits & 3u32) as i32 - 1;
+                let a = t0 * cols + k;
+                s0 += c0 * q[a] + c1 * q[a + 32u32] + c2 * q[a + 64u32] + c3 * q[a + 96u32];
+                if t0 + 1u32 < n {
+                    let a1 = a + cols;
+                    s1 += c0 * q[a1] + c1 * q[a1 + 32u32] + c2 * q[a1 + 64u32] + c3 * q[a1 + 96u32];
+                }
+                if t0 + 2u32 < n {
+                    let a2 = a + 2u32 * cols;
+                    s2 += c0 * q[a2] + c1 * q[a2 + 32u32] + c2 * q[a2 + 64u32] + c3 * q[a2 + 96u32];
+                }
+                if t0 + 3u32 < n {
+                    let a3 = a + 3u32 * cols;
+                    s3 += c0 * q[a3] + c1 * q[a3 + 32u32] + c2 * q[a3 + 64u32] + c3 * q[a3 + 96u32];
+                }
+            }
+        }
+        let ws = wscale[r * blocks + blk];
+        f0 += (s0 as f32) * (d[t0 * blocks + blk] * ws);
+        if t0 + 1u32 < n {
+            f1 += (s1 as f32) * (d[(t0 + 1u32) * blocks + blk] * ws);
+        }
+        if t0 + 2u32 < n {
+            f2 += (s2 as f32) * (d[(t0 + 2u32) * blocks + blk] * ws);
+        }
+        if t0 + 3u32 < n {
+            f3 += (s3 as f32) * (d[(t0 + 3u32) * blocks + blk] * ws);
+        }
+    }
+    acc[t] = f0;
+    acc[64u32 + t] = f1;
+    acc[128u32 + t] = f2;
+    acc[192u32 + t] = f3;
+    barrier();
+    let mut stride: u32 = 32;
+    while stride > 0 {
+        if t < stride {
+            acc[t] += acc[t + stride];
+            acc[64u32 + t] += acc[64u32 + t + stride];
+            acc[128u32 + t] += acc[128u32 + t + stride];
+            acc[192u32 + t] += acc[192u32 + t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if t < 4u32 && t0 + t < n {
+        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    }
+}

@@ -1,0 +1,202 @@
+//! Float and Q8_0 weight matrices times activations: one workgroup per output row and
+//! tile of up to 4 tokens (grid `[rows, ceil(n/4)]`); `rows` is the output width, `row0` where
+//! this window of rows starts.
+
+use hesper_dsl::kernel;
+
+/// F32 weights (held as raw words).
+#[kernel(workgroup = 64)]
+pub fn matvec_f32(
+    w: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] n: u32,
+    #[uniform] out_scale: f32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let r = wid();
+    let t0 = wid_y() * 4u32;
+    let t = lid();
+    let mut f0: f32 = 0.0;
+    let mut f1: f32 = 0.0;
+    let mut f2: f32 = 0.0;
+    let mut f3: f32 = 0.0;
+    for i in (t..cols).step_by(64) {
+        let wv = f32_from_bits(w[r * cols + i]);
+        let a = t0 * cols + i;
+        f0 += wv * x[a];
+        if t0 + 1u32 < n {
+            f1 += wv * x[a + cols];
+        }
+        if t0 + 2u32 < n {
+            f2 += wv * x[a + 2u32 * cols];
+        }
+        if t0 + 3u32 < n {
+            f3 += wv * x[a + 3u32 * cols];
+        }
+    }
+    acc[t] = f0;
+    acc[64u32 + t] = f1;
+    acc[128u32 + t] = f2;
+    acc[192u32 + t] = f3;
+    barrier();
+    let mut stride: u32 = 32;
+    while stride > 0 {
+        if t < stride {
+            acc[t] += acc[t + stride];
+            acc[64u32 + t] += acc[64u32 + t + stride];
+            acc[128u32 + t] += acc[128u32 + t + stride];
+            acc[192u32 + t] += acc[192u32 + t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if t < 4u32 && t0 + t < n {
+        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    }
+}
+
+/// F16 weights (two per word, the lower first; `cols` even); the activations are rounded
+/// through f16 first, as ggml does for F16 matrices.
+#[kernel(workgroup = 64)]
+pub fn matvec_f16(
+    w: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] n: u32,
+    #[uniform] out_scale: f32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let r = wid();
+    let t0 = wid_y() * 4u32;
+    let t = lid();
+    let half = cols / 2u32;
+    let mut f0: f32 = 0.0;
+    let mut f1: f32 = 0.0;
+    let mut f2: f32 = 0.0;
+    let mut f3: f32 = 0.0;
+    for j in (t..half).step_by(64) {
+        let word = w[r * half + j];
+        let lo = unpack_f16_lo(word);
+        let hi = unpack_f16_hi(word);
+        let a = t0 * cols + 2u32 * j;
+        f0 += lo * round_to_f16(x[a]) + hi * round_to_f16(x[a + 1u32]);
+        if t0 + 1u32 < n {
+            let a1 = a + cols;
+            f1 += lo * round_to_f16(x[a1]) + hi * round_to_f16(x[a1 + 1u32]);
+        }
+        if t0 + 2u32 < n {
+            let a2 = a + 2u32 * cols;
+            f2 += lo * round_to_f16(x[a2]) + hi * round_to_f16(x[a2 + 1u32]);
+        }
+        if t0 + 3u32 < n {
+            let a3 = a + 3u32 * cols;
+            f3 += lo * round_to_f16(x[a3]) + hi * round_to_f16(x[a3 + 1u32]);
+        }
+    }
+    acc[t] = f0;
+    acc[64u32 + t] = f1;
+    acc[128u32 + t] = f2;
+    acc[192u32 + t] = f3;
+    barrier();
+    let mut stride: u32 = 32;
+    while stride > 0 {
+        if t < stride {
+            acc[t] += acc[t + stride];
+            acc[64u32 + t] += acc[64u32 + t + stride];
+            acc[128u32 + t] += acc[128u32 + t + stride];
+            acc[192u32 + t] += acc[192u32 + t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if t < 4u32 && t0 + t < n {
+        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    }
+}
+
+/// Q8_0 weights (repacked: the 32 int8 of each block as 8 words, the f16 block scales as f32
+/// in `wd[row·blocks + block]`) times Q8_0 activations from [`crate::quantize_q8_0`]: per
+/// block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as ggml does.
+#[kernel(workgroup = 64)]
+pub fn matvec_q8_0(
+    wq: &[u32],
+    wd: &[f32],
+    q: &[i32],
+    d: &[f32],
+    out: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] n: u32,
+    #[uniform] out_scale: f32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let r = wid();
+    let t0 = wid_y() * 4u32;
+    let t = lid();
+    let blocks = cols / 32u32;
+    let mut f0: f32 = 0.0;
+    let mut f1: f32 = 0.0;
+    let mut f2: f32 = 0.0;
+    let mut f3: f32 = 0.0;
+    for blk in (t..blocks).step_by(64) {
+        let mut s0: i32 = 0;
+        let mut s1: i32 = 0;
+        let mut s2: i32 = 0;
+        let mut s3: i32 = 0;
+        for j in 0..8u32 {
+            let word = wq[(r * blocks + blk) * 8u32 + j];
+            for b in 0..4u32 {
+                let wv = (((word >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
+                let a = t0 * cols + blk * 32u32 + j * 4u32 + b;
+                s0 += wv * q[a];
+                if t0 + 1u32 < n {
+                    s1 += wv * q[a + cols];
+                }
+                if t0 + 2u32 < n {
+                    s2 += wv * q[a + 2u32 * cols];
+                }
+                if t0 + 3u32 < n {
+                    s3 += wv * q[a + 3u32 * cols];
+                }
+            }
+        }
+        let ws = wd[r * blocks + blk];
+        f0 += (s0 as f32) * (ws * d[t0 * blocks + blk]);
+        if t0 + 1u32 < n {
+            f1 += (s1 as f32) * (ws * d[(t0 + 1u32) * blocks + blk]);
+        }
+        if t0 + 2u32 < n {
+            f2 += (s2 as f32) * (ws * d[(t0 + 2u32) * blocks + blk]);
+        }
+        if t0 + 3u32 < n {
+            f3 += (s3 as f32) * (ws * d[(t0 + 3u32) * blocks + blk]);
+        }
+    }
+    acc[t] = f0;
+    acc[64u32 + t] = f1;
+    acc[128u32 + t] = f2;
+    acc[192u32 + t] = f3;
+    barrier();
+    let mut stride: u32 = 32;
+    while stride > 0 {
+        if t < stride {
+            acc[t] += acc[t + stride];
+            acc[64u32 + t] += acc[64u32 + t + stride];
+            acc[128u32 + t] += acc[128u32 + t + stride];
+            acc[192u32 + t] += acc[192u32 + t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if t < 4u32 && t0 + t < n {
+        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    }
+}

@@ -1,0 +1,129 @@
+//! Activation quantization for the ternary BitLinear kernels.
+
+use hesper_dsl::kernel;
+
+/// Per-token int8 (bitnet.cpp's I2_S activations, the BitNet b1.58 A8 rule), one row per
+/// workgroup: `s = 127 / max(max|x|, 1e-5)`, `q = clamp(rne(x·s), −128, 127)`, `scale[row] = s`.
+#[kernel(workgroup = 256)]
+pub fn quantize_i8(
+    x: &[f32],
+    q: &mut [i32],
+    scale: &mut [f32],
+    #[uniform] cols: u32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let row = wid();
+    let t = lid();
+    let base = row * cols;
+    let mut m: f32 = 0.0;
+    for i in (t..cols).step_by(256) {
+        m = m.max(x[base + i].abs());
+    }
+    acc[t] = m;
+    barrier();
+    let mut stride: u32 = 128;
+    while stride > 0 {
+        if t < stride {
+            acc[t] = acc[t].max(acc[t + stride]);
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    let s = 127.0 / acc[0].max(0.00001);
+    for i in (t..cols).step_by(256) {
+        q[base + i] = (x[base + i] * s).round().clamp(-128.0, 127.0) as i32;
+    }
+    if t == 0 {
+        scale[row] = s;
+    }
+}
+
+/// ggml Q8_K blocks (mainline's TQ activations), one 256-value block per workgroup: the
+/// signed value with the largest magnitude (first on ties) gives `iscale = −127/max`,
+/// `q = min(127, rne(iscale·x))`, `d[block] = 1/iscale` (0 for an all-zero block).
+#[kernel(workgroup = 256)]
+pub fn quantize_q8k(
+    x: &[f32],
+    q: &mut [i32],
+    d: &mut [f32],
+    #[shared] vals: &mut [f32; 256],
+    #[shared] idxs: &mut [u32; 256],
+) {
+    let b = wid();
+    let t = lid();
+    let v = x[b * 256u32 + t];
+    vals[t] = v;
+    idxs[t] = t;
+    barrier();
+    let mut stride: u32 = 128;
+    while stride > 0 {
+        if t < stride {
+            let o = t + stride;
+            let a = vals[t].abs();
+            let c = vals[o].abs();
+            if c > a || (c == a && idxs[o] < idxs[t]) {
+                vals[t] = vals[o];
+                idxs[t] = idxs[o];
+            }
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    let max = vals[0];
+    if max == 0.0 {
+        q[b * 256u32 + t] = 0;
+        if t == 0 {
+            d[b] = 0.0;
+        }
+    } else {
+        let iscale = -127.0 / max;
+        q[b * 256u32 + t] = (iscale * v).round().min(127.0) as i32;
+        if t == 0 {
+            d[b] = 1.0 / iscale;
+        }
+    }
+}
+
+/// ggml Q8_0 blocks (activations multiplied with Q8_0 weights), 8 blocks of 32 per workgroup:
+/// `d = amax/127` (kept rounded to f16), `q = x/d` rounded half away from zero.
+#[kernel(workgroup = 256)]
+pub fn quantize_q8_0(
+    x: &[f32],
+    q: &mut [i32],
+    d: &mut [f32],
+    #[uniform] blocks: u32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let t = lid();
+    let lane = t % 32u32;
+    let b = wid() * 8u32 + t / 32u32;
+    let mut v: f32 = 0.0;
+    if b < blocks {
+        v = x[b * 32u32 + lane];
+    }
+    acc[t] = v.abs();
+    barrier();
+    let mut stride: u32 = 16;
+    while stride > 0 {
+        if lane < stride {
+            acc[t] = acc[t].max(acc[t + stride]);
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    let scale = acc[t - lane] / 127.0;
+    let mut inv: f32 = 0.0;
+    if scale != 0.0 {
+        inv = 1.0 / scale;
+    }
+    let y = v * inv;
+    let whole = y.trunc();
+    let away = select(-1.0, 1.0, y > 0.0);
+    let r = select(whole, whole + away, (y - whole).abs() >= 0.5);
+    if b < blocks {
+        q[b * 32u32 + lane] = r as i32;
+        if lane == 0u32 {
+            d[b] = round_to_f16(scale);
+        }
+    }
+}

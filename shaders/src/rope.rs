@@ -1,0 +1,34 @@
+//! Rotary position embedding.
+
+use hesper_dsl::kernel;
+
+/// NeoX RoPE in place: for token `t` (at position `pos0 + t`), head `h`, pair
+/// `i < rope_dim/2`, rotates `(x[i], x[i + rope_dim/2])` by the angle whose `(cos, sin)` the
+/// host put at `cs[2·(pos·half + i)]` (one table built by `RopeShape::angles`, so every
+/// backend rotates by the same angles).
+#[kernel(workgroup = 64)]
+pub fn rope_neox(
+    x: &mut [f32],
+    cs: &[f32],
+    #[uniform] n_tokens: u32,
+    #[uniform] n_head: u32,
+    #[uniform] head_dim: u32,
+    #[uniform] rope_dim: u32,
+    #[uniform] pos0: u32,
+) {
+    let half = rope_dim / 2u32;
+    let idx = gid();
+    if idx < n_tokens * n_head * half {
+        let i = idx % half;
+        let head = (idx / half) % n_head;
+        let t = idx / (half * n_head);
+        let base = (t * n_head + head) * head_dim;
+        let at = 2u32 * ((pos0 + t) * half + i);
+        let c = cs[at];
+        let s = cs[at + 1u32];
+        let a = x[base + i];
+        let b = x[base + i + half];
+        x[base + i] = a * c - b * s;
+        x[base + i + half] = a * s + b * c;
+    }
+}

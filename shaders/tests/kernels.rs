@@ -1,0 +1,1022 @@
+//! Every kernel of `hesper-shaders` run on a real WebGPU adapter (Mesa lavapipe in CI) against
+//! the CPU backend's reference functions, on sizes that are not multiples of the workgroup.
+//! Finding no adapter is a failure, not a skip: CI installs lavapipe.
+//!
+//! Each comparison states its tolerance and why; the measured maximum is printed (run with
+//! `--nocapture`).
+
+use hesper_cpu::kernels::scalar::{f16_dot, f32_dot, i2s_code_dot, tq2_0_dot};
+use hesper_cpu::ops::{self, KvCache};
+use hesper_cpu::quant::{quantize_i8_row, quantize_q8_k, round_f16, QK_K};
+use hesper_engine::backend::{AttentionShape, RopeShape};
+use hesper_engine::config::Activation;
+use hesper_engine::weights::{decode_row, i2s_code, tq2_0_code, Format, TQ2_0_BLOCK_BYTES};
+use hesper_gpu::{Gpu, GpuBuffer, KernelArgs};
+use hesper_shaders as k;
+
+/// Opens the adapter; no adapter is a test failure.
+fn gpu() -> Gpu {
+    let g = Gpu::new().unwrap_or_else(|e| panic!("a WebGPU adapter is required: {e}"));
+    println!(
+        "adapter: {} ({:?}, {:?})",
+        g.info.name, g.info.backend, g.info.device_type
+    );
+    g
+}
+
+/// One launch in its own batch and submit.
+fn launch<A: KernelArgs>(g: &mut Gpu, args: &A, grid: [u32; 3]) {
+    let mut b = g.batch();
+    b.run(g, args, grid)
+        .unwrap_or_else(|e| panic!("{}: {e}", A::SOURCE.name));
+    g.submit(b)
+        .unwrap_or_else(|e| panic!("{}: {e}", A::SOURCE.name));
+}
+
+/// Reads a whole buffer back (a macro: the element bound is `bytemuck::Pod`, which this
+/// crate does not name).
+macro_rules! read {
+    ($g:expr, $b:expr) => {{
+        let b = $b;
+        $g.read(b, b.len()).unwrap_or_else(|e| panic!("read: {e}"))
+    }};
+}
+
+/// A small LCG: deterministic test data.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
+
+/// Deterministic test data in [-2, 2).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// Random normal f16 bit patterns with exponents `exp` (biased), either sign.
+fn f16_bits(n: usize, seed: u64, exp: std::ops::RangeInclusive<u16>) -> Vec<u16> {
+    let mut r = Lcg(seed);
+    let span = u64::from(exp.end() - exp.start() + 1);
+    (0..n)
+        .map(|_| {
+            let x = r.next();
+            let sign = ((x & 1) as u16) << 15;
+            let e = exp.start() + ((x >> 1) % span) as u16;
+            sign | (e << 10) | ((x >> 8) & 0x3ff) as u16
+        })
+        .collect()
+}
+
+fn f16_to_f32(bits: &[u16]) -> Vec<f32> {
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let mut out = vec![0.0; bits.len()];
+    decode_row(Format::F16, &bytes, &mut out);
+    out
+}
+
+/// f16 pairs in u32 words, the lower element in the low half.
+fn pack_f16(bits: &[u16]) -> Vec<u32> {
+    bits.chunks_exact(2)
+        .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16))
+        .collect()
+}
+
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// `|a − b| / max(|b|, 1)`: relative for large values, absolute below 1.
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            assert!(x.is_finite(), "non-finite GPU value {x}");
+            (x - y).abs() / y.abs().max(1.0)
+        })
+        .fold(0.0, f32::max)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            assert!(x.is_finite(), "non-finite GPU value {x}");
+            (x - y).abs()
+        })
+        .fold(0.0, f32::max)
+}
+
+/// Distance in units in the last place between two finite f32 of the same sign.
+fn ulps(a: f32, b: f32) -> u32 {
+    assert_eq!(a.is_sign_negative(), b.is_sign_negative(), "{a} vs {b}");
+    a.to_bits().abs_diff(b.to_bits())
+}
+
+/// Marks output the kernels must not touch.
+const SENTINEL: f32 = -7.25;
+
+/// An output of `n` tokens × `width` columns filled with [`SENTINEL`].
+fn sentinel_out(g: &Gpu, n: usize, width: usize) -> GpuBuffer<f32> {
+    g.upload("out", &vec![SENTINEL; n * width])
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The `[n][rows]` window at columns `row0..row0+rows` of a `[n][width]` output, after
+/// checking every column outside it still holds [`SENTINEL`].
+fn window(got: &[f32], n: usize, width: usize, row0: usize, rows: usize) -> Vec<f32> {
+    assert_eq!(got.len(), n * width);
+    let mut out = Vec::with_capacity(n * rows);
+    for t in 0..n {
+        for c in 0..width {
+            let v = got[t * width + c];
+            if (row0..row0 + rows).contains(&c) {
+                out.push(v);
+            } else {
+                assert_eq!(
+                    v.to_bits(),
+                    SENTINEL.to_bits(),
+                    "token {t} column {c} outside the window {row0}..{} was written",
+                    row0 + rows
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Output widths and window offsets every matrix kernel is launched with: the whole output
+/// (`row0 = 0`), then a window of the same rows at an offset inside a wider output.
+const WINDOWS: [(usize, usize); 2] = [(0, 0), (9, 13)];
+
+#[test]
+fn adapter_is_found() {
+    let g = gpu();
+    assert!(g.limits.max_compute_invocations_per_workgroup >= 256);
+}
+
+#[test]
+fn add_assign_is_exact() {
+    let mut g = gpu();
+    let n = 1000; // not a multiple of 256
+    let (x, y) = (data(n, 1), data(n, 2));
+    let mut bx = g.upload("x", &x).unwrap();
+    let by = g.upload("y", &y).unwrap();
+    launch(
+        &mut g,
+        &k::add_assign::Args {
+            x: &mut bx,
+            y: &by,
+            n: n as u32,
+        },
+        [n.div_ceil(256) as u32, 1, 1],
+    );
+    let got = read!(g, &bx);
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    // One correctly rounded f32 addition on both sides: bit-exact.
+    println!("add_assign: max abs diff {}", max_abs_diff(&got, &want));
+    assert_eq!(got, want, "add_assign");
+}
+
+#[test]
+fn gated_activations_match_glu() {
+    let mut g = gpu();
+    let n = 1000; // not a multiple of 256
+    let (gate, up) = (data(n, 3), data(n, 4));
+    let bg = g.upload("gate", &gate).unwrap();
+    let bu = g.upload("up", &up).unwrap();
+    let grid = [n.div_ceil(256) as u32, 1, 1];
+    for act in [Activation::Relu2, Activation::Silu] {
+        let mut out = g.zeroed::<f32>("out", n).unwrap();
+        match act {
+            Activation::Relu2 => launch(
+                &mut g,
+                &k::relu2_mul::Args {
+                    gate: &bg,
+                    up: &bu,
+                    out: &mut out,
+                    n: n as u32,
+                },
+                grid,
+            ),
+            Activation::Silu => launch(
+                &mut g,
+                &k::silu_mul::Args {
+                    gate: &bg,
+                    up: &bu,
+                    out: &mut out,
+                    n: n as u32,
+                },
+                grid,
+            ),
+        }
+        let got = read!(g, &out);
+        let mut want = vec![0.0; n];
+        ops::glu(&gate, &up, n, act, &mut want);
+        let d = max_rel_diff(&got, &want);
+        println!("{act:?}·up: max relative diff {d:e}");
+        match act {
+            // max, then two correctly rounded multiplications (no add to contract into an
+            // FMA): bit-exact.
+            Activation::Relu2 => assert_eq!(got, want, "relu2_mul"),
+            // WGSL allows exp 3 + 2|x| ulp (|x| < 2 here: 7 ulp) and the division 2.5 ulp;
+            // through 1 + e^(−g) and the final products that stays below ~1e-6 relative.
+            Activation::Silu => assert!(d <= 1e-6, "silu_mul: max relative diff {d}"),
+        }
+    }
+}
+
+#[test]
+fn rms_norm_matches_the_cpu() {
+    let mut g = gpu();
+    let (rows, width, eps) = (3usize, 1000usize, 1e-5f32); // 1000: not a multiple of 256
+    let (x, w) = (data(rows * width, 5), data(width, 6));
+    let bx = g.upload("x", &x).unwrap();
+    let bw = g.upload("w", &w).unwrap();
+    let mut y = g.zeroed::<f32>("y", rows * width).unwrap();
+    launch(
+        &mut g,
+        &k::rms_norm::Args {
+            x: &bx,
+            w: &bw,
+            y: &mut y,
+            width: width as u32,
+            eps,
+        },
+        [rows as u32, 1, 1],
+    );
+    let got = read!(g, &y);
+    let mut want = vec![0.0; rows * width];
+    ops::rms_norm(&x, &w, rows, eps, &mut want);
+    // The CPU sums squares in f64, the GPU in f32 (4 terms a thread, then a 256-way tree:
+    // ~12 roundings deep, ~1e-6 relative on the mean); sqrt and the division add 2.5 ulp
+    // each under WGSL. The scale is then off by a few 1e-7 relative; 1e-5 leaves margin.
+    let d = max_rel_diff(&got, &want);
+    println!("rms_norm: max relative diff {d:e}");
+    assert!(d <= 1e-5, "rms_norm: max relative diff {d}");
+}
+
+#[test]
+fn argmax_two_stages_find_the_first_maximum() {
+    let mut g = gpu();
+    let n = 128_256; // the 2B4T vocabulary; not a multiple of the 256 × per_thread stride
+    let mut logits = data(n, 7);
+    // Ties at 9.0: the first index must win.
+    // 77_777 is thread 209 of its workgroup; 77_833 is in the same workgroup on thread 9
+    // (a later index reduced first by the tree), 78_033 on the same thread (the per-thread
+    // loop), 100_001 in a later workgroup (the second stage).
+    for i in [77_777, 77_833, 78_033, 100_001] {
+        logits[i] = 9.0;
+    }
+    // Same shape as the GPU backend: up to 64 logits a thread.
+    let groups = n.div_ceil(256 * 64).clamp(1, 256) as u32;
+    let per_thread = (n as u32).div_ceil(256 * groups);
+    assert!(
+        groups * 256 * per_thread > n as u32,
+        "the last workgroup is partial"
+    );
+    let bl = g.upload("logits", &logits).unwrap();
+    let mut best = g.zeroed::<f32>("best", groups as usize).unwrap();
+    let mut best_index = g.zeroed::<u32>("best_index", groups as usize).unwrap();
+    let mut index = g.zeroed::<u32>("index", 1).unwrap();
+    let mut b = g.batch();
+    b.run(
+        &mut g,
+        &k::argmax_partial::Args {
+            logits: &bl,
+            best: &mut best,
+            best_index: &mut best_index,
+            n: n as u32,
+            per_thread,
+        },
+        [groups, 1, 1],
+    )
+    .unwrap();
+    b.run(
+        &mut g,
+        &k::argmax_final::Args {
+            best: &best,
+            best_index: &best_index,
+            index: &mut index,
+            n: groups,
+        },
+        [1, 1, 1],
+    )
+    .unwrap();
+    g.submit(b).unwrap();
+    // The partials: each workgroup's maximum and the first index holding it (exact).
+    let (vals, idxs) = (read!(g, &best), read!(g, &best_index));
+    let span = 256 * per_thread as usize;
+    for w in 0..groups as usize {
+        let range = w * span..((w + 1) * span).min(n);
+        let i =
+            range.start + hesper_engine::sampler::argmax(logits[range].iter().copied()) as usize;
+        assert_eq!((vals[w], idxs[w]), (logits[i], i as u32), "workgroup {w}");
+    }
+    let got = read!(g, &index)[0];
+    let want = hesper_engine::sampler::argmax(logits.iter().copied());
+    println!("argmax: gpu {got}, cpu {want}");
+    assert_eq!(want, 77_777);
+    assert_eq!(got, want, "argmax");
+}
+
+#[test]
+fn rope_neox_matches_the_cpu() {
+    let mut g = gpu();
+    // 7 tokens from position 5, 3 heads of 64 with 48 rotated dims (a partial rotation):
+    // 7·3·24 = 504 pairs, not a multiple of 64.
+    let (n, pos0) = (7usize, 5usize);
+    let shape = RopeShape {
+        n_head: 3,
+        head_dim: 64,
+        rope_dim: 48,
+        base: 500000.0,
+    };
+    let x = data(n * shape.n_head * shape.head_dim, 8);
+    let mut bx = g.upload("x", &x).unwrap();
+    // The backend's table covers positions 0..pos0+n; the kernel indexes it by position.
+    let cs = g.upload("cs", &shape.angles(0, pos0 + n)).unwrap();
+    let pairs = n * shape.n_head * shape.rope_dim / 2;
+    launch(
+        &mut g,
+        &k::rope_neox::Args {
+            x: &mut bx,
+            cs: &cs,
+            n_tokens: n as u32,
+            n_head: shape.n_head as u32,
+            head_dim: shape.head_dim as u32,
+            rope_dim: shape.rope_dim as u32,
+            pos0: pos0 as u32,
+        },
+        [pairs.div_ceil(64) as u32, 1, 1],
+    );
+    let got = read!(g, &bx);
+    let mut want = x.clone();
+    ops::rope(&mut want, n, pos0, &shape);
+    // Same angles and the same two products and one sum per output; the GPU may contract
+    // `a·c − b·s` into one FMA, which moves the result by at most an ulp of the larger
+    // product (|a|, |b| < 2: ≤ 2.4e-7). The unrotated tail dims must be untouched.
+    let d = max_rel_diff(&got, &want);
+    println!("rope_neox: max relative diff {d:e}");
+    assert!(d <= 1e-6, "rope_neox: max relative diff {d}");
+    for (t, (gr, xr)) in got
+        .chunks_exact(shape.head_dim)
+        .zip(x.chunks_exact(shape.head_dim))
+        .enumerate()
+    {
+        assert_eq!(
+            gr[shape.rope_dim..],
+            xr[shape.rope_dim..],
+            "head row {t} tail"
+        );
+    }
+}
+
+#[test]
+fn quantize_i8_matches_the_cpu() {
+    let mut g = gpu();
+    // 1000 columns: not a multiple of 256; the last row is all zeros (the 1e-5 floor).
+    let (rows, cols) = (4usize, 1000usize);
+    let mut x = data(rows * cols, 9);
+    x[(rows - 1) * cols..].fill(0.0);
+    let bx = g.upload("x", &x).unwrap();
+    let mut q = g.zeroed::<i32>("q", rows * cols).unwrap();
+    let mut scale = g.zeroed::<f32>("scale", rows).unwrap();
+    launch(
+        &mut g,
+        &k::quantize_i8::Args {
+            x: &bx,
+            q: &mut q,
+            scale: &mut scale,
+            cols: cols as u32,
+        },
+        [rows as u32, 1, 1],
+    );
+    let (gq, gs) = (read!(g, &q), read!(g, &scale));
+    let mut off_by_one = 0;
+    let mut max_ulps = 0.0f64;
+    for r in 0..rows {
+        let xr = &x[r * cols..][..cols];
+        let want = quantize_i8_row(xr);
+        // The scale: the CPU divides in f64 and rounds once; WGSL allows the GPU's f32
+        // division 2.5 ulp from the exact quotient.
+        let max = xr.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        let exact = 127.0 / f64::from(max).max(1e-5);
+        let ulp = f64::from(f32::from_bits(want.scale.to_bits() + 1) - want.scale);
+        let e = (f64::from(gs[r]) - exact).abs() / ulp;
+        max_ulps = max_ulps.max(e);
+        assert!(
+            e <= 2.5,
+            "row {r}: scale {} vs {} ({e} ulp)",
+            gs[r],
+            want.scale
+        );
+        // The codes: x·s is one correctly rounded product and WGSL `round` is
+        // half-to-even like `nearest_int`, so with the same scale the codes are identical.
+        // A scale an ulp or two apart moves x·s by ≤ 127·3·2^-24 ≈ 2e-5, which crosses a
+        // rounding boundary (a .5) for about one value in 10^4: a handful of codes off by one.
+        for (c, (&a, &b)) in gq[r * cols..][..cols].iter().zip(&want.q).enumerate() {
+            let b = i32::from(b);
+            if gs[r] == want.scale {
+                assert_eq!(a, b, "row {r} col {c} with an equal scale");
+            } else if a != b {
+                assert_eq!((a - b).abs(), 1, "row {r} col {c}");
+                off_by_one += 1;
+            }
+        }
+    }
+    println!("quantize_i8: scale max {max_ulps:.2} ulp from exact, {off_by_one} codes off by one");
+    assert!(off_by_one <= 5, "{off_by_one} codes off by one");
+}
+
+#[test]
+fn quantize_q8k_matches_the_cpu() {
+    let mut g = gpu();
+    let blocks = 3;
+    let mut x = data(blocks * QK_K, 10);
+    // Block 0: a magnitude tie between −2.5 (first) and +2.5: the negative one gives the
+    // scale (positive d). Block 1: all zeros (d = 0). Block 2: largest magnitude positive
+    // (negative d).
+    x[50] = -2.5;
+    x[200] = 2.5;
+    x[QK_K..2 * QK_K].fill(0.0);
+    x[2 * QK_K + 100] = 2.75;
+    let bx = g.upload("x", &x).unwrap();
+    let mut q = g.zeroed::<i32>("q", blocks * QK_K).unwrap();
+    let mut d = g.zeroed::<f32>("d", blocks).unwrap();
+    launch(
+        &mut g,
+        &k::quantize_q8k::Args {
+            x: &bx,
+            q: &mut q,
+            d: &mut d,
+        },
+        [blocks as u32, 1, 1],
+    );
+    let (gq, gd) = (read!(g, &q), read!(g, &d));
+    let want = quantize_q8_k(&x);
+    assert!(want[0].d > 0.0 && want[1].d == 0.0 && want[2].d < 0.0);
+    let (mut max_ulps, mut off_by_one) = (0, 0);
+    for (b, wb) in want.iter().enumerate() {
+        // d = 1/(−127/max): two divisions, each 2.5 ulp under WGSL and correctly rounded on
+        // the CPU: within 6 ulp. Exact 0 for the zero block.
+        let u = ulps(gd[b], wb.d);
+        max_ulps = max_ulps.max(u);
+        assert!(u <= 6, "block {b}: d {} vs {} ({u} ulp)", gd[b], wb.d);
+        // Codes: identical when the GPU's iscale equals the CPU's (recognisable as d equal);
+        // otherwise x·iscale moves by a few 1e-5 and a code may cross a rounding boundary.
+        for (e, (&a, &c)) in gq[b * QK_K..][..QK_K].iter().zip(&wb.qs).enumerate() {
+            let c = i32::from(c);
+            if u == 0 {
+                assert_eq!(a, c, "block {b} element {e}");
+            } else if a != c {
+                assert_eq!((a - c).abs(), 1, "block {b} element {e}");
+                off_by_one += 1;
+            }
+        }
+    }
+    println!("quantize_q8k: d max {max_ulps} ulp, {off_by_one} codes off by one");
+    assert!(off_by_one <= 3, "{off_by_one} codes off by one");
+}
+
+/// Random I2_S code bytes (codes 0..=2, four a byte).
+fn i2s_codes(n_bytes: usize, seed: u64) -> Vec<u8> {
+    let mut r = Lcg(seed);
+    (0..n_bytes)
+        .map(|_| (0..4).fold(0u8, |b, k| b | (((r.next() % 3) as u8) << (2 * k))))
+        .collect()
+}
+
+#[test]
+fn bitlinear_i2s_matches_the_cpu() {
+    let mut g = gpu();
+    // 37 rows of 640 weights (5 groups of 128: 40 words a row for 64 threads), 5 tokens
+    // (grid y = 2: a full tile of 4 and a tile of 1).
+    let (rows, cols, n, beta) = (37usize, 640usize, 5usize, 0.0371f32);
+    let codes = i2s_codes(rows * cols / 4, 11);
+    let acts: Vec<_> = (0..n)
+        .map(|t| quantize_i8_row(&data(cols, 12 + t as u64)))
+        .collect();
+    let q: Vec<i32> = acts
+        .iter()
+        .flat_map(|a| a.q.iter().map(|&v| i32::from(v)))
+        .collect();
+    let scales: Vec<f32> = acts.iter().map(|a| a.scale).collect();
+    let bc = g.upload("codes", &words(&codes)).unwrap();
+    let bq = g.upload("q", &q).unwrap();
+    let bs = g.upload("scale", &scales).unwrap();
+    let want: Vec<f32> = acts
+        .iter()
+        .flat_map(|a| {
+            codes
+                .chunks_exact(cols / 4)
+                .map(|row| (i2s_code_dot(row, &a.q) - a.sum) as f32 / a.scale * beta)
+        })
+        .collect();
+    for (row0, extra) in WINDOWS {
+        let width = row0 + rows + extra;
+        let mut out = sentinel_out(&g, n, width);
+        launch(
+            &mut g,
+            &k::bitlinear_i2s::Args {
+                codes: &bc,
+                q: &bq,
+                scale: &bs,
+                out: &mut out,
+                cols: cols as u32,
+                rows: width as u32,
+                row0: row0 as u32,
+                n: n as u32,
+                beta,
+            },
+            [rows as u32, n.div_ceil(4) as u32, 1],
+        );
+        let got = window(&read!(g, &out), n, width, row0, rows);
+        // The integer sums are exact; then the same division (2.5 ulp under WGSL, correctly
+        // rounded on the CPU) and one multiplication: a few ulp, < 1e-6 relative.
+        let d = max_rel_diff(&got, &want);
+        println!("bitlinear_i2s (row0 {row0}, width {width}): max relative diff {d:e}");
+        assert!(
+            d <= 1e-6,
+            "bitlinear_i2s row0 {row0}: max relative diff {d}"
+        );
+    }
+}
+
+#[test]
+fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
+    let mut g = gpu();
+    // 37 rows of 1280 weights (5 Q8_K blocks for 64 threads), 5 tokens.
+    let (rows, cols, n, out_scale) = (37usize, 1280usize, 5usize, 1.25f32);
+    let blocks = cols / QK_K;
+    // TQ2_0 rows: per block 64 bytes of crumbs 0..=2 (element e at byte 32·(e/128) + e%32,
+    // shift 2·((e%128)/32)), then the f16 scale (small positive normals, like real ones).
+    let mut codes = i2s_codes(rows * blocks * 64, 13).into_iter();
+    let scale_bits = f16_bits(rows * blocks, 14, 5..=10)
+        .into_iter()
+        .map(|b| b & 0x7fff)
+        .collect::<Vec<_>>();
+    let tq: Vec<u8> = (0..rows * blocks)
+        .flat_map(|rb| {
+            let mut blk: Vec<u8> = codes.by_ref().take(64).collect();
+            blk.extend(scale_bits[rb].to_le_bytes());
+            blk
+        })
+        .collect();
+    let row_bytes = blocks * TQ2_0_BLOCK_BYTES;
+    assert_eq!(tq.len(), rows * row_bytes);
+    // Repacked into the I2_S layout (element k at byte 32·(k/128) + k%32, shift
+    // 6 − 2·((k%128)/32)) with the block scales beside as f32.
+    let mut repacked = vec![0u8; rows * cols / 4];
+    for (r, row) in tq.chunks_exact(row_bytes).enumerate() {
+        let out = &mut repacked[r * cols / 4..][..cols / 4];
+        for kk in 0..cols {
+            let blk = &row[(kk / QK_K) * TQ2_0_BLOCK_BYTES..][..TQ2_0_BLOCK_BYTES];
+            let c = tq2_0_code(blk, kk % QK_K);
+            out[32 * (kk / 128) + kk % 32] |= c << (6 - 2 * ((kk % 128) / 32));
+        }
+        for kk in 0..cols {
+            let blk = &row[(kk / QK_K) * TQ2_0_BLOCK_BYTES..][..TQ2_0_BLOCK_BYTES];
+            assert_eq!(i2s_code(out, kk), tq2_0_code(blk, kk % QK_K), "repack");
+        }
+    }
+    let wscale = f16_to_f32(&scale_bits);
+    let acts: Vec<_> = (0..n)
+        .map(|t| quantize_q8_k(&data(cols, 15 + t as u64)))
+        .collect();
+    let q: Vec<i32> = acts
+        .iter()
+        .flat_map(|a| a.iter().flat_map(|b| b.qs.iter().map(|&v| i32::from(v))))
+        .collect();
+    let d: Vec<f32> = acts.iter().flat_map(|a| a.iter().map(|b| b.d)).collect();
+    let bc = g.upload("codes", &words(&repacked)).unwrap();
+    let bw = g.upload("wscale", &wscale).unwrap();
+    let bq = g.upload("q", &q).unwrap();
+    let bd = g.upload("d", &d).unwrap();
+    let want: Vec<f32> = acts
+        .iter()
+        .flat_map(|a| {
+            tq.chunks_exact(row_bytes)
+                .map(|row| tq2_0_dot(row, a) * out_scale)
+        })
+        .collect();
+    // Scale for the error: Σ over blocks of |sumi·d·ws|, what the f32 accumulation rounds.
+    let magnitude: Vec<f32> = acts
+        .iter()
+        .flat_map(|a| {
+            tq.chunks_exact(row_bytes).map(move |row| {
+                row.chunks_exact(TQ2_0_BLOCK_BYTES)
+                    .zip(a)
+                    .map(|(blk, ab)| tq2_0_dot(blk, std::slice::from_ref(ab)).abs())
+                    .sum::<f32>()
+                    * out_scale
+            })
+        })
+        .collect();
+    for (row0, extra) in WINDOWS {
+        let width = row0 + rows + extra;
+        let mut out = sentinel_out(&g, n, width);
+        launch(
+            &mut g,
+            &k::bitlinear_tq::Args {
+                codes: &bc,
+                wscale: &bw,
+                q: &bq,
+                d: &bd,
+                out: &mut out,
+                cols: cols as u32,
+                rows: width as u32,
+                row0: row0 as u32,
+                n: n as u32,
+                out_scale,
+            },
+            [rows as u32, n.div_ceil(4) as u32, 1],
+        );
+        let got = window(&read!(g, &out), n, width, row0, rows);
+        // Per block the integer sum is exact and `sumi · (d · ws)` the same two products on
+        // both sides; only the order of the 5 block additions differs (CPU in order, GPU
+        // (b0 + b4) + ... by the tree): ≤ 4 roundings of partial sums bounded by the sum
+        // of |block terms|, so |Δ| ≤ 4·2^-24·Σ|terms| (< 2.4e-7 of it); 1e-6 leaves margin.
+        let e = got
+            .iter()
+            .zip(&want)
+            .zip(&magnitude)
+            .map(|((a, b), m)| (a - b).abs() / m.max(f32::MIN_POSITIVE))
+            .fold(0.0f32, f32::max);
+        println!("bitlinear_tq (row0 {row0}, width {width}): max diff {e:e} of Σ|block terms|");
+        assert!(e <= 1e-6, "bitlinear_tq row0 {row0}: {e}");
+    }
+}
+
+/// Max of `|got − want| / Σ|w·x|` over `[n][rows]`: the error of an f32 dot product in a
+/// different summation order is bounded by a multiple of the sum of the magnitudes of its
+/// terms (not of the result, which may cancel).
+fn dot_error(got: &[f32], want: &[f32], magnitude: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .zip(magnitude)
+        .map(|((a, b), m)| {
+            assert!(a.is_finite(), "non-finite GPU value {a}");
+            (a - b).abs() / m
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn matvec_f32_matches_f32_dot() {
+    let mut g = gpu();
+    // 37 rows of 300 (not a multiple of 64), 5 tokens.
+    let (rows, cols, n, out_scale) = (37usize, 300usize, 5usize, 0.75f32);
+    let w = data(rows * cols, 16);
+    let x = data(n * cols, 17);
+    let bw = g
+        .upload("w", &w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+        .unwrap();
+    let bx = g.upload("x", &x).unwrap();
+    let row_bytes: Vec<Vec<u8>> = w
+        .chunks_exact(cols)
+        .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let mut want = Vec::new();
+    let mut magnitude = Vec::new();
+    for xt in x.chunks_exact(cols) {
+        for (rb, wr) in row_bytes.iter().zip(w.chunks_exact(cols)) {
+            want.push(f32_dot(rb, xt) * out_scale);
+            magnitude.push(wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum::<f32>() * out_scale);
+        }
+    }
+    for (row0, extra) in WINDOWS {
+        let width = row0 + rows + extra;
+        let mut out = sentinel_out(&g, n, width);
+        launch(
+            &mut g,
+            &k::matvec_f32::Args {
+                w: &bw,
+                x: &bx,
+                out: &mut out,
+                cols: cols as u32,
+                rows: width as u32,
+                row0: row0 as u32,
+                n: n as u32,
+                out_scale,
+            },
+            [rows as u32, n.div_ceil(4) as u32, 1],
+        );
+        let got = window(&read!(g, &out), n, width, row0, rows);
+        // The CPU sums 300 products in order, the GPU 5 a thread then a 64-way tree (with
+        // possible FMA contraction). Rounding errors of either order behave like a random
+        // walk, ~sqrt(300)·2^-24 ≈ 1e-6 of Σ|w·x| at one sigma; 5e-6 allows 5 sigma (the
+        // worst-case bound 300·2^-24 ≈ 1.8e-5 is never approached with random signs).
+        let e = dot_error(&got, &want, &magnitude);
+        println!("matvec_f32 (row0 {row0}, width {width}): max diff {e:e} of Σ|w·x|");
+        assert!(e <= 5e-6, "matvec_f32 row0 {row0}: {e}");
+    }
+}
+
+#[test]
+fn matvec_f16_matches_f16_dot() {
+    let mut g = gpu();
+    // 37 rows of 300 (150 words a row: not a multiple of 64), 5 tokens.
+    let (rows, cols, n, out_scale) = (37usize, 300usize, 5usize, 0.75f32);
+    let wbits = f16_bits(rows * cols, 18, 11..=16);
+    let wf = f16_to_f32(&wbits);
+    let x = data(n * cols, 19);
+    let bw = g.upload("w", &pack_f16(&wbits)).unwrap();
+    let bx = g.upload("x", &x).unwrap();
+    let mut want = Vec::new();
+    let mut magnitude = Vec::new();
+    for xt in x.chunks_exact(cols) {
+        let xh = round_f16(xt);
+        for (wb, wr) in wbits.chunks_exact(cols).zip(wf.chunks_exact(cols)) {
+            let bytes: Vec<u8> = wb.iter().flat_map(|b| b.to_le_bytes()).collect();
+            want.push(f16_dot(&bytes, &xh) * out_scale);
+            magnitude.push(wr.iter().zip(&xh).map(|(a, b)| (a * b).abs()).sum::<f32>() * out_scale);
+        }
+    }
+    for (row0, extra) in WINDOWS {
+        let width = row0 + rows + extra;
+        let mut out = sentinel_out(&g, n, width);
+        launch(
+            &mut g,
+            &k::matvec_f16::Args {
+                w: &bw,
+                x: &bx,
+                out: &mut out,
+                cols: cols as u32,
+                rows: width as u32,
+                row0: row0 as u32,
+                n: n as u32,
+                out_scale,
+            },
+            [rows as u32, n.div_ceil(4) as u32, 1],
+        );
+        let got = window(&read!(g, &out), n, width, row0, rows);
+        // f16 weights widen exactly; the activations round through f16 on both sides
+        // (quantizeToF16 vs half's round-to-nearest-even). Left is the summation order, as
+        // for matvec_f32: 5e-6 of Σ|w·x|.
+        let e = dot_error(&got, &want, &magnitude);
+        println!("matvec_f16 (row0 {row0}, width {width}): max diff {e:e} of Σ|w·x|");
+        assert!(e <= 5e-6, "matvec_f16 row0 {row0}: {e}");
+    }
+}
+
+/// The ids and the two row windows (`row0`, `rows`) of the embedding tests: every id falls
+/// in exactly one window; the second window is not at the start of the table.
+const VOCAB: usize = 20;
+const IDS: [u32; 6] = [5, 0, 17, 9, 19, 10];
+const EMBED_WINDOWS: [(usize, usize); 2] = [(0, 10), (10, 10)];
+
+/// Runs an embedding kernel over both windows, checking after the first that only its
+/// tokens were written; returns the final output.
+fn embed_windows(
+    g: &mut Gpu,
+    cols: usize,
+    mut launch_window: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, usize, usize),
+) -> Vec<f32> {
+    let n = IDS.len();
+    let mut out = sentinel_out(g, n, cols);
+    for (i, &(row0, rows)) in EMBED_WINDOWS.iter().enumerate() {
+        launch_window(g, &mut out, row0, rows);
+        if i == 0 {
+            let got = read!(g, &out);
+            for (t, &id) in IDS.iter().enumerate() {
+                if !(row0..row0 + rows).contains(&(id as usize)) {
+                    assert!(
+                        got[t * cols..][..cols].iter().all(|v| *v == SENTINEL),
+                        "token {t} (id {id}) written by the window {row0}..{}",
+                        row0 + rows
+                    );
+                }
+            }
+        }
+    }
+    read!(g, &out)
+}
+
+#[test]
+fn embed_f32_fetches_rows_by_window() {
+    let mut g = gpu();
+    let cols = 300; // 6 tokens · 300 = 1800 invocations: not a multiple of 256
+    let table = data(VOCAB * cols, 20);
+    let bits: Vec<u32> = table.iter().map(|v| v.to_bits()).collect();
+    let ids = g.upload("ids", &IDS).unwrap();
+    let windows: Vec<GpuBuffer<u32>> = EMBED_WINDOWS
+        .iter()
+        .map(|&(row0, rows)| {
+            g.upload("table", &bits[row0 * cols..][..rows * cols])
+                .unwrap()
+        })
+        .collect();
+    let got = embed_windows(&mut g, cols, |g, out, row0, rows| {
+        let table = &windows[EMBED_WINDOWS.iter().position(|w| w.0 == row0).unwrap()];
+        launch(
+            g,
+            &k::embed_f32::Args {
+                table,
+                ids: &ids,
+                out,
+                cols: cols as u32,
+                n: IDS.len() as u32,
+                row0: row0 as u32,
+                rows: rows as u32,
+            },
+            [(IDS.len() * cols).div_ceil(256) as u32, 1, 1],
+        );
+    });
+    let want: Vec<f32> = IDS
+        .iter()
+        .flat_map(|&id| table[id as usize * cols..][..cols].iter().copied())
+        .collect();
+    // A bit copy: exact.
+    println!("embed_f32: max abs diff {}", max_abs_diff(&got, &want));
+    assert_eq!(got, want, "embed_f32");
+}
+
+#[test]
+fn embed_f16_fetches_rows_by_window() {
+    let mut g = gpu();
+    let cols = 300; // 6 tokens · 150 words = 900 invocations: not a multiple of 256
+    let bits = f16_bits(VOCAB * cols, 21, 1..=30);
+    let table = f16_to_f32(&bits);
+    let ids = g.upload("ids", &IDS).unwrap();
+    let windows: Vec<GpuBuffer<u32>> = EMBED_WINDOWS
+        .iter()
+        .map(|&(row0, rows)| {
+            g.upload("table", &pack_f16(&bits[row0 * cols..][..rows * cols]))
+                .unwrap()
+        })
+        .collect();
+    let got = embed_windows(&mut g, cols, |g, out, row0, rows| {
+        let table = &windows[EMBED_WINDOWS.iter().position(|w| w.0 == row0).unwrap()];
+        launch(
+            g,
+            &k::embed_f16::Args {
+                table,
+                ids: &ids,
+                out,
+                cols: cols as u32,
+                n: IDS.len() as u32,
+                row0: row0 as u32,
+                rows: rows as u32,
+            },
+            [(IDS.len() * cols / 2).div_ceil(256) as u32, 1, 1],
+        );
+    });
+    let want: Vec<f32> = IDS
+        .iter()
+        .flat_map(|&id| table[id as usize * cols..][..cols].iter().copied())
+        .collect();
+    // Every normal f16 (exponents 1..=30, the whole normal range) widens exactly to f32.
+    // Subnormal f16 are left out: whether `unpack2x16float` keeps them is the
+    // implementation's floating-point behaviour (lavapipe keeps them exactly; a device that
+    // flushes denormals would not).
+    println!("embed_f16: max abs diff {}", max_abs_diff(&got, &want));
+    assert_eq!(got, want, "embed_f16");
+}
+
+#[test]
+fn attention_matches_the_cpu_across_a_tile_boundary() {
+    let mut g = gpu();
+    let s = AttentionShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+    };
+    let (n, pos0, n_ctx) = (3usize, 130usize, 256usize);
+    let (width, kv_dim) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    let len = pos0 + n;
+    let k_all = data(len * kv_dim, 22);
+    let v_all = data(len * kv_dim, 23);
+    // Fill the CPU cache: the 130-token prefix, then the 3 tokens under test.
+    let mut cache = KvCache::new(1, n_ctx, kv_dim);
+    let mut scratch = vec![0.0; pos0 * width];
+    let q_pre = data(pos0 * width, 24);
+    ops::attention(
+        &mut cache,
+        0,
+        &q_pre,
+        &k_all,
+        &v_all,
+        pos0,
+        0,
+        &s,
+        &mut scratch,
+    );
+    let q = data(n * width, 25);
+    let mut want = vec![0.0; n * width];
+    ops::attention(
+        &mut cache,
+        0,
+        &q,
+        &k_all[pos0 * kv_dim..],
+        &v_all[pos0 * kv_dim..],
+        n,
+        pos0,
+        &s,
+        &mut want,
+    );
+    // The GPU caches `[pos][kv_dim]` for the whole context; positions past the last token
+    // hold zero keys (score 0, in the middle of the real scores, so a non-negligible weight)
+    // and values of 1e4: attending past the causal end cannot go unnoticed.
+    let mut kc = vec![0.0f32; n_ctx * kv_dim];
+    let mut vc = vec![1e4f32; n_ctx * kv_dim];
+    kc[..len * kv_dim].copy_from_slice(&k_all);
+    vc[..len * kv_dim].copy_from_slice(&v_all);
+    let bq = g.upload("q", &q).unwrap();
+    let bk = g.upload("k_cache", &kc).unwrap();
+    let bv = g.upload("v_cache", &vc).unwrap();
+    let mut out = g.zeroed::<f32>("out", n * width).unwrap();
+    launch(
+        &mut g,
+        &k::attention::Args {
+            q: &bq,
+            k_cache: &bk,
+            v_cache: &bv,
+            out: &mut out,
+            n_head: s.n_head as u32,
+            n_head_kv: s.n_head_kv as u32,
+            head_dim: s.head_dim as u32,
+            pos0: pos0 as u32,
+            scale: 1.0 / (s.head_dim as f32).sqrt(),
+        },
+        [s.n_head as u32, n as u32, 1],
+    );
+    let got = read!(g, &out);
+    // Scores (|q·k|/8 up to ~5) differ by summation order, a few 1e-7; exp adds WGSL's
+    // 3 + 2|x| ulp; the GPU's online softmax rescales per tile and sums in f32 where the
+    // CPU normalises once with an f64 sum. Each weight is then within ~1e-5 relative, and
+    // the output (a convex combination of values in [−2, 2)) within ~2e-5 absolute;
+    // 1e-4 leaves margin while any indexing, masking or GQA mistake gives O(0.1).
+    let d = max_abs_diff(&got, &want);
+    println!("attention: max abs diff {d:e}");
+    assert!(d <= 1e-4, "attention: max abs diff {d}");
+}
+
+#[test]
+fn a_batch_is_one_submit_and_pipelines_are_cached() {
+    let mut g = gpu();
+    let n = 300; // two workgroups, the second partial
+    let (x, y) = (data(n, 26), data(n, 27));
+    let mut bx = g.upload("x", &x).unwrap();
+    let by = g.upload("y", &y).unwrap();
+    let mut b = g.batch();
+    for _ in 0..5 {
+        b.run(
+            &mut g,
+            &k::add_assign::Args {
+                x: &mut bx,
+                y: &by,
+                n: n as u32,
+            },
+            [n.div_ceil(256) as u32, 1, 1],
+        )
+        .unwrap();
+    }
+    assert_eq!(b.dispatches(), 5);
+    let before = g.submits();
+    g.submit(b).unwrap();
+    assert_eq!(g.submits(), before + 1, "one batch, one submit");
+    let stats = g.cache_stats();
+    assert_eq!((stats.misses, stats.hits), (1, 4), "pipeline cache");
+    // The five adds ran in order, each seeing the one before (exact f32 additions).
+    let want: Vec<f32> = x
+        .iter()
+        .zip(&y)
+        .map(|(&a, &c)| (0..5).fold(a, |acc, _| acc + c))
+        .collect();
+    assert_eq!(read!(g, &bx), want);
+    // An empty grid is refused before anything is recorded.
+    let mut b = g.batch();
+    let err = b
+        .run(
+            &mut g,
+            &k::add_assign::Args {
+                x: &mut bx,
+                y: &by,
+                n: n as u32,
+            },
+            [0, 1, 1],
+        )
+        .expect_err("grid of 0 workgroups");
+    assert!(err.to_string().contains("grid"), "{err}");
+    assert!(b.is_empty());
+}

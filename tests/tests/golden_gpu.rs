@@ -1,0 +1,105 @@
+//! The WebGPU backend (Mesa lavapipe in CI; no adapter is a failure) against the same golden
+//! values and tolerances as the CPU backend, and against the CPU backend itself.
+//!
+//! Tolerances are those of `golden_cpu.rs` and for the same reasons (f32 summation order for
+//! float weights; discontinuous int8 rounding for quantized activations). GPU vs CPU on the
+//! same file differs by summation order (tree reductions vs sequential sums) and WGSL's
+//! 2.5-ulp division in the activation scales, which can move an int8 code by one step — so
+//! float files must agree to 1e-3 and quantized files to cosine ≥ 0.999.
+
+use hesper_engine::model::Logits;
+use hesper_tests::{argmax, cosine, cpu_model, gpu_model, max_abs_diff, Golden, ALL};
+
+fn logits_all<B: hesper_engine::backend::Backend>(
+    model: &hesper_engine::model::Model<B>,
+    tokens: &[u32],
+    batch: usize,
+) -> Vec<f32> {
+    let mut session = model.new_session(tokens.len(), batch).expect("session");
+    model.eval(&mut session, tokens, Logits::All).expect("eval")
+}
+
+#[test]
+fn gpu_matches_the_golden_values() {
+    for stem in ALL {
+        let g = Golden::load(stem);
+        let model = gpu_model(&g.file(), None);
+        let (mut same, mut total) = (0, 0);
+        let (mut worst_abs, mut worst_cos) = (0.0f32, 1.0f64);
+        for s in &g.sequences {
+            let ours = logits_all(&model, &s.tokens, 64);
+            worst_abs = worst_abs.max(max_abs_diff(&ours, &s.logits));
+            for (a, b) in ours.chunks(g.n_vocab).zip(s.logits.chunks(g.n_vocab)) {
+                worst_cos = worst_cos.min(cosine(a, b));
+                same += usize::from(argmax(a) == argmax(b));
+                total += 1;
+            }
+        }
+        println!(
+            "{stem} gpu: max|Δlogit| {worst_abs:.3e}, min cosine {worst_cos:.6}, argmax {same}/{total}"
+        );
+        if g.act_quant == "none" {
+            assert!(worst_abs <= 1e-3, "{stem}: max |Δlogit| {worst_abs} > 1e-3");
+            assert_eq!(same, total, "{stem}: argmax differs");
+        } else {
+            assert!(worst_cos >= 0.999, "{stem}: cosine {worst_cos} < 0.999");
+            assert!(same * 10 >= total * 9, "{stem}: argmax {same}/{total}");
+        }
+    }
+}
+
+#[test]
+fn gpu_matches_the_cpu_backend() {
+    for stem in ALL {
+        let g = Golden::load(stem);
+        let file = g.file();
+        let gpu = gpu_model(&file, None);
+        let cpu = cpu_model(&file, hesper_cpu::Isa::Scalar, None);
+        let s = g.sequences.last().expect("a sequence");
+        let (a, b) = (
+            logits_all(&gpu, &s.tokens, 64),
+            logits_all(&cpu, &s.tokens, 64),
+        );
+        let d = max_abs_diff(&a, &b);
+        let c = a
+            .chunks(g.n_vocab)
+            .zip(b.chunks(g.n_vocab))
+            .map(|(x, y)| cosine(x, y))
+            .fold(1.0, f64::min);
+        println!("{stem} gpu vs cpu: max|Δlogit| {d:.3e}, min cosine {c:.7}");
+        if g.act_quant == "none" {
+            assert!(d <= 1e-3, "{stem}: max |Δlogit| {d}");
+        } else {
+            assert!(c >= 0.999, "{stem}: cosine {c}");
+        }
+    }
+}
+
+#[test]
+fn gpu_cached_decode_equals_prefill() {
+    for stem in ALL {
+        let g = Golden::load(stem);
+        let model = gpu_model(&g.file(), None);
+        let s = g.sequences.last().expect("a sequence");
+        let n = s.tokens.len();
+        let prefill = logits_all(&model, &s.tokens, 64);
+        // Uneven prefill pieces (batch 3), then one token at a time.
+        let mut cached = model.new_session(n, 3).expect("session");
+        let split = n / 2;
+        let mut got = model
+            .eval(&mut cached, &s.tokens[..split], Logits::All)
+            .expect("first half");
+        for &t in &s.tokens[split..] {
+            got.extend(model.eval(&mut cached, &[t], Logits::Last).expect("decode"));
+        }
+        for (i, (a, b)) in got
+            .chunks(g.n_vocab)
+            .zip(prefill.chunks(g.n_vocab))
+            .enumerate()
+        {
+            let c = cosine(a, b);
+            assert!(c >= 0.9999, "{stem}: position {i} cosine {c}");
+            assert_eq!(argmax(a), argmax(b), "{stem}: argmax differs at {i}");
+        }
+    }
+}

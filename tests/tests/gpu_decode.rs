@@ -1,0 +1,92 @@
+//! Decoding on the WebGPU backend: the shipped demo model generates the same greedy tokens on
+//! the GPU as on the CPU, one queue submit per decoded token, every pipeline from the cache,
+//! and a model split into layer ranges (a ring's GPU nodes) equals the whole.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hesper_engine::backend::Backend;
+use hesper_engine::file::ModelFile;
+use hesper_engine::model::{Logits, Model};
+use hesper_tests::{cosine, cpu_model, gpu_model, Golden};
+
+fn shipped_model() -> Arc<ModelFile> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/hesper-tiny.gguf");
+    ModelFile::open(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `n` greedy tokens after `prompt`, decoded one at a time.
+fn greedy<B: Backend>(model: &Model<B>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = model.new_session(prompt.len() + n, 8).expect("session");
+    let mut next = model.eval_greedy(&mut s, prompt).expect("prefill");
+    let mut out = vec![next];
+    while out.len() < n {
+        next = model.eval_greedy(&mut s, &[next]).expect("decode");
+        out.push(next);
+    }
+    out
+}
+
+#[test]
+fn gpu_and_cpu_generate_the_same_64_greedy_tokens() {
+    let file = shipped_model();
+    let prompt = [1u32, 9038, 2501, 263, 931];
+    let cpu = greedy(
+        &cpu_model(&file, hesper_cpu::Isa::Scalar, None),
+        &prompt,
+        64,
+    );
+    let gpu = greedy(&gpu_model(&file, None), &prompt, 64);
+    assert_eq!(gpu, cpu);
+}
+
+#[test]
+fn one_submit_per_token_and_every_pipeline_cached() {
+    let file = shipped_model();
+    let model = gpu_model(&file, None);
+    let mut s = model.new_session(32, 8).expect("session");
+    let mut next = model.eval_greedy(&mut s, &[1, 2, 3]).expect("prefill");
+    next = model.eval_greedy(&mut s, &[next]).expect("first token");
+    let before = model.backend.stats();
+    let steps = 5;
+    for _ in 0..steps {
+        next = model.eval_greedy(&mut s, &[next]).expect("decode");
+    }
+    // Logits read back are one submit too.
+    model.eval(&mut s, &[next], Logits::Last).expect("decode");
+    let after = model.backend.stats();
+    assert_eq!(after.submits - before.submits, steps + 1, "queue submits");
+    assert_eq!(
+        after.cache.misses, before.cache.misses,
+        "pipelines compiled after the first token"
+    );
+    assert!(after.cache.hits > before.cache.hits);
+    let per_token = (after.dispatches - before.dispatches) / (steps + 1);
+    println!("{per_token} dispatches per token in one submit");
+    assert!(per_token > 20, "a token is many dispatches: {per_token}");
+}
+
+#[test]
+fn gpu_layer_ranges_chain_to_the_whole_model() {
+    let g = Golden::load("tiny-i2s");
+    let file = g.file();
+    let s = g.sequences.last().expect("a sequence");
+    let n = s.tokens.len();
+    let whole = gpu_model(&file, None);
+    let mut ws = whole.new_session(n, 64).expect("session");
+    let want = whole.eval(&mut ws, &s.tokens, Logits::All).expect("eval");
+    let first = gpu_model(&file, Some(0..1));
+    let last = gpu_model(&file, Some(1..g.n_layer));
+    let (mut fs, mut ls) = (
+        first.new_session(n, 64).expect("session"),
+        last.new_session(n, 64).expect("session"),
+    );
+    let x = first.embed(&mut fs, &s.tokens).expect("embed");
+    let h = first.forward_hidden(&mut fs, &x).expect("layer 0");
+    let h = last.forward_hidden(&mut ls, &h).expect("layers 1..");
+    let got = last.logits_from_hidden(&mut ls, &h).expect("head");
+    // The same kernels on the same data in the same order: identical, not just close.
+    assert_eq!(got.len(), want.len());
+    let c = cosine(&got, &want);
+    assert!(got == want, "split differs from whole (cosine {c})");
+}
