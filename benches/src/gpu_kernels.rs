@@ -1,0 +1,215 @@
+//! `gpu_kernels [REPS]`: times each DSL kernel at the BitNet b1.58 2B4T shapes on whatever
+//! WebGPU adapter wgpu finds (`WGPU_BACKEND` restricts it). Each kernel is recorded `REPS`
+//! times into one batch, submitted once and waited for; the best of three batches is printed
+//! as µs per launch and the weight bytes it streams per second. On a software adapter
+//! (lavapipe) the figures describe the emulation, not a GPU.
+
+use std::time::Instant;
+
+use hesper_gpu::{Batch, Gpu, GpuBuffer, GpuError};
+use hesper_shaders as k;
+
+const D: usize = 2560;
+const FF: usize = 6912;
+const N_HEAD: usize = 20;
+const N_HEAD_KV: usize = 5;
+const HEAD_DIM: usize = 128;
+const CTX: usize = 512;
+/// LM-head rows timed at most (one window of the 128 256-row head).
+const HEAD_ROWS: usize = 65_535;
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), GpuError> {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(20)
+        .max(1);
+    let mut g = Gpu::new()?;
+    println!(
+        "adapter: {} ({:?}, {:?}); {reps} launches per batch, best of 3",
+        g.info.name, g.info.backend, g.info.device_type
+    );
+    println!("| kernel | shape | µs/launch | weight GB/s |");
+    println!("| --- | --- | ---: | ---: |");
+    let x = g.upload("x", &pattern_f32(FF))?;
+    let mut out = g.zeroed::<f32>("out", FF.max(HEAD_ROWS))?;
+    let mut q = g.upload("q", &vec![3i32; FF])?;
+    let mut scale = g.upload("scale", &[40.0f32])?;
+
+    let gains = g.upload("gains", &vec![1.0f32; D])?;
+    time(&mut g, reps, "rms_norm", "1 × 2560", 0, |b, g| {
+        b.run(
+            g,
+            &k::rms_norm::Args {
+                x: &x,
+                w: &gains,
+                y: &mut out,
+                width: D as u32,
+                eps: 1e-5,
+            },
+            [1, 1, 1],
+        )
+    })?;
+    time(&mut g, reps, "quantize_i8", "1 × 2560", 0, |b, g| {
+        b.run(
+            g,
+            &k::quantize_i8::Args {
+                x: &x,
+                q: &mut q,
+                scale: &mut scale,
+                cols: D as u32,
+            },
+            [1, 1, 1],
+        )
+    })?;
+    for (name, rows, cols) in [
+        ("attn_q/o", D, D),
+        ("ffn_gate/up", FF, D),
+        ("ffn_down", D, FF),
+    ] {
+        let codes = g.upload("codes", &pattern_u32(rows * cols / 16))?;
+        time(
+            &mut g,
+            reps,
+            "bitlinear_i2s",
+            &format!("{name} {rows} × {cols}"),
+            rows * cols / 4,
+            |b, g| {
+                b.run(
+                    g,
+                    &k::bitlinear_i2s::Args {
+                        codes: &codes,
+                        q: &q,
+                        scale: &scale,
+                        out: &mut out,
+                        cols: cols as u32,
+                        rows: rows as u32,
+                        row0: 0,
+                        n: 1,
+                        beta: 1.0,
+                    },
+                    [rows as u32, 1, 1],
+                )
+            },
+        )?;
+    }
+    // One window, as large as the adapter binds (the backend splits the head the same way).
+    let head_rows = HEAD_ROWS.min(g.max_binding() as usize / (D * 2));
+    let head = g.upload("lm head", &pattern_u32(head_rows * D / 2))?;
+    time(
+        &mut g,
+        reps,
+        "matvec_f16",
+        &format!("LM head window {head_rows} × {D}"),
+        head_rows * D * 2,
+        |b, g| {
+            b.run(
+                g,
+                &k::matvec_f16::Args {
+                    w: &head,
+                    x: &x,
+                    out: &mut out,
+                    cols: D as u32,
+                    rows: head_rows as u32,
+                    row0: 0,
+                    n: 1,
+                    out_scale: 1.0,
+                },
+                [head_rows as u32, 1, 1],
+            )
+        },
+    )?;
+    let kv = N_HEAD_KV * HEAD_DIM;
+    let kc = g.upload("k cache", &pattern_f32(CTX * kv))?;
+    let vc = g.upload("v cache", &pattern_f32(CTX * kv))?;
+    time(
+        &mut g,
+        reps,
+        "attention",
+        &format!("decode at position {}", CTX - 1),
+        2 * CTX * kv * 4,
+        |b, g| {
+            b.run(
+                g,
+                &k::attention::Args {
+                    q: &x,
+                    k_cache: &kc,
+                    v_cache: &vc,
+                    out: &mut out,
+                    n_head: N_HEAD as u32,
+                    n_head_kv: N_HEAD_KV as u32,
+                    head_dim: HEAD_DIM as u32,
+                    pos0: (CTX - 1) as u32,
+                    scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                },
+                [N_HEAD as u32, 1, 1],
+            )
+        },
+    )?;
+    let up = g.upload("up", &pattern_f32(FF))?;
+    time(&mut g, reps, "relu2_mul", "6912", 0, |b, g| {
+        b.run(
+            g,
+            &k::relu2_mul::Args {
+                gate: &x,
+                up: &up,
+                out: &mut out,
+                n: FF as u32,
+            },
+            [FF.div_ceil(256) as u32, 1, 1],
+        )
+    })?;
+    Ok(())
+}
+
+/// Records `launch` `reps` times per batch, three batches; prints the best.
+fn time(
+    g: &mut Gpu,
+    reps: usize,
+    kernel: &str,
+    shape: &str,
+    weight_bytes: usize,
+    mut launch: impl FnMut(&mut Batch, &mut Gpu) -> Result<(), GpuError>,
+) -> Result<(), GpuError> {
+    let probe: GpuBuffer<f32> = g.zeroed("probe", 1)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let mut batch = g.batch();
+        for _ in 0..reps {
+            launch(&mut batch, g)?;
+        }
+        let t0 = Instant::now();
+        g.submit_and_read(batch, &probe, 1)?;
+        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+    }
+    let gbs = if weight_bytes > 0 {
+        format!("{:.2}", weight_bytes as f64 / best / 1e9)
+    } else {
+        "-".into()
+    };
+    println!("| {kernel} | {shape} | {:.1} | {gbs} |", best * 1e6);
+    Ok(())
+}
+
+fn pattern_f32(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect()
+}
+
+fn pattern_u32(n: usize) -> Vec<u32> {
+    // Every 2-bit code in 0..=2 and plausible f16 pairs alike.
+    (0..n)
+        .map(|i| 0x2618_6186u32.rotate_left((i % 7) as u32 * 2))
+        .collect()
+}
