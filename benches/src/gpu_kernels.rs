@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use hesper_gpu::{Batch, Gpu, GpuBuffer, GpuError};
+use hesper_gpu_backend::lanes_per_row;
 use hesper_shaders as k;
 
 const D: usize = 2560;
@@ -95,10 +96,12 @@ fn run() -> Result<(), GpuError> {
                         cols: cols as u32,
                         rows: rows as u32,
                         row0: 0,
+                        window_rows: rows as u32,
                         n: 1,
+                        lanes: lanes_per_row(cols / 16),
                         beta: 1.0,
                     },
-                    [rows as u32, 1, 1],
+                    [(rows as u32).div_ceil(64 / lanes_per_row(cols / 16)), 1, 1],
                 )
             },
         )?;
@@ -122,10 +125,12 @@ fn run() -> Result<(), GpuError> {
                     cols: D as u32,
                     rows: head_rows as u32,
                     row0: 0,
+                    window_rows: head_rows as u32,
                     n: 1,
+                    lanes: lanes_per_row(D / 2),
                     out_scale: 1.0,
                 },
-                [head_rows as u32, 1, 1],
+                [(head_rows as u32).div_ceil(64 / lanes_per_row(D / 2)), 1, 1],
             )
         },
     )?;

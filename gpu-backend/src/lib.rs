@@ -147,6 +147,14 @@ impl GpuBackend {
     }
 }
 
+/// Threads per output row for a matrix kernel whose rows hold `units` work items (words,
+/// blocks or elements): at least two items a thread, at most 32 threads (a GPU wave/warp), a
+/// power of two. Small rows share a workgroup instead of idling most of its 64 threads.
+pub fn lanes_per_row(units: usize) -> u32 {
+    let want = (units / 2).clamp(1, 32);
+    1 << want.ilog2()
+}
+
 /// Workgroups for `n` invocations of `size`.
 fn groups(n: usize, size: u32) -> u32 {
     (n as u32).div_ceil(size).max(1)
@@ -489,9 +497,17 @@ impl Backend for GpuBackend {
                 act_scale,
                 ..
             } = st;
+            let lanes = lanes_per_row(match w.kind {
+                Kind::I2s { .. } => w.desc.cols / 16,
+                Kind::Tq => w.desc.cols / 256,
+                Kind::Q8_0 => w.desc.cols / 32,
+                Kind::F16 => w.desc.cols / 2,
+                Kind::F32 => w.desc.cols,
+            });
             for win in &w.windows {
-                let grid = [win.rows as u32, tiles, 1];
+                let grid = [groups(win.rows, 64 / lanes), tiles, 1];
                 let row0 = win.row0 as u32;
+                let window_rows = win.rows as u32;
                 match w.kind {
                     Kind::I2s { beta } => batch.run(
                         gpu,
@@ -503,7 +519,9 @@ impl Backend for GpuBackend {
                             cols,
                             rows,
                             row0,
+                            window_rows,
                             n: n as u32,
+                            lanes,
                             beta: beta * w.scale,
                         },
                         grid,
@@ -519,7 +537,9 @@ impl Backend for GpuBackend {
                             cols,
                             rows,
                             row0,
+                            window_rows,
                             n: n as u32,
+                            lanes,
                             out_scale: w.scale,
                         },
                         grid,
@@ -537,7 +557,9 @@ impl Backend for GpuBackend {
                                 cols,
                                 rows,
                                 row0,
+                                window_rows,
                                 n: n as u32,
+                                lanes,
                                 out_scale: w.scale,
                             },
                             grid,
@@ -552,7 +574,9 @@ impl Backend for GpuBackend {
                             cols,
                             rows,
                             row0,
+                            window_rows,
                             n: n as u32,
+                            lanes,
                             out_scale: w.scale,
                         },
                         grid,
@@ -566,7 +590,9 @@ impl Backend for GpuBackend {
                             cols,
                             rows,
                             row0,
+                            window_rows,
                             n: n as u32,
+                            lanes,
                             out_scale: w.scale,
                         },
                         grid,

@@ -3,9 +3,13 @@
 //! Both kernels read codes in bitnet.cpp's I2_S layout — 128-element groups of 32 bytes, byte
 //! `j` holding elements `j, j+32, j+64, j+96` from its high bits down, read here as
 //! little-endian u32 words — so I2_S files upload as they are and TQ1_0/TQ2_0 are repacked
-//! into it (still 2 bits a weight) with their block scales beside. One workgroup computes one
-//! output row for a tile of up to 4 tokens (grid `[rows, ceil(n/4)]`), reading each weight
-//! word once per tile. `rows` is the output width, `row0` where this window of rows starts.
+//! into it (still 2 bits a weight) with their block scales beside.
+//!
+//! Shared launch geometry of the matrix kernels (here and in `matvec.rs`): `lanes` threads (a
+//! power of two ≤ 64) cooperate on one output row, so a workgroup of 64 covers `64 / lanes`
+//! rows of this window (grid `[ceil(window_rows · lanes / 64), ceil(n / 4)]`); each workgroup
+//! takes a tile of up to 4 tokens and reads each weight word once for all of them. `rows` is
+//! the output width, `row0` where this window of `window_rows` rows starts.
 
 use hesper_dsl::kernel;
 
@@ -20,19 +24,26 @@ pub fn bitlinear_i2s(
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
     #[uniform] n: u32,
+    #[uniform] lanes: u32,
     #[uniform] beta: f32,
     #[shared] acc: &mut [i32; 256],
 ) {
-    let r = wid();
-    let t0 = wid_y() * 4u32;
     let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let live = r < window_rows;
+    let t0 = wid_y() * 4u32;
     let words = cols / 16u32;
     let mut s0: i32 = 0;
     let mut s1: i32 = 0;
     let mut s2: i32 = 0;
     let mut s3: i32 = 0;
-    for w in (t..words).step_by(64) {
+    for w in (lane..words).step_by(lanes) {
+        if !live {
+            break;
+        }
         let packed = codes[r * words + w];
         for b in 0..4u32 {
             let at = w * 4u32 + b;
@@ -63,9 +74,9 @@ pub fn bitlinear_i2s(
     acc[128u32 + t] = s2;
     acc[192u32 + t] = s3;
     barrier();
-    let mut stride: u32 = 32;
+    let mut stride = lanes / 2u32;
     while stride > 0 {
-        if t < stride {
+        if lane < stride {
             acc[t] += acc[t + stride];
             acc[64u32 + t] += acc[64u32 + t + stride];
             acc[128u32 + t] += acc[128u32 + t + stride];
@@ -74,8 +85,13 @@ pub fn bitlinear_i2s(
         barrier();
         stride = stride >> 1u32;
     }
-    if t < 4u32 && t0 + t < n {
-        out[(t0 + t) * rows + row0 + r] = (acc[64u32 * t] as f32) / scale[t0 + t] * beta;
+    if lane == 0u32 && live {
+        for j in 0..4u32 {
+            if t0 + j < n {
+                out[(t0 + j) * rows + row0 + r] =
+                    (acc[64u32 * j + t] as f32) / scale[t0 + j] * beta;
+            }
+        }
     }
 }
 
@@ -93,20 +109,27 @@ pub fn bitlinear_tq(
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
     #[uniform] n: u32,
+    #[uniform] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {
-    let r = wid();
-    let t0 = wid_y() * 4u32;
     let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let live = r < window_rows;
+    let t0 = wid_y() * 4u32;
     let words = cols / 16u32;
     let blocks = cols / 256u32;
     let mut f0: f32 = 0.0;
     let mut f1: f32 = 0.0;
     let mut f2: f32 = 0.0;
     let mut f3: f32 = 0.0;
-    for blk in (t..blocks).step_by(64) {
+    for blk in (lane..blocks).step_by(lanes) {
+        if !live {
+            break;
+        }
         let mut s0: i32 = 0;
         let mut s1: i32 = 0;
         let mut s2: i32 = 0;
@@ -154,9 +177,9 @@ pub fn bitlinear_tq(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride: u32 = 32;
+    let mut stride = lanes / 2u32;
     while stride > 0 {
-        if t < stride {
+        if lane < stride {
             acc[t] += acc[t + stride];
             acc[64u32 + t] += acc[64u32 + t + stride];
             acc[128u32 + t] += acc[128u32 + t + stride];
@@ -165,7 +188,11 @@ pub fn bitlinear_tq(
         barrier();
         stride = stride >> 1u32;
     }
-    if t < 4u32 && t0 + t < n {
-        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    if lane == 0u32 && live {
+        for j in 0..4u32 {
+            if t0 + j < n {
+                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+            }
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! Float and Q8_0 weight matrices times activations: one workgroup per output row and
-//! tile of up to 4 tokens (grid `[rows, ceil(n/4)]`); `rows` is the output width, `row0` where
-//! this window of rows starts.
+//! Float and Q8_0 weight matrices times activations, with the launch geometry of
+//! `bitlinear.rs`: `lanes` threads per output row, `64 / lanes` rows per workgroup, a tile of up
+//! to 4 tokens per weight pass.
 
 use hesper_dsl::kernel;
 
@@ -13,18 +13,25 @@ pub fn matvec_f32(
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
     #[uniform] n: u32,
+    #[uniform] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {
-    let r = wid();
-    let t0 = wid_y() * 4u32;
     let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let live = r < window_rows;
+    let t0 = wid_y() * 4u32;
     let mut f0: f32 = 0.0;
     let mut f1: f32 = 0.0;
     let mut f2: f32 = 0.0;
     let mut f3: f32 = 0.0;
-    for i in (t..cols).step_by(64) {
+    for i in (lane..cols).step_by(lanes) {
+        if !live {
+            break;
+        }
         let wv = f32_from_bits(w[r * cols + i]);
         let a = t0 * cols + i;
         f0 += wv * x[a];
@@ -43,9 +50,9 @@ pub fn matvec_f32(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride: u32 = 32;
+    let mut stride = lanes / 2u32;
     while stride > 0 {
-        if t < stride {
+        if lane < stride {
             acc[t] += acc[t + stride];
             acc[64u32 + t] += acc[64u32 + t + stride];
             acc[128u32 + t] += acc[128u32 + t + stride];
@@ -54,8 +61,12 @@ pub fn matvec_f32(
         barrier();
         stride = stride >> 1u32;
     }
-    if t < 4u32 && t0 + t < n {
-        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    if lane == 0u32 && live {
+        for j in 0..4u32 {
+            if t0 + j < n {
+                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+            }
+        }
     }
 }
 
@@ -69,19 +80,26 @@ pub fn matvec_f16(
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
     #[uniform] n: u32,
+    #[uniform] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {
-    let r = wid();
-    let t0 = wid_y() * 4u32;
     let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let live = r < window_rows;
+    let t0 = wid_y() * 4u32;
     let half = cols / 2u32;
     let mut f0: f32 = 0.0;
     let mut f1: f32 = 0.0;
     let mut f2: f32 = 0.0;
     let mut f3: f32 = 0.0;
-    for j in (t..half).step_by(64) {
+    for j in (lane..half).step_by(lanes) {
+        if !live {
+            break;
+        }
         let word = w[r * half + j];
         let lo = unpack_f16_lo(word);
         let hi = unpack_f16_hi(word);
@@ -105,9 +123,9 @@ pub fn matvec_f16(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride: u32 = 32;
+    let mut stride = lanes / 2u32;
     while stride > 0 {
-        if t < stride {
+        if lane < stride {
             acc[t] += acc[t + stride];
             acc[64u32 + t] += acc[64u32 + t + stride];
             acc[128u32 + t] += acc[128u32 + t + stride];
@@ -116,8 +134,12 @@ pub fn matvec_f16(
         barrier();
         stride = stride >> 1u32;
     }
-    if t < 4u32 && t0 + t < n {
-        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    if lane == 0u32 && live {
+        for j in 0..4u32 {
+            if t0 + j < n {
+                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+            }
+        }
     }
 }
 
@@ -134,19 +156,26 @@ pub fn matvec_q8_0(
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
     #[uniform] n: u32,
+    #[uniform] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {
-    let r = wid();
-    let t0 = wid_y() * 4u32;
     let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let live = r < window_rows;
+    let t0 = wid_y() * 4u32;
     let blocks = cols / 32u32;
     let mut f0: f32 = 0.0;
     let mut f1: f32 = 0.0;
     let mut f2: f32 = 0.0;
     let mut f3: f32 = 0.0;
-    for blk in (t..blocks).step_by(64) {
+    for blk in (lane..blocks).step_by(lanes) {
+        if !live {
+            break;
+        }
         let mut s0: i32 = 0;
         let mut s1: i32 = 0;
         let mut s2: i32 = 0;
@@ -185,9 +214,9 @@ pub fn matvec_q8_0(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride: u32 = 32;
+    let mut stride = lanes / 2u32;
     while stride > 0 {
-        if t < stride {
+        if lane < stride {
             acc[t] += acc[t + stride];
             acc[64u32 + t] += acc[64u32 + t + stride];
             acc[128u32 + t] += acc[128u32 + t + stride];
@@ -196,7 +225,11 @@ pub fn matvec_q8_0(
         barrier();
         stride = stride >> 1u32;
     }
-    if t < 4u32 && t0 + t < n {
-        out[(t0 + t) * rows + row0 + r] = acc[64u32 * t] * out_scale;
+    if lane == 0u32 && live {
+        for j in 0..4u32 {
+            if t0 + j < n {
+                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+            }
+        }
     }
 }

@@ -5,12 +5,14 @@
 //! Each comparison states its tolerance and why; the measured maximum is printed (run with
 //! `--nocapture`).
 
-use hesper_cpu::kernels::scalar::{f16_dot, f32_dot, i2s_code_dot, tq2_0_dot};
+use hesper_cpu::kernels::scalar::{f16_dot, f32_dot, i2s_code_dot, q8_0_dot, tq2_0_dot};
 use hesper_cpu::ops::{self, KvCache};
-use hesper_cpu::quant::{quantize_i8_row, quantize_q8_k, round_f16, QK_K};
+use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, QK_K};
 use hesper_engine::backend::{AttentionShape, RopeShape};
 use hesper_engine::config::Activation;
-use hesper_engine::weights::{decode_row, i2s_code, tq2_0_code, Format, TQ2_0_BLOCK_BYTES};
+use hesper_engine::weights::{
+    decode_row, i2s_code, q8_0_block, tq2_0_code, Format, TQ2_0_BLOCK_BYTES,
+};
 use hesper_gpu::{Gpu, GpuBuffer, KernelArgs};
 use hesper_shaders as k;
 
@@ -167,6 +169,10 @@ fn window(got: &[f32], n: usize, width: usize, row0: usize, rows: usize) -> Vec<
 /// Output widths and window offsets every matrix kernel is launched with: the whole output
 /// (`row0 = 0`), then a window of the same rows at an offset inside a wider output.
 const WINDOWS: [(usize, usize); 2] = [(0, 0), (9, 13)];
+
+/// Threads per row the matrix kernels are launched with: one (64 rows a workgroup, the last
+/// workgroup partly past the window), a few, and a full wave of 32 (two rows a workgroup).
+const LANES: [u32; 3] = [1, 4, 32];
 
 #[test]
 fn adapter_is_found() {
@@ -532,7 +538,7 @@ fn bitlinear_i2s_matches_the_cpu() {
                 .map(|row| (i2s_code_dot(row, &a.q) - a.sum) as f32 / a.scale * beta)
         })
         .collect();
-    for (row0, extra) in WINDOWS {
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
         let width = row0 + rows + extra;
         let mut out = sentinel_out(&g, n, width);
         launch(
@@ -545,19 +551,23 @@ fn bitlinear_i2s_matches_the_cpu() {
                 cols: cols as u32,
                 rows: width as u32,
                 row0: row0 as u32,
+                window_rows: rows as u32,
                 n: n as u32,
+                lanes,
                 beta,
             },
-            [rows as u32, n.div_ceil(4) as u32, 1],
+            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // The integer sums are exact; then the same division (2.5 ulp under WGSL, correctly
         // rounded on the CPU) and one multiplication: a few ulp, < 1e-6 relative.
         let d = max_rel_diff(&got, &want);
-        println!("bitlinear_i2s (row0 {row0}, width {width}): max relative diff {d:e}");
+        println!(
+            "bitlinear_i2s (row0 {row0}, width {width}, {lanes} lanes): max relative diff {d:e}"
+        );
         assert!(
             d <= 1e-6,
-            "bitlinear_i2s row0 {row0}: max relative diff {d}"
+            "bitlinear_i2s row0 {row0} lanes {lanes}: max relative diff {d}"
         );
     }
 }
@@ -632,7 +642,7 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
             })
         })
         .collect();
-    for (row0, extra) in WINDOWS {
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
         let width = row0 + rows + extra;
         let mut out = sentinel_out(&g, n, width);
         launch(
@@ -646,10 +656,12 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
                 cols: cols as u32,
                 rows: width as u32,
                 row0: row0 as u32,
+                window_rows: rows as u32,
                 n: n as u32,
+                lanes,
                 out_scale,
             },
-            [rows as u32, n.div_ceil(4) as u32, 1],
+            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // Per block the integer sum is exact and `sumi · (d · ws)` the same two products on
@@ -662,8 +674,8 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
             .zip(&magnitude)
             .map(|((a, b), m)| (a - b).abs() / m.max(f32::MIN_POSITIVE))
             .fold(0.0f32, f32::max);
-        println!("bitlinear_tq (row0 {row0}, width {width}): max diff {e:e} of Σ|block terms|");
-        assert!(e <= 1e-6, "bitlinear_tq row0 {row0}: {e}");
+        println!("bitlinear_tq (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|block terms|");
+        assert!(e <= 1e-6, "bitlinear_tq row0 {row0} lanes {lanes}: {e}");
     }
 }
 
@@ -704,7 +716,7 @@ fn matvec_f32_matches_f32_dot() {
             magnitude.push(wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum::<f32>() * out_scale);
         }
     }
-    for (row0, extra) in WINDOWS {
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
         let width = row0 + rows + extra;
         let mut out = sentinel_out(&g, n, width);
         launch(
@@ -716,10 +728,12 @@ fn matvec_f32_matches_f32_dot() {
                 cols: cols as u32,
                 rows: width as u32,
                 row0: row0 as u32,
+                window_rows: rows as u32,
                 n: n as u32,
+                lanes,
                 out_scale,
             },
-            [rows as u32, n.div_ceil(4) as u32, 1],
+            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // The CPU sums 300 products in order, the GPU 5 a thread then a 64-way tree (with
@@ -727,8 +741,10 @@ fn matvec_f32_matches_f32_dot() {
         // walk, ~sqrt(300)·2^-24 ≈ 1e-6 of Σ|w·x| at one sigma; 5e-6 allows 5 sigma (the
         // worst-case bound 300·2^-24 ≈ 1.8e-5 is never approached with random signs).
         let e = dot_error(&got, &want, &magnitude);
-        println!("matvec_f32 (row0 {row0}, width {width}): max diff {e:e} of Σ|w·x|");
-        assert!(e <= 5e-6, "matvec_f32 row0 {row0}: {e}");
+        println!(
+            "matvec_f32 (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|w·x|"
+        );
+        assert!(e <= 5e-6, "matvec_f32 row0 {row0} lanes {lanes}: {e}");
     }
 }
 
@@ -752,7 +768,7 @@ fn matvec_f16_matches_f16_dot() {
             magnitude.push(wr.iter().zip(&xh).map(|(a, b)| (a * b).abs()).sum::<f32>() * out_scale);
         }
     }
-    for (row0, extra) in WINDOWS {
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
         let width = row0 + rows + extra;
         let mut out = sentinel_out(&g, n, width);
         launch(
@@ -764,18 +780,22 @@ fn matvec_f16_matches_f16_dot() {
                 cols: cols as u32,
                 rows: width as u32,
                 row0: row0 as u32,
+                window_rows: rows as u32,
                 n: n as u32,
+                lanes,
                 out_scale,
             },
-            [rows as u32, n.div_ceil(4) as u32, 1],
+            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // f16 weights widen exactly; the activations round through f16 on both sides
         // (quantizeToF16 vs half's round-to-nearest-even). Left is the summation order, as
         // for matvec_f32: 5e-6 of Σ|w·x|.
         let e = dot_error(&got, &want, &magnitude);
-        println!("matvec_f16 (row0 {row0}, width {width}): max diff {e:e} of Σ|w·x|");
-        assert!(e <= 5e-6, "matvec_f16 row0 {row0}: {e}");
+        println!(
+            "matvec_f16 (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|w·x|"
+        );
+        assert!(e <= 5e-6, "matvec_f16 row0 {row0} lanes {lanes}: {e}");
     }
 }
 
@@ -1019,4 +1039,147 @@ fn a_batch_is_one_submit_and_pipelines_are_cached() {
         .expect_err("grid of 0 workgroups");
     assert!(err.to_string().contains("grid"), "{err}");
     assert!(b.is_empty());
+}
+
+#[test]
+fn quantize_q8_0_matches_the_cpu() {
+    let mut g = gpu();
+    // 2 tokens × 96 values = 6 blocks of 32 (not a multiple of the 8 blocks a workgroup
+    // takes); block 1 is all zero, block 4 holds exact halves (x/d = ±k.5).
+    let mut x = data(2 * 96, 30);
+    x[32..64].fill(0.0);
+    for (i, v) in x[128..160].iter_mut().enumerate() {
+        *v = (i as f32 - 15.5) * (127.0 / 15.5) / 127.0 * 2.0;
+    }
+    let blocks = x.len() / 32;
+    let bx = g.upload("x", &x).unwrap();
+    let mut q = g.zeroed::<i32>("q", x.len()).unwrap();
+    let mut d = g.zeroed::<f32>("d", blocks).unwrap();
+    launch(
+        &mut g,
+        &k::quantize_q8_0::Args {
+            x: &bx,
+            q: &mut q,
+            d: &mut d,
+            blocks: blocks as u32,
+        },
+        [blocks.div_ceil(8) as u32, 1, 1],
+    );
+    let (got_q, got_d) = (read!(g, &q), read!(g, &d));
+    let want = quantize_q8_0(&x);
+    let mut off_by_one = 0;
+    for (b, blk) in want.iter().enumerate() {
+        // d = amax/127 goes through one division (2.5 ulp in WGSL) before rounding to f16,
+        // so the stored f16 scale matches unless the quotient sits on an f16 rounding edge.
+        assert_eq!(got_d[b], blk.d, "block {b} scale");
+        for (e, &wq) in blk.qs.iter().enumerate() {
+            let gq = got_q[b * 32 + e];
+            // 1/d differs by a few ulp: a value within ulps of a .5 boundary may round the
+            // other way (half away from zero on both sides of the boundary).
+            match (gq - i32::from(wq)).abs() {
+                0 => {}
+                1 => off_by_one += 1,
+                k => panic!("block {b} element {e}: code {gq} vs {wq} ({k} apart)"),
+            }
+        }
+    }
+    println!(
+        "quantize_q8_0: {off_by_one} codes off by one of {}",
+        x.len()
+    );
+    assert!(off_by_one <= 2, "{off_by_one} codes off by one");
+}
+
+#[test]
+fn matvec_q8_0_matches_q8_0_dot() {
+    let mut g = gpu();
+    // 37 rows of 320 (10 blocks), 5 tokens; weights as ggml Q8_0 blocks, repacked the way the
+    // backend uploads them (int8 as words, f16 scales as f32).
+    let (rows, cols, n, out_scale) = (37usize, 320usize, 5usize, 0.75f32);
+    let w = data(rows * cols, 31);
+    let row_bytes: Vec<Vec<u8>> = w
+        .chunks_exact(cols)
+        .map(|r| {
+            r.chunks_exact(32)
+                .flat_map(|b| {
+                    let (d, qs) = q8_0_block(b);
+                    let mut out = d.to_le_bytes().to_vec();
+                    out.extend(qs.iter().map(|&v| v as u8));
+                    out
+                })
+                .collect()
+        })
+        .collect();
+    let (mut wq, mut wd) = (Vec::new(), Vec::new());
+    for rb in &row_bytes {
+        for blk in rb.chunks_exact(34) {
+            wd.push(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+            wq.extend(
+                blk[2..]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+    }
+    let x = data(n * cols, 32);
+    let acts: Vec<_> = x.chunks_exact(cols).map(quantize_q8_0).collect();
+    let q: Vec<i32> = acts
+        .iter()
+        .flat_map(|a| a.iter().flat_map(|b| b.qs.iter().map(|&v| i32::from(v))))
+        .collect();
+    let d: Vec<f32> = acts.iter().flat_map(|a| a.iter().map(|b| b.d)).collect();
+    let (bwq, bwd) = (g.upload("wq", &wq).unwrap(), g.upload("wd", &wd).unwrap());
+    let (bq, bd) = (g.upload("q", &q).unwrap(), g.upload("d", &d).unwrap());
+    let mut want = Vec::new();
+    let mut magnitude = Vec::new();
+    for a in &acts {
+        for rb in &row_bytes {
+            want.push(q8_0_dot(rb, a) * out_scale);
+            magnitude.push(
+                rb.chunks_exact(34)
+                    .zip(a)
+                    .map(|(blk, ab)| {
+                        let wdv = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                        let s: i32 = blk[2..]
+                            .iter()
+                            .zip(&ab.qs)
+                            .map(|(&wv, &qv)| (i32::from(wv as i8) * i32::from(qv)).abs())
+                            .sum();
+                        s as f32 * (wdv * ab.d).abs()
+                    })
+                    .sum::<f32>()
+                    * out_scale,
+            );
+        }
+    }
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
+        let width = row0 + rows + extra;
+        let mut out = sentinel_out(&g, n, width);
+        launch(
+            &mut g,
+            &k::matvec_q8_0::Args {
+                wq: &bwq,
+                wd: &bwd,
+                q: &bq,
+                d: &bd,
+                out: &mut out,
+                cols: cols as u32,
+                rows: width as u32,
+                row0: row0 as u32,
+                window_rows: rows as u32,
+                n: n as u32,
+                lanes,
+                out_scale,
+            },
+            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+        );
+        let got = window(&read!(g, &out), n, width, row0, rows);
+        // Block sums are exact integers; only the order of the 10 f32 block terms differs
+        // (sequential on the CPU, strided then a tree on the GPU): a few ulp of Σ|terms|.
+        let e = dot_error(&got, &want, &magnitude);
+        println!(
+            "matvec_q8_0 (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|terms|"
+        );
+        assert!(e <= 1e-6, "matvec_q8_0 row0 {row0} lanes {lanes}: {e}");
+    }
 }
