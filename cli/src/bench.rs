@@ -121,11 +121,12 @@ fn bench_on<B: Backend>(
             if let (Some(a), Some(b)) = (before, gpu_stats()) {
                 let n = tokens.len() as f64;
                 gpu_line = Some(format!(
-                    "gpu per generated token: {:.1} dispatches, {:.2} queue submits; pipeline cache during tg: {} hits, {} misses",
+                    "gpu per generated token: {:.1} dispatches, {:.2} queue submits; during tg: pipeline cache {} hits, {} misses, {} bind groups created",
                     (b.dispatches - a.dispatches) as f64 / n,
                     (b.submits - a.submits) as f64 / n,
                     b.cache.hits - a.cache.hits,
-                    b.cache.misses - a.cache.misses
+                    b.cache.misses - a.cache.misses,
+                    b.bind_groups - a.bind_groups
                 ));
             }
         }

@@ -19,6 +19,9 @@ use hesper_shaders as k;
 
 pub use matrix::{GpuMatrix, Kind};
 
+/// Most workgroups of the first argmax stage.
+const ARGMAX_GROUPS: usize = 256;
+
 /// Largest head the attention kernel handles (one thread per dimension).
 pub const MAX_HEAD_DIM: usize = 128;
 
@@ -38,6 +41,8 @@ pub struct GpuStats {
     pub dispatches: u64,
     /// Pipeline-cache hits and misses.
     pub cache: CacheStats,
+    /// Bind groups created (reused while the same buffers are bound).
+    pub bind_groups: u64,
 }
 
 /// The `(cos, sin)` table of every position up to `positions`, for one rotary shape.
@@ -58,6 +63,10 @@ struct State {
     q: GpuBuffer<i32>,
     /// Their scales (per token or per block).
     act_scale: GpuBuffer<f32>,
+    /// Token ids of the embedding fetch (filled by a recorded copy).
+    ids: GpuBuffer<u32>,
+    /// Per-workgroup maxima, their indices, and the argmax.
+    argmax: (GpuBuffer<f32>, GpuBuffer<u32>, GpuBuffer<u32>),
     rope: Option<RopeTable>,
 }
 
@@ -79,6 +88,14 @@ impl GpuBackend {
         let batch = gpu.batch();
         let q = gpu.zeroed("activation codes", 1).map_err(device_error)?;
         let act_scale = gpu.zeroed("activation scales", 1).map_err(device_error)?;
+        let ids = gpu.zeroed("token ids", 1).map_err(device_error)?;
+        let argmax = (
+            gpu.zeroed("argmax values", ARGMAX_GROUPS)
+                .map_err(device_error)?,
+            gpu.zeroed("argmax indices", ARGMAX_GROUPS)
+                .map_err(device_error)?,
+            gpu.zeroed("argmax", 1).map_err(device_error)?,
+        );
         Ok(Self {
             state: RefCell::new(State {
                 gpu,
@@ -87,6 +104,8 @@ impl GpuBackend {
                 dispatches: 0,
                 q,
                 act_scale,
+                ids,
+                argmax,
                 rope: None,
             }),
             name,
@@ -126,6 +145,7 @@ impl GpuBackend {
             submits: st.gpu.submits(),
             dispatches: st.dispatches,
             cache: st.gpu.cache_stats(),
+            bind_groups: st.gpu.bind_groups_created(),
         }
     }
 
@@ -311,46 +331,43 @@ impl Backend for GpuBackend {
             return Err(device_error(e));
         }
         let st = &mut *st;
-        let groups = len.div_ceil(256 * 64).clamp(1, 256) as u32;
+        let groups = len.div_ceil(256 * 64).clamp(1, ARGMAX_GROUPS) as u32;
         let per_thread = (len as u32).div_ceil(256 * groups);
-        let mut best = st
-            .gpu
-            .zeroed::<f32>("argmax values", groups as usize)
-            .map_err(device_error)?;
-        let mut best_index = st
-            .gpu
-            .zeroed::<u32>("argmax indices", groups as usize)
-            .map_err(device_error)?;
-        let mut index = st.gpu.zeroed::<u32>("argmax", 1).map_err(device_error)?;
-        let mut run = |st: &mut State| -> Result<(), GpuError> {
-            st.batch.run(
-                &mut st.gpu,
+        let State {
+            gpu,
+            batch,
+            argmax: (best, best_index, index),
+            ..
+        } = st;
+        let mut run = || -> Result<(), GpuError> {
+            batch.run(
+                gpu,
                 &k::argmax_partial::Args {
                     logits,
-                    best: &mut best,
-                    best_index: &mut best_index,
+                    best,
+                    best_index,
                     n: len as u32,
                     per_thread,
                 },
                 [groups, 1, 1],
             )?;
-            st.batch.run(
-                &mut st.gpu,
+            batch.run(
+                gpu,
                 &k::argmax_final::Args {
-                    best: &best,
-                    best_index: &best_index,
-                    index: &mut index,
+                    best,
+                    best_index,
+                    index,
                     n: groups,
                 },
                 [1, 1, 1],
             )
         };
-        run(st).map_err(device_error)?;
+        run().map_err(device_error)?;
         let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
         st.dispatches += batch.dispatches() as u64;
         let got = st
             .gpu
-            .submit_and_read(batch, &index, 1)
+            .submit_and_read(batch, &st.argmax.2, 1)
             .map_err(device_error)?;
         Ok(got[0])
     }
@@ -366,7 +383,16 @@ impl Backend for GpuBackend {
                 let src = st.gpu.upload("embeddings", &rows)?;
                 return st.batch.copy(&src, 0, out, 0, rows.len());
             }
-            let ids = st.gpu.upload("token ids", tokens)?;
+            // Staged and copied into the persistent id buffer, so the fetch's bind groups
+            // stay the same from token to token.
+            if st.ids.len() < tokens.len() {
+                st.ids = st
+                    .gpu
+                    .zeroed("token ids", tokens.len().next_power_of_two())?;
+            }
+            let staged = st.gpu.upload("token ids", tokens)?;
+            st.batch.copy(&staged, 0, &mut st.ids, 0, tokens.len())?;
+            let ids = &st.ids;
             let n = tokens.len() as u32;
             for w in &table.windows {
                 let (row0, rows) = (w.row0 as u32, w.rows as u32);
@@ -375,7 +401,7 @@ impl Backend for GpuBackend {
                         &mut st.gpu,
                         &k::embed_f32::Args {
                             table: &w.data,
-                            ids: &ids,
+                            ids,
                             out: &mut *out,
                             cols: cols as u32,
                             n,
@@ -388,7 +414,7 @@ impl Backend for GpuBackend {
                         &mut st.gpu,
                         &k::embed_f16::Args {
                             table: &w.data,
-                            ids: &ids,
+                            ids,
                             out: &mut *out,
                             cols: cols as u32,
                             n,

@@ -9,7 +9,7 @@ use crate::kernel::KernelArgs;
 use crate::pipeline::Pipeline;
 
 /// One recorded command.
-enum Command {
+pub(crate) enum Command {
     Dispatch {
         pipeline: Arc<Pipeline>,
         buffers: Vec<wgpu::Buffer>,
@@ -26,8 +26,9 @@ enum Command {
     },
 }
 
-/// Commands collected until [`Gpu::submit`]. Every dispatch's uniforms go into one
-/// parameter buffer (each at an aligned offset), created once per batch.
+/// Commands collected until [`Gpu::submit`]. Every dispatch's uniforms go into one parameter
+/// block (each at an aligned offset), written to the device's persistent uniform buffer at
+/// submit and selected per dispatch by a dynamic offset.
 pub struct Batch {
     commands: Vec<Command>,
     params: Vec<u8>,
@@ -132,79 +133,8 @@ impl Batch {
         self.commands.is_empty()
     }
 
-    /// Encodes everything into one command buffer.
-    pub(crate) fn encode(self, device: &wgpu::Device) -> wgpu::CommandBuffer {
-        use wgpu::util::DeviceExt;
-        let params = (!self.params.is_empty()).then(|| {
-            device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("hesper params"),
-                contents: &self.params,
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
-        });
-        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("hesper batch"),
-        });
-        let mut commands = self.commands.into_iter().peekable();
-        while let Some(first) = commands.peek() {
-            if let Command::Copy { .. } = first {
-                let Some(Command::Copy {
-                    src,
-                    src_offset,
-                    dst,
-                    dst_offset,
-                    size,
-                }) = commands.next()
-                else {
-                    unreachable!("peeked a copy");
-                };
-                encoder.copy_buffer_to_buffer(&src, src_offset, &dst, dst_offset, size);
-                continue;
-            }
-            // A run of dispatches shares one compute pass; WebGPU orders their storage
-            // accesses, so each sees the writes of those before it.
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("hesper pass"),
-                timestamp_writes: None,
-            });
-            while let Some(Command::Dispatch { .. }) = commands.peek() {
-                let Some(Command::Dispatch {
-                    pipeline,
-                    buffers,
-                    params: range,
-                    grid,
-                }) = commands.next()
-                else {
-                    unreachable!("peeked a dispatch");
-                };
-                let mut entries: Vec<wgpu::BindGroupEntry> = buffers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupEntry {
-                        binding: i as u32,
-                        resource: b.as_entire_binding(),
-                    })
-                    .collect();
-                if let (Some(range), Some(p)) = (range, params.as_ref()) {
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: buffers.len() as u32,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: p,
-                            offset: range.start,
-                            size: std::num::NonZeroU64::new(range.end - range.start),
-                        }),
-                    });
-                }
-                let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(pipeline.source.name),
-                    layout: &pipeline.layout,
-                    entries: &entries,
-                });
-                pass.set_pipeline(&pipeline.pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-            }
-        }
-        encoder.finish()
+    /// The recorded commands and the parameter block they index.
+    pub(crate) fn into_parts(self) -> (Vec<Command>, Vec<u8>) {
+        (self.commands, self.params)
     }
 }

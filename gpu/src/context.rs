@@ -7,6 +7,7 @@ use wgpu::util::DeviceExt;
 
 use crate::batch::Batch;
 use crate::buffer::GpuBuffer;
+use crate::encode::{encode, BindGroups, ParamBuffer};
 use crate::kernel::KernelSource;
 use crate::pipeline::{CacheStats, Pipeline, PipelineCache};
 
@@ -63,6 +64,8 @@ pub struct Gpu {
     /// The adapter's optional features (e.g. `SHADER_F16`, `SUBGROUP`, `TIMESTAMP_QUERY`).
     pub features: wgpu::Features,
     cache: PipelineCache,
+    bind_groups: BindGroups,
+    params: ParamBuffer,
     submits: u64,
     errors: Arc<Mutex<Option<String>>>,
 }
@@ -107,6 +110,8 @@ impl Gpu {
             features: adapter.features(),
             limits,
             cache: PipelineCache::default(),
+            bind_groups: BindGroups::default(),
+            params: ParamBuffer::default(),
             submits: 0,
             errors,
         })
@@ -122,6 +127,11 @@ impl Gpu {
         self.cache.stats()
     }
 
+    /// Bind groups created so far (they are reused while the same buffers are bound).
+    pub fn bind_groups_created(&self) -> u64 {
+        self.bind_groups.created
+    }
+
     /// Queue submits so far.
     pub fn submits(&self) -> u64 {
         self.submits
@@ -134,9 +144,16 @@ impl Gpu {
 
     /// Submits a batch: one queue submit for all its commands.
     pub fn submit(&mut self, batch: Batch) -> Result<(), GpuError> {
-        let commands = batch.encode(&self.device);
-        self.queue.submit([commands]);
         self.submits += 1;
+        let commands = encode(
+            &self.device,
+            &self.queue,
+            &mut self.bind_groups,
+            &mut self.params,
+            batch,
+            self.submits,
+        );
+        self.queue.submit([commands]);
         self.check()
     }
 

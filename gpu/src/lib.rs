@@ -14,6 +14,7 @@
 mod batch;
 mod buffer;
 mod context;
+mod encode;
 mod kernel;
 mod pipeline;
 

@@ -16,6 +16,8 @@ pub struct Pipeline {
     pub layout: wgpu::BindGroupLayout,
     /// The kernel it was built from.
     pub source: KernelSource,
+    /// Its cache key.
+    pub key: [u8; 32],
 }
 
 /// Hits and misses of a [`PipelineCache`].
@@ -65,7 +67,7 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         self.stats.misses += 1;
-        let p = Arc::new(compile(device, k)?);
+        let p = Arc::new(compile(device, k, key)?);
         self.pipelines.insert(key, p.clone());
         Ok(p)
     }
@@ -76,7 +78,7 @@ impl PipelineCache {
     }
 }
 
-fn compile(device: &wgpu::Device, k: &KernelSource) -> Result<Pipeline, GpuError> {
+fn compile(device: &wgpu::Device, k: &KernelSource, key: [u8; 32]) -> Result<Pipeline, GpuError> {
     let entries = k
         .bindings
         .iter()
@@ -99,7 +101,9 @@ fn compile(device: &wgpu::Device, k: &KernelSource) -> Result<Pipeline, GpuError
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
                     ty,
-                    has_dynamic_offset: false,
+                    // Uniforms live in one persistent buffer; each dispatch selects its
+                    // slice with a dynamic offset, so bind groups are reused across tokens.
+                    has_dynamic_offset: ty == wgpu::BufferBindingType::Uniform,
                     min_binding_size: None,
                 },
                 count: None,
@@ -131,5 +135,6 @@ fn compile(device: &wgpu::Device, k: &KernelSource) -> Result<Pipeline, GpuError
         pipeline,
         layout,
         source: *k,
+        key,
     })
 }

@@ -1,5 +1,6 @@
 //! Decoding on the WebGPU backend: the shipped demo model generates the same greedy tokens on
-//! the GPU as on the CPU, one queue submit per decoded token, every pipeline from the cache,
+//! the GPU as on the CPU, one queue submit per decoded token, every pipeline and bind group
+//! reused from the first token on,
 //! and a model split into layer ranges (a ring's GPU nodes) equals the whole.
 
 use std::path::PathBuf;
@@ -41,7 +42,7 @@ fn gpu_and_cpu_generate_the_same_64_greedy_tokens() {
 }
 
 #[test]
-fn one_submit_per_token_and_every_pipeline_cached() {
+fn one_submit_per_token_and_pipelines_and_bind_groups_reused() {
     let file = shipped_model();
     let model = gpu_model(&file, None);
     let mut s = model.new_session(32, 8).expect("session");
