@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Logits, Model};
-use hesper_gpu_backend::GpuStats;
+use hesper_gpu_backend::GpuBackend;
 
 use crate::args::{LmHead, ModelArgs};
 use crate::load::{load, AnyModel};
@@ -60,18 +60,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let loaded = load(&args.model, None)?;
     match &loaded.model {
-        AnyModel::Cpu(model) => bench_on(&args, model, || None),
-        AnyModel::Gpu(model) => bench_on(&args, model, || Some(model.backend.stats())),
+        AnyModel::Cpu(model) => bench_on(&args, model, None),
+        AnyModel::Gpu(model) => bench_on(&args, model, Some(&model.backend)),
     }
 }
 
-/// Runs the tests on a model on any backend; `gpu_stats` reads the GPU counters (submits,
-/// dispatches, pipeline cache) when there are any.
+/// Runs the tests on a model on any backend; `gpu` is the same backend when it is the GPU
+/// (for its counters and per-kernel timings).
 fn bench_on<B: Backend>(
     args: &BenchArgs,
     model: &Model<B>,
-    gpu_stats: impl Fn() -> Option<GpuStats>,
+    gpu: Option<&GpuBackend>,
 ) -> Result<()> {
+    let gpu_stats = || gpu.map(GpuBackend::stats);
     let c = &model.config;
     let n_ctx = args.n_prompt.max(args.n_gen).max(1);
     if n_ctx > c.n_ctx_train {
@@ -184,5 +185,38 @@ fn bench_on<B: Backend>(
     if let Some(line) = gpu_line {
         println!("{line}");
     }
+    if let Some(gpu) = gpu.filter(|_| args.n_gen > 0) {
+        kernel_profile(model, gpu, &ids(args.n_gen.min(16)))?;
+    }
+    Ok(())
+}
+
+/// Decodes `tokens` once more with timestamp queries and prints GPU time per kernel and token.
+fn kernel_profile<B: Backend>(model: &Model<B>, gpu: &GpuBackend, tokens: &[u32]) -> Result<()> {
+    if !gpu.set_profiling(true) {
+        println!("(the adapter has no TIMESTAMP_QUERY: no per-kernel GPU time)");
+        return Ok(());
+    }
+    let mut s = model.new_session(tokens.len(), 1)?;
+    for &t in tokens {
+        model.eval(&mut s, &[t], Logits::Last)?;
+    }
+    let times = gpu.kernel_times();
+    gpu.set_profiling(false);
+    let n = tokens.len() as f64;
+    let total: f64 = times.iter().map(|k| k.ns).sum();
+    println!("\nGPU time per generated token by kernel (timestamp queries, {} tokens; one pass per dispatch while timing):", tokens.len());
+    println!("| kernel | launches/token | µs/token | share |");
+    println!("| --- | ---: | ---: | ---: |");
+    for k in &times {
+        println!(
+            "| {} | {:.0} | {:.1} | {:.1} % |",
+            k.name,
+            k.calls as f64 / n,
+            k.ns / n / 1e3,
+            100.0 * k.ns / total.max(1.0)
+        );
+    }
+    println!("| total | | {:.1} | |", total / n / 1e3);
     Ok(())
 }

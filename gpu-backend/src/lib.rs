@@ -149,6 +149,17 @@ impl GpuBackend {
         }
     }
 
+    /// Turns per-kernel GPU timing (timestamp queries) on or off; returns whether the adapter
+    /// supports it.
+    pub fn set_profiling(&self, on: bool) -> bool {
+        self.state.borrow_mut().gpu.set_profiling(on)
+    }
+
+    /// GPU time per kernel since the last call, slowest first.
+    pub fn kernel_times(&self) -> Vec<hesper_gpu::KernelTime> {
+        self.state.borrow_mut().gpu.kernel_times()
+    }
+
     /// Records commands with `f`; the first failure is kept for the next read.
     fn record(&self, f: impl FnOnce(&mut State) -> Result<(), GpuError>) {
         let mut st = self.state.borrow_mut();

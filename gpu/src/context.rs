@@ -10,6 +10,7 @@ use crate::buffer::GpuBuffer;
 use crate::encode::{encode, BindGroups, ParamBuffer};
 use crate::kernel::KernelSource;
 use crate::pipeline::{CacheStats, Pipeline, PipelineCache};
+use crate::profile::{KernelTime, Profiler};
 
 /// GPU errors, each naming what failed.
 #[derive(Debug, Error)]
@@ -66,6 +67,7 @@ pub struct Gpu {
     cache: PipelineCache,
     bind_groups: BindGroups,
     params: ParamBuffer,
+    profiler: Option<Profiler>,
     submits: u64,
     errors: Arc<Mutex<Option<String>>>,
 }
@@ -87,6 +89,8 @@ impl Gpu {
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("hesper"),
             required_limits: limits.clone(),
+            // Timestamps for `bench`'s per-kernel GPU time, where the adapter has them.
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device(e.to_string()))?;
@@ -112,6 +116,7 @@ impl Gpu {
             cache: PipelineCache::default(),
             bind_groups: BindGroups::default(),
             params: ParamBuffer::default(),
+            profiler: None,
             submits: 0,
             errors,
         })
@@ -132,6 +137,26 @@ impl Gpu {
         self.bind_groups.created
     }
 
+    /// Turns per-kernel GPU timing on or off; returns whether the device can time kernels
+    /// (`TIMESTAMP_QUERY`). While on, every dispatch gets its own compute pass and each submit
+    /// waits for its timestamps.
+    pub fn set_profiling(&mut self, on: bool) -> bool {
+        let supported = self
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY);
+        self.profiler = (on && supported).then(|| Profiler::new(&self.device, &self.queue));
+        supported
+    }
+
+    /// GPU time per kernel since the last call (slowest first); empty unless profiling.
+    pub fn kernel_times(&mut self) -> Vec<KernelTime> {
+        self.profiler
+            .as_mut()
+            .map(Profiler::take)
+            .unwrap_or_default()
+    }
+
     /// Queue submits so far.
     pub fn submits(&self) -> u64 {
         self.submits
@@ -145,15 +170,20 @@ impl Gpu {
     /// Submits a batch: one queue submit for all its commands.
     pub fn submit(&mut self, batch: Batch) -> Result<(), GpuError> {
         self.submits += 1;
-        let commands = encode(
+        let (commands, timed) = encode(
             &self.device,
             &self.queue,
             &mut self.bind_groups,
             &mut self.params,
+            self.profiler.as_ref(),
             batch,
             self.submits,
         );
         self.queue.submit([commands]);
+        if let Some(p) = self.profiler.as_mut() {
+            p.collect(&self.device, &timed)
+                .map_err(GpuError::Readback)?;
+        }
         self.check()
     }
 

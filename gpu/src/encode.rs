@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use crate::batch::{Batch, Command};
 use crate::pipeline::Pipeline;
+use crate::profile::{Profiler, MAX_TIMED};
 
 /// What a bind group binds: a pipeline's layout, its storage buffers and the uniform slice.
 #[derive(Hash, PartialEq, Eq)]
@@ -123,15 +124,19 @@ impl BindGroups {
 }
 
 /// Encodes `batch` (submit number `now`) into one command buffer: its uniforms written to the
-/// persistent buffer, runs of dispatches in one compute pass, copies between them.
+/// persistent buffer, runs of dispatches in one compute pass, copies between them. With a
+/// profiler every dispatch gets its own timed pass; the names of the timed kernels are
+/// returned in order.
 pub(crate) fn encode(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
     groups: &mut BindGroups,
     params: &mut ParamBuffer,
+    profiler: Option<&Profiler>,
     batch: Batch,
     now: u64,
-) -> wgpu::CommandBuffer {
+) -> (wgpu::CommandBuffer, Vec<&'static str>) {
+    let mut timed = Vec::new();
     let (commands, block) = batch.into_parts();
     let param_buffer = params.write(device, queue, &block);
     let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -154,9 +159,17 @@ pub(crate) fn encode(
         };
         // A run of dispatches shares one compute pass; WebGPU orders their storage accesses,
         // so each sees the writes of those before it.
+        let timestamps = profiler
+            .filter(|_| timed.len() < MAX_TIMED as usize)
+            .map(|p| p.writes(timed.len() as u32));
+        if timestamps.is_some() {
+            if let Command::Dispatch { pipeline, .. } = &first {
+                timed.push(pipeline.source.name);
+            }
+        }
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("hesper pass"),
-            timestamp_writes: None,
+            timestamp_writes: timestamps,
         });
         let mut next = Some(first);
         while let Some(Command::Dispatch {
@@ -174,12 +187,16 @@ pub(crate) fn encode(
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &group, &offsets);
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            // Profiling times each dispatch in a pass of its own.
             next = match commands.peek() {
-                Some(Command::Dispatch { .. }) => commands.next(),
+                Some(Command::Dispatch { .. }) if profiler.is_none() => commands.next(),
                 _ => None,
             };
         }
     }
+    if let Some(p) = profiler {
+        p.resolve(&mut encoder, timed.len() as u32);
+    }
     groups.evict(now);
-    encoder.finish()
+    (encoder.finish(), timed)
 }

@@ -17,11 +17,13 @@ mod context;
 mod encode;
 mod kernel;
 mod pipeline;
+mod profile;
 
 pub use batch::Batch;
 pub use buffer::GpuBuffer;
 pub use context::{Gpu, GpuError};
 pub use kernel::{BindingKind, KernelArgs, KernelSource};
 pub use pipeline::{CacheStats, PipelineCache};
+pub use profile::KernelTime;
 /// The wgpu version the runtime is built on (generated kernel code names its types).
 pub use wgpu;

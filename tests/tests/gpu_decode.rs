@@ -91,3 +91,31 @@ fn gpu_layer_ranges_chain_to_the_whole_model() {
     let c = cosine(&got, &want);
     assert!(got == want, "split differs from whole (cosine {c})");
 }
+
+#[test]
+fn timestamp_queries_time_every_kernel_of_a_token() {
+    let file = shipped_model();
+    let model = gpu_model(&file, None);
+    let mut s = model.new_session(8, 8).expect("session");
+    let first = model.eval_greedy(&mut s, &[1, 2]).expect("prefill");
+    // lavapipe (CI) and every desktop GPU driver offer TIMESTAMP_QUERY.
+    assert!(model.backend.set_profiling(true), "no TIMESTAMP_QUERY");
+    let before = model.backend.stats();
+    model.eval_greedy(&mut s, &[first]).expect("decode");
+    let dispatches = model.backend.stats().dispatches - before.dispatches;
+    let times = model.backend.kernel_times();
+    model.backend.set_profiling(false);
+    let calls: u64 = times.iter().map(|k| k.calls).sum();
+    assert_eq!(calls, dispatches, "every dispatch timed once");
+    let names: Vec<&str> = times.iter().map(|k| k.name).collect();
+    for k in [
+        "bitlinear_i2s",
+        "attention",
+        "rms_norm",
+        "matvec_q8_0",
+        "argmax_final",
+    ] {
+        assert!(names.contains(&k), "{k} missing from {names:?}");
+    }
+    assert!(times.iter().all(|k| k.ns >= 0.0) && times.iter().any(|k| k.ns > 0.0));
+}
