@@ -210,6 +210,7 @@ impl<'a> Emitter<'a> {
             ("wid", []) => "wid.x".into(),
             ("wid_y", []) => "wid.y".into(),
             ("f32_from_bits", [w]) => format!("bitcast<f32>({w})"),
+            ("dot4_i8_packed", [a, b]) => format!("dot4I8Packed({a}, {b})"),
             ("unpack_f16_lo", [w]) => format!("unpack2x16float({w}).x"),
             ("unpack_f16_hi", [w]) => format!("unpack2x16float({w}).y"),
             ("round_to_f16", [x]) => format!("quantizeToF16({x})"),
@@ -218,7 +219,7 @@ impl<'a> Emitter<'a> {
             (name, _) => {
                 return Err(unsupported(
                     c,
-                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, unpack_f16_lo, unpack_f16_hi, round_to_f16)"),
+                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16)"),
                 ))
             }
         })

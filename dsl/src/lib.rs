@@ -52,12 +52,12 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
         match kind {
             ArgKind::Input => quote! { pub #name: &'a ::hesper_gpu::GpuBuffer<#ty> },
             ArgKind::Output => quote! { pub #name: &'a mut ::hesper_gpu::GpuBuffer<#ty> },
-            ArgKind::Uniform => quote! { pub #name: #ty },
+            ArgKind::Uniform | ArgKind::Comptime => quote! { pub #name: #ty },
         }
     });
     let buffers = args
         .iter()
-        .filter(|a| a.2 != ArgKind::Uniform)
+        .filter(|a| matches!(a.2, ArgKind::Input | ArgKind::Output))
         .map(|(name, ..)| {
             let name = format_ident!("{}", name);
             quote! { self.#name.raw() }
@@ -70,6 +70,13 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             quote! { self.#name.to_le_bytes() }
         });
     let name_str = name.to_string();
+    let constants = args
+        .iter()
+        .filter(|a| a.2 == ArgKind::Comptime)
+        .map(|(name, ..)| {
+            let field = format_ident!("{}", name);
+            quote! { (#name, f64::from(self.#field)) }
+        });
     let vis = &func.vis;
     let doc =
         format!("The `{name}` kernel: WGSL source, entry point, workgroup size and bindings.");
@@ -88,7 +95,8 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             pub const SHARED_BYTES: u32 = #shared_bytes;
 
             /// The arguments of one launch: inputs `&GpuBuffer<T>`, outputs
-            /// `&mut GpuBuffer<T>` (so one buffer cannot be both), uniforms by value.
+            /// `&mut GpuBuffer<T>` (so one buffer cannot be both), uniforms and compile-time
+            /// constants by value.
             pub struct Args<'a> {
                 #(#fields,)*
             }
@@ -106,6 +114,9 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
                 }
                 fn params(&self) -> ::std::vec::Vec<[u8; 4]> {
                     ::std::vec![#(#uniforms),*]
+                }
+                fn constants(&self) -> ::std::vec::Vec<(&'static str, f64)> {
+                    ::std::vec![#(#constants),*]
                 }
             }
         }

@@ -33,6 +33,9 @@ enum Kind {
     Uniform { ty: &'static str },
     /// `#[shared] x: &mut [T; N]`: workgroup memory.
     Shared { elem: &'static str, len: u32 },
+    /// `#[comptime] x: T`: a pipeline-overridable constant (`override x: T;`), fixed when the
+    /// pipeline is built, so loops over it unroll and its value is part of the cache key.
+    Comptime { ty: &'static str },
 }
 
 /// How a launch argument is passed.
@@ -44,6 +47,8 @@ pub enum ArgKind {
     Output,
     /// A uniform scalar by value.
     Uniform,
+    /// A pipeline constant by value.
+    Comptime,
 }
 
 struct Param {
@@ -86,7 +91,9 @@ impl Signature {
             let name = id.ident.to_string();
             let uniform = pt.attrs.iter().any(|a| a.path().is_ident("uniform"));
             let shared = pt.attrs.iter().any(|a| a.path().is_ident("shared"));
+            let comptime = pt.attrs.iter().any(|a| a.path().is_ident("comptime"));
             let kind = match (&*pt.ty, uniform, shared) {
+                (ty, false, false) if comptime => Kind::Comptime { ty: scalar(ty)? },
                 (ty, true, false) => Kind::Uniform { ty: scalar(ty)? },
                 (Type::Reference(r), false, true) => match &*r.elem {
                     Type::Array(a) if r.mutability.is_some() => Kind::Shared {
@@ -114,7 +121,7 @@ impl Signature {
                 },
                 _ => return Err(syn::Error::new_spanned(
                     pt,
-                    "expected `&[T]`, `&mut [T]`, `#[uniform] x: T` or `#[shared] x: &mut [T; N]`",
+                    "expected `&[T]`, `&mut [T]`, `#[uniform] x: T`, `#[comptime] x: T` or `#[shared] x: &mut [T; N]`",
                 )),
             };
             params.push(Param { name, kind });
@@ -142,7 +149,7 @@ impl Signature {
     pub fn is_array(&self, name: &str) -> bool {
         self.params
             .iter()
-            .any(|p| p.name == name && !matches!(p.kind, Kind::Uniform { .. }))
+            .any(|p| p.name == name && matches!(p.kind, Kind::Storage { .. } | Kind::Shared { .. }))
     }
 
     /// The launch arguments: `(name, element or scalar type, kind)` for buffers and uniforms
@@ -161,6 +168,7 @@ impl Signature {
                     },
                 )),
                 Kind::Uniform { ty } => Some((p.name.clone(), ty, ArgKind::Uniform)),
+                Kind::Comptime { ty } => Some((p.name.clone(), ty, ArgKind::Comptime)),
                 Kind::Shared { .. } => None,
             })
             .collect()
@@ -223,6 +231,7 @@ impl Signature {
                 Kind::Shared { elem, len } => {
                     out += &format!("var<workgroup> {}: array<{elem}, {len}>;\n", p.name)
                 }
+                Kind::Comptime { ty } => out += &format!("override {}: {ty};\n", p.name),
             }
         }
         if !fields.is_empty() {

@@ -61,6 +61,10 @@ struct State {
     dispatches: u64,
     /// Quantized activations of the matrix being multiplied.
     q: GpuBuffer<i32>,
+    /// The same, packed four int8 to a word (for `dot4I8Packed`), and `Σq` per token.
+    packed: (GpuBuffer<u32>, GpuBuffer<i32>),
+    /// Whether the I2_S path uses `dot4I8Packed`.
+    packed_dot: bool,
     /// Their scales (per token or per block).
     act_scale: GpuBuffer<f32>,
     /// Token ids of the embedding fetch (filled by a recorded copy).
@@ -89,6 +93,11 @@ impl GpuBackend {
         let q = gpu.zeroed("activation codes", 1).map_err(device_error)?;
         let act_scale = gpu.zeroed("activation scales", 1).map_err(device_error)?;
         let ids = gpu.zeroed("token ids", 1).map_err(device_error)?;
+        let packed = (
+            gpu.zeroed("packed activations", 1).map_err(device_error)?,
+            gpu.zeroed("activation sums", 1).map_err(device_error)?,
+        );
+        let packed_dot = supports_packed_dot(&gpu);
         let argmax = (
             gpu.zeroed("argmax values", ARGMAX_GROUPS)
                 .map_err(device_error)?,
@@ -103,6 +112,8 @@ impl GpuBackend {
                 error: None,
                 dispatches: 0,
                 q,
+                packed,
+                packed_dot,
                 act_scale,
                 ids,
                 argmax,
@@ -124,7 +135,7 @@ impl GpuBackend {
         let g = &st.gpu;
         let l = &g.limits;
         format!(
-            "adapter: {} ({:?}, {:?}, driver {} {})\nmax buffer: {} MiB, max storage binding: {} MiB, workgroup invocations: {}, workgroup memory: {} KiB\nfeatures: {:?}",
+            "adapter: {} ({:?}, {:?}, driver {} {})\nmax buffer: {} MiB, max storage binding: {} MiB, workgroup invocations: {}, workgroup memory: {} KiB\nWGSL extensions: {:?} (I2_S kernels use {})\nfeatures: {:?}",
             g.info.name,
             g.info.backend,
             g.info.device_type,
@@ -134,6 +145,12 @@ impl GpuBackend {
             l.max_storage_buffer_binding_size >> 20,
             l.max_compute_invocations_per_workgroup,
             l.max_compute_workgroup_storage_size >> 10,
+            g.wgsl_features,
+            if st.packed_dot {
+                "dot4I8Packed"
+            } else {
+                "the plain int8 path"
+            },
             g.features
         )
     }
@@ -158,6 +175,20 @@ impl GpuBackend {
     /// GPU time per kernel since the last call, slowest first.
     pub fn kernel_times(&self) -> Vec<hesper_gpu::KernelTime> {
         self.state.borrow_mut().gpu.kernel_times()
+    }
+
+    /// Whether ternary I2_S products use `dot4I8Packed` (WGSL's packed 4×8-bit integer dot
+    /// product) rather than the plain per-element path.
+    pub fn packed_dot(&self) -> bool {
+        self.state.borrow().packed_dot
+    }
+
+    /// Chooses the I2_S path: `dot4I8Packed` when `on` and the implementation has it, else the
+    /// plain one. Returns the path now in use (`true` = packed).
+    pub fn set_packed_dot(&self, on: bool) -> bool {
+        let mut st = self.state.borrow_mut();
+        st.packed_dot = on && supports_packed_dot(&st.gpu);
+        st.packed_dot
     }
 
     /// Records commands with `f`; the first failure is kept for the next read.
@@ -186,6 +217,12 @@ pub fn lanes_per_row(units: usize) -> u32 {
     1 << want.ilog2()
 }
 
+/// Whether the WGSL implementation accepts `dot4I8Packed`.
+fn supports_packed_dot(gpu: &Gpu) -> bool {
+    gpu.wgsl_features
+        .contains(hesper_gpu::wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct)
+}
+
 /// Workgroups for `n` invocations of `size`.
 fn groups(n: usize, size: u32) -> u32 {
     (n as u32).div_ceil(size).max(1)
@@ -196,6 +233,14 @@ impl State {
     fn reserve(&mut self, q: usize, scales: usize) -> Result<(), GpuError> {
         if self.q.len() < q {
             self.q = self.gpu.zeroed("activation codes", q.next_power_of_two())?;
+            self.packed.0 = self
+                .gpu
+                .zeroed("packed activations", q.div_ceil(4).next_power_of_two())?;
+        }
+        if self.packed.1.len() < scales {
+            self.packed.1 = self
+                .gpu
+                .zeroed("activation sums", scales.next_power_of_two())?;
         }
         if self.act_scale.len() < scales {
             self.act_scale = self
@@ -474,19 +519,35 @@ impl Backend for GpuBackend {
                         gpu,
                         batch,
                         q,
+                        packed,
+                        packed_dot,
                         act_scale,
                         ..
                     } = st;
-                    batch.run(
-                        gpu,
-                        &k::quantize_i8::Args {
-                            x,
-                            q,
-                            scale: act_scale,
-                            cols,
-                        },
-                        [n as u32, 1, 1],
-                    )?;
+                    if *packed_dot {
+                        batch.run(
+                            gpu,
+                            &k::quantize_i8_packed::Args {
+                                x,
+                                q: &mut packed.0,
+                                scale: act_scale,
+                                sum: &mut packed.1,
+                                cols,
+                            },
+                            [n as u32, 1, 1],
+                        )?;
+                    } else {
+                        batch.run(
+                            gpu,
+                            &k::quantize_i8::Args {
+                                x,
+                                q,
+                                scale: act_scale,
+                                cols,
+                            },
+                            [n as u32, 1, 1],
+                        )?;
+                    }
                 }
                 Kind::Tq => {
                     let blocks = n * w.desc.cols / 256;
@@ -531,6 +592,8 @@ impl Backend for GpuBackend {
                 gpu,
                 batch,
                 q,
+                packed,
+                packed_dot,
                 act_scale,
                 ..
             } = st;
@@ -546,6 +609,24 @@ impl Backend for GpuBackend {
                 let row0 = win.row0 as u32;
                 let window_rows = win.rows as u32;
                 match w.kind {
+                    Kind::I2s { beta } if *packed_dot => batch.run(
+                        gpu,
+                        &k::bitlinear_i2s_dp4::Args {
+                            codes: &win.data,
+                            q: &packed.0,
+                            scale: act_scale,
+                            sum: &packed.1,
+                            out: &mut *out,
+                            cols,
+                            rows,
+                            row0,
+                            window_rows,
+                            n: n as u32,
+                            lanes,
+                            beta: beta * w.scale,
+                        },
+                        grid,
+                    )?,
                     Kind::I2s { beta } => batch.run(
                         gpu,
                         &k::bitlinear_i2s::Args {

@@ -59,7 +59,7 @@ impl Batch {
                 why: format!("grid {grid:?} outside 1..={max} per dimension"),
             });
         }
-        let pipeline = gpu.pipeline(&k)?;
+        let pipeline = gpu.pipeline(&k, &args.constants())?;
         let fields = args.params();
         let params = (!fields.is_empty()).then(|| {
             let start = self.params.len().next_multiple_of(self.align);

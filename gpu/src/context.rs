@@ -64,6 +64,9 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// The adapter's optional features (e.g. `SHADER_F16`, `SUBGROUP`, `TIMESTAMP_QUERY`).
     pub features: wgpu::Features,
+    /// The WGSL language extensions the implementation accepts (e.g. packed int8 dot
+    /// products).
+    pub wgsl_features: wgpu::WgslLanguageFeatures,
     cache: PipelineCache,
     bind_groups: BindGroups,
     params: ParamBuffer,
@@ -112,6 +115,7 @@ impl Gpu {
             queue,
             info: adapter.get_info(),
             features: adapter.features(),
+            wgsl_features: instance.wgsl_language_features(),
             limits,
             cache: PipelineCache::default(),
             bind_groups: BindGroups::default(),
@@ -122,9 +126,14 @@ impl Gpu {
         })
     }
 
-    /// The pipeline of `k` (compiled once, then served from the cache).
-    pub fn pipeline(&mut self, k: &KernelSource) -> Result<Arc<Pipeline>, GpuError> {
-        self.cache.get(&self.device, k)
+    /// The pipeline of `k` specialised with `constants` (compiled once, then served from the
+    /// cache).
+    pub fn pipeline(
+        &mut self,
+        k: &KernelSource,
+        constants: &[(&str, f64)],
+    ) -> Result<Arc<Pipeline>, GpuError> {
+        self.cache.get(&self.device, k, constants)
     }
 
     /// Pipeline-cache hits and misses.

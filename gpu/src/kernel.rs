@@ -49,4 +49,7 @@ pub trait KernelArgs {
     /// The uniform fields (4 bytes each, little-endian) in declaration order; empty when the
     /// kernel has no uniforms.
     fn params(&self) -> Vec<[u8; 4]>;
+    /// The values of the kernel's `#[comptime]` constants (WGSL `override`s), which specialise
+    /// the pipeline and are part of its cache key.
+    fn constants(&self) -> Vec<(&'static str, f64)>;
 }

@@ -29,15 +29,16 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
-/// Pipelines keyed by SHA-256(WGSL ‖ entry point ‖ binding layout).
+/// Pipelines keyed by SHA-256(WGSL ‖ entry point ‖ binding layout ‖ constants).
 #[derive(Default)]
 pub struct PipelineCache {
     pipelines: HashMap<[u8; 32], Arc<Pipeline>>,
     stats: CacheStats,
 }
 
-/// The cache key of `k`.
-pub fn cache_key(k: &KernelSource) -> Result<[u8; 32], GpuError> {
+/// The cache key of `k` specialised with `constants`: SHA-256 of the WGSL, entry point,
+/// binding layout and constant values.
+pub fn cache_key(k: &KernelSource, constants: &[(&str, f64)]) -> Result<[u8; 32], GpuError> {
     let mut h = Sha256::new();
     h.update(k.wgsl.as_bytes());
     h.update([0]);
@@ -51,6 +52,11 @@ pub fn cache_key(k: &KernelSource) -> Result<[u8; 32], GpuError> {
         h.update(binding.to_le_bytes());
         h.update([kind as u8]);
     }
+    for (name, value) in constants {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(value.to_bits().to_le_bytes());
+    }
     Ok(h.finalize().into())
 }
 
@@ -60,14 +66,15 @@ impl PipelineCache {
         &mut self,
         device: &wgpu::Device,
         k: &KernelSource,
+        constants: &[(&str, f64)],
     ) -> Result<Arc<Pipeline>, GpuError> {
-        let key = cache_key(k)?;
+        let key = cache_key(k, constants)?;
         if let Some(p) = self.pipelines.get(&key) {
             self.stats.hits += 1;
             return Ok(p.clone());
         }
         self.stats.misses += 1;
-        let p = Arc::new(compile(device, k, key)?);
+        let p = Arc::new(compile(device, k, constants, key)?);
         self.pipelines.insert(key, p.clone());
         Ok(p)
     }
@@ -78,7 +85,12 @@ impl PipelineCache {
     }
 }
 
-fn compile(device: &wgpu::Device, k: &KernelSource, key: [u8; 32]) -> Result<Pipeline, GpuError> {
+fn compile(
+    device: &wgpu::Device,
+    k: &KernelSource,
+    constants: &[(&str, f64)],
+    key: [u8; 32],
+) -> Result<Pipeline, GpuError> {
     let entries = k
         .bindings
         .iter()
@@ -128,7 +140,10 @@ fn compile(device: &wgpu::Device, k: &KernelSource, key: [u8; 32]) -> Result<Pip
         layout: Some(&pipeline_layout),
         module: &module,
         entry_point: Some(k.entry_point),
-        compilation_options: wgpu::PipelineCompilationOptions::default(),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants,
+            ..Default::default()
+        },
         cache: None,
     });
     Ok(Pipeline {
@@ -137,4 +152,35 @@ fn compile(device: &wgpu::Device, k: &KernelSource, key: [u8; 32]) -> Result<Pip
         source: *k,
         key,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: KernelSource = KernelSource {
+        name: "k",
+        wgsl: "override lanes: u32; @compute @workgroup_size(1) fn main() {}",
+        entry_point: "main",
+        workgroup_size: 1,
+        bindings: &[(0, "x", "read"), (1, "params", "uniform")],
+    };
+
+    #[test]
+    fn the_key_covers_source_layout_and_constants() {
+        let base = cache_key(&K, &[("lanes", 4.0)]).unwrap();
+        assert_eq!(base, cache_key(&K, &[("lanes", 4.0)]).unwrap());
+        assert_ne!(base, cache_key(&K, &[("lanes", 8.0)]).unwrap());
+        assert_ne!(base, cache_key(&K, &[]).unwrap());
+        let other_layout = KernelSource {
+            bindings: &[(0, "x", "read_write"), (1, "params", "uniform")],
+            ..K
+        };
+        assert_ne!(base, cache_key(&other_layout, &[("lanes", 4.0)]).unwrap());
+        let bad = KernelSource {
+            bindings: &[(0, "x", "texture")],
+            ..K
+        };
+        assert!(cache_key(&bad, &[]).is_err());
+    }
 }

@@ -26,7 +26,7 @@ pub fn bitlinear_i2s(
     #[uniform] row0: u32,
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
-    #[uniform] lanes: u32,
+    #[comptime] lanes: u32,
     #[uniform] beta: f32,
     #[shared] acc: &mut [i32; 256],
 ) {
@@ -111,7 +111,7 @@ pub fn bitlinear_tq(
     #[uniform] row0: u32,
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
-    #[uniform] lanes: u32,
+    #[comptime] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {
@@ -192,6 +192,103 @@ pub fn bitlinear_tq(
         for j in 0..4u32 {
             if t0 + j < n {
                 out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+            }
+        }
+    }
+}
+
+/// [`bitlinear_i2s`] with `dot4I8Packed` (WGSL's `packed_4x8_integer_dot_product`; one
+/// instruction per four products where the GPU has it): the four crumbs of each code byte
+/// belong to elements 32 apart, so masking one crumb position across a word's four bytes gives
+/// four consecutive elements, matched by one word of the activations packed by
+/// [`crate::quantize_i8_packed`]. `Σcode·q − Σq` is the same exact integer as the plain path.
+#[kernel(workgroup = 64)]
+pub fn bitlinear_i2s_dp4(
+    codes: &[u32],
+    q: &[u32],
+    scale: &[f32],
+    sum: &[i32],
+    out: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[comptime] lanes: u32,
+    #[uniform] beta: f32,
+    #[shared] acc: &mut [i32; 256],
+) {
+    let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let live = r < window_rows;
+    let t0 = wid_y() * 4u32;
+    let words = cols / 16u32;
+    let qwords = cols / 4u32;
+    let mask = 50529027u32;
+    let mut s0: i32 = 0;
+    let mut s1: i32 = 0;
+    let mut s2: i32 = 0;
+    let mut s3: i32 = 0;
+    for w in (lane..words).step_by(lanes) {
+        if !live {
+            break;
+        }
+        let packed = codes[r * words + w];
+        let c0 = (packed >> 6u32) & mask;
+        let c1 = (packed >> 4u32) & mask;
+        let c2 = (packed >> 2u32) & mask;
+        let c3 = packed & mask;
+        let at = w * 4u32;
+        let b = (at / 32u32) * 32u32 + (at % 32u32) / 4u32;
+        let a = t0 * qwords + b;
+        s0 += dot4_i8_packed(c0, q[a])
+            + dot4_i8_packed(c1, q[a + 8u32])
+            + dot4_i8_packed(c2, q[a + 16u32])
+            + dot4_i8_packed(c3, q[a + 24u32]);
+        if t0 + 1u32 < n {
+            let a1 = a + qwords;
+            s1 += dot4_i8_packed(c0, q[a1])
+                + dot4_i8_packed(c1, q[a1 + 8u32])
+                + dot4_i8_packed(c2, q[a1 + 16u32])
+                + dot4_i8_packed(c3, q[a1 + 24u32]);
+        }
+        if t0 + 2u32 < n {
+            let a2 = a + 2u32 * qwords;
+            s2 += dot4_i8_packed(c0, q[a2])
+                + dot4_i8_packed(c1, q[a2 + 8u32])
+                + dot4_i8_packed(c2, q[a2 + 16u32])
+                + dot4_i8_packed(c3, q[a2 + 24u32]);
+        }
+        if t0 + 3u32 < n {
+            let a3 = a + 3u32 * qwords;
+            s3 += dot4_i8_packed(c0, q[a3])
+                + dot4_i8_packed(c1, q[a3 + 8u32])
+                + dot4_i8_packed(c2, q[a3 + 16u32])
+                + dot4_i8_packed(c3, q[a3 + 24u32]);
+        }
+    }
+    acc[t] = s0;
+    acc[64u32 + t] = s1;
+    acc[128u32 + t] = s2;
+    acc[192u32 + t] = s3;
+    barrier();
+    let mut stride = lanes / 2u32;
+    while stride > 0 {
+        if lane < stride {
+            acc[t] += acc[t + stride];
+            acc[64u32 + t] += acc[64u32 + t + stride];
+            acc[128u32 + t] += acc[128u32 + t + stride];
+            acc[192u32 + t] += acc[192u32 + t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if lane == 0u32 && live {
+        for j in 0..4u32 {
+            if t0 + j < n {
+                out[(t0 + j) * rows + row0 + r] =
+                    ((acc[64u32 * j + t] - sum[t0 + j]) as f32) / scale[t0 + j] * beta;
             }
         }
     }

@@ -13,13 +13,13 @@ mod quantize;
 mod rope;
 
 pub use argmax::{argmax_final, argmax_partial};
-pub use bitlinear::{bitlinear_i2s, bitlinear_tq};
+pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
 pub use elementwise::{add_assign, relu2_mul, silu_mul};
 pub use embed::{embed_f16, embed_f32};
 pub use flash_attention::attention;
 pub use matvec::{matvec_f16, matvec_f32, matvec_q8_0};
 pub use norm::rms_norm;
-pub use quantize::{quantize_i8, quantize_q8_0, quantize_q8k};
+pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::rope_neox;
 
 /// Tokens one workgroup of the batched matrix kernels multiplies at once (the second grid

@@ -15,7 +15,7 @@ pub fn matvec_f32(
     #[uniform] row0: u32,
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
-    #[uniform] lanes: u32,
+    #[comptime] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {
@@ -82,7 +82,7 @@ pub fn matvec_f16(
     #[uniform] row0: u32,
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
-    #[uniform] lanes: u32,
+    #[comptime] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {
@@ -158,7 +158,7 @@ pub fn matvec_q8_0(
     #[uniform] row0: u32,
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
-    #[uniform] lanes: u32,
+    #[comptime] lanes: u32,
     #[uniform] out_scale: f32,
     #[shared] acc: &mut [f32; 256],
 ) {

@@ -127,3 +127,61 @@ pub fn quantize_q8_0(
         }
     }
 }
+
+/// Per-token int8 like [`quantize_i8`], packed four to a word (element `4i + b` in byte `b`)
+/// for `dot4I8Packed`, with `Σq` of each row in `sum` (the packed BitLinear multiplies codes
+/// 0, 1, 2 and subtracts it). `cols` is a multiple of 4.
+#[kernel(workgroup = 256)]
+pub fn quantize_i8_packed(
+    x: &[f32],
+    q: &mut [u32],
+    scale: &mut [f32],
+    sum: &mut [i32],
+    #[uniform] cols: u32,
+    #[shared] acc: &mut [f32; 256],
+    #[shared] sums: &mut [i32; 256],
+) {
+    let row = wid();
+    let t = lid();
+    let base = row * cols;
+    let mut m: f32 = 0.0;
+    for i in (t..cols).step_by(256) {
+        m = m.max(x[base + i].abs());
+    }
+    acc[t] = m;
+    barrier();
+    let mut stride: u32 = 128;
+    while stride > 0 {
+        if t < stride {
+            acc[t] = acc[t].max(acc[t + stride]);
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    let s = 127.0 / acc[0].max(0.00001);
+    let words = cols / 4u32;
+    let mut total: i32 = 0;
+    for w in (t..words).step_by(256) {
+        let mut packed: u32 = 0u32;
+        for b in 0..4u32 {
+            let v = (x[base + 4u32 * w + b] * s).round().clamp(-128.0, 127.0) as i32;
+            total += v;
+            packed = packed | (((v as u32) & 255u32) << (8u32 * b));
+        }
+        q[row * words + w] = packed;
+    }
+    sums[t] = total;
+    barrier();
+    stride = 128u32;
+    while stride > 0 {
+        if t < stride {
+            sums[t] += sums[t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    if t == 0 {
+        scale[row] = s;
+        sum[row] = sums[0];
+    }
+}

@@ -1183,3 +1183,81 @@ fn matvec_q8_0_matches_q8_0_dot() {
         assert!(e <= 1e-6, "matvec_q8_0 row0 {row0} lanes {lanes}: {e}");
     }
 }
+
+#[test]
+fn packed_i2s_path_equals_the_cpu_exactly() {
+    let mut g = gpu();
+    // The dot4I8Packed path: quantize_i8_packed, then bitlinear_i2s_dp4, on the shape of the
+    // plain test (37 × 640, 5 tokens) — the integer sums are the same, so the outputs match
+    // the CPU to the plain path's bound.
+    let (rows, cols, n, beta) = (37usize, 640usize, 5usize, 0.0371f32);
+    let codes = i2s_codes(rows * cols / 4, 11);
+    let x: Vec<f32> = (0..n).flat_map(|t| data(cols, 12 + t as u64)).collect();
+    let acts: Vec<_> = x.chunks_exact(cols).map(quantize_i8_row).collect();
+    let bx = g.upload("x", &x).unwrap();
+    let mut q = g.zeroed::<u32>("q", n * cols / 4).unwrap();
+    let mut scale = g.zeroed::<f32>("scale", n).unwrap();
+    let mut sum = g.zeroed::<i32>("sum", n).unwrap();
+    launch(
+        &mut g,
+        &k::quantize_i8_packed::Args {
+            x: &bx,
+            q: &mut q,
+            scale: &mut scale,
+            sum: &mut sum,
+            cols: cols as u32,
+        },
+        [n as u32, 1, 1],
+    );
+    let (got_q, got_s, got_sum) = (read!(g, &q), read!(g, &scale), read!(g, &sum));
+    for (t, a) in acts.iter().enumerate() {
+        // Same rule as quantize_i8 (whose test bounds the scale to 2.5 ulp); with the scale
+        // equal, codes and their sum are equal too.
+        assert_eq!(got_s[t], a.scale, "token {t} scale");
+        assert_eq!(got_sum[t], a.sum, "token {t} Σq");
+        let bytes: Vec<i8> = got_q[t * cols / 4..(t + 1) * cols / 4]
+            .iter()
+            .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
+            .collect();
+        assert_eq!(bytes, a.q, "token {t} packed codes");
+    }
+    let bc = g.upload("codes", &words(&codes)).unwrap();
+    let want: Vec<f32> = acts
+        .iter()
+        .flat_map(|a| {
+            codes
+                .chunks_exact(cols / 4)
+                .map(|row| (i2s_code_dot(row, &a.q) - a.sum) as f32 / a.scale * beta)
+        })
+        .collect();
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
+        let width = row0 + rows + extra;
+        let mut out = sentinel_out(&g, n, width);
+        launch(
+            &mut g,
+            &k::bitlinear_i2s_dp4::Args {
+                codes: &bc,
+                q: &q,
+                scale: &scale,
+                sum: &sum,
+                out: &mut out,
+                cols: cols as u32,
+                rows: width as u32,
+                row0: row0 as u32,
+                window_rows: rows as u32,
+                n: n as u32,
+                lanes,
+                beta,
+            },
+            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+        );
+        let got = window(&read!(g, &out), n, width, row0, rows);
+        // Exact integer sums, then the plain path's division and multiplication.
+        let d = max_rel_diff(&got, &want);
+        println!("bitlinear_i2s_dp4 (row0 {row0}, width {width}, {lanes} lanes): max relative diff {d:e}");
+        assert!(
+            d <= 1e-6,
+            "bitlinear_i2s_dp4 row0 {row0} lanes {lanes}: {d}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Every kernel's WGSL parses and validates in naga 30 — with all capabilities (native) and
-//! with the set a browser guarantees (no subgroups, no `f16` type) — and naga's reflection of
-//! the module agrees with the binding table the macro generated.
+//! with the set a browser guarantees (no subgroups, no `f16` type), and every `#[comptime]`
+//! specialisation after substitution — and naga's reflection of the module agrees with the
+//! binding table the macro generated.
 
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use naga::{AddressSpace, StorageAccess};
@@ -30,6 +31,8 @@ fn all() -> Vec<Kernel> {
         quantize_i8,
         quantize_q8k,
         bitlinear_i2s,
+        bitlinear_i2s_dp4,
+        quantize_i8_packed,
         bitlinear_tq,
         matvec_f32,
         matvec_f16,
@@ -49,20 +52,56 @@ fn web() -> Capabilities {
 }
 
 fn validate(k: &Kernel, caps: Capabilities) -> naga::Module {
+    validate_with_info(k, caps).0
+}
+
+fn validate_with_info(k: &Kernel, caps: Capabilities) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(k.wgsl)
         .unwrap_or_else(|e| panic!("{}: {}\n{}", k.name, e.emit_to_string(k.wgsl), k.wgsl));
-    Validator::new(ValidationFlags::all(), caps)
+    let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .unwrap_or_else(|e| panic!("{}: {}\n{}", k.name, e.emit_to_string(k.wgsl), k.wgsl));
-    module
+    (module, info)
+}
+
+/// The values every `#[comptime]` constant is launched with (`lanes`: threads per matrix row,
+/// a power of two up to the workgroup).
+fn specialisations(name: &str) -> Vec<f64> {
+    match name {
+        "lanes" => [1, 2, 4, 8, 16, 32, 64].map(f64::from).to_vec(),
+        other => panic!("no specialisations listed for the constant {other}"),
+    }
 }
 
 #[test]
-fn every_kernel_validates_native_and_web() {
+fn every_kernel_and_specialisation_validates_native_and_web() {
+    let mut specialised = 0;
     for k in all() {
-        validate(&k, Capabilities::all());
-        validate(&k, web());
+        for caps in [Capabilities::all(), web()] {
+            let (module, info) = validate_with_info(&k, caps);
+            for (_, o) in module.overrides.iter() {
+                let name = o.name.clone().unwrap_or_default();
+                for value in specialisations(&name) {
+                    let mut constants = naga::back::PipelineConstants::default();
+                    constants.insert(name.clone(), value);
+                    // Substitutes the value, re-validates, and yields the module a backend
+                    // compiles; then SPIR-V (what Vulkan and lavapipe run) is written from it.
+                    let (m, i) = naga::back::pipeline_constants::process_overrides(
+                        &module,
+                        &info,
+                        Some((naga::ShaderStage::Compute, "main")),
+                        &constants,
+                    )
+                    .unwrap_or_else(|e| panic!("{} with {name} = {value}: {e}", k.name));
+                    naga::back::spv::write_vec(&m, &i, &Default::default(), None)
+                        .unwrap_or_else(|e| panic!("{} with {name} = {value}: {e}", k.name));
+                    specialised += 1;
+                }
+            }
+        }
     }
+    // Six matrix kernels × seven lane counts × two capability sets.
+    assert_eq!(specialised, 6 * 7 * 2);
 }
 
 #[test]

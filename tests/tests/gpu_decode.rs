@@ -108,8 +108,13 @@ fn timestamp_queries_time_every_kernel_of_a_token() {
     let calls: u64 = times.iter().map(|k| k.calls).sum();
     assert_eq!(calls, dispatches, "every dispatch timed once");
     let names: Vec<&str> = times.iter().map(|k| k.name).collect();
+    let bitlinear = if model.backend.packed_dot() {
+        "bitlinear_i2s_dp4"
+    } else {
+        "bitlinear_i2s"
+    };
     for k in [
-        "bitlinear_i2s",
+        bitlinear,
         "attention",
         "rms_norm",
         "matvec_q8_0",
