@@ -5,9 +5,16 @@ use syn::{BinOp, Block, Expr, Lit, Local, Pat, Stmt, Type, UnOp};
 
 use crate::signature::{wgsl_type, Signature};
 
-/// Prints statements and expressions of a kernel body as WGSL.
+/// Prints statements and expressions of a kernel (or helper) body as WGSL.
 pub struct Emitter<'a> {
     sig: &'a Signature,
+    /// Helper functions (`#[kernel_fn]`) the body may call.
+    helpers: &'a [String],
+    /// Printing a helper: a trailing expression is its result, and the entry point's
+    /// built-ins (`gid`, `lid`, `wid`) are out of reach.
+    helper: bool,
+    /// Workgroup arrays passed to helpers: `(helper, position among its arrays, "name: type")`.
+    shared_args: std::cell::RefCell<Vec<(String, usize, String)>>,
 }
 
 fn unsupported(node: impl Spanned, what: &str) -> syn::Error {
@@ -15,9 +22,29 @@ fn unsupported(node: impl Spanned, what: &str) -> syn::Error {
 }
 
 impl<'a> Emitter<'a> {
-    /// A printer for the body of the kernel with signature `sig`.
-    pub fn new(sig: &'a Signature) -> Self {
-        Self { sig }
+    /// A printer for the body of the kernel with signature `sig`, which may call `helpers`.
+    pub fn new(sig: &'a Signature, helpers: &'a [String]) -> Self {
+        Self {
+            sig,
+            helpers,
+            helper: false,
+            shared_args: Default::default(),
+        }
+    }
+
+    /// A printer for the body of a `#[kernel_fn]` helper with signature `sig`.
+    pub fn for_helper(sig: &'a Signature) -> Self {
+        Self {
+            sig,
+            helpers: &[],
+            helper: true,
+            shared_args: Default::default(),
+        }
+    }
+
+    /// The workgroup arrays the body passed to helpers (see [`Emitter::new`]).
+    pub fn shared_args(&self) -> Vec<(String, usize, String)> {
+        self.shared_args.borrow().clone()
     }
 
     /// A block's statements, each line indented `depth` levels.
@@ -34,6 +61,7 @@ impl<'a> Emitter<'a> {
                     self.control(e, depth)?
                 }
                 _ if semi.is_some() => format!("{pad}{};\n", self.expr(e)?),
+                _ if self.helper => format!("{pad}return {};\n", self.expr(e)?),
                 _ => {
                     return Err(unsupported(
                         e,
@@ -204,7 +232,40 @@ impl<'a> Emitter<'a> {
             .iter()
             .map(|a| self.expr(a))
             .collect::<syn::Result<Vec<_>>>()?;
-        Ok(match (id.to_string().as_str(), args.as_slice()) {
+        let name = id.to_string();
+        if self.helpers.contains(&name) {
+            // Workgroup arrays are not WGSL arguments (the helper names them directly); each
+            // one passed is recorded so the kernel checks it matches the helper's at compile
+            // time.
+            let mut scalars = Vec::new();
+            let mut shared = 0;
+            for a in &c.args {
+                let decl = match a {
+                    Expr::Path(p) => p
+                        .path
+                        .get_ident()
+                        .and_then(|i| self.sig.shared_decl(&i.to_string())),
+                    _ => None,
+                };
+                match decl {
+                    Some(decl) => {
+                        self.shared_args
+                            .borrow_mut()
+                            .push((name.clone(), shared, decl));
+                        shared += 1;
+                    }
+                    None => scalars.push(self.expr(a)?),
+                }
+            }
+            return Ok(format!("{name}({})", scalars.join(", ")));
+        }
+        if self.helper && matches!(name.as_str(), "gid" | "lid" | "wid" | "wid_y") {
+            return Err(unsupported(
+                c,
+                &format!("`{name}()` in a helper (pass it in as a parameter)"),
+            ));
+        }
+        Ok(match (name.as_str(), args.as_slice()) {
             ("gid", []) => "gid.x".into(),
             ("lid", []) => "lid.x".into(),
             ("wid", []) => "wid.x".into(),
@@ -219,7 +280,7 @@ impl<'a> Emitter<'a> {
             (name, _) => {
                 return Err(unsupported(
                     c,
-                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16)"),
+                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16; helpers are listed in `uses(..)`)"),
                 ))
             }
         })

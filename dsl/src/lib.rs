@@ -15,6 +15,51 @@ const MAX_WORKGROUP: u32 = 256;
 const MAX_SHARED_BYTES: u32 = 16 * 1024;
 
 /// Turns `fn name(..) { .. }` into `pub mod name { WGSL, ENTRY_POINT, WORKGROUP_SIZE, BINDINGS }`.
+/// Turns `fn name(..) -> T { .. }` into `pub mod name { WGSL, SHARED }`: a WGSL function
+/// kernels may call after naming it in `#[kernel(.., uses(name))]`. Parameters are scalars by
+/// value and workgroup arrays by `&mut [T; N]`; WGSL cannot pass workgroup pointers, so the
+/// helper uses the kernel's array of the same name, and a kernel passing an array of another
+/// name or type fails to compile. A trailing expression is the result. The entry point's
+/// built-ins (`gid()`, `lid()`, ..) must be passed in.
+#[proc_macro_attribute]
+pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let func = parse_macro_input!(item as ItemFn);
+    if !attr.is_empty() {
+        return syn::Error::new(
+            proc_macro2::Span::call_site(),
+            "`#[kernel_fn]` takes no arguments",
+        )
+        .to_compile_error()
+        .into();
+    }
+    match expand_helper(&func) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand_helper(func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
+    let (sig, ret) = signature::Signature::parse_helper(func)?;
+    let body = emit::Emitter::for_helper(&sig).block(&func.block, 1)?;
+    let name = &func.sig.ident;
+    let ret = ret.map(|t| format!(" -> {t}")).unwrap_or_default();
+    let wgsl = format!("fn {name}({}){ret} {{\n{body}}}\n", sig.helper_params());
+    let wgsl = LitStr::new(&wgsl, name.span());
+    let shared = sig.helper_shared();
+    let vis = &func.vis;
+    let doc =
+        format!("The `{name}` helper: its WGSL function, for kernels that list it in `uses(..)`.");
+    Ok(quote! {
+        #[doc = #doc]
+        #vis mod #name {
+            /// The WGSL function.
+            pub const WGSL: &str = #wgsl;
+            /// The kernel workgroup arrays it uses, `name: array<T, N>`, in parameter order.
+            pub const SHARED: &[&str] = &[#(#shared),*];
+        }
+    })
+}
+
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = parse_macro_input!(item as ItemFn);
@@ -25,7 +70,8 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
-    let workgroup = parse_workgroup(attr)?;
+    let (workgroup, uses) = parse_attr(attr)?;
+    let helper_names: Vec<String> = uses.iter().map(ToString::to_string).collect();
     let sig = signature::Signature::parse(func)?;
     let shared_bytes = sig.shared_bytes();
     if shared_bytes > MAX_SHARED_BYTES {
@@ -36,11 +82,78 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             ),
         ));
     }
-    let body = emit::Emitter::new(&sig).block(&func.block, 1)?;
+    let emitter = emit::Emitter::new(&sig, &helper_names);
+    let body = emitter.block(&func.block, 1)?;
+    let shared_checks = emitter.shared_args().into_iter().map(|(helper, i, decl)| {
+        let helper = format_ident!("{}", helper);
+        let msg = format!("workgroup array {i} passed to `{helper}(..)` is `{decl}`: it must have the name and type of the helper's parameter (`{helper}::SHARED`)");
+        quote! {
+            const _: () = assert!(same_text(super::#helper::SHARED[#i], #decl), #msg);
+        }
+    });
+    let shared_checks: Vec<_> = shared_checks.collect();
+    let same_text_fn = (!shared_checks.is_empty()).then(|| {
+        quote! {
+            /// Compile-time string equality (for the workgroup-array checks).
+            const fn same_text(a: &str, b: &str) -> bool {
+                let (a, b) = (a.as_bytes(), b.as_bytes());
+                if a.len() != b.len() {
+                    return false;
+                }
+                let mut i = 0;
+                while i < a.len() {
+                    if a[i] != b[i] {
+                        return false;
+                    }
+                    i += 1;
+                }
+                true
+            }
+            #(#shared_checks)*
+        }
+    });
     let wgsl = format!("{}\n@compute @workgroup_size({workgroup})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n{body}}}\n", sig.declarations());
     let name = &func.sig.ident;
     let module = format_ident!("{}", name);
     let wgsl = LitStr::new(&wgsl, name.span());
+    // With helpers, the module text is their WGSL followed by the kernel's, joined at compile
+    // time into one `&'static str`.
+    let wgsl_const = if uses.is_empty() {
+        quote! { pub const WGSL: &str = #wgsl; }
+    } else {
+        quote! {
+            pub const WGSL: &str = {
+                const PARTS: &[&str] = &[#(super::#uses::WGSL,)* #wgsl];
+                const LEN: usize = {
+                    let (mut i, mut n) = (0, 0);
+                    while i < PARTS.len() {
+                        n += PARTS[i].len();
+                        i += 1;
+                    }
+                    n
+                };
+                const BYTES: [u8; LEN] = {
+                    let mut out = [0u8; LEN];
+                    let (mut i, mut o) = (0, 0);
+                    while i < PARTS.len() {
+                        let part = PARTS[i].as_bytes();
+                        let mut j = 0;
+                        while j < part.len() {
+                            out[o] = part[j];
+                            o += 1;
+                            j += 1;
+                        }
+                        i += 1;
+                    }
+                    out
+                };
+                match ::core::str::from_utf8(&BYTES) {
+                    Ok(text) => text,
+                    Err(_) => panic!("kernel WGSL is not UTF-8"),
+                }
+            };
+        }
+    };
     let bindings = sig
         .bindings()
         .into_iter()
@@ -84,7 +197,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
         #[doc = #doc]
         #vis mod #module {
             /// The WGSL module.
-            pub const WGSL: &str = #wgsl;
+            #wgsl_const
             /// Entry point name.
             pub const ENTRY_POINT: &str = "main";
             /// Invocations per workgroup (x; y and z are 1).
@@ -93,6 +206,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             pub const BINDINGS: &[(u32, &str, &str)] = &[#(#bindings),*];
             /// Bytes of workgroup memory the kernel declares.
             pub const SHARED_BYTES: u32 = #shared_bytes;
+            #same_text_fn
 
             /// The arguments of one launch: inputs `&GpuBuffer<T>`, outputs
             /// `&mut GpuBuffer<T>` (so one buffer cannot be both), uniforms and compile-time
@@ -123,9 +237,21 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
     })
 }
 
-fn parse_workgroup(attr: proc_macro2::TokenStream) -> syn::Result<u32> {
+/// `workgroup = N` and the optional `uses(helper, ..)`.
+fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<(u32, Vec<syn::Ident>)> {
     let mut size = None;
+    let mut uses = Vec::new();
     let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("uses") {
+            return meta.parse_nested_meta(|helper| {
+                let id = helper
+                    .path
+                    .get_ident()
+                    .ok_or_else(|| helper.error("name a helper in scope, e.g. `uses(tree_sum)`"))?;
+                uses.push(id.clone());
+                Ok(())
+            });
+        }
         if meta.path.is_ident("workgroup") {
             let lit: LitInt = meta.value()?.parse()?;
             let n: u32 = lit.base10_parse()?;
@@ -138,11 +264,14 @@ fn parse_workgroup(attr: proc_macro2::TokenStream) -> syn::Result<u32> {
             size = Some(n);
             Ok(())
         } else {
-            Err(meta.error("expected `workgroup = N`"))
+            Err(meta.error("expected `workgroup = N` or `uses(..)`"))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    size.ok_or_else(|| syn::Error::new(proc_macro2::Span::call_site(), "missing `workgroup = N`"))
+    let size = size.ok_or_else(|| {
+        syn::Error::new(proc_macro2::Span::call_site(), "missing `workgroup = N`")
+    })?;
+    Ok((size, uses))
 }
 
 #[cfg(test)]
@@ -154,6 +283,25 @@ mod tests {
         expand(attr.parse().map_err(|_| "attr".to_string())?, &func)
             .map(|t| t.to_string())
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn helpers_print_as_wgsl_functions() {
+        let func: ItemFn =
+            syn::parse_str("fn relu2(x: f32) -> f32 { let r = x.max(0.0); r * r }").unwrap();
+        let out = expand_helper(&func).unwrap().to_string();
+        assert!(out.contains("fn relu2(x: f32) -> f32"), "{out}");
+        assert!(out.contains("return r * r;"), "{out}");
+        let uses_lid: ItemFn =
+            syn::parse_str("fn f(acc: &mut [f32; 4]) { acc[lid()] = 1.0; }").unwrap();
+        let err = expand_helper(&uses_lid).unwrap_err().to_string();
+        assert!(err.contains("pass it in as a parameter"), "{err}");
+        // A kernel calls only the helpers it lists.
+        let k = "fn k(y: &mut [f32]) { y[0] = relu2(1.0); }";
+        assert!(expand_str("workgroup = 1, uses(relu2)", k).is_ok());
+        assert!(expand_str("workgroup = 1", k)
+            .unwrap_err()
+            .contains("helpers are listed in `uses(..)`"));
     }
 
     #[test]

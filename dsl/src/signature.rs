@@ -33,6 +33,10 @@ enum Kind {
     Uniform { ty: &'static str },
     /// `#[shared] x: &mut [T; N]`: workgroup memory.
     Shared { elem: &'static str, len: u32 },
+    /// A helper's scalar parameter `x: T`.
+    Value { ty: &'static str },
+    /// A helper's workgroup-array parameter `x: &mut [T; N]` (a `ptr<workgroup, ..>`).
+    SharedRef { elem: &'static str, len: u32 },
     /// `#[comptime] x: T`: a pipeline-overridable constant (`override x: T;`), fixed when the
     /// pipeline is built, so loops over it unroll and its value is part of the cache key.
     Comptime { ty: &'static str },
@@ -138,6 +142,90 @@ impl Signature {
         Ok(Self { params })
     }
 
+    /// Reads and checks the parameters of a `#[kernel_fn]` helper: scalars by value and
+    /// workgroup arrays by `&mut [T; N]`. Returns them with the WGSL result type, if any.
+    pub fn parse_helper(func: &ItemFn) -> syn::Result<(Self, Option<&'static str>)> {
+        let sig = &func.sig;
+        if !sig.generics.params.is_empty() {
+            return Err(syn::Error::new_spanned(
+                &sig.generics,
+                "helpers take no generics",
+            ));
+        }
+        let ret = match &sig.output {
+            syn::ReturnType::Default => None,
+            syn::ReturnType::Type(_, ty) => Some(scalar(ty)?),
+        };
+        let mut params = Vec::new();
+        for arg in &sig.inputs {
+            let FnArg::Typed(pt) = arg else {
+                return Err(syn::Error::new_spanned(arg, "helpers are free functions"));
+            };
+            let Pat::Ident(id) = &*pt.pat else {
+                return Err(syn::Error::new_spanned(
+                    &pt.pat,
+                    "parameters must be plain names",
+                ));
+            };
+            let kind = match &*pt.ty {
+                Type::Reference(r) => match &*r.elem {
+                    Type::Array(a) if r.mutability.is_some() => Kind::SharedRef {
+                        elem: scalar(&a.elem)?,
+                        len: array_len(&a.len)?,
+                    },
+                    _ => {
+                        return Err(syn::Error::new_spanned(
+                            &pt.ty,
+                            "helpers take scalars and workgroup arrays (`&mut [T; N]`)",
+                        ))
+                    }
+                },
+                ty => Kind::Value { ty: scalar(ty)? },
+            };
+            params.push(Param {
+                name: id.ident.to_string(),
+                kind,
+            });
+        }
+        Ok((Self { params }, ret))
+    }
+
+    /// A helper's WGSL parameter list: its scalars. (WGSL cannot pass workgroup pointers to
+    /// functions, so a helper names the kernel's workgroup arrays directly; the kernel must
+    /// pass arrays of the same name and type, which the generated code checks at compile time.)
+    pub fn helper_params(&self) -> String {
+        self.params
+            .iter()
+            .filter_map(|p| match p.kind {
+                Kind::Value { ty } => Some(format!("{}: {ty}", p.name)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A helper's workgroup-array parameters as `name: array<T, N>`, in order.
+    pub fn helper_shared(&self) -> Vec<String> {
+        self.params
+            .iter()
+            .filter_map(|p| match p.kind {
+                Kind::SharedRef { elem, len } => Some(format!("{}: array<{elem}, {len}>", p.name)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A kernel's workgroup array `name` as `name: array<T, N>`.
+    pub fn shared_decl(&self, name: &str) -> Option<String> {
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| match p.kind {
+                Kind::Shared { elem, len } => Some(format!("{name}: array<{elem}, {len}>")),
+                _ => None,
+            })
+    }
+
     /// Whether `name` is a uniform scalar (read as `params.name`).
     pub fn is_uniform(&self, name: &str) -> bool {
         self.params
@@ -169,7 +257,7 @@ impl Signature {
                 )),
                 Kind::Uniform { ty } => Some((p.name.clone(), ty, ArgKind::Uniform)),
                 Kind::Comptime { ty } => Some((p.name.clone(), ty, ArgKind::Comptime)),
-                Kind::Shared { .. } => None,
+                Kind::Shared { .. } | Kind::Value { .. } | Kind::SharedRef { .. } => None,
             })
             .collect()
     }
@@ -232,6 +320,7 @@ impl Signature {
                     out += &format!("var<workgroup> {}: array<{elem}, {len}>;\n", p.name)
                 }
                 Kind::Comptime { ty } => out += &format!("override {}: {ty};\n", p.name),
+                Kind::Value { .. } | Kind::SharedRef { .. } => {}
             }
         }
         if !fields.is_empty() {

@@ -2,9 +2,11 @@
 
 use hesper_dsl::kernel;
 
+use crate::reduce::tree_argmax;
+
 /// First stage: each workgroup reduces 256 × `per_thread` logits to its largest value and the
 /// first index holding it, written to `best[wid]` / `best_index[wid]`.
-#[kernel(workgroup = 256)]
+#[kernel(workgroup = 256, uses(tree_argmax))]
 pub fn argmax_partial(
     logits: &[f32],
     best: &mut [f32],
@@ -28,18 +30,7 @@ pub fn argmax_partial(
     vals[t] = v;
     idxs[t] = k;
     barrier();
-    let mut stride: u32 = 128;
-    while stride > 0 {
-        if t < stride {
-            let o = t + stride;
-            if vals[o] > vals[t] || (vals[o] == vals[t] && idxs[o] < idxs[t]) {
-                vals[t] = vals[o];
-                idxs[t] = idxs[o];
-            }
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    tree_argmax(vals, idxs, t);
     if t == 0 {
         best[wid()] = vals[0];
         best_index[wid()] = idxs[0];
@@ -48,7 +39,7 @@ pub fn argmax_partial(
 
 /// Second stage: one workgroup reduces the `n` partial results to the index of the first
 /// maximum, written to `index[0]`.
-#[kernel(workgroup = 256)]
+#[kernel(workgroup = 256, uses(tree_argmax))]
 pub fn argmax_final(
     best: &[f32],
     best_index: &[u32],
@@ -69,18 +60,7 @@ pub fn argmax_final(
     vals[t] = v;
     idxs[t] = k;
     barrier();
-    let mut stride: u32 = 128;
-    while stride > 0 {
-        if t < stride {
-            let o = t + stride;
-            if vals[o] > vals[t] || (vals[o] == vals[t] && idxs[o] < idxs[t]) {
-                vals[t] = vals[o];
-                idxs[t] = idxs[o];
-            }
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    tree_argmax(vals, idxs, t);
     if t == 0 {
         index[0] = idxs[0];
     }

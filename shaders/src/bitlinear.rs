@@ -13,9 +13,11 @@
 
 use hesper_dsl::kernel;
 
+use crate::reduce::{row_sums, row_sums_i32};
+
 /// I2_S × per-token int8: exact integer sums over the whole row, then bitnet.cpp's epilogue
 /// `Σ(c−1)·q / s · beta · out_scale` with `s` from [`crate::quantize_i8`].
-#[kernel(workgroup = 64)]
+#[kernel(workgroup = 64, uses(row_sums_i32))]
 pub fn bitlinear_i2s(
     codes: &[u32],
     q: &[i32],
@@ -74,17 +76,7 @@ pub fn bitlinear_i2s(
     acc[128u32 + t] = s2;
     acc[192u32 + t] = s3;
     barrier();
-    let mut stride = lanes / 2u32;
-    while stride > 0 {
-        if lane < stride {
-            acc[t] += acc[t + stride];
-            acc[64u32 + t] += acc[64u32 + t + stride];
-            acc[128u32 + t] += acc[128u32 + t + stride];
-            acc[192u32 + t] += acc[192u32 + t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    row_sums_i32(acc, t, lane, lanes);
     if lane == 0u32 && live {
         for j in 0..4u32 {
             if t0 + j < n {
@@ -99,7 +91,7 @@ pub fn bitlinear_i2s(
 /// `Σ(c−1)·q`, then `acc += sumi · (d_act · d_weight)` as ggml does; `wscale` holds the
 /// weight scale of every (row, block) of this window, `d` the activation scale of every
 /// (token, block) from [`crate::quantize_q8k`].
-#[kernel(workgroup = 64)]
+#[kernel(workgroup = 64, uses(row_sums))]
 pub fn bitlinear_tq(
     codes: &[u32],
     wscale: &[f32],
@@ -177,17 +169,7 @@ pub fn bitlinear_tq(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride = lanes / 2u32;
-    while stride > 0 {
-        if lane < stride {
-            acc[t] += acc[t + stride];
-            acc[64u32 + t] += acc[64u32 + t + stride];
-            acc[128u32 + t] += acc[128u32 + t + stride];
-            acc[192u32 + t] += acc[192u32 + t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    row_sums(acc, t, lane, lanes);
     if lane == 0u32 && live {
         for j in 0..4u32 {
             if t0 + j < n {
@@ -202,7 +184,7 @@ pub fn bitlinear_tq(
 /// belong to elements 32 apart, so masking one crumb position across a word's four bytes gives
 /// four consecutive elements, matched by one word of the activations packed by
 /// [`crate::quantize_i8_packed`]. `Σcode·q − Σq` is the same exact integer as the plain path.
-#[kernel(workgroup = 64)]
+#[kernel(workgroup = 64, uses(row_sums_i32))]
 pub fn bitlinear_i2s_dp4(
     codes: &[u32],
     q: &[u32],
@@ -273,17 +255,7 @@ pub fn bitlinear_i2s_dp4(
     acc[128u32 + t] = s2;
     acc[192u32 + t] = s3;
     barrier();
-    let mut stride = lanes / 2u32;
-    while stride > 0 {
-        if lane < stride {
-            acc[t] += acc[t + stride];
-            acc[64u32 + t] += acc[64u32 + t + stride];
-            acc[128u32 + t] += acc[128u32 + t + stride];
-            acc[192u32 + t] += acc[192u32 + t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    row_sums_i32(acc, t, lane, lanes);
     if lane == 0u32 && live {
         for j in 0..4u32 {
             if t0 + j < n {

@@ -4,11 +4,13 @@
 
 use hesper_dsl::kernel;
 
+use crate::reduce::tree_max;
+
 /// One workgroup per (query head, token): grid `[n_head, n]`. Token `i` sits at position
 /// `pos0 + i` and attends positions `0..=pos0 + i`; query head `h` reads kv head
 /// `h / (n_head / n_head_kv)` straight from the cache (GQA without repeating K/V). Thread `t`
 /// scores position `tile + t` and owns output dimension `t`, so `head_dim ≤ 128`.
-#[kernel(workgroup = 128)]
+#[kernel(workgroup = 128, uses(tree_max))]
 pub fn attention(
     q: &[f32],
     k_cache: &[f32],
@@ -21,7 +23,7 @@ pub fn attention(
     #[uniform] scale: f32,
     #[shared] qs: &mut [f32; 128],
     #[shared] ps: &mut [f32; 128],
-    #[shared] red: &mut [f32; 128],
+    #[shared] acc: &mut [f32; 256],
 ) {
     let h = wid();
     let i = wid_y();
@@ -50,17 +52,10 @@ pub fn attention(
             }
             s = dot * scale;
         }
-        red[t] = s;
+        acc[t] = s;
         barrier();
-        let mut stride: u32 = 64;
-        while stride > 0 {
-            if t < stride {
-                red[t] = red[t].max(red[t + stride]);
-            }
-            barrier();
-            stride = stride >> 1u32;
-        }
-        let m_new = m.max(red[0]);
+        tree_max(acc, t, 128u32);
+        let m_new = m.max(acc[0]);
         let correction = (m - m_new).exp();
         if p < len {
             ps[t] = (s - m_new).exp();

@@ -10,6 +10,7 @@ mod flash_attention;
 mod matvec;
 mod norm;
 mod quantize;
+mod reduce;
 mod rope;
 
 pub use argmax::{argmax_final, argmax_partial};

@@ -4,8 +4,10 @@
 
 use hesper_dsl::kernel;
 
+use crate::reduce::row_sums;
+
 /// F32 weights (held as raw words).
-#[kernel(workgroup = 64)]
+#[kernel(workgroup = 64, uses(row_sums))]
 pub fn matvec_f32(
     w: &[u32],
     x: &[f32],
@@ -50,17 +52,7 @@ pub fn matvec_f32(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride = lanes / 2u32;
-    while stride > 0 {
-        if lane < stride {
-            acc[t] += acc[t + stride];
-            acc[64u32 + t] += acc[64u32 + t + stride];
-            acc[128u32 + t] += acc[128u32 + t + stride];
-            acc[192u32 + t] += acc[192u32 + t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    row_sums(acc, t, lane, lanes);
     if lane == 0u32 && live {
         for j in 0..4u32 {
             if t0 + j < n {
@@ -72,7 +64,7 @@ pub fn matvec_f32(
 
 /// F16 weights (two per word, the lower first; `cols` even); the activations are rounded
 /// through f16 first, as ggml does for F16 matrices.
-#[kernel(workgroup = 64)]
+#[kernel(workgroup = 64, uses(row_sums))]
 pub fn matvec_f16(
     w: &[u32],
     x: &[f32],
@@ -123,17 +115,7 @@ pub fn matvec_f16(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride = lanes / 2u32;
-    while stride > 0 {
-        if lane < stride {
-            acc[t] += acc[t + stride];
-            acc[64u32 + t] += acc[64u32 + t + stride];
-            acc[128u32 + t] += acc[128u32 + t + stride];
-            acc[192u32 + t] += acc[192u32 + t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    row_sums(acc, t, lane, lanes);
     if lane == 0u32 && live {
         for j in 0..4u32 {
             if t0 + j < n {
@@ -146,7 +128,7 @@ pub fn matvec_f16(
 /// Q8_0 weights (repacked: the 32 int8 of each block as 8 words, the f16 block scales as f32
 /// in `wd[row·blocks + block]`) times Q8_0 activations from [`crate::quantize_q8_0`]: per
 /// block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as ggml does.
-#[kernel(workgroup = 64)]
+#[kernel(workgroup = 64, uses(row_sums))]
 pub fn matvec_q8_0(
     wq: &[u32],
     wd: &[f32],
@@ -214,17 +196,7 @@ pub fn matvec_q8_0(
     acc[128u32 + t] = f2;
     acc[192u32 + t] = f3;
     barrier();
-    let mut stride = lanes / 2u32;
-    while stride > 0 {
-        if lane < stride {
-            acc[t] += acc[t + stride];
-            acc[64u32 + t] += acc[64u32 + t + stride];
-            acc[128u32 + t] += acc[128u32 + t + stride];
-            acc[192u32 + t] += acc[192u32 + t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    row_sums(acc, t, lane, lanes);
     if lane == 0u32 && live {
         for j in 0..4u32 {
             if t0 + j < n {

@@ -2,9 +2,11 @@
 
 use hesper_dsl::kernel;
 
+use crate::reduce::tree_sum;
+
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
 /// reduction in workgroup memory (correct for any subgroup size: no subgroup operations).
-#[kernel(workgroup = 256)]
+#[kernel(workgroup = 256, uses(tree_sum))]
 pub fn rms_norm(
     x: &[f32],
     w: &[f32],
@@ -23,14 +25,7 @@ pub fn rms_norm(
     }
     acc[t] = sum;
     barrier();
-    let mut stride: u32 = 128;
-    while stride > 0 {
-        if t < stride {
-            acc[t] += acc[t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    tree_sum(acc, t, 256u32);
     let scale = 1.0 / (acc[0] / (width as f32) + eps).sqrt();
     for i in (t..width).step_by(256) {
         y[base + i] = x[base + i] * scale * w[i];

@@ -2,9 +2,11 @@
 
 use hesper_dsl::kernel;
 
+use crate::reduce::{tree_max, tree_sum_i32};
+
 /// Per-token int8 (bitnet.cpp's I2_S activations, the BitNet b1.58 A8 rule), one row per
 /// workgroup: `s = 127 / max(max|x|, 1e-5)`, `q = clamp(rne(x·s), −128, 127)`, `scale[row] = s`.
-#[kernel(workgroup = 256)]
+#[kernel(workgroup = 256, uses(tree_max))]
 pub fn quantize_i8(
     x: &[f32],
     q: &mut [i32],
@@ -21,14 +23,7 @@ pub fn quantize_i8(
     }
     acc[t] = m;
     barrier();
-    let mut stride: u32 = 128;
-    while stride > 0 {
-        if t < stride {
-            acc[t] = acc[t].max(acc[t + stride]);
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    tree_max(acc, t, 256u32);
     let s = 127.0 / acc[0].max(0.00001);
     for i in (t..cols).step_by(256) {
         q[base + i] = (x[base + i] * s).round().clamp(-128.0, 127.0) as i32;
@@ -131,7 +126,7 @@ pub fn quantize_q8_0(
 /// Per-token int8 like [`quantize_i8`], packed four to a word (element `4i + b` in byte `b`)
 /// for `dot4I8Packed`, with `Σq` of each row in `sum` (the packed BitLinear multiplies codes
 /// 0, 1, 2 and subtracts it). `cols` is a multiple of 4.
-#[kernel(workgroup = 256)]
+#[kernel(workgroup = 256, uses(tree_max, tree_sum_i32))]
 pub fn quantize_i8_packed(
     x: &[f32],
     q: &mut [u32],
@@ -150,14 +145,7 @@ pub fn quantize_i8_packed(
     }
     acc[t] = m;
     barrier();
-    let mut stride: u32 = 128;
-    while stride > 0 {
-        if t < stride {
-            acc[t] = acc[t].max(acc[t + stride]);
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    tree_max(acc, t, 256u32);
     let s = 127.0 / acc[0].max(0.00001);
     let words = cols / 4u32;
     let mut total: i32 = 0;
@@ -172,14 +160,7 @@ pub fn quantize_i8_packed(
     }
     sums[t] = total;
     barrier();
-    stride = 128u32;
-    while stride > 0 {
-        if t < stride {
-            sums[t] += sums[t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
+    tree_sum_i32(sums, t, 256u32);
     if t == 0 {
         scale[row] = s;
         sum[row] = sums[0];

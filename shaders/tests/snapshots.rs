@@ -1,0 +1,35 @@
+//! The WGSL of every kernel, pinned by insta snapshots (`tests/snapshots/`): a change to the
+//! DSL printer or to a kernel shows up as a reviewable diff of the generated shader. After an
+//! intended change: `INSTA_UPDATE=always cargo test -p hesper-shaders --test snapshots`.
+
+macro_rules! snapshots {
+    ($($k:ident),* $(,)?) => {
+        $(insta::assert_snapshot!(stringify!($k), hesper_shaders::$k::WGSL);)*
+    };
+}
+
+#[test]
+fn generated_wgsl_is_unchanged() {
+    snapshots!(
+        add_assign,
+        silu_mul,
+        relu2_mul,
+        rms_norm,
+        argmax_partial,
+        argmax_final,
+        rope_neox,
+        quantize_i8,
+        quantize_i8_packed,
+        quantize_q8k,
+        quantize_q8_0,
+        bitlinear_i2s,
+        bitlinear_i2s_dp4,
+        bitlinear_tq,
+        matvec_f32,
+        matvec_f16,
+        matvec_q8_0,
+        embed_f32,
+        embed_f16,
+        attention,
+    );
+}
