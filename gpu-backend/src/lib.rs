@@ -43,6 +43,8 @@ pub struct GpuStats {
     pub cache: CacheStats,
     /// Bind groups created (reused while the same buffers are bound).
     pub bind_groups: u64,
+    /// Buffers created (weights, sessions, staging of host data, read-back space).
+    pub buffers: u64,
 }
 
 /// The `(cos, sin)` table of every position up to `positions`, for one rotary shape.
@@ -163,6 +165,7 @@ impl GpuBackend {
             dispatches: st.dispatches,
             cache: st.gpu.cache_stats(),
             bind_groups: st.gpu.bind_groups_created(),
+            buffers: st.gpu.buffers_created(),
         }
     }
 
@@ -226,6 +229,22 @@ fn supports_packed_dot(gpu: &Gpu) -> bool {
 /// Workgroups for `n` invocations of `size`.
 fn groups(n: usize, size: u32) -> u32 {
     (n as u32).div_ceil(size).max(1)
+}
+
+/// Puts host data at the front of `dst`, in order with the work recorded in `batch`: written
+/// straight into it when nothing is pending (the start of a token: no allocation), otherwise
+/// staged in a fresh buffer and copied by a recorded command.
+fn put<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    batch: &mut Batch,
+    dst: &mut GpuBuffer<T>,
+    data: &[T],
+) -> Result<(), GpuError> {
+    if batch.is_empty() {
+        return gpu.write(dst, 0, data);
+    }
+    let staged = gpu.upload("host data", data)?;
+    batch.copy(&staged, 0, dst, 0, data.len())
 }
 
 impl State {
@@ -353,12 +372,7 @@ impl Backend for GpuBackend {
     fn write(&self, dst: &mut GpuBuffer<f32>, data: &[f32]) -> Result<(), BackendError> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
-        // Staged through a fresh buffer and a recorded copy, so it lands in order with the
-        // work recorded around it.
-        let src = st.gpu.upload("host data", data).map_err(device_error)?;
-        st.batch
-            .copy(&src, 0, dst, 0, data.len())
-            .map_err(device_error)
+        put(&st.gpu, &mut st.batch, dst, data).map_err(device_error)
     }
 
     fn read(&self, src: &GpuBuffer<f32>, out: &mut [f32]) -> Result<(), BackendError> {
@@ -436,18 +450,16 @@ impl Backend for GpuBackend {
                 for (&t, row) in tokens.iter().zip(rows.chunks_exact_mut(cols)) {
                     table.desc.decode_row(file.bytes(), t as usize, row);
                 }
-                let src = st.gpu.upload("embeddings", &rows)?;
-                return st.batch.copy(&src, 0, out, 0, rows.len());
+                return put(&st.gpu, &mut st.batch, out, &rows);
             }
-            // Staged and copied into the persistent id buffer, so the fetch's bind groups
-            // stay the same from token to token.
+            // Into the persistent id buffer, so the fetch's bind groups stay the same from
+            // token to token.
             if st.ids.len() < tokens.len() {
                 st.ids = st
                     .gpu
                     .zeroed("token ids", tokens.len().next_power_of_two())?;
             }
-            let staged = st.gpu.upload("token ids", tokens)?;
-            st.batch.copy(&staged, 0, &mut st.ids, 0, tokens.len())?;
+            put(&st.gpu, &mut st.batch, &mut st.ids, tokens)?;
             let ids = &st.ids;
             let n = tokens.len() as u32;
             for w in &table.windows {

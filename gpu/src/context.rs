@@ -71,6 +71,8 @@ pub struct Gpu {
     bind_groups: BindGroups,
     params: ParamBuffer,
     profiler: Option<Profiler>,
+    readback: Option<wgpu::Buffer>,
+    buffers_created: std::cell::Cell<u64>,
     submits: u64,
     errors: Arc<Mutex<Option<String>>>,
 }
@@ -121,6 +123,8 @@ impl Gpu {
             bind_groups: BindGroups::default(),
             params: ParamBuffer::default(),
             profiler: None,
+            readback: None,
+            buffers_created: Default::default(),
             submits: 0,
             errors,
         })
@@ -164,6 +168,11 @@ impl Gpu {
             .as_mut()
             .map(Profiler::take)
             .unwrap_or_default()
+    }
+
+    /// Buffers created so far (uploads, zeroed buffers, read-back space).
+    pub fn buffers_created(&self) -> u64 {
+        self.buffers_created.get()
     }
 
     /// Queue submits so far.
@@ -251,6 +260,7 @@ impl Gpu {
             )));
         }
         self.check_size(what, bytes.len() as u64)?;
+        self.buffers_created.set(self.buffers_created.get() + 1);
         let raw = if bytes.is_empty() {
             self.raw_zeroed(what, 4)
         } else {
@@ -275,6 +285,7 @@ impl Gpu {
     ) -> Result<GpuBuffer<T>, GpuError> {
         let bytes = (len * std::mem::size_of::<T>()) as u64;
         self.check_size(what, bytes)?;
+        self.buffers_created.set(self.buffers_created.get() + 1);
         let raw = self.raw_zeroed(what, bytes.next_multiple_of(4).max(4));
         self.check()?;
         Ok(GpuBuffer::new(raw, len))
@@ -340,12 +351,23 @@ impl Gpu {
             )));
         }
         let size = (len * std::mem::size_of::<T>()) as u64;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: size.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        // One read-back buffer, reused (reads wait for their result, so one is never shared).
+        let fits = self
+            .readback
+            .as_ref()
+            .is_some_and(|b| b.size() >= size.max(4));
+        if !fits {
+            self.buffers_created.set(self.buffers_created.get() + 1);
+            self.readback = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: size.max(4).next_power_of_two(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let Some(staging) = self.readback.clone() else {
+            unreachable!("made above");
+        };
         batch.read_into(buffer.raw(), &staging, size);
         self.submit(batch)?;
         let slice = staging.slice(..size.max(4));
@@ -360,10 +382,14 @@ impl Gpu {
         rx.recv()
             .map_err(|e| GpuError::Readback(e.to_string()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let all: &[T] = bytemuck::cast_slice(&view);
-        Ok(all[..len].to_vec())
+        let out = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| GpuError::Readback(e.to_string()))?;
+            let all: &[T] = bytemuck::cast_slice(&view);
+            all[..len].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
     }
 }

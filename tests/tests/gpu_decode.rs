@@ -1,6 +1,6 @@
 //! Decoding on the WebGPU backend: the shipped demo model generates the same greedy tokens on
-//! the GPU as on the CPU, one queue submit per decoded token, every pipeline and bind group
-//! reused from the first token on,
+//! the GPU as on the CPU, one queue submit per decoded token, every pipeline, bind group and
+//! buffer reused from the first token on,
 //! and a model split into layer ranges (a ring's GPU nodes) equals the whole.
 
 use std::path::PathBuf;
@@ -42,12 +42,16 @@ fn gpu_and_cpu_generate_the_same_64_greedy_tokens() {
 }
 
 #[test]
-fn one_submit_per_token_and_pipelines_and_bind_groups_reused() {
+fn one_submit_per_token_and_nothing_created_after_the_first() {
     let file = shipped_model();
     let model = gpu_model(&file, None);
     let mut s = model.new_session(32, 8).expect("session");
     let mut next = model.eval_greedy(&mut s, &[1, 2, 3]).expect("prefill");
+    // The first token of each kind (argmax and logits read back) sets everything up.
     next = model.eval_greedy(&mut s, &[next]).expect("first token");
+    model
+        .eval(&mut s, &[next], Logits::Last)
+        .expect("first logits");
     let before = model.backend.stats();
     let steps = 5;
     for _ in 0..steps {
@@ -62,6 +66,18 @@ fn one_submit_per_token_and_pipelines_and_bind_groups_reused() {
         "pipelines compiled after the first token"
     );
     assert!(after.cache.hits > before.cache.hits);
+    assert_eq!(
+        after.bind_groups, before.bind_groups,
+        "bind groups created after the first token"
+    );
+    assert_eq!(
+        after.buffers, before.buffers,
+        "buffers created after the first token"
+    );
+    println!(
+        "created so far: {} buffers, {} bind groups",
+        after.buffers, after.bind_groups
+    );
     let per_token = (after.dispatches - before.dispatches) / (steps + 1);
     println!("{per_token} dispatches per token in one submit");
     assert!(per_token > 20, "a token is many dispatches: {per_token}");
