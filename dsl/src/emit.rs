@@ -13,6 +13,8 @@ pub struct Emitter<'a> {
     /// Printing a helper: a trailing expression is its result, and the entry point's
     /// built-ins (`gid`, `lid`, `wid`) are out of reach.
     helper: bool,
+    /// The kernel declared `features(subgroups)`.
+    subgroups: bool,
     /// Workgroup arrays passed to helpers: `(helper, position among its arrays, "name: type")`.
     shared_args: std::cell::RefCell<Vec<(String, usize, String)>>,
 }
@@ -22,12 +24,14 @@ fn unsupported(node: impl Spanned, what: &str) -> syn::Error {
 }
 
 impl<'a> Emitter<'a> {
-    /// A printer for the body of the kernel with signature `sig`, which may call `helpers`.
-    pub fn new(sig: &'a Signature, helpers: &'a [String]) -> Self {
+    /// A printer for the body of the kernel with signature `sig`, which may call `helpers`
+    /// (and use subgroup operations when `subgroups`).
+    pub fn new(sig: &'a Signature, helpers: &'a [String], subgroups: bool) -> Self {
         Self {
             sig,
             helpers,
             helper: false,
+            subgroups,
             shared_args: Default::default(),
         }
     }
@@ -38,6 +42,7 @@ impl<'a> Emitter<'a> {
             sig,
             helpers: &[],
             helper: true,
+            subgroups: false,
             shared_args: Default::default(),
         }
     }
@@ -265,7 +270,19 @@ impl<'a> Emitter<'a> {
                 &format!("`{name}()` in a helper (pass it in as a parameter)"),
             ));
         }
+        if name.starts_with("subgroup_") && !self.subgroups {
+            return Err(unsupported(
+                c,
+                &format!("`{name}` without `#[kernel(.., features(subgroups))]`"),
+            ));
+        }
         Ok(match (name.as_str(), args.as_slice()) {
+            ("subgroup_add", [x]) => format!("subgroupAdd({x})"),
+            ("subgroup_max", [x]) => format!("subgroupMax({x})"),
+            ("subgroup_invocation", []) => "sg_invocation".into(),
+            ("subgroup_size", []) => "sg_size".into(),
+            ("subgroup_index", []) => "sg_index".into(),
+            ("subgroup_count", []) => "sg_count".into(),
             ("gid", []) => "gid.x".into(),
             ("lid", []) => "lid.x".into(),
             ("wid", []) => "wid.x".into(),
@@ -280,7 +297,7 @@ impl<'a> Emitter<'a> {
             (name, _) => {
                 return Err(unsupported(
                     c,
-                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16; helpers are listed in `uses(..)`)"),
+                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
                 ))
             }
         })

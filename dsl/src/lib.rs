@@ -70,7 +70,12 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
-    let (workgroup, uses) = parse_attr(attr)?;
+    let KernelAttr {
+        workgroup,
+        uses,
+        features,
+    } = parse_attr(attr)?;
+    let subgroups = features.iter().any(|f| f == "subgroups");
     let helper_names: Vec<String> = uses.iter().map(ToString::to_string).collect();
     let sig = signature::Signature::parse(func)?;
     let shared_bytes = sig.shared_bytes();
@@ -82,7 +87,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             ),
         ));
     }
-    let emitter = emit::Emitter::new(&sig, &helper_names);
+    let emitter = emit::Emitter::new(&sig, &helper_names, subgroups);
     let body = emitter.block(&func.block, 1)?;
     let shared_checks = emitter.shared_args().into_iter().map(|(helper, i, decl)| {
         let helper = format_ident!("{}", helper);
@@ -112,7 +117,12 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             #(#shared_checks)*
         }
     });
-    let wgsl = format!("{}\n@compute @workgroup_size({workgroup})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n{body}}}\n", sig.declarations());
+    let subgroup_inputs = if subgroups {
+        ", @builtin(subgroup_invocation_id) sg_invocation: u32, @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_id) sg_index: u32, @builtin(num_subgroups) sg_count: u32"
+    } else {
+        ""
+    };
+    let wgsl = format!("{}\n@compute @workgroup_size({workgroup})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>{subgroup_inputs}) {{\n{body}}}\n", sig.declarations());
     let name = &func.sig.ident;
     let module = format_ident!("{}", name);
     let wgsl = LitStr::new(&wgsl, name.span());
@@ -206,6 +216,9 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             pub const BINDINGS: &[(u32, &str, &str)] = &[#(#bindings),*];
             /// Bytes of workgroup memory the kernel declares.
             pub const SHARED_BYTES: u32 = #shared_bytes;
+            /// Optional WebGPU features the kernel needs (`subgroups`); the runtime runs it only
+            /// on devices that have them and adds the `enable` header where the target wants one.
+            pub const FEATURES: &[&str] = &[#(#features),*];
             #same_text_fn
 
             /// The arguments of one launch: inputs `&GpuBuffer<T>`, outputs
@@ -222,6 +235,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
                     entry_point: ENTRY_POINT,
                     workgroup_size: WORKGROUP_SIZE,
                     bindings: BINDINGS,
+                    features: FEATURES,
                 };
                 fn buffers(&self) -> ::std::vec::Vec<&::hesper_gpu::wgpu::Buffer> {
                     ::std::vec![#(#buffers),*]
@@ -237,11 +251,30 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
     })
 }
 
-/// `workgroup = N` and the optional `uses(helper, ..)`.
-fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<(u32, Vec<syn::Ident>)> {
+/// What `#[kernel(..)]` says besides the body.
+struct KernelAttr {
+    workgroup: u32,
+    uses: Vec<syn::Ident>,
+    /// Optional WebGPU features the kernel needs (`subgroups`).
+    features: Vec<String>,
+}
+
+/// `workgroup = N`, the optional `uses(helper, ..)` and `features(subgroups)`.
+fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
     let mut size = None;
     let mut uses = Vec::new();
+    let mut features = Vec::new();
     let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("features") {
+            return meta.parse_nested_meta(|f| {
+                if f.path.is_ident("subgroups") {
+                    features.push("subgroups".to_string());
+                    Ok(())
+                } else {
+                    Err(f.error("known features: subgroups"))
+                }
+            });
+        }
         if meta.path.is_ident("uses") {
             return meta.parse_nested_meta(|helper| {
                 let id = helper
@@ -264,14 +297,18 @@ fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<(u32, Vec<syn::Iden
             size = Some(n);
             Ok(())
         } else {
-            Err(meta.error("expected `workgroup = N` or `uses(..)`"))
+            Err(meta.error("expected `workgroup = N`, `uses(..)` or `features(..)`"))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    let size = size.ok_or_else(|| {
+    let workgroup = size.ok_or_else(|| {
         syn::Error::new(proc_macro2::Span::call_site(), "missing `workgroup = N`")
     })?;
-    Ok((size, uses))
+    Ok(KernelAttr {
+        workgroup,
+        uses,
+        features,
+    })
 }
 
 #[cfg(test)]

@@ -67,6 +67,8 @@ struct State {
     packed: (GpuBuffer<u32>, GpuBuffer<i32>),
     /// Whether the I2_S path uses `dot4I8Packed`.
     packed_dot: bool,
+    /// Whether RMSNorm sums with subgroup operations.
+    subgroups: bool,
     /// Their scales (per token or per block).
     act_scale: GpuBuffer<f32>,
     /// Token ids of the embedding fetch (filled by a recorded copy).
@@ -100,6 +102,10 @@ impl GpuBackend {
             gpu.zeroed("activation sums", 1).map_err(device_error)?,
         );
         let packed_dot = supports_packed_dot(&gpu);
+        let subgroups = gpu
+            .device
+            .features()
+            .contains(hesper_gpu::wgpu::Features::SUBGROUP);
         let argmax = (
             gpu.zeroed("argmax values", ARGMAX_GROUPS)
                 .map_err(device_error)?,
@@ -116,6 +122,7 @@ impl GpuBackend {
                 q,
                 packed,
                 packed_dot,
+                subgroups,
                 act_scale,
                 ids,
                 argmax,
@@ -137,7 +144,7 @@ impl GpuBackend {
         let g = &st.gpu;
         let l = &g.limits;
         format!(
-            "adapter: {} ({:?}, {:?}, driver {} {})\nmax buffer: {} MiB, max storage binding: {} MiB, workgroup invocations: {}, workgroup memory: {} KiB\nWGSL extensions: {:?} (I2_S kernels use {})\nfeatures: {:?}",
+            "adapter: {} ({:?}, {:?}, driver {} {})\nmax buffer: {} MiB, max storage binding: {} MiB, workgroup invocations: {}, workgroup memory: {} KiB\nWGSL extensions: {:?} (I2_S kernels use {}; RMSNorm sums {})\nfeatures: {:?}",
             g.info.name,
             g.info.backend,
             g.info.device_type,
@@ -152,6 +159,11 @@ impl GpuBackend {
                 "dot4I8Packed"
             } else {
                 "the plain int8 path"
+            },
+            if st.subgroups {
+                "with subgroup operations"
+            } else {
+                "by a workgroup tree"
             },
             g.features
         )
@@ -184,6 +196,11 @@ impl GpuBackend {
     /// product) rather than the plain per-element path.
     pub fn packed_dot(&self) -> bool {
         self.state.borrow().packed_dot
+    }
+
+    /// Whether RMSNorm sums with subgroup operations (the device has `SUBGROUP`).
+    pub fn uses_subgroups(&self) -> bool {
+        self.state.borrow().subgroups
     }
 
     /// Chooses the I2_S path: `dot4I8Packed` when `on` and the implementation has it, else the
@@ -506,17 +523,32 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer<f32>,
     ) {
         self.record(|st| {
-            st.batch.run(
-                &mut st.gpu,
-                &k::rms_norm::Args {
-                    x,
-                    w,
-                    y: out,
-                    width: w.len() as u32,
-                    eps,
-                },
-                [n as u32, 1, 1],
-            )
+            let (width, grid) = (w.len() as u32, [n as u32, 1, 1]);
+            if st.subgroups {
+                st.batch.run(
+                    &mut st.gpu,
+                    &k::rms_norm_sg::Args {
+                        x,
+                        w,
+                        y: out,
+                        width,
+                        eps,
+                    },
+                    grid,
+                )
+            } else {
+                st.batch.run(
+                    &mut st.gpu,
+                    &k::rms_norm::Args {
+                        x,
+                        w,
+                        y: out,
+                        width,
+                        eps,
+                    },
+                    grid,
+                )
+            }
         });
     }
 

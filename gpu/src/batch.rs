@@ -52,6 +52,13 @@ impl Batch {
         grid: [u32; 3],
     ) -> Result<(), GpuError> {
         let k = A::SOURCE;
+        let missing = k.device_features() - gpu.device.features();
+        if !missing.is_empty() {
+            return Err(GpuError::Kernel {
+                kernel: k.name,
+                why: format!("the device lacks {missing:?}"),
+            });
+        }
         let max = gpu.limits.max_compute_workgroups_per_dimension;
         if grid.iter().any(|&w| w == 0 || w > max) {
             return Err(GpuError::Kernel {

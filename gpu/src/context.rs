@@ -95,7 +95,9 @@ impl Gpu {
             label: Some("hesper"),
             required_limits: limits.clone(),
             // Timestamps for `bench`'s per-kernel GPU time, where the adapter has them.
-            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
+            // Subgroup operations for the kernels that have a subgroup variant.
+            required_features: adapter.features()
+                & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP),
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device(e.to_string()))?;

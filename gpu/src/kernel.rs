@@ -36,6 +36,30 @@ pub struct KernelSource {
     pub workgroup_size: u32,
     /// `(binding, parameter, kind)` as the macro emits them.
     pub bindings: &'static [(u32, &'static str, &'static str)],
+    /// Optional WebGPU features it needs (`subgroups`).
+    pub features: &'static [&'static str],
+}
+
+impl KernelSource {
+    /// The `enable` directives a browser's WGSL compiler needs for this kernel. (naga, which
+    /// compiles WGSL natively in wgpu 30, takes subgroup operations without a directive and
+    /// rejects `enable subgroups;` as unimplemented, so native builds use no header.)
+    pub fn web_header(&self) -> String {
+        self.features
+            .iter()
+            .map(|f| format!("enable {f};\n"))
+            .collect()
+    }
+
+    /// The device features it needs.
+    pub fn device_features(&self) -> wgpu::Features {
+        self.features
+            .iter()
+            .fold(wgpu::Features::empty(), |acc, f| match *f {
+                "subgroups" => acc | wgpu::Features::SUBGROUP,
+                _ => acc,
+            })
+    }
 }
 
 /// The arguments of one launch of a kernel; the `#[kernel]` macro generates an `Args` struct
@@ -52,4 +76,26 @@ pub trait KernelArgs {
     /// The values of the kernel's `#[comptime]` constants (WGSL `override`s), which specialise
     /// the pipeline and are part of its cache key.
     fn constants(&self) -> Vec<(&'static str, f64)>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_give_the_web_header_and_device_features() {
+        let k = KernelSource {
+            name: "k",
+            wgsl: "",
+            entry_point: "main",
+            workgroup_size: 1,
+            bindings: &[],
+            features: &["subgroups"],
+        };
+        assert_eq!(k.web_header(), "enable subgroups;\n");
+        assert_eq!(k.device_features(), wgpu::Features::SUBGROUP);
+        let plain = KernelSource { features: &[], ..k };
+        assert_eq!(plain.web_header(), "");
+        assert!(plain.device_features().is_empty());
+    }
 }

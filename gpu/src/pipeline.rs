@@ -131,9 +131,16 @@ fn compile(
         bind_group_layouts: &[Some(&layout)],
         immediate_size: 0,
     });
+    // A browser compiles the WGSL itself and wants the `enable` directives; natively naga
+    // takes the text as it is.
+    let source: std::borrow::Cow<str> = if cfg!(target_arch = "wasm32") {
+        format!("{}{}", k.web_header(), k.wgsl).into()
+    } else {
+        k.wgsl.into()
+    };
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(k.name),
-        source: wgpu::ShaderSource::Wgsl(k.wgsl.into()),
+        source: wgpu::ShaderSource::Wgsl(source),
     });
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(k.name),
@@ -164,6 +171,7 @@ mod tests {
         entry_point: "main",
         workgroup_size: 1,
         bindings: &[(0, "x", "read"), (1, "params", "uniform")],
+        features: &[],
     };
 
     #[test]

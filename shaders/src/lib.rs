@@ -19,7 +19,7 @@ pub use elementwise::{add_assign, relu2_mul, silu_mul};
 pub use embed::{embed_f16, embed_f32};
 pub use flash_attention::attention;
 pub use matvec::{matvec_f16, matvec_f32, matvec_q8_0};
-pub use norm::rms_norm;
+pub use norm::{rms_norm, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::rope_neox;
 

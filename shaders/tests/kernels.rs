@@ -1261,3 +1261,36 @@ fn packed_i2s_path_equals_the_cpu_exactly() {
         );
     }
 }
+
+#[test]
+fn rms_norm_sg_matches_the_cpu() {
+    let mut g = gpu();
+    // lavapipe (CI) has subgroups (of 8); the kernel is written for any size from 4 to 128.
+    assert!(
+        g.device.features().contains(wgpu::Features::SUBGROUP),
+        "no subgroups on this adapter"
+    );
+    let (rows, width, eps) = (3usize, 1000usize, 1e-5f32);
+    let (x, w) = (data(rows * width, 33), data(width, 34));
+    let (bx, bw) = (g.upload("x", &x).unwrap(), g.upload("w", &w).unwrap());
+    let mut y = g.zeroed::<f32>("y", rows * width).unwrap();
+    launch(
+        &mut g,
+        &k::rms_norm_sg::Args {
+            x: &bx,
+            w: &bw,
+            y: &mut y,
+            width: width as u32,
+            eps,
+        },
+        [rows as u32, 1, 1],
+    );
+    let got = read!(g, &y);
+    let mut want = vec![0.0; rows * width];
+    ops::rms_norm(&x, &w, rows, eps, &mut want);
+    // f64 in order on the CPU, subgroup sums then partials in f32 on the GPU: a few ulps of
+    // the scale, as for the tree version.
+    let d = max_rel_diff(&got, &want);
+    println!("rms_norm_sg: max relative diff {d:e}");
+    assert!(d <= 1e-5, "rms_norm_sg: max relative diff {d}");
+}

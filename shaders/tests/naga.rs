@@ -11,11 +11,12 @@ struct Kernel {
     wgsl: &'static str,
     workgroup: u32,
     bindings: &'static [(u32, &'static str, &'static str)],
+    features: &'static [&'static str],
 }
 
 macro_rules! kernels {
     ($($k:ident),*) => {
-        vec![$(Kernel { name: stringify!($k), wgsl: hesper_shaders::$k::WGSL, workgroup: hesper_shaders::$k::WORKGROUP_SIZE, bindings: hesper_shaders::$k::BINDINGS }),*]
+        vec![$(Kernel { name: stringify!($k), wgsl: hesper_shaders::$k::WGSL, workgroup: hesper_shaders::$k::WORKGROUP_SIZE, bindings: hesper_shaders::$k::BINDINGS, features: hesper_shaders::$k::FEATURES }),*]
     };
 }
 
@@ -25,6 +26,7 @@ fn all() -> Vec<Kernel> {
         silu_mul,
         relu2_mul,
         rms_norm,
+        rms_norm_sg,
         argmax_partial,
         argmax_final,
         rope_neox,
@@ -77,7 +79,22 @@ fn specialisations(name: &str) -> Vec<f64> {
 fn every_kernel_and_specialisation_validates_native_and_web() {
     let mut specialised = 0;
     for k in all() {
-        for caps in [Capabilities::all(), web()] {
+        // A kernel that declares subgroups must need them (it fails without) and must validate
+        // with them on the browser's set plus subgroups.
+        let web = if k.features.contains(&"subgroups") {
+            let module = naga::front::wgsl::parse_str(k.wgsl).expect("parses");
+            assert!(
+                Validator::new(ValidationFlags::all(), web())
+                    .validate(&module)
+                    .is_err(),
+                "{} declares subgroups but validates without them",
+                k.name
+            );
+            web() | Capabilities::SUBGROUP
+        } else {
+            web()
+        };
+        for caps in [Capabilities::all(), web] {
             let (module, info) = validate_with_info(&k, caps);
             for (_, o) in module.overrides.iter() {
                 let name = o.name.clone().unwrap_or_default();
@@ -157,6 +174,7 @@ fn a_broken_module_is_rejected() {
         wgsl: "enable f16;\n@compute @workgroup_size(1) fn main() { let x: f16 = 1.0h; }",
         workgroup: 1,
         bindings: &[],
+        features: &[],
     };
     let module = naga::front::wgsl::parse_str(k.wgsl).expect("parses");
     assert!(Validator::new(ValidationFlags::all(), web())

@@ -15,6 +15,7 @@ fn generated_wgsl_is_unchanged() {
         silu_mul,
         relu2_mul,
         rms_norm,
+        rms_norm_sg,
         argmax_partial,
         argmax_final,
         rope_neox,

@@ -129,13 +129,12 @@ fn timestamp_queries_time_every_kernel_of_a_token() {
     } else {
         "bitlinear_i2s"
     };
-    for k in [
-        bitlinear,
-        "attention",
-        "rms_norm",
-        "matvec_q8_0",
-        "argmax_final",
-    ] {
+    let norm = if model.backend.uses_subgroups() {
+        "rms_norm_sg"
+    } else {
+        "rms_norm"
+    };
+    for k in [bitlinear, "attention", norm, "matvec_q8_0", "argmax_final"] {
         assert!(names.contains(&k), "{k} missing from {names:?}");
     }
     assert!(times.iter().all(|k| k.ns >= 0.0) && times.iter().any(|k| k.ns > 0.0));
