@@ -108,6 +108,8 @@ impl CpuMatrix {
                 });
             return;
         }
+        // About 48 KiB of int8 activations per token block, in whole groups of four.
+        let token_block = ((48 << 10) / self.desc.cols.max(1)).clamp(4, 64) / 4 * 4;
         let blocks: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(chunk))
             .into_par_iter()
             .map(|ci| {
@@ -115,21 +117,26 @@ impl CpuMatrix {
                 let r1 = (r0 + chunk).min(rows);
                 let width = r1 - r0;
                 let mut local = vec![0.0; width * n];
-                for r in r0..r1 {
-                    let row = row_at(r);
-                    let mut t = 0;
-                    // Four tokens per pass where a kernel unpacks the row once for all four.
-                    while t + 4 <= n {
-                        let Some(values) = dot_x4(isa, format, row, &act, t) else {
-                            break;
-                        };
-                        for (k, v) in values.into_iter().enumerate() {
-                            local[(t + k) * width + (r - r0)] = scaled(v);
+                // Tokens in blocks whose activations stay in cache while this chunk's rows
+                // (in L2) pass over them; each row meets every token of the block.
+                for t0 in (0..n).step_by(token_block) {
+                    let t1 = (t0 + token_block).min(n);
+                    for r in r0..r1 {
+                        let row = row_at(r);
+                        let mut t = t0;
+                        // Four tokens per pass where a kernel unpacks the row once for all four.
+                        while t + 4 <= t1 {
+                            let Some(values) = dot_x4(isa, format, row, &act, t) else {
+                                break;
+                            };
+                            for (k, v) in values.into_iter().enumerate() {
+                                local[(t + k) * width + (r - r0)] = scaled(v);
+                            }
+                            t += 4;
                         }
-                        t += 4;
-                    }
-                    for t in t..n {
-                        local[t * width + (r - r0)] = scaled(dot(isa, format, row, &act, t));
+                        for t in t..t1 {
+                            local[t * width + (r - r0)] = scaled(dot(isa, format, row, &act, t));
+                        }
                     }
                 }
                 (r0, local)

@@ -1,0 +1,56 @@
+//! A batch of tokens multiplies exactly like the same tokens one at a time: the prefill path
+//! (token blocks, four-token kernels, row chunks across threads) only reorders work.
+
+use hesper_cpu::{CpuMatrix, Isa};
+use hesper_engine::weights::{Format, MatrixDesc};
+
+/// An I2_S matrix of `rows` × `cols` with codes in 0..=2 from a fixed generator.
+fn i2s_matrix(rows: usize, cols: usize) -> CpuMatrix {
+    let mut s = 7u64;
+    let data: Vec<u8> = (0..rows * cols / 4)
+        .map(|_| {
+            (0..4).fold(0u8, |b, k| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                b | ((((s >> 33) % 3) as u8) << (2 * k))
+            })
+        })
+        .collect();
+    let desc = MatrixDesc {
+        name: "w".into(),
+        rows,
+        cols,
+        format: Format::I2S { beta: 0.0421 },
+        range: 0..data.len(),
+    };
+    CpuMatrix::owned(data, desc, None)
+}
+
+#[test]
+fn a_batch_equals_its_tokens_one_at_a_time() {
+    // 1024 columns: 48 tokens a block, so 101 tokens span three blocks, the last one partial
+    // and not a multiple of four.
+    let (rows, cols, n) = (300usize, 1024usize, 101usize);
+    let w = i2s_matrix(rows, cols);
+    let x: Vec<f32> = (0..n * cols)
+        .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 250.0)
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for isa in [Isa::Scalar, Isa::detect()] {
+        let mut batched = vec![0.0; n * rows];
+        pool.install(|| w.matmul(isa, &x, n, &mut batched));
+        let single: Vec<f32> = x
+            .chunks_exact(cols)
+            .flat_map(|xt| {
+                let mut out = vec![0.0; rows];
+                pool.install(|| w.matmul(isa, xt, 1, &mut out));
+                out
+            })
+            .collect();
+        assert_eq!(batched, single, "{isa:?}");
+    }
+}
