@@ -108,8 +108,10 @@ impl CpuMatrix {
                 });
             return;
         }
-        // About 48 KiB of int8 activations per token block, in whole groups of four.
-        let token_block = ((48 << 10) / self.desc.cols.max(1)).clamp(4, 64) / 4 * 4;
+        // About 16 KiB of int8 activations per token block, in whole groups of four: the
+        // chunk's rows (in L2) then pass over activations held in L1. Measured on the 2B4T
+        // shape (BENCHMARKS.md): 8–24 KiB alike, 48 KiB 8 % slower, 96 KiB 15 % slower.
+        let token_block = ((16 << 10) / self.desc.cols.max(1)).clamp(4, 64) / 4 * 4;
         let blocks: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(chunk))
             .into_par_iter()
             .map(|ci| {

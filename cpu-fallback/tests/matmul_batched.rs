@@ -29,7 +29,7 @@ fn i2s_matrix(rows: usize, cols: usize) -> CpuMatrix {
 
 #[test]
 fn a_batch_equals_its_tokens_one_at_a_time() {
-    // 1024 columns: 48 tokens a block, so 101 tokens span three blocks, the last one partial
+    // 1024 columns: 16 tokens a block, so 101 tokens span seven blocks, the last one partial
     // and not a multiple of four.
     let (rows, cols, n) = (300usize, 1024usize, 101usize);
     let w = i2s_matrix(rows, cols);
