@@ -216,6 +216,12 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             pub const BINDINGS: &[(u32, &str, &str)] = &[#(#bindings),*];
             /// Bytes of workgroup memory the kernel declares.
             pub const SHARED_BYTES: u32 = #shared_bytes;
+            /// The grid covering `invocations` threads along x with this kernel's workgroup size
+            /// (for kernels indexed by `gid()`), so host code never repeats the size.
+            pub const fn grid_for(invocations: u32) -> [u32; 3] {
+                let groups = invocations.div_ceil(WORKGROUP_SIZE);
+                [if groups == 0 { 1 } else { groups }, 1, 1]
+            }
             /// Optional WebGPU features the kernel needs (`subgroups`); the runtime runs it only
             /// on devices that have them and adds the `enable` header where the target wants one.
             pub const FEATURES: &[&str] = &[#(#features),*];

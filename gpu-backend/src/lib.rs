@@ -493,7 +493,7 @@ impl Backend for GpuBackend {
                             row0,
                             rows,
                         },
-                        [groups(tokens.len() * cols, 256), 1, 1],
+                        k::embed_f32::grid_for((tokens.len() * cols) as u32),
                     )?,
                     _ => st.batch.run(
                         &mut st.gpu,
@@ -506,7 +506,7 @@ impl Backend for GpuBackend {
                             row0,
                             rows,
                         },
-                        [groups(tokens.len() * cols / 2, 256), 1, 1],
+                        k::embed_f16::grid_for((tokens.len() * cols / 2) as u32),
                     )?,
                 }
             }
@@ -786,7 +786,7 @@ impl Backend for GpuBackend {
                     rope_dim: shape.rope_dim as u32,
                     pos0: pos0 as u32,
                 },
-                [groups(pairs, 64), 1, 1],
+                k::rope_neox::grid_for(pairs as u32),
             )
         });
     }
@@ -811,9 +811,19 @@ impl Backend for GpuBackend {
                 ));
             }
             let kv = cache.kv_dim;
-            let at = pos0 * kv;
-            st.batch.copy(k_new, 0, &mut cache.k[layer], at, n * kv)?;
-            st.batch.copy(v_new, 0, &mut cache.v[layer], at, n * kv)?;
+            let len = n * kv;
+            st.batch.run(
+                &mut st.gpu,
+                &k::kv_write::Args {
+                    k: k_new,
+                    v: v_new,
+                    k_cache: &mut cache.k[layer],
+                    v_cache: &mut cache.v[layer],
+                    len: len as u32,
+                    at: (pos0 * kv) as u32,
+                },
+                k::kv_write::grid_for(len as u32),
+            )?;
             st.batch.run(
                 &mut st.gpu,
                 &k::attention::Args {
@@ -841,17 +851,18 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer<f32>,
     ) {
         self.record(|st| {
-            let grid = [groups(len, 256), 1, 1];
             let n = len as u32;
             match act {
-                Activation::Relu2 => {
-                    st.batch
-                        .run(&mut st.gpu, &k::relu2_mul::Args { gate, up, out, n }, grid)
-                }
-                Activation::Silu => {
-                    st.batch
-                        .run(&mut st.gpu, &k::silu_mul::Args { gate, up, out, n }, grid)
-                }
+                Activation::Relu2 => st.batch.run(
+                    &mut st.gpu,
+                    &k::relu2_mul::Args { gate, up, out, n },
+                    k::relu2_mul::grid_for(n),
+                ),
+                Activation::Silu => st.batch.run(
+                    &mut st.gpu,
+                    &k::silu_mul::Args { gate, up, out, n },
+                    k::silu_mul::grid_for(n),
+                ),
             }
         });
     }
@@ -865,7 +876,7 @@ impl Backend for GpuBackend {
                     y,
                     n: len as u32,
                 },
-                [groups(len, 256), 1, 1],
+                k::add_assign::grid_for(len as u32),
             )
         });
     }

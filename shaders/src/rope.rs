@@ -32,3 +32,33 @@ pub fn rope_neox(
         x[base + i + half] = a * s + b * c;
     }
 }
+
+/// Normal (GPT-J) RoPE in place: pair `i` is `(x[2i], x[2i+1])`, rotated by the same angle
+/// table as [`rope_neox`] (ggml's `rope` mode 0). BitNet uses NeoX; this serves models that
+/// rotate adjacent pairs.
+#[kernel(workgroup = 64)]
+pub fn rope_norm(
+    x: &mut [f32],
+    cs: &[f32],
+    #[uniform] n_tokens: u32,
+    #[uniform] n_head: u32,
+    #[uniform] head_dim: u32,
+    #[uniform] rope_dim: u32,
+    #[uniform] pos0: u32,
+) {
+    let half = rope_dim / 2u32;
+    let idx = gid();
+    if idx < n_tokens * n_head * half {
+        let i = idx % half;
+        let head = (idx / half) % n_head;
+        let t = idx / (half * n_head);
+        let base = (t * n_head + head) * head_dim;
+        let at = 2u32 * ((pos0 + t) * half + i);
+        let c = cs[at];
+        let s = cs[at + 1u32];
+        let a = x[base + 2u32 * i];
+        let b = x[base + 2u32 * i + 1u32];
+        x[base + 2u32 * i] = a * c - b * s;
+        x[base + 2u32 * i + 1u32] = a * s + b * c;
+    }
+}

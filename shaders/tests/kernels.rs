@@ -1294,3 +1294,83 @@ fn rms_norm_sg_matches_the_cpu() {
     println!("rms_norm_sg: max relative diff {d:e}");
     assert!(d <= 1e-5, "rms_norm_sg: max relative diff {d}");
 }
+
+#[test]
+fn rope_norm_rotates_adjacent_pairs() {
+    let mut g = gpu();
+    // The same geometry as the NeoX test; the reference is written here (the CPU backend only
+    // has NeoX): pair i of a head is (x[2i], x[2i+1]), angle from the shared table.
+    let (n, pos0) = (7usize, 5usize);
+    let shape = RopeShape {
+        n_head: 3,
+        head_dim: 64,
+        rope_dim: 48,
+        base: 10000.0,
+    };
+    let x = data(n * shape.n_head * shape.head_dim, 35);
+    let table = shape.angles(0, pos0 + n);
+    let mut bx = g.upload("x", &x).unwrap();
+    let cs = g.upload("cs", &table).unwrap();
+    let half = shape.rope_dim / 2;
+    launch(
+        &mut g,
+        &k::rope_norm::Args {
+            x: &mut bx,
+            cs: &cs,
+            n_tokens: n as u32,
+            n_head: shape.n_head as u32,
+            head_dim: shape.head_dim as u32,
+            rope_dim: shape.rope_dim as u32,
+            pos0: pos0 as u32,
+        },
+        [(n * shape.n_head * half).div_ceil(64) as u32, 1, 1],
+    );
+    let got = read!(g, &bx);
+    let mut want = x.clone();
+    for (r, head) in want.chunks_exact_mut(shape.head_dim).enumerate() {
+        let t = r / shape.n_head;
+        for i in 0..half {
+            let at = 2 * ((pos0 + t) * half + i);
+            let (c, s) = (table[at], table[at + 1]);
+            let (a, b) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = a * c - b * s;
+            head[2 * i + 1] = a * s + b * c;
+        }
+    }
+    // Same products and sums; a GPU may contract one into an FMA (≤ an ulp of |a|,|b| < 2).
+    let d = max_rel_diff(&got, &want);
+    println!("rope_norm: max relative diff {d:e}");
+    assert!(d <= 1e-6, "rope_norm: max relative diff {d}");
+}
+
+#[test]
+fn kv_write_places_keys_and_values_at_their_positions() {
+    let mut g = gpu();
+    // 3 tokens of 320 at positions 5..8 of a 10-position cache that already holds data.
+    let (kv, n, pos0, ctx) = (320usize, 3usize, 5usize, 10usize);
+    let (k_new, v_new) = (data(n * kv, 36), data(n * kv, 37));
+    let (old_k, old_v) = (data(ctx * kv, 38), data(ctx * kv, 39));
+    let (bk, bv) = (
+        g.upload("k", &k_new).unwrap(),
+        g.upload("v", &v_new).unwrap(),
+    );
+    let mut kc = g.upload("k cache", &old_k).unwrap();
+    let mut vc = g.upload("v cache", &old_v).unwrap();
+    launch(
+        &mut g,
+        &k::kv_write::Args {
+            k: &bk,
+            v: &bv,
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+            len: (n * kv) as u32,
+            at: (pos0 * kv) as u32,
+        },
+        [(n * kv).div_ceil(256) as u32, 1, 1],
+    );
+    let (mut want_k, mut want_v) = (old_k, old_v);
+    want_k[pos0 * kv..(pos0 + n) * kv].copy_from_slice(&k_new);
+    want_v[pos0 * kv..(pos0 + n) * kv].copy_from_slice(&v_new);
+    assert_eq!(read!(g, &kc), want_k, "K cache");
+    assert_eq!(read!(g, &vc), want_v, "V cache");
+}

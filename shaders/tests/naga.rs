@@ -30,6 +30,8 @@ fn all() -> Vec<Kernel> {
         argmax_partial,
         argmax_final,
         rope_neox,
+        rope_norm,
+        kv_write,
         quantize_i8,
         quantize_q8k,
         bitlinear_i2s,
@@ -156,6 +158,13 @@ fn reflection_matches_the_generated_binding_table() {
             .collect();
         assert_eq!(found, expected, "{}", k.name);
     }
+}
+
+#[test]
+fn typed_grids_follow_the_workgroup_size() {
+    assert_eq!(hesper_shaders::add_assign::grid_for(257), [2, 1, 1]);
+    assert_eq!(hesper_shaders::rope_neox::grid_for(257), [5, 1, 1]);
+    assert_eq!(hesper_shaders::add_assign::grid_for(0), [1, 1, 1]);
 }
 
 #[test]

@@ -19,6 +19,8 @@ fn generated_wgsl_is_unchanged() {
         argmax_partial,
         argmax_final,
         rope_neox,
+        rope_norm,
+        kv_write,
         quantize_i8,
         quantize_i8_packed,
         quantize_q8k,
