@@ -217,10 +217,7 @@ impl Gpu {
     }
 
     fn check_size(&self, what: &str, bytes: u64) -> Result<(), GpuError> {
-        let limit = self
-            .limits
-            .max_buffer_size
-            .min(self.limits.max_storage_buffer_binding_size);
+        let limit = self.max_binding();
         if bytes > limit {
             return Err(GpuError::TooLarge {
                 what: what.into(),
@@ -373,17 +370,10 @@ impl Gpu {
         batch.read_into(buffer.raw(), &staging, size);
         self.submit(batch)?;
         let slice = staging.slice(..size.max(4));
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let mapped = map_and_wait(&self.device, &slice);
+        // A device error explains a failed mapping better than the mapping's own message.
         self.check()?;
-        rx.recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        mapped.map_err(GpuError::Readback)?;
         let out = {
             let view = slice
                 .get_mapped_range()
@@ -394,4 +384,18 @@ impl Gpu {
         staging.unmap();
         Ok(out)
     }
+}
+
+/// Maps `slice` for reading and waits until it is mapped.
+pub(crate) fn map_and_wait(device: &wgpu::Device, slice: &wgpu::BufferSlice) -> Result<(), String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| e.to_string())?;
+    rx.recv()
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }

@@ -87,16 +87,7 @@ impl Profiler {
         }
         let size = names.len() as u64 * 16;
         let slice = self.staging.slice(..size);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| e.to_string())?;
-        rx.recv()
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        crate::context::map_and_wait(device, &slice)?;
         {
             let view = slice.get_mapped_range().map_err(|e| e.to_string())?;
             let ticks: &[u64] = bytemuck::cast_slice(&view);
