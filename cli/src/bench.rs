@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long = "json")]
     json: bool,
+    /// CPU backend: also measure this machine's memory read bandwidth (same threads, about
+    /// 2 s) and print generation speed as a share of its roofline, bandwidth / bytes per token.
+    #[arg(long = "roofline")]
+    roofline: bool,
 }
 
 /// One test's result.
@@ -134,6 +138,13 @@ fn bench_on<B: Backend>(
         rows.push(row);
     }
     let weight_bytes = model.bytes_per_token();
+    // Measured after the tests so that the model's pages stay warm for them; host memory
+    // bounds only the CPU backend.
+    if args.roofline && gpu.is_some() {
+        eprintln!("hesper: --roofline measures host memory; it applies to the CPU backend only");
+    }
+    let bandwidth = (args.roofline && gpu.is_none())
+        .then(|| hesper_cpu::membw::read_bandwidth(args.model.threads(), 1 << 30, 4));
     let size_mib = model.file.len() as f64 / (1 << 20) as f64;
     let params = model
         .file
@@ -149,10 +160,10 @@ fn bench_on<B: Backend>(
             .map(|r| {
                 let (mean, sd) = r.mean_sd();
                 serde_json::json!({
-                    "model": model.file.source, "lm_head": format!("{:?}", args.model.lm_head), "size_bytes": model.file.len(), "params_b": params,
+                    "model": model.file.source, "lm_head": args.model.lm_head.flag(), "size_bytes": model.file.len(), "params_b": params,
                     "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test, "gpu": gpu_line,
                     "avg_ts": mean, "stddev_ts": sd, "samples_ts": r.tokens_per_s,
-                    "bytes_per_token": weight_bytes, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
+                    "bytes_per_token": weight_bytes, "read_gb_per_s": bandwidth, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
                 })
             })
             .collect();
@@ -172,7 +183,7 @@ fn bench_on<B: Backend>(
             "| {} | {size_mib:.2} MiB | {params:.2} B | {} | {} | {mean:.2} ± {sd:.2} | {gbs} |",
             match args.model.lm_head {
                 LmHead::Exact => c.arch.clone(),
-                LmHead::Q8_0 => format!("{} (lm-head q8_0)", c.arch),
+                head => format!("{} (lm-head {})", c.arch, head.flag()),
             },
             model.backend.name(),
             r.test
@@ -182,6 +193,20 @@ fn bench_on<B: Backend>(
         "\nbytes read per generated token (weights incl. LM head): {:.1} MB",
         weight_bytes as f64 / 1e6
     );
+    if let Some(gbs) = bandwidth {
+        let roof = gbs * 1e9 / weight_bytes as f64;
+        println!(
+            "memory read bandwidth ({} threads): {gbs:.1} GB/s -> roofline {roof:.2} t/s",
+            args.model.threads()
+        );
+        for r in rows.iter().filter(|r| r.test.starts_with("tg")) {
+            println!(
+                "{}: {:.1} % of the roofline",
+                r.test,
+                100.0 * r.mean_sd().0 / roof
+            );
+        }
+    }
     if let Some(line) = gpu_line {
         println!("{line}");
     }

@@ -2,6 +2,7 @@
 
 pub mod kernels;
 pub mod matmul;
+pub mod membw;
 pub mod ops;
 pub mod quant;
 
@@ -77,8 +78,10 @@ impl Backend for CpuBackend {
             why: why.into(),
         };
         match desc.format {
-            Format::TQ1_0 | Format::TQ2_0 if desc.cols % 256 != 0 => {
-                return Err(unsupported("TQ rows must be whole 256-element blocks"))
+            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K if desc.cols % 256 != 0 => {
+                return Err(unsupported(
+                    "TQ and Q6_K rows must be whole 256-element blocks",
+                ))
             }
             Format::Q8_0 if desc.cols % 32 != 0 => {
                 return Err(unsupported("Q8_0 rows must be whole 32-element blocks"))
@@ -152,6 +155,19 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) {
         self.pool.install(|| w.matmul(self.isa, x, n, out));
+    }
+
+    fn matmul_many(&self, ws: &[&CpuMatrix], x: &Vec<f32>, n: usize, outs: &mut [&mut Vec<f32>]) {
+        if n != 1 {
+            // Prefill already reads each matrix once for many tokens.
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, n, out);
+            }
+            return;
+        }
+        let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        self.pool
+            .install(|| matmul::matvec_many(self.isa, ws, x, &mut outs));
     }
 
     fn rope(&self, x: &mut Vec<f32>, n: usize, pos0: usize, shape: &RopeShape) {

@@ -78,7 +78,9 @@ impl CpuMatrix {
         let rows = x.par_chunks_exact(self.desc.cols).take(n);
         match self.desc.format {
             Format::I2S { .. } => Activations::I8(rows.map(quantize_i8_row).collect()),
-            Format::TQ1_0 | Format::TQ2_0 => Activations::Q8K(rows.map(quantize_q8_k).collect()),
+            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K => {
+                Activations::Q8K(rows.map(quantize_q8_k).collect())
+            }
             Format::Q8_0 => Activations::Q8_0(rows.map(quantize_q8_0).collect()),
             Format::F16 => Activations::Float(rows.map(round_f16).collect()),
             Format::BF16 => Activations::Float(rows.map(round_bf16).collect()),
@@ -92,21 +94,12 @@ impl CpuMatrix {
         let rows = self.desc.rows;
         let row_bytes = self.desc.row_bytes();
         let data = self.data();
-        let threads = rayon::current_num_threads();
-        let chunk = (rows / (threads * 8)).clamp(8, 1024);
+        let chunk = chunk_rows(rows);
         let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
         let row_at = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
         let format = self.desc.format;
         if n == 1 {
-            out[..rows]
-                .par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(ci, o)| {
-                    for (j, v) in o.iter_mut().enumerate() {
-                        *v = scaled(dot(isa, format, row_at(ci * chunk + j), &act, 0));
-                    }
-                });
-            return;
+            return matvec_many(isa, &[self], x, &mut [out]);
         }
         // About 16 KiB of int8 activations per token block, in whole groups of four: the
         // chunk's rows (in L2) then pass over activations held in L1. Measured on the 2B4T
@@ -154,6 +147,61 @@ impl CpuMatrix {
     }
 }
 
+/// Rows per parallel task: about eight tasks per thread, for balance without much overhead.
+fn chunk_rows(rows: usize) -> usize {
+    (rows / (rayon::current_num_threads() * 8)).clamp(8, 1024)
+}
+
+/// Whether two layouts multiply the same activation quantization (so one serves both).
+fn same_activations(a: Format, b: Format) -> bool {
+    let kind = |f: Format| match f {
+        Format::I2S { .. } => 0,
+        Format::TQ1_0 | Format::TQ2_0 | Format::Q6K => 1,
+        Format::Q8_0 => 2,
+        Format::F16 => 3,
+        Format::BF16 => 4,
+        Format::F32 => 5,
+    };
+    kind(a) == kind(b)
+}
+
+/// `outs[j] = ws[j] · x` for one token and several matrices that read it: the activations
+/// are quantized once per layout and every matrix's rows go into one parallel pass (one
+/// synchronisation instead of one per matrix).
+pub fn matvec_many(isa: Isa, ws: &[&CpuMatrix], x: &[f32], outs: &mut [&mut [f32]]) {
+    let mut acts: Vec<Activations> = Vec::new();
+    let mut act_of = Vec::with_capacity(ws.len());
+    for (j, w) in ws.iter().enumerate() {
+        match ws[..j]
+            .iter()
+            .position(|p| same_activations(p.desc.format, w.desc.format))
+        {
+            Some(prev) => act_of.push(act_of[prev]),
+            None => {
+                acts.push(w.quantize(x, 1));
+                act_of.push(acts.len() - 1);
+            }
+        }
+    }
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (j, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+        let chunk = chunk_rows(w.desc.rows);
+        for (ci, o) in out[..w.desc.rows].chunks_mut(chunk).enumerate() {
+            tasks.push((j, ci * chunk, o));
+        }
+    }
+    tasks.into_par_iter().for_each(|(j, r0, o)| {
+        let w = ws[j];
+        let act = &acts[act_of[j]];
+        let row_bytes = w.desc.row_bytes();
+        let rows = w.data()[r0 * row_bytes..].chunks_exact(row_bytes);
+        for (v, row) in o.iter_mut().zip(rows) {
+            let d = dot(isa, w.desc.format, row, act, 0);
+            *v = w.scale.map_or(d, |s| d * s);
+        }
+    });
+}
+
 /// One row against tokens `t..t+4`, for the layouts with a four-token kernel.
 fn dot_x4(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> Option<[f32; 4]> {
     match (format, act) {
@@ -179,6 +227,7 @@ fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32
         (Format::TQ2_0, Activations::Q8K(a)) => isa.tq2_0_dot(row, &a[t]),
         (Format::TQ1_0, Activations::Q8K(a)) => scalar::tq1_0_dot(row, &a[t]),
         (Format::Q8_0, Activations::Q8_0(a)) => isa.q8_0_dot(row, &a[t]),
+        (Format::Q6K, Activations::Q8K(a)) => isa.q6_k_dot(row, &a[t]),
         (Format::F32, Activations::Float(a)) => isa.f32_dot(row, &a[t]),
         (Format::F16, Activations::Float(a)) => isa.f16_dot(row, &a[t]),
         (Format::BF16, Activations::Float(a)) => scalar::bf16_dot(row, &a[t]),

@@ -1,6 +1,7 @@
 //! Activation quantizers, exactly as the reference implementations define them.
 
 use half::{bf16, f16};
+pub use hesper_engine::weights::nearest_int;
 use hesper_engine::weights::q8_0_block;
 
 /// Elements per ggml Q8_K block.
@@ -16,14 +17,6 @@ pub struct I8Row {
     pub scale: f32,
     /// Σ q, used to turn code sums (codes 0..2) into ternary sums.
     pub sum: i32,
-}
-
-/// ggml's `nearest_int`: round half to even through the float mantissa (exact for
-/// |v| < 2^22, which covers every clamped activation code).
-#[inline]
-pub fn nearest_int(v: f32) -> i32 {
-    let v = v.clamp(-4_194_303.0, 4_194_303.0);
-    ((v + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
 /// Quantizes `x` per token (see [`I8Row`]).
@@ -45,8 +38,10 @@ pub struct Q8KBlock {
     pub d: f32,
     /// Quantized values.
     pub qs: [i8; QK_K],
-    /// Σ qs (ggml keeps it as 16 partial sums, `bsums`; the dot products need only the total).
+    /// Σ qs.
     pub sum: i32,
+    /// Σ qs of each 16 values (ggml's `bsums`; Q6_K subtracts its offset of 32 with them).
+    pub bsums: [i16; QK_K / 16],
 }
 
 /// Quantizes `x` (a multiple of 256 long) into Q8_K blocks like ggml's
@@ -66,13 +61,17 @@ pub fn quantize_q8_k(x: &[f32]) -> Vec<Q8KBlock> {
                 d: 0.0,
                 qs: [0; QK_K],
                 sum: 0,
+                bsums: [0; QK_K / 16],
             };
             if amax != 0.0 {
                 let iscale = -127.0 / max;
                 for (q, &v) in blk.qs.iter_mut().zip(xb) {
                     *q = nearest_int(iscale * v).min(127) as i8;
                 }
-                blk.sum = blk.qs.iter().map(|&q| i32::from(q)).sum();
+                for (b, q) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
+                    *b = q.iter().map(|&q| i16::from(q)).sum();
+                }
+                blk.sum = blk.bsums.iter().map(|&b| i32::from(b)).sum();
                 blk.d = 1.0 / iscale;
             }
             blk

@@ -3,6 +3,7 @@
 
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, Q8KBlock};
+use hesper_engine::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
 use hesper_engine::weights::q8_0_block;
 use proptest::prelude::*;
 
@@ -46,6 +47,20 @@ impl Lcg {
         for _ in 0..blocks {
             row.extend((0..64).map(|_| self.codes()));
             row.extend(half::f16::from_f32((self.next() % 100) as f32 / 1000.0).to_le_bytes());
+        }
+        row
+    }
+
+    /// A Q6_K row of `blocks` blocks with random codes, sub-block scales (full i8 range, so
+    /// −128 too) and block scales.
+    fn q6_k_row(&mut self, blocks: usize) -> Vec<u8> {
+        let mut row = Vec::new();
+        for _ in 0..blocks {
+            row.extend((0..Q6_K_BLOCK_BYTES - 2).map(|_| self.next() as u8));
+            row.extend(
+                half::f16::from_f32(self.float(-0.01, 0) + (self.next() % 100) as f32 / 5000.0)
+                    .to_le_bytes(),
+            );
         }
         row
     }
@@ -107,6 +122,16 @@ proptest! {
         }
     }
 
+    /// Q6_K × Q8_K: bit-identical (exact integer block sums, same float order), with every
+    /// code, scale and sign the format can hold.
+    #[test]
+    fn q6_k_matches_scalar(blocks in 1usize..30, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let row = g.q6_k_row(blocks);
+        let act = g.q8_k(blocks * 256);
+        prop_assert_eq!(simd().q6_k_dot(&row, &act).to_bits(), scalar::q6_k_dot(&row, &act).to_bits());
+    }
+
     /// F32 and F16 rows of any length: equal up to summation order.
     #[test]
     fn float_dots_match_scalar(x in proptest::collection::vec(-4.0f32..4.0, 1..1100), w in proptest::collection::vec(-4.0f32..4.0, 1100)) {
@@ -133,5 +158,33 @@ proptest! {
         let scale: f32 = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
         let (a, b) = (simd().q8_0_dot(&row, &act), scalar::q8_0_dot(&row, &act));
         prop_assert!(rel_close(a, b, scale), "{a} vs {b}");
+    }
+}
+
+/// The Q6_K dot means what the decoder says: Σ decode(w)·(d·q) over the Q8_K activations, up
+/// to f32 rounding (the dot sums exact integers per block, the oracle sums products).
+#[test]
+fn q6_k_dot_agrees_with_the_decoder() {
+    let mut g = Lcg(7);
+    let blocks = 10;
+    let w: Vec<f32> = (0..blocks * 256).map(|_| g.float(-0.5, 1)).collect();
+    let row: Vec<u8> = w.chunks_exact(256).flat_map(q6_k_block).collect();
+    let act = g.q8_k(blocks * 256);
+    let mut decoded = [0.0f32; 256];
+    let (mut want, mut scale) = (0.0f64, 0.0f64);
+    for (blk, a) in row.chunks_exact(Q6_K_BLOCK_BYTES).zip(&act) {
+        decode_q6_k_block(blk, &mut decoded);
+        for (wv, &q) in decoded.iter().zip(&a.qs) {
+            let term = f64::from(*wv) * f64::from(a.d) * f64::from(q);
+            want += term;
+            scale += term.abs();
+        }
+    }
+    for isa in [Isa::Scalar, simd()] {
+        let got = f64::from(isa.q6_k_dot(&row, &act));
+        assert!(
+            (got - want).abs() <= 1e-6 * scale,
+            "{isa:?}: {got} vs {want}"
+        );
     }
 }

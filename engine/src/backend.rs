@@ -151,6 +151,19 @@ pub trait Backend {
     /// `out[i] = W · x[i]` for `n` rows, with the activation quantization the weight layout
     /// implies (per-token int8 for I2_S, Q8_K blocks for TQ, f16 rounding for F16, none for F32).
     fn matmul(&self, w: &Self::Matrix, x: &Self::Buffer, n: usize, out: &mut Self::Buffer);
+    /// `outs[j][i] = ws[j] · x[i]` for matrices that read the same input (Q/K/V, gate/up): a
+    /// backend may quantize the input once and run all of them in one parallel pass.
+    fn matmul_many(
+        &self,
+        ws: &[&Self::Matrix],
+        x: &Self::Buffer,
+        n: usize,
+        outs: &mut [&mut Self::Buffer],
+    ) {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, n, out);
+        }
+    }
     /// Rotates `n` rows of `shape.n_head` heads in place; row `i` is at position `pos0 + i`.
     fn rope(&self, x: &mut Self::Buffer, n: usize, pos0: usize, shape: &RopeShape);
     /// Writes `k`, `v` for positions `pos0..pos0+n` into layer `layer` of the cache, then

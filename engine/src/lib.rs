@@ -3,6 +3,7 @@
 //! * [`gguf`]: our GGUF reader (why not `gguf-rs`: see the module docs) and [`file`], a
 //!   memory-mapped model file;
 //! * [`weights`]: typed views of tensor data and the reference decoders of every ternary layout;
+//!   [`q6_k`]: ggml's Q6_K layout (LM heads);
 //! * [`config`]: the model hyper-parameters and numeric flavour read from metadata;
 //! * [`backend`] and [`model`]: the BitNet b1.58 forward pass, written once over a backend trait;
 //! * [`tokenizer`], [`sampler`], [`chat`]: text in, tokens out.
@@ -13,6 +14,7 @@ pub mod config;
 pub mod file;
 pub mod gguf;
 pub mod model;
+pub mod q6_k;
 pub mod sampler;
 pub mod tokenizer;
 pub mod weights;

@@ -19,7 +19,7 @@ use thiserror::Error;
 use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
-use crate::weights::{read_f32_vector, requantize_q8_0, MatrixDesc, WeightError};
+use crate::weights::{read_f32_vector, requantize, Format, MatrixDesc, WeightError};
 
 /// Errors raised while loading or running a model.
 #[derive(Debug, Error)]
@@ -101,6 +101,20 @@ pub enum HeadFormat {
     /// Re-quantized to Q8_0 at load: about half the bytes of an F16 head per token, at a
     /// small, measured quality cost (see BENCHMARKS.md).
     Q8_0,
+    /// Re-quantized to Q6_K at load: 6.56 bits per weight, 41 % of an F16 head's bytes, at a
+    /// measured quality cost (see BENCHMARKS.md).
+    Q6K,
+}
+
+impl HeadFormat {
+    /// The weight layout the head is re-quantized to (`None`: kept as stored).
+    pub fn target(self) -> Option<Format> {
+        match self {
+            Self::AsStored => None,
+            Self::Q8_0 => Some(Format::Q8_0),
+            Self::Q6K => Some(Format::Q6K),
+        }
+    }
 }
 
 /// Options for [`Model::load`].
@@ -260,7 +274,9 @@ impl<B: Backend> Model<B> {
             let out = match opts.head {
                 HeadFormat::AsStored if tied => None,
                 HeadFormat::AsStored => Some(loader.matrix(head, config.n_vocab, d)?),
-                HeadFormat::Q8_0 => Some(loader.requantized(head, config.n_vocab, d)?),
+                HeadFormat::Q8_0 | HeadFormat::Q6K => {
+                    Some(loader.requantized(head, config.n_vocab, d, opts.head)?)
+                }
             };
             (out, Some(norm))
         } else {
@@ -548,9 +564,12 @@ impl<B: Backend> Model<B> {
         } = &mut s.s;
         for (li, l) in self.layers.iter().enumerate() {
             b.rms_norm(x, &l.attn_norm, n, c.eps, h);
-            b.matmul(&l.wq, h, n, q);
-            b.matmul(&l.wk, h, n, k);
-            b.matmul(&l.wv, h, n, v);
+            b.matmul_many(
+                &[&l.wq, &l.wk, &l.wv],
+                h,
+                n,
+                &mut [&mut *q, &mut *k, &mut *v],
+            );
             b.rope(q, n, pos0, &rope_q);
             b.rope(k, n, pos0, &rope_k);
             b.attention(&mut s.cache, li, q, k, v, n, pos0, &attn, att);
@@ -558,8 +577,7 @@ impl<B: Backend> Model<B> {
             b.matmul(&l.wo, h, n, q);
             b.add(x, q, n * c.n_embd);
             b.rms_norm(x, &l.ffn_norm, n, c.eps, h);
-            b.matmul(&l.gate, h, n, gate);
-            b.matmul(&l.up, h, n, up);
+            b.matmul_many(&[&l.gate, &l.up], h, n, &mut [&mut *gate, &mut *up]);
             b.glu(gate, up, n * c.n_ff, c.activation, act);
             b.rms_norm(act, &l.ffn_sub_norm, n, c.eps, gate);
             b.matmul(&l.down, gate, n, q);
@@ -599,9 +617,11 @@ impl<B: Backend> Loader<'_, '_, B> {
         name: &str,
         rows: usize,
         cols: usize,
+        head: HeadFormat,
     ) -> Result<B::Matrix, ModelError> {
         let (desc, scale) = matrix_source(self.file, name, rows, cols)?;
-        let (desc, data) = requantize_q8_0(&desc, self.file.bytes())?;
+        let format = head.target().unwrap_or(desc.format);
+        let (desc, data) = requantize(&desc, self.file.bytes(), format)?;
         self.matrix_bytes += data.len() as u64;
         let m = self.backend.load_owned_matrix(desc, data, scale)?;
         self.tick();

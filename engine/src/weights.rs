@@ -9,6 +9,7 @@ use half::{bf16, f16};
 use thiserror::Error;
 
 use crate::gguf::{GgmlType, TensorError, TensorInfo};
+use crate::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK, Q6_K_BLOCK_BYTES};
 
 /// Bytes per TQ2_0 block (64 code bytes + f16 scale) for 256 weights.
 pub const TQ2_0_BLOCK_BYTES: usize = 66;
@@ -30,6 +31,8 @@ pub enum Format {
     BF16,
     /// ggml Q8_0 blocks.
     Q8_0,
+    /// ggml Q6_K blocks (see [`crate::q6_k`]).
+    Q6K,
     /// ggml TQ1_0 blocks.
     TQ1_0,
     /// ggml TQ2_0 blocks.
@@ -131,6 +134,7 @@ impl MatrixDesc {
             GgmlType::F16 => Format::F16,
             GgmlType::BF16 => Format::BF16,
             GgmlType::Q8_0 => Format::Q8_0,
+            GgmlType::Q6K => Format::Q6K,
             GgmlType::TQ1_0 => Format::TQ1_0,
             GgmlType::TQ2_0 => Format::TQ2_0,
             GgmlType::I2S => {
@@ -185,6 +189,7 @@ impl MatrixDesc {
             Format::F32 => self.cols * 4,
             Format::F16 | Format::BF16 => self.cols * 2,
             Format::Q8_0 => self.cols / 32 * Q8_0_BLOCK_BYTES,
+            Format::Q6K => self.cols / Q6_K_BLOCK * Q6_K_BLOCK_BYTES,
             Format::TQ1_0 => self.cols / 256 * TQ1_0_BLOCK_BYTES,
             Format::TQ2_0 => self.cols / 256 * TQ2_0_BLOCK_BYTES,
             Format::I2S { .. } => self.cols / 4,
@@ -226,6 +231,14 @@ pub fn decode_row(format: Format, row: &[u8], out: &mut [f32]) {
                 for (v, &q) in o.iter_mut().zip(&blk[2..]) {
                     *v = f32::from(q as i8) * d;
                 }
+            }
+        }
+        Format::Q6K => {
+            for (o, blk) in out
+                .chunks_exact_mut(Q6_K_BLOCK)
+                .zip(row.chunks_exact(Q6_K_BLOCK_BYTES))
+            {
+                decode_q6_k_block(blk, o);
             }
         }
         Format::TQ2_0 => {
@@ -296,38 +309,85 @@ pub fn q8_0_block(x: &[f32]) -> (f16, [i8; 32]) {
     (f16::from_f32(d), qs)
 }
 
-/// Re-encodes a matrix as Q8_0 (e.g. an F16 LM head, to halve the bytes read per token).
-/// Returns the new description (its range covers the returned bytes) and the bytes.
-pub fn requantize_q8_0(
+/// ggml's `nearest_int`: round half to even through the float mantissa (exact for
+/// |v| < 2^22, which covers every clamped quantization level).
+#[inline]
+pub fn nearest_int(v: f32) -> i32 {
+    let v = v.clamp(-4_194_303.0, 4_194_303.0);
+    ((v + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// Re-encodes a matrix as `format` — Q8_0 or Q6_K — (e.g. an F16 LM head, to cut the bytes
+/// read per token). Returns the new description (its range covers the returned bytes) and
+/// the bytes.
+pub fn requantize(
     desc: &MatrixDesc,
     file: &[u8],
+    format: Format,
 ) -> Result<(MatrixDesc, Vec<u8>), WeightError> {
-    if desc.cols % 32 != 0 {
+    let block = match format {
+        Format::Q8_0 => 32,
+        Format::Q6K => Q6_K_BLOCK,
+        _ => {
+            return Err(WeightError::UnsupportedType {
+                name: desc.name.clone(),
+                ty: format!("{format:?} (as a re-quantization target)"),
+            })
+        }
+    };
+    if desc.cols % block != 0 {
         return Err(WeightError::Shape {
             name: desc.name.clone(),
             got: vec![desc.cols as u64],
-            expected: vec![desc.cols.div_ceil(32) as u64 * 32],
+            expected: vec![desc.cols.div_ceil(block) as u64 * block as u64],
         });
-    }
-    let row_bytes = desc.cols / 32 * Q8_0_BLOCK_BYTES;
-    let mut out = Vec::with_capacity(desc.rows * row_bytes);
-    let mut row = vec![0.0f32; desc.cols];
-    for r in 0..desc.rows {
-        desc.decode_row(file, r, &mut row);
-        for block in row.chunks_exact(32) {
-            let (d, qs) = q8_0_block(block);
-            out.extend(d.to_le_bytes());
-            out.extend(qs.iter().map(|&q| q as u8));
-        }
     }
     let new = MatrixDesc {
         name: desc.name.clone(),
         rows: desc.rows,
         cols: desc.cols,
-        format: Format::Q8_0,
-        range: 0..out.len(),
+        format,
+        range: 0..0,
     };
-    Ok((new, out))
+    let row_bytes = new.row_bytes();
+    let mut out = vec![0u8; desc.rows * row_bytes];
+    let encode_rows = |r0: usize, dst: &mut [u8]| {
+        let mut row = vec![0.0f32; desc.cols];
+        for (r, encoded) in (r0..).zip(dst.chunks_exact_mut(row_bytes)) {
+            desc.decode_row(file, r, &mut row);
+            let blocks = row.chunks_exact(block);
+            if format == Format::Q6K {
+                for (values, b) in blocks.zip(encoded.chunks_exact_mut(Q6_K_BLOCK_BYTES)) {
+                    b.copy_from_slice(&q6_k_block(values));
+                }
+            } else {
+                for (values, b) in blocks.zip(encoded.chunks_exact_mut(Q8_0_BLOCK_BYTES)) {
+                    let (d, qs) = q8_0_block(values);
+                    b[..2].copy_from_slice(&d.to_le_bytes());
+                    for (o, q) in b[2..].iter_mut().zip(qs) {
+                        *o = q as u8;
+                    }
+                }
+            }
+        }
+    };
+    // Rows are independent: natively they are spread over the cores (a 2B4T head is 328 M
+    // values); wasm32 has no threads here.
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = desc.rows.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (i, dst) in out.chunks_mut(per * row_bytes).enumerate() {
+                let encode_rows = &encode_rows;
+                scope.spawn(move || encode_rows(i * per, dst));
+            }
+        });
+    }
+    #[cfg(target_arch = "wasm32")]
+    encode_rows(0, &mut out);
+    let range = 0..out.len();
+    Ok((MatrixDesc { range, ..new }, out))
 }
 
 /// Reads an F32 vector tensor (norm gains, scales).

@@ -97,9 +97,9 @@ impl GpuMatrix {
             }
             Format::Q8_0 if desc.cols % 32 == 0 => Kind::Q8_0,
             Format::Q8_0 => return Err(unsupported("Q8_0 rows must be whole 32-element blocks")),
-            Format::BF16 => {
+            Format::BF16 | Format::Q6K => {
                 return Err(unsupported(
-                    "no GPU kernel for BF16 weights yet (F32, F16, Q8_0, I2_S, TQ1_0 and TQ2_0 have one); use --backend cpu",
+                    "no GPU kernel for BF16 or Q6_K weights yet (F32, F16, Q8_0, I2_S, TQ1_0 and TQ2_0 have one); use --backend cpu (or --lm-head q8_0 for a re-quantized head)",
                 ))
             }
         };

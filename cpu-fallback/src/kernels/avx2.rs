@@ -4,9 +4,24 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use hesper_engine::q6_k::{Q6_K_BLOCK_BYTES, Q6_K_D, Q6_K_QH, Q6_K_SCALES};
 use hesper_engine::weights::{I2S_GROUP, Q8_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
 
 use crate::quant::{Q8KBlock, Q8_0Block};
+
+/// How far ahead of the weights being multiplied the streaming kernels ask for more: the
+/// kernels are nearly as busy computing as the memory is streaming, and the hardware
+/// prefetcher alone leaves them waiting. Swept on the 2B4T shape (BENCHMARKS.md): 2–8 KiB
+/// ahead is 10–15 % faster than none.
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks for the cache line `PREFETCH_AHEAD` bytes after `p` (a hint: never faults, even
+/// past the end of the weights).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn prefetch_ahead(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+}
 
 /// Horizontal sum of eight i32 lanes.
 #[target_feature(enable = "avx2")]
@@ -75,6 +90,9 @@ pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
     for g0 in (0..groups).step_by(8) {
         let mut sum16 = _mm256_setzero_si256();
         for g in g0..(g0 + 8).min(groups) {
+            if g % 2 == 0 {
+                prefetch_ahead(row.as_ptr().wrapping_add(32 * g));
+            }
             // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of q.
             sum16 = _mm256_add_epi16(sum16, unsafe {
                 crumbs_dot(
@@ -202,6 +220,12 @@ pub unsafe fn q8_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
         .zip(act.chunks_exact(4));
     let done = groups.len() * 4;
     for (blks, acts) in groups {
+        // SAFETY: a prefetch hint never faults.
+        unsafe {
+            prefetch_ahead(blks.as_ptr());
+            prefetch_ahead(blks.as_ptr().wrapping_add(64));
+            prefetch_ahead(blks.as_ptr().wrapping_add(128));
+        }
         for (k, lane) in acc.iter_mut().enumerate() {
             let blk = &blks[k * Q8_0_BLOCK_BYTES..(k + 1) * Q8_0_BLOCK_BYTES];
             // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract).
@@ -239,6 +263,90 @@ unsafe fn q8_0_block_fma(blk: &[u8], a: &Q8_0Block, acc: __m256) -> __m256 {
         ))));
         _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p32, acc)
     }
+}
+
+/// Byte-shuffle controls that spread the int8 scales of quadrant `4h + k` of a Q6_K block
+/// (sub-blocks `8h + 2k` and `8h + 2k + 1`) over eight lanes each.
+const Q6_K_SCALE_SPREAD: [[i8; 16]; 8] = {
+    let mut ctrl = [[0i8; 16]; 8];
+    let mut quadrant = 0;
+    while quadrant < 8 {
+        let mut i = 0;
+        while i < 16 {
+            ctrl[quadrant][i] = (2 * quadrant + i / 8) as i8;
+            i += 1;
+        }
+        quadrant += 1;
+    }
+    ctrl
+};
+
+/// AVX2 version of [`super::scalar::q6_k_dot`]; bit-identical result (the integer block sums
+/// are exact and the float accumulation is the same).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `row` holds `act.len()` Q6_K blocks.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn q6_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    debug_assert!(row.len() == act.len() * Q6_K_BLOCK_BYTES);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let high2 = _mm256_set1_epi8(0x30);
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(Q6_K_BLOCK_BYTES).zip(act) {
+        // SAFETY: a block is 210 bytes (ql 0..128, qh 128..192, scales 192..208, d 208..210)
+        // and `a` holds 256 activations and 16 partial sums.
+        unsafe {
+            let p = blk.as_ptr();
+            for line in (0..Q6_K_BLOCK_BYTES).step_by(64) {
+                prefetch_ahead(p.wrapping_add(line));
+            }
+            let q = a.qs.as_ptr();
+            let scales = _mm_loadu_si128(p.add(Q6_K_SCALES).cast());
+            let mut sum = _mm256_setzero_si256();
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(p.add(64 * h).cast());
+                let ql1 = _mm256_loadu_si256(p.add(64 * h + 32).cast());
+                let qh = _mm256_loadu_si256(p.add(Q6_K_QH + 32 * h).cast());
+                // Quadrant k: low nibbles of ql0, ql1, then high nibbles; qh bits 2k, 2k+1
+                // moved to bits 4-5.
+                let codes = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, low4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), high2),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, low4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), high2),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                        _mm256_and_si256(qh, high2),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), high2),
+                    ),
+                ];
+                for (k, c) in codes.into_iter().enumerate() {
+                    let x = _mm256_loadu_si256(q.add(128 * h + 32 * k).cast());
+                    // codes 0..63 × |q| ≤ 127: pair sums ≤ 16 002, inside i16.
+                    let p16 = _mm256_maddubs_epi16(c, x);
+                    let ctrl = _mm_loadu_si128(Q6_K_SCALE_SPREAD[4 * h + k].as_ptr().cast());
+                    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, ctrl));
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, sc));
+                }
+            }
+            // Σ (code − 32)·q·scale = Σ code·q·scale − 32 · Σ_sub-blocks scale · Σq.
+            let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
+            let offset = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums);
+            let sumi = hsum_i32(_mm256_sub_epi32(sum, _mm256_slli_epi32::<5>(offset)));
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+                u16::from_le_bytes([blk[Q6_K_D], blk[Q6_K_D + 1]]),
+            ))));
+            acc += sumi as f32 * (d * a.d);
+        }
+    }
+    acc
 }
 
 /// AVX2/FMA version of [`super::scalar::f32_dot`].
@@ -298,6 +406,7 @@ pub unsafe fn f16_dot(row: &[u8], x: &[f32]) -> f32 {
     // SAFETY: every load reads 8 halves / 8 floats inside [0, n).
     unsafe {
         while i + 32 <= n {
+            prefetch_ahead(w.wrapping_add(2 * i));
             for (j, a) in acc.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(
                     load_f16x8(w.add(2 * (i + 8 * j))),

@@ -89,6 +89,17 @@ impl Isa {
         }
     }
 
+    /// Q6_K row · Q8_K activations.
+    #[inline]
+    pub fn q6_k_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
+            Self::Avx2 => unsafe { avx2::q6_k_dot(row, act) },
+            _ => scalar::q6_k_dot(row, act),
+        }
+    }
+
     /// Q8_0 row · Q8_0 activations.
     #[inline]
     pub fn q8_0_dot(self, row: &[u8], act: &[Q8_0Block]) -> f32 {

@@ -4,6 +4,7 @@
 //! order ggml's generic kernels use.
 
 use half::{bf16, f16};
+use hesper_engine::q6_k::{q6_k_code, q6_k_d, q6_k_scale_index, Q6_K_BLOCK_BYTES, Q6_K_SCALES};
 use hesper_engine::weights::{
     i2s_code, tq1_0_code, tq2_0_code, Q8_0_BLOCK_BYTES, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
 };
@@ -58,6 +59,25 @@ pub fn q8_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
             .map(|(&w, &q)| i32::from(w as i8) * i32::from(q))
             .sum();
         acc += sumi as f32 * (f16::from_le_bytes([blk[0], blk[1]]).to_f32() * a.d);
+    }
+    acc
+}
+
+/// One Q6_K row · Q8_K activations: per block the exact integer
+/// Σ_sub-blocks scale · Σ (code − 32)·q, then `acc += sumi · (d_weight · d_act)` in f32.
+pub fn q6_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(Q6_K_BLOCK_BYTES).zip(act) {
+        let sumi: i32 = (0..16)
+            .map(|sb| {
+                let sc = i32::from(blk[Q6_K_SCALES + q6_k_scale_index(16 * sb)] as i8);
+                let s: i32 = (16 * sb..16 * sb + 16)
+                    .map(|e| (i32::from(q6_k_code(blk, e)) - 32) * i32::from(a.qs[e]))
+                    .sum();
+                sc * s
+            })
+            .sum();
+        acc += sumi as f32 * (q6_k_d(blk) * a.d);
     }
     acc
 }

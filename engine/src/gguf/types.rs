@@ -16,6 +16,8 @@ pub enum GgmlType {
     BF16,
     /// 32-element blocks: f16 scale + 32 × i8.
     Q8_0,
+    /// 256-element k-quant blocks of 6-bit values with 16 int8 sub-block scales.
+    Q6K,
     /// 256-element ternary blocks, 5 trits per byte (1.6875 bits per weight).
     TQ1_0,
     /// 256-element ternary blocks, 2-bit codes LSB-first, f16 scale at the end.
@@ -94,12 +96,6 @@ const OTHERS: &[KnownOther] = &[
         block_bytes: 176,
     },
     KnownOther {
-        id: 14,
-        name: "Q6_K",
-        block: 256,
-        block_bytes: 210,
-    },
-    KnownOther {
         id: 15,
         name: "Q8_K",
         block: 256,
@@ -144,6 +140,7 @@ impl GgmlType {
             0 => Self::F32,
             1 => Self::F16,
             8 => Self::Q8_0,
+            14 => Self::Q6K,
             30 => Self::BF16,
             34 => Self::TQ1_0,
             35 => Self::TQ2_0,
@@ -161,6 +158,7 @@ impl GgmlType {
             Self::F32 => 0,
             Self::F16 => 1,
             Self::Q8_0 => 8,
+            Self::Q6K => 14,
             Self::BF16 => 30,
             Self::TQ1_0 => 34,
             Self::TQ2_0 => 35,
@@ -177,6 +175,7 @@ impl GgmlType {
             Self::F32 => Some((1, 4)),
             Self::F16 | Self::BF16 => Some((1, 2)),
             Self::Q8_0 => Some((32, 34)),
+            Self::Q6K => Some((256, 210)),
             Self::TQ1_0 => Some((256, 54)),
             Self::TQ2_0 => Some((256, 66)),
             Self::Other(o) => Some((o.block, o.block_bytes)),
@@ -209,6 +208,7 @@ impl fmt::Display for GgmlType {
             Self::F16 => f.write_str("F16"),
             Self::BF16 => f.write_str("BF16"),
             Self::Q8_0 => f.write_str("Q8_0"),
+            Self::Q6K => f.write_str("Q6_K"),
             Self::TQ1_0 => f.write_str("TQ1_0"),
             Self::TQ2_0 => f.write_str("TQ2_0"),
             Self::I2S => f.write_str("I2_S"),

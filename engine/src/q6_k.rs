@@ -1,0 +1,198 @@
+//! ggml's Q6_K layout: 256-element blocks of 6-bit values with one int8 scale per 16 elements
+//! and an f16 scale per block (6.5625 bits per weight). Used for LM heads and embeddings by
+//! llama.cpp's quantizer, and by `--lm-head q6_k`.
+//!
+//! Block bytes: `ql[128]` (low 4 bits), `qh[64]` (high 2 bits), `scales[16]` (i8), `d` (f16).
+//! Element `e` lies in half `h = e / 128`; within it, quadrant `k = (e % 128) / 32` and lane
+//! `l = e % 32`: low bits from `ql[64h + l + 32(k & 1)]` (low nibble for `k < 2`, high
+//! otherwise), high bits from `qh[32h + l] >> 2k`, scale `scales[8h + l / 16 + 2k]`, and the
+//! value is `d · scale · (q − 32)`.
+
+use half::f16;
+
+use crate::weights::nearest_int;
+
+/// Elements per Q6_K block.
+pub const Q6_K_BLOCK: usize = 256;
+/// Bytes per Q6_K block.
+pub const Q6_K_BLOCK_BYTES: usize = 210;
+/// Offset of `qh` in a block.
+pub const Q6_K_QH: usize = 128;
+/// Offset of the sixteen int8 sub-block scales in a block.
+pub const Q6_K_SCALES: usize = 192;
+/// Offset of the f16 block scale.
+pub const Q6_K_D: usize = 208;
+
+/// The f16 block scale `d` of a Q6_K block.
+pub fn q6_k_d(block: &[u8]) -> f32 {
+    f16::from_le_bytes([block[Q6_K_D], block[Q6_K_D + 1]]).to_f32()
+}
+
+/// Index of the sub-block scale that element `e` (0..256) uses.
+pub fn q6_k_scale_index(e: usize) -> usize {
+    let (h, j) = (e / 128, e % 128);
+    8 * h + (j % 32) / 16 + 2 * (j / 32)
+}
+
+/// The 6-bit value (0..64; subtract 32 for the signed weight) of element `e` of a block.
+pub fn q6_k_code(block: &[u8], e: usize) -> u8 {
+    let (h, j) = (e / 128, e % 128);
+    let (k, l) = (j / 32, j % 32);
+    let low = block[64 * h + l + 32 * (k & 1)];
+    let low = if k < 2 { low & 0xF } else { low >> 4 };
+    let high = (block[Q6_K_QH + 32 * h + l] >> (2 * k)) & 3;
+    low | (high << 4)
+}
+
+/// Decodes one Q6_K block into 256 values.
+pub fn decode_q6_k_block(block: &[u8], out: &mut [f32]) {
+    let d = q6_k_d(block);
+    for (e, v) in out.iter_mut().enumerate().take(Q6_K_BLOCK) {
+        let sc = f32::from(block[Q6_K_SCALES + q6_k_scale_index(e)] as i8);
+        *v = d * sc * f32::from(i16::from(q6_k_code(block, e)) - 32);
+    }
+}
+
+/// The scale of 16 values in 6-bit levels −32..=31 that minimises Σ x²·(x − s·l)², searched
+/// over 19 candidate steps around `max/−32` (ggml's `make_qx_quants` with x² weights).
+fn sub_block_scale(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < 1e-15 {
+        return 0.0;
+    }
+    let fit = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for &v in x {
+            let l = nearest_int(iscale * v).clamp(-32, 31) as f32;
+            let w = v * v;
+            sumlx += w * v * l;
+            suml2 += w * l * l;
+        }
+        (sumlx, suml2)
+    };
+    let (sumlx, suml2) = fit(-32.0 / max);
+    let mut scale = if suml2 > 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for step in (-9..=9).filter(|&s| s != 0) {
+        let (sumlx, suml2) = fit(-(32.0 + 0.1 * step as f32) / max);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// Quantizes 256 values into one Q6_K block: a least-squares scale per 16 values, those
+/// scales quantized to int8 against the block's largest one, then every value rounded to the
+/// nearest level of its quantized scale.
+pub fn q6_k_block(x: &[f32]) -> [u8; Q6_K_BLOCK_BYTES] {
+    let mut block = [0u8; Q6_K_BLOCK_BYTES];
+    let scales: Vec<f32> = x.chunks_exact(16).map(sub_block_scale).collect();
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &s in &scales {
+        if s.abs() > amax {
+            amax = s.abs();
+            max = s;
+        }
+    }
+    if amax < 1e-15 {
+        // All zero: every code 32 (value 0), scales and d 0.
+        block[..Q6_K_QH].fill(0);
+        for e in 0..Q6_K_BLOCK {
+            set_code(&mut block, e, 32);
+        }
+        return block;
+    }
+    let iscale = -128.0 / max;
+    let d = f16::from_f32(1.0 / iscale);
+    block[Q6_K_D..].copy_from_slice(&d.to_le_bytes());
+    for (ib, &s) in scales.iter().enumerate() {
+        block[Q6_K_SCALES + ib] = nearest_int(iscale * s).min(127) as i8 as u8;
+    }
+    for (e, &v) in x.iter().enumerate().take(Q6_K_BLOCK) {
+        let step = d.to_f32() * f32::from(block[Q6_K_SCALES + q6_k_scale_index(e)] as i8);
+        let l = if step == 0.0 {
+            0
+        } else {
+            nearest_int(v / step).clamp(-32, 31)
+        };
+        set_code(&mut block, e, (l + 32) as u8);
+    }
+    block
+}
+
+/// Stores the 6-bit `code` of element `e` (the inverse of [`q6_k_code`]).
+fn set_code(block: &mut [u8], e: usize, code: u8) {
+    let (h, j) = (e / 128, e % 128);
+    let (k, l) = (j / 32, j % 32);
+    let lo = 64 * h + l + 32 * (k & 1);
+    let nibble = code & 0xF;
+    block[lo] = if k < 2 {
+        (block[lo] & 0xF0) | nibble
+    } else {
+        (block[lo] & 0x0F) | (nibble << 4)
+    };
+    let hi = Q6_K_QH + 32 * h + l;
+    block[hi] = (block[hi] & !(3 << (2 * k))) | ((code >> 4) << (2 * k));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_through_the_bit_layout() {
+        let mut block = [0u8; Q6_K_BLOCK_BYTES];
+        for e in 0..Q6_K_BLOCK {
+            set_code(&mut block, e, ((e * 37 + 11) % 64) as u8);
+        }
+        for e in 0..Q6_K_BLOCK {
+            assert_eq!(
+                q6_k_code(&block, e),
+                ((e * 37 + 11) % 64) as u8,
+                "element {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn scale_index_follows_quadrants() {
+        assert_eq!(q6_k_scale_index(0), 0);
+        assert_eq!(q6_k_scale_index(16), 1);
+        assert_eq!(q6_k_scale_index(32), 2);
+        assert_eq!(q6_k_scale_index(127), 7);
+        assert_eq!(q6_k_scale_index(128), 8);
+        assert_eq!(q6_k_scale_index(255), 15);
+    }
+
+    #[test]
+    fn quantization_error_is_within_half_a_step() {
+        let x: Vec<f32> = (0..Q6_K_BLOCK)
+            .map(|i| ((i as f32 * 0.731).sin() * 0.3) * if i % 16 == 3 { 4.0 } else { 1.0 })
+            .collect();
+        let block = q6_k_block(&x);
+        let mut y = [0.0f32; Q6_K_BLOCK];
+        decode_q6_k_block(&block, &mut y);
+        let d = q6_k_d(&block);
+        for e in 0..Q6_K_BLOCK {
+            let step = (d * f32::from(block[Q6_K_SCALES + q6_k_scale_index(e)] as i8)).abs();
+            // Half a step from rounding, plus what clamping to −32..=31 can add at the edge.
+            assert!(
+                (x[e] - y[e]).abs() <= step * 1.01,
+                "element {e}: {} vs {}",
+                x[e],
+                y[e]
+            );
+        }
+        let zero = q6_k_block(&[0.0; Q6_K_BLOCK]);
+        decode_q6_k_block(&zero, &mut y);
+        assert!(y.iter().all(|&v| v == 0.0));
+    }
+}
