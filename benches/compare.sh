@@ -18,8 +18,8 @@ echo "commit $(git -C "$root" rev-parse --short HEAD), $(date -u +%F), $(nproc) 
 "$bin/membw" "$threads" 2
 "$python" "$root/benches/llama_cpp_bench.py" "$dir/bench-2b4t-tq2_0.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" 2>/dev/null
 for head in exact q8_0 q6_k; do
-  "$bin/hesper-rs" bench -m "$dir/bench-2b4t-i2s.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" \
+  "$bin/hesper-rs" bench -m "$dir/bench-2b4t-i2s.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu \
     --lm-head "$head" --roofline | grep -E '^\| bitnet|roofline'
 done
-"$bin/hesper-rs" bench -m "$dir/bench-2b4t-tq2_0.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" | grep '^| bitnet'
+"$bin/hesper-rs" bench -m "$dir/bench-2b4t-tq2_0.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu | grep '^| bitnet'
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
