@@ -138,6 +138,7 @@ fn bench_on<B: Backend>(
         rows.push(row);
     }
     let weight_bytes = model.bytes_per_token();
+    let resident = resident_mib();
     // Measured after the tests so that the model's pages stay warm for them; host memory
     // bounds only the CPU backend.
     if args.roofline && gpu.is_some() {
@@ -193,6 +194,9 @@ fn bench_on<B: Backend>(
         "\nbytes read per generated token (weights incl. LM head): {:.1} MB",
         weight_bytes as f64 / 1e6
     );
+    if let Some(mib) = resident {
+        println!("resident set after the tests: {mib:.0} MiB (file {size_mib:.0} MiB)");
+    }
     if let Some(gbs) = bandwidth {
         let roof = gbs * 1e9 / weight_bytes as f64;
         println!(
@@ -214,6 +218,20 @@ fn bench_on<B: Backend>(
         kernel_profile(model, gpu, &ids(args.n_gen.min(16)))?;
     }
     Ok(())
+}
+
+/// This process's resident set in MiB (`VmRSS`; Linux only).
+fn resident_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
 }
 
 /// Decodes `tokens` once more with timestamp queries and prints GPU time per kernel and token.

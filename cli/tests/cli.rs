@@ -148,6 +148,10 @@ fn bad_input_gives_one_clear_line() {
             vec!["bench", "-m", &no_tokenizer, "-r", "0"],
             "nothing to measure",
         ),
+        (
+            vec!["generate", "--lm-head", "q6_k"],
+            "not whole 256-value blocks, which Q6_K needs",
+        ),
     ];
     for (mut args, needle) in cases {
         // On the CPU: probing for a GPU can make the Vulkan loader print its own warnings

@@ -100,6 +100,27 @@ impl ModelFile {
         self.header.tensor_bytes(self.bytes(), info)
     }
 
+    /// Drops the pages of `range` from this process's resident set: for bytes read once (a
+    /// head that was re-quantized at load), so that they do not count against the memory the
+    /// model holds. A later read maps them again from the page cache or the file. Owned
+    /// buffers (tests, wasm) are left as they are.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(map) = &self.bytes {
+            let Some(len) = range.end.min(map.len()).checked_sub(range.start) else {
+                return;
+            };
+            // SAFETY: the map is read-only and never written, so MADV_DONTNEED only unmaps
+            // pages whose contents the next access reads back unchanged from the file; no
+            // reference into them is invalidated. Failure only means the pages stay resident.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, len)
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = range;
+    }
+
     /// Size of the file in bytes.
     pub fn len(&self) -> usize {
         self.bytes().len()

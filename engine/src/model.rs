@@ -621,7 +621,11 @@ impl<B: Backend> Loader<'_, '_, B> {
     ) -> Result<B::Matrix, ModelError> {
         let (desc, scale) = matrix_source(self.file, name, rows, cols)?;
         let format = head.target().unwrap_or(desc.format);
-        let (desc, data) = requantize(&desc, self.file.bytes(), format)?;
+        let (requantized, data) = requantize(&desc, self.file.bytes(), format)?;
+        // The stored head is read once here; only embedding lookups (a row per token) may
+        // touch it again.
+        self.file.release(desc.range.clone());
+        let desc = requantized;
         self.matrix_bytes += data.len() as u64;
         let m = self.backend.load_owned_matrix(desc, data, scale)?;
         self.tick();

@@ -91,6 +91,18 @@ pub enum WeightError {
         /// Row length.
         cols: usize,
     },
+    /// A re-quantization target needs rows of whole blocks.
+    #[error("tensor {name:?}: rows of {cols} values are not whole {block}-value blocks, which {format} needs")]
+    BlockRow {
+        /// Tensor name.
+        name: String,
+        /// Row length.
+        cols: usize,
+        /// The target's block length.
+        block: usize,
+        /// The target layout's name.
+        format: &'static str,
+    },
     /// A 32-bit float in the file is not finite where it must be.
     #[error("tensor {name:?}: scale {value} is not a finite number")]
     BadScale {
@@ -325,9 +337,9 @@ pub fn requantize(
     file: &[u8],
     format: Format,
 ) -> Result<(MatrixDesc, Vec<u8>), WeightError> {
-    let block = match format {
-        Format::Q8_0 => 32,
-        Format::Q6K => Q6_K_BLOCK,
+    let (block, format_name) = match format {
+        Format::Q8_0 => (32, "Q8_0"),
+        Format::Q6K => (Q6_K_BLOCK, "Q6_K"),
         _ => {
             return Err(WeightError::UnsupportedType {
                 name: desc.name.clone(),
@@ -336,10 +348,11 @@ pub fn requantize(
         }
     };
     if desc.cols % block != 0 {
-        return Err(WeightError::Shape {
+        return Err(WeightError::BlockRow {
             name: desc.name.clone(),
-            got: vec![desc.cols as u64],
-            expected: vec![desc.cols.div_ceil(block) as u64 * block as u64],
+            cols: desc.cols,
+            block,
+            format: format_name,
         });
     }
     let new = MatrixDesc {

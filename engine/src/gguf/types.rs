@@ -236,6 +236,11 @@ mod tests {
         assert_eq!(GgmlType::I2S.nbytes(&[2560, 2560]), Some(1_638_432));
         assert_eq!(GgmlType::I2S.nbytes(&[6912, 2560]), Some(4_423_712));
         assert_eq!(GgmlType::TQ2_0.nbytes(&[256, 3]), Some(3 * 66));
+        assert_eq!(
+            GgmlType::Q6K.nbytes(&[2560, 128256]),
+            Some(128256 * 10 * 210)
+        );
+        assert_eq!(GgmlType::Q6K.nbytes(&[2560 + 32, 2]), None);
         assert_eq!(GgmlType::TQ1_0.nbytes(&[200, 3]), None);
         assert_eq!(GgmlType::Unknown(99).nbytes(&[4]), None);
     }
