@@ -64,7 +64,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let loaded = load(&args.model, None)?;
     match &loaded.model {
-        AnyModel::Cpu(model) => bench_on(&args, model, None),
+        // On the backend's own threads: see `run_model!`.
+        AnyModel::Cpu(model) => model.backend.install(|| bench_on(&args, model, None)),
         AnyModel::Gpu(model) => bench_on(&args, model, Some(&model.backend)),
     }
 }

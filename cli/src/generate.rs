@@ -12,7 +12,7 @@ use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::{TextStream, Tokenizer};
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, with_model};
+use crate::load::{load, run_model};
 
 /// Flags of `generate`.
 #[derive(Args, Debug)]
@@ -96,7 +96,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let Some(tok) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); use `hesper-rs logits --tokens`", loaded.model.file().source);
     };
-    with_model!(&loaded.model, |model| generate_on(
+    run_model!(&loaded.model, |model| generate_on(
         &args,
         model,
         tok,

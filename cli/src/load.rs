@@ -51,6 +51,19 @@ macro_rules! with_model {
 }
 pub(crate) use with_model;
 
+/// Like [`with_model!`] for work that runs the model: on the CPU, `$body` runs on one of the
+/// backend's own threads (see `CpuBackend::install`), so each operation splits its work from
+/// inside the thread pool instead of waking it from outside.
+macro_rules! run_model {
+    ($any:expr, |$m:ident| $body:expr) => {
+        match $any {
+            $crate::load::AnyModel::Cpu($m) => $m.backend.install(|| $body),
+            $crate::load::AnyModel::Gpu($m) => $body,
+        }
+    };
+}
+pub(crate) use run_model;
+
 /// A model ready to run.
 pub struct Loaded {
     /// The model.

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hesper_engine::model::Logits;
+use hesper_engine::backend::Backend;
+use hesper_engine::model::{Logits, Model};
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, with_model};
+use crate::load::{load, run_model};
 
 /// Flags of `logits`.
 #[derive(Args, Debug)]
@@ -45,18 +46,8 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         }
         (None, None) => bail!("pass --tokens or --prompt"),
     };
-    let (logits, n_vocab) = with_model!(&loaded.model, |model| {
-        let n_ctx = args
-            .ctx
-            .ctx_size
-            .unwrap_or(model.config.n_ctx_train)
-            .max(tokens.len());
-        let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
-        (
-            model.eval(&mut session, &tokens, Logits::All)?,
-            model.config.n_vocab,
-        )
-    });
+    let logits = run_model!(&loaded.model, |model| all_logits(&args, model, &tokens))?;
+    let n_vocab = logits.len() / tokens.len().max(1);
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut f = std::fs::File::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -69,6 +60,17 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         args.out.display()
     );
     Ok(())
+}
+
+/// Every position's logits of `tokens` on `model`.
+fn all_logits<B: Backend>(args: &LogitsArgs, model: &Model<B>, tokens: &[u32]) -> Result<Vec<f32>> {
+    let n_ctx = args
+        .ctx
+        .ctx_size
+        .unwrap_or(model.config.n_ctx_train)
+        .max(tokens.len());
+    let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
+    Ok(model.eval(&mut session, tokens, Logits::All)?)
 }
 
 fn parse_ids(list: &str) -> Result<Vec<u32>> {

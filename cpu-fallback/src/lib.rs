@@ -50,6 +50,13 @@ impl CpuBackend {
         self.isa
     }
 
+    /// Runs `f` on one of the backend's own threads: every operation `f` calls then splits its
+    /// work from inside the pool instead of handing it over from outside and sleeping until
+    /// it is done (two thread wake-ups per matrix product, measured as ~14 % of decode time).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     /// Worker threads.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
