@@ -90,6 +90,9 @@ impl CpuMatrix {
 
     /// `out[t][r] = W[r] · x[t]` for `n` tokens (`x` is `[n][cols]`, `out` is `[n][rows]`).
     pub fn matmul(&self, isa: Isa, x: &[f32], n: usize, out: &mut [f32]) {
+        if n == 1 {
+            return matvec_many(isa, &[self], x, &mut [out]);
+        }
         let act = self.quantize(x, n);
         let rows = self.desc.rows;
         let row_bytes = self.desc.row_bytes();
@@ -98,9 +101,6 @@ impl CpuMatrix {
         let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
         let row_at = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
         let format = self.desc.format;
-        if n == 1 {
-            return matvec_many(isa, &[self], x, &mut [out]);
-        }
         // About 16 KiB of int8 activations per token block, in whole groups of four: the
         // chunk's rows (in L2) then pass over activations held in L1. Measured on the 2B4T
         // shape (BENCHMARKS.md): 8–24 KiB alike, 48 KiB 8 % slower, 96 KiB 15 % slower.
