@@ -190,16 +190,36 @@ pub fn matvec_many(isa: Isa, ws: &[&CpuMatrix], x: &[f32], outs: &mut [&mut [f32
             tasks.push((j, ci * chunk, o));
         }
     }
-    tasks.into_par_iter().for_each(|(j, r0, o)| {
-        let w = ws[j];
-        let act = &acts[act_of[j]];
-        let row_bytes = w.desc.row_bytes();
-        let rows = w.data()[r0 * row_bytes..].chunks_exact(row_bytes);
-        for (v, row) in o.iter_mut().zip(rows) {
-            let d = dot(isa, w.desc.format, row, act, 0);
-            *v = w.scale.map_or(d, |s| d * s);
+    tasks
+        .into_par_iter()
+        .for_each(|(j, r0, o)| ws[j].rows_dot(isa, &acts[act_of[j]], r0, o));
+}
+
+impl CpuMatrix {
+    /// `out[i] = W[r0 + i] · x` for token 0 of `act`.
+    fn rows_dot(&self, isa: Isa, act: &Activations, r0: usize, out: &mut [f32]) {
+        let row_bytes = self.desc.row_bytes();
+        let data = &self.data()[r0 * row_bytes..(r0 + out.len()) * row_bytes];
+        let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
+        let mut done = 0;
+        if let (Format::I2S { beta }, Activations::I8(a)) = (self.desc.format, act) {
+            // Four rows per pass (see `i2s_code_dot_rows4`).
+            for (o, rows) in out
+                .chunks_exact_mut(4)
+                .zip(data.chunks_exact(4 * row_bytes))
+            {
+                let sums = isa.i2s_code_dot_rows4(rows, &a[0].q);
+                for (v, s) in o.iter_mut().zip(sums) {
+                    *v = scaled(i2s_output(s, &a[0], beta));
+                }
+            }
+            done = out.len() / 4 * 4;
         }
-    });
+        let rows = data[done * row_bytes..].chunks_exact(row_bytes);
+        for (v, row) in out[done..].iter_mut().zip(rows) {
+            *v = scaled(dot(isa, self.desc.format, row, act, 0));
+        }
+    }
 }
 
 /// One row against tokens `t..t+4`, for the layouts with a four-token kernel.

@@ -101,6 +101,19 @@ proptest! {
         }
     }
 
+    /// The four-row I2_S kernel equals four single-row scalar dots (full i8 range).
+    #[test]
+    fn i2s_rows4_matches_scalar(groups in 1usize..60, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = groups * 128;
+        let rows: Vec<u8> = (0..cols).map(|_| g.codes()).collect();
+        let q: Vec<i8> = (0..cols).map(|_| g.next() as u8 as i8).collect();
+        let got = simd().i2s_code_dot_rows4(&rows, &q);
+        for (k, row) in rows.chunks_exact(cols / 4).enumerate() {
+            prop_assert_eq!(got[k], scalar::i2s_code_dot(row, &q));
+        }
+    }
+
     /// TQ2_0 × Q8_K: bit-identical (same integer sums, same float order).
     #[test]
     fn tq2_0_matches_scalar(blocks in 1usize..30, seed in any::<u64>()) {

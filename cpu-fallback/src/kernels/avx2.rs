@@ -15,12 +15,23 @@ use crate::quant::{Q8KBlock, Q8_0Block};
 /// ahead is 10–15 % faster than none.
 const PREFETCH_AHEAD: usize = 2048;
 
-/// Asks for the cache line `PREFETCH_AHEAD` bytes after `p` (a hint: never faults, even
-/// past the end of the weights).
+/// How far ahead [`i2s_code_dot_rows4`] asks for more of its four-row stream: four
+/// interleaved streams leave the hardware prefetcher further behind than one. Swept with
+/// `benches/cpu_kernels` (BENCHMARKS.md): 2 KiB 25, 6–8 KiB 27–28, 16 KiB 27–29 GB/s.
+const ROWS4_PREFETCH_AHEAD: usize = 8192;
+
+/// Asks for the cache line at `p` (a hint: never faults, even past the end of the weights).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn prefetch(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.cast());
+}
+
+/// Asks for the cache line `PREFETCH_AHEAD` bytes after `p`.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn prefetch_ahead(p: *const u8) {
-    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+    prefetch(p.wrapping_add(PREFETCH_AHEAD));
 }
 
 /// Horizontal sum of eight i32 lanes.
@@ -105,6 +116,58 @@ pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
         acc = _mm256_add_epi32(acc, widen(sum16));
     }
     hsum_i32(acc)
+}
+
+/// [`i2s_code_dot`] of four consecutive rows (`rows` holds all four) against one token
+/// (decode): four independent chains keep the core busy while loads wait on memory, and one
+/// horizontal reduction serves all four. Bit-identical to four single dots.
+///
+/// # Safety
+/// The CPU must support AVX2; `rows.len() == q.len()` (four rows of `q.len() / 4` code bytes)
+/// and `q.len() % 128 == 0`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn i2s_code_dot_rows4(rows: &[u8], q: &[i8]) -> [i32; 4] {
+    debug_assert!(rows.len() == q.len() && q.len() % I2S_GROUP == 0);
+    let row_bytes = rows.len() / 4;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let groups = q.len() / I2S_GROUP;
+    for g0 in (0..groups).step_by(8) {
+        let mut sum16 = [_mm256_setzero_si256(); 4];
+        for g in g0..(g0 + 8).min(groups) {
+            // The four rows are read as one stream of 128 bytes per group: ask for the two
+            // lines `ROWS4_PREFETCH_AHEAD` ahead of that stream (the next rows near the end).
+            let ahead = rows.as_ptr().wrapping_add(ROWS4_PREFETCH_AHEAD + 128 * g);
+            prefetch(ahead);
+            prefetch(ahead.wrapping_add(64));
+            for (k, s) in sum16.iter_mut().enumerate() {
+                // SAFETY: group g covers bytes [32g, 32g+32) of row k and [128g, 128g+128)
+                // of q.
+                *s = _mm256_add_epi16(*s, unsafe {
+                    crumbs_dot(
+                        rows.as_ptr().add(k * row_bytes + 32 * g),
+                        q.as_ptr().add(I2S_GROUP * g),
+                        true,
+                    )
+                });
+            }
+        }
+        for (a, s) in acc.iter_mut().zip(sum16) {
+            *a = _mm256_add_epi32(*a, widen(s));
+        }
+    }
+    hsum_i32_x4(acc)
+}
+
+/// The horizontal sums of four vectors of eight i32 lanes.
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_i32_x4(v: [__m256i; 4]) -> [i32; 4] {
+    // Pairwise sums within each 128-bit half: lanes end as [Σv0, Σv1, Σv2, Σv3] per half.
+    let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let mut out = [0i32; 4];
+    // SAFETY: `out` holds exactly 16 bytes; storeu has no alignment needs.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), s) };
+    out
 }
 
 /// Σ code·q of one I2_S row against four token rows at once: each group's codes are unpacked

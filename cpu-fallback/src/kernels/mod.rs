@@ -56,6 +56,22 @@ impl Isa {
         }
     }
 
+    /// Σ code·q of four consecutive I2_S rows (`rows` holds all four) against one token row.
+    #[inline]
+    pub fn i2s_code_dot_rows4(self, rows: &[u8], q: &[i8]) -> [i32; 4] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for `i2s_code_dot`; the matmul driver passes four whole rows.
+            Self::Avx2 => unsafe { avx2::i2s_code_dot_rows4(rows, q) },
+            _ => {
+                let row_bytes = rows.len() / 4;
+                std::array::from_fn(|k| {
+                    scalar::i2s_code_dot(&rows[k * row_bytes..(k + 1) * row_bytes], q)
+                })
+            }
+        }
+    }
+
     /// Σ code·q of one I2_S row against four token rows.
     #[inline]
     pub fn i2s_code_dot_x4(self, row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {

@@ -1,0 +1,92 @@
+//! `cpu_kernels`: how fast the CPU backend's matrix × vector products stream their weights
+//! from memory, per layout, beside the machine's read bandwidth (decode is one such product
+//! per weight matrix per token, so a layout's GB/s here is its share of the roofline).
+//!
+//! Usage: `cargo run --release -p hesper-benches --bin cpu_kernels -- [THREADS] [MIB]`
+//! For each layout, a random matrix of about MIB MiB (default 512, far above the caches) with
+//! the 2B4T widths, one token, best of 8 products, on THREADS threads (default: all cores).
+
+use std::time::Instant;
+
+use hesper_cpu::{CpuBackend, CpuMatrix};
+use hesper_engine::weights::{Format, MatrixDesc};
+
+/// The layouts decode streams, with the row width each has in the 2B4T model.
+const CASES: [(&str, Format, usize); 5] = [
+    ("i2_s (attn/up, 2560 cols)", Format::I2S { beta: 1.0 }, 2560),
+    ("i2_s (down, 6912 cols)", Format::I2S { beta: 1.0 }, 6912),
+    ("f16 (LM head)", Format::F16, 2560),
+    ("q8_0 (LM head)", Format::Q8_0, 2560),
+    ("q6_k (LM head)", Format::Q6K, 2560),
+];
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(0);
+    let mib: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(512);
+    let backend = match CpuBackend::new(threads) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("cpu_kernels: {e}");
+            std::process::exit(1);
+        }
+    };
+    let threads = backend.threads();
+    let gbs = hesper_cpu::membw::read_bandwidth(threads, mib << 20, 6);
+    println!(
+        "{threads} thread(s), {} kernels; read bandwidth {gbs:.1} GB/s",
+        backend.isa().name()
+    );
+    for (name, format, cols) in CASES {
+        let probe = desc(format, 1, cols);
+        let rows = (mib << 20) / probe.row_bytes();
+        let desc = desc(format, rows, cols);
+        let matrix = CpuMatrix::owned(random_bytes(desc.range.end), desc, None);
+        let x: Vec<f32> = (0..cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let mut out = vec![0.0; rows];
+        let best = backend.install(|| {
+            (0..8)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    matrix.matmul(backend.isa(), &x, 1, &mut out);
+                    t0.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        });
+        std::hint::black_box(&out);
+        let rate = matrix.data().len() as f64 / best / 1e9;
+        println!(
+            "{name:<28} {rate:>6.1} GB/s  ({:.0} % of the read bandwidth)",
+            100.0 * rate / gbs
+        );
+    }
+}
+
+/// A `rows` × `cols` matrix of `format` whose bytes start at offset 0.
+fn desc(format: Format, rows: usize, cols: usize) -> MatrixDesc {
+    let mut d = MatrixDesc {
+        name: "bench".into(),
+        rows,
+        cols,
+        format,
+        range: 0..0,
+    };
+    d.range = 0..rows * d.row_bytes();
+    d
+}
+
+/// `n` pseudo-random bytes (xorshift; the kernels' speed does not depend on the values).
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.extend_from_slice(&s.to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
