@@ -194,7 +194,7 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) {
         self.pool
-            .install(|| ops::attention(cache, layer, q, k, v, n, pos0, shape, out));
+            .install(|| ops::attention(self.isa, cache, layer, q, k, v, n, pos0, shape, out));
     }
 
     fn glu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, act: Activation, out: &mut Vec<f32>) {

@@ -4,6 +4,8 @@ use hesper_engine::backend::{AttentionShape, RopeShape};
 use hesper_engine::config::Activation;
 use rayon::prelude::*;
 
+use crate::kernels::Isa;
+
 /// RMSNorm of each `w.len()`-wide row: Σx² in f64, `scale = 1/sqrt(mean + eps)` in f32,
 /// `y = (x·scale)·w`.
 pub fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) {
@@ -64,9 +66,11 @@ impl KvCache {
     }
 }
 
-/// Stores `k`, `v` of `n` tokens at `pos0..` in `layer`, then causal attention of `q`.
+/// Stores `k`, `v` of `n` tokens at `pos0..` in `layer`, then causal attention of `q` (dot
+/// products and weighted sums on `isa`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
+    isa: Isa,
     cache: &mut KvCache,
     layer: usize,
     q: &[f32],
@@ -87,63 +91,31 @@ pub fn attention(
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let width = s.n_head * hd;
-    // One task per (token, kv head): the query heads that share a kv head read each cached
-    // key and value row once. Per head the arithmetic is the plain per-query loop.
-    let group_width = group * hd;
+    // One task per (token, query head): a single token still has n_head tasks to share
+    // between the threads (one per kv head left them unevenly loaded: 5 tasks on 2 threads).
     out[..n * width]
-        .par_chunks_mut(group_width)
+        .par_chunks_mut(hd)
         .enumerate()
         .for_each(|(idx, o)| {
-            let (t, kvh) = (idx / s.n_head_kv, idx % s.n_head_kv);
-            let qs = &q[t * width + kvh * group_width..][..group_width];
+            let (t, h) = (idx / s.n_head, idx % s.n_head);
+            let qh = &q[t * width + h * hd..][..hd];
             let len = pos0 + t + 1;
-            let row_at = |j: usize| j * kv_dim + kvh * hd;
-            let mut scores = vec![0.0f32; group * len];
-            for j in 0..len {
-                let kj = &kc[row_at(j)..][..hd];
-                for (g, qh) in qs.chunks_exact(hd).enumerate() {
-                    scores[g * len + j] = dot(qh, kj) * scale;
-                }
+            let row_at = |j: usize| j * kv_dim + (h / group) * hd;
+            let mut scores: Vec<f32> = (0..len)
+                .map(|j| isa.dot(qh, &kc[row_at(j)..][..hd]) * scale)
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f64;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += f64::from(*sc);
             }
-            let mut inv = vec![0.0f32; group];
-            for (row, inv) in scores.chunks_exact_mut(len).zip(inv.iter_mut()) {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f64;
-                for sc in row.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += f64::from(*sc);
-                }
-                *inv = (1.0 / sum) as f32;
-            }
+            let inv = (1.0 / sum) as f32;
             o.fill(0.0);
-            for j in 0..len {
-                let vj = &vc[row_at(j)..][..hd];
-                for (g, oh) in o.chunks_exact_mut(hd).enumerate() {
-                    let p = scores[g * len + j] * inv[g];
-                    for (a, &b) in oh.iter_mut().zip(vj) {
-                        *a += p * b;
-                    }
-                }
+            for (j, &p) in scores.iter().enumerate() {
+                isa.axpy(p * inv, &vc[row_at(j)..][..hd], o);
             }
         });
-}
-
-/// f32 dot product with eight independent partial sums (vectorises without fast-math).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// `out = act(gate) · up`.
@@ -189,6 +161,7 @@ mod tests {
         let mut cache = KvCache::new(1, 4, 2);
         let mut out = vec![0.0; 4];
         attention(
+            Isa::Scalar,
             &mut cache,
             0,
             &[1.0, 0.0, 0.0, 1.0],
@@ -202,6 +175,7 @@ mod tests {
         assert_eq!(out, vec![3.0, -1.0, 3.0, -1.0]);
         // A second position with a key aligned to head 0's query gets more weight there.
         attention(
+            Isa::Scalar,
             &mut cache,
             0,
             &[10.0, 0.0, 0.0, 10.0],

@@ -156,6 +156,20 @@ proptest! {
         let f16_row: Vec<u8> = w.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
         let (a, b) = (simd().f16_dot(&f16_row, &x), scalar::f16_dot(&f16_row, &x));
         prop_assert!(rel_close(a, b, scale), "f16 {a} vs {b}");
+        let (a, b) = (simd().dot(w, &x), scalar::dot(w, &x));
+        prop_assert!(rel_close(a, b, scale), "dot {a} vs {b}");
+    }
+
+    /// `y += alpha·x` of any length: equal up to one rounding per element (FMA vs mul + add).
+    #[test]
+    fn axpy_matches_scalar(x in proptest::collection::vec(-4.0f32..4.0, 1..300), alpha in -2.0f32..2.0) {
+        let y0: Vec<f32> = x.iter().map(|v| 1.0 - v / 3.0).collect();
+        let (mut a, mut b) = (y0.clone(), y0.clone());
+        simd().axpy(alpha, &x, &mut a);
+        scalar::axpy(alpha, &x, &mut b);
+        for ((a, b), (xv, yv)) in a.iter().zip(&b).zip(x.iter().zip(&y0)) {
+            prop_assert!(rel_close(*a, *b, (alpha * xv).abs() + yv.abs()), "{a} vs {b}");
+        }
     }
 
     /// Q8_0 × Q8_0: equal up to float summation order.

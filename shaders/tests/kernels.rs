@@ -8,6 +8,7 @@
 use hesper_cpu::kernels::scalar::{f16_dot, f32_dot, i2s_code_dot, q8_0_dot, tq2_0_dot};
 use hesper_cpu::ops::{self, KvCache};
 use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, QK_K};
+use hesper_cpu::Isa;
 use hesper_engine::backend::{AttentionShape, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{
@@ -931,6 +932,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
     let mut scratch = vec![0.0; pos0 * width];
     let q_pre = data(pos0 * width, 24);
     ops::attention(
+        Isa::Scalar,
         &mut cache,
         0,
         &q_pre,
@@ -944,6 +946,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
     let q = data(n * width, 25);
     let mut want = vec![0.0; n * width];
     ops::attention(
+        Isa::Scalar,
         &mut cache,
         0,
         &q,

@@ -419,11 +419,31 @@ pub unsafe fn q6_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn f32_dot(row: &[u8], x: &[f32]) -> f32 {
     debug_assert!(row.len() == 4 * x.len());
+    // SAFETY: the row holds x.len() floats (loads are unaligned, so any byte address works).
+    unsafe { dot_at(row.as_ptr().cast(), x) }
+}
+
+/// AVX2/FMA version of [`super::scalar::dot`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `a.len() == b.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert!(a.len() == b.len());
+    // SAFETY: `a` holds b.len() floats.
+    unsafe { dot_at(a.as_ptr(), b) }
+}
+
+/// Σ w[i]·x[i] for the `x.len()` floats at `w`, in four eight-lane accumulators.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `x.len()` floats are readable at `w`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_at(w: *const f32, x: &[f32]) -> f32 {
     let n = x.len();
-    let w = row.as_ptr().cast::<f32>();
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    // SAFETY: every load reads inside [0, n) of both slices; loadu has no alignment needs.
+    // SAFETY: every load reads inside [0, n) of both; loadu has no alignment needs.
     unsafe {
         while i + 32 <= n {
             for (j, a) in acc.iter_mut().enumerate() {
@@ -443,9 +463,34 @@ pub unsafe fn f32_dot(row: &[u8], x: &[f32]) -> f32 {
             );
             i += 8;
         }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let tail: f32 = (i..n).map(|k| w.add(k).read_unaligned() * x[k]).sum();
+        hsum_f32(v) + tail
     }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    hsum_f32(v) + super::scalar::f32_dot(&row[4 * i..], &x[i..])
+}
+
+/// AVX2/FMA version of [`super::scalar::axpy`] (one rounding per element instead of two).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `x.len() == y.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    debug_assert!(x.len() == y.len());
+    let n = x.len().min(y.len());
+    let a = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    // SAFETY: every load and store touches [i, i + 8) with i + 8 <= n in both slices.
+    unsafe {
+        while i + 8 <= n {
+            let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+            let v = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.as_ptr().add(i)), yv);
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), v);
+            i += 8;
+        }
+    }
+    for (yv, &xv) in y[i..n].iter_mut().zip(&x[i..n]) {
+        *yv = alpha.mul_add(xv, *yv);
+    }
 }
 
 /// Eight f16 values at `p` widened to f32.

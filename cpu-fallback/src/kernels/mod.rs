@@ -138,6 +138,28 @@ impl Isa {
         }
     }
 
+    /// Σ a[i]·b[i] of two f32 vectors of one length.
+    #[inline]
+    pub fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2 and FMA; the attention passes equal lengths.
+            Self::Avx2 => unsafe { avx2::dot(a, b) },
+            _ => scalar::dot(a, b),
+        }
+    }
+
+    /// `y += alpha · x` for two f32 vectors of one length.
+    #[inline]
+    pub fn axpy(self, alpha: f32, x: &[f32], y: &mut [f32]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2 and FMA; the attention passes equal lengths.
+            Self::Avx2 => unsafe { avx2::axpy(alpha, x, y) },
+            _ => scalar::axpy(alpha, x, y),
+        }
+    }
+
     /// F16 row · x.
     #[inline]
     pub fn f16_dot(self, row: &[u8], x: &[f32]) -> f32 {

@@ -90,6 +90,31 @@ pub fn f32_dot(row: &[u8], x: &[f32]) -> f32 {
         .sum()
 }
 
+/// Σ a[i]·b[i] with eight independent partial sums (vectorises without fast-math).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `y += alpha · x`.
+pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (a, &b) in y.iter_mut().zip(x) {
+        *a += alpha * b;
+    }
+}
+
 /// One F16 row · x (x already rounded through f16 by the caller).
 pub fn f16_dot(row: &[u8], x: &[f32]) -> f32 {
     row.chunks_exact(2)
