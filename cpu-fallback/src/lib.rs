@@ -8,7 +8,7 @@ pub mod quant;
 
 use std::sync::Arc;
 
-use hesper_engine::backend::{AttentionShape, Backend, BackendError, RopeShape};
+use hesper_engine::backend::{matmul_each, AttentionShape, Backend, BackendError, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
 use hesper_engine::weights::{Format, MatrixDesc};
@@ -167,10 +167,7 @@ impl Backend for CpuBackend {
     fn matmul_many(&self, ws: &[&CpuMatrix], x: &Vec<f32>, n: usize, outs: &mut [&mut Vec<f32>]) {
         if n != 1 {
             // Prefill already reads each matrix once for many tokens.
-            for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                self.matmul(w, x, n, out);
-            }
-            return;
+            return matmul_each(self, ws, x, n, outs);
         }
         let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
         self.pool

@@ -30,6 +30,36 @@ pub struct CpuMatrix {
     pub scale: Option<f32>,
 }
 
+/// How a weight layout wants its activations: layouts of one kind share one quantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ActivationKind {
+    /// Per-row int8 with one scale (bitnet.cpp's I2_S activations).
+    I8Row,
+    /// ggml Q8_K blocks (TQ1_0, TQ2_0, Q6_K).
+    Q8K,
+    /// ggml Q8_0 blocks.
+    Q8_0,
+    /// f32 rounded through f16.
+    F16,
+    /// f32 rounded through bf16.
+    BF16,
+    /// f32 as is.
+    F32,
+}
+
+impl ActivationKind {
+    fn of(format: Format) -> Self {
+        match format {
+            Format::I2S { .. } => Self::I8Row,
+            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K => Self::Q8K,
+            Format::Q8_0 => Self::Q8_0,
+            Format::F16 => Self::F16,
+            Format::BF16 => Self::BF16,
+            Format::F32 => Self::F32,
+        }
+    }
+}
+
 /// One batch of activations in the form the weight layout multiplies with.
 enum Activations {
     I8(Vec<I8Row>),
@@ -76,15 +106,13 @@ impl CpuMatrix {
 
     fn quantize(&self, x: &[f32], n: usize) -> Activations {
         let rows = x.par_chunks_exact(self.desc.cols).take(n);
-        match self.desc.format {
-            Format::I2S { .. } => Activations::I8(rows.map(quantize_i8_row).collect()),
-            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K => {
-                Activations::Q8K(rows.map(quantize_q8_k).collect())
-            }
-            Format::Q8_0 => Activations::Q8_0(rows.map(quantize_q8_0).collect()),
-            Format::F16 => Activations::Float(rows.map(round_f16).collect()),
-            Format::BF16 => Activations::Float(rows.map(round_bf16).collect()),
-            Format::F32 => Activations::Float(rows.map(<[f32]>::to_vec).collect()),
+        match ActivationKind::of(self.desc.format) {
+            ActivationKind::I8Row => Activations::I8(rows.map(quantize_i8_row).collect()),
+            ActivationKind::Q8K => Activations::Q8K(rows.map(quantize_q8_k).collect()),
+            ActivationKind::Q8_0 => Activations::Q8_0(rows.map(quantize_q8_0).collect()),
+            ActivationKind::F16 => Activations::Float(rows.map(round_f16).collect()),
+            ActivationKind::BF16 => Activations::Float(rows.map(round_bf16).collect()),
+            ActivationKind::F32 => Activations::Float(rows.map(<[f32]>::to_vec).collect()),
         }
     }
 
@@ -152,19 +180,6 @@ fn chunk_rows(rows: usize) -> usize {
     (rows / (rayon::current_num_threads() * 8)).clamp(8, 1024)
 }
 
-/// Whether two layouts multiply the same activation quantization (so one serves both).
-fn same_activations(a: Format, b: Format) -> bool {
-    let kind = |f: Format| match f {
-        Format::I2S { .. } => 0,
-        Format::TQ1_0 | Format::TQ2_0 | Format::Q6K => 1,
-        Format::Q8_0 => 2,
-        Format::F16 => 3,
-        Format::BF16 => 4,
-        Format::F32 => 5,
-    };
-    kind(a) == kind(b)
-}
-
 /// `outs[j] = ws[j] · x` for one token and several matrices that read it: the activations
 /// are quantized once per layout and every matrix's rows go into one parallel pass (one
 /// synchronisation instead of one per matrix).
@@ -174,7 +189,7 @@ pub fn matvec_many(isa: Isa, ws: &[&CpuMatrix], x: &[f32], outs: &mut [&mut [f32
     for (j, w) in ws.iter().enumerate() {
         match ws[..j]
             .iter()
-            .position(|p| same_activations(p.desc.format, w.desc.format))
+            .position(|p| ActivationKind::of(p.desc.format) == ActivationKind::of(w.desc.format))
         {
             Some(prev) => act_of.push(act_of[prev]),
             None => {

@@ -3,6 +3,7 @@
 use half::{bf16, f16};
 pub use hesper_engine::weights::nearest_int;
 use hesper_engine::weights::q8_0_block;
+use hesper_engine::weights::signed_absmax;
 
 /// Elements per ggml Q8_K block.
 pub const QK_K: usize = 256;
@@ -50,20 +51,14 @@ pub struct Q8KBlock {
 pub fn quantize_q8_k(x: &[f32]) -> Vec<Q8KBlock> {
     x.chunks_exact(QK_K)
         .map(|xb| {
-            let (mut amax, mut max) = (0.0f32, 0.0f32);
-            for &v in xb {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
+            let max = signed_absmax(xb);
             let mut blk = Q8KBlock {
                 d: 0.0,
                 qs: [0; QK_K],
                 sum: 0,
                 bsums: [0; QK_K / 16],
             };
-            if amax != 0.0 {
+            if max != 0.0 {
                 let iscale = -127.0 / max;
                 for (q, &v) in blk.qs.iter_mut().zip(xb) {
                     *q = nearest_int(iscale * v).min(127) as i8;

@@ -160,9 +160,7 @@ pub trait Backend {
         n: usize,
         outs: &mut [&mut Self::Buffer],
     ) {
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.matmul(w, x, n, out);
-        }
+        matmul_each(self, ws, x, n, outs);
     }
     /// Rotates `n` rows of `shape.n_head` heads in place; row `i` is at position `pos0 + i`.
     fn rope(&self, x: &mut Self::Buffer, n: usize, pos0: usize, shape: &RopeShape);
@@ -201,4 +199,18 @@ pub trait Backend {
         width: usize,
         dst: &mut Self::Buffer,
     );
+}
+
+/// [`Backend::matmul_many`] as one [`Backend::matmul`] per matrix: the default, and what a
+/// backend that overrides it falls back to where batching gains nothing.
+pub fn matmul_each<B: Backend + ?Sized>(
+    b: &B,
+    ws: &[&B::Matrix],
+    x: &B::Buffer,
+    n: usize,
+    outs: &mut [&mut B::Buffer],
+) {
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        b.matmul(w, x, n, out);
+    }
 }

@@ -10,7 +10,7 @@
 
 use half::f16;
 
-use crate::weights::nearest_int;
+use crate::weights::{nearest_int, signed_absmax};
 
 /// Elements per Q6_K block.
 pub const Q6_K_BLOCK: usize = 256;
@@ -58,14 +58,8 @@ pub fn decode_q6_k_block(block: &[u8], out: &mut [f32]) {
 /// over fixed arrays with per-lane products so that the compiler vectorises it (a 2B4T head is
 /// 20 M sub-blocks).
 fn sub_block_scale(x: &[f32; 16]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < 1e-15 {
+    let max = signed_absmax(x);
+    if max.abs() < 1e-15 {
         return 0.0;
     }
     let w = x.map(|v| v * v);
@@ -102,14 +96,8 @@ pub fn q6_k_block(x: &[f32]) -> [u8; Q6_K_BLOCK_BYTES] {
         values.copy_from_slice(sub);
         *s = sub_block_scale(&values);
     }
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &s in &scales {
-        if s.abs() > amax {
-            amax = s.abs();
-            max = s;
-        }
-    }
-    if amax < 1e-15 {
+    let max = signed_absmax(&scales);
+    if max.abs() < 1e-15 {
         // All zero: every code 32 (value 0), scales and d 0.
         return pack(&[32; Q6_K_BLOCK], [0; 16], f16::ZERO);
     }

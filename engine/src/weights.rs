@@ -321,6 +321,21 @@ pub fn q8_0_block(x: &[f32]) -> (f16, [i8; 32]) {
     (f16::from_f32(d), qs)
 }
 
+/// The value of largest magnitude, with its sign (the first one on ties; 0 for an empty or
+/// all-zero slice): ggml's K-quant scales are `±levels / max`, so the sign decides which end
+/// of the level range the extreme value lands on.
+#[inline]
+pub fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
 /// ggml's `nearest_int`: round half to even through the float mantissa (exact for
 /// |v| < 2^22, which covers every clamped quantization level).
 #[inline]
