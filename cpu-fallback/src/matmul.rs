@@ -216,20 +216,30 @@ impl CpuMatrix {
         let row_bytes = self.desc.row_bytes();
         let data = &self.data()[r0 * row_bytes..(r0 + out.len()) * row_bytes];
         let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
-        let mut done = 0;
-        if let (Format::I2S { beta }, Activations::I8(a)) = (self.desc.format, act) {
-            // Four rows per pass (see `i2s_code_dot_rows4`).
-            for (o, rows) in out
-                .chunks_exact_mut(4)
-                .zip(data.chunks_exact(4 * row_bytes))
-            {
-                let sums = isa.i2s_code_dot_rows4(rows, &a[0].q);
-                for (v, s) in o.iter_mut().zip(sums) {
-                    *v = scaled(i2s_output(s, &a[0], beta));
+        // Four rows per pass where a kernel exists (see `i2s_code_dot_rows4`).
+        let quads = out
+            .chunks_exact_mut(4)
+            .zip(data.chunks_exact(4 * row_bytes));
+        let done = match (self.desc.format, act) {
+            (Format::I2S { beta }, Activations::I8(a)) => {
+                for (o, rows) in quads {
+                    let sums = isa.i2s_code_dot_rows4(rows, &a[0].q);
+                    for (v, s) in o.iter_mut().zip(sums) {
+                        *v = scaled(i2s_output(s, &a[0], beta));
+                    }
                 }
+                out.len() / 4 * 4
             }
-            done = out.len() / 4 * 4;
-        }
+            (Format::TQ2_0, Activations::Q8K(a)) => {
+                for (o, rows) in quads {
+                    for (v, d) in o.iter_mut().zip(isa.tq2_0_dot_rows4(rows, &a[0])) {
+                        *v = scaled(d);
+                    }
+                }
+                out.len() / 4 * 4
+            }
+            _ => 0,
+        };
         let rows = data[done * row_bytes..].chunks_exact(row_bytes);
         for (v, row) in out[done..].iter_mut().zip(rows) {
             *v = scaled(dot(isa, self.desc.format, row, act, 0));

@@ -114,6 +114,18 @@ proptest! {
         }
     }
 
+    /// The four-row TQ2_0 kernel is bit-identical to four single-row scalar dots.
+    #[test]
+    fn tq2_0_rows4_matches_scalar(blocks in 1usize..30, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| g.tq2_0_row(blocks)).collect();
+        let act = g.q8_k(blocks * 256);
+        let got = simd().tq2_0_dot_rows4(&rows.concat(), &act);
+        for (k, row) in rows.iter().enumerate() {
+            prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(row, &act).to_bits());
+        }
+    }
+
     /// TQ2_0 × Q8_K: bit-identical (same integer sums, same float order).
     #[test]
     fn tq2_0_matches_scalar(blocks in 1usize..30, seed in any::<u64>()) {

@@ -247,24 +247,98 @@ pub unsafe fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
     acc
 }
 
-/// [`tq2_0_dot`] of one row against four token rows: the codes of each block are loaded
-/// once for all four (prefill). Bit-identical to four single dots.
+/// [`tq2_0_dot`] of one row against four token rows (prefill): each block's codes are
+/// unpacked once for all four, and the four tokens' float steps run one per lane, each the
+/// scalar path's own. Bit-identical to four single dots.
 ///
 /// # Safety
 /// As for [`tq2_0_dot`], for each of the four activation rows.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn tq2_0_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
-    let mut acc = [0.0f32; 4];
+    let mask = _mm256_set1_epi8(3);
+    let mut acc = _mm_setzero_ps();
     for (b, blk) in row.chunks_exact(TQ2_0_BLOCK_BYTES).enumerate() {
-        let d = tq2_0_scale(blk);
-        for (sum, a) in acc.iter_mut().zip(act) {
-            let a = &a[b];
-            // SAFETY: the block holds 64 code bytes; `a` holds 256 activations.
-            let codes_q = unsafe { tq2_0_block_codes_q(blk.as_ptr(), a.qs.as_ptr()) };
-            *sum += (codes_q - a.sum) as f32 * (a.d * d);
+        let a: [&Q8KBlock; 4] = std::array::from_fn(|t| &act[t][b]);
+        let mut sum16 = [_mm256_setzero_si256(); 4];
+        for half in 0..2 {
+            // SAFETY: the block holds 64 code bytes; every `a` holds 256 activations.
+            unsafe {
+                let codes = _mm256_loadu_si256(blk.as_ptr().add(32 * half).cast());
+                // LSB-first: activation slice s pairs with bits 2s, 2s+1.
+                let planes = [
+                    _mm256_and_si256(codes, mask),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(codes), mask),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(codes), mask),
+                    _mm256_and_si256(_mm256_srli_epi16::<6>(codes), mask),
+                ];
+                for (sum, a) in sum16.iter_mut().zip(a) {
+                    let q = a.qs.as_ptr().add(128 * half);
+                    for (slice, plane) in planes.iter().enumerate() {
+                        let qv = _mm256_loadu_si256(q.add(32 * slice).cast());
+                        *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(*plane, qv));
+                    }
+                }
+            }
         }
+        let codes_q = _mm_loadu_si128(hsum_i32_x4(sum16.map(|s| widen(s))).as_ptr().cast());
+        let sumi = _mm_sub_epi32(
+            codes_q,
+            _mm_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum),
+        );
+        let d = _mm_mul_ps(
+            _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d),
+            _mm_set1_ps(tq2_0_scale(blk)),
+        );
+        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(sumi), d));
     }
-    acc
+    let mut out = [0.0f32; 4];
+    // SAFETY: `out` holds exactly four floats.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    out
+}
+
+/// [`tq2_0_dot`] of four consecutive rows (`rows` holds all four) against one token
+/// (decode). Per row and block the integer sum is exact and the float steps are the scalar
+/// path's own, one row per lane, so every result is bit-identical to [`tq2_0_dot`].
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `rows` holds four rows of `act.len()` TQ2_0 blocks.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq2_0_dot_rows4(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+    debug_assert!(rows.len() == 4 * act.len() * TQ2_0_BLOCK_BYTES);
+    let row_bytes = rows.len() / 4;
+    let p = rows.as_ptr();
+    let mut acc = _mm_setzero_ps();
+    for (b, a) in act.iter().enumerate() {
+        let at = b * TQ2_0_BLOCK_BYTES;
+        // The four rows are read as one stream of 264 bytes per block.
+        let ahead = p.wrapping_add(ROWS4_PREFETCH_AHEAD + 4 * at);
+        for line in 0..5 {
+            prefetch(ahead.wrapping_add(64 * line));
+        }
+        let mut sums = [_mm256_setzero_si256(); 4];
+        let mut scales = [0u16; 4];
+        for (k, (sum, scale)) in sums.iter_mut().zip(&mut scales).enumerate() {
+            // SAFETY: block b of row k is the 66 bytes at k·row_bytes + 66b; `a` holds 256
+            // activations.
+            unsafe {
+                let blk = p.add(k * row_bytes + at);
+                let h0 = crumbs_dot(blk, a.qs.as_ptr(), false);
+                let h1 = crumbs_dot(blk.add(32), a.qs.as_ptr().add(128), false);
+                *sum = widen(_mm256_add_epi16(h0, h1));
+                *scale = u16::from_le_bytes([*blk.add(64), *blk.add(65)]);
+            }
+        }
+        let codes_q = _mm_loadu_si128(hsum_i32_x4(sums).as_ptr().cast());
+        let sumi = _mm_sub_epi32(codes_q, _mm_set1_epi32(a.sum));
+        let dw = _mm_cvtph_ps(_mm_loadu_si64(scales.as_ptr().cast()));
+        let d = _mm_mul_ps(_mm_set1_ps(a.d), dw);
+        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(sumi), d));
+    }
+    let mut out = [0.0f32; 4];
+    // SAFETY: `out` holds exactly four floats.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    out
 }
 
 /// AVX2 version of [`super::scalar::q8_0_dot`]: exact integer block sums, f32 accumulation

@@ -94,6 +94,22 @@ impl Isa {
         }
     }
 
+    /// Four consecutive TQ2_0 rows (`rows` holds all four) · Q8_K activations.
+    #[inline]
+    pub fn tq2_0_dot_rows4(self, rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2 and F16C; the matmul driver passes four whole rows.
+            Self::Avx2 => unsafe { avx2::tq2_0_dot_rows4(rows, act) },
+            _ => {
+                let row_bytes = rows.len() / 4;
+                std::array::from_fn(|k| {
+                    scalar::tq2_0_dot(&rows[k * row_bytes..(k + 1) * row_bytes], act)
+                })
+            }
+        }
+    }
+
     /// TQ2_0 row · Q8_K activations of four tokens.
     #[inline]
     pub fn tq2_0_dot_x4(self, row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
