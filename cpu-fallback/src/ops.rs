@@ -100,21 +100,22 @@ pub fn attention(
             let (t, h) = (idx / s.n_head, idx % s.n_head);
             let qh = &q[t * width + h * hd..][..hd];
             let len = pos0 + t + 1;
-            let row_at = |j: usize| j * kv_dim + (h / group) * hd;
-            let mut scores: Vec<f32> = (0..len)
-                .map(|j| isa.dot(qh, &kc[row_at(j)..][..hd]) * scale)
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (kh, vh) = (&kc[(h / group) * hd..], &vc[(h / group) * hd..]);
+            let mut scores = vec![0.0f32; len];
+            isa.scores(qh, kh, kv_dim, &mut scores);
+            let max = scores
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
             let mut sum = 0.0f64;
             for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
+                *sc = (*sc * scale - max).exp();
                 sum += f64::from(*sc);
             }
             let inv = (1.0 / sum) as f32;
-            o.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                isa.axpy(p * inv, &vc[row_at(j)..][..hd], o);
+            for sc in scores.iter_mut() {
+                *sc *= inv;
             }
+            isa.weighted_sum(&scores, vh, kv_dim, o);
         });
 }
 

@@ -154,25 +154,27 @@ impl Isa {
         }
     }
 
-    /// Σ a[i]·b[i] of two f32 vectors of one length.
+    /// Attention scores: `out[j] = q · k[j·stride ..][..q.len()]`.
     #[inline]
-    pub fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+    pub fn scores(self, q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+        assert!(out.is_empty() || k.len() >= (out.len() - 1) * stride + q.len());
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and FMA; the attention passes equal lengths.
-            Self::Avx2 => unsafe { avx2::dot(a, b) },
-            _ => scalar::dot(a, b),
+            // SAFETY: `Avx2` implies AVX2 and FMA; the assert above bounds every key.
+            Self::Avx2 => unsafe { avx2::scores(q, k, stride, out) },
+            _ => scalar::scores(q, k, stride, out),
         }
     }
 
-    /// `y += alpha · x` for two f32 vectors of one length.
+    /// Attention's weighted sum: `out = Σ_j p[j] · v[j·stride ..][..out.len()]`.
     #[inline]
-    pub fn axpy(self, alpha: f32, x: &[f32], y: &mut [f32]) {
+    pub fn weighted_sum(self, p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+        assert!(p.is_empty() || v.len() >= (p.len() - 1) * stride + out.len());
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and FMA; the attention passes equal lengths.
-            Self::Avx2 => unsafe { avx2::axpy(alpha, x, y) },
-            _ => scalar::axpy(alpha, x, y),
+            // SAFETY: `Avx2` implies AVX2 and FMA; the assert above bounds every value.
+            Self::Avx2 => unsafe { avx2::weighted_sum(p, v, stride, out) },
+            _ => scalar::weighted_sum(p, v, stride, out),
         }
     }
 

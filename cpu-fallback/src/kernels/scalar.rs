@@ -108,10 +108,22 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `y += alpha · x`.
-pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (a, &b) in y.iter_mut().zip(x) {
-        *a += alpha * b;
+/// `out[j] = q · k[j·stride ..][..q.len()]` for every `j < out.len()` (attention scores of one
+/// query against cached keys `stride` floats apart).
+pub fn scores(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot(q, &k[j * stride..][..q.len()]);
+    }
+}
+
+/// `out = Σ_j p[j] · v[j·stride ..][..out.len()]` (attention's weighted sum of cached values).
+pub fn weighted_sum(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    let hd = out.len();
+    for (j, &pj) in p.iter().enumerate() {
+        for (a, &b) in out.iter_mut().zip(&v[j * stride..][..hd]) {
+            *a += pj * b;
+        }
     }
 }
 
