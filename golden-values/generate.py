@@ -29,11 +29,12 @@ Steps (positional arguments; default = all three, in this order):
 
 Optional:
 
-  --bench-2b4t DIR   Write two synthetic models with the exact shape of BitNet b1.58 2B4T into DIR:
-                     bench-2b4t-i2s.gguf (official arch, I2_S, f32 beta) and bench-2b4t-tq2_0.gguf
-                     (mainline arch, the same ternary codes as TQ2_0, beta rounded to f16), for
-                     speed measurements (e.g. llama.cpp's llama-bench on the TQ2_0 file). The files
-                     are ~1.2 GB each and are written tensor by tensor, so memory stays small.
+  --bench-2b4t DIR   Write three synthetic models with the exact shape of BitNet b1.58 2B4T into
+                     DIR: bench-2b4t-i2s.gguf (official arch, I2_S, f32 beta), bench-2b4t-tq2_0.gguf
+                     and bench-2b4t-tq1_0.gguf (mainline arch, the same ternary codes as TQ2_0 and
+                     TQ1_0, beta rounded to f16), for speed measurements (e.g. llama.cpp's
+                     llama-bench on the TQ files). The files are ~1.1-1.2 GB each and are written
+                     tensor by tensor, so memory stays small.
                      Given alone, only this step runs.
 
 Output format (read by the Rust tests), per model ``out/<stem>.json``::
@@ -1328,18 +1329,19 @@ def ops_validation_report(i2s_ops64: dict[str, np.ndarray]) -> list[str]:
 # ============================================================================================
 
 def step_bench_2b4t(out_dir: Path, seed: int) -> None:
-    """Same generator as the tiny models, one tensor at a time into two files at once."""
+    """Same generator as the tiny models, one tensor at a time into three files at once."""
     hp = BITNET_2B4T
     out_dir.mkdir(parents=True, exist_ok=True)
     i2s = Variant("bench-2b4t-i2s", "bitnet-b1.58", GGML_I2_S, False, GGML_F16, "relu2",
                   "per_token_i8")
     tq2 = Variant("bench-2b4t-tq2_0", "bitnet", GGML_TQ2_0, False, GGML_F16, "silu", "q8_k")
+    tq1 = Variant("bench-2b4t-tq1_0", "bitnet", GGML_TQ1_0, False, GGML_F16, "silu", "q8_k")
     writers = [(v, GGUFStreamWriter(out_dir / f"{v.stem}.gguf",
                                     official_kvs(hp, "bench-2b4t (synthetic, hesper-rs)")
                                     if v.arch == "bitnet-b1.58"
                                     else mainline_kvs(hp, "bench-2b4t (synthetic, hesper-rs)",
                                                       v.file_type),
-                                    variant_tensor_infos(v, hp))) for v in (i2s, tq2)]
+                                    variant_tensor_infos(v, hp))) for v in (i2s, tq2, tq1)]
 
     def emit(name: str, data_for) -> None:
         for v, w in writers:

@@ -12,10 +12,11 @@ use hesper_cpu::{CpuBackend, CpuMatrix};
 use hesper_engine::weights::{Format, MatrixDesc};
 
 /// The layouts decode streams, with the row width each has in the 2B4T model.
-const CASES: [(&str, Format, usize); 6] = [
+const CASES: [(&str, Format, usize); 7] = [
     ("i2_s (attn/up, 2560 cols)", Format::I2S { beta: 1.0 }, 2560),
     ("i2_s (down, 6912 cols)", Format::I2S { beta: 1.0 }, 6912),
     ("tq2_0 (attn/up, 2560 cols)", Format::TQ2_0, 2560),
+    ("tq1_0 (attn/up, 2560 cols)", Format::TQ1_0, 2560),
     ("f16 (LM head)", Format::F16, 2560),
     ("q8_0 (LM head)", Format::Q8_0, 2560),
     ("q6_k (LM head)", Format::Q6K, 2560),

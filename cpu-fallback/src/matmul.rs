@@ -230,9 +230,14 @@ impl CpuMatrix {
                 }
                 out.len() / 4 * 4
             }
-            (Format::TQ2_0, Activations::Q8K(a)) => {
+            (Format::TQ2_0 | Format::TQ1_0, Activations::Q8K(a)) => {
                 for (o, rows) in quads {
-                    for (v, d) in o.iter_mut().zip(isa.tq2_0_dot_rows4(rows, &a[0])) {
+                    let dots = if self.desc.format == Format::TQ2_0 {
+                        isa.tq2_0_dot_rows4(rows, &a[0])
+                    } else {
+                        isa.tq1_0_dot_rows4(rows, &a[0])
+                    };
+                    for (v, d) in o.iter_mut().zip(dots) {
                         *v = scaled(d);
                     }
                 }
@@ -259,6 +264,9 @@ fn dot_x4(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> 
         (Format::TQ2_0, Activations::Q8K(a)) => {
             Some(isa.tq2_0_dot_x4(row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]))
         }
+        (Format::TQ1_0, Activations::Q8K(a)) => {
+            Some(isa.tq1_0_dot_x4(row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]))
+        }
         _ => None,
     }
 }
@@ -270,7 +278,7 @@ fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32
             i2s_output(isa.i2s_code_dot(row, &a[t].q), &a[t], beta)
         }
         (Format::TQ2_0, Activations::Q8K(a)) => isa.tq2_0_dot(row, &a[t]),
-        (Format::TQ1_0, Activations::Q8K(a)) => scalar::tq1_0_dot(row, &a[t]),
+        (Format::TQ1_0, Activations::Q8K(a)) => isa.tq1_0_dot(row, &a[t]),
         (Format::Q8_0, Activations::Q8_0(a)) => isa.q8_0_dot(row, &a[t]),
         (Format::Q6K, Activations::Q8K(a)) => isa.q6_k_dot(row, &a[t]),
         (Format::F32, Activations::Float(a)) => isa.f32_dot(row, &a[t]),

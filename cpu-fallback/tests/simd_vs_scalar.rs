@@ -51,6 +51,17 @@ impl Lcg {
         row
     }
 
+    /// A TQ1_0 row of `blocks` blocks: random packed bytes (every byte value decodes to
+    /// digits 0..=2) and small f16 scales.
+    fn tq1_0_row(&mut self, blocks: usize) -> Vec<u8> {
+        let mut row = Vec::new();
+        for _ in 0..blocks {
+            row.extend((0..52).map(|_| self.next() as u8));
+            row.extend(half::f16::from_f32((self.next() % 100) as f32 / 1000.0).to_le_bytes());
+        }
+        row
+    }
+
     /// A Q6_K row of `blocks` blocks with random codes, sub-block scales (full i8 range, so
     /// −128 too) and block scales.
     fn q6_k_row(&mut self, blocks: usize) -> Vec<u8> {
@@ -123,6 +134,24 @@ proptest! {
         let got = simd().tq2_0_dot_rows4(&rows.concat(), &act);
         for (k, row) in rows.iter().enumerate() {
             prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(row, &act).to_bits());
+        }
+    }
+
+    /// TQ1_0 × Q8_K, one row, four rows and four tokens: bit-identical to the scalar path.
+    #[test]
+    fn tq1_0_matches_scalar(blocks in 1usize..12, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| g.tq1_0_row(blocks)).collect();
+        let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
+        let want = |row: &[u8], act: &[Q8KBlock]| scalar::tq1_0_dot(row, act).to_bits();
+        prop_assert_eq!(simd().tq1_0_dot(&rows[0], &acts[0]).to_bits(), want(&rows[0], &acts[0]));
+        let got = simd().tq1_0_dot_rows4(&rows.concat(), &acts[0]);
+        for (k, row) in rows.iter().enumerate() {
+            prop_assert_eq!(got[k].to_bits(), want(row, &acts[0]));
+        }
+        let got = simd().tq1_0_dot_x4(&rows[0], [&acts[0], &acts[1], &acts[2], &acts[3]]);
+        for (t, act) in acts.iter().enumerate() {
+            prop_assert_eq!(got[t].to_bits(), want(&rows[0], act));
         }
     }
 

@@ -121,6 +121,44 @@ impl Isa {
         }
     }
 
+    /// TQ1_0 row · Q8_K activations.
+    #[inline]
+    pub fn tq1_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
+            Self::Avx2 => unsafe { avx2::tq1_0_dot(row, act) },
+            _ => scalar::tq1_0_dot(row, act),
+        }
+    }
+
+    /// TQ1_0 row · Q8_K activations of four tokens.
+    #[inline]
+    pub fn tq1_0_dot_x4(self, row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: see `tq1_0_dot`.
+            Self::Avx2 => unsafe { avx2::tq1_0_dot_x4(row, act) },
+            _ => act.map(|a| scalar::tq1_0_dot(row, a)),
+        }
+    }
+
+    /// Four consecutive TQ1_0 rows (`rows` holds all four) · Q8_K activations.
+    #[inline]
+    pub fn tq1_0_dot_rows4(self, rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` implies AVX2 and F16C; the matmul driver passes four whole rows.
+            Self::Avx2 => unsafe { avx2::tq1_0_dot_rows4(rows, act) },
+            _ => {
+                let row_bytes = rows.len() / 4;
+                std::array::from_fn(|k| {
+                    scalar::tq1_0_dot(&rows[k * row_bytes..(k + 1) * row_bytes], act)
+                })
+            }
+        }
+    }
+
     /// Q6_K row · Q8_K activations.
     #[inline]
     pub fn q6_k_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {

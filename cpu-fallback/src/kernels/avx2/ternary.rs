@@ -1,0 +1,445 @@
+//! Ternary rows: bitnet.cpp's I2_S against per-row int8 activations, and ggml's TQ2_0 and
+//! TQ1_0 against Q8_K blocks. Integer sums are exact; every result is bit-identical to the
+//! scalar path's.
+
+use std::arch::x86_64::*;
+
+use hesper_engine::weights::{I2S_GROUP, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
+
+use super::{hsum_i32, prefetch, prefetch_ahead, ROWS4_PREFETCH_AHEAD};
+use crate::quant::Q8KBlock;
+
+/// Σ over 32 code bytes × four 32-byte activation slices (shifts 6, 4, 2, 0 when
+/// `msb_first`, else 0, 2, 4, 6), as sixteen i16 partial sums, each at most 4·512 = 2048 in
+/// magnitude (so up to 8 of them can be added before widening).
+#[target_feature(enable = "avx2")]
+unsafe fn crumbs_dot(codes: *const u8, q: *const i8, msb_first: bool) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes at `codes` and 128 at `q`.
+    unsafe {
+        let mask = _mm256_set1_epi8(3);
+        let b = _mm256_loadu_si256(codes.cast());
+        let planes = [
+            _mm256_and_si256(b, mask),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
+        ];
+        let mut sum16 = _mm256_setzero_si256();
+        for (slice, plane) in (0..4).zip(if msb_first {
+            [3, 2, 1, 0]
+        } else {
+            [0, 1, 2, 3]
+        }) {
+            let qv = _mm256_loadu_si256(q.add(32 * slice).cast());
+            // codes are 0..=2 and |q| <= 128, so each i16 pair sum is at most 512 and the
+            // sum of four stays far below i16::MAX.
+            sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(planes[plane], qv));
+        }
+        sum16
+    }
+}
+
+/// Widens sixteen i16 partial sums to eight i32 ones.
+#[target_feature(enable = "avx2")]
+unsafe fn widen(sum16: __m256i) -> __m256i {
+    _mm256_madd_epi16(sum16, _mm256_set1_epi16(1))
+}
+
+/// The horizontal sums of four vectors of eight i32 lanes.
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_i32_x4(v: [__m256i; 4]) -> [i32; 4] {
+    // Pairwise sums within each 128-bit half: lanes end as [Σv0, Σv1, Σv2, Σv3] per half.
+    let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let mut out = [0i32; 4];
+    // SAFETY: `out` holds exactly 16 bytes; storeu has no alignment needs.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), s) };
+    out
+}
+
+/// AVX2 version of [`crate::kernels::scalar::i2s_code_dot`].
+///
+/// # Safety
+/// The CPU must support AVX2; `row.len() * 4 == q.len()` and `q.len() % 128 == 0`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
+    debug_assert!(row.len() * 4 == q.len() && q.len() % I2S_GROUP == 0);
+    let mut acc = _mm256_setzero_si256();
+    let groups = q.len() / I2S_GROUP;
+    // Eight groups' i16 sums stay within ±16384, so widen once per eight groups.
+    for g0 in (0..groups).step_by(8) {
+        let mut sum16 = _mm256_setzero_si256();
+        for g in g0..(g0 + 8).min(groups) {
+            if g % 2 == 0 {
+                prefetch_ahead(row.as_ptr().wrapping_add(32 * g));
+            }
+            // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of q.
+            sum16 = _mm256_add_epi16(sum16, unsafe {
+                crumbs_dot(
+                    row.as_ptr().add(32 * g),
+                    q.as_ptr().add(I2S_GROUP * g),
+                    true,
+                )
+            });
+        }
+        acc = _mm256_add_epi32(acc, widen(sum16));
+    }
+    hsum_i32(acc)
+}
+
+/// [`i2s_code_dot`] of four consecutive rows (`rows` holds all four) against one token
+/// (decode): four independent chains keep the core busy while loads wait on memory, and one
+/// horizontal reduction serves all four. Bit-identical to four single dots.
+///
+/// # Safety
+/// The CPU must support AVX2; `rows.len() == q.len()` (four rows of `q.len() / 4` code bytes)
+/// and `q.len() % 128 == 0`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn i2s_code_dot_rows4(rows: &[u8], q: &[i8]) -> [i32; 4] {
+    debug_assert!(rows.len() == q.len() && q.len() % I2S_GROUP == 0);
+    let row_bytes = rows.len() / 4;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let groups = q.len() / I2S_GROUP;
+    for g0 in (0..groups).step_by(8) {
+        let mut sum16 = [_mm256_setzero_si256(); 4];
+        for g in g0..(g0 + 8).min(groups) {
+            // The four rows are read as one stream of 128 bytes per group: ask for the two
+            // lines `ROWS4_PREFETCH_AHEAD` ahead of that stream (the next rows near the end).
+            let ahead = rows.as_ptr().wrapping_add(ROWS4_PREFETCH_AHEAD + 128 * g);
+            prefetch(ahead);
+            prefetch(ahead.wrapping_add(64));
+            for (k, s) in sum16.iter_mut().enumerate() {
+                // SAFETY: group g covers bytes [32g, 32g+32) of row k and [128g, 128g+128)
+                // of q.
+                *s = _mm256_add_epi16(*s, unsafe {
+                    crumbs_dot(
+                        rows.as_ptr().add(k * row_bytes + 32 * g),
+                        q.as_ptr().add(I2S_GROUP * g),
+                        true,
+                    )
+                });
+            }
+        }
+        for (a, s) in acc.iter_mut().zip(sum16) {
+            *a = _mm256_add_epi32(*a, widen(s));
+        }
+    }
+    hsum_i32_x4(acc)
+}
+
+/// Σ code·q of one I2_S row against four token rows at once: each group's codes are unpacked
+/// once and reused for all four tokens (prefill).
+///
+/// # Safety
+/// The CPU must support AVX2; every `q` has `row.len() * 4` values, a multiple of 128.
+#[target_feature(enable = "avx2")]
+pub unsafe fn i2s_code_dot_x4(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
+    debug_assert!(q
+        .iter()
+        .all(|q| q.len() == row.len() * 4 && q.len() % I2S_GROUP == 0));
+    let mask = _mm256_set1_epi8(3);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for g in 0..row.len() / 32 {
+        // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of each q.
+        unsafe {
+            let b = _mm256_loadu_si256(row.as_ptr().add(32 * g).cast());
+            // MSB-first: activation slice 0 pairs with bits 7-6, slice 3 with bits 1-0.
+            let planes = [
+                _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
+                _mm256_and_si256(b, mask),
+            ];
+            for (a, qt) in acc.iter_mut().zip(q) {
+                let base = qt.as_ptr().add(I2S_GROUP * g);
+                let mut sum16 = _mm256_maddubs_epi16(planes[0], _mm256_loadu_si256(base.cast()));
+                for (slice, plane) in planes.iter().enumerate().skip(1) {
+                    sum16 = _mm256_add_epi16(
+                        sum16,
+                        _mm256_maddubs_epi16(
+                            *plane,
+                            _mm256_loadu_si256(base.add(32 * slice).cast()),
+                        ),
+                    );
+                }
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(sum16, ones));
+            }
+        }
+    }
+    acc.map(|a| hsum_i32(a))
+}
+
+/// The 256 codes (0..=2, weight + 1) of one ggml ternary block as eight 32-byte slices, slice
+/// `s` pairing with activations `32s..32s + 32`; `BYTES` names the layout (TQ2_0 or TQ1_0).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn block_codes<const BYTES: usize>(blk: *const u8) -> [__m256i; 8] {
+    // SAFETY: the caller guarantees a whole block at `blk`.
+    unsafe {
+        if BYTES == TQ1_0_BLOCK_BYTES {
+            tq1_0_codes(blk)
+        } else {
+            tq2_0_codes(blk)
+        }
+    }
+}
+
+/// TQ2_0: two 32-byte halves of LSB-first 2-bit codes; half `h`, bits `2s..2s + 2` pair with
+/// activations `128h + 32s..`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn tq2_0_codes(blk: *const u8) -> [__m256i; 8] {
+    let mask = _mm256_set1_epi8(3);
+    // SAFETY: a TQ2_0 block starts with 64 code bytes.
+    let halves = unsafe {
+        [
+            _mm256_loadu_si256(blk.cast()),
+            _mm256_loadu_si256(blk.add(32).cast()),
+        ]
+    };
+    std::array::from_fn(|s| {
+        let b = halves[s / 4];
+        match s % 4 {
+            0 => _mm256_and_si256(b, mask),
+            1 => _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
+            2 => _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
+            _ => _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
+        }
+    })
+}
+
+/// `3·q` in every byte, wrapping (ggml's TQ1_0 digit shift). It commutes with the `q − 128`
+/// offset [`trit`] compares in: 3·(q − 128) ≡ 3·q − 128 (mod 256).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn times3(q: __m256i) -> __m256i {
+    _mm256_add_epi8(q, _mm256_add_epi8(q, q))
+}
+
+/// Bytes `q` moved to the signed domain `q − 128`, where [`trit`] compares.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn offset(q: __m256i) -> __m256i {
+    _mm256_xor_si256(q, _mm256_set1_epi8(i8::MIN))
+}
+
+/// The ternary digit ggml reads from a byte `q` given as `q − 128`: `(3·q) >> 8`, i.e. 1 from
+/// q = 86 and 2 from q = 171 (each true comparison is −1).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn trit(q_offset: __m256i) -> __m256i {
+    // q > 85 is (q − 128) > −43; q > 170 is (q − 128) > 42.
+    let from86 = _mm256_cmpgt_epi8(q_offset, _mm256_set1_epi8(-43));
+    let from171 = _mm256_cmpgt_epi8(q_offset, _mm256_set1_epi8(42));
+    _mm256_abs_epi8(_mm256_add_epi8(from86, from171))
+}
+
+/// TQ1_0: byte `m` of `qs[0..32]` times 3ⁿ holds element `32n + m`, byte `m` of `qs[32..48]`
+/// times 3ⁿ element `160 + 16n + m`, byte `j` of `qh` times 3ⁿ element `240 + 4n + j`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn tq1_0_codes(blk: *const u8) -> [__m256i; 8] {
+    let mut out = [_mm256_setzero_si256(); 8];
+    // SAFETY: a TQ1_0 block is qs (48 bytes), qh (4 bytes), then the scale.
+    unsafe {
+        let mut q = offset(_mm256_loadu_si256(blk.cast()));
+        for slice in out.iter_mut().take(5) {
+            *slice = trit(q);
+            q = times3(q);
+        }
+        // qs[32..48] in both halves; the high half one digit further: elements 160.. | 176..
+        let w = offset(_mm256_broadcastsi128_si256(_mm_loadu_si128(
+            blk.add(32).cast(),
+        )));
+        let pair = _mm256_blend_epi32::<0xF0>(w, times3(w));
+        out[5] = trit(pair);
+        let pair = times3(times3(pair));
+        out[6] = trit(pair);
+        // Last slice: qs[32..48]·81 (elements 224..240) | qh·1, ·3, ·9, ·27 (elements 240..256).
+        let low = times3(times3(pair));
+        let qh = i32::from_le_bytes(*blk.add(48).cast::<[u8; 4]>());
+        let h1 = offset(_mm256_set1_epi32(qh));
+        let h3 = times3(h1);
+        let h9 = times3(h3);
+        let h27 = times3(h9);
+        let last = _mm256_blend_epi32::<0x10>(low, h1);
+        let last = _mm256_blend_epi32::<0x20>(last, h3);
+        let last = _mm256_blend_epi32::<0x40>(last, h9);
+        out[7] = trit(_mm256_blend_epi32::<0x80>(last, h27));
+    }
+    out
+}
+
+/// Σ code·q of one block's codes against 256 activations, as eight i32 partial sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn codes_dot(codes: &[__m256i; 8], q: *const i8) -> __m256i {
+    let mut sum16 = _mm256_setzero_si256();
+    for (s, c) in codes.iter().enumerate() {
+        // SAFETY: the caller guarantees 256 activations at `q`. Codes are 0..=2, so each i16
+        // pair sum is at most 512 in magnitude and eight of them stay inside i16.
+        let qv = unsafe { _mm256_loadu_si256(q.add(32 * s).cast()) };
+        sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(*c, qv));
+    }
+    widen(sum16)
+}
+
+/// The f16 scale in a ternary block's last two bytes.
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn block_scale<const BYTES: usize>(blk: *const u8) -> f32 {
+    // SAFETY: the caller guarantees a whole block at `blk`.
+    let bits = unsafe { u16::from_le_bytes([*blk.add(BYTES - 2), *blk.add(BYTES - 1)]) };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// One ternary row · Q8_K activations: per block the exact Σ(code − 1)·q, then the scalar
+/// path's `acc += sumi · (d_act · d_weight)`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn ternary_dot<const BYTES: usize>(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    debug_assert!(row.len() == act.len() * BYTES);
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(BYTES).zip(act) {
+        // SAFETY: `blk` is a whole block; `a` holds 256 activations.
+        unsafe {
+            let p = blk.as_ptr();
+            prefetch_ahead(p);
+            prefetch_ahead(p.wrapping_add(BYTES - 1));
+            let codes_q = hsum_i32(codes_dot(&block_codes::<BYTES>(p), a.qs.as_ptr()));
+            acc += (codes_q - a.sum) as f32 * (a.d * block_scale::<BYTES>(p));
+        }
+    }
+    acc
+}
+
+/// Four rows' (or tokens') `acc += (Σ lanes − offset) · d`, one per lane: the scalar path's
+/// float steps, so each lane is bit-identical to it.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn ternary_step4(acc: __m128, sums: [__m256i; 4], offsets: __m128i, d: __m128) -> __m128 {
+    let codes_q = hsum_i32_x4(sums);
+    // SAFETY: `codes_q` holds four i32.
+    let codes_q = unsafe { _mm_loadu_si128(codes_q.as_ptr().cast()) };
+    let sumi = _mm_sub_epi32(codes_q, offsets);
+    _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(sumi), d))
+}
+
+/// The four floats of `v`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn lanes(v: __m128) -> [f32; 4] {
+    let mut out = [0.0f32; 4];
+    // SAFETY: `out` holds exactly four floats.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
+    out
+}
+
+/// [`ternary_dot`] of one row against four token rows (prefill): each block's codes are
+/// unpacked once for all four tokens.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn ternary_dot_x4<const BYTES: usize>(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+    let mut acc = _mm_setzero_ps();
+    for (b, blk) in row.chunks_exact(BYTES).enumerate() {
+        let a: [&Q8KBlock; 4] = std::array::from_fn(|t| &act[t][b]);
+        // SAFETY: `blk` is a whole block; every `a` holds 256 activations.
+        unsafe {
+            let codes = block_codes::<BYTES>(blk.as_ptr());
+            let sums = a.map(|a| codes_dot(&codes, a.qs.as_ptr()));
+            let offsets = _mm_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum);
+            let d = _mm_mul_ps(
+                _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d),
+                _mm_set1_ps(block_scale::<BYTES>(blk.as_ptr())),
+            );
+            acc = ternary_step4(acc, sums, offsets, d);
+        }
+    }
+    lanes(acc)
+}
+
+/// [`ternary_dot`] of four consecutive rows (`rows` holds all four) against one token
+/// (decode), the four rows read as one stream.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+    debug_assert!(rows.len() == 4 * act.len() * BYTES);
+    let row_bytes = rows.len() / 4;
+    let p = rows.as_ptr();
+    let mut acc = _mm_setzero_ps();
+    for (b, a) in act.iter().enumerate() {
+        let at = b * BYTES;
+        let ahead = p.wrapping_add(ROWS4_PREFETCH_AHEAD + 4 * at);
+        for line in 0..(4 * BYTES).div_ceil(64) + 1 {
+            prefetch(ahead.wrapping_add(64 * line));
+        }
+        // SAFETY: block b of row k is the BYTES bytes at k·row_bytes + b·BYTES; `a` holds 256
+        // activations.
+        unsafe {
+            let blocks: [*const u8; 4] = std::array::from_fn(|k| p.add(k * row_bytes + at));
+            let sums = blocks.map(|blk| codes_dot(&block_codes::<BYTES>(blk), a.qs.as_ptr()));
+            let scales = blocks.map(|blk| block_scale::<BYTES>(blk));
+            let d = _mm_mul_ps(_mm_set1_ps(a.d), _mm_loadu_ps(scales.as_ptr()));
+            acc = ternary_step4(acc, sums, _mm_set1_epi32(a.sum), d);
+        }
+    }
+    lanes(acc)
+}
+
+/// AVX2 version of [`crate::kernels::scalar::tq2_0_dot`]; bit-identical result.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `row` holds `act.len()` TQ2_0 blocks.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe { ternary_dot::<TQ2_0_BLOCK_BYTES>(row, act) }
+}
+
+/// [`tq2_0_dot`] of one row against four token rows; bit-identical to four single dots.
+///
+/// # Safety
+/// As for [`tq2_0_dot`], for each of the four activation rows.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq2_0_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { ternary_dot_x4::<TQ2_0_BLOCK_BYTES>(row, act) }
+}
+
+/// [`tq2_0_dot`] of four consecutive rows against one token; bit-identical to four single dots.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `rows` holds four rows of `act.len()` TQ2_0 blocks.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq2_0_dot_rows4(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { ternary_dot_rows4::<TQ2_0_BLOCK_BYTES>(rows, act) }
+}
+
+/// AVX2 version of [`crate::kernels::scalar::tq1_0_dot`]; bit-identical result.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `row` holds `act.len()` TQ1_0 blocks.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq1_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe { ternary_dot::<TQ1_0_BLOCK_BYTES>(row, act) }
+}
+
+/// [`tq1_0_dot`] of one row against four token rows; bit-identical to four single dots.
+///
+/// # Safety
+/// As for [`tq1_0_dot`], for each of the four activation rows.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq1_0_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { ternary_dot_x4::<TQ1_0_BLOCK_BYTES>(row, act) }
+}
+
+/// [`tq1_0_dot`] of four consecutive rows against one token; bit-identical to four single dots.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `rows` holds four rows of `act.len()` TQ1_0 blocks.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn tq1_0_dot_rows4(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { ternary_dot_rows4::<TQ1_0_BLOCK_BYTES>(rows, act) }
+}
