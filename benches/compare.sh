@@ -3,7 +3,7 @@
 # run back to back on the same machine. Prints markdown rows for BENCHMARKS.md.
 #
 #   benches/compare.sh DIR [THREADS] [PP] [TG] [REPS]
-# DIR holds bench-2b4t-i2s.gguf and bench-2b4t-tq2_0.gguf, written by
+# DIR holds bench-2b4t-i2s.gguf, bench-2b4t-tq2_0.gguf and bench-2b4t-tq1_0.gguf, written by
 #   python golden-values/generate.py --bench-2b4t DIR
 # llama.cpp is reached through llama-cpp-python (golden-values/requirements.txt); set PYTHON to
 # the interpreter of that venv.
@@ -21,5 +21,8 @@ for head in exact q8_0 q6_k; do
   "$bin/hesper-rs" bench -m "$dir/bench-2b4t-i2s.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu \
     --lm-head "$head" --roofline | grep -E '^\| bitnet|roofline'
 done
-"$bin/hesper-rs" bench -m "$dir/bench-2b4t-tq2_0.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu | grep '^| bitnet'
+for tq in tq2_0 tq1_0; do
+  [ "$tq" = tq2_0 ] || "$python" "$root/benches/llama_cpp_bench.py" "$dir/bench-2b4t-$tq.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" 2>/dev/null
+  "$bin/hesper-rs" bench -m "$dir/bench-2b4t-$tq.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu | grep '^| bitnet'
+done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
