@@ -4,6 +4,9 @@
 pub mod avx2;
 pub mod scalar;
 
+#[cfg(target_arch = "x86_64")]
+use hesper_engine::weights::{TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
+
 use crate::quant::{Q8KBlock, Q8_0Block};
 
 /// The instruction set the kernels use.
@@ -63,12 +66,7 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as for `i2s_code_dot`; the matmul driver passes four whole rows.
             Self::Avx2 => unsafe { avx2::i2s_code_dot_rows4(rows, q) },
-            _ => {
-                let row_bytes = rows.len() / 4;
-                std::array::from_fn(|k| {
-                    scalar::i2s_code_dot(&rows[k * row_bytes..(k + 1) * row_bytes], q)
-                })
-            }
+            _ => each_of_four_rows(rows, |row| scalar::i2s_code_dot(row, q)),
         }
     }
 
@@ -89,7 +87,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
-            Self::Avx2 => unsafe { avx2::tq2_0_dot(row, act) },
+            Self::Avx2 => unsafe { avx2::ternary_dot::<TQ2_0_BLOCK_BYTES>(row, act) },
             _ => scalar::tq2_0_dot(row, act),
         }
     }
@@ -100,13 +98,8 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` implies AVX2 and F16C; the matmul driver passes four whole rows.
-            Self::Avx2 => unsafe { avx2::tq2_0_dot_rows4(rows, act) },
-            _ => {
-                let row_bytes = rows.len() / 4;
-                std::array::from_fn(|k| {
-                    scalar::tq2_0_dot(&rows[k * row_bytes..(k + 1) * row_bytes], act)
-                })
-            }
+            Self::Avx2 => unsafe { avx2::ternary_dot_rows4::<TQ2_0_BLOCK_BYTES>(rows, act) },
+            _ => each_of_four_rows(rows, |row| scalar::tq2_0_dot(row, act)),
         }
     }
 
@@ -116,7 +109,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: see `tq2_0_dot`.
-            Self::Avx2 => unsafe { avx2::tq2_0_dot_x4(row, act) },
+            Self::Avx2 => unsafe { avx2::ternary_dot_x4::<TQ2_0_BLOCK_BYTES>(row, act) },
             _ => act.map(|a| scalar::tq2_0_dot(row, a)),
         }
     }
@@ -127,7 +120,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
-            Self::Avx2 => unsafe { avx2::tq1_0_dot(row, act) },
+            Self::Avx2 => unsafe { avx2::ternary_dot::<TQ1_0_BLOCK_BYTES>(row, act) },
             _ => scalar::tq1_0_dot(row, act),
         }
     }
@@ -138,7 +131,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: see `tq1_0_dot`.
-            Self::Avx2 => unsafe { avx2::tq1_0_dot_x4(row, act) },
+            Self::Avx2 => unsafe { avx2::ternary_dot_x4::<TQ1_0_BLOCK_BYTES>(row, act) },
             _ => act.map(|a| scalar::tq1_0_dot(row, a)),
         }
     }
@@ -149,13 +142,8 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` implies AVX2 and F16C; the matmul driver passes four whole rows.
-            Self::Avx2 => unsafe { avx2::tq1_0_dot_rows4(rows, act) },
-            _ => {
-                let row_bytes = rows.len() / 4;
-                std::array::from_fn(|k| {
-                    scalar::tq1_0_dot(&rows[k * row_bytes..(k + 1) * row_bytes], act)
-                })
-            }
+            Self::Avx2 => unsafe { avx2::ternary_dot_rows4::<TQ1_0_BLOCK_BYTES>(rows, act) },
+            _ => each_of_four_rows(rows, |row| scalar::tq1_0_dot(row, act)),
         }
     }
 
@@ -226,4 +214,10 @@ impl Isa {
             _ => scalar::f16_dot(row, x),
         }
     }
+}
+
+/// `f` of each of the four equal rows `rows` holds (the scalar side of the four-row kernels).
+fn each_of_four_rows<T>(rows: &[u8], f: impl Fn(&[u8]) -> T) -> [T; 4] {
+    let row_bytes = rows.len() / 4;
+    std::array::from_fn(|k| f(&rows[k * row_bytes..(k + 1) * row_bytes]))
 }

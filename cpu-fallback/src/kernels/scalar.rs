@@ -90,7 +90,7 @@ pub fn f32_dot(row: &[u8], x: &[f32]) -> f32 {
         .sum()
 }
 
-/// Σ a[i]·b[i] with eight independent partial sums (vectorises without fast-math).
+/// Σ aᵢ·bᵢ with eight independent partial sums (vectorises without fast-math).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));

@@ -12,8 +12,8 @@ mod ternary;
 pub use blocks::{q6_k_dot, q8_0_dot};
 pub use float::{f16_dot, f32_dot, scores, weighted_sum};
 pub use ternary::{
-    i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4, tq1_0_dot, tq1_0_dot_rows4, tq1_0_dot_x4,
-    tq2_0_dot, tq2_0_dot_rows4, tq2_0_dot_x4,
+    i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4, ternary_dot, ternary_dot_rows4,
+    ternary_dot_x4,
 };
 
 use std::arch::x86_64::*;

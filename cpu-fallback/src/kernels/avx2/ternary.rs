@@ -4,36 +4,38 @@
 
 use std::arch::x86_64::*;
 
-use hesper_engine::weights::{I2S_GROUP, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
+use hesper_engine::weights::{I2S_GROUP, TQ1_0_BLOCK_BYTES};
 
 use super::{hsum_i32, prefetch, prefetch_ahead, ROWS4_PREFETCH_AHEAD};
 use crate::quant::Q8KBlock;
 
-/// Σ over 32 code bytes × four 32-byte activation slices (shifts 6, 4, 2, 0 when
-/// `msb_first`, else 0, 2, 4, 6), as sixteen i16 partial sums, each at most 4·512 = 2048 in
+/// The four 2-bit planes of 32 code bytes: plane `s` holds bits `2s..2s + 2` of every byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn crumb_planes(b: __m256i) -> [__m256i; 4] {
+    let mask = _mm256_set1_epi8(3);
+    [
+        _mm256_and_si256(b, mask),
+        _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
+        _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
+    ]
+}
+
+/// Σ over 32 I2_S code bytes × four 32-byte activation slices (MSB-first: slice 0 pairs with
+/// bits 7-6, slice 3 with bits 1-0), as sixteen i16 partial sums, each at most 4·512 = 2048 in
 /// magnitude (so up to 8 of them can be added before widening).
 #[target_feature(enable = "avx2")]
-unsafe fn crumbs_dot(codes: *const u8, q: *const i8, msb_first: bool) -> __m256i {
+unsafe fn crumbs_dot(codes: *const u8, q: *const i8) -> __m256i {
     // SAFETY: the caller guarantees 32 readable bytes at `codes` and 128 at `q`.
     unsafe {
-        let mask = _mm256_set1_epi8(3);
-        let b = _mm256_loadu_si256(codes.cast());
-        let planes = [
-            _mm256_and_si256(b, mask),
-            _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
-            _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
-        ];
+        let planes = crumb_planes(_mm256_loadu_si256(codes.cast()));
         let mut sum16 = _mm256_setzero_si256();
-        for (slice, plane) in (0..4).zip(if msb_first {
-            [3, 2, 1, 0]
-        } else {
-            [0, 1, 2, 3]
-        }) {
+        for (slice, plane) in planes.iter().rev().enumerate() {
             let qv = _mm256_loadu_si256(q.add(32 * slice).cast());
             // codes are 0..=2 and |q| <= 128, so each i16 pair sum is at most 512 and the
             // sum of four stays far below i16::MAX.
-            sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(planes[plane], qv));
+            sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(*plane, qv));
         }
         sum16
     }
@@ -75,11 +77,7 @@ pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
             }
             // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of q.
             sum16 = _mm256_add_epi16(sum16, unsafe {
-                crumbs_dot(
-                    row.as_ptr().add(32 * g),
-                    q.as_ptr().add(I2S_GROUP * g),
-                    true,
-                )
+                crumbs_dot(row.as_ptr().add(32 * g), q.as_ptr().add(I2S_GROUP * g))
             });
         }
         acc = _mm256_add_epi32(acc, widen(sum16));
@@ -115,7 +113,6 @@ pub unsafe fn i2s_code_dot_rows4(rows: &[u8], q: &[i8]) -> [i32; 4] {
                     crumbs_dot(
                         rows.as_ptr().add(k * row_bytes + 32 * g),
                         q.as_ptr().add(I2S_GROUP * g),
-                        true,
                     )
                 });
             }
@@ -137,20 +134,14 @@ pub unsafe fn i2s_code_dot_x4(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
     debug_assert!(q
         .iter()
         .all(|q| q.len() == row.len() * 4 && q.len() % I2S_GROUP == 0));
-    let mask = _mm256_set1_epi8(3);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_si256(); 4];
     for g in 0..row.len() / 32 {
         // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of each q.
         unsafe {
-            let b = _mm256_loadu_si256(row.as_ptr().add(32 * g).cast());
             // MSB-first: activation slice 0 pairs with bits 7-6, slice 3 with bits 1-0.
-            let planes = [
-                _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
-                _mm256_and_si256(b, mask),
-            ];
+            let mut planes = crumb_planes(_mm256_loadu_si256(row.as_ptr().add(32 * g).cast()));
+            planes.reverse();
             for (a, qt) in acc.iter_mut().zip(q) {
                 let base = qt.as_ptr().add(I2S_GROUP * g);
                 let mut sum16 = _mm256_maddubs_epi16(planes[0], _mm256_loadu_si256(base.cast()));
@@ -190,7 +181,6 @@ unsafe fn block_codes<const BYTES: usize>(blk: *const u8) -> [__m256i; 8] {
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn tq2_0_codes(blk: *const u8) -> [__m256i; 8] {
-    let mask = _mm256_set1_epi8(3);
     // SAFETY: a TQ2_0 block starts with 64 code bytes.
     let halves = unsafe {
         [
@@ -198,15 +188,11 @@ unsafe fn tq2_0_codes(blk: *const u8) -> [__m256i; 8] {
             _mm256_loadu_si256(blk.add(32).cast()),
         ]
     };
-    std::array::from_fn(|s| {
-        let b = halves[s / 4];
-        match s % 4 {
-            0 => _mm256_and_si256(b, mask),
-            1 => _mm256_and_si256(_mm256_srli_epi16::<2>(b), mask),
-            2 => _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask),
-            _ => _mm256_and_si256(_mm256_srli_epi16::<6>(b), mask),
-        }
-    })
+    let mut out = [_mm256_setzero_si256(); 8];
+    for (h, b) in halves.into_iter().enumerate() {
+        out[4 * h..4 * h + 4].copy_from_slice(&crumb_planes(b));
+    }
+    out
 }
 
 /// `3·q` in every byte, wrapping (ggml's TQ1_0 digit shift). It commutes with the `q − 128`
@@ -297,10 +283,15 @@ unsafe fn block_scale<const BYTES: usize>(blk: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
-/// One ternary row · Q8_K activations: per block the exact Σ(code − 1)·q, then the scalar
-/// path's `acc += sumi · (d_act · d_weight)`.
+/// AVX2 version of [`crate::kernels::scalar::tq2_0_dot`] and `tq1_0_dot` (`BYTES` is the
+/// layout's block size): per block the exact Σ(code − 1)·q, then the scalar path's
+/// `acc += sumi · (d_act · d_weight)`, so the result is bit-identical.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `BYTES` is `TQ2_0_BLOCK_BYTES` or `TQ1_0_BLOCK_BYTES`
+/// and `row` holds `act.len()` such blocks.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn ternary_dot<const BYTES: usize>(row: &[u8], act: &[Q8KBlock]) -> f32 {
+pub unsafe fn ternary_dot<const BYTES: usize>(row: &[u8], act: &[Q8KBlock]) -> f32 {
     debug_assert!(row.len() == act.len() * BYTES);
     let mut acc = 0.0f32;
     for (blk, a) in row.chunks_exact(BYTES).zip(act) {
@@ -339,16 +330,22 @@ unsafe fn lanes(v: __m128) -> [f32; 4] {
 }
 
 /// [`ternary_dot`] of one row against four token rows (prefill): each block's codes are
-/// unpacked once for all four tokens.
+/// unpacked once for all four tokens. Bit-identical to four single dots.
+///
+/// # Safety
+/// As for [`ternary_dot`], for each of the four activation rows.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn ternary_dot_x4<const BYTES: usize>(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+pub unsafe fn ternary_dot_x4<const BYTES: usize>(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
     let mut acc = _mm_setzero_ps();
     for (b, blk) in row.chunks_exact(BYTES).enumerate() {
         let a: [&Q8KBlock; 4] = std::array::from_fn(|t| &act[t][b]);
         // SAFETY: `blk` is a whole block; every `a` holds 256 activations.
         unsafe {
             let codes = block_codes::<BYTES>(blk.as_ptr());
-            let sums = a.map(|a| codes_dot(&codes, a.qs.as_ptr()));
+            let mut sums = [_mm256_setzero_si256(); 4];
+            for (sum, a) in sums.iter_mut().zip(a) {
+                *sum = codes_dot(&codes, a.qs.as_ptr());
+            }
             let offsets = _mm_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum);
             let d = _mm_mul_ps(
                 _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d),
@@ -361,9 +358,12 @@ unsafe fn ternary_dot_x4<const BYTES: usize>(row: &[u8], act: [&[Q8KBlock]; 4]) 
 }
 
 /// [`ternary_dot`] of four consecutive rows (`rows` holds all four) against one token
-/// (decode), the four rows read as one stream.
+/// (decode), the four rows read as one stream. Bit-identical to four single dots.
+///
+/// # Safety
+/// As for [`ternary_dot`]; `rows` holds four rows of `act.len()` blocks.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+pub unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
     debug_assert!(rows.len() == 4 * act.len() * BYTES);
     let row_bytes = rows.len() / 4;
     let p = rows.as_ptr();
@@ -377,72 +377,17 @@ unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock]) -
         // SAFETY: block b of row k is the BYTES bytes at k·row_bytes + b·BYTES; `a` holds 256
         // activations.
         unsafe {
-            let blocks: [*const u8; 4] = std::array::from_fn(|k| p.add(k * row_bytes + at));
-            let sums = blocks.map(|blk| codes_dot(&block_codes::<BYTES>(blk), a.qs.as_ptr()));
-            let scales = blocks.map(|blk| block_scale::<BYTES>(blk));
+            // Plain loops, not closures: each row's unpack and dot must inline here.
+            let mut sums = [_mm256_setzero_si256(); 4];
+            let mut scales = [0.0f32; 4];
+            for k in 0..4 {
+                let blk = p.add(k * row_bytes + at);
+                sums[k] = codes_dot(&block_codes::<BYTES>(blk), a.qs.as_ptr());
+                scales[k] = block_scale::<BYTES>(blk);
+            }
             let d = _mm_mul_ps(_mm_set1_ps(a.d), _mm_loadu_ps(scales.as_ptr()));
             acc = ternary_step4(acc, sums, _mm_set1_epi32(a.sum), d);
         }
     }
     lanes(acc)
-}
-
-/// AVX2 version of [`crate::kernels::scalar::tq2_0_dot`]; bit-identical result.
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C; `row` holds `act.len()` TQ2_0 blocks.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn tq2_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
-    // SAFETY: forwarded contract.
-    unsafe { ternary_dot::<TQ2_0_BLOCK_BYTES>(row, act) }
-}
-
-/// [`tq2_0_dot`] of one row against four token rows; bit-identical to four single dots.
-///
-/// # Safety
-/// As for [`tq2_0_dot`], for each of the four activation rows.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn tq2_0_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
-    // SAFETY: forwarded contract.
-    unsafe { ternary_dot_x4::<TQ2_0_BLOCK_BYTES>(row, act) }
-}
-
-/// [`tq2_0_dot`] of four consecutive rows against one token; bit-identical to four single dots.
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C; `rows` holds four rows of `act.len()` TQ2_0 blocks.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn tq2_0_dot_rows4(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
-    // SAFETY: forwarded contract.
-    unsafe { ternary_dot_rows4::<TQ2_0_BLOCK_BYTES>(rows, act) }
-}
-
-/// AVX2 version of [`crate::kernels::scalar::tq1_0_dot`]; bit-identical result.
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C; `row` holds `act.len()` TQ1_0 blocks.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn tq1_0_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
-    // SAFETY: forwarded contract.
-    unsafe { ternary_dot::<TQ1_0_BLOCK_BYTES>(row, act) }
-}
-
-/// [`tq1_0_dot`] of one row against four token rows; bit-identical to four single dots.
-///
-/// # Safety
-/// As for [`tq1_0_dot`], for each of the four activation rows.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn tq1_0_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
-    // SAFETY: forwarded contract.
-    unsafe { ternary_dot_x4::<TQ1_0_BLOCK_BYTES>(row, act) }
-}
-
-/// [`tq1_0_dot`] of four consecutive rows against one token; bit-identical to four single dots.
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C; `rows` holds four rows of `act.len()` TQ1_0 blocks.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn tq1_0_dot_rows4(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
-    // SAFETY: forwarded contract.
-    unsafe { ternary_dot_rows4::<TQ1_0_BLOCK_BYTES>(rows, act) }
 }
