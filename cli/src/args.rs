@@ -7,6 +7,8 @@ use hesper_engine::gguf::Gguf;
 use hesper_engine::model::HeadFormat;
 use hesper_engine::tokenizer::{PreTokenizer, Tokenizer};
 
+use crate::report::note;
+
 /// `--lm-head` values.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LmHead {
@@ -77,7 +79,7 @@ pub struct ModelArgs {
     /// restricts the choice).
     #[arg(long = "backend", value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
-    /// CPU threads (default: all cores).
+    /// CPU threads (default: all cores; at most 4 per core).
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Option<usize>,
 }
@@ -96,21 +98,39 @@ impl ModelArgs {
         Ok(Tokenizer::from_gguf_with(g, pre)?)
     }
 
-    /// Worker threads to use.
+    /// Worker threads to use: `-t` (0 = default), else one per core; capped at
+    /// [`MAX_THREADS_PER_CORE`] per core (each is an OS thread: a hundred thousand take minutes
+    /// to start and then only contend).
     pub fn threads(&self) -> usize {
-        self.threads
-            .filter(|&t| t > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match self.threads {
+            None | Some(0) => cores,
+            Some(t) => t.min(cores * MAX_THREADS_PER_CORE),
+        }
+    }
+
+    /// Says on stderr when `-t` was capped.
+    pub fn note_thread_cap(&self) {
+        if let Some(t) = self.threads.filter(|&t| t > self.threads()) {
+            note!(
+                "hesper: -t {t}: more than {MAX_THREADS_PER_CORE} threads per core; using {}",
+                self.threads()
+            );
+        }
     }
 }
+
+/// Threads per core beyond which `-t` is capped (oversubscribing a little can help where
+/// cores have SMT siblings the OS does not report; far more only contends).
+pub const MAX_THREADS_PER_CORE: usize = 4;
 
 /// Context and batching.
 #[derive(Args, Debug, Clone)]
 pub struct ContextArgs {
-    /// Context size in tokens (default: the model's training context).
+    /// Context size in tokens (default or 0: the model's training context).
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]
     pub ctx_size: Option<usize>,
-    /// Tokens evaluated per step while processing a prompt.
+    /// Tokens evaluated per step while processing a prompt (clamped to the context).
     #[arg(
         short = 'b',
         long = "batch-size",
@@ -118,4 +138,23 @@ pub struct ContextArgs {
         default_value_t = 256
     )]
     pub batch_size: usize,
+}
+
+impl ContextArgs {
+    /// The context size: `-c`, or the model's training context for none or 0 (as llama.cpp
+    /// reads `-c 0`).
+    pub fn n_ctx(&self, n_ctx_train: usize) -> usize {
+        match self.ctx_size {
+            None | Some(0) => n_ctx_train.max(1),
+            Some(n) => n,
+        }
+    }
+
+    /// Notes on stderr, as llama.cpp does, a context past the training one (said once the
+    /// session exists, so a refused `-c` gets only its error line).
+    pub fn note_past_training(n_ctx: usize, n_ctx_train: usize) {
+        if n_ctx > n_ctx_train {
+            note!("hesper: note: a context of {n_ctx} exceeds the model's training context {n_ctx_train}; text past it may degrade");
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! `hesper-rs bench`: prompt-processing and generation speed, in the spirit of `llama-bench`.
 
+use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -10,6 +11,7 @@ use hesper_gpu_backend::GpuBackend;
 
 use crate::args::{LmHead, ModelArgs};
 use crate::load::{load, AnyModel};
+use crate::report::note;
 
 /// Flags of `bench`.
 #[derive(Args, Debug)]
@@ -80,8 +82,10 @@ fn bench_on<B: Backend>(
     let gpu_stats = || gpu.map(GpuBackend::stats);
     let c = &model.config;
     let n_ctx = args.n_prompt.max(args.n_gen).max(1);
+    // Sized (and refused, if too large) before any test runs.
+    drop(model.new_session(n_ctx, args.batch_size)?);
     if n_ctx > c.n_ctx_train {
-        eprintln!(
+        note!(
             "hesper: note: {n_ctx} tokens exceed the model's training context {}",
             c.n_ctx_train
         );
@@ -143,37 +147,40 @@ fn bench_on<B: Backend>(
     // Measured after the tests so that the model's pages stay warm for them; host memory
     // bounds only the CPU backend.
     if args.roofline && gpu.is_some() {
-        eprintln!("hesper: --roofline measures host memory; it applies to the CPU backend only");
+        note!("hesper: --roofline measures host memory; it applies to the CPU backend only");
     }
     let bandwidth = (args.roofline && gpu.is_none())
         .then(|| hesper_cpu::membw::read_bandwidth(args.model.threads(), 1 << 30, 4));
     let size_mib = model.file.len() as f64 / (1 << 20) as f64;
-    let params = model
+    let n_params = model
         .file
         .header()
         .tensors()
         .iter()
         .map(|t| t.n_elements())
-        .sum::<u64>() as f64
-        / 1e9;
+        .sum::<u64>();
+    let mut out = std::io::stdout().lock();
     if args.json {
         let items: Vec<serde_json::Value> = rows
             .iter()
             .map(|r| {
                 let (mean, sd) = r.mean_sd();
                 serde_json::json!({
-                    "model": model.file.source, "lm_head": args.model.lm_head.flag(), "size_bytes": model.file.len(), "params_b": params,
+                    "model": model.file.source, "lm_head": args.model.lm_head.flag(), "size_bytes": model.file.len(), "params": n_params,
                     "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test, "gpu": gpu_line,
                     "avg_ts": mean, "stddev_ts": sd, "samples_ts": r.tokens_per_s,
                     "bytes_per_token": weight_bytes, "read_gb_per_s": bandwidth, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&items)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&items)?)?;
         return Ok(());
     }
-    println!("| model | size | params | backend | test | t/s | weight GB/s |");
-    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+    writeln!(
+        out,
+        "| model | size | params | backend | test | t/s | weight GB/s |"
+    )?;
+    writeln!(out, "| --- | ---: | ---: | --- | ---: | ---: | ---: |")?;
     for r in &rows {
         let (mean, sd) = r.mean_sd();
         let gbs = if r.test.starts_with("tg") {
@@ -181,44 +188,62 @@ fn bench_on<B: Backend>(
         } else {
             "-".into()
         };
-        println!(
-            "| {} | {size_mib:.2} MiB | {params:.2} B | {} | {} | {mean:.2} ± {sd:.2} | {gbs} |",
+        writeln!(
+            out,
+            "| {} | {size_mib:.2} MiB | {} | {} | {} | {mean:.2} ± {sd:.2} | {gbs} |",
             match args.model.lm_head {
                 LmHead::Exact => c.arch.clone(),
                 head => format!("{} (lm-head {})", c.arch, head.flag()),
             },
+            show_params(n_params),
             model.backend.name(),
             r.test
-        );
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "\nbytes read per generated token (weights incl. LM head): {:.1} MB",
         weight_bytes as f64 / 1e6
-    );
+    )?;
     if let Some(mib) = resident {
-        println!("resident set after the tests: {mib:.0} MiB (file {size_mib:.0} MiB)");
+        writeln!(
+            out,
+            "resident set after the tests: {mib:.0} MiB (file {size_mib:.0} MiB)"
+        )?;
     }
     if let Some(gbs) = bandwidth {
         let roof = gbs * 1e9 / weight_bytes as f64;
-        println!(
+        writeln!(
+            out,
             "memory read bandwidth ({} threads): {gbs:.1} GB/s -> roofline {roof:.2} t/s",
             args.model.threads()
-        );
+        )?;
         for r in rows.iter().filter(|r| r.test.starts_with("tg")) {
-            println!(
+            writeln!(
+                out,
                 "{}: {:.1} % of the roofline",
                 r.test,
                 100.0 * r.mean_sd().0 / roof
-            );
+            )?;
         }
     }
     if let Some(line) = gpu_line {
-        println!("{line}");
+        writeln!(out, "{line}")?;
     }
     if let Some(gpu) = gpu.filter(|_| args.n_gen > 0) {
-        kernel_profile(model, gpu, &ids(args.n_gen.min(16)))?;
+        kernel_profile(model, gpu, &ids(args.n_gen.min(16)), &mut out)?;
     }
     Ok(())
+}
+
+/// A parameter count as llama-bench prints it: `2.41 B`, `4.52 M`, `812.00 K`.
+fn show_params(n: u64) -> String {
+    let n = n as f64;
+    match n {
+        n if n >= 1e9 => format!("{:.2} B", n / 1e9),
+        n if n >= 1e6 => format!("{:.2} M", n / 1e6),
+        n => format!("{:.2} K", n / 1e3),
+    }
 }
 
 /// This process's resident set in MiB (`VmRSS`; Linux only).
@@ -236,9 +261,17 @@ fn resident_mib() -> Option<f64> {
 }
 
 /// Decodes `tokens` once more with timestamp queries and prints GPU time per kernel and token.
-fn kernel_profile<B: Backend>(model: &Model<B>, gpu: &GpuBackend, tokens: &[u32]) -> Result<()> {
+fn kernel_profile<B: Backend>(
+    model: &Model<B>,
+    gpu: &GpuBackend,
+    tokens: &[u32],
+    out: &mut impl Write,
+) -> Result<()> {
     if !gpu.set_profiling(true) {
-        println!("(the adapter has no TIMESTAMP_QUERY: no per-kernel GPU time)");
+        writeln!(
+            out,
+            "(the adapter has no TIMESTAMP_QUERY: no per-kernel GPU time)"
+        )?;
         return Ok(());
     }
     let mut s = model.new_session(tokens.len(), 1)?;
@@ -249,18 +282,19 @@ fn kernel_profile<B: Backend>(model: &Model<B>, gpu: &GpuBackend, tokens: &[u32]
     gpu.set_profiling(false);
     let n = tokens.len() as f64;
     let total: f64 = times.iter().map(|k| k.ns).sum();
-    println!("\nGPU time per generated token by kernel (timestamp queries, {} tokens; one pass per dispatch while timing):", tokens.len());
-    println!("| kernel | launches/token | µs/token | share |");
-    println!("| --- | ---: | ---: | ---: |");
+    writeln!(out, "\nGPU time per generated token by kernel (timestamp queries, {} tokens; one pass per dispatch while timing):", tokens.len())?;
+    writeln!(out, "| kernel | launches/token | µs/token | share |")?;
+    writeln!(out, "| --- | ---: | ---: | ---: |")?;
     for k in &times {
-        println!(
+        writeln!(
+            out,
             "| {} | {:.0} | {:.1} | {:.1} % |",
             k.name,
             k.calls as f64 / n,
             k.ns / n / 1e3,
             100.0 * k.ns / total.max(1.0)
-        );
+        )?;
     }
-    println!("| total | | {:.1} | |", total / n / 1e3);
+    writeln!(out, "| total | | {:.1} | |", total / n / 1e3)?;
     Ok(())
 }

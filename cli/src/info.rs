@@ -1,5 +1,7 @@
 //! `hesper-rs info`: metadata, tensor table, model config and tokenizer of a GGUF file.
 
+use std::io::Write;
+
 use anyhow::Result;
 use clap::Args;
 use hesper_engine::config::Config;
@@ -22,24 +24,27 @@ pub struct InfoArgs {
 pub fn run(args: InfoArgs) -> Result<()> {
     let file = open_file(&args.model)?;
     let g = file.header();
-    println!(
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "file:      {} ({} bytes, GGUF v{}, alignment {})",
         file.source,
         file.len(),
         g.version,
         g.alignment
-    );
-    println!("\nmetadata ({} keys):", g.metadata().len());
+    )?;
+    writeln!(out, "\nmetadata ({} keys):", g.metadata().len())?;
     for (key, value) in g.metadata() {
-        println!("  {key:<45} {}", show(value));
+        writeln!(out, "  {key:<45} {}", show(value))?;
     }
     let tensors = g.tensors();
     let total: u64 = tensors.iter().filter_map(|t| t.nbytes).sum();
-    println!(
+    writeln!(
+        out,
         "\ntensors ({}, {:.2} MiB):",
         tensors.len(),
         total as f64 / (1 << 20) as f64
-    );
+    )?;
     let shown = if args.all_tensors {
         tensors.len()
     } else {
@@ -48,41 +53,52 @@ pub fn run(args: InfoArgs) -> Result<()> {
     for t in &tensors[..shown] {
         let dims: Vec<String> = t.dims().iter().map(u64::to_string).collect();
         let bytes = t.nbytes.map_or("?".into(), |n| n.to_string());
-        println!(
+        writeln!(
+            out,
             "  {:<36} {:<8} [{:<14}] {:>12} bytes",
             t.name,
             t.ty.to_string(),
             dims.join(", "),
             bytes
-        );
+        )?;
     }
     if shown < tensors.len() {
-        println!(
+        writeln!(
+            out,
             "  … {} more (--all-tensors lists them)",
             tensors.len() - shown
-        );
+        )?;
     }
     let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
     match Config::from_gguf(g, n_vocab) {
         Ok(c) => {
-            println!("\nmodel:     {} ({:?} flavour), {} layers, n_embd {}, n_ff {}, heads {}/{} (head dim {}), vocab {}, ctx {}", c.arch, c.flavour, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.n_ctx_train);
-            println!(
+            writeln!(out, "\nmodel:     {} ({:?} flavour), {} layers, n_embd {}, n_ff {}, heads {}/{} (head dim {}), vocab {}, ctx {}", c.arch, c.flavour, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.n_ctx_train)?;
+            writeln!(
+                out,
                 "numerics:  {:?} FFN, RMSNorm eps {}, NeoX RoPE base {} over {} dims",
                 c.activation, c.eps, c.rope_base, c.rope_dim
-            );
+            )?;
         }
-        Err(e) => println!("\nmodel:     not runnable by hesper-rs: {e}"),
+        Err(e) => writeln!(out, "\nmodel:     not runnable by hesper-rs: {e}")?,
     }
     match args.model.tokenizer(g) {
-        Ok(Some(t)) => println!("tokenizer: {}", t.describe()),
-        Ok(None) => println!("tokenizer: none (feed token ids)"),
-        Err(e) => println!("tokenizer: unusable: {e}"),
+        Ok(Some(t)) => {
+            writeln!(out, "tokenizer: {}", t.describe())?;
+            for w in t.warnings() {
+                writeln!(out, "  warning: {w}")?;
+            }
+        }
+        Ok(None) => writeln!(out, "tokenizer: none (feed token ids)")?,
+        Err(e) => writeln!(out, "tokenizer: unusable: {e}")?,
     }
     match args.model.backend {
         BackendChoice::Cpu => {}
         choice => match gpu_backend(choice)? {
-            Some(gpu) => println!("\n{}", gpu.describe()),
-            None => println!("\nbackend:   cpu (no hardware GPU adapter; --backend gpu uses any)"),
+            Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
+            None => writeln!(
+                out,
+                "\nbackend:   cpu (no hardware GPU adapter; --backend gpu uses any)"
+            )?,
         },
     }
     Ok(())

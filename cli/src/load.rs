@@ -11,10 +11,11 @@ use hesper_engine::backend::Backend;
 use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Model};
 use hesper_engine::tokenizer::Tokenizer;
-use hesper_gpu_backend::GpuBackend;
+use hesper_gpu_backend::{hardware_gpu_possible, GpuBackend};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::{BackendChoice, ModelArgs};
+use crate::report::{note, one_line};
 
 /// The demo model built into the binary (random weights; see models/README.md).
 const BUILTIN_MODEL: &[u8] = include_bytes!("../../models/hesper-tiny.gguf");
@@ -93,7 +94,10 @@ pub fn gpu_backend(choice: BackendChoice) -> Result<Option<GpuBackend>> {
         BackendChoice::Gpu => Ok(Some(
             GpuBackend::new().context("--backend gpu: cannot open a WebGPU device")?,
         )),
-        // The banner of `generate` and the table of `bench` name the backend chosen.
+        // The banner of `generate` and the table of `bench` name the backend chosen. Where
+        // no GPU device exists, wgpu is not asked: that would take a second and print the
+        // Vulkan loader's warnings, only to find a software adapter `auto` does not use.
+        BackendChoice::Auto if !hardware_gpu_possible() => Ok(None),
         BackendChoice::Auto => Ok(GpuBackend::new().ok().filter(GpuBackend::is_hardware)),
     }
 }
@@ -102,6 +106,7 @@ pub fn gpu_backend(choice: BackendChoice) -> Result<Option<GpuBackend>> {
 /// (all when `None`).
 pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
     let start = Instant::now();
+    args.note_thread_cap();
     let file = open_file(args)?;
     let tokenizer = args
         .tokenizer(file.header())
@@ -116,7 +121,10 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
                 // `auto` falls back to the CPU instead of failing (e.g. a layout without a
                 // GPU kernel, or a model larger than the adapter allows).
                 (Err(e), BackendChoice::Auto) => {
-                    eprintln!("hesper: backend auto: the GPU cannot run this model ({e:#}); using the CPU");
+                    note!(
+                        "hesper: backend auto: the GPU cannot run this model ({}); using the CPU",
+                        one_line(&e)
+                    );
                     AnyModel::Cpu(load_cpu(&file, args, layers, big)?)
                 }
                 (Err(e), _) => return Err(e),
@@ -124,6 +132,10 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
         }
         None => AnyModel::Cpu(load_cpu(&file, args, layers, big)?),
     };
+    // Said once the model loaded, so a file that cannot run gets only its error line.
+    for w in tokenizer.iter().flat_map(Tokenizer::warnings) {
+        note!("hesper: tokenizer metadata: {w}");
+    }
     Ok(Loaded {
         model,
         tokenizer,

@@ -1,6 +1,7 @@
 //! `hesper-rs logits`: evaluate token ids exactly as given and write every position's logits.
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -10,6 +11,7 @@ use hesper_engine::model::{Logits, Model};
 
 use crate::args::{ContextArgs, ModelArgs};
 use crate::load::{load, run_model};
+use crate::report::note;
 
 /// Flags of `logits`.
 #[derive(Args, Debug)]
@@ -35,9 +37,13 @@ pub struct LogitsArgs {
 
 /// Runs `logits`.
 pub fn run(args: LogitsArgs) -> Result<()> {
+    let ids = args.tokens.as_deref().map(parse_ids).transpose()?;
+    // Opened first: an unwritable path fails before any work.
+    let file =
+        File::create(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let loaded = load(&args.model, None)?;
-    let tokens: Vec<u32> = match (&args.tokens, &args.prompt) {
-        (Some(list), _) => parse_ids(list)?,
+    let tokens: Vec<u32> = match (ids, &args.prompt) {
+        (Some(ids), _) => ids,
         (None, Some(text)) => {
             let Some(tok) = &loaded.tokenizer else {
                 bail!("this model has no tokenizer; pass --tokens")
@@ -46,14 +52,16 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         }
         (None, None) => bail!("pass --tokens or --prompt"),
     };
-    let logits = run_model!(&loaded.model, |model| all_logits(&args, model, &tokens))?;
-    let n_vocab = logits.len() / tokens.len().max(1);
-    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let mut f = std::fs::File::create(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    f.write_all(&bytes)
+    if tokens.is_empty() {
+        bail!("--prompt gives no tokens");
+    }
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let n_vocab = run_model!(&loaded.model, |model| write_logits(
+        &args, model, &tokens, &mut out
+    ))?;
+    out.flush()
         .with_context(|| format!("cannot write {}", args.out.display()))?;
-    eprintln!(
+    note!(
         "hesper: wrote {} × {} logits (float32 LE) to {}",
         tokens.len(),
         n_vocab,
@@ -62,29 +70,54 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every position's logits of `tokens` on `model`.
-fn all_logits<B: Backend>(args: &LogitsArgs, model: &Model<B>, tokens: &[u32]) -> Result<Vec<f32>> {
-    let n_ctx = args
-        .ctx
-        .ctx_size
-        .unwrap_or(model.config.n_ctx_train)
-        .max(tokens.len());
+/// Evaluates `tokens` a batch at a time and writes each batch's logits as it comes, so only
+/// one batch of logits is ever held. Returns the vocabulary size.
+fn write_logits<B: Backend>(
+    args: &LogitsArgs,
+    model: &Model<B>,
+    tokens: &[u32],
+    out: &mut impl Write,
+) -> Result<usize> {
+    let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train).max(tokens.len());
     let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
-    Ok(model.eval(&mut session, tokens, Logits::All)?)
+    ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
+    let mut bytes = Vec::new();
+    for chunk in tokens.chunks(args.ctx.batch_size.max(1)) {
+        let logits = model.eval(&mut session, chunk, Logits::All)?;
+        bytes.clear();
+        bytes.extend(logits.iter().flat_map(|v| v.to_le_bytes()));
+        out.write_all(&bytes)
+            .with_context(|| format!("cannot write {}", args.out.display()))?;
+    }
+    Ok(model.config.n_vocab)
 }
 
+/// The ids of `--tokens`: comma-separated, none empty.
 fn parse_ids(list: &str) -> Result<Vec<u32>> {
     let ids = list
         .split(',')
         .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
+            if s.is_empty() {
+                bail!("--tokens: item {} is empty (give ids like 1,2,3)", i + 1);
+            }
             s.parse::<u32>()
                 .with_context(|| format!("--tokens: {s:?} is not a token id"))
         })
         .collect::<Result<Vec<_>>>()?;
-    if ids.is_empty() {
-        bail!("--tokens is empty");
-    }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ids;
+
+    #[test]
+    fn token_lists() {
+        assert_eq!(parse_ids("1, 2,3").unwrap(), [1, 2, 3]);
+        for bad in ["", "1,,2", "1,2,", ",1", "1,x", "-1", "4294967296"] {
+            assert!(parse_ids(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -6,6 +6,7 @@ mod generate;
 mod info;
 mod load;
 mod logits;
+mod report;
 
 use std::process::ExitCode;
 
@@ -21,8 +22,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt, or chat interactively with --chat.
+    /// Generate text from a prompt (`--chat`: chat interactively).
     Generate(generate::GenerateArgs),
+    /// Chat interactively with the model's chat template (`generate --chat`).
+    Chat(generate::GenerateArgs),
     /// Print a model's metadata, tensor table, config and tokenizer.
     Info(info::InfoArgs),
     /// Evaluate token ids and write the logits of every position (float32 LE [n_tokens][n_vocab]).
@@ -32,18 +35,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return report::usage_error(e),
+    };
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => generate::run(a.into_chat()),
         Command::Info(a) => info::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => report::failure(&e),
     }
 }

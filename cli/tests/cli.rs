@@ -1,21 +1,8 @@
 //! The `hesper-rs` binary as a user runs it.
 
-use std::process::{Command, Output};
+mod support;
 
-fn hesper(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hesper-rs"))
-        .args(args)
-        .output()
-        .expect("run hesper-rs")
-}
-
-fn golden(name: &str) -> String {
-    format!("{}/../golden-values/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use support::{golden, hesper, stderr};
 
 #[test]
 fn generate_runs_the_builtin_model_and_the_seed_fixes_the_text() {
@@ -110,90 +97,14 @@ fn info_describes_model_and_tokenizer() {
     );
 }
 
-/// Bad input: one clear line on stderr, a non-zero exit, no panic.
-#[test]
-fn bad_input_gives_one_clear_line() {
-    let not_gguf = std::env::temp_dir().join(format!("hesper-not-gguf-{}.bin", std::process::id()));
-    std::fs::write(&not_gguf, b"this is not a model").expect("write");
-    let long_prompt = "word ".repeat(600);
-    let no_tokenizer = golden("models/tiny-i2s.gguf");
-    let llama_vocab = golden("tokenizer/ggml-vocab-llama-spm.gguf");
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (
-            vec!["generate", "-m", "/nonexistent/model.gguf"],
-            "cannot read /nonexistent/model.gguf",
-        ),
-        (
-            vec!["info", "-m", not_gguf.to_str().unwrap()],
-            "not a GGUF file",
-        ),
-        (
-            vec!["generate", "-p", &long_prompt],
-            "longer than the context",
-        ),
-        (vec!["generate", "-m", &no_tokenizer], "has no tokenizer"),
-        (
-            vec!["logits", "--tokens", "1,99999999", "--out", "/dev/null"],
-            "outside the vocabulary",
-        ),
-        (
-            vec!["logits", "--tokens", "1,x", "--out", "/dev/null"],
-            "is not a token id",
-        ),
-        (
-            vec!["generate", "-m", &llama_vocab],
-            "unsupported architecture \"llama\"",
-        ),
-        (
-            vec!["bench", "-m", &no_tokenizer, "-r", "0"],
-            "nothing to measure",
-        ),
-        (
-            vec!["generate", "--lm-head", "q6_k"],
-            "not whole 256-value blocks, which Q6_K needs",
-        ),
-    ];
-    for (mut args, needle) in cases {
-        // On the CPU: probing for a GPU can make the Vulkan loader print its own warnings
-        // (e.g. without XDG_RUNTIME_DIR); this test is about hesper-rs's messages.
-        args.extend(["--backend", "cpu"]);
-        let o = hesper(&args);
-        let err = stderr(&o);
-        assert!(!o.status.success(), "{args:?} succeeded");
-        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-        assert!(
-            err.contains(needle),
-            "{args:?}: stderr lacks {needle:?}: {err}"
-        );
-        assert_eq!(
-            err.trim().lines().count(),
-            1,
-            "{args:?}: more than one line: {err}"
-        );
-    }
-    std::fs::remove_file(&not_gguf).ok();
-}
-
 /// `--chat` reads turns from stdin, answers each, keeps the conversation in one context and
 /// ends cleanly at end of input.
 #[test]
 fn chat_answers_each_turn_until_eof() {
-    use std::io::Write;
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hesper-rs"))
-        .args(["generate", "--chat", "-n", "6", "--seed", "3"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"Hello there\n\nHow are you?\n")
-        .expect("write");
-    let o = child.wait_with_output().expect("wait");
+    let o = support::run(
+        &["generate", "--chat", "-n", "6", "--seed", "3"],
+        Some(b"Hello there\n\nHow are you?\n"),
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     // A prompt for each of the three input lines (the empty one is skipped without an

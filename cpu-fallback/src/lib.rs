@@ -3,6 +3,7 @@
 pub mod kernels;
 pub mod matmul;
 pub mod membw;
+pub mod meminfo;
 pub mod ops;
 pub mod quant;
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use hesper_engine::backend::{matmul_each, AttentionShape, Backend, BackendError, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
+use hesper_engine::memory::MemoryLimits;
 use hesper_engine::weights::{Format, MatrixDesc};
 
 pub use kernels::Isa;
@@ -118,8 +120,24 @@ impl Backend for CpuBackend {
         Ok(data)
     }
 
+    fn memory_limits(&self) -> MemoryLimits {
+        MemoryLimits {
+            // A Vec holds at most isize::MAX bytes.
+            max_buffer: Some(isize::MAX as u64),
+            available: meminfo::available_bytes(),
+        }
+    }
+
     fn alloc(&self, len: usize) -> Result<Vec<f32>, BackendError> {
-        Ok(vec![0.0; len])
+        let bytes = len.checked_mul(4).filter(|&b| b <= isize::MAX as usize);
+        match bytes {
+            Some(_) => Ok(vec![0.0; len]),
+            None => Err(BackendError::Allocation {
+                what: "activations".into(),
+                bytes: (len as u64).saturating_mul(4),
+                why: "larger than the address space".into(),
+            }),
+        }
     }
 
     fn new_cache(
@@ -128,11 +146,14 @@ impl Backend for CpuBackend {
         n_ctx: usize,
         kv_dim: usize,
     ) -> Result<KvCache, BackendError> {
-        let bytes = (n_layer as u64) * (n_ctx as u64) * (kv_dim as u64) * 8;
-        if bytes > isize::MAX as u64 / 2 {
+        let bytes = (n_layer as u64)
+            .checked_mul(n_ctx as u64)
+            .and_then(|b| b.checked_mul(kv_dim as u64))
+            .and_then(|b| b.checked_mul(8));
+        if bytes.is_none_or(|b| b > isize::MAX as u64 / 2) {
             return Err(BackendError::Allocation {
                 what: "KV cache".into(),
-                bytes,
+                bytes: bytes.unwrap_or(u64::MAX),
                 why: "larger than the address space".into(),
             });
         }

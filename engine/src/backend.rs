@@ -10,6 +10,7 @@ use thiserror::Error;
 
 use crate::config::Activation;
 use crate::file::ModelFile;
+use crate::memory::MemoryLimits;
 use crate::weights::MatrixDesc;
 
 /// Errors a backend can raise.
@@ -116,6 +117,11 @@ pub trait Backend {
     ) -> Result<Self::Matrix, BackendError>;
     /// Prepares a vector.
     fn load_vector(&self, data: Vec<f32>) -> Result<Self::Vector, BackendError>;
+    /// What a session on this backend may allocate; sessions are sized against it before
+    /// anything is allocated (the default knows no limit).
+    fn memory_limits(&self) -> MemoryLimits {
+        MemoryLimits::default()
+    }
     /// A zeroed buffer of `len` floats.
     fn alloc(&self, len: usize) -> Result<Self::Buffer, BackendError>;
     /// A KV cache for `n_layer` layers of `n_ctx` positions of `kv_dim` keys and values.

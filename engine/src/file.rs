@@ -18,6 +18,14 @@ pub enum FileError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The path names a directory, a device or a pipe, not a file.
+    #[error("{path} is {what}, not a GGUF file")]
+    NotAFile {
+        /// The path given.
+        path: String,
+        /// What it is instead, e.g. "a directory".
+        what: &'static str,
+    },
     /// The bytes are not a valid GGUF file.
     #[error("{path}: {source}")]
     Gguf {
@@ -26,6 +34,30 @@ pub enum FileError {
         /// What is wrong with it.
         source: GgufError,
     },
+}
+
+/// What a path that is not a regular file is, for an error message.
+#[cfg(not(target_arch = "wasm32"))]
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_char_device() || t.is_block_device() {
+            return "a device";
+        }
+        if t.is_fifo() {
+            return "a pipe";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if meta.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
 }
 
 enum Bytes {
@@ -52,6 +84,13 @@ impl ModelFile {
             path: shown.clone(),
             source,
         };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            return Err(FileError::NotAFile {
+                path: shown,
+                what: file_kind(&meta),
+            });
+        }
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and private to this process; like every mmap-based model
         // loader we rely on the file not being truncated while it is in use.

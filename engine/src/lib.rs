@@ -6,6 +6,7 @@
 //!   [`q6_k`]: ggml's Q6_K layout (LM heads);
 //! * [`config`]: the model hyper-parameters and numeric flavour read from metadata;
 //! * [`backend`] and [`model`]: the BitNet b1.58 forward pass, written once over a backend trait;
+//!   [`memory`]: a session sized and checked before anything is allocated;
 //! * [`tokenizer`], [`sampler`], [`chat`]: text in, tokens out.
 
 pub mod backend;
@@ -13,6 +14,7 @@ pub mod chat;
 pub mod config;
 pub mod file;
 pub mod gguf;
+pub mod memory;
 pub mod model;
 pub mod q6_k;
 pub mod sampler;

@@ -19,6 +19,7 @@ use thiserror::Error;
 use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
+use crate::memory::{SessionShape, SizeError};
 use crate::weights::{read_f32_vector, requantize, Format, MatrixDesc, WeightError};
 
 /// Errors raised while loading or running a model.
@@ -71,6 +72,9 @@ pub enum ModelError {
         /// Loaded end.
         have_end: usize,
     },
+    /// A session too large for the backend (context or batch).
+    #[error(transparent)]
+    Size(#[from] SizeError),
     /// Hidden states of the wrong size.
     #[error("hidden states hold {got} floats, expected {n_tokens} × {n_embd}")]
     HiddenSize {
@@ -308,28 +312,38 @@ impl<B: Backend> Model<B> {
     }
 
     /// A new session with a KV cache of `n_ctx` positions, evaluating at most `batch`
-    /// tokens per step (longer inputs are split).
+    /// tokens per step (longer inputs are split; a batch larger than the context is clamped
+    /// to it). Sizes are checked against [`Backend::memory_limits`] before anything is
+    /// allocated.
     pub fn new_session(&self, n_ctx: usize, batch: usize) -> Result<Session<B>, ModelError> {
         let c = &self.config;
-        let batch = batch.max(1);
+        let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
+        let logits = if self.output_norm.is_some() {
+            c.n_vocab
+        } else {
+            0
+        };
+        let shape = SessionShape {
+            n_layer: self.layers.len(),
+            kv_dim: kv,
+            row_widths: [d, d, d, kv, kv, d, ff, ff, ff, logits],
+        };
+        let size = shape.size(n_ctx, batch, self.backend.memory_limits())?;
+        let batch = size.batch;
         let b = &self.backend;
         let s = Scratch {
-            x: b.alloc(batch * c.n_embd)?,
-            h: b.alloc(batch * c.n_embd)?,
-            q: b.alloc(batch * c.n_embd)?,
-            k: b.alloc(batch * c.kv_dim())?,
-            v: b.alloc(batch * c.kv_dim())?,
-            att: b.alloc(batch * c.n_embd)?,
-            gate: b.alloc(batch * c.n_ff)?,
-            up: b.alloc(batch * c.n_ff)?,
-            act: b.alloc(batch * c.n_ff)?,
-            logits: b.alloc(if self.output_norm.is_some() {
-                batch * c.n_vocab
-            } else {
-                1
-            })?,
+            x: b.alloc(batch * d)?,
+            h: b.alloc(batch * d)?,
+            q: b.alloc(batch * d)?,
+            k: b.alloc(batch * kv)?,
+            v: b.alloc(batch * kv)?,
+            att: b.alloc(batch * d)?,
+            gate: b.alloc(batch * ff)?,
+            up: b.alloc(batch * ff)?,
+            act: b.alloc(batch * ff)?,
+            logits: b.alloc((batch * logits).max(1))?,
         };
-        let cache = b.new_cache(self.layers.len(), n_ctx, c.kv_dim())?;
+        let cache = b.new_cache(self.layers.len(), n_ctx, kv)?;
         Ok(Session {
             cache,
             pos: 0,

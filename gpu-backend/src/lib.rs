@@ -13,10 +13,12 @@ use std::sync::Arc;
 use hesper_engine::backend::{AttentionShape, Backend, BackendError, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
+use hesper_engine::memory::MemoryLimits;
 use hesper_engine::weights::MatrixDesc;
 use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError};
 use hesper_shaders as k;
 
+pub use hesper_gpu::hardware_gpu_possible;
 pub use matrix::{GpuMatrix, Kind};
 
 /// Most workgroups of the first argmax stage.
@@ -346,6 +348,14 @@ impl Backend for GpuBackend {
         st.gpu.upload("norm gains", &data).map_err(device_error)
     }
 
+    fn memory_limits(&self) -> MemoryLimits {
+        MemoryLimits {
+            max_buffer: Some(self.state.borrow().gpu.max_binding()),
+            // WebGPU does not say how much device memory is free.
+            available: None,
+        }
+    }
+
     fn alloc(&self, len: usize) -> Result<GpuBuffer<f32>, BackendError> {
         let st = self.state.borrow();
         st.gpu
@@ -364,13 +374,13 @@ impl Backend for GpuBackend {
         kv_dim: usize,
     ) -> Result<GpuKvCache, BackendError> {
         let st = self.state.borrow();
-        let len = n_ctx * kv_dim;
+        let len = n_ctx.saturating_mul(kv_dim);
         let alloc = |what: &str| {
             st.gpu
                 .zeroed::<f32>(what, len)
                 .map_err(|e| BackendError::Allocation {
                     what: format!("KV cache ({n_layer} layers × {n_ctx} positions)"),
-                    bytes: 2 * (n_layer * len * 4) as u64,
+                    bytes: (len as u64).saturating_mul(8 * n_layer as u64),
                     why: e.to_string(),
                 })
         };

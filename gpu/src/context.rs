@@ -282,7 +282,8 @@ impl Gpu {
         what: &str,
         len: usize,
     ) -> Result<GpuBuffer<T>, GpuError> {
-        let bytes = (len * std::mem::size_of::<T>()) as u64;
+        // A length whose byte size overflows is larger than any binding.
+        let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
         self.check_size(what, bytes)?;
         self.buffers_created.set(self.buffers_created.get() + 1);
         let raw = self.raw_zeroed(what, bytes.next_multiple_of(4).max(4));

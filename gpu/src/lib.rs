@@ -5,6 +5,7 @@
 //! * [`PipelineCache`]: compute pipelines keyed by SHA-256 of WGSL text, entry point and layout,
 //!   with hit/miss counters;
 //! * [`Batch`]: many dispatches recorded into one command buffer, one queue submit;
+//! * [`hardware_gpu_possible`]: whether probing for a hardware adapter is worth its cost;
 //! * [`GpuBuffer`], [`KernelArgs`], [`KernelSource`]: typed buffers and the typed launch
 //!   arguments every `#[kernel]` of `hesper-shaders` generates.
 //!
@@ -17,6 +18,7 @@ mod context;
 mod encode;
 mod kernel;
 mod pipeline;
+mod probe;
 mod profile;
 
 pub use batch::Batch;
@@ -24,6 +26,7 @@ pub use buffer::GpuBuffer;
 pub use context::{Gpu, GpuError};
 pub use kernel::{BindingKind, KernelArgs, KernelSource};
 pub use pipeline::{CacheStats, PipelineCache};
+pub use probe::hardware_gpu_possible;
 pub use profile::KernelTime;
 /// The wgpu version the runtime is built on (generated kernel code names its types).
 pub use wgpu;

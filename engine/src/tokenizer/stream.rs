@@ -8,11 +8,13 @@ use super::Tokenizer;
 /// Turns generated tokens into text as it becomes valid UTF-8.
 ///
 /// The text equals [`Tokenizer::decode`] of all pushed ids except that nothing is stripped:
-/// the stream usually continues a prompt, so a leading space is meaningful.
+/// the stream usually continues a prompt, so a leading space is meaningful. A stream made by
+/// [`TextStream::for_display`] also leaves out control and unknown tokens.
 #[derive(Debug)]
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
     pending: Vec<u8>,
+    hide_special: bool,
 }
 
 impl<'a> TextStream<'a> {
@@ -21,12 +23,26 @@ impl<'a> TextStream<'a> {
         Self {
             tokenizer: t,
             pending: Vec::new(),
+            hide_special: false,
+        }
+    }
+
+    /// A stream for showing generated text to a person: control and unknown tokens (`<s>`,
+    /// `<unk>`, `<|begin_of_text|>` …) print nothing, as llama.cpp's `token_to_piece` with
+    /// `special = false` leaves out control tokens.
+    pub fn for_display(t: &'a Tokenizer) -> Self {
+        Self {
+            hide_special: true,
+            ..Self::new(t)
         }
     }
 
     /// Adds token `id`; returns the text completed by it (possibly empty). Bytes that can never
     /// become valid UTF-8 come out as U+FFFD.
     pub fn push(&mut self, id: u32) -> String {
+        if self.hide_special && self.tokenizer.is_special(id) {
+            return String::new();
+        }
         self.tokenizer.push_token_bytes(id, &mut self.pending);
         let mut out = String::new();
         loop {

@@ -226,6 +226,18 @@ fn stream_handles_invalid_and_split_bytes() {
 }
 
 #[test]
+fn display_stream_leaves_out_control_and_unknown_tokens() {
+    let t = load(spm(-2.0, None), None);
+    // 0 <unk>, 1 <s>, 2 </s> are special; 13 is user-defined and 9 is "▁a".
+    let mut shown = TextStream::for_display(&t);
+    let text: String = [1, 9, 0, 2, 13].iter().map(|&id| shown.push(id)).collect();
+    assert_eq!(text + &shown.finish(), " a<x>");
+    let mut raw = TextStream::new(&t);
+    let text: String = [1, 9].iter().map(|&id| raw.push(id)).collect();
+    assert_eq!(text, "<s> a");
+}
+
+#[test]
 fn pre_tokenizer_names() {
     for p in [
         PreTokenizer::Llama3,
