@@ -120,8 +120,9 @@ impl Gguf {
                 )))
             }
         };
-        // A tensor-info record is at least 8 + 1 + 4 + 8 + 4 + 8 bytes.
-        let n_tensors = c.check_count(n_tensors, 33, &|| "tensor count".into())?;
+        // A tensor-info record is at least 8 (name length) + 1 (name) + 4 (n_dims) + 4 (type)
+        // + 8 (offset) bytes: a scalar (n_dims 0) stores no dims.
+        let n_tensors = c.check_count(n_tensors, 25, &|| "tensor count".into())?;
         let mut tensors = Vec::with_capacity(n_tensors);
         let mut tensor_index = HashMap::with_capacity(n_tensors);
         let mut relative = Vec::with_capacity(n_tensors);
@@ -228,7 +229,9 @@ impl Gguf {
 
     /// The data of `info` inside `file` (the same bytes that were parsed).
     ///
-    /// Fails for a tensor whose type hesper-rs cannot size, naming the tensor and the id.
+    /// Fails for a tensor whose type hesper-rs cannot size, naming the tensor and the id, and
+    /// for an `info` whose range does not lie in `file` (another buffer, or an edited
+    /// [`TensorInfo`]: its fields are public, so `start + nbytes` may even overflow).
     pub fn tensor_bytes<'f>(
         &self,
         file: &'f [u8],
@@ -238,8 +241,12 @@ impl Gguf {
             name: info.name.clone(),
             id: info.ty.id(),
         })?;
-        let start = info.start as usize;
-        file.get(start..start + n as usize)
+        let range = usize::try_from(info.start)
+            .ok()
+            .zip(usize::try_from(n).ok())
+            .and_then(|(start, n)| Some(start..start.checked_add(n)?));
+        range
+            .and_then(|r| file.get(r))
             .ok_or_else(|| TensorError::NotInBuffer {
                 name: info.name.clone(),
             })
@@ -369,6 +376,17 @@ fn read_tensor_info(c: &mut Cursor<'_>, i: usize) -> Result<(TensorInfo, u64), G
     }
     let nbytes = ty.nbytes(&ne);
     if nbytes.is_none() && !matches!(ty, GgmlType::Unknown(_)) {
+        // Rows that fit the block size but a byte size past u64 are a bad shape, not a bad
+        // block shape.
+        let row_fits = ty
+            .block_layout()
+            .is_none_or(|(block, _)| ne[0] % block == 0);
+        if row_fits && ty != GgmlType::I2S {
+            return Err(GgufError::BadShape {
+                name,
+                dims: ne[..n_dims].to_vec(),
+            });
+        }
         return Err(GgufError::BadBlockShape {
             name,
             ty: ty.to_string(),

@@ -186,6 +186,82 @@ fn rejects_bad_shapes_and_alignment() {
     ));
 }
 
+#[test]
+fn tensor_bytes_rejects_ranges_outside_the_buffer() {
+    let bytes = sample();
+    let g = Gguf::parse(&bytes).unwrap();
+    let w = g.tensor("w").unwrap();
+    // The info's fields are public: a start near u64::MAX must not overflow.
+    for start in [u64::MAX - 3, u64::MAX, bytes.len() as u64, w.start + 1] {
+        let moved = TensorInfo { start, ..w.clone() };
+        if start == w.start + 1 {
+            // Still inside this buffer (the padding follows), so it is served.
+            assert_eq!(g.tensor_bytes(&bytes, &moved).map(<[u8]>::len), Ok(24));
+        } else {
+            assert_eq!(
+                g.tensor_bytes(&bytes, &moved),
+                Err(TensorError::NotInBuffer { name: "w".into() })
+            );
+        }
+    }
+    let huge = TensorInfo {
+        nbytes: Some(u64::MAX),
+        ..w.clone()
+    };
+    assert!(g.tensor_bytes(&bytes, &huge).is_err());
+    // A shorter buffer than the one parsed.
+    assert!(g.tensor_bytes(&bytes[..w.start as usize], w).is_err());
+}
+
+#[test]
+fn scalar_tensors_need_only_25_table_bytes() {
+    // Three F16 scalars (no dims) with alignment 1: 26-byte records and 6 data bytes, less than
+    // 33 bytes a tensor.
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(3u64.to_le_bytes());
+    b.extend(1u64.to_le_bytes());
+    b.extend(17u64.to_le_bytes());
+    b.extend(b"general.alignment");
+    b.extend(4u32.to_le_bytes());
+    b.extend(1u32.to_le_bytes());
+    for i in 0..3u64 {
+        b.extend(2u64.to_le_bytes());
+        b.extend(format!("s{i}").as_bytes());
+        b.extend(0u32.to_le_bytes());
+        b.extend(1u32.to_le_bytes());
+        b.extend((2 * i).to_le_bytes());
+    }
+    b.extend([0; 6]);
+    let g = Gguf::parse(&b).unwrap();
+    assert_eq!(g.tensors().len(), 3);
+    assert_eq!(g.tensor("s2").unwrap().dims(), &[] as &[u64]);
+    assert_eq!(
+        g.tensor_bytes(&b, g.tensor("s2").unwrap()).unwrap().len(),
+        2
+    );
+}
+
+#[test]
+fn overflowing_byte_size_is_a_bad_shape() {
+    // 2^62 f32 elements: the element count fits, the byte size does not.
+    let bytes = GgufBuilder::new()
+        .tensor("t", &[1 << 62], 0, vec![0; 32])
+        .build();
+    assert!(matches!(
+        Gguf::parse(&bytes),
+        Err(GgufError::BadShape { .. })
+    ));
+    // A row that does not fill a block is still a block-shape error.
+    let bytes = GgufBuilder::new()
+        .tensor("t", &[33], 8, vec![0; 68])
+        .build();
+    assert!(matches!(
+        Gguf::parse(&bytes),
+        Err(GgufError::BadBlockShape { .. })
+    ));
+}
+
 mod corruption {
     use super::*;
     use proptest::prelude::*;
