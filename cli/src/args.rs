@@ -54,6 +54,16 @@ pub enum BackendChoice {
     Gpu,
 }
 
+impl From<BackendChoice> for hesper_runtime::load::BackendChoice {
+    fn from(b: BackendChoice) -> Self {
+        match b {
+            BackendChoice::Auto => Self::Auto,
+            BackendChoice::Cpu => Self::Cpu,
+            BackendChoice::Gpu => Self::Gpu,
+        }
+    }
+}
+
 /// Which model to load and how to run it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {

@@ -8,9 +8,10 @@ use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Logits, Model};
 use hesper_gpu_backend::GpuBackend;
+use hesper_runtime::load::AnyModel;
 
 use crate::args::{LmHead, ModelArgs};
-use crate::load::{load, AnyModel};
+use crate::load::load;
 use crate::report::note;
 
 /// Flags of `bench`.

@@ -1,20 +1,23 @@
-//! `hesper-rs generate`: stream text from a prompt, or chat with `--chat`.
+//! `hesper-rs generate`: stream text from a prompt, or chat with `--chat`. The generation
+//! itself (sampling, stopping, chat framing) is `hesper-runtime`'s; this file parses flags
+//! and prints.
 
 use std::io::{BufRead, Write};
 use std::str::FromStr;
-use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
-use hesper_engine::chat::{format_prompt, Role};
-use hesper_engine::model::{Logits, Model, ModelError, Session};
-use hesper_engine::sampler::{Sampler, SamplerConfig};
-use hesper_engine::tokenizer::{TextStream, Tokenizer};
+use hesper_engine::model::Model;
+use hesper_engine::sampler::SamplerConfig;
+use hesper_engine::tokenizer::Tokenizer;
+use hesper_runtime::chat::{ChatContext, Conversation, Turn};
+use hesper_runtime::settings;
+use hesper_runtime::{complete, run_model, Event, RuntimeError, Stats};
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, run_model};
-use crate::report::{note, note_inline, one_line};
+use crate::load::load;
+use crate::report::{note, note_inline};
 
 /// The prompt when `-p` is not given (and `--chat` is off).
 const DEFAULT_PROMPT: &str = "Once upon a time";
@@ -99,57 +102,28 @@ impl GenerateArgs {
         Ok(())
     }
 
-    fn sampler(&self) -> Result<Sampler> {
-        let unit = |v: f32| (0.0..=1.0).contains(&v);
-        if !unit(self.top_p) {
-            bail!("--top-p {}: must lie between 0 and 1", self.top_p);
-        }
-        if !unit(self.min_p) {
-            bail!("--min-p {}: must lie between 0 and 1", self.min_p);
-        }
-        if !self.temp.is_finite() {
-            bail!(
-                "--temp {}: must be a finite number (0 or below = greedy)",
-                self.temp
-            );
-        }
-        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            bail!(
-                "--repeat-penalty {}: must be a finite number above 0 (1 = off)",
-                self.repeat_penalty
-            );
-        }
-        let seed = self.seed.and_then(|s| s.0).unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
-        Ok(Sampler::new(SamplerConfig {
+    /// The sampling flags as the sampler's settings (a seed from the clock when none or -1).
+    fn sampling(&self) -> SamplerConfig {
+        SamplerConfig {
             temperature: self.temp,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
-            seed,
-        }))
+            seed: self
+                .seed
+                .and_then(|s| s.0)
+                .unwrap_or_else(settings::clock_seed),
+        }
     }
-}
-
-/// Timings for the closing stats line.
-#[derive(Default)]
-struct Stats {
-    prompt_tokens: usize,
-    prompt_ms: f64,
-    gen_tokens: usize,
-    gen_ms: f64,
 }
 
 /// Runs `generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
     args.check()?;
     // Bad sampling flags fail before a model is loaded.
-    args.sampler()?;
+    settings::check(&args.sampling())?;
     let loaded = load(&args.model, None)?;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); use `hesper-rs logits --tokens`", loaded.model.file().source);
@@ -172,7 +146,7 @@ fn generate_on<B: Backend>(
     let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
     let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
     ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
-    let mut sampler = args.sampler()?;
+    let mut sampler = settings::sampler(args.sampling())?;
     let banner = || {
         note!(
             "hesper: {} | {} | ctx {n_ctx}",
@@ -183,17 +157,15 @@ fn generate_on<B: Backend>(
     let mut stats = Stats::default();
     if args.chat {
         banner();
-        let mut chat = Chat {
-            args,
+        let mut cx = ChatContext {
             model,
             tok,
             session: &mut session,
             sampler: &mut sampler,
+            n_predict: args.n_predict,
             stats: &mut stats,
-            history: Vec::new(),
-            pending_end: None,
         };
-        chat.run()?;
+        chat(args, &mut cx)?;
     } else {
         let text = args.prompt.as_deref().unwrap_or(DEFAULT_PROMPT);
         let prompt = tok.encode(text, tok.add_bos(), true)?;
@@ -206,7 +178,8 @@ fn generate_on<B: Backend>(
         banner();
         let mut out = std::io::stdout().lock();
         write!(out, "{text}")?;
-        complete(
+        drop(out);
+        pollster::block_on(complete(
             model,
             tok,
             &mut session,
@@ -214,106 +187,74 @@ fn generate_on<B: Backend>(
             &prompt,
             args.n_predict,
             &mut stats,
-        )?;
-        writeln!(out)?;
+            &mut print_event,
+        ))?;
+        writeln!(std::io::stdout())?;
     }
     print_stats(load_ms, &stats);
     Ok(())
 }
 
-/// What one evaluation hands the sampler.
-enum Next {
-    /// The greedy choice, found by the backend.
-    Token(u32),
-    /// The last position's logits.
-    Logits(Vec<f32>),
-}
-
-/// How a completion ended.
-struct Completion {
-    /// The end-of-generation token that ended it, if one did.
-    end: Option<u32>,
-    /// The text shown.
-    text: String,
-}
-
-/// Evaluates `input`, then samples and streams tokens until end of generation, `n_predict`
-/// tokens, or a full context.
-fn complete<B: Backend>(
-    model: &Model<B>,
-    tok: &Tokenizer,
-    session: &mut Session<B>,
-    sampler: &mut Sampler,
-    input: &[u32],
-    n_predict: i64,
-    stats: &mut Stats,
-) -> Result<Completion> {
-    for &t in input {
-        sampler.accept(t);
+/// Prints one event: text on stdout as it comes, notes on stderr.
+fn print_event(e: Event<'_>) -> Result<(), RuntimeError> {
+    match e {
+        Event::Text(t) => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(t.as_bytes())?;
+            out.flush()?;
+        }
+        Event::ContextFull { n_ctx } => note!("\nhesper: context full ({n_ctx} tokens)"),
+        Event::Trimmed { kept, n_ctx } => note!(
+            "hesper: the conversation outgrew the context ({n_ctx} tokens); it goes on from its {kept} latest turn(s)"
+        ),
+        Event::Refused { tokens, n_ctx } => note!(
+            "hesper: this message is {tokens} tokens, too long for the context ({n_ctx} tokens, an answer needs room too); not sent (raise -c/--ctx-size)"
+        ),
     }
-    // Greedy decoding needs only the argmax, which the backend finds without handing back
-    // the logits (on a GPU: a 4-byte read-back instead of the whole vocabulary).
-    let greedy = sampler.is_greedy();
-    let step = |session: &mut Session<B>, input: &[u32]| -> Result<Next> {
-        Ok(if greedy {
-            Next::Token(model.eval_greedy(session, input)?)
-        } else {
-            Next::Logits(model.eval(session, input, Logits::Last)?)
-        })
-    };
-    let t0 = Instant::now();
-    let mut next_of = step(session, input)?;
-    stats.prompt_ms += t0.elapsed().as_secs_f64() * 1e3;
-    stats.prompt_tokens += input.len();
-    let mut stream = TextStream::for_display(tok);
-    let mut out = std::io::stdout().lock();
-    let mut text = String::new();
-    let mut produced = 0i64;
-    let t0 = Instant::now();
-    let mut end = None;
-    while n_predict < 0 || produced < n_predict {
-        let next = match &next_of {
-            Next::Token(t) => *t,
-            Next::Logits(logits) => sampler.sample(logits),
+    Ok(())
+}
+
+/// An interactive chat: one turn per line of stdin (`-p`, if given, is the first). A line
+/// that is not UTF-8 is refused with a note; the conversation itself trims or refuses what
+/// does not fit; a turn the model fails starts the conversation over.
+fn chat<B: Backend>(args: &GenerateArgs, cx: &mut ChatContext<'_, B>) -> Result<()> {
+    note!("hesper: chat mode; type a message and press Enter, Ctrl-D to quit");
+    let mut conversation = Conversation::new(args.system_prompt.clone());
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut first = args.prompt.clone();
+    loop {
+        let line = match first.take() {
+            Some(p) => {
+                note!("\n> {p}");
+                p
+            }
+            None => {
+                note_inline!("\n> ");
+                match read_line(&mut input)? {
+                    Line::Text(t) => t,
+                    Line::NotUtf8 => {
+                        note!("hesper: that line is not valid UTF-8; not sent");
+                        continue;
+                    }
+                    Line::End => break,
+                }
+            }
         };
-        if tok.is_end_of_generation(next) {
-            end = Some(next);
-            break;
+        if line.trim().is_empty() {
+            continue;
         }
-        sampler.accept(next);
-        let piece = stream.push(next);
-        write!(out, "{piece}")?;
-        out.flush()?;
-        text.push_str(&piece);
-        produced += 1;
-        if session.pos() >= session.n_ctx() {
-            note!("\nhesper: context full ({} tokens)", session.n_ctx());
-            break;
+        match pollster::block_on(conversation.send(cx, &line, &mut print_event)) {
+            Ok(Turn::Answered(_)) => writeln!(std::io::stdout())?,
+            Ok(Turn::Refused) => {}
+            // The model refused this turn (not the terminal): the conversation starts over.
+            Err(RuntimeError::Model(e)) => {
+                note!("\nhesper: this turn failed ({e}); the conversation starts over")
+            }
+            Err(e) => return Err(e.into()),
         }
-        next_of = step(session, &[next])?;
     }
-    let rest = stream.finish();
-    write!(out, "{rest}")?;
-    text.push_str(&rest);
-    stats.gen_ms += t0.elapsed().as_secs_f64() * 1e3;
-    stats.gen_tokens += produced as usize;
-    Ok(Completion { end, text })
-}
-
-/// An interactive chat: one turn per line of stdin. A turn that cannot be taken (invalid
-/// UTF-8, a message longer than the context) is refused with a note and the chat goes on;
-/// when the conversation outgrows the context, its oldest turns are dropped, saying so.
-struct Chat<'a, B: Backend> {
-    args: &'a GenerateArgs,
-    model: &'a Model<B>,
-    tok: &'a Tokenizer,
-    session: &'a mut Session<B>,
-    sampler: &'a mut Sampler,
-    stats: &'a mut Stats,
-    /// The turns in the context, oldest first (the system prompt is not among them).
-    history: Vec<(Role, String)>,
-    /// The token that ended the last answer, still to be fed back.
-    pending_end: Option<u32>,
+    Ok(())
 }
 
 /// One line of stdin.
@@ -321,141 +262,6 @@ enum Line {
     Text(String),
     NotUtf8,
     End,
-}
-
-impl<B: Backend> Chat<'_, B> {
-    fn run(&mut self) -> Result<()> {
-        note!("hesper: chat mode; type a message and press Enter, Ctrl-D to quit");
-        let stdin = std::io::stdin();
-        let mut input = stdin.lock();
-        let mut first = self.args.prompt.clone();
-        loop {
-            let line = match first.take() {
-                Some(p) => {
-                    note!("\n> {p}");
-                    p
-                }
-                None => {
-                    note_inline!("\n> ");
-                    match read_line(&mut input)? {
-                        Line::Text(t) => t,
-                        Line::NotUtf8 => {
-                            note!("hesper: that line is not valid UTF-8; not sent");
-                            continue;
-                        }
-                        Line::End => break,
-                    }
-                }
-            };
-            if !line.trim().is_empty() {
-                self.turn(line)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends one user message and streams the answer.
-    fn turn(&mut self, message: String) -> Result<()> {
-        let tokens = match self.continuation(&message)? {
-            Some(t) => t,
-            None => match self.restart_with(&message)? {
-                Some(t) => t,
-                None => return Ok(()),
-            },
-        };
-        let done = complete(
-            self.model,
-            self.tok,
-            self.session,
-            self.sampler,
-            &tokens,
-            self.args.n_predict,
-            self.stats,
-        );
-        let done = match done {
-            Ok(d) => d,
-            // The model refused (not the terminal): the context may hold part of this turn,
-            // so the next one starts afresh.
-            Err(e) if e.downcast_ref::<ModelError>().is_some() => {
-                note!(
-                    "\nhesper: this turn failed ({}); the conversation starts over",
-                    one_line(&e)
-                );
-                self.history.clear();
-                self.session.truncate(0);
-                self.pending_end = None;
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        };
-        writeln!(std::io::stdout())?;
-        self.history.push((Role::User, message));
-        self.history.push((Role::Assistant, done.text));
-        self.pending_end = done.end;
-        Ok(())
-    }
-
-    /// The tokens that add `message` to the conversation in the context, if they fit with
-    /// room for an answer.
-    fn continuation(&mut self, message: &str) -> Result<Option<Vec<u32>>> {
-        if self.session.pos() == 0 {
-            return self.fresh(message, 0);
-        }
-        let mut input = Vec::new();
-        let mut text = String::new();
-        // The previous answer must end with its end-of-turn token.
-        match self.pending_end {
-            Some(t) => input.push(t),
-            None => text.push_str("<|eot_id|>"),
-        }
-        text.push_str(&format_prompt(&[(Role::User, message.to_string())]));
-        input.extend(self.tok.encode(&text, false, true)?);
-        Ok(self.fits(self.session.pos(), input))
-    }
-
-    /// `message` after the system prompt and the turns from `history[from..]`, as a new
-    /// context, if that fits.
-    fn fresh(&self, message: &str, from: usize) -> Result<Option<Vec<u32>>> {
-        let mut turns = Vec::new();
-        if let Some(sys) = &self.args.system_prompt {
-            turns.push((Role::System, sys.clone()));
-        }
-        turns.extend(self.history[from..].iter().cloned());
-        turns.push((Role::User, message.to_string()));
-        let tokens = self
-            .tok
-            .encode(&format_prompt(&turns), self.tok.add_bos(), true)?;
-        Ok(self.fits(0, tokens))
-    }
-
-    /// `tokens` if they fit after `pos` with at least one position left for the answer.
-    fn fits(&self, pos: usize, tokens: Vec<u32>) -> Option<Vec<u32>> {
-        (pos + tokens.len() < self.session.n_ctx()).then_some(tokens)
-    }
-
-    /// Starts the context over with as many recent turns as fit before `message`; `None`
-    /// (and a note) when the message does not fit even alone.
-    fn restart_with(&mut self, message: &str) -> Result<Option<Vec<u32>>> {
-        let n_ctx = self.session.n_ctx();
-        // Whole exchanges (a user turn and its answer) are dropped, oldest first.
-        for from in (0..=self.history.len()).step_by(2) {
-            if let Some(tokens) = self.fresh(message, from)? {
-                note!(
-                    "hesper: the conversation outgrew the context ({n_ctx} tokens); it goes on from its {} latest turn(s)",
-                    self.history.len() - from
-                );
-                self.history.drain(..from);
-                self.session.truncate(0);
-                self.pending_end = None;
-                return Ok(Some(tokens));
-            }
-        }
-        let alone = self.tok.encode(message, false, true)?.len();
-        note!(
-            "hesper: this message is {alone} tokens, too long for the context ({n_ctx} tokens, an answer needs room too); not sent (raise -c/--ctx-size)"
-        );
-        Ok(None)
-    }
 }
 
 /// Reads one line of stdin without its line ending.

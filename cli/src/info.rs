@@ -6,9 +6,10 @@ use anyhow::Result;
 use clap::Args;
 use hesper_engine::config::Config;
 use hesper_engine::gguf::{Array, Value};
+use hesper_runtime::load::gpu_backend;
 
 use crate::args::{BackendChoice, ModelArgs};
-use crate::load::{gpu_backend, open_file};
+use crate::load::open_file;
 
 /// Flags of `info`.
 #[derive(Args, Debug)]
@@ -93,7 +94,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     }
     match args.model.backend {
         BackendChoice::Cpu => {}
-        choice => match gpu_backend(choice)? {
+        choice => match gpu_backend(choice.into())? {
             Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
             None => writeln!(
                 out,

@@ -8,9 +8,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Logits, Model};
+use hesper_runtime::run_model;
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, run_model};
+use crate::load::load;
 use crate::report::note;
 
 /// Flags of `logits`.

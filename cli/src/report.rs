@@ -82,9 +82,13 @@ pub fn one_line(e: &anyhow::Error) -> String {
 
 /// True when the error comes from writing to a pipe whose reader has gone.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    let broken = |io: &std::io::Error| io.kind() == ErrorKind::BrokenPipe;
     e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == ErrorKind::BrokenPipe)
+        c.downcast_ref::<std::io::Error>().is_some_and(broken)
+            || matches!(
+                c.downcast_ref::<hesper_runtime::RuntimeError>(),
+                Some(hesper_runtime::RuntimeError::Output(io)) if broken(io)
+            )
     })
 }
 
@@ -111,6 +115,8 @@ mod tests {
     fn a_closed_pipe_is_recognised_through_context() {
         let e = anyhow::Error::new(std::io::Error::from(ErrorKind::BrokenPipe)).context("writing");
         assert!(is_broken_pipe(&e));
+        let streamed = hesper_runtime::RuntimeError::Output(ErrorKind::BrokenPipe.into());
+        assert!(is_broken_pipe(&anyhow::Error::new(streamed)));
         assert!(!is_broken_pipe(&anyhow::anyhow!("other")));
     }
 }

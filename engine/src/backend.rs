@@ -4,6 +4,7 @@
 //! Buffers hold f32 activations laid out `[n_tokens][width]`. Every operation is given the
 //! number of tokens `n` it works on; buffers may be larger (they are sized for a batch).
 
+use std::future::Future;
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -133,15 +134,27 @@ pub trait Backend {
     ) -> Result<Self::Cache, BackendError>;
     /// Copies host data into the front of `dst`.
     fn write(&self, dst: &mut Self::Buffer, data: &[f32]) -> Result<(), BackendError>;
-    /// Copies the front of `src` to the host.
-    fn read(&self, src: &Self::Buffer, out: &mut [f32]) -> Result<(), BackendError>;
+    /// Copies the front of `src` to the host, once everything recorded before it has run.
+    /// The work is submitted when this is called; the future delivers the values (natively
+    /// it is ready once polled; a GPU in a browser resolves it from the page's event loop).
+    fn read(
+        &self,
+        src: &Self::Buffer,
+        out: &mut [f32],
+    ) -> impl Future<Output = Result<(), BackendError>>;
     /// The index of the largest of the first `len` values of `x` (the first on ties).
     /// Backends that can find it without reading `x` back (a GPU reads back 4 bytes)
     /// override this.
-    fn argmax(&self, x: &Self::Buffer, len: usize) -> Result<u32, BackendError> {
-        let mut v = vec![0.0; len];
-        self.read(x, &mut v)?;
-        Ok(crate::sampler::argmax(v))
+    fn argmax(
+        &self,
+        x: &Self::Buffer,
+        len: usize,
+    ) -> impl Future<Output = Result<u32, BackendError>> {
+        async move {
+            let mut v = vec![0.0; len];
+            self.read(x, &mut v).await?;
+            Ok(crate::sampler::argmax(v))
+        }
     }
     /// `out[i] = table[tokens[i]]` as f32 (ids are checked by the caller).
     fn embed(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Buffer);

@@ -1,5 +1,6 @@
 //! A GGUF file held in memory: memory-mapped natively, or an owned buffer (tests, wasm).
 
+#[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 use std::sync::Arc;
 
@@ -66,6 +67,16 @@ enum Bytes {
     Owned(Vec<u8>),
 }
 
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
 /// A parsed GGUF file and its bytes. Cheap to share: backends keep an `Arc` and borrow tensor
 /// data from it instead of copying weights.
 pub struct ModelFile {
@@ -104,12 +115,7 @@ impl ModelFile {
     }
 
     fn from_bytes_inner(bytes: Bytes, source: String) -> Result<Arc<Self>, FileError> {
-        let raw: &[u8] = match &bytes {
-            #[cfg(not(target_arch = "wasm32"))]
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        };
-        let header = Gguf::parse(raw).map_err(|source_err| FileError::Gguf {
+        let header = Gguf::parse(bytes.as_slice()).map_err(|source_err| FileError::Gguf {
             path: source.clone(),
             source: source_err,
         })?;
@@ -122,11 +128,7 @@ impl ModelFile {
 
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
-        match &self.bytes {
-            #[cfg(not(target_arch = "wasm32"))]
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        }
+        self.bytes.as_slice()
     }
 
     /// The parsed header.

@@ -355,7 +355,7 @@ impl<B: Backend> Model<B> {
 
     /// Evaluates `tokens` at the session's next positions and returns logits. Needs a model
     /// holding every layer.
-    pub fn eval(
+    pub async fn eval_async(
         &self,
         s: &mut Session<B>,
         tokens: &[u32],
@@ -384,8 +384,8 @@ impl<B: Backend> Model<B> {
             self.backend.embed(embedding, chunk, &mut s.s.x);
             self.run_layers(s, n);
             match want {
-                Logits::All => out.extend(self.head(s, n, 0)?),
-                Logits::Last if i + 1 == n_chunks => out.extend(self.head(s, 1, n - 1)?),
+                Logits::All => out.extend(self.head(s, n, 0).await?),
+                Logits::Last if i + 1 == n_chunks => out.extend(self.head(s, 1, n - 1).await?),
                 Logits::Last => {}
             }
             s.pos += n;
@@ -393,9 +393,13 @@ impl<B: Backend> Model<B> {
         Ok(out)
     }
 
-    /// Evaluates `tokens` like [`Model::eval`] and returns only the most likely next token
-    /// (greedy decoding): the backend finds the argmax without handing back the logits.
-    pub fn eval_greedy(&self, s: &mut Session<B>, tokens: &[u32]) -> Result<u32, ModelError> {
+    /// Evaluates `tokens` like [`Model::eval_async`] and returns only the most likely next
+    /// token (greedy decoding): the backend finds the argmax without handing back the logits.
+    pub async fn eval_greedy_async(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+    ) -> Result<u32, ModelError> {
         let c = &self.config;
         if tokens.is_empty() {
             return Err(ModelError::Empty);
@@ -417,7 +421,7 @@ impl<B: Backend> Model<B> {
             self.run_layers(s, n);
             if i + 1 == n_chunks {
                 self.record_head(s, 1, n - 1)?;
-                best = self.backend.argmax(&s.s.logits, c.n_vocab)?;
+                best = self.backend.argmax(&s.s.logits, c.n_vocab).await?;
             }
             s.pos += n;
         }
@@ -427,7 +431,7 @@ impl<B: Backend> Model<B> {
     /// Runs this instance's layers on `hidden` (`[n_tokens][n_embd]`, the residual stream
     /// entering its first layer) at the session's next positions, and returns the residual
     /// stream leaving its last layer. This is what a ring node computes.
-    pub fn forward_hidden(
+    pub async fn forward_hidden_async(
         &self,
         s: &mut Session<B>,
         hidden: &[f32],
@@ -447,7 +451,7 @@ impl<B: Backend> Model<B> {
             let n = rows_in.len() / d;
             self.backend.write(&mut s.s.x, rows_in)?;
             self.run_layers(s, n);
-            self.backend.read(&s.s.x, rows_out)?;
+            self.backend.read(&s.s.x, rows_out).await?;
             s.pos += n;
         }
         Ok(out)
@@ -455,7 +459,11 @@ impl<B: Backend> Model<B> {
 
     /// Token embeddings `[n][n_embd]` (needs layer 0 in this instance); uses the session's
     /// scratch space but not its position.
-    pub fn embed(&self, s: &mut Session<B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+    pub async fn embed_async(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
         let d = self.config.n_embd;
         let embedding = self
             .embedding
@@ -466,7 +474,7 @@ impl<B: Backend> Model<B> {
         let mut out = vec![0.0; tokens.len() * d];
         for (chunk, rows) in tokens.chunks(s.batch).zip(out.chunks_mut(s.batch * d)) {
             self.backend.embed(embedding, chunk, &mut s.s.x);
-            self.backend.read(&s.s.x, rows)?;
+            self.backend.read(&s.s.x, rows).await?;
         }
         Ok(out)
     }
@@ -480,7 +488,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// Final norm and LM head on hidden states `[n][n_embd]` (needs the last layer here).
-    pub fn logits_from_hidden(
+    pub async fn logits_from_hidden_async(
         &self,
         s: &mut Session<B>,
         hidden: &[f32],
@@ -496,7 +504,7 @@ impl<B: Backend> Model<B> {
         let mut out = Vec::new();
         for rows in hidden.chunks(s.batch * d) {
             self.backend.write(&mut s.s.x, rows)?;
-            out.extend(self.head(s, rows.len() / d, 0)?);
+            out.extend(self.head(s, rows.len() / d, 0).await?);
         }
         Ok(out)
     }
@@ -521,10 +529,15 @@ impl<B: Backend> Model<B> {
     }
 
     /// Norm + LM head on `n` rows of the residual stream starting at row `row0`.
-    fn head(&self, s: &mut Session<B>, n: usize, row0: usize) -> Result<Vec<f32>, ModelError> {
+    async fn head(
+        &self,
+        s: &mut Session<B>,
+        n: usize,
+        row0: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         self.record_head(s, n, row0)?;
         let mut out = vec![0.0; n * self.config.n_vocab];
-        self.backend.read(&s.s.logits, &mut out)?;
+        self.backend.read(&s.s.logits, &mut out).await?;
         Ok(out)
     }
 
@@ -597,6 +610,50 @@ impl<B: Backend> Model<B> {
             b.matmul(&l.down, gate, n, q);
             b.add(x, q, n * c.n_embd);
         }
+    }
+}
+
+/// The blocking forms of the `*_async` methods, for native code: on the CPU the futures are
+/// ready at once, and a native GPU waits on its device, so this costs nothing over calling
+/// them directly.
+#[cfg(not(target_arch = "wasm32"))]
+impl<B: Backend> Model<B> {
+    /// [`Model::eval_async`], waited for.
+    pub fn eval(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.eval_async(s, tokens, want))
+    }
+
+    /// [`Model::eval_greedy_async`], waited for.
+    pub fn eval_greedy(&self, s: &mut Session<B>, tokens: &[u32]) -> Result<u32, ModelError> {
+        pollster::block_on(self.eval_greedy_async(s, tokens))
+    }
+
+    /// [`Model::forward_hidden_async`], waited for.
+    pub fn forward_hidden(
+        &self,
+        s: &mut Session<B>,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.forward_hidden_async(s, hidden))
+    }
+
+    /// [`Model::embed_async`], waited for.
+    pub fn embed(&self, s: &mut Session<B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.embed_async(s, tokens))
+    }
+
+    /// [`Model::logits_from_hidden_async`], waited for.
+    pub fn logits_from_hidden(
+        &self,
+        s: &mut Session<B>,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.logits_from_hidden_async(s, hidden))
     }
 }
 

@@ -8,6 +8,7 @@
 mod matrix;
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::sync::Arc;
 
 use hesper_engine::backend::{AttentionShape, Backend, BackendError, RopeShape};
@@ -15,7 +16,7 @@ use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;
 use hesper_engine::weights::MatrixDesc;
-use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError};
+use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError, PendingRead};
 use hesper_shaders as k;
 
 pub use hesper_gpu::hardware_gpu_possible;
@@ -91,9 +92,19 @@ fn device_error(e: GpuError) -> BackendError {
 }
 
 impl GpuBackend {
-    /// Opens the best adapter (`WGPU_BACKEND=vulkan|metal|dx12|gl` restricts the choice).
+    /// Opens the best adapter (`WGPU_BACKEND=vulkan|metal|dx12|gl` restricts the choice);
+    /// native only (a browser awaits [`GpuBackend::open`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self, BackendError> {
-        let gpu = Gpu::new().map_err(device_error)?;
+        pollster::block_on(Self::open())
+    }
+
+    /// Opens the best adapter, as a future.
+    pub async fn open() -> Result<Self, BackendError> {
+        Self::with_gpu(Gpu::open().await.map_err(device_error)?)
+    }
+
+    fn with_gpu(gpu: Gpu) -> Result<Self, BackendError> {
         let name = format!("gpu ({}, {:?})", gpu.info.name, gpu.info.backend);
         let batch = gpu.batch();
         let q = gpu.zeroed("activation codes", 1).map_err(device_error)?;
@@ -132,6 +143,76 @@ impl GpuBackend {
             }),
             name,
         })
+    }
+
+    /// Records the two argmax stages over the first `len` values of `logits` after the
+    /// recorded step, and submits it all with the 4-byte read-back.
+    fn record_argmax(
+        &self,
+        logits: &GpuBuffer<f32>,
+        len: usize,
+    ) -> Result<PendingRead<u32>, BackendError> {
+        let mut st = self.state.borrow_mut();
+        if let Some(e) = st.error.take() {
+            st.batch = st.gpu.batch();
+            return Err(device_error(e));
+        }
+        let st = &mut *st;
+        let groups = len.div_ceil(256 * 64).clamp(1, ARGMAX_GROUPS) as u32;
+        let per_thread = (len as u32).div_ceil(256 * groups);
+        let State {
+            gpu,
+            batch,
+            argmax: (best, best_index, index),
+            ..
+        } = st;
+        let mut run = || -> Result<(), GpuError> {
+            batch.run(
+                gpu,
+                &k::argmax_partial::Args {
+                    logits,
+                    best,
+                    best_index,
+                    n: len as u32,
+                    per_thread,
+                },
+                [groups, 1, 1],
+            )?;
+            batch.run(
+                gpu,
+                &k::argmax_final::Args {
+                    best,
+                    best_index,
+                    index,
+                    n: groups,
+                },
+                [1, 1, 1],
+            )
+        };
+        run().map_err(device_error)?;
+        let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
+        st.dispatches += batch.dispatches() as u64;
+        st.gpu
+            .submit_for_read(batch, &st.argmax.2, 1)
+            .map_err(device_error)
+    }
+
+    /// Submits the recorded step with the read-back of the first `len` values of `src`.
+    fn submit_for_read(
+        &self,
+        src: &GpuBuffer<f32>,
+        len: usize,
+    ) -> Result<PendingRead<f32>, BackendError> {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
+        if let Some(e) = st.error.take() {
+            return Err(device_error(e));
+        }
+        st.dispatches += batch.dispatches() as u64;
+        st.gpu
+            .submit_for_read(batch, src, len)
+            .map_err(device_error)
     }
 
     /// Whether the adapter is hardware (not a software rasterizer such as lavapipe, which
@@ -402,71 +483,30 @@ impl Backend for GpuBackend {
         put(&st.gpu, &mut st.batch, dst, data).map_err(device_error)
     }
 
-    fn read(&self, src: &GpuBuffer<f32>, out: &mut [f32]) -> Result<(), BackendError> {
-        let mut st = self.state.borrow_mut();
-        let st = &mut *st;
-        let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
-        if let Some(e) = st.error.take() {
-            return Err(device_error(e));
+    fn read(
+        &self,
+        src: &GpuBuffer<f32>,
+        out: &mut [f32],
+    ) -> impl Future<Output = Result<(), BackendError>> {
+        // Submitted now; the state is not borrowed across the wait.
+        let pending = self.submit_for_read(src, out.len());
+        async move {
+            let got = pending?.wait().await.map_err(device_error)?;
+            out.copy_from_slice(&got);
+            Ok(())
         }
-        st.dispatches += batch.dispatches() as u64;
-        let got = st
-            .gpu
-            .submit_and_read(batch, src, out.len())
-            .map_err(device_error)?;
-        out.copy_from_slice(&got);
-        Ok(())
     }
 
     /// The index of the largest of the first `len` values of `logits` (the first on ties),
     /// computed on the GPU: the recorded work, two argmax stages and a 4-byte read-back in
     /// one submit.
-    fn argmax(&self, logits: &GpuBuffer<f32>, len: usize) -> Result<u32, BackendError> {
-        let mut st = self.state.borrow_mut();
-        if let Some(e) = st.error.take() {
-            st.batch = st.gpu.batch();
-            return Err(device_error(e));
-        }
-        let st = &mut *st;
-        let groups = len.div_ceil(256 * 64).clamp(1, ARGMAX_GROUPS) as u32;
-        let per_thread = (len as u32).div_ceil(256 * groups);
-        let State {
-            gpu,
-            batch,
-            argmax: (best, best_index, index),
-            ..
-        } = st;
-        let mut run = || -> Result<(), GpuError> {
-            batch.run(
-                gpu,
-                &k::argmax_partial::Args {
-                    logits,
-                    best,
-                    best_index,
-                    n: len as u32,
-                    per_thread,
-                },
-                [groups, 1, 1],
-            )?;
-            batch.run(
-                gpu,
-                &k::argmax_final::Args {
-                    best,
-                    best_index,
-                    index,
-                    n: groups,
-                },
-                [1, 1, 1],
-            )
-        };
-        run().map_err(device_error)?;
-        let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
-        st.dispatches += batch.dispatches() as u64;
-        let got = st
-            .gpu
-            .submit_and_read(batch, &st.argmax.2, 1)
-            .map_err(device_error)?;
-        Ok(got[0])
+    fn argmax(
+        &self,
+        logits: &GpuBuffer<f32>,
+        len: usize,
+    ) -> impl Future<Output = Result<u32, BackendError>> {
+        let pending = self.record_argmax(logits, len);
+        async move { Ok(pending?.wait().await.map_err(device_error)?[0]) }
     }
 
     fn embed(&self, table: &GpuMatrix, tokens: &[u32], out: &mut GpuBuffer<f32>) {

@@ -11,6 +11,7 @@ use crate::encode::{encode, BindGroups, ParamBuffer};
 use crate::kernel::KernelSource;
 use crate::pipeline::{CacheStats, Pipeline, PipelineCache};
 use crate::profile::{KernelTime, Profiler};
+use crate::readback::PendingRead;
 
 /// GPU errors, each naming what failed.
 #[derive(Debug, Error)]
@@ -78,29 +79,40 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Opens the best adapter (`WGPU_BACKEND` may restrict the backends) with its full limits.
+    /// Opens the best adapter (`WGPU_BACKEND` may restrict the backends) with its full limits
+    /// (native: waits for it; in a browser use [`Gpu::open`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self, GpuError> {
+        pollster::block_on(Self::open())
+    }
+
+    /// Opens the best adapter with its full limits, as a future (what a browser awaits).
+    pub async fn open() -> Result<Self, GpuError> {
         let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            ..Default::default()
-        }))
-        .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
         let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("hesper"),
-            required_limits: limits.clone(),
-            // Timestamps for `bench`'s per-kernel GPU time, where the adapter has them.
-            // Subgroup operations for the kernels that have a subgroup variant.
-            required_features: adapter.features()
-                & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP),
-            ..Default::default()
-        }))
-        .map_err(|e| GpuError::Device(e.to_string()))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("hesper"),
+                required_limits: limits.clone(),
+                // Timestamps for `bench`'s per-kernel GPU time, where the adapter has them.
+                // Subgroup operations for the kernels that have a subgroup variant.
+                required_features: adapter.features()
+                    & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::Device(e.to_string()))?;
         // Errors become values: the first one is kept and returned by the next submit or
         // read instead of wgpu's default panic.
         let errors = Arc::new(Mutex::new(None::<String>));
@@ -156,10 +168,12 @@ impl Gpu {
     /// (`TIMESTAMP_QUERY`). While on, every dispatch gets its own compute pass and each submit
     /// waits for its timestamps.
     pub fn set_profiling(&mut self, on: bool) -> bool {
-        let supported = self
-            .device
-            .features()
-            .contains(wgpu::Features::TIMESTAMP_QUERY);
+        // Collecting timestamps waits for each submit, which a browser cannot do.
+        let supported = cfg!(not(target_arch = "wasm32"))
+            && self
+                .device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY);
         self.profiler = (on && supported).then(|| Profiler::new(&self.device, &self.queue));
         supported
     }
@@ -326,7 +340,9 @@ impl Gpu {
         Ok(())
     }
 
-    /// Copies the first `len` elements of `buffer` back to the host (one submit, then a wait).
+    /// Copies the first `len` elements of `buffer` back to the host (one submit, then a wait;
+    /// native only).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read<T: bytemuck::Pod>(
         &mut self,
         buffer: &GpuBuffer<T>,
@@ -336,14 +352,26 @@ impl Gpu {
         self.submit_and_read(batch, buffer, len)
     }
 
-    /// Records `batch` and reads back `len` elements of `buffer` with one submit: the copy to
-    /// the read-back buffer rides in the same command buffer as the batch.
+    /// [`Gpu::submit_for_read`], waited for (native only: a browser cannot block).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn submit_and_read<T: bytemuck::Pod>(
+        &mut self,
+        batch: Batch,
+        buffer: &GpuBuffer<T>,
+        len: usize,
+    ) -> Result<Vec<T>, GpuError> {
+        pollster::block_on(self.submit_for_read(batch, buffer, len)?.wait())
+    }
+
+    /// Records `batch` and the copy of `len` elements of `buffer` to the read-back buffer, and
+    /// submits them as one command buffer; the returned read delivers the elements when
+    /// awaited.
+    pub fn submit_for_read<T: bytemuck::Pod>(
         &mut self,
         mut batch: Batch,
         buffer: &GpuBuffer<T>,
         len: usize,
-    ) -> Result<Vec<T>, GpuError> {
+    ) -> Result<PendingRead<T>, GpuError> {
         if len > buffer.len() {
             return Err(GpuError::Copy(format!(
                 "reading {len} elements of a buffer of {}",
@@ -351,7 +379,7 @@ impl Gpu {
             )));
         }
         let size = (len * std::mem::size_of::<T>()) as u64;
-        // One read-back buffer, reused (reads wait for their result, so one is never shared).
+        // One read-back buffer, reused: a step's read is awaited before the next step starts.
         let fits = self
             .readback
             .as_ref()
@@ -370,20 +398,13 @@ impl Gpu {
         };
         batch.read_into(buffer.raw(), &staging, size);
         self.submit(batch)?;
-        let slice = staging.slice(..size.max(4));
-        let mapped = map_and_wait(&self.device, &slice);
-        // A device error explains a failed mapping better than the mapping's own message.
-        self.check()?;
-        mapped.map_err(GpuError::Readback)?;
-        let out = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| GpuError::Readback(e.to_string()))?;
-            let all: &[T] = bytemuck::cast_slice(&view);
-            all[..len].to_vec()
-        };
-        staging.unmap();
-        Ok(out)
+        Ok(PendingRead::start(
+            &self.device,
+            staging,
+            size,
+            len,
+            self.errors.clone(),
+        ))
     }
 }
 

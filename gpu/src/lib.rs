@@ -5,6 +5,8 @@
 //! * [`PipelineCache`]: compute pipelines keyed by SHA-256 of WGSL text, entry point and layout,
 //!   with hit/miss counters;
 //! * [`Batch`]: many dispatches recorded into one command buffer, one queue submit;
+//!   [`PendingRead`]: its read-back, awaited (natively a wait on the device, in a browser the
+//!   event loop's map callback);
 //! * [`hardware_gpu_possible`]: whether probing for a hardware adapter is worth its cost;
 //! * [`GpuBuffer`], [`KernelArgs`], [`KernelSource`]: typed buffers and the typed launch
 //!   arguments every `#[kernel]` of `hesper-shaders` generates.
@@ -20,6 +22,7 @@ mod kernel;
 mod pipeline;
 mod probe;
 mod profile;
+mod readback;
 
 pub use batch::Batch;
 pub use buffer::GpuBuffer;
@@ -28,5 +31,6 @@ pub use kernel::{BindingKind, KernelArgs, KernelSource};
 pub use pipeline::{CacheStats, PipelineCache};
 pub use probe::hardware_gpu_possible;
 pub use profile::KernelTime;
+pub use readback::PendingRead;
 /// The wgpu version the runtime is built on (generated kernel code names its types).
 pub use wgpu;

@@ -39,7 +39,7 @@ fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
     };
     let read = |b: &B::Buffer, len: usize| {
         let mut v = vec![0.0; len];
-        backend.read(b, &mut v).expect("read");
+        pollster::block_on(backend.read(b, &mut v)).expect("read");
         v
     };
     let matrix = |name: &str, rows, cols| {

@@ -1,0 +1,183 @@
+//! A conversation kept in one context: each message is framed with the model's chat template
+//! and only the new tokens are evaluated. A message that does not fit after the history makes
+//! the conversation start over in a fresh context with as many recent turns as fit; one that
+//! does not fit even alone is refused. Either way the conversation goes on.
+
+use hesper_engine::backend::Backend;
+use hesper_engine::chat::{format_prompt, Role};
+use hesper_engine::model::{Model, Session};
+use hesper_engine::sampler::Sampler;
+use hesper_engine::tokenizer::Tokenizer;
+
+use crate::generation::{complete, Event, Stats};
+use crate::RuntimeError;
+
+/// The end-of-turn text of the template, for an answer that stopped without its token.
+const END_OF_TURN: &str = "<|eot_id|>";
+
+/// A conversation's text; the tokens live in the session it is used with.
+#[derive(Debug, Clone, Default)]
+pub struct Conversation {
+    /// The system prompt, kept through every trim.
+    pub system: Option<String>,
+    /// The turns in the context, oldest first.
+    history: Vec<(Role, String)>,
+    /// The token that ended the last answer, still to be fed back.
+    pending_end: Option<u32>,
+}
+
+/// What became of a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Turn {
+    /// Answered with this text.
+    Answered(String),
+    /// Not sent: it does not fit the context even alone (an [`Event::Refused`] said so).
+    Refused,
+}
+
+/// The model, tokenizer, session and sampler a conversation runs on.
+pub struct ChatContext<'a, B: Backend> {
+    /// The model.
+    pub model: &'a Model<B>,
+    /// Its tokenizer.
+    pub tok: &'a Tokenizer,
+    /// The session holding the conversation's tokens.
+    pub session: &'a mut Session<B>,
+    /// The sampler.
+    pub sampler: &'a mut Sampler,
+    /// Most tokens per answer (negative: no limit).
+    pub n_predict: i64,
+    /// Timings, summed over turns.
+    pub stats: &'a mut Stats,
+}
+
+impl Conversation {
+    /// A conversation with an optional system prompt.
+    pub fn new(system: Option<String>) -> Self {
+        Self {
+            system,
+            ..Self::default()
+        }
+    }
+
+    /// The turns currently in the context.
+    pub fn history(&self) -> &[(Role, String)] {
+        &self.history
+    }
+
+    /// Sends `message`, streams the answer through `on_event`, and keeps both in the history.
+    pub async fn send<B: Backend>(
+        &mut self,
+        cx: &mut ChatContext<'_, B>,
+        message: &str,
+        on_event: &mut dyn FnMut(Event<'_>) -> Result<(), RuntimeError>,
+    ) -> Result<Turn, RuntimeError> {
+        let tokens = match self.continuation(cx, message)? {
+            Some(t) => t,
+            None => match self.restart_with(cx, message, on_event)? {
+                Some(t) => t,
+                None => return Ok(Turn::Refused),
+            },
+        };
+        let done = complete(
+            cx.model,
+            cx.tok,
+            cx.session,
+            cx.sampler,
+            &tokens,
+            cx.n_predict,
+            cx.stats,
+            on_event,
+        )
+        .await;
+        let done = match done {
+            Ok(d) => d,
+            Err(e) => {
+                // The context may hold part of this turn: the next one starts afresh.
+                self.history.clear();
+                self.pending_end = None;
+                cx.session.truncate(0);
+                return Err(e);
+            }
+        };
+        self.history.push((Role::User, message.to_string()));
+        self.history.push((Role::Assistant, done.text.clone()));
+        self.pending_end = done.end;
+        Ok(Turn::Answered(done.text))
+    }
+
+    /// The tokens that add `message` to the conversation in the context, if they fit with
+    /// room for an answer.
+    fn continuation<B: Backend>(
+        &self,
+        cx: &ChatContext<'_, B>,
+        message: &str,
+    ) -> Result<Option<Vec<u32>>, RuntimeError> {
+        let pos = cx.session.pos();
+        if pos == 0 {
+            return self.fresh(cx, message, 0);
+        }
+        let mut input = Vec::new();
+        let mut text = String::new();
+        // The previous answer must end with its end-of-turn token.
+        match self.pending_end {
+            Some(t) => input.push(t),
+            None => text.push_str(END_OF_TURN),
+        }
+        text.push_str(&format_prompt(&[(Role::User, message.to_string())]));
+        input.extend(cx.tok.encode(&text, false, true)?);
+        Ok(fits(cx, pos, input))
+    }
+
+    /// `message` after the system prompt and the turns from `history[from..]`, as a new
+    /// context, if that fits.
+    fn fresh<B: Backend>(
+        &self,
+        cx: &ChatContext<'_, B>,
+        message: &str,
+        from: usize,
+    ) -> Result<Option<Vec<u32>>, RuntimeError> {
+        let mut turns = Vec::new();
+        if let Some(sys) = &self.system {
+            turns.push((Role::System, sys.clone()));
+        }
+        turns.extend(self.history[from..].iter().cloned());
+        turns.push((Role::User, message.to_string()));
+        let tokens = cx
+            .tok
+            .encode(&format_prompt(&turns), cx.tok.add_bos(), true)?;
+        Ok(fits(cx, 0, tokens))
+    }
+
+    /// Starts the context over with as many recent turns as fit before `message`; `None`
+    /// when the message does not fit even alone.
+    fn restart_with<B: Backend>(
+        &mut self,
+        cx: &mut ChatContext<'_, B>,
+        message: &str,
+        on_event: &mut dyn FnMut(Event<'_>) -> Result<(), RuntimeError>,
+    ) -> Result<Option<Vec<u32>>, RuntimeError> {
+        let n_ctx = cx.session.n_ctx();
+        // Whole exchanges (a message and its answer) are dropped, oldest first.
+        for from in (0..=self.history.len()).step_by(2) {
+            if let Some(tokens) = self.fresh(cx, message, from)? {
+                self.history.drain(..from);
+                self.pending_end = None;
+                cx.session.truncate(0);
+                on_event(Event::Trimmed {
+                    kept: self.history.len(),
+                    n_ctx,
+                })?;
+                return Ok(Some(tokens));
+            }
+        }
+        let tokens = cx.tok.encode(message, false, true)?.len();
+        on_event(Event::Refused { tokens, n_ctx })?;
+        Ok(None)
+    }
+}
+
+/// `tokens` if they fit after `pos` with at least one position left for the answer.
+fn fits<B: Backend>(cx: &ChatContext<'_, B>, pos: usize, tokens: Vec<u32>) -> Option<Vec<u32>> {
+    (pos + tokens.len() < cx.session.n_ctx()).then_some(tokens)
+}

@@ -1,0 +1,141 @@
+//! One streamed completion: evaluate the input, then sample, stop and detokenize token by
+//! token, handing the text to the front end as it becomes valid UTF-8.
+
+use hesper_engine::backend::Backend;
+use hesper_engine::model::{Logits, Model, Session};
+use hesper_engine::sampler::Sampler;
+use hesper_engine::tokenizer::{TextStream, Tokenizer};
+
+use crate::clock::now_ms;
+use crate::RuntimeError;
+
+/// What a completion tells its front end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// Generated text, in order (control tokens left out).
+    Text(&'a str),
+    /// Generation stopped because the context holds `n_ctx` positions, all used.
+    ContextFull {
+        /// Context size.
+        n_ctx: usize,
+    },
+    /// A chat turn did not fit; earlier turns were dropped and `kept` remain.
+    Trimmed {
+        /// Turns still in the context.
+        kept: usize,
+        /// Context size.
+        n_ctx: usize,
+    },
+    /// A chat message was not sent: `tokens` (with the framing an answer needs) do not fit
+    /// a context of `n_ctx` even alone.
+    Refused {
+        /// The message's length in tokens.
+        tokens: usize,
+        /// Context size.
+        n_ctx: usize,
+    },
+}
+
+/// Where the time went, summed over completions (llama.cpp's closing lines).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stats {
+    /// Input tokens evaluated.
+    pub prompt_tokens: usize,
+    /// Time evaluating them, ms.
+    pub prompt_ms: f64,
+    /// Tokens generated.
+    pub gen_tokens: usize,
+    /// Time generating them, ms.
+    pub gen_ms: f64,
+}
+
+/// How a completion ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The end-of-generation token that ended it, if one did.
+    pub end: Option<u32>,
+    /// The text generated (as shown).
+    pub text: String,
+}
+
+/// What one evaluation hands the sampler.
+enum Next {
+    /// The greedy choice, found by the backend.
+    Token(u32),
+    /// The last position's logits.
+    Logits(Vec<f32>),
+}
+
+/// Evaluates `input` at the session's next positions, then samples and streams tokens until
+/// an end-of-generation token, `n_predict` tokens (negative: no limit) or a full context.
+#[allow(clippy::too_many_arguments)]
+pub async fn complete<B: Backend>(
+    model: &Model<B>,
+    tok: &Tokenizer,
+    session: &mut Session<B>,
+    sampler: &mut Sampler,
+    input: &[u32],
+    n_predict: i64,
+    stats: &mut Stats,
+    on_event: &mut dyn FnMut(Event<'_>) -> Result<(), RuntimeError>,
+) -> Result<Completion, RuntimeError> {
+    for &t in input {
+        sampler.accept(t);
+    }
+    // Greedy decoding needs only the argmax, which the backend finds without handing back
+    // the logits (on a GPU: a 4-byte read-back instead of the whole vocabulary).
+    let greedy = sampler.is_greedy();
+    let t0 = now_ms();
+    let mut next_of = step(model, session, input, greedy).await?;
+    stats.prompt_ms += now_ms() - t0;
+    stats.prompt_tokens += input.len();
+    let mut stream = TextStream::for_display(tok);
+    let mut text = String::new();
+    let mut produced = 0i64;
+    let t0 = now_ms();
+    let mut end = None;
+    while n_predict < 0 || produced < n_predict {
+        let next = match &next_of {
+            Next::Token(t) => *t,
+            Next::Logits(logits) => sampler.sample(logits),
+        };
+        if tok.is_end_of_generation(next) {
+            end = Some(next);
+            break;
+        }
+        sampler.accept(next);
+        let piece = stream.push(next);
+        on_event(Event::Text(&piece))?;
+        text.push_str(&piece);
+        produced += 1;
+        if session.pos() >= session.n_ctx() {
+            on_event(Event::ContextFull {
+                n_ctx: session.n_ctx(),
+            })?;
+            break;
+        }
+        next_of = step(model, session, &[next], greedy).await?;
+    }
+    let rest = stream.finish();
+    if !rest.is_empty() {
+        on_event(Event::Text(&rest))?;
+        text.push_str(&rest);
+    }
+    stats.gen_ms += now_ms() - t0;
+    stats.gen_tokens += produced as usize;
+    Ok(Completion { end, text })
+}
+
+/// Evaluates `input` and hands back what the sampler needs.
+async fn step<B: Backend>(
+    model: &Model<B>,
+    session: &mut Session<B>,
+    input: &[u32],
+    greedy: bool,
+) -> Result<Next, RuntimeError> {
+    Ok(if greedy {
+        Next::Token(model.eval_greedy_async(session, input).await?)
+    } else {
+        Next::Logits(model.eval_async(session, input, Logits::Last).await?)
+    })
+}
