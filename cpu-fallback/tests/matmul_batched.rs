@@ -40,7 +40,7 @@ fn a_batch_equals_its_tokens_one_at_a_time() {
         .num_threads(2)
         .build()
         .unwrap();
-    for isa in [Isa::Scalar, Isa::detect()] {
+    for isa in Isa::supported() {
         let mut batched = vec![0.0; n * rows];
         pool.install(|| w.matmul(isa, &x, n, &mut batched));
         let single: Vec<f32> = x

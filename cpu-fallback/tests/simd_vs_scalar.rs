@@ -7,16 +7,26 @@ use hesper_engine::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
 use hesper_engine::weights::q8_0_block;
 use proptest::prelude::*;
 
-fn simd() -> Isa {
-    let isa = Isa::detect();
-    // CI runs on x86_64 machines with AVX2; a run that silently tested nothing would pass.
+/// Every SIMD instruction set this CPU runs, each forced in turn rather than only the one
+/// `Isa::detect` picks.
+fn simds() -> Vec<Isa> {
+    let isas: Vec<Isa> = Isa::supported()
+        .into_iter()
+        .filter(|&isa| isa != Isa::Scalar)
+        .collect();
+    // CI runs on x86_64 machines with AVX2 and under qemu-aarch64 (whose default CPU has NEON
+    // and dotprod); a run that silently tested nothing would pass.
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(
-        isa,
-        Isa::Avx2,
+    assert!(
+        isas.contains(&Isa::Avx2),
         "this x86_64 CPU has no AVX2/FMA/F16C: the SIMD kernels are untested"
     );
-    isa
+    #[cfg(target_arch = "aarch64")]
+    assert!(
+        isas.contains(&Isa::Neon),
+        "NEON not reported: the SIMD kernels are untested"
+    );
+    isas
 }
 
 /// A small deterministic generator (proptest picks the seed).
@@ -96,7 +106,9 @@ proptest! {
         let cols = groups * 128;
         let row: Vec<u8> = (0..cols / 4).map(|_| g.codes()).collect();
         let q = quantize_i8_row(&(0..cols).map(|_| g.float(-1.0, 2)).collect::<Vec<_>>());
-        prop_assert_eq!(simd().i2s_code_dot(&row, &q.q), scalar::i2s_code_dot(&row, &q.q));
+        for isa in simds() {
+            prop_assert_eq!(isa.i2s_code_dot(&row, &q.q), scalar::i2s_code_dot(&row, &q.q), "{:?}", isa);
+        }
     }
 
     /// The four-token I2_S kernel equals four single-token scalar dots (full i8 range).
@@ -106,9 +118,11 @@ proptest! {
         let cols = groups * 128;
         let row: Vec<u8> = (0..cols / 4).map(|_| g.codes()).collect();
         let qs: Vec<Vec<i8>> = (0..4).map(|_| (0..cols).map(|_| g.next() as u8 as i8).collect()).collect();
-        let got = simd().i2s_code_dot_x4(&row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
-        for (k, q) in qs.iter().enumerate() {
-            prop_assert_eq!(got[k], scalar::i2s_code_dot(&row, q));
+        for isa in simds() {
+            let got = isa.i2s_code_dot_x4(&row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
+            for (k, q) in qs.iter().enumerate() {
+                prop_assert_eq!(got[k], scalar::i2s_code_dot(&row, q), "{:?}", isa);
+            }
         }
     }
 
@@ -119,9 +133,11 @@ proptest! {
         let cols = groups * 128;
         let rows: Vec<u8> = (0..cols).map(|_| g.codes()).collect();
         let q: Vec<i8> = (0..cols).map(|_| g.next() as u8 as i8).collect();
-        let got = simd().i2s_code_dot_rows4(&rows, &q);
-        for (k, row) in rows.chunks_exact(cols / 4).enumerate() {
-            prop_assert_eq!(got[k], scalar::i2s_code_dot(row, &q));
+        for isa in simds() {
+            let got = isa.i2s_code_dot_rows4(&rows, &q);
+            for (k, row) in rows.chunks_exact(cols / 4).enumerate() {
+                prop_assert_eq!(got[k], scalar::i2s_code_dot(row, &q), "{:?}", isa);
+            }
         }
     }
 
@@ -131,9 +147,11 @@ proptest! {
         let mut g = Lcg(seed);
         let rows: Vec<Vec<u8>> = (0..4).map(|_| g.tq2_0_row(blocks)).collect();
         let act = g.q8_k(blocks * 256);
-        let got = simd().tq2_0_dot_rows4(&rows.concat(), &act);
-        for (k, row) in rows.iter().enumerate() {
-            prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(row, &act).to_bits());
+        for isa in simds() {
+            let got = isa.tq2_0_dot_rows4(&rows.concat(), &act);
+            for (k, row) in rows.iter().enumerate() {
+                prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(row, &act).to_bits(), "{:?}", isa);
+            }
         }
     }
 
@@ -144,14 +162,16 @@ proptest! {
         let rows: Vec<Vec<u8>> = (0..4).map(|_| g.tq1_0_row(blocks)).collect();
         let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
         let want = |row: &[u8], act: &[Q8KBlock]| scalar::tq1_0_dot(row, act).to_bits();
-        prop_assert_eq!(simd().tq1_0_dot(&rows[0], &acts[0]).to_bits(), want(&rows[0], &acts[0]));
-        let got = simd().tq1_0_dot_rows4(&rows.concat(), &acts[0]);
-        for (k, row) in rows.iter().enumerate() {
-            prop_assert_eq!(got[k].to_bits(), want(row, &acts[0]));
-        }
-        let got = simd().tq1_0_dot_x4(&rows[0], [&acts[0], &acts[1], &acts[2], &acts[3]]);
-        for (t, act) in acts.iter().enumerate() {
-            prop_assert_eq!(got[t].to_bits(), want(&rows[0], act));
+        for isa in simds() {
+            prop_assert_eq!(isa.tq1_0_dot(&rows[0], &acts[0]).to_bits(), want(&rows[0], &acts[0]), "{:?}", isa);
+            let got = isa.tq1_0_dot_rows4(&rows.concat(), &acts[0]);
+            for (k, row) in rows.iter().enumerate() {
+                prop_assert_eq!(got[k].to_bits(), want(row, &acts[0]), "{:?}", isa);
+            }
+            let got = isa.tq1_0_dot_x4(&rows[0], [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            for (t, act) in acts.iter().enumerate() {
+                prop_assert_eq!(got[t].to_bits(), want(&rows[0], act), "{:?}", isa);
+            }
         }
     }
 
@@ -161,7 +181,9 @@ proptest! {
         let mut g = Lcg(seed);
         let row = g.tq2_0_row(blocks);
         let act = g.q8_k(blocks * 256);
-        prop_assert_eq!(simd().tq2_0_dot(&row, &act).to_bits(), scalar::tq2_0_dot(&row, &act).to_bits());
+        for isa in simds() {
+            prop_assert_eq!(isa.tq2_0_dot(&row, &act).to_bits(), scalar::tq2_0_dot(&row, &act).to_bits(), "{:?}", isa);
+        }
     }
 
     /// The four-token TQ2_0 kernel is bit-identical to four scalar dots.
@@ -170,9 +192,11 @@ proptest! {
         let mut g = Lcg(seed);
         let row = g.tq2_0_row(blocks);
         let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
-        let got = simd().tq2_0_dot_x4(&row, [&acts[0], &acts[1], &acts[2], &acts[3]]);
-        for (k, a) in acts.iter().enumerate() {
-            prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(&row, a).to_bits());
+        for isa in simds() {
+            let got = isa.tq2_0_dot_x4(&row, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            for (k, a) in acts.iter().enumerate() {
+                prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(&row, a).to_bits(), "{:?}", isa);
+            }
         }
     }
 
@@ -183,7 +207,9 @@ proptest! {
         let mut g = Lcg(seed);
         let row = g.q6_k_row(blocks);
         let act = g.q8_k(blocks * 256);
-        prop_assert_eq!(simd().q6_k_dot(&row, &act).to_bits(), scalar::q6_k_dot(&row, &act).to_bits());
+        for isa in simds() {
+            prop_assert_eq!(isa.q6_k_dot(&row, &act).to_bits(), scalar::q6_k_dot(&row, &act).to_bits(), "{:?}", isa);
+        }
     }
 
     /// F32 and F16 rows of any length: equal up to summation order.
@@ -192,11 +218,13 @@ proptest! {
         let w = &w[..x.len()];
         let scale: f32 = x.iter().zip(w).map(|(a, b)| (a * b).abs()).sum();
         let f32_row: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let (a, b) = (simd().f32_dot(&f32_row, &x), scalar::f32_dot(&f32_row, &x));
-        prop_assert!(rel_close(a, b, scale), "f32 {a} vs {b}");
         let f16_row: Vec<u8> = w.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
-        let (a, b) = (simd().f16_dot(&f16_row, &x), scalar::f16_dot(&f16_row, &x));
-        prop_assert!(rel_close(a, b, scale), "f16 {a} vs {b}");
+        for isa in simds() {
+            let (a, b) = (isa.f32_dot(&f32_row, &x), scalar::f32_dot(&f32_row, &x));
+            prop_assert!(rel_close(a, b, scale), "{isa:?} f32 {a} vs {b}");
+            let (a, b) = (isa.f16_dot(&f16_row, &x), scalar::f16_dot(&f16_row, &x));
+            prop_assert!(rel_close(a, b, scale), "{isa:?} f16 {a} vs {b}");
+        }
     }
 
     /// Attention scores and weighted sums over strided cached rows, head widths that are not
@@ -207,21 +235,23 @@ proptest! {
         let stride = hd + extra;
         let q: Vec<f32> = (0..hd).map(|_| g.float(-2.0, 4)).collect();
         let kv: Vec<f32> = (0..(len - 1) * stride + hd).map(|_| g.float(-2.0, 4)).collect();
-        let (mut a, mut b) = (vec![0.0; len], vec![0.0; len]);
-        simd().scores(&q, &kv, stride, &mut a);
-        scalar::scores(&q, &kv, stride, &mut b);
-        for (j, (a, b)) in a.iter().zip(&b).enumerate() {
-            let key = &kv[j * stride..][..hd];
-            let scale: f32 = q.iter().zip(key).map(|(x, y)| (x * y).abs()).sum();
-            prop_assert!(rel_close(*a, *b, scale), "score {j}: {a} vs {b}");
-        }
         let p: Vec<f32> = (0..len).map(|_| g.float(0.0, 1)).collect();
-        let (mut a, mut b) = (vec![7.0; hd], vec![7.0; hd]);
-        simd().weighted_sum(&p, &kv, stride, &mut a);
-        scalar::weighted_sum(&p, &kv, stride, &mut b);
-        for (d, (a, b)) in a.iter().zip(&b).enumerate() {
-            let scale: f32 = p.iter().enumerate().map(|(j, pj)| (pj * kv[j * stride + d]).abs()).sum();
-            prop_assert!(rel_close(*a, *b, scale), "dim {d}: {a} vs {b}");
+        for isa in simds() {
+            let (mut a, mut b) = (vec![0.0; len], vec![0.0; len]);
+            isa.scores(&q, &kv, stride, &mut a);
+            scalar::scores(&q, &kv, stride, &mut b);
+            for (j, (a, b)) in a.iter().zip(&b).enumerate() {
+                let key = &kv[j * stride..][..hd];
+                let scale: f32 = q.iter().zip(key).map(|(x, y)| (x * y).abs()).sum();
+                prop_assert!(rel_close(*a, *b, scale), "{isa:?} score {j}: {a} vs {b}");
+            }
+            let (mut a, mut b) = (vec![7.0; hd], vec![7.0; hd]);
+            isa.weighted_sum(&p, &kv, stride, &mut a);
+            scalar::weighted_sum(&p, &kv, stride, &mut b);
+            for (d, (a, b)) in a.iter().zip(&b).enumerate() {
+                let scale: f32 = p.iter().enumerate().map(|(j, pj)| (pj * kv[j * stride + d]).abs()).sum();
+                prop_assert!(rel_close(*a, *b, scale), "{isa:?} dim {d}: {a} vs {b}");
+            }
         }
     }
 
@@ -236,8 +266,10 @@ proptest! {
         }).collect();
         let act = quantize_q8_0(x);
         let scale: f32 = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
-        let (a, b) = (simd().q8_0_dot(&row, &act), scalar::q8_0_dot(&row, &act));
-        prop_assert!(rel_close(a, b, scale), "{a} vs {b}");
+        for isa in simds() {
+            let (a, b) = (isa.q8_0_dot(&row, &act), scalar::q8_0_dot(&row, &act));
+            prop_assert!(rel_close(a, b, scale), "{isa:?} {a} vs {b}");
+        }
     }
 }
 
@@ -260,7 +292,7 @@ fn q6_k_dot_agrees_with_the_decoder() {
             scale += term.abs();
         }
     }
-    for isa in [Isa::Scalar, simd()] {
+    for isa in Isa::supported() {
         let got = f64::from(isa.q6_k_dot(&row, &act));
         assert!(
             (got - want).abs() <= 1e-6 * scale,
