@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_engine::model::Model;
-use hesper_engine::sampler::SamplerConfig;
+use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::chat::{ChatContext, Conversation, Turn};
 use hesper_runtime::settings;
@@ -123,7 +123,7 @@ impl GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     args.check()?;
     // Bad sampling flags fail before a model is loaded.
-    settings::check(&args.sampling())?;
+    let sampler = settings::sampler(args.sampling())?;
     let loaded = load(&args.model, None)?;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); use `hesper-rs logits --tokens`", loaded.model.file().source);
@@ -132,6 +132,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         &args,
         model,
         tok,
+        sampler,
         loaded.load_ms
     ))
 }
@@ -141,12 +142,12 @@ fn generate_on<B: Backend>(
     args: &GenerateArgs,
     model: &Model<B>,
     tok: &Tokenizer,
+    mut sampler: Sampler,
     load_ms: f64,
 ) -> Result<()> {
     let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
     let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
     ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
-    let mut sampler = settings::sampler(args.sampling())?;
     let banner = || {
         note!(
             "hesper: {} | {} | ctx {n_ctx}",
