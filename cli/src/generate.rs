@@ -13,7 +13,7 @@ use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::chat::{ChatContext, Conversation, Turn};
 use hesper_runtime::settings;
-use hesper_runtime::{complete, run_model, Event, RuntimeError, Stats};
+use hesper_runtime::{complete, run_model, Event, Flow, RuntimeError, Stats};
 
 use crate::args::{ContextArgs, ModelArgs};
 use crate::load::load;
@@ -197,7 +197,7 @@ fn generate_on<B: Backend>(
 }
 
 /// Prints one event: text on stdout as it comes, notes on stderr.
-fn print_event(e: Event<'_>) -> Result<(), RuntimeError> {
+fn print_event(e: Event<'_>) -> Result<Flow, RuntimeError> {
     match e {
         Event::Text(t) => {
             let mut out = std::io::stdout().lock();
@@ -212,7 +212,7 @@ fn print_event(e: Event<'_>) -> Result<(), RuntimeError> {
             "hesper: this message is {tokens} tokens, too long for the context ({n_ctx} tokens, an answer needs room too); not sent (raise -c/--ctx-size)"
         ),
     }
-    Ok(())
+    Ok(Flow::Continue)
 }
 
 /// An interactive chat: one turn per line of stdin (`-p`, if given, is the first). A line

@@ -19,7 +19,7 @@ const BUILTIN_MODEL: &[u8] = include_bytes!("../../models/hesper-tiny.gguf");
 /// Label shown for the built-in model.
 pub const BUILTIN_LABEL: &str = "built-in hesper-tiny.gguf (random weights, demo only)";
 /// Files above this size get a progress bar while they are paged in or uploaded.
-const PROGRESS_BYTES: usize = 64 << 20;
+const PROGRESS_BYTES: u64 = 64 << 20;
 
 /// A model ready to run.
 pub struct Loaded {

@@ -10,7 +10,7 @@ pub mod quant;
 use std::future::Future;
 use std::sync::Arc;
 
-use hesper_engine::backend::{matmul_each, AttentionShape, Backend, BackendError, RopeShape};
+use hesper_engine::backend::{MatrixUse, matmul_each, AttentionShape, Backend, BackendError, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;
@@ -27,6 +27,22 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
+    /// Rows of block layouts must hold whole blocks.
+    fn check_blocks(&self, desc: &MatrixDesc) -> Result<(), BackendError> {
+        let why = match desc.format {
+            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K if desc.cols % 256 != 0 => {
+                "TQ and Q6_K rows must be whole 256-element blocks"
+            }
+            Format::Q8_0 if desc.cols % 32 != 0 => "Q8_0 rows must be whole 32-element blocks",
+            _ => return Ok(()),
+        };
+        Err(BackendError::Unsupported {
+            backend: self.name(),
+            tensor: desc.name.clone(),
+            why: why.into(),
+        })
+    }
+
     /// A backend with `threads` workers (0 = one per core) on the best instruction set.
     pub fn new(threads: usize) -> Result<Self, BackendError> {
         Self::with_isa(threads, Isa::detect())
@@ -81,23 +97,9 @@ impl Backend for CpuBackend {
         file: &Arc<ModelFile>,
         desc: MatrixDesc,
         scale: Option<f32>,
+        _usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
-        let unsupported = |why: &str| BackendError::Unsupported {
-            backend: self.name(),
-            tensor: desc.name.clone(),
-            why: why.into(),
-        };
-        match desc.format {
-            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K if desc.cols % 256 != 0 => {
-                return Err(unsupported(
-                    "TQ and Q6_K rows must be whole 256-element blocks",
-                ))
-            }
-            Format::Q8_0 if desc.cols % 32 != 0 => {
-                return Err(unsupported("Q8_0 rows must be whole 32-element blocks"))
-            }
-            _ => {}
-        }
+        self.check_blocks(&desc)?;
         Ok(CpuMatrix::new(file.clone(), desc, scale))
     }
 
@@ -106,7 +108,9 @@ impl Backend for CpuBackend {
         desc: MatrixDesc,
         data: Vec<u8>,
         scale: Option<f32>,
+        _usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
+        self.check_blocks(&desc)?;
         if data.len() < desc.range.end {
             return Err(BackendError::Unsupported {
                 backend: self.name(),

@@ -87,6 +87,16 @@ impl RopeShape {
     }
 }
 
+/// What a loaded matrix is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixUse {
+    /// Multiplied with activations (a layer's weight, an LM head of its own).
+    Product,
+    /// The token embedding table: its rows are looked up per token, and it may also be the
+    /// tied LM head.
+    Embedding,
+}
+
 /// A compute backend.
 pub trait Backend {
     /// f32 activations `[n][width]`.
@@ -107,14 +117,16 @@ pub trait Backend {
         file: &Arc<ModelFile>,
         desc: MatrixDesc,
         scale: Option<f32>,
+        usage: MatrixUse,
     ) -> Result<Self::Matrix, BackendError>;
-    /// Prepares a weight matrix whose bytes hesper-rs made (e.g. a re-quantized LM head);
-    /// `desc.range` indexes `data`.
+    /// Prepares a weight matrix whose bytes are handed over: read on their own by a streamed
+    /// load, or made by hesper-rs (a re-quantized LM head); `desc.range` indexes `data`.
     fn load_owned_matrix(
         &self,
         desc: MatrixDesc,
         data: Vec<u8>,
         scale: Option<f32>,
+        usage: MatrixUse,
     ) -> Result<Self::Matrix, BackendError>;
     /// Prepares a vector.
     fn load_vector(&self, data: Vec<f32>) -> Result<Self::Vector, BackendError>;

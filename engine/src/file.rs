@@ -1,4 +1,5 @@
-//! A GGUF file held in memory: memory-mapped natively, or an owned buffer (tests, wasm).
+//! A GGUF file held in memory: memory-mapped natively, or an owned buffer (tests, wasm); or
+//! only its header, for a load that streams the tensors from a [`crate::source::TensorSource`].
 
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
@@ -81,6 +82,8 @@ impl Bytes {
 /// data from it instead of copying weights.
 pub struct ModelFile {
     bytes: Bytes,
+    /// Length of the whole file; more than `bytes` holds when only the header was read.
+    file_len: u64,
     header: Gguf,
     /// Where the file came from (a path, or a label for in-memory files).
     pub source: String,
@@ -114,21 +117,47 @@ impl ModelFile {
         Self::from_bytes_inner(Bytes::Owned(bytes), label.to_string())
     }
 
+    /// Parses the header held in `prefix`, the first bytes of a file of `file_len` bytes
+    /// whose tensors a streamed load reads later. Fails with a [`FileError::Gguf`] error for
+    /// which [`GgufError::may_need_more`] holds when the header runs past the prefix.
+    pub fn from_header(
+        prefix: Vec<u8>,
+        file_len: u64,
+        label: &str,
+    ) -> Result<Arc<Self>, FileError> {
+        let header = Gguf::parse_prefix(&prefix, file_len).map_err(|source| FileError::Gguf {
+            path: label.to_string(),
+            source,
+        })?;
+        Ok(Arc::new(Self {
+            bytes: Bytes::Owned(prefix),
+            file_len,
+            header,
+            source: label.to_string(),
+        }))
+    }
+
     fn from_bytes_inner(bytes: Bytes, source: String) -> Result<Arc<Self>, FileError> {
         let header = Gguf::parse(bytes.as_slice()).map_err(|source_err| FileError::Gguf {
             path: source.clone(),
             source: source_err,
         })?;
         Ok(Arc::new(Self {
+            file_len: bytes.as_slice().len() as u64,
             bytes,
             header,
             source,
         }))
     }
 
-    /// The whole file.
+    /// The bytes held: the whole file, or only its first bytes (see [`ModelFile::holds_tensors`]).
     pub fn bytes(&self) -> &[u8] {
         self.bytes.as_slice()
+    }
+
+    /// Whether the tensor data is held (false for a file opened with [`ModelFile::from_header`]).
+    pub fn holds_tensors(&self) -> bool {
+        self.bytes().len() as u64 == self.file_len
     }
 
     /// The parsed header.
@@ -163,12 +192,12 @@ impl ModelFile {
     }
 
     /// Size of the file in bytes.
-    pub fn len(&self) -> usize {
-        self.bytes().len()
+    pub fn len(&self) -> u64 {
+        self.file_len
     }
 
-    /// True for an empty buffer (never the case for a parsed file).
+    /// True for an empty file (never the case for a parsed one).
     pub fn is_empty(&self) -> bool {
-        self.bytes().is_empty()
+        self.file_len == 0
     }
 }

@@ -1,7 +1,7 @@
 //! hesper-engine: the parts of hesper-rs every backend shares.
 //!
 //! * [`gguf`]: our GGUF reader (why not `gguf-rs`: see the module docs) and [`file`], a
-//!   memory-mapped model file;
+//!   memory-mapped model file; [`source`]: a file read tensor by tensor (a streamed load);
 //! * [`weights`]: typed views of tensor data and the reference decoders of every ternary layout;
 //!   [`q6_k`]: ggml's Q6_K layout (LM heads);
 //! * [`config`]: the model hyper-parameters and numeric flavour read from metadata;
@@ -18,5 +18,6 @@ pub mod memory;
 pub mod model;
 pub mod q6_k;
 pub mod sampler;
+pub mod source;
 pub mod tokenizer;
 pub mod weights;

@@ -16,10 +16,15 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
+
+use crate::backend::{AttentionShape, Backend, BackendError, MatrixUse, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
+use crate::gguf::{TensorError, TensorInfo};
 use crate::memory::{SessionShape, SizeError};
+use crate::source::{ReadError, TensorSource};
 use crate::weights::{read_f32_vector, requantize, Format, MatrixDesc, WeightError};
 
 /// Errors raised while loading or running a model.
@@ -75,6 +80,17 @@ pub enum ModelError {
     /// A session too large for the backend (context or batch).
     #[error(transparent)]
     Size(#[from] SizeError),
+    /// A streamed load could not read a tensor.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// A tensor larger than this target can address (a 32-bit browser build).
+    #[error("tensor {name:?} holds {bytes} bytes, more than this build can address")]
+    TooLarge {
+        /// Tensor name.
+        name: String,
+        /// Its size.
+        bytes: u64,
+    },
     /// Hidden states of the wrong size.
     #[error("hidden states hold {got} floats, expected {n_tokens} × {n_embd}")]
     HiddenSize {
@@ -208,6 +224,33 @@ impl<B: Backend> Model<B> {
         file: Arc<ModelFile>,
         opts: LoadOptions<'_>,
     ) -> Result<Self, ModelError> {
+        let mut in_file = InFile;
+        let load = std::pin::pin!(Self::load_from(backend, file, &mut in_file, opts));
+        match load.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => result,
+            // Every tensor is read from `file`, and backends load without waiting.
+            Poll::Pending => unreachable!("a load from memory never waits"),
+        }
+    }
+
+    /// Loads a model onto `backend`, reading each tensor from `source` when `file` holds
+    /// only the header ([`ModelFile::from_header`]): a backend that copies weights to its own
+    /// memory then needs one tensor in host memory at a time, not the file.
+    pub async fn load_streamed<S: TensorSource>(
+        backend: B,
+        file: Arc<ModelFile>,
+        source: &mut S,
+        opts: LoadOptions<'_>,
+    ) -> Result<Self, ModelError> {
+        Self::load_from(backend, file, &mut Streamed(source), opts).await
+    }
+
+    async fn load_from<F: Fetch>(
+        backend: B,
+        file: Arc<ModelFile>,
+        fetch: &mut F,
+        opts: LoadOptions<'_>,
+    ) -> Result<Self, ModelError> {
         let g = file.header();
         // The architecture is checked before any tensor, so a non-BitNet file says so.
         let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
@@ -233,6 +276,7 @@ impl<B: Backend> Model<B> {
         let mut loader = Loader {
             backend: &backend,
             file: &file,
+            fetch,
             done: 0,
             total,
             progress: opts.progress,
@@ -240,7 +284,11 @@ impl<B: Backend> Model<B> {
         };
         let (d, ff, kv) = (config.n_embd, config.n_ff, config.kv_dim());
         let embedding = if first || (last && tied) {
-            Some(loader.matrix("token_embd.weight", config.n_vocab, d)?)
+            Some(
+                loader
+                    .matrix("token_embd.weight", config.n_vocab, d, MatrixUse::Embedding)
+                    .await?,
+            )
         } else {
             None
         };
@@ -255,21 +303,21 @@ impl<B: Backend> Model<B> {
         for il in layer_range.clone() {
             let p = |n: &str| format!("blk.{il}.{n}");
             layers.push(Layer {
-                attn_norm: loader.vector(&p("attn_norm.weight"), d)?,
-                wq: loader.matrix(&p("attn_q.weight"), d, d)?,
-                wk: loader.matrix(&p("attn_k.weight"), kv, d)?,
-                wv: loader.matrix(&p("attn_v.weight"), kv, d)?,
-                attn_sub_norm: loader.vector(&p("attn_sub_norm.weight"), d)?,
-                wo: loader.matrix(&p("attn_output.weight"), d, d)?,
-                ffn_norm: loader.vector(&p("ffn_norm.weight"), d)?,
-                gate: loader.matrix(&p("ffn_gate.weight"), ff, d)?,
-                up: loader.matrix(&p("ffn_up.weight"), ff, d)?,
-                ffn_sub_norm: loader.vector(&p("ffn_sub_norm.weight"), ff)?,
-                down: loader.matrix(&p("ffn_down.weight"), d, ff)?,
+                attn_norm: loader.vector(&p("attn_norm.weight"), d).await?,
+                wq: loader.matrix(&p("attn_q.weight"), d, d, MatrixUse::Product).await?,
+                wk: loader.matrix(&p("attn_k.weight"), kv, d, MatrixUse::Product).await?,
+                wv: loader.matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product).await?,
+                attn_sub_norm: loader.vector(&p("attn_sub_norm.weight"), d).await?,
+                wo: loader.matrix(&p("attn_output.weight"), d, d, MatrixUse::Product).await?,
+                ffn_norm: loader.vector(&p("ffn_norm.weight"), d).await?,
+                gate: loader.matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product).await?,
+                up: loader.matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product).await?,
+                ffn_sub_norm: loader.vector(&p("ffn_sub_norm.weight"), ff).await?,
+                down: loader.matrix(&p("ffn_down.weight"), d, ff, MatrixUse::Product).await?,
             });
         }
         let (output, output_norm) = if last {
-            let norm = loader.vector("output_norm.weight", d)?;
+            let norm = loader.vector("output_norm.weight", d).await?;
             let head = if tied {
                 "token_embd.weight"
             } else {
@@ -277,9 +325,17 @@ impl<B: Backend> Model<B> {
             };
             let out = match opts.head {
                 HeadFormat::AsStored if tied => None,
-                HeadFormat::AsStored => Some(loader.matrix(head, config.n_vocab, d)?),
+                HeadFormat::AsStored => Some(
+                    loader
+                        .matrix(head, config.n_vocab, d, MatrixUse::Product)
+                        .await?,
+                ),
                 HeadFormat::Q8_0 | HeadFormat::Q6K => {
-                    Some(loader.requantized(head, config.n_vocab, d, opts.head)?)
+                    Some(
+                        loader
+                            .requantized(head, config.n_vocab, d, opts.head)
+                            .await?,
+                    )
                 }
             };
             (out, Some(norm))
@@ -657,9 +713,57 @@ impl<B: Backend> Model<B> {
     }
 }
 
-struct Loader<'a, 'p, B: Backend> {
+/// How the loader gets a tensor's bytes: borrowed from the file, or read from a source.
+trait Fetch {
+    /// The bytes of `info`, or `None` when they are in the file.
+    fn fetch(
+        &mut self,
+        info: &TensorInfo,
+    ) -> impl std::future::Future<Output = Result<Option<Vec<u8>>, ModelError>>;
+}
+
+/// Tensors borrowed from a file held whole.
+struct InFile;
+
+impl Fetch for InFile {
+    async fn fetch(&mut self, _: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
+        Ok(None)
+    }
+}
+
+/// Tensors read one by one from a source.
+struct Streamed<'s, S>(&'s mut S);
+
+impl<S: TensorSource> Fetch for Streamed<'_, S> {
+    async fn fetch(&mut self, info: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
+        let nbytes = info.nbytes.ok_or_else(|| {
+            WeightError::from(TensorError::UnknownType {
+                name: info.name.clone(),
+                id: info.ty.id(),
+            })
+        })?;
+        // The header checked the range against the file's length; a 32-bit target may still
+        // not address it.
+        let len = usize::try_from(nbytes).map_err(|_| ModelError::TooLarge {
+            name: info.name.clone(),
+            bytes: nbytes,
+        })?;
+        Ok(Some(self.0.read(info.start, len).await?))
+    }
+}
+
+/// `info` as if its data began at offset 0 (for bytes read on their own).
+fn at_zero(info: &TensorInfo) -> TensorInfo {
+    TensorInfo {
+        start: 0,
+        ..info.clone()
+    }
+}
+
+struct Loader<'a, 'p, B: Backend, F> {
     backend: &'a B,
     file: &'a Arc<ModelFile>,
+    fetch: &'a mut F,
     done: usize,
     total: usize,
     progress: Option<&'p mut dyn FnMut(usize, usize)>,
@@ -667,7 +771,7 @@ struct Loader<'a, 'p, B: Backend> {
     matrix_bytes: u64,
 }
 
-impl<B: Backend> Loader<'_, '_, B> {
+impl<B: Backend, F: Fetch> Loader<'_, '_, B, F> {
     fn tick(&mut self) {
         self.done += 1;
         if let Some(progress) = self.progress.as_mut() {
@@ -675,38 +779,105 @@ impl<B: Backend> Loader<'_, '_, B> {
         }
     }
 
-    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix, ModelError> {
-        let (desc, scale) = matrix_source(self.file, name, rows, cols)?;
+    fn info(&self, name: &str) -> Result<TensorInfo, ModelError> {
+        self.file
+            .header()
+            .tensor(name)
+            .cloned()
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))
+    }
+
+    /// A matrix's description, its bytes when read from a source, and its scale.
+    async fn source(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(MatrixDesc, Option<Vec<u8>>, Option<f32>), ModelError> {
+        let info = self.info(name)?;
+        let scale_name = name.replace(".weight", ".scale");
+        let scale = match self.file.header().tensor(&scale_name) {
+            Some(_) => Some(self.vector_data(&scale_name, 1).await?[0]),
+            None => None,
+        };
+        Ok(match self.fetch.fetch(&info).await? {
+            None => (
+                MatrixDesc::new(&info, self.file.bytes(), rows, cols)?,
+                None,
+                scale,
+            ),
+            Some(bytes) => (
+                MatrixDesc::new(&at_zero(&info), &bytes, rows, cols)?,
+                Some(bytes),
+                scale,
+            ),
+        })
+    }
+
+    async fn matrix(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        usage: MatrixUse,
+    ) -> Result<B::Matrix, ModelError> {
+        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
         self.matrix_bytes += desc.range.len() as u64;
-        let m = self.backend.load_matrix(self.file, desc, scale)?;
+        let m = match bytes {
+            None => self.backend.load_matrix(self.file, desc, scale, usage)?,
+            Some(mut bytes) => {
+                // I2_S descriptions cover the codes only; the scale after them was read.
+                bytes.truncate(desc.range.end);
+                self.backend.load_owned_matrix(desc, bytes, scale, usage)?
+            }
+        };
         self.tick();
         Ok(m)
     }
 
-    fn requantized(
+    async fn requantized(
         &mut self,
         name: &str,
         rows: usize,
         cols: usize,
         head: HeadFormat,
     ) -> Result<B::Matrix, ModelError> {
-        let (desc, scale) = matrix_source(self.file, name, rows, cols)?;
+        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
         let format = head.target().unwrap_or(desc.format);
-        let (requantized, data) = requantize(&desc, self.file.bytes(), format)?;
-        // The stored head is read once here; only embedding lookups (a row per token) may
-        // touch it again.
-        self.file.release(desc.range.clone());
-        let desc = requantized;
+        let (requantized, data) = match &bytes {
+            None => {
+                let out = requantize(&desc, self.file.bytes(), format)?;
+                // The stored head is read once here; only embedding lookups (a row per token)
+                // may touch it again.
+                self.file.release(desc.range.clone());
+                out
+            }
+            Some(bytes) => requantize(&desc, bytes, format)?,
+        };
+        drop(bytes);
         self.matrix_bytes += data.len() as u64;
-        let m = self.backend.load_owned_matrix(desc, data, scale)?;
+        let m = self
+            .backend
+            .load_owned_matrix(requantized, data, scale, MatrixUse::Product)?;
         self.tick();
         Ok(m)
     }
 
-    fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
-        let v = self
-            .backend
-            .load_vector(vector_source(self.file, name, len)?)?;
+    async fn vector_data(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let info = self.info(name)?;
+        Ok(match self.fetch.fetch(&info).await? {
+            None => read_f32_vector(
+                &info,
+                self.file.tensor_bytes(&info).map_err(WeightError::from)?,
+                len,
+            )?,
+            Some(bytes) => read_f32_vector(&info, &bytes, len)?,
+        })
+    }
+
+    async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
+        let data = self.vector_data(name, len).await?;
+        let v = self.backend.load_vector(data)?;
         self.tick();
         Ok(v)
     }

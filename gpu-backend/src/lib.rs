@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 
-use hesper_engine::backend::{AttentionShape, Backend, BackendError, RopeShape};
+use hesper_engine::backend::{AttentionShape, Backend, BackendError, MatrixUse, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;
@@ -20,7 +20,7 @@ use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError, PendingRead};
 use hesper_shaders as k;
 
 pub use hesper_gpu::hardware_gpu_possible;
-pub use matrix::{GpuMatrix, Kind};
+pub use matrix::{GpuMatrix, HostRows, Kind};
 
 /// Most workgroups of the first argmax stage.
 const ARGMAX_GROUPS: usize = 256;
@@ -404,12 +404,12 @@ impl Backend for GpuBackend {
         file: &Arc<ModelFile>,
         desc: MatrixDesc,
         scale: Option<f32>,
+        usage: MatrixUse,
     ) -> Result<GpuMatrix, BackendError> {
         let st = self.state.borrow();
         let mut m = GpuMatrix::upload(&st.gpu, desc, file.bytes(), scale, &self.name)?;
-        if !matches!(m.kind, Kind::F32 | Kind::F16) {
-            // Embedding rows of packed layouts are decoded on the host from the mapping.
-            m.host = Some(file.clone());
+        if usage == MatrixUse::Embedding && !m.kind.fetched_on_gpu() {
+            m.host = Some(HostRows::File(file.clone()));
         }
         Ok(m)
     }
@@ -419,9 +419,14 @@ impl Backend for GpuBackend {
         desc: MatrixDesc,
         data: Vec<u8>,
         scale: Option<f32>,
+        usage: MatrixUse,
     ) -> Result<GpuMatrix, BackendError> {
         let st = self.state.borrow();
-        GpuMatrix::upload(&st.gpu, desc, &data, scale, &self.name)
+        let mut m = GpuMatrix::upload(&st.gpu, desc, &data, scale, &self.name)?;
+        if usage == MatrixUse::Embedding && !m.kind.fetched_on_gpu() {
+            m.host = Some(HostRows::Owned(data));
+        }
+        Ok(m)
     }
 
     fn load_vector(&self, data: Vec<f32>) -> Result<GpuBuffer<f32>, BackendError> {
@@ -512,10 +517,10 @@ impl Backend for GpuBackend {
     fn embed(&self, table: &GpuMatrix, tokens: &[u32], out: &mut GpuBuffer<f32>) {
         let cols = table.desc.cols;
         self.record(|st| {
-            if let Some(file) = &table.host {
+            if let Some(host) = &table.host {
                 let mut rows = vec![0.0f32; tokens.len() * cols];
                 for (&t, row) in tokens.iter().zip(rows.chunks_exact_mut(cols)) {
-                    table.desc.decode_row(file.bytes(), t as usize, row);
+                    table.desc.decode_row(host.bytes(), t as usize, row);
                 }
                 return put(&st.gpu, &mut st.batch, out, &rows);
             }

@@ -58,6 +58,14 @@ pub enum Kind {
     Q8_0,
 }
 
+impl Kind {
+    /// Whether a GPU kernel fetches embedding rows of this layout (the others are decoded on
+    /// the host).
+    pub fn fetched_on_gpu(self) -> bool {
+        matches!(self, Self::F32 | Self::F16)
+    }
+}
+
 /// A weight matrix prepared for the GPU.
 pub struct GpuMatrix {
     /// Shape and source layout.
@@ -69,7 +77,25 @@ pub struct GpuMatrix {
     /// Row windows covering all rows.
     pub windows: Vec<Window>,
     /// Where embedding rows of layouts without a GPU fetch kernel are decoded from.
-    pub host: Option<Arc<ModelFile>>,
+    pub host: Option<HostRows>,
+}
+
+/// The bytes embedding rows are decoded from on the host; `desc.range` indexes them.
+pub enum HostRows {
+    /// The model file, held whole (memory-mapped natively).
+    File(Arc<ModelFile>),
+    /// The table's own bytes, kept from a streamed load.
+    Owned(Vec<u8>),
+}
+
+impl HostRows {
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Self::File(file) => file.bytes(),
+            Self::Owned(bytes) => bytes,
+        }
+    }
 }
 
 impl GpuMatrix {

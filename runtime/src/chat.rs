@@ -9,7 +9,7 @@ use hesper_engine::model::{Model, Session};
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
 
-use crate::generation::{complete, Event, Stats};
+use crate::generation::{complete, Event, Flow, Stats};
 use crate::RuntimeError;
 
 /// The end-of-turn text of the template, for an answer that stopped without its token.
@@ -70,7 +70,7 @@ impl Conversation {
         &mut self,
         cx: &mut ChatContext<'_, B>,
         message: &str,
-        on_event: &mut dyn FnMut(Event<'_>) -> Result<(), RuntimeError>,
+        on_event: &mut dyn FnMut(Event<'_>) -> Result<Flow, RuntimeError>,
     ) -> Result<Turn, RuntimeError> {
         let tokens = match self.continuation(cx, message)? {
             Some(t) => t,
@@ -155,7 +155,7 @@ impl Conversation {
         &mut self,
         cx: &mut ChatContext<'_, B>,
         message: &str,
-        on_event: &mut dyn FnMut(Event<'_>) -> Result<(), RuntimeError>,
+        on_event: &mut dyn FnMut(Event<'_>) -> Result<Flow, RuntimeError>,
     ) -> Result<Option<Vec<u32>>, RuntimeError> {
         let n_ctx = cx.session.n_ctx();
         // Whole exchanges (a message and its answer) are dropped, oldest first.

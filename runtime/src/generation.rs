@@ -36,6 +36,17 @@ pub enum Event<'a> {
     },
 }
 
+/// What the front end wants after an event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Flow {
+    /// Go on.
+    #[default]
+    Continue,
+    /// Stop generating (a stop button); honoured after [`Event::Text`]. The completion ends
+    /// as if its token limit had been reached.
+    Stop,
+}
+
 /// Where the time went, summed over completions (llama.cpp's closing lines).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Stats {
@@ -54,6 +65,8 @@ pub struct Stats {
 pub struct Completion {
     /// The end-of-generation token that ended it, if one did.
     pub end: Option<u32>,
+    /// Whether the front end stopped it ([`Flow::Stop`]).
+    pub stopped: bool,
     /// The text generated (as shown).
     pub text: String,
 }
@@ -77,7 +90,7 @@ pub async fn complete<B: Backend>(
     input: &[u32],
     n_predict: i64,
     stats: &mut Stats,
-    on_event: &mut dyn FnMut(Event<'_>) -> Result<(), RuntimeError>,
+    on_event: &mut dyn FnMut(Event<'_>) -> Result<Flow, RuntimeError>,
 ) -> Result<Completion, RuntimeError> {
     for &t in input {
         sampler.accept(t);
@@ -94,6 +107,7 @@ pub async fn complete<B: Backend>(
     let mut produced = 0i64;
     let t0 = now_ms();
     let mut end = None;
+    let mut stopped = false;
     while n_predict < 0 || produced < n_predict {
         let next = match &next_of {
             Next::Token(t) => *t,
@@ -105,9 +119,13 @@ pub async fn complete<B: Backend>(
         }
         sampler.accept(next);
         let piece = stream.push(next);
-        on_event(Event::Text(&piece))?;
+        let flow = on_event(Event::Text(&piece))?;
         text.push_str(&piece);
         produced += 1;
+        if flow == Flow::Stop {
+            stopped = true;
+            break;
+        }
         if session.pos() >= session.n_ctx() {
             on_event(Event::ContextFull {
                 n_ctx: session.n_ctx(),
@@ -123,7 +141,7 @@ pub async fn complete<B: Backend>(
     }
     stats.gen_ms += now_ms() - t0;
     stats.gen_tokens += produced as usize;
-    Ok(Completion { end, text })
+    Ok(Completion { end, stopped, text })
 }
 
 /// Evaluates `input` and hands back what the sampler needs.

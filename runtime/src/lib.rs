@@ -11,7 +11,7 @@ pub mod generation;
 pub mod load;
 pub mod settings;
 
-pub use generation::{complete, Completion, Event, Stats};
+pub use generation::{complete, Completion, Event, Flow, Stats};
 
 use hesper_engine::model::ModelError;
 use hesper_engine::tokenizer::TokenizerError;

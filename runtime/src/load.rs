@@ -182,7 +182,7 @@ pub fn load(
 
 /// Files above this size are paged in with progress before the CPU uses them.
 #[cfg(feature = "cpu")]
-const PAGE_IN_BYTES: usize = 64 << 20;
+const PAGE_IN_BYTES: u64 = 64 << 20;
 
 #[cfg(all(feature = "cpu", not(target_arch = "wasm32")))]
 fn load_cpu(

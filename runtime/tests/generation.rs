@@ -11,7 +11,7 @@ use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::chat::{ChatContext, Conversation, Turn};
 use hesper_runtime::settings;
-use hesper_runtime::{complete, Event, Stats};
+use hesper_runtime::{complete, Event, Flow, Stats};
 
 fn demo() -> (Model<CpuBackend>, Tokenizer) {
     let path = format!("{}/../models/hesper-tiny.gguf", env!("CARGO_MANIFEST_DIR"));
@@ -60,7 +60,7 @@ fn a_completion_stops_at_its_limit_or_a_full_context() {
     let mut log = Log::default();
     let mut on_event = |e: Event<'_>| {
         log.take(e);
-        Ok(())
+        Ok(Flow::Continue)
     };
     let done = pollster::block_on(complete(
         &model,
@@ -85,7 +85,7 @@ fn a_completion_stops_at_its_limit_or_a_full_context() {
     let mut log = Log::default();
     let mut on_event = |e: Event<'_>| {
         log.take(e);
-        Ok(())
+        Ok(Flow::Continue)
     };
     pollster::block_on(complete(
         &model,
@@ -121,7 +121,7 @@ fn a_conversation_trims_and_refuses_and_goes_on() {
     let mut send = |chat: &mut Conversation, cx: &mut ChatContext<'_, CpuBackend>, msg: &str| {
         let mut on_event = |e: Event<'_>| {
             log.take(e);
-            Ok(())
+            Ok(Flow::Continue)
         };
         pollster::block_on(chat.send(cx, msg, &mut on_event)).unwrap()
     };
@@ -151,4 +151,35 @@ fn a_conversation_trims_and_refuses_and_goes_on() {
         "{events:?}"
     );
     assert_eq!(chat.history().last().map(|t| t.0), Some(Role::Assistant));
+}
+
+#[test]
+fn a_completion_stops_when_the_front_end_says_so() {
+    let (model, tok) = demo();
+    let prompt = tok.encode("Once upon a time", true, true).unwrap();
+    let mut sampler = greedy();
+    let mut session = model.new_session(64, 16).unwrap();
+    let mut stats = Stats::default();
+    let mut pieces = 0;
+    // Stop after the third piece of text, as a stop button pressed mid-generation does.
+    let mut on_event = |e: Event<'_>| {
+        assert!(matches!(e, Event::Text(_)), "{e:?}");
+        pieces += 1;
+        Ok(if pieces == 3 { Flow::Stop } else { Flow::Continue })
+    };
+    let done = pollster::block_on(complete(
+        &model,
+        &tok,
+        &mut session,
+        &mut sampler,
+        &prompt,
+        20,
+        &mut stats,
+        &mut on_event,
+    ))
+    .unwrap();
+    assert!(done.stopped && done.end.is_none());
+    assert_eq!(stats.gen_tokens, 3);
+    // The stopped tokens are in the context: prompt + 2 fed back (the third was only sampled).
+    assert_eq!(session.pos(), prompt.len() + 2);
 }

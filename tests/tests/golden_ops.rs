@@ -9,7 +9,7 @@
 //! on q_proj-0 of tiny-tq2_0, golden-values/out/ops-validation.txt).
 
 use hesper_cpu::CpuBackend;
-use hesper_engine::backend::{AttentionShape, Backend, RopeShape};
+use hesper_engine::backend::{AttentionShape, Backend, MatrixUse, RopeShape};
 use hesper_engine::config::Config;
 use hesper_engine::model::{matrix_source, vector_source};
 use hesper_tests::{isas, max_abs_diff, Golden, Ops, ALL};
@@ -44,7 +44,7 @@ fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
     };
     let matrix = |name: &str, rows, cols| {
         let (desc, scale) = matrix_source(&file, name, rows, cols).expect("matrix");
-        backend.load_matrix(&file, desc, scale).expect("load")
+        backend.load_matrix(&file, desc, scale, MatrixUse::Product).expect("load")
     };
     let vector = |name: &str, len| {
         backend

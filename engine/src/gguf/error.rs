@@ -110,3 +110,11 @@ pub enum GgufError {
         len: u64,
     },
 }
+
+impl GgufError {
+    /// Whether a header read from a prefix of the file fails this way only because the
+    /// prefix ends too early (a field or an array runs past it).
+    pub fn may_need_more(&self) -> bool {
+        matches!(self, Self::Truncated { .. } | Self::AbsurdCount { .. })
+    }
+}

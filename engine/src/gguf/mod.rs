@@ -80,7 +80,15 @@ pub struct Gguf {
 impl Gguf {
     /// Parses and validates the header of a GGUF file held in `bytes`.
     pub fn parse(bytes: &[u8]) -> Result<Self, GgufError> {
-        let mut c = Cursor::new(bytes);
+        Self::parse_prefix(bytes, bytes.len() as u64)
+    }
+
+    /// Parses the header from the first bytes of a file of `file_len` bytes (a streamed load
+    /// reads the tensors later); tensor ranges are checked against `file_len`. When `prefix`
+    /// is shorter than the file, an error for which [`GgufError::may_need_more`] holds may
+    /// only mean that the header goes on past it: read more and parse again.
+    pub fn parse_prefix(prefix: &[u8], file_len: u64) -> Result<Self, GgufError> {
+        let mut c = Cursor::new(prefix);
         let magic: [u8; 4] = c.array(&|| "magic".into())?;
         if &magic != b"GGUF" {
             return Err(GgufError::BadMagic(magic));
@@ -138,7 +146,7 @@ impl Gguf {
             relative.push(offset);
         }
         let data_start = c.pos().div_ceil(alignment) * alignment;
-        let len = bytes.len() as u64;
+        let len = file_len;
         for (info, offset) in tensors.iter_mut().zip(relative) {
             if offset % alignment != 0 {
                 return Err(GgufError::Misaligned {
