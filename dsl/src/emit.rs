@@ -320,11 +320,31 @@ fn literal(l: &Lit) -> syn::Result<String> {
             "f32" => format!("{}.0f", i.base10_digits()),
             _ => return Err(unsupported(i, "integer types other than u32 and i32")),
         },
-        Lit::Float(f) => match f.suffix() {
-            "" => f.base10_digits().to_string(),
-            "f32" => format!("{}f", f.base10_digits()),
-            _ => return Err(unsupported(f, "float types other than f32")),
-        },
+        Lit::Float(f) => {
+            if !matches!(f.suffix(), "" | "f32") {
+                return Err(unsupported(f, "float types other than f32"));
+            }
+            let value: f32 = f
+                .base10_digits()
+                .parse()
+                .map_err(|_| syn::Error::new(f.span(), "not a number"))?;
+            if !value.is_finite() {
+                return Err(syn::Error::new(f.span(), "outside the range of f32"));
+            }
+            // The shortest decimal that rounds to the f32; where that decimal lies beyond
+            // f32::MAX before rounding (`3.4028235e38`), the f32's exact value instead:
+            // Chrome's WGSL compiler (Tint) rejects such a literal, naga rounds it.
+            let shortest = format!("{value:?}");
+            let exact = match shortest.parse::<f64>() {
+                Ok(x) if x.abs() > f64::from(f32::MAX) => format!("{:?}", f64::from(value)),
+                _ => shortest,
+            };
+            if f.suffix() == "f32" {
+                format!("{exact}f")
+            } else {
+                exact
+            }
+        }
         Lit::Bool(b) => b.value.to_string(),
         other => return Err(unsupported(other, "this literal")),
     })

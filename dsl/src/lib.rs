@@ -348,6 +348,21 @@ mod tests {
     }
 
     #[test]
+    fn float_literals_print_as_every_wgsl_compiler_reads_them() {
+        let print = |body: &str| {
+            let func: ItemFn = syn::parse_str(&format!("fn f() -> f32 {{ {body} }}")).unwrap();
+            expand_helper(&func).map(|t| t.to_string())
+        };
+        // f32::MAX's shortest decimal lies beyond it before rounding: printed exactly.
+        assert!(print("-3.4028235e38").unwrap().contains("-3.4028234663852886e38"));
+        // Others keep their shortest form.
+        assert!(print("0.00001").unwrap().contains("1e-5"));
+        assert!(print("0.5f32").unwrap().contains("0.5f"));
+        let err = print("1e39").unwrap_err().to_string();
+        assert!(err.contains("outside the range of f32"), "{err}");
+    }
+
+    #[test]
     fn misuse_is_a_compile_error_naming_the_problem() {
         let ok = "fn k(x: &[f32], y: &mut [f32]) { let i = gid(); y[i] = x[i]; }";
         assert!(expand_str("workgroup = 64", ok).is_ok());

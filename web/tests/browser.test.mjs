@@ -1,0 +1,301 @@
+// The page in headless Chromium (Debian's chromium, WebGPU on SwiftShader), driven by
+// puppeteer-core. Run after `bash web/build.sh` and `cargo build --release -p hesper-cli`:
+//   node web/tests/browser.test.mjs
+// Prints one line per test and a closing `test result:` line in cargo's format; exits 1 when
+// a test fails. Writes web/tests/out/page.png (the page after a generation) and
+// web/tests/out/figures.json (load time, t/s, wasm memory).
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync, openSync, closeSync, ftruncateSync, writeSync, statSync, createReadStream } from 'node:fs';
+import { createServer } from 'node:http';
+import { tmpdir } from 'node:os';
+import { dirname, extname, join, normalize, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import puppeteer from 'puppeteer-core';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = resolve(here, '../..');
+const www = join(root, 'web/www');
+const golden = join(root, 'golden-values');
+const out = join(here, 'out');
+const scratch = mkdtempSync(join(tmpdir(), 'hesper-web-'));
+mkdirSync(out, { recursive: true });
+
+const PROMPT = 'Once upon a time';
+const N_TOKENS = 32;
+// A generous bound for one step on SwiftShader (a software GPU, ~100x slower than a real one).
+const STEP_MS = 240_000;
+
+// ---- a static server for the page, the golden files and generated fixtures -------------
+const types = { '.html': 'text/html', '.js': 'text/javascript', '.css': 'text/css', '.wasm': 'application/wasm', '.json': 'application/json' };
+const mounts = [['/golden/', join(golden, 'models')], ['/fixtures/', scratch], ['/', www]];
+const server = createServer((req, res) => {
+  const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+  const [prefix, dir] = mounts.find(([p]) => path.startsWith(p));
+  const file = normalize(join(dir, path.slice(prefix.length) || 'index.html'));
+  let size;
+  try {
+    if (!file.startsWith(dir)) throw new Error('outside');
+    size = statSync(file).size;
+  } catch {
+    res.writeHead(404).end('not found');
+    return;
+  }
+  res.writeHead(200, { 'content-type': types[extname(file)] || 'application/octet-stream', 'content-length': size });
+  createReadStream(file).pipe(res);
+});
+await new Promise((r) => server.listen(0, '127.0.0.1', r));
+const base = `http://127.0.0.1:${server.address().port}/`;
+
+// ---- helpers ---------------------------------------------------------------------------
+const browser = await puppeteer.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  userDataDir: join(scratch, 'profile'),
+  args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-gpu-sandbox', '--disable-background-networking',
+    '--disable-component-update', '--no-first-run', '--disable-sync', '--no-default-browser-check'],
+});
+const page = await browser.newPage();
+const consoleLines = [];
+page.on('console', (m) => consoleLines.push(m.text()));
+page.on('pageerror', (e) => consoleLines.push(`page error: ${e.message}`));
+
+const figures = {};
+const state = () => page.$eval('body', (b) => b.dataset.state);
+const text = (sel) => page.$eval(sel, (e) => e.textContent);
+const waitState = (states, timeout = STEP_MS) =>
+  page.waitForFunction((s) => s.includes(document.body.dataset.state), { timeout, polling: 100 }, states);
+const request = (msg, type) => page.evaluate((m, t) => window.hesper.request(m, t), msg, type);
+// Every worker message from now on, in order.
+async function recordMessages() {
+  await page.evaluate(() => {
+    window.seen = [];
+    window.addEventListener('hesper', (e) => window.seen.push(e.detail.type === 'text' ? { type: 'text' } : e.detail));
+  });
+}
+const seen = () => page.evaluate(() => window.seen);
+
+function assert(cond, message) {
+  if (!cond) throw new Error(message);
+}
+
+function nativeText(prompt, n) {
+  const bin = join(root, 'target/release/hesper-rs');
+  const stdout = execFileSync(bin, ['generate', '--backend', 'cpu', '-p', prompt, '-n', String(n), '--temp', '0'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+  assert(stdout.startsWith(prompt) && stdout.endsWith('\n'), `unexpected native output ${JSON.stringify(stdout)}`);
+  return stdout.slice(prompt.length, -1);
+}
+
+function goldenCase(stem) {
+  const meta = JSON.parse(readFileSync(join(golden, 'out', `${stem}.json`), 'utf8'));
+  const s = meta.sequences[meta.sequences.length - 1];
+  const bytes = readFileSync(join(golden, 'out', s.logits));
+  const logits = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
+  return { meta, tokens: s.tokens, logits };
+}
+
+// A GGUF file whose token embedding alone is 4.8 GB: more than a wasm32 build can address.
+// Only its header is written; the rest is a hole in a sparse file.
+function overLimitModel(path) {
+  const chunks = [];
+  const u32 = (v) => { const b = Buffer.alloc(4); b.writeUInt32LE(v); chunks.push(b); };
+  const u64 = (v) => { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); chunks.push(b); };
+  const str = (s) => { u64(Buffer.byteLength(s)); chunks.push(Buffer.from(s)); };
+  const f32 = (v) => { const b = Buffer.alloc(4); b.writeFloatLE(v); chunks.push(b); };
+  const arch = 'bitnet-b1.58';
+  const kv = [
+    ['general.architecture', 8, () => str(arch)],
+    [`${arch}.context_length`, 4, () => u32(4096)],
+    [`${arch}.embedding_length`, 4, () => u32(2560)],
+    [`${arch}.block_count`, 4, () => u32(30)],
+    [`${arch}.feed_forward_length`, 4, () => u32(6912)],
+    [`${arch}.attention.head_count`, 4, () => u32(20)],
+    [`${arch}.attention.head_count_kv`, 4, () => u32(5)],
+    [`${arch}.rope.dimension_count`, 4, () => u32(128)],
+    [`${arch}.attention.layer_norm_rms_epsilon`, 6, () => f32(1e-5)],
+    [`${arch}.rope.freq_base`, 6, () => f32(500000)],
+    ['tokenizer.ggml.model', 8, () => str('none')],
+  ];
+  const n_vocab = 470_000; // 470000 x 2560 x 4 bytes = 4.8 GB of f32
+  chunks.push(Buffer.from('GGUF'));
+  u32(3);
+  u64(1);
+  u64(kv.length);
+  for (const [key, type, write] of kv) { str(key); u32(type); write(); }
+  str('token_embd.weight'); u32(2); u64(2560); u64(n_vocab); u32(0); u64(0);
+  let header = Buffer.concat(chunks);
+  const dataStart = Math.ceil(header.length / 32) * 32;
+  header = Buffer.concat([header, Buffer.alloc(dataStart - header.length)]);
+  const fd = openSync(path, 'w');
+  writeSync(fd, header);
+  ftruncateSync(fd, dataStart + 2560 * n_vocab * 4);
+  closeSync(fd);
+}
+
+// ---- the tests ---------------------------------------------------------------------------
+const tests = [];
+const test = (name, fn) => tests.push([name, fn]);
+
+test('the page starts and finds a WebGPU adapter', async () => {
+  await page.goto(base, { waitUntil: 'load' });
+  await waitState(['empty', 'failed'], 60_000);
+  assert((await state()) === 'empty', `engine did not start: ${await text('#error')}`);
+  await page.evaluate(() => window.hesper.request({ type: 'cache-clear' }, 'cache'));
+});
+
+test('the demo model loads by URL with one click, progress reaching 100 %', async () => {
+  await recordMessages();
+  await page.click('#load-demo');
+  await waitState(['ready', 'empty']);
+  assert((await state()) === 'ready', `load failed: ${await text('#error')}`);
+  const msgs = await seen();
+  const progress = msgs.filter((m) => m.type === 'progress');
+  const last = (phase) => progress.filter((m) => m.phase === phase).pop();
+  for (const phase of ['download', 'load']) {
+    const p = last(phase);
+    assert(p && p.total > 0 && p.done === p.total, `${phase} progress ended at ${JSON.stringify(p)}`);
+  }
+  assert((await page.$eval('#progress-label', (e) => e.dataset.percent)) === '100', 'the bar did not reach 100 %');
+  const info = msgs.find((m) => m.type === 'loaded').info;
+  assert(info.model === 'hesper-tiny.gguf' && info.n_vocab === 32000, JSON.stringify(info));
+  assert(/adapter: /.test(info.adapter), `no adapter shown: ${info.adapter}`);
+  figures.adapter = info.adapter.split('\n')[0];
+  figures.demo_load_ms = info.load_ms;
+  figures.demo_wasm_memory_after_load = info.wasm_memory;
+  const cache = msgs.filter((m) => m.type === 'cache').pop();
+  assert(cache.entries.some((e) => e.name === 'hesper-tiny.gguf'), 'the model was not cached');
+});
+
+test(`${N_TOKENS} greedy tokens typed into the page equal the native CPU backend's`, async () => {
+  const expected = nativeText(PROMPT, N_TOKENS);
+  await page.select('#mode', 'complete');
+  await page.$eval('#temperature', (e) => { e.value = '0'; });
+  await page.$eval('#n_predict', (e) => { e.value = String(32); });
+  await page.type('#prompt', PROMPT);
+  await recordMessages();
+  await page.click('#send');
+  await waitState(['ready']);
+  const answer = await page.$eval('.turn.assistant:last-child', (e) => e.textContent);
+  assert(answer === expected, `page ${JSON.stringify(answer)} != native ${JSON.stringify(expected)}`);
+  const done = (await seen()).find((m) => m.type === 'done').result;
+  assert(done.gen_tokens === N_TOKENS && !done.stopped, JSON.stringify(done));
+  figures.swiftshader_tg_tps = (1000 * done.gen_tokens) / done.gen_ms;
+  figures.swiftshader_pp_tps = (1000 * done.prompt_tokens) / done.prompt_ms;
+  await page.screenshot({ path: join(out, 'page.png'), fullPage: true });
+});
+
+test('a reload loads the demo model from the cache', async () => {
+  await page.reload({ waitUntil: 'load' });
+  await waitState(['empty']);
+  await page.waitForSelector('#cache-list button.cached');
+  await recordMessages();
+  await page.click('#load-demo');
+  await waitState(['ready', 'empty']);
+  const loaded = (await seen()).find((m) => m.type === 'loaded');
+  assert(loaded && loaded.info.from_cache, 'not loaded from the cache');
+  assert(!(await seen()).some((m) => m.type === 'progress' && m.phase === 'download'), 'downloaded again');
+  figures.demo_load_from_cache_ms = loaded.info.load_ms;
+});
+
+test('stop ends a generation mid-way', async () => {
+  await page.select('#mode', 'complete');
+  await page.$eval('#n_predict', (e) => { e.value = '-1'; });
+  await page.$eval('#temperature', (e) => { e.value = '0.8'; });
+  await page.$eval('#prompt', (e) => { e.value = ''; });
+  await page.type('#prompt', 'The story goes');
+  await recordMessages();
+  await page.click('#send');
+  await page.waitForFunction(() => window.seen.filter((m) => m.type === 'text').length >= 4, { timeout: STEP_MS });
+  await page.click('#stop');
+  await waitState(['ready']);
+  const done = (await seen()).find((m) => m.type === 'done').result;
+  assert(done.stopped && done.gen_tokens < 100, `not stopped: ${JSON.stringify(done)}`);
+});
+
+for (const stem of ['tiny-f32', 'tiny-i2s']) {
+  test(`${stem} picked from disk: logits in the page equal the golden values`, async () => {
+    const g = goldenCase(stem);
+    await recordMessages();
+    const input = await page.$('#file');
+    await input.uploadFile(join(golden, 'models', `${stem}.gguf`));
+    await waitState(['ready', 'empty']);
+    assert((await state()) === 'ready', `load failed: ${await text('#error')}`);
+    const got = await page.evaluate(async (tokens) => Array.from((await window.hesper.request({ type: 'logits', tokens }, 'logits')).data), g.tokens);
+    assert(got.length === g.logits.length, `${got.length} logits, expected ${g.logits.length}`);
+    // The native GPU test's tolerances (tests/tests/golden_gpu.rs): float files differ only
+    // by summation order (1e-3); int8 activations may move a code by one step (cosine).
+    const n = g.meta.n_vocab;
+    let worst = 0;
+    let minCos = 1;
+    let same = 0;
+    for (let r = 0; r < got.length / n; r++) {
+      const a = got.slice(r * n, (r + 1) * n);
+      const b = g.logits.slice(r * n, (r + 1) * n);
+      let dot = 0, na = 0, nb = 0, ia = 0, ib = 0;
+      for (let i = 0; i < n; i++) {
+        worst = Math.max(worst, Math.abs(a[i] - b[i]));
+        dot += a[i] * b[i]; na += a[i] * a[i]; nb += b[i] * b[i];
+        if (a[i] > a[ia]) ia = i;
+        if (b[i] > b[ib]) ib = i;
+      }
+      minCos = Math.min(minCos, dot / Math.sqrt(na * nb));
+      same += ia === ib ? 1 : 0;
+    }
+    const rows = got.length / n;
+    figures[`${stem}_max_abs_diff`] = worst;
+    figures[`${stem}_min_cosine`] = minCos;
+    if (g.meta.act_quant === 'none') {
+      assert(worst <= 1e-3 && same === rows, `${stem}: max |Δ| ${worst}, argmax ${same}/${rows}`);
+    } else {
+      assert(minCos >= 0.999 && same * 10 >= rows * 9, `${stem}: cosine ${minCos}, argmax ${same}/${rows}`);
+    }
+  });
+}
+
+test('a model over the limits gives a message, and the page goes on', async () => {
+  // A context whose KV cache does not fit one storage binding of the adapter.
+  await page.$eval('#ctx', (e) => { e.value = '100000000'; });
+  await page.click('#load-demo');
+  await waitState(['empty', 'ready']);
+  const error = await text('#error');
+  assert(/ctx|context/.test(error) && /largest context that fits/.test(error), `message: ${error}`);
+  await page.$eval('#ctx', (e) => { e.value = '0'; });
+  // A 4.8 GB tensor: more than a wasm32 build can address.
+  const big = join(scratch, 'over-limit.gguf');
+  overLimitModel(big);
+  const input = await page.$('#file');
+  await input.uploadFile(big);
+  await waitState(['empty', 'ready']);
+  const error2 = await text('#error');
+  assert(/token_embd.weight/.test(error2) && /more than this build can address/.test(error2), `message: ${error2}`);
+  // Still alive: the demo model loads and answers.
+  await page.click('#load-demo');
+  await waitState(['ready', 'empty']);
+  assert((await state()) === 'ready', `no recovery: ${await text('#error')}`);
+  const r = await request({ type: 'complete', prompt: PROMPT, settings: { temperature: 0, n_predict: 4 } }, 'done');
+  assert(r.result.gen_tokens === 4, JSON.stringify(r.result));
+  figures.wasm_memory_end = r.result.wasm_memory;
+});
+
+// ---- run ---------------------------------------------------------------------------------
+let passed = 0;
+let failed = 0;
+for (const [name, fn] of tests) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    passed++;
+    console.log(`test ${name} ... ok (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+  } catch (e) {
+    failed++;
+    console.log(`test ${name} ... FAILED (${((Date.now() - t0) / 1000).toFixed(1)} s)\n    ${e.message}`);
+    await page.screenshot({ path: join(out, `failed-${passed + failed}.png`), fullPage: true }).catch(() => {});
+  }
+}
+writeFileSync(join(out, 'figures.json'), JSON.stringify(figures, null, 2));
+if (failed) console.log(`browser console:\n  ${consoleLines.slice(-30).join('\n  ')}`);
+console.log(`figures: ${JSON.stringify(figures)}`);
+console.log(`\ntest result: ${failed ? 'FAILED' : 'ok'}. ${passed} passed; ${failed} failed; 0 ignored; 0 measured; 0 filtered out`);
+await browser.close();
+server.close();
+rmSync(scratch, { recursive: true, force: true });
+process.exit(failed ? 1 : 0);
