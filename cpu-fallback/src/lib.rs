@@ -10,7 +10,9 @@ pub mod quant;
 use std::future::Future;
 use std::sync::Arc;
 
-use hesper_engine::backend::{MatrixUse, matmul_each, AttentionShape, Backend, BackendError, RopeShape};
+use hesper_engine::backend::{
+    matmul_each, AttentionShape, Backend, BackendError, MatrixUse, RopeShape,
+};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;

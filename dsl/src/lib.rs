@@ -354,7 +354,9 @@ mod tests {
             expand_helper(&func).map(|t| t.to_string())
         };
         // f32::MAX's shortest decimal lies beyond it before rounding: printed exactly.
-        assert!(print("-3.4028235e38").unwrap().contains("-3.4028234663852886e38"));
+        assert!(print("-3.4028235e38")
+            .unwrap()
+            .contains("-3.4028234663852886e38"));
         // Others keep their shortest form.
         assert!(print("0.00001").unwrap().contains("1e-5"));
         assert!(print("0.5f32").unwrap().contains("0.5f"));

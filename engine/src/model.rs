@@ -304,16 +304,30 @@ impl<B: Backend> Model<B> {
             let p = |n: &str| format!("blk.{il}.{n}");
             layers.push(Layer {
                 attn_norm: loader.vector(&p("attn_norm.weight"), d).await?,
-                wq: loader.matrix(&p("attn_q.weight"), d, d, MatrixUse::Product).await?,
-                wk: loader.matrix(&p("attn_k.weight"), kv, d, MatrixUse::Product).await?,
-                wv: loader.matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product).await?,
+                wq: loader
+                    .matrix(&p("attn_q.weight"), d, d, MatrixUse::Product)
+                    .await?,
+                wk: loader
+                    .matrix(&p("attn_k.weight"), kv, d, MatrixUse::Product)
+                    .await?,
+                wv: loader
+                    .matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product)
+                    .await?,
                 attn_sub_norm: loader.vector(&p("attn_sub_norm.weight"), d).await?,
-                wo: loader.matrix(&p("attn_output.weight"), d, d, MatrixUse::Product).await?,
+                wo: loader
+                    .matrix(&p("attn_output.weight"), d, d, MatrixUse::Product)
+                    .await?,
                 ffn_norm: loader.vector(&p("ffn_norm.weight"), d).await?,
-                gate: loader.matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product).await?,
-                up: loader.matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product).await?,
+                gate: loader
+                    .matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product)
+                    .await?,
+                up: loader
+                    .matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product)
+                    .await?,
                 ffn_sub_norm: loader.vector(&p("ffn_sub_norm.weight"), ff).await?,
-                down: loader.matrix(&p("ffn_down.weight"), d, ff, MatrixUse::Product).await?,
+                down: loader
+                    .matrix(&p("ffn_down.weight"), d, ff, MatrixUse::Product)
+                    .await?,
             });
         }
         let (output, output_norm) = if last {
@@ -330,13 +344,11 @@ impl<B: Backend> Model<B> {
                         .matrix(head, config.n_vocab, d, MatrixUse::Product)
                         .await?,
                 ),
-                HeadFormat::Q8_0 | HeadFormat::Q6K => {
-                    Some(
-                        loader
-                            .requantized(head, config.n_vocab, d, opts.head)
-                            .await?,
-                    )
-                }
+                HeadFormat::Q8_0 | HeadFormat::Q6K => Some(
+                    loader
+                        .requantized(head, config.n_vocab, d, opts.head)
+                        .await?,
+                ),
             };
             (out, Some(norm))
         } else {

@@ -70,7 +70,9 @@ async fn read_header_from<S: TensorSource>(
         let n = usize::try_from(file_len).map_or(want, |len| want.min(len));
         let prefix = source.read(0, n).await?;
         match ModelFile::from_header(prefix, file_len, &source.name()) {
-            Err(FileError::Gguf { source: e, .. }) if e.may_need_more() && (n as u64) < file_len => {
+            Err(FileError::Gguf { source: e, .. })
+                if e.may_need_more() && (n as u64) < file_len =>
+            {
                 want = want.saturating_mul(2);
             }
             other => return Ok(other?),

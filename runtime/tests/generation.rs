@@ -165,7 +165,11 @@ fn a_completion_stops_when_the_front_end_says_so() {
     let mut on_event = |e: Event<'_>| {
         assert!(matches!(e, Event::Text(_)), "{e:?}");
         pieces += 1;
-        Ok(if pieces == 3 { Flow::Stop } else { Flow::Continue })
+        Ok(if pieces == 3 {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
     };
     let done = pollster::block_on(complete(
         &model,

@@ -44,7 +44,9 @@ fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
     };
     let matrix = |name: &str, rows, cols| {
         let (desc, scale) = matrix_source(&file, name, rows, cols).expect("matrix");
-        backend.load_matrix(&file, desc, scale, MatrixUse::Product).expect("load")
+        backend
+            .load_matrix(&file, desc, scale, MatrixUse::Product)
+            .expect("load")
     };
     let vector = |name: &str, len| {
         backend

@@ -55,9 +55,7 @@ fn streamed<B: Backend>(backend: B, path: &Path) -> (Model<B>, Vec<(u64, usize)>
 
 fn logits<B: Backend>(model: &Model<B>, tokens: &[u32]) -> Vec<f32> {
     let mut session = model.new_session(tokens.len(), 8).expect("session");
-    model
-        .eval(&mut session, tokens, Logits::All)
-        .expect("eval")
+    model.eval(&mut session, tokens, Logits::All).expect("eval")
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -9,8 +9,8 @@
 mod blob;
 mod options;
 
-use hesper_engine::model::{LoadOptions, Logits, Model, Session};
 use hesper_engine::backend::Backend;
+use hesper_engine::model::{LoadOptions, Logits, Model, Session};
 use hesper_engine::source::{read_header, TensorSource};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_gpu_backend::GpuBackend;
@@ -139,10 +139,7 @@ impl Engine {
             ("n_vocab", (c.n_vocab as f64).into()),
             ("n_layer", (c.n_layer as f64).into()),
             ("n_embd", (c.n_embd as f64).into()),
-            (
-                "bytes_per_token",
-                (l.model.bytes_per_token() as f64).into(),
-            ),
+            ("bytes_per_token", (l.model.bytes_per_token() as f64).into()),
             ("wasm_memory", wasm_memory().into()),
         ])
     }
@@ -200,9 +197,7 @@ impl Engine {
         let l = self.loaded_mut()?;
         let tok = l.tok.as_ref().ok_or_else(no_tokenizer)?;
         let mut sampler = hesper_engine::sampler::Sampler::new(options::sampler(&settings)?);
-        let input = tok
-            .encode(&prompt, tok.add_bos(), true)
-            .map_err(js_error)?;
+        let input = tok.encode(&prompt, tok.add_bos(), true).map_err(js_error)?;
         if input.is_empty() || input.len() >= l.session.n_ctx() {
             return Err(JsError::new(&format!(
                 "the prompt is {} tokens; it must be between 1 and {} (the context holds {})",

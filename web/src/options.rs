@@ -30,7 +30,11 @@ fn count(obj: &JsValue, key: &str, allow_negative: bool) -> Result<Option<i64>, 
         }
         Some(x) => Err(JsError::new(&format!(
             "{key} {x}: must be a whole number{}",
-            if allow_negative { " (-1: no limit)" } else { " ≥ 0" }
+            if allow_negative {
+                " (-1: no limit)"
+            } else {
+                " ≥ 0"
+            }
         ))),
     }
 }
