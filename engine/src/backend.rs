@@ -168,6 +168,22 @@ pub trait Backend {
             Ok(crate::sampler::argmax(v))
         }
     }
+    /// The `k` largest of the first `len` values of `x` as `(index, value)`, largest first,
+    /// equal values by lower index (as [`crate::sampler::top_candidates`] orders them).
+    /// Backends that can find them without reading `x` back override this (a GPU reads back
+    /// 8 bytes per candidate instead of the row); they may overwrite `x` doing so.
+    fn top_k(
+        &self,
+        x: &mut Self::Buffer,
+        len: usize,
+        k: usize,
+    ) -> impl Future<Output = Result<Vec<(u32, f32)>, BackendError>> {
+        async move {
+            let mut v = vec![0.0; len];
+            self.read(&*x, &mut v).await?;
+            Ok(crate::sampler::top_candidates(&v, k))
+        }
+    }
     /// `out[i] = table[tokens[i]]` as f32 (ids are checked by the caller).
     fn embed(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Buffer);
     /// RMSNorm of each of `n` rows of `w.len()` values, times the gains `w`.

@@ -468,6 +468,31 @@ impl<B: Backend> Model<B> {
         s: &mut Session<B>,
         tokens: &[u32],
     ) -> Result<u32, ModelError> {
+        self.eval_last(s, tokens)?;
+        let n_vocab = self.config.n_vocab;
+        Ok(self.backend.argmax(&s.s.logits, n_vocab).await?)
+    }
+
+    /// Evaluates `tokens` like [`Model::eval_async`] and returns the `k` most likely next
+    /// tokens with their logits, most likely first (for [`crate::sampler::Sampler::sample_top`]):
+    /// a GPU hands back only those instead of the whole row.
+    pub async fn eval_top_k_async(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Vec<(u32, f32)>, ModelError> {
+        self.eval_last(s, tokens)?;
+        let n_vocab = self.config.n_vocab;
+        Ok(self
+            .backend
+            .top_k(&mut s.s.logits, n_vocab, k.min(n_vocab))
+            .await?)
+    }
+
+    /// Records the evaluation of `tokens` up to the last position's logits in the session's
+    /// logits buffer, for a read-back that follows.
+    fn eval_last(&self, s: &mut Session<B>, tokens: &[u32]) -> Result<(), ModelError> {
         let c = &self.config;
         if tokens.is_empty() {
             return Err(ModelError::Empty);
@@ -482,18 +507,16 @@ impl<B: Backend> Model<B> {
         }
         let chunks = tokens.chunks(s.batch);
         let n_chunks = chunks.len();
-        let mut best = 0;
         for (i, chunk) in chunks.enumerate() {
             let n = chunk.len();
             self.backend.embed(embedding, chunk, &mut s.s.x);
             self.run_layers(s, n);
             if i + 1 == n_chunks {
                 self.record_head(s, 1, n - 1)?;
-                best = self.backend.argmax(&s.s.logits, c.n_vocab).await?;
             }
             s.pos += n;
         }
-        Ok(best)
+        Ok(())
     }
 
     /// Runs this instance's layers on `hidden` (`[n_tokens][n_embd]`, the residual stream

@@ -67,6 +67,14 @@ impl Sampler {
         }
     }
 
+    /// The `k` of top-k when the backend can pick the candidates itself and hand back only
+    /// them ([`Sampler::sample_top`]): sampling (temperature > 0) with top-k on and no repeat
+    /// penalty, which would need the penalized tokens' logits.
+    pub fn backend_top_k(&self) -> Option<usize> {
+        let c = &self.config;
+        (c.temperature > 0.0 && c.repeat_penalty == 1.0 && c.top_k > 0).then_some(c.top_k)
+    }
+
     /// Picks the next token from `logits`.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let c = &self.config;
@@ -89,7 +97,21 @@ impl Sampler {
         if c.temperature <= 0.0 {
             return argmax(cands.iter().map(|c| c.1));
         }
-        cands.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        sort_candidates(&mut cands);
+        self.draw(cands)
+    }
+
+    /// Picks the next token from the `k` most likely candidates (`k` from
+    /// [`Sampler::backend_top_k`]), as [`top_candidates`] orders them: the same token
+    /// [`Sampler::sample`] picks from the whole row.
+    pub fn sample_top(&mut self, top: Vec<(u32, f32)>) -> u32 {
+        self.draw(top)
+    }
+
+    /// Top-k, top-p, min-p and temperature over candidates sorted most likely first, then the
+    /// draw.
+    fn draw(&mut self, mut cands: Vec<(u32, f32)>) -> u32 {
+        let c = &self.config;
         if c.top_k > 0 {
             cands.truncate(c.top_k);
         }
@@ -122,6 +144,24 @@ impl Sampler {
         }
         cands.last().map_or(0, |c| c.0)
     }
+}
+
+/// Most likely first; equal values by lower id.
+fn sort_candidates(cands: &mut [(u32, f32)]) {
+    cands.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+}
+
+/// The `k` largest of `logits` as `(id, value)`, most likely first, equal values by lower id
+/// (what a backend's top-k hands [`Sampler::sample_top`]).
+pub fn top_candidates(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut cands: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    sort_candidates(&mut cands);
+    cands.truncate(k);
+    cands
 }
 
 /// Index of the largest value (first on ties).
@@ -169,6 +209,45 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         (0..100).map(|i| ((i * 37 % 101) as f32) / 10.0).collect()
+    }
+
+    #[test]
+    fn sampling_from_the_top_k_equals_sampling_from_the_row() {
+        // Ties included: values repeat every 101 ids.
+        let row: Vec<f32> = (0..1000).map(|i| ((i * 7919 % 101) as f32) / 7.0).collect();
+        for (seed, top_k, top_p, min_p, temperature) in [
+            (1, 40, 0.95, 0.05, 0.8),
+            (2, 1, 1.0, 0.0, 1.0),
+            (3, 5, 0.5, 0.0, 2.0),
+            (4, 200, 1.0, 0.1, 0.3),
+        ] {
+            let config = SamplerConfig {
+                seed,
+                top_k,
+                top_p,
+                min_p,
+                temperature,
+                ..SamplerConfig::default()
+            };
+            let (mut whole, mut top) = (Sampler::new(config.clone()), Sampler::new(config));
+            let k = top.backend_top_k().expect("top-k sampling");
+            for _ in 0..50 {
+                assert_eq!(
+                    whole.sample(&row),
+                    top.sample_top(top_candidates(&row, k)),
+                    "seed {seed}, top-k {top_k}"
+                );
+            }
+        }
+        let off = |f: fn(&mut SamplerConfig)| {
+            let mut c = SamplerConfig::default();
+            f(&mut c);
+            Sampler::new(c).backend_top_k()
+        };
+        assert_eq!(off(|_| {}), Some(40));
+        assert_eq!(off(|c| c.top_k = 0), None);
+        assert_eq!(off(|c| c.temperature = 0.0), None);
+        assert_eq!(off(|c| c.repeat_penalty = 1.1), None);
     }
 
     #[test]

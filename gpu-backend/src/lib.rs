@@ -78,6 +78,8 @@ struct State {
     ids: GpuBuffer<u32>,
     /// Per-workgroup maxima, their indices, and the argmax.
     argmax: (GpuBuffer<f32>, GpuBuffer<u32>, GpuBuffer<u32>),
+    /// Top-k candidates: `k` ids (as f32), then their `k` values.
+    top: GpuBuffer<f32>,
     rope: Option<RopeTable>,
 }
 
@@ -85,6 +87,41 @@ struct State {
 pub struct GpuBackend {
     state: RefCell<State>,
     name: String,
+}
+
+/// Records the two argmax stages over the first `len` values of `logits`; the index lands in
+/// `argmax.2[0]`.
+fn run_argmax(
+    gpu: &mut Gpu,
+    batch: &mut Batch,
+    logits: &GpuBuffer<f32>,
+    len: usize,
+    argmax: &mut (GpuBuffer<f32>, GpuBuffer<u32>, GpuBuffer<u32>),
+) -> Result<(), GpuError> {
+    let (best, best_index, index) = argmax;
+    let groups = len.div_ceil(256 * 64).clamp(1, ARGMAX_GROUPS) as u32;
+    let per_thread = (len as u32).div_ceil(256 * groups);
+    batch.run(
+        gpu,
+        &k::argmax_partial::Args {
+            logits,
+            best,
+            best_index,
+            n: len as u32,
+            per_thread,
+        },
+        [groups, 1, 1],
+    )?;
+    batch.run(
+        gpu,
+        &k::argmax_final::Args {
+            best,
+            best_index,
+            index,
+            n: groups,
+        },
+        [1, 1, 1],
+    )
 }
 
 fn device_error(e: GpuError) -> BackendError {
@@ -119,6 +156,7 @@ impl GpuBackend {
             .device
             .features()
             .contains(hesper_gpu::wgpu::Features::SUBGROUP);
+        let top = gpu.zeroed("top-k candidates", 1).map_err(device_error)?;
         let argmax = (
             gpu.zeroed("argmax values", ARGMAX_GROUPS)
                 .map_err(device_error)?,
@@ -139,6 +177,7 @@ impl GpuBackend {
                 act_scale,
                 ids,
                 argmax,
+                top,
                 rope: None,
             }),
             name,
@@ -158,42 +197,64 @@ impl GpuBackend {
             return Err(device_error(e));
         }
         let st = &mut *st;
-        let groups = len.div_ceil(256 * 64).clamp(1, ARGMAX_GROUPS) as u32;
-        let per_thread = (len as u32).div_ceil(256 * groups);
+        run_argmax(&mut st.gpu, &mut st.batch, logits, len, &mut st.argmax)
+            .map_err(device_error)?;
+        let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
+        st.dispatches += batch.dispatches() as u64;
+        st.gpu
+            .submit_for_read(batch, &st.argmax.2, 1)
+            .map_err(device_error)
+    }
+
+    /// Records `k` rounds of argmax, each taking its maximum out of `logits` into the top-k
+    /// buffer (ids, then values), and submits the step with the read-back of that buffer.
+    fn record_top_k(
+        &self,
+        logits: &mut GpuBuffer<f32>,
+        len: usize,
+        k: usize,
+    ) -> Result<PendingRead<f32>, BackendError> {
+        let mut st = self.state.borrow_mut();
+        if let Some(e) = st.error.take() {
+            st.batch = st.gpu.batch();
+            return Err(device_error(e));
+        }
+        let st = &mut *st;
+        if st.top.len() < 2 * k {
+            st.top = st
+                .gpu
+                .zeroed("top-k candidates", (2 * k).next_power_of_two())
+                .map_err(device_error)?;
+        }
         let State {
             gpu,
             batch,
-            argmax: (best, best_index, index),
+            argmax,
+            top,
             ..
         } = st;
         let mut run = || -> Result<(), GpuError> {
-            batch.run(
-                gpu,
-                &k::argmax_partial::Args {
-                    logits,
-                    best,
-                    best_index,
-                    n: len as u32,
-                    per_thread,
-                },
-                [groups, 1, 1],
-            )?;
-            batch.run(
-                gpu,
-                &k::argmax_final::Args {
-                    best,
-                    best_index,
-                    index,
-                    n: groups,
-                },
-                [1, 1, 1],
-            )
+            for slot in 0..k as u32 {
+                run_argmax(gpu, batch, logits, len, argmax)?;
+                batch.run(
+                    gpu,
+                    &k::take_top::Args {
+                        index: &argmax.2,
+                        logits,
+                        top,
+                        slot,
+                        k: k as u32,
+                    },
+                    [1, 1, 1],
+                )?;
+            }
+            Ok(())
         };
         run().map_err(device_error)?;
         let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
         st.dispatches += batch.dispatches() as u64;
         st.gpu
-            .submit_for_read(batch, &st.argmax.2, 1)
+            .submit_for_read(batch, &st.top, 2 * k)
             .map_err(device_error)
     }
 
@@ -512,6 +573,24 @@ impl Backend for GpuBackend {
     ) -> impl Future<Output = Result<u32, BackendError>> {
         let pending = self.record_argmax(logits, len);
         async move { Ok(pending?.wait().await.map_err(device_error)?[0]) }
+    }
+
+    fn top_k(
+        &self,
+        logits: &mut GpuBuffer<f32>,
+        len: usize,
+        k: usize,
+    ) -> impl Future<Output = Result<Vec<(u32, f32)>, BackendError>> {
+        let pending = self.record_top_k(logits, len, k);
+        async move {
+            let top = pending?.wait().await.map_err(device_error)?;
+            let (ids, values) = top.split_at(k);
+            Ok(ids
+                .iter()
+                .map(|&i| i as u32)
+                .zip(values.iter().copied())
+                .collect())
+        }
     }
 
     fn embed(&self, table: &GpuMatrix, tokens: &[u32], out: &mut GpuBuffer<f32>) {

@@ -276,6 +276,13 @@ impl Gpu {
         self.buffers_created.set(self.buffers_created.get() + 1);
         let raw = if bytes.is_empty() {
             self.raw_zeroed(what, 4)
+        } else if cfg!(target_arch = "wasm32") && bytes.len() % 4 == 0 {
+            // In a browser, `writeBuffer` copies straight out of wasm memory; a buffer mapped
+            // at creation would first take a copy of the same size inside wasm memory (a
+            // streamed load's peak would be twice the largest tensor).
+            let raw = self.raw_zeroed(what, bytes.len() as u64);
+            self.queue.write_buffer(&raw, 0, bytes);
+            raw
         } else {
             self.device
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {

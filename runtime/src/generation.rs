@@ -75,6 +75,8 @@ pub struct Completion {
 enum Next {
     /// The greedy choice, found by the backend.
     Token(u32),
+    /// The most likely candidates, found by the backend.
+    Top(Vec<(u32, f32)>),
     /// The last position's logits.
     Logits(Vec<f32>),
 }
@@ -95,11 +97,16 @@ pub async fn complete<B: Backend>(
     for &t in input {
         sampler.accept(t);
     }
-    // Greedy decoding needs only the argmax, which the backend finds without handing back
-    // the logits (on a GPU: a 4-byte read-back instead of the whole vocabulary).
-    let greedy = sampler.is_greedy();
+    // Greedy decoding needs only the argmax and top-k sampling only the top k, which the
+    // backend finds without handing back the logits (on a GPU: 4 or 8·k bytes read back
+    // instead of the whole vocabulary).
+    let want = if sampler.is_greedy() {
+        Want::Argmax
+    } else {
+        sampler.backend_top_k().map_or(Want::Logits, Want::Top)
+    };
     let t0 = now_ms();
-    let mut next_of = step(model, session, input, greedy).await?;
+    let mut next_of = step(model, session, input, want).await?;
     stats.prompt_ms += now_ms() - t0;
     stats.prompt_tokens += input.len();
     let mut stream = TextStream::for_display(tok);
@@ -111,6 +118,7 @@ pub async fn complete<B: Backend>(
     while n_predict < 0 || produced < n_predict {
         let next = match &next_of {
             Next::Token(t) => *t,
+            Next::Top(top) => sampler.sample_top(top.clone()),
             Next::Logits(logits) => sampler.sample(logits),
         };
         if tok.is_end_of_generation(next) {
@@ -132,7 +140,7 @@ pub async fn complete<B: Backend>(
             })?;
             break;
         }
-        next_of = step(model, session, &[next], greedy).await?;
+        next_of = step(model, session, &[next], want).await?;
     }
     let rest = stream.finish();
     if !rest.is_empty() {
@@ -144,16 +152,27 @@ pub async fn complete<B: Backend>(
     Ok(Completion { end, stopped, text })
 }
 
+/// What the sampler needs from each step.
+#[derive(Clone, Copy)]
+enum Want {
+    /// The most likely token.
+    Argmax,
+    /// The `k` most likely candidates.
+    Top(usize),
+    /// The whole row of logits.
+    Logits,
+}
+
 /// Evaluates `input` and hands back what the sampler needs.
 async fn step<B: Backend>(
     model: &Model<B>,
     session: &mut Session<B>,
     input: &[u32],
-    greedy: bool,
+    want: Want,
 ) -> Result<Next, RuntimeError> {
-    Ok(if greedy {
-        Next::Token(model.eval_greedy_async(session, input).await?)
-    } else {
-        Next::Logits(model.eval_async(session, input, Logits::Last).await?)
+    Ok(match want {
+        Want::Argmax => Next::Token(model.eval_greedy_async(session, input).await?),
+        Want::Top(k) => Next::Top(model.eval_top_k_async(session, input, k).await?),
+        Want::Logits => Next::Logits(model.eval_async(session, input, Logits::Last).await?),
     })
 }

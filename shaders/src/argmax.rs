@@ -65,3 +65,21 @@ pub fn argmax_final(
         index[0] = idxs[0];
     }
 }
+
+/// Top-k by repeated argmax: takes the maximum `index[0]` found by the two stages above into
+/// slot `slot` of `top` (its id at `top[slot]`, as f32 — exact for ids below 2^24 — and its
+/// value at `top[k + slot]`), then removes it from `logits` so the next round finds the next
+/// one. Ties go to the lower id, as the CPU sampler's sort orders them.
+#[kernel(workgroup = 1)]
+pub fn take_top(
+    index: &[u32],
+    logits: &mut [f32],
+    top: &mut [f32],
+    #[uniform] slot: u32,
+    #[uniform] k: u32,
+) {
+    let i = index[0];
+    top[slot] = i as f32;
+    top[k + slot] = logits[i];
+    logits[i] = -3.4028235e38;
+}

@@ -14,7 +14,7 @@ mod quantize;
 mod reduce;
 mod rope;
 
-pub use argmax::{argmax_final, argmax_partial};
+pub use argmax::{argmax_final, argmax_partial, take_top};
 pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
 pub use elementwise::{add_assign, relu2_mul, silu_mul};
 pub use embed::{embed_f16, embed_f32};

@@ -29,6 +29,7 @@ fn all() -> Vec<Kernel> {
         rms_norm_sg,
         argmax_partial,
         argmax_final,
+        take_top,
         rope_neox,
         rope_norm,
         kv_write,

@@ -18,6 +18,7 @@ fn generated_wgsl_is_unchanged() {
         rms_norm_sg,
         argmax_partial,
         argmax_final,
+        take_top,
         rope_neox,
         rope_norm,
         kv_write,

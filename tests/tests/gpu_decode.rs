@@ -139,3 +139,32 @@ fn timestamp_queries_time_every_kernel_of_a_token() {
     }
     assert!(times.iter().all(|k| k.ns >= 0.0) && times.iter().any(|k| k.ns > 0.0));
 }
+
+#[test]
+fn gpu_top_k_equals_the_top_of_the_logits_it_would_read_back() {
+    // Sampling with top-k reads back only the k candidates (ids and values, 8·k bytes): they
+    // must be exactly the k largest logits of the same step, in the CPU sampler's order.
+    let file = shipped_model();
+    let gpu = gpu_model(&file, None);
+    let prompt = [1u32, 9038, 2501, 263, 931];
+    for k in [1, 40] {
+        let mut a = gpu.new_session(prompt.len() + 1, 8).expect("session");
+        let mut b = gpu.new_session(prompt.len() + 1, 8).expect("session");
+        let row = gpu.eval(&mut a, &prompt, Logits::Last).expect("logits");
+        let top = pollster::block_on(gpu.eval_top_k_async(&mut b, &prompt, k)).expect("top-k");
+        assert_eq!(
+            top,
+            hesper_engine::sampler::top_candidates(&row, k),
+            "k = {k}"
+        );
+        // And the next step (the top-k read overwrote the logits buffer) is unaffected.
+        let next = top[0].0;
+        let row2 = gpu.eval(&mut a, &[next], Logits::Last).expect("logits");
+        let top2 = pollster::block_on(gpu.eval_top_k_async(&mut b, &[next], k)).expect("top-k");
+        assert_eq!(
+            top2,
+            hesper_engine::sampler::top_candidates(&row2, k),
+            "k = {k}, step 2"
+        );
+    }
+}

@@ -116,8 +116,8 @@ impl Engine {
         Ok(self.info())
     }
 
-    /// What is loaded and where it runs: `{model, name, adapter, backend, n_ctx, n_vocab,
-    /// n_layer, n_embd, bytes_per_token, wasm_memory}` (`null` before a load).
+    /// What is loaded and where it runs: `{model, name, adapter, backend, kernels, n_ctx,
+    /// n_vocab, n_layer, n_embd, bytes_per_token, wasm_memory}` (`null` before a load).
     pub fn info(&self) -> JsValue {
         let Some(l) = &self.loaded else {
             return JsValue::NULL;
@@ -135,6 +135,7 @@ impl Engine {
             ("name", name.into()),
             ("adapter", l.model.backend.describe().into()),
             ("backend", l.model.backend.name().into()),
+            ("kernels", kernel_variants(&l.model.backend).into()),
             ("n_ctx", (l.session.n_ctx() as f64).into()),
             ("n_vocab", (c.n_vocab as f64).into()),
             ("n_layer", (c.n_layer as f64).into()),
@@ -256,6 +257,24 @@ impl Engine {
     fn loaded_mut(&mut self) -> Result<&mut Loaded, JsError> {
         self.loaded.as_mut().ok_or_else(no_model)
     }
+}
+
+/// The kernel variants the adapter lets the backend use (the portable ones where it lacks a
+/// feature), as `info --backend gpu` names them natively.
+fn kernel_variants(gpu: &GpuBackend) -> String {
+    format!(
+        "I2_S products: {}; RMSNorm sums: {}",
+        if gpu.packed_dot() {
+            "dot4I8Packed"
+        } else {
+            "plain int8"
+        },
+        if gpu.uses_subgroups() {
+            "subgroup operations"
+        } else {
+            "workgroup tree"
+        }
+    )
 }
 
 fn no_model() -> JsError {

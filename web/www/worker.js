@@ -176,11 +176,19 @@ self.onmessage = (event) => {
   drain();
 };
 
-// The adapter as the browser names it (wgpu's web backend leaves the name empty).
+// The adapter as the browser names it (wgpu's web backend leaves the name empty), with the
+// limits and features that decide which kernels run.
 async function describeAdapter() {
   const adapter = navigator.gpu && (await navigator.gpu.requestAdapter());
-  const i = adapter && adapter.info;
-  return i ? [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(' ') : '';
+  if (!adapter) return '';
+  const i = adapter.info || {};
+  const name = [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(' ') || 'unnamed adapter';
+  const l = adapter.limits;
+  const mib = (n) => `${Math.floor(n / 1048576)} MiB`;
+  const has = (f) => (adapter.features.has(f) ? 'yes' : 'no');
+  return `${name} · storage binding ${mib(l.maxStorageBufferBindingSize)}, buffer ${mib(l.maxBufferSize)}, `
+    + `${l.maxComputeInvocationsPerWorkgroup} invocations per workgroup · shader-f16: ${has('shader-f16')} · `
+    + `subgroups: ${has('subgroups')} (wgpu's web backend does not pass them on)`;
 }
 
 init()
