@@ -13,7 +13,7 @@ use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::chat::{ChatContext, Conversation, Turn};
 use hesper_runtime::settings;
-use hesper_runtime::{complete, run_model, Event, Flow, RuntimeError, Stats};
+use hesper_runtime::{complete, run_model, Evaluator, Event, Flow, Local, RuntimeError, Stats};
 
 use crate::args::{ContextArgs, ModelArgs};
 use crate::load::load;
@@ -26,18 +26,18 @@ const DEFAULT_PROMPT: &str = "Once upon a time";
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     #[command(flatten)]
-    ctx: ContextArgs,
+    pub ctx: ContextArgs,
     /// Prompt text (default "Once upon a time"); with --chat, the first message.
     #[arg(short = 'p', long = "prompt")]
-    prompt: Option<String>,
+    pub prompt: Option<String>,
     /// Tokens to generate (-1 or -2 = until end of text or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
     /// Interactive chat using the model's chat template (also `hesper-rs chat`).
     #[arg(long = "chat", visible_alias = "conversation", short_alias = 'i')]
-    chat: bool,
+    pub chat: bool,
     /// System prompt for --chat.
     #[arg(long = "system-prompt", short = 's', value_name = "TEXT")]
     system_prompt: Option<String>,
@@ -89,7 +89,7 @@ impl GenerateArgs {
     }
 
     /// Rejects flag combinations and values that cannot mean anything.
-    fn check(&self) -> Result<()> {
+    pub fn check(&self) -> Result<()> {
         if self.n_predict < -2 {
             bail!(
                 "-n/--n-predict {}: give a count, or -1 for until end of text",
@@ -103,7 +103,7 @@ impl GenerateArgs {
     }
 
     /// The sampling flags as the sampler's settings (a seed from the clock when none or -1).
-    fn sampling(&self) -> SamplerConfig {
+    pub fn sampling(&self) -> SamplerConfig {
         SamplerConfig {
             temperature: self.temp,
             top_k: self.top_k,
@@ -142,26 +142,39 @@ fn generate_on<B: Backend>(
     args: &GenerateArgs,
     model: &Model<B>,
     tok: &Tokenizer,
-    mut sampler: Sampler,
+    sampler: Sampler,
     load_ms: f64,
 ) -> Result<()> {
     let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
     let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
     ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
-    let banner = || {
-        note!(
-            "hesper: {} | {} | ctx {n_ctx}",
-            model.file.source,
-            model.backend.name()
-        )
+    let label = format!("{} | {}", model.file.source, model.backend.name());
+    let mut local = Local {
+        model,
+        session: &mut session,
     };
+    let stats = drive(args, &mut local, tok, sampler, &label)?;
+    print_stats(load_ms, &stats);
+    Ok(())
+}
+
+/// What `generate` does once its model is ready, on any evaluator (a model here, or a
+/// ring): the prompt's completion or the chat, text on stdout, notes on stderr.
+pub fn drive<E: Evaluator>(
+    args: &GenerateArgs,
+    eval: &mut E,
+    tok: &Tokenizer,
+    mut sampler: Sampler,
+    label: &str,
+) -> Result<Stats> {
+    let n_ctx = eval.n_ctx();
+    let banner = || note!("hesper: {label} | ctx {n_ctx}");
     let mut stats = Stats::default();
     if args.chat {
         banner();
         let mut cx = ChatContext {
-            model,
+            eval,
             tok,
-            session: &mut session,
             sampler: &mut sampler,
             n_predict: args.n_predict,
             stats: &mut stats,
@@ -181,9 +194,8 @@ fn generate_on<B: Backend>(
         write!(out, "{text}")?;
         drop(out);
         pollster::block_on(complete(
-            model,
+            eval,
             tok,
-            &mut session,
             &mut sampler,
             &prompt,
             args.n_predict,
@@ -192,8 +204,7 @@ fn generate_on<B: Backend>(
         ))?;
         writeln!(std::io::stdout())?;
     }
-    print_stats(load_ms, &stats);
-    Ok(())
+    Ok(stats)
 }
 
 /// Prints one event: text on stdout as it comes, notes on stderr.
@@ -218,7 +229,7 @@ fn print_event(e: Event<'_>) -> Result<Flow, RuntimeError> {
 /// An interactive chat: one turn per line of stdin (`-p`, if given, is the first). A line
 /// that is not UTF-8 is refused with a note; the conversation itself trims or refuses what
 /// does not fit; a turn the model fails starts the conversation over.
-fn chat<B: Backend>(args: &GenerateArgs, cx: &mut ChatContext<'_, B>) -> Result<()> {
+fn chat<E: Evaluator>(args: &GenerateArgs, cx: &mut ChatContext<'_, E>) -> Result<()> {
     note!("hesper: chat mode; type a message and press Enter, Ctrl-D to quit");
     let mut conversation = Conversation::new(args.system_prompt.clone());
     let stdin = std::io::stdin();
@@ -277,7 +288,8 @@ fn read_line(input: &mut impl BufRead) -> Result<Line> {
     Ok(String::from_utf8(bytes).map_or(Line::NotUtf8, Line::Text))
 }
 
-fn print_stats(load_ms: f64, s: &Stats) {
+/// llama.cpp's closing timing lines, on stderr.
+pub fn print_stats(load_ms: f64, s: &Stats) {
     let per = |ms: f64, n: usize| {
         if n > 0 {
             (ms / n as f64, 1e3 * n as f64 / ms)

@@ -6,6 +6,7 @@ mod generate;
 mod info;
 mod load;
 mod logits;
+mod node;
 mod report;
 
 use std::process::ExitCode;
@@ -32,6 +33,8 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Measure prompt processing (pp) and text generation (tg) speed.
     Bench(bench::BenchArgs),
+    /// Run as one node of a ring that splits a model layer-wise across processes or machines.
+    Node(node::NodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Node(a) => node::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -91,6 +91,15 @@ pub enum ModelError {
         /// Its size.
         bytes: u64,
     },
+    /// Hidden states sent for a position after the session's next one (a ring frame that
+    /// skips positions: its sender and this node disagree about the history).
+    #[error("hidden states for position {pos0}, but this session holds only {pos} positions")]
+    PositionGap {
+        /// The first position the states are for.
+        pos0: usize,
+        /// Positions this session holds.
+        pos: usize,
+    },
     /// Hidden states of the wrong size.
     #[error("hidden states hold {got} floats, expected {n_tokens} × {n_embd}")]
     HiddenSize {
@@ -110,6 +119,28 @@ pub enum Logits {
     Last,
     /// Every position's, `[n_tokens][n_vocab]`.
     All,
+}
+
+/// What a prediction hands back from the last position's logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readout {
+    /// The most likely token (4 bytes read back from a GPU).
+    Argmax,
+    /// The `k` most likely tokens with their logits, most likely first.
+    Top(usize),
+    /// The whole row of logits.
+    Logits,
+}
+
+/// The next-token prediction a [`Readout`] asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prediction {
+    /// The most likely token.
+    Token(u32),
+    /// The most likely candidates, most likely first.
+    Top(Vec<(u32, f32)>),
+    /// The last position's logits.
+    Logits(Vec<f32>),
 }
 
 /// How the LM head is stored in memory.
@@ -468,9 +499,10 @@ impl<B: Backend> Model<B> {
         s: &mut Session<B>,
         tokens: &[u32],
     ) -> Result<u32, ModelError> {
-        self.eval_last(s, tokens)?;
-        let n_vocab = self.config.n_vocab;
-        Ok(self.backend.argmax(&s.s.logits, n_vocab).await?)
+        match self.predict_async(s, tokens, Readout::Argmax).await? {
+            Prediction::Token(t) => Ok(t),
+            _ => unreachable!("an argmax readout is a token"),
+        }
     }
 
     /// Evaluates `tokens` like [`Model::eval_async`] and returns the `k` most likely next
@@ -482,12 +514,99 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         k: usize,
     ) -> Result<Vec<(u32, f32)>, ModelError> {
+        match self.predict_async(s, tokens, Readout::Top(k)).await? {
+            Prediction::Top(top) => Ok(top),
+            _ => unreachable!("a top-k readout is a candidate list"),
+        }
+    }
+
+    /// Evaluates `tokens` like [`Model::eval_async`] and hands back what `readout` asks of
+    /// the last position's logits.
+    pub async fn predict_async(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+        readout: Readout,
+    ) -> Result<Prediction, ModelError> {
         self.eval_last(s, tokens)?;
+        self.read_prediction(s, readout).await
+    }
+
+    /// Runs this instance's layers on `hidden` at positions from `pos0`, then the final norm
+    /// and LM head on the last row, and hands back what `readout` asks (needs the last layer
+    /// here: what the last node of a ring computes). A `pos0` before the session's position
+    /// first forgets the positions from `pos0` on.
+    pub async fn predict_from_hidden_async(
+        &self,
+        s: &mut Session<B>,
+        pos0: usize,
+        hidden: &[f32],
+        readout: Readout,
+    ) -> Result<Prediction, ModelError> {
+        let c = &self.config;
+        if self.output_norm.is_none() || self.layer_range.end != c.n_layer {
+            return Err(self.range_error(c.n_layer - 1..c.n_layer));
+        }
+        let n_tokens = self.hidden_rows(hidden)?;
+        let d = c.n_embd;
+        self.seek(s, pos0)?;
+        self.check_context(s, n_tokens)?;
+        let chunks = hidden.chunks(s.batch * d);
+        let n_chunks = chunks.len();
+        for (i, rows) in chunks.enumerate() {
+            let n = rows.len() / d;
+            self.backend.write(&mut s.s.x, rows)?;
+            self.run_layers(s, n);
+            if i + 1 == n_chunks {
+                self.record_head(s, 1, n - 1)?;
+            }
+            s.pos += n;
+        }
+        self.read_prediction(s, readout).await
+    }
+
+    /// Reads what `readout` asks of the logits in the session's logits buffer.
+    async fn read_prediction(
+        &self,
+        s: &mut Session<B>,
+        readout: Readout,
+    ) -> Result<Prediction, ModelError> {
         let n_vocab = self.config.n_vocab;
-        Ok(self
-            .backend
-            .top_k(&mut s.s.logits, n_vocab, k.min(n_vocab))
-            .await?)
+        let b = &self.backend;
+        Ok(match readout {
+            Readout::Argmax => Prediction::Token(b.argmax(&s.s.logits, n_vocab).await?),
+            Readout::Top(k) => {
+                Prediction::Top(b.top_k(&mut s.s.logits, n_vocab, k.min(n_vocab)).await?)
+            }
+            Readout::Logits => {
+                let mut row = vec![0.0; n_vocab];
+                b.read(&s.s.logits, &mut row).await?;
+                Prediction::Logits(row)
+            }
+        })
+    }
+
+    /// Moves the session to `pos0` for states that start there: positions from `pos0` on
+    /// are forgotten; a `pos0` past the session's position is a gap.
+    fn seek(&self, s: &mut Session<B>, pos0: usize) -> Result<(), ModelError> {
+        if pos0 > s.pos {
+            return Err(ModelError::PositionGap { pos0, pos: s.pos });
+        }
+        s.truncate(pos0);
+        Ok(())
+    }
+
+    /// The number of rows in `hidden`, which must be a non-empty whole number of rows.
+    fn hidden_rows(&self, hidden: &[f32]) -> Result<usize, ModelError> {
+        let d = self.config.n_embd;
+        if hidden.is_empty() || hidden.len() % d != 0 {
+            return Err(ModelError::HiddenSize {
+                got: hidden.len(),
+                n_tokens: hidden.len() / d,
+                n_embd: d,
+            });
+        }
+        Ok(hidden.len() / d)
     }
 
     /// Records the evaluation of `tokens` up to the last position's logits in the session's
@@ -527,15 +646,22 @@ impl<B: Backend> Model<B> {
         s: &mut Session<B>,
         hidden: &[f32],
     ) -> Result<Vec<f32>, ModelError> {
+        let pos = s.pos;
+        self.forward_hidden_at_async(s, pos, hidden).await
+    }
+
+    /// [`Model::forward_hidden_async`] at positions from `pos0` (a ring frame's): a `pos0`
+    /// before the session's position first forgets the positions from `pos0` on; one past
+    /// it is refused ([`ModelError::PositionGap`]).
+    pub async fn forward_hidden_at_async(
+        &self,
+        s: &mut Session<B>,
+        pos0: usize,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
         let d = self.config.n_embd;
-        let n_tokens = hidden.len() / d;
-        if hidden.is_empty() || hidden.len() % d != 0 {
-            return Err(ModelError::HiddenSize {
-                got: hidden.len(),
-                n_tokens,
-                n_embd: d,
-            });
-        }
+        let n_tokens = self.hidden_rows(hidden)?;
+        self.seek(s, pos0)?;
         self.check_context(s, n_tokens)?;
         let mut out = vec![0.0; hidden.len()];
         for (rows_in, rows_out) in hidden.chunks(s.batch * d).zip(out.chunks_mut(s.batch * d)) {
@@ -585,13 +711,7 @@ impl<B: Backend> Model<B> {
         hidden: &[f32],
     ) -> Result<Vec<f32>, ModelError> {
         let d = self.config.n_embd;
-        if hidden.is_empty() || hidden.len() % d != 0 {
-            return Err(ModelError::HiddenSize {
-                got: hidden.len(),
-                n_tokens: hidden.len() / d,
-                n_embd: d,
-            });
-        }
+        self.hidden_rows(hidden)?;
         let mut out = Vec::new();
         for rows in hidden.chunks(s.batch * d) {
             self.backend.write(&mut s.s.x, rows)?;
@@ -731,6 +851,37 @@ impl<B: Backend> Model<B> {
         hidden: &[f32],
     ) -> Result<Vec<f32>, ModelError> {
         pollster::block_on(self.forward_hidden_async(s, hidden))
+    }
+
+    /// [`Model::forward_hidden_at_async`], waited for.
+    pub fn forward_hidden_at(
+        &self,
+        s: &mut Session<B>,
+        pos0: usize,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.forward_hidden_at_async(s, pos0, hidden))
+    }
+
+    /// [`Model::predict_async`], waited for.
+    pub fn predict(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+        readout: Readout,
+    ) -> Result<Prediction, ModelError> {
+        pollster::block_on(self.predict_async(s, tokens, readout))
+    }
+
+    /// [`Model::predict_from_hidden_async`], waited for.
+    pub fn predict_from_hidden(
+        &self,
+        s: &mut Session<B>,
+        pos0: usize,
+        hidden: &[f32],
+        readout: Readout,
+    ) -> Result<Prediction, ModelError> {
+        pollster::block_on(self.predict_from_hidden_async(s, pos0, hidden, readout))
     }
 
     /// [`Model::embed_async`], waited for.

@@ -3,12 +3,11 @@
 //! the conversation start over in a fresh context with as many recent turns as fit; one that
 //! does not fit even alone is refused. Either way the conversation goes on.
 
-use hesper_engine::backend::Backend;
 use hesper_engine::chat::{format_prompt, Role};
-use hesper_engine::model::{Model, Session};
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
 
+use crate::evaluator::Evaluator;
 use crate::generation::{complete, Event, Flow, Stats};
 use crate::RuntimeError;
 
@@ -35,14 +34,12 @@ pub enum Turn {
     Refused,
 }
 
-/// The model, tokenizer, session and sampler a conversation runs on.
-pub struct ChatContext<'a, B: Backend> {
-    /// The model.
-    pub model: &'a Model<B>,
+/// The evaluator, tokenizer and sampler a conversation runs on.
+pub struct ChatContext<'a, E: Evaluator> {
+    /// The model (or ring) with the context holding the conversation's tokens.
+    pub eval: &'a mut E,
     /// Its tokenizer.
     pub tok: &'a Tokenizer,
-    /// The session holding the conversation's tokens.
-    pub session: &'a mut Session<B>,
     /// The sampler.
     pub sampler: &'a mut Sampler,
     /// Most tokens per answer (negative: no limit).
@@ -66,9 +63,9 @@ impl Conversation {
     }
 
     /// Sends `message`, streams the answer through `on_event`, and keeps both in the history.
-    pub async fn send<B: Backend>(
+    pub async fn send<E: Evaluator>(
         &mut self,
-        cx: &mut ChatContext<'_, B>,
+        cx: &mut ChatContext<'_, E>,
         message: &str,
         on_event: &mut dyn FnMut(Event<'_>) -> Result<Flow, RuntimeError>,
     ) -> Result<Turn, RuntimeError> {
@@ -80,9 +77,8 @@ impl Conversation {
             },
         };
         let done = complete(
-            cx.model,
+            cx.eval,
             cx.tok,
-            cx.session,
             cx.sampler,
             &tokens,
             cx.n_predict,
@@ -96,7 +92,7 @@ impl Conversation {
                 // The context may hold part of this turn: the next one starts afresh.
                 self.history.clear();
                 self.pending_end = None;
-                cx.session.truncate(0);
+                cx.eval.truncate(0);
                 return Err(e);
             }
         };
@@ -108,12 +104,12 @@ impl Conversation {
 
     /// The tokens that add `message` to the conversation in the context, if they fit with
     /// room for an answer.
-    fn continuation<B: Backend>(
+    fn continuation<E: Evaluator>(
         &self,
-        cx: &ChatContext<'_, B>,
+        cx: &ChatContext<'_, E>,
         message: &str,
     ) -> Result<Option<Vec<u32>>, RuntimeError> {
-        let pos = cx.session.pos();
+        let pos = cx.eval.pos();
         if pos == 0 {
             return self.fresh(cx, message, 0);
         }
@@ -131,9 +127,9 @@ impl Conversation {
 
     /// `message` after the system prompt and the turns from `history[from..]`, as a new
     /// context, if that fits.
-    fn fresh<B: Backend>(
+    fn fresh<E: Evaluator>(
         &self,
-        cx: &ChatContext<'_, B>,
+        cx: &ChatContext<'_, E>,
         message: &str,
         from: usize,
     ) -> Result<Option<Vec<u32>>, RuntimeError> {
@@ -151,19 +147,19 @@ impl Conversation {
 
     /// Starts the context over with as many recent turns as fit before `message`; `None`
     /// when the message does not fit even alone.
-    fn restart_with<B: Backend>(
+    fn restart_with<E: Evaluator>(
         &mut self,
-        cx: &mut ChatContext<'_, B>,
+        cx: &mut ChatContext<'_, E>,
         message: &str,
         on_event: &mut dyn FnMut(Event<'_>) -> Result<Flow, RuntimeError>,
     ) -> Result<Option<Vec<u32>>, RuntimeError> {
-        let n_ctx = cx.session.n_ctx();
+        let n_ctx = cx.eval.n_ctx();
         // Whole exchanges (a message and its answer) are dropped, oldest first.
         for from in (0..=self.history.len()).step_by(2) {
             if let Some(tokens) = self.fresh(cx, message, from)? {
                 self.history.drain(..from);
                 self.pending_end = None;
-                cx.session.truncate(0);
+                cx.eval.truncate(0);
                 on_event(Event::Trimmed {
                     kept: self.history.len(),
                     n_ctx,
@@ -178,6 +174,6 @@ impl Conversation {
 }
 
 /// `tokens` if they fit after `pos` with at least one position left for the answer.
-fn fits<B: Backend>(cx: &ChatContext<'_, B>, pos: usize, tokens: Vec<u32>) -> Option<Vec<u32>> {
-    (pos + tokens.len() < cx.session.n_ctx()).then_some(tokens)
+fn fits<E: Evaluator>(cx: &ChatContext<'_, E>, pos: usize, tokens: Vec<u32>) -> Option<Vec<u32>> {
+    (pos + tokens.len() < cx.eval.n_ctx()).then_some(tokens)
 }

@@ -1,12 +1,12 @@
 //! One streamed completion: evaluate the input, then sample, stop and detokenize token by
 //! token, handing the text to the front end as it becomes valid UTF-8.
 
-use hesper_engine::backend::Backend;
-use hesper_engine::model::{Logits, Model, Session};
+use hesper_engine::model::{Prediction, Readout};
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::{TextStream, Tokenizer};
 
 use crate::clock::now_ms;
+use crate::evaluator::Evaluator;
 use crate::RuntimeError;
 
 /// What a completion tells its front end.
@@ -71,23 +71,11 @@ pub struct Completion {
     pub text: String,
 }
 
-/// What one evaluation hands the sampler.
-enum Next {
-    /// The greedy choice, found by the backend.
-    Token(u32),
-    /// The most likely candidates, found by the backend.
-    Top(Vec<(u32, f32)>),
-    /// The last position's logits.
-    Logits(Vec<f32>),
-}
-
-/// Evaluates `input` at the session's next positions, then samples and streams tokens until
-/// an end-of-generation token, `n_predict` tokens (negative: no limit) or a full context.
-#[allow(clippy::too_many_arguments)]
-pub async fn complete<B: Backend>(
-    model: &Model<B>,
+/// Evaluates `input` at the evaluator's next positions, then samples and streams tokens
+/// until an end-of-generation token, `n_predict` tokens (negative: no limit) or a full context.
+pub async fn complete<E: Evaluator>(
+    eval: &mut E,
     tok: &Tokenizer,
-    session: &mut Session<B>,
     sampler: &mut Sampler,
     input: &[u32],
     n_predict: i64,
@@ -100,13 +88,15 @@ pub async fn complete<B: Backend>(
     // Greedy decoding needs only the argmax and top-k sampling only the top k, which the
     // backend finds without handing back the logits (on a GPU: 4 or 8·k bytes read back
     // instead of the whole vocabulary).
-    let want = if sampler.is_greedy() {
-        Want::Argmax
+    let readout = if sampler.is_greedy() {
+        Readout::Argmax
     } else {
-        sampler.backend_top_k().map_or(Want::Logits, Want::Top)
+        sampler
+            .backend_top_k()
+            .map_or(Readout::Logits, Readout::Top)
     };
     let t0 = now_ms();
-    let mut next_of = step(model, session, input, want).await?;
+    let mut next_of = eval.predict(input, readout).await?;
     stats.prompt_ms += now_ms() - t0;
     stats.prompt_tokens += input.len();
     let mut stream = TextStream::for_display(tok);
@@ -117,9 +107,9 @@ pub async fn complete<B: Backend>(
     let mut stopped = false;
     while n_predict < 0 || produced < n_predict {
         let next = match &next_of {
-            Next::Token(t) => *t,
-            Next::Top(top) => sampler.sample_top(top.clone()),
-            Next::Logits(logits) => sampler.sample(logits),
+            Prediction::Token(t) => *t,
+            Prediction::Top(top) => sampler.sample_top(top.clone()),
+            Prediction::Logits(logits) => sampler.sample(logits),
         };
         if tok.is_end_of_generation(next) {
             end = Some(next);
@@ -134,13 +124,13 @@ pub async fn complete<B: Backend>(
             stopped = true;
             break;
         }
-        if session.pos() >= session.n_ctx() {
+        if eval.pos() >= eval.n_ctx() {
             on_event(Event::ContextFull {
-                n_ctx: session.n_ctx(),
+                n_ctx: eval.n_ctx(),
             })?;
             break;
         }
-        next_of = step(model, session, &[next], want).await?;
+        next_of = eval.predict(&[next], readout).await?;
     }
     let rest = stream.finish();
     if !rest.is_empty() {
@@ -150,29 +140,4 @@ pub async fn complete<B: Backend>(
     stats.gen_ms += now_ms() - t0;
     stats.gen_tokens += produced as usize;
     Ok(Completion { end, stopped, text })
-}
-
-/// What the sampler needs from each step.
-#[derive(Clone, Copy)]
-enum Want {
-    /// The most likely token.
-    Argmax,
-    /// The `k` most likely candidates.
-    Top(usize),
-    /// The whole row of logits.
-    Logits,
-}
-
-/// Evaluates `input` and hands back what the sampler needs.
-async fn step<B: Backend>(
-    model: &Model<B>,
-    session: &mut Session<B>,
-    input: &[u32],
-    want: Want,
-) -> Result<Next, RuntimeError> {
-    Ok(match want {
-        Want::Argmax => Next::Token(model.eval_greedy_async(session, input).await?),
-        Want::Top(k) => Next::Top(model.eval_top_k_async(session, input, k).await?),
-        Want::Logits => Next::Logits(model.eval_async(session, input, Logits::Last).await?),
-    })
 }

@@ -2,15 +2,21 @@
 //!
 //! * [`load`]: the backend `auto`/`cpu`/`gpu` picks, and a model loaded onto it;
 //! * [`settings`]: sampling settings checked (named as llama.cpp's flags), a seed from the clock;
+//! * [`evaluator`]: what predicts the next token: a model here ([`Local`]) or a ring;
 //! * [`generation`]: one streamed completion, its [`Event`]s and [`Stats`];
-//! * [`chat`]: a conversation in one context, trimmed when it outgrows it.
+//! * [`chat`]: a conversation in one context, trimmed when it outgrows it;
+//! * `ring` (feature `ring`, native only): a model split layer-wise over processes.
 
 pub mod chat;
 mod clock;
+pub mod evaluator;
 pub mod generation;
 pub mod load;
+#[cfg(feature = "ring")]
+pub mod ring;
 pub mod settings;
 
+pub use evaluator::{Evaluator, Local};
 pub use generation::{complete, Completion, Event, Flow, Stats};
 
 use hesper_engine::model::ModelError;
@@ -29,6 +35,10 @@ pub enum RuntimeError {
     /// A setting that cannot mean anything.
     #[error(transparent)]
     Setting(#[from] settings::SettingError),
+    /// A ring node failed or was lost.
+    #[cfg(feature = "ring")]
+    #[error(transparent)]
+    Ring(#[from] ring::RingError),
     /// The front end could not take the output (e.g. a closed pipe).
     #[error(transparent)]
     Output(#[from] std::io::Error),

@@ -190,7 +190,9 @@ fn load_cpu(
     settings: &LoadSettings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Model<CpuBackend>, LoadError> {
-    if file.len() > PAGE_IN_BYTES {
+    // A node holding some layers touches only their pages (a ring node maps the file but
+    // reads its own part).
+    if file.len() > PAGE_IN_BYTES && settings.layers.is_none() {
         page_in(file, progress);
     }
     let cpu = CpuBackend::new(settings.threads).map_err(LoadError::Cpu)?;

@@ -11,7 +11,7 @@ use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::chat::{ChatContext, Conversation, Turn};
 use hesper_runtime::settings;
-use hesper_runtime::{complete, Event, Flow, Stats};
+use hesper_runtime::{complete, Event, Flow, Local, Stats};
 
 fn demo() -> (Model<CpuBackend>, Tokenizer) {
     let path = format!("{}/../models/hesper-tiny.gguf", env!("CARGO_MANIFEST_DIR"));
@@ -63,9 +63,11 @@ fn a_completion_stops_at_its_limit_or_a_full_context() {
         Ok(Flow::Continue)
     };
     let done = pollster::block_on(complete(
-        &model,
+        &mut Local {
+            model: &model,
+            session: &mut session,
+        },
         &tok,
-        &mut session,
         &mut sampler,
         &prompt,
         5,
@@ -88,9 +90,11 @@ fn a_completion_stops_at_its_limit_or_a_full_context() {
         Ok(Flow::Continue)
     };
     pollster::block_on(complete(
-        &model,
+        &mut Local {
+            model: &model,
+            session: &mut session,
+        },
         &tok,
-        &mut session,
         &mut sampler,
         &prompt,
         -1,
@@ -108,23 +112,27 @@ fn a_conversation_trims_and_refuses_and_goes_on() {
     let mut sampler = greedy();
     let mut session = model.new_session(96, 32).unwrap();
     let mut stats = Stats::default();
-    let mut cx = ChatContext {
+    let mut local = Local {
         model: &model,
-        tok: &tok,
         session: &mut session,
+    };
+    let mut cx = ChatContext {
+        eval: &mut local,
+        tok: &tok,
         sampler: &mut sampler,
         n_predict: 24,
         stats: &mut stats,
     };
     let mut chat = Conversation::new(Some("Be brief.".into()));
     let mut log = Log::default();
-    let mut send = |chat: &mut Conversation, cx: &mut ChatContext<'_, CpuBackend>, msg: &str| {
-        let mut on_event = |e: Event<'_>| {
-            log.take(e);
-            Ok(Flow::Continue)
+    let mut send =
+        |chat: &mut Conversation, cx: &mut ChatContext<'_, Local<'_, CpuBackend>>, msg: &str| {
+            let mut on_event = |e: Event<'_>| {
+                log.take(e);
+                Ok(Flow::Continue)
+            };
+            pollster::block_on(chat.send(cx, msg, &mut on_event)).unwrap()
         };
-        pollster::block_on(chat.send(cx, msg, &mut on_event)).unwrap()
-    };
     assert!(matches!(
         send(&mut chat, &mut cx, "Hello there"),
         Turn::Answered(_)
@@ -172,9 +180,11 @@ fn a_completion_stops_when_the_front_end_says_so() {
         })
     };
     let done = pollster::block_on(complete(
-        &model,
+        &mut Local {
+            model: &model,
+            session: &mut session,
+        },
         &tok,
-        &mut session,
         &mut sampler,
         &prompt,
         20,

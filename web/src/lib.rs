@@ -15,7 +15,7 @@ use hesper_engine::source::{read_header, TensorSource};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_gpu_backend::GpuBackend;
 use hesper_runtime::chat::{ChatContext, Conversation, Turn};
-use hesper_runtime::{complete, Event, Flow, RuntimeError, Stats};
+use hesper_runtime::{complete, Event, Flow, Local, RuntimeError, Stats};
 use js_sys::Function;
 use wasm_bindgen::prelude::*;
 use web_sys::Blob;
@@ -171,10 +171,13 @@ impl Engine {
         let mut on_event = |e: Event<'_>| -> Result<Flow, RuntimeError> {
             Ok(text_event(&on_text, &mut stopped, e))
         };
-        let mut cx = ChatContext {
+        let mut local = Local {
             model: &l.model,
-            tok,
             session: &mut l.session,
+        };
+        let mut cx = ChatContext {
+            eval: &mut local,
+            tok,
             sampler: &mut sampler,
             n_predict: options::n_predict(&settings)?,
             stats: &mut stats,
@@ -215,9 +218,11 @@ impl Engine {
             Ok(text_event(&on_text, &mut stopped, e))
         };
         let done = complete(
-            &l.model,
+            &mut Local {
+                model: &l.model,
+                session: &mut l.session,
+            },
             tok,
-            &mut l.session,
             &mut sampler,
             &input,
             options::n_predict(&settings)?,

@@ -1,0 +1,336 @@
+//! `hesper-rs node`: run as one node of a ring that splits a model layer-wise across
+//! processes and machines. The master prints exactly what `generate` prints for the same
+//! flags; workers log to stderr. The ring itself is `hesper-runtime`'s.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::Range;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use hesper_engine::backend::Backend;
+use hesper_engine::model::Model;
+use hesper_engine::sampler::Sampler;
+use hesper_engine::tokenizer::Tokenizer;
+use hesper_ring::{Chaos, Dtype, NetConfig, Timing, TransportKind};
+use hesper_runtime::ring::{max_payload, serve, NodeSettings, RingEvaluator};
+use hesper_runtime::{run_model, settings};
+
+use crate::args::ContextArgs;
+use crate::generate::{drive, print_stats, GenerateArgs};
+use crate::load::load;
+use crate::report::note;
+
+/// Flags of `node`.
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// This node's part: `master` (embedding, the first layers, sampling, the output) or
+    /// `worker` (a later range of layers; the one that ends at the last layer also runs the
+    /// LM head).
+    #[arg(long = "role", value_enum)]
+    role: Role,
+    /// The layers this node holds, START..END (END not included).
+    #[arg(long = "layers", value_name = "START..END")]
+    layers: Option<LayerRange>,
+    /// First layer (LEAP's spelling; with --end instead of --layers).
+    #[arg(long = "split", visible_alias = "start", value_name = "START")]
+    split: Option<usize>,
+    /// End layer, not included (LEAP's spelling; with --split).
+    #[arg(long = "end", value_name = "END")]
+    end: Option<usize>,
+    /// Where to listen for the previous node.
+    #[arg(long = "listen", value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// Listen on 0.0.0.0:PORT (LEAP's spelling of --listen).
+    #[arg(long = "port", value_name = "PORT")]
+    port: Option<u16>,
+    /// The next node in the ring.
+    #[arg(long = "next", value_name = "HOST:PORT")]
+    next: Option<String>,
+    /// The next node's host (LEAP's spelling; with --next-port).
+    #[arg(long = "next-host", value_name = "HOST")]
+    next_host: Option<String>,
+    /// The next node's port (LEAP's spelling; with --next-host).
+    #[arg(long = "next-port", value_name = "PORT")]
+    next_port: Option<u16>,
+    /// How frames travel between nodes.
+    #[arg(long = "transport", value_enum, default_value_t = Transport::Tcp)]
+    transport: Transport,
+    /// How hidden states travel (the master's choice; f32 is exact, f16 and q8_0 send
+    /// 2× and 3.8× fewer bytes at a small cost in accuracy).
+    #[arg(long = "wire", value_enum, default_value_t = Wire::F32)]
+    wire: Wire,
+    /// Seconds to wait for the ring to form (its nodes may start in any order).
+    #[arg(long = "form-timeout", value_name = "SECONDS", default_value_t = 60.0)]
+    form_timeout: f64,
+    /// Test hook: drop, duplicate and reorder this node's outgoing UDP datagrams with these
+    /// probabilities (DROP,DUP,REORDER); generation must stay exact.
+    #[arg(long = "udp-chaos", value_name = "DROP,DUP,REORDER", hide = true)]
+    udp_chaos: Option<ChaosArg>,
+    #[command(flatten)]
+    generate: GenerateArgs,
+}
+
+/// `--udp-chaos`.
+#[derive(Debug, Clone, Copy)]
+struct ChaosArg(Chaos);
+
+impl FromStr for ChaosArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let p: Vec<f64> = s
+            .split(',')
+            .map(|v| v.trim().parse::<f64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| format!("{s:?}: expected three probabilities DROP,DUP,REORDER"))?;
+        match p[..] {
+            [drop, duplicate, reorder] if p.iter().all(|v| (0.0..0.5).contains(v)) => {
+                Ok(Self(Chaos {
+                    drop,
+                    duplicate,
+                    reorder,
+                }))
+            }
+            _ => Err(format!(
+                "{s:?}: expected three probabilities DROP,DUP,REORDER, each from 0 to below 0.5"
+            )),
+        }
+    }
+}
+
+/// A node's part in the ring.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Embedding, the first layers, sampling and the output.
+    Master,
+    /// A later range of layers.
+    Worker,
+}
+
+/// `--transport`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// TCP (nodelay, 8 MiB buffers).
+    Tcp,
+    /// UDP datagrams of at most 1400 bytes, reassembled, lost ones sent again.
+    Udp,
+}
+
+/// `--wire`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// 4-byte floats (exact).
+    F32,
+    /// Half floats.
+    F16,
+    /// GGML's Q8_0 blocks.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+/// `START..END`.
+#[derive(Debug, Clone)]
+struct LayerRange(Range<usize>);
+
+impl FromStr for LayerRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?}: expected START..END, e.g. 0..15");
+        let (a, b) = s.split_once("..").ok_or_else(bad)?;
+        let (a, b) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a >= b {
+            return Err(format!(
+                "{s:?}: the range is empty (START must be below END)"
+            ));
+        }
+        Ok(Self(a..b))
+    }
+}
+
+impl NodeArgs {
+    /// The layer range from `--layers` or `--split`/`--end`.
+    fn layers(&self) -> Result<Range<usize>> {
+        match (&self.layers, self.split, self.end) {
+            (Some(r), None, None) => Ok(r.0.clone()),
+            (Some(_), _, _) => {
+                bail!("give the layers once: --layers START..END, or --split START --end END")
+            }
+            (None, Some(a), Some(b)) if a < b => Ok(a..b),
+            (None, Some(a), Some(b)) => {
+                bail!("--split {a} --end {b}: the range is empty (START must be below END)")
+            }
+            (None, _, _) => bail!("--layers START..END is required (or --split START --end END)"),
+        }
+    }
+
+    /// Where to listen.
+    fn listen(&self) -> Result<SocketAddr> {
+        match (&self.listen, self.port) {
+            (Some(a), None) => resolve("--listen", a),
+            (None, Some(p)) => Ok(SocketAddr::from(([0, 0, 0, 0], p))),
+            (Some(_), Some(_)) => bail!("give --listen HOST:PORT or --port PORT, not both"),
+            (None, None) => {
+                bail!("--listen HOST:PORT is required (where the previous node connects)")
+            }
+        }
+    }
+
+    /// The next node's address.
+    fn next(&self) -> Result<SocketAddr> {
+        match (&self.next, &self.next_host, self.next_port) {
+            (Some(a), None, None) => resolve("--next", a),
+            (None, Some(h), Some(p)) => resolve("--next-host/--next-port", &format!("{h}:{p}")),
+            (Some(_), _, _) => {
+                bail!("give --next HOST:PORT or --next-host with --next-port, not both")
+            }
+            (None, _, _) => {
+                bail!("--next HOST:PORT is required (the node after this one in the ring)")
+            }
+        }
+    }
+
+    fn settings(&self, model: &hesper_engine::config::Config) -> Result<NodeSettings> {
+        if !(self.form_timeout > 0.0 && self.form_timeout <= 86_400.0) {
+            bail!(
+                "--form-timeout {}: give seconds between 0 and 86400",
+                self.form_timeout
+            );
+        }
+        Ok(NodeSettings {
+            listen: self.listen()?,
+            next: self.next()?,
+            net: NetConfig {
+                transport: match self.transport {
+                    Transport::Tcp => TransportKind::Tcp,
+                    Transport::Udp => TransportKind::Udp,
+                },
+                timing: Timing::default(),
+                max_payload: max_payload(model),
+                chaos: self.udp_chaos.map(|c| c.0),
+            },
+            wire: match self.wire {
+                Wire::F32 => Dtype::F32,
+                Wire::F16 => Dtype::F16,
+                Wire::Q8_0 => Dtype::Q8_0,
+            },
+            form_wait: Duration::from_secs_f64(self.form_timeout),
+            log: |m| note!("hesper-ring: {m}"),
+        })
+    }
+}
+
+/// Resolves `HOST:PORT` for `flag`.
+fn resolve(flag: &str, addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .with_context(|| format!("{flag} {addr:?}: expected HOST:PORT"))?
+        .next()
+        .with_context(|| format!("{flag} {addr:?}: the host has no address"))
+}
+
+/// Runs `node`.
+pub fn run(args: NodeArgs) -> Result<()> {
+    let layers = args.layers()?;
+    // Address and flag mistakes fail before a model is loaded.
+    args.listen()?;
+    args.next()?;
+    let g = &args.generate;
+    if args.role == Role::Worker {
+        if g.prompt.is_some() || g.chat {
+            bail!("-p/--prompt and --chat apply to --role master (a worker only runs its layers)");
+        }
+        if args.wire != Wire::F32 {
+            bail!("--wire applies to --role master (workers answer in the master's format)");
+        }
+    }
+    g.check()?;
+    let sampler = settings::sampler(g.sampling())?;
+    let loaded = load(&g.model, Some(layers))?;
+    let settings = args.settings(with_config(&loaded.model))?;
+    match args.role {
+        Role::Worker => {
+            let batch = g.ctx.batch_size;
+            run_model!(&loaded.model, |model| {
+                note!(
+                    "hesper: worker for layers {:?} of {} on {}, listening on {}",
+                    model.layer_range(),
+                    model.file.source,
+                    model.backend.name(),
+                    settings.listen
+                );
+                serve(model, &settings, batch)
+            })?;
+            note!("hesper: the master ended the ring");
+            Ok(())
+        }
+        Role::Master => {
+            let Some(tok) = loaded.tokenizer.as_ref() else {
+                bail!(
+                    "{} has no tokenizer; the master needs one",
+                    loaded.model.file().source
+                );
+            };
+            run_model!(&loaded.model, |model| master_on(
+                g,
+                model,
+                tok,
+                sampler,
+                &settings,
+                loaded.load_ms
+            ))
+        }
+    }
+}
+
+fn with_config(m: &hesper_runtime::load::AnyModel) -> &hesper_engine::config::Config {
+    hesper_runtime::with_model!(m, |m| &m.config)
+}
+
+/// The master: forms the ring, then runs `generate` on it.
+fn master_on<B: Backend>(
+    args: &GenerateArgs,
+    model: &Model<B>,
+    tok: &Tokenizer,
+    sampler: Sampler,
+    settings: &NodeSettings,
+    load_ms: f64,
+) -> Result<()> {
+    let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
+    let session = model.new_session(n_ctx, args.ctx.batch_size)?;
+    ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
+    let mut ring = RingEvaluator::form(model, session, settings)?;
+    for (i, r) in ring.nodes().iter().enumerate() {
+        note!("hesper: ring node {i}: {}", r.name());
+    }
+    let label = format!(
+        "{} | ring of {} nodes, master on {}",
+        model.file.source,
+        ring.nodes().len(),
+        model.backend.name()
+    );
+    let stats = drive(args, &mut ring, tok, sampler, &label)?;
+    for link in ring.links() {
+        let s = link.stats();
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        note!(
+            "hesper: ring link {} {}: {} frames, {} bytes sent, {} datagrams sent again",
+            if link.side() == hesper_ring::Side::Next {
+                "to"
+            } else {
+                "from"
+            },
+            link.peer(),
+            n(&s.frames),
+            n(&s.bytes),
+            n(&s.retransmits)
+        );
+    }
+    ring.close("");
+    print_stats(load_ms, &stats);
+    Ok(())
+}

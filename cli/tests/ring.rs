@@ -1,0 +1,485 @@
+//! The ring as users run it: `hesper-rs node` processes on 127.0.0.1, compared with
+//! `hesper-rs generate` on the whole model.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hesper_engine::file::ModelFile;
+use hesper_engine::gguf::{GgufBuilder, Value};
+use support::{assert_no_crash, command, hesper, stderr, stdout, TIME_LIMIT};
+
+/// The demo model with its two layers repeated (blocks 0, 1, 0, 1): four layers, so a ring
+/// of three nodes has a range for each. `name` goes into its metadata, so two files with
+/// different names are different models.
+fn four_layer_model(name: &str) -> PathBuf {
+    // Tests run in parallel: one writes each file, the others wait for it.
+    static WRITING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ring-{name}.gguf"));
+    if path.exists() {
+        return path;
+    }
+    let demo = format!("{}/../models/hesper-tiny.gguf", env!("CARGO_MANIFEST_DIR"));
+    let file = ModelFile::open(demo.as_ref()).expect("demo model");
+    let g = file.header();
+    let mut b = GgufBuilder::new();
+    for (k, v) in g.metadata() {
+        b = match k.as_str() {
+            k if k.ends_with(".block_count") => b.kv(k, Value::U32(4)),
+            "general.name" => b,
+            _ => b.kv(k, v.clone()),
+        };
+    }
+    b = b.kv("general.name", Value::String(name.into()));
+    let copy = |b: GgufBuilder, name: &str, t: &hesper_engine::gguf::TensorInfo| {
+        let data = file.tensor_bytes(t).expect("tensor").to_vec();
+        b.tensor(name, t.dims(), t.ty.id(), data)
+    };
+    for t in g.tensors().iter().filter(|t| !t.name.starts_with("blk.")) {
+        b = copy(b, &t.name, t);
+    }
+    for layer in 0..4 {
+        for t in g.tensors() {
+            if let Some(rest) = t.name.strip_prefix(&format!("blk.{}.", layer % 2)) {
+                b = copy(b, &format!("blk.{layer}.{rest}"), t);
+            }
+        }
+    }
+    let tmp = path.with_extension(format!("{}.partial", std::process::id()));
+    std::fs::write(&tmp, b.build()).expect("write model");
+    std::fs::rename(&tmp, &path).expect("rename model");
+    path
+}
+
+/// `n` ports free on 127.0.0.1 a moment ago.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
+}
+
+/// A running `hesper-rs` whose output is collected as it comes.
+struct Proc {
+    args: Vec<String>,
+    child: Child,
+    out: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+    err: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Proc {
+    fn spawn(args: &[String]) -> Self {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut child = command(&refs)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hesper-rs");
+        let (out, err) = (Arc::default(), Arc::default());
+        let collect = |mut pipe: Box<dyn Read + Send>, into: &Arc<Mutex<Vec<u8>>>| {
+            let into = Arc::clone(into);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                    into.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            })
+        };
+        let readers = vec![
+            collect(Box::new(child.stdout.take().unwrap()), &out),
+            collect(Box::new(child.stderr.take().unwrap()), &err),
+        ];
+        Self {
+            args: args.to_vec(),
+            child,
+            out,
+            readers,
+            err,
+        }
+    }
+
+    /// Standard output so far.
+    fn stdout_len(&self) -> usize {
+        self.out.lock().unwrap().len()
+    }
+
+    /// Waits for the process to end (failing the test past [`TIME_LIMIT`]).
+    fn wait(mut self) -> Output {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s;
+            }
+            if start.elapsed() > TIME_LIMIT {
+                let _ = self.child.kill();
+                panic!("hesper-rs {:?} ran past {TIME_LIMIT:?}", self.args);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        for r in self.readers {
+            r.join().expect("reader");
+        }
+        let take = |v: &Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *v.lock().unwrap());
+        Output {
+            status,
+            stdout: take(&self.out),
+            stderr: take(&self.err),
+        }
+    }
+}
+
+/// One node's part: its role, layers and backend.
+struct Part<'a> {
+    role: &'a str,
+    layers: &'a str,
+    backend: &'a str,
+    model: &'a std::path::Path,
+}
+
+/// Starts a ring of `parts` (the master first) on fresh ports, with `every` flags for each
+/// node and `extra` flags for the master; returns the processes in the same order.
+fn start_ring(parts: &[Part<'_>], every: &[&str], extra: &[&str]) -> Vec<Proc> {
+    let ports = free_ports(parts.len());
+    // Workers first, in reverse, so the master starts last (the order does not matter, but
+    // this makes the master's wait short).
+    let mut procs: Vec<(usize, Proc)> = Vec::new();
+    for (i, p) in parts.iter().enumerate().rev() {
+        let mut args: Vec<String> = [
+            "node",
+            "--role",
+            p.role,
+            "-m",
+            p.model.to_str().unwrap(),
+            "--layers",
+            p.layers,
+            "--backend",
+            p.backend,
+            "--listen",
+            &format!("127.0.0.1:{}", ports[i]),
+            "--next",
+            &format!("127.0.0.1:{}", ports[(i + 1) % parts.len()]),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(every.iter().map(|s| s.to_string()));
+        if i == 0 {
+            args.extend(extra.iter().map(|s| s.to_string()));
+        }
+        procs.push((i, Proc::spawn(&args)));
+    }
+    procs.sort_by_key(|(i, _)| *i);
+    procs.into_iter().map(|(_, p)| p).collect()
+}
+
+/// `generate` on the whole model with `flags`, on the CPU.
+fn generate(model: &std::path::Path, flags: &[&str]) -> Output {
+    let mut args = vec![
+        "generate",
+        "-m",
+        model.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ];
+    args.extend_from_slice(flags);
+    let o = hesper(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    o
+}
+
+/// The ring's runs compared with `generate`: (flags for both, the master's backend, the
+/// ring's transport flags).
+#[test]
+fn a_ring_of_three_processes_prints_what_generate_prints() {
+    let model = four_layer_model("same");
+    let greedy = ["-p", "Once upon a time", "-n", "32", "--temp", "0"];
+    let sampled = [
+        "-p",
+        "Once upon a time",
+        "-n",
+        "32",
+        "--seed",
+        "7",
+        "--temp",
+        "0.9",
+    ];
+    // Greedy with the master on the GPU (lavapipe) over each transport; sampled with every
+    // node on the CPU, so the sampler sees the very logits `generate` does; and UDP with
+    // datagrams dropped, duplicated and reordered on every node.
+    let chaos = ["--transport", "udp", "--udp-chaos", "0.1,0.05,0.1"];
+    let runs: [(&[&str], &str, &[&str]); 4] = [
+        (&greedy, "gpu", &["--transport", "tcp"]),
+        (&greedy, "gpu", &["--transport", "udp"]),
+        (&sampled, "cpu", &["--transport", "tcp"]),
+        (&greedy, "cpu", &chaos),
+    ];
+    for (flags, master_backend, transport) in runs {
+        let expected = generate(&model, flags);
+        let parts = [
+            Part {
+                role: "master",
+                layers: "0..1",
+                backend: master_backend,
+                model: &model,
+            },
+            Part {
+                role: "worker",
+                layers: "1..3",
+                backend: "cpu",
+                model: &model,
+            },
+            Part {
+                role: "worker",
+                layers: "3..4",
+                backend: "cpu",
+                model: &model,
+            },
+        ];
+        let outs: Vec<Output> = start_ring(&parts, transport, flags)
+            .into_iter()
+            .map(Proc::wait)
+            .collect();
+        for o in &outs {
+            assert_no_crash(&[], o);
+            assert!(o.status.success(), "{}", stderr(o));
+        }
+        let what = format!("{flags:?} {master_backend} {transport:?}");
+        assert_eq!(
+            stdout(&outs[0]),
+            stdout(&expected),
+            "{what}: the ring printed other text than generate; master stderr: {}",
+            stderr(&outs[0])
+        );
+        assert!(stdout(&expected).len() > "Once upon a time".len() + 32);
+        for o in &outs[1..] {
+            assert!(
+                stdout(o).is_empty(),
+                "a worker wrote to stdout: {}",
+                stdout(o)
+            );
+        }
+        if transport.contains(&"--udp-chaos") {
+            assert!(
+                resent(&stderr(&outs[0])) > 0,
+                "{what}: nothing was sent again: {}",
+                stderr(&outs[0])
+            );
+        }
+    }
+}
+
+/// The datagrams the master's report says were sent again.
+fn resent(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("hesper: ring link"))
+        .filter_map(|l| l.split(", ").last()?.split(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn misconfigured_rings_are_refused_with_the_reason() {
+    let model = four_layer_model("same");
+    let other = four_layer_model("other");
+    let cases = [
+        (
+            ("0..1", &model),
+            ("2..4", &model),
+            "layers 1..2 are held by no node",
+        ),
+        (
+            ("0..2", &model),
+            ("1..4", &model),
+            "layers 1..2 are held twice",
+        ),
+        (
+            ("0..2", &model),
+            ("2..3", &model),
+            "layers 3..4 are held by no node",
+        ),
+        (
+            ("0..2", &model),
+            ("2..4", &other),
+            "holds a different model",
+        ),
+    ];
+    for ((ml, mm), (wl, wm), reason) in cases {
+        let parts = [
+            Part {
+                role: "master",
+                layers: ml,
+                backend: "cpu",
+                model: mm,
+            },
+            Part {
+                role: "worker",
+                layers: wl,
+                backend: "cpu",
+                model: wm,
+            },
+        ];
+        let outs: Vec<Output> = start_ring(&parts, &[], &["-p", "hi", "-n", "4"])
+            .into_iter()
+            .map(Proc::wait)
+            .collect();
+        for o in &outs {
+            assert_no_crash(&[], o);
+            assert!(
+                !o.status.success(),
+                "{reason}: a node succeeded: {}",
+                stderr(o)
+            );
+            assert!(stderr(o).contains(reason), "{reason}: {}", stderr(o));
+        }
+        assert_eq!(stdout(&outs[0]), "", "{reason}: the master printed text");
+    }
+}
+
+#[test]
+fn a_lost_worker_ends_the_ring_within_5_s_naming_it() {
+    let model = four_layer_model("same");
+    // Killed (its sockets close) over each transport, and stalled (SIGSTOP: its sockets stay
+    // open, its heartbeats stop).
+    for (transport, signal) in [("tcp", "KILL"), ("udp", "KILL"), ("tcp", "STOP")] {
+        let parts = [
+            Part {
+                role: "master",
+                layers: "0..2",
+                backend: "cpu",
+                model: &model,
+            },
+            Part {
+                role: "worker",
+                layers: "2..4",
+                backend: "cpu",
+                model: &model,
+            },
+        ];
+        let long = ["-p", "hi", "-n", "-1", "-c", "200000", "--temp", "0"];
+        let mut procs = start_ring(&parts, &["--transport", transport], &long);
+        let start = Instant::now();
+        while procs[0].stdout_len() < 64 {
+            assert!(start.elapsed() < TIME_LIMIT, "the ring never generated");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut worker = procs.pop().unwrap();
+        let pid = worker.child.id().to_string();
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let lost = Instant::now();
+        let master = procs.pop().unwrap().wait();
+        let took = lost.elapsed();
+        let _ = worker.child.kill();
+        let _ = worker.child.wait();
+        let what = format!("{transport}, SIG{signal}");
+        assert_no_crash(&[], &master);
+        assert!(
+            !master.status.success(),
+            "{what}: the master went on: {}",
+            stderr(&master)
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{what}: the master took {took:?} to stop"
+        );
+        let err = stderr(&master);
+        assert!(
+            err.contains("ring node") && err.contains("(layers 2..4") && err.contains("lost"),
+            "{what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn garbage_sent_to_a_listening_node_is_refused_and_the_ring_still_forms() {
+    let model = four_layer_model("same");
+    let expected = generate(&model, &["-p", "hi", "-n", "8", "--temp", "0"]);
+    let ports = free_ports(2);
+    let arg = |s: &str| s.to_string();
+    let worker = Proc::spawn(&[
+        arg("node"),
+        arg("--role"),
+        arg("worker"),
+        arg("-m"),
+        arg(model.to_str().unwrap()),
+        arg("--layers"),
+        arg("2..4"),
+        arg("--backend"),
+        arg("cpu"),
+        arg("--listen"),
+        format!("127.0.0.1:{}", ports[1]),
+        arg("--next"),
+        format!("127.0.0.1:{}", ports[0]),
+    ]);
+    let mut header = [0u8; 40];
+    header[..4].copy_from_slice(b"HSRG");
+    header[4] = 1;
+    header[6] = 2;
+    header[36..40].copy_from_slice(&u32::MAX.to_le_bytes());
+    let attempts: [&[u8]; 3] = [
+        b"GET / HTTP/1.1\r\n\r\n and more than forty bytes of it",
+        &header,
+        &[],
+    ];
+    for bytes in attempts {
+        let start = Instant::now();
+        let mut s = loop {
+            match TcpStream::connect(("127.0.0.1", ports[1])) {
+                Ok(s) => break s,
+                Err(_) if start.elapsed() < TIME_LIMIT => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => panic!("the worker never listened: {e}"),
+            }
+        };
+        let _ = s.write_all(bytes);
+    }
+    let master = Proc::spawn(&[
+        arg("node"),
+        arg("--role"),
+        arg("master"),
+        arg("-m"),
+        arg(model.to_str().unwrap()),
+        arg("--layers"),
+        arg("0..2"),
+        arg("--backend"),
+        arg("cpu"),
+        arg("--listen"),
+        format!("127.0.0.1:{}", ports[0]),
+        arg("--next"),
+        format!("127.0.0.1:{}", ports[1]),
+        arg("-p"),
+        arg("hi"),
+        arg("-n"),
+        arg("8"),
+        arg("--temp"),
+        arg("0"),
+    ])
+    .wait();
+    let worker = worker.wait();
+    assert!(master.status.success(), "{}", stderr(&master));
+    assert_eq!(stdout(&master), stdout(&expected));
+    let err = stderr(&worker);
+    assert!(worker.status.success(), "{err}");
+    for reason in [
+        "bad magic",
+        "payload of 4294967295 bytes",
+        "refused a connection",
+    ] {
+        assert!(err.contains(reason), "{reason}: {err}");
+    }
+}

@@ -1,0 +1,309 @@
+//! hesper-ring: what carries hidden states between ring nodes (see the crate README).
+//!
+//! * [`frame`]: the checked frame layout every transport carries;
+//! * [`wire`]: hidden states as f32, f16 or Q8_0 payloads;
+//! * [`link`]: a link to one neighbour, with heartbeats and loss detection;
+//! * [`Net`]: a node's links over the transport it was given, and their one inbox.
+
+pub mod frame;
+pub mod link;
+mod tcp;
+mod udp;
+pub mod wire;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+pub use frame::{Dtype, Frame, FrameError, Header, Kind};
+pub use link::{From, Incoming, Link, LinkStats, Side, Timing};
+pub use udp::{Chaos, DATAGRAM};
+
+use link::{spawn_link, FrameRead, LinkContext};
+
+/// Which transport carries a node's links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// TCP (tokio).
+    Tcp,
+    /// UDP datagrams with reassembly and retransmission.
+    Udp,
+}
+
+/// What a node's links need to know.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetConfig {
+    /// The transport.
+    pub transport: TransportKind,
+    /// Heartbeats and loss detection.
+    pub timing: Timing,
+    /// The longest payload accepted (longer frames are refused from their header).
+    pub max_payload: u32,
+    /// Loss injected into outgoing UDP datagrams (a test hook; `None` in use).
+    pub chaos: Option<Chaos>,
+}
+
+/// Why a link could not be made.
+#[derive(Debug, Error)]
+pub enum NetError {
+    /// The I/O runtime could not start.
+    #[error("cannot start the network runtime: {0}")]
+    Runtime(std::io::Error),
+    /// The listening address cannot be used.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The next node did not answer in time.
+    #[error("cannot connect to {addr} within {secs:.0} s: {last}")]
+    Connect {
+        /// The address.
+        addr: SocketAddr,
+        /// How long it was tried.
+        secs: f64,
+        /// The last error.
+        last: String,
+    },
+    /// No predecessor connected in time.
+    #[error("no node connected to {addr} within {secs:.0} s")]
+    Accept {
+        /// The listening address.
+        addr: String,
+        /// How long it waited.
+        secs: f64,
+    },
+}
+
+/// A node's network side: the I/O runtime, its links and their inbox.
+pub struct Net {
+    rt: tokio::runtime::Runtime,
+    config: NetConfig,
+    cx: LinkContext,
+    inbox: mpsc::Receiver<Incoming>,
+    pending: VecDeque<Incoming>,
+    listening: Option<SocketAddr>,
+}
+
+impl Net {
+    /// Starts the I/O runtime (one thread; the node computes on its own).
+    pub fn new(config: NetConfig) -> Result<Self, NetError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("hesper-ring-io")
+            .enable_all()
+            .build()
+            .map_err(NetError::Runtime)?;
+        let (tx, inbox) = mpsc::channel();
+        Ok(Self {
+            rt,
+            config,
+            cx: LinkContext {
+                next_id: Arc::new(AtomicU64::new(1)),
+                inbox: tx,
+                timing: config.timing,
+            },
+            inbox,
+            pending: VecDeque::new(),
+            listening: None,
+        })
+    }
+
+    /// The settings this node runs with.
+    pub fn config(&self) -> &NetConfig {
+        &self.config
+    }
+
+    /// Listens on `addr` for predecessors: each one whose first frame is well-formed arrives
+    /// as [`Incoming::Joined`]; any other is refused with an [`Incoming::Note`] saying why.
+    /// Returns the bound address (port 0 picks one).
+    pub fn listen(&mut self, addr: SocketAddr) -> Result<SocketAddr, NetError> {
+        let bound = match self.config.transport {
+            TransportKind::Tcp => self.listen_tcp(addr)?,
+            TransportKind::Udp => self.listen_udp(addr)?,
+        };
+        self.listening = Some(bound);
+        Ok(bound)
+    }
+
+    fn listen_tcp(&mut self, addr: SocketAddr) -> Result<SocketAddr, NetError> {
+        let listener = {
+            let _guard = self.rt.enter();
+            tcp::listen(addr).map_err(|source| NetError::Listen { addr, source })?
+        };
+        let bound = listener
+            .local_addr()
+            .map_err(|source| NetError::Listen { addr, source })?;
+        let (cx, max) = (self.cx.clone(), self.config.max_payload);
+        let handle = self.rt.handle().clone();
+        self.rt.spawn(async move {
+            while let Ok((stream, peer)) = listener.accept().await {
+                let (cx, handle) = (cx.clone(), handle.clone());
+                tokio::spawn(async move {
+                    let refuse = |why: String| {
+                        let _ = cx.inbox.send(Incoming::Note(format!(
+                            "refused a connection from {peer}: {why}"
+                        )));
+                    };
+                    let (mut reader, writer) = match tcp::split(stream, max) {
+                        Ok(rw) => rw,
+                        Err(e) => return refuse(e.to_string()),
+                    };
+                    let first =
+                        match tokio::time::timeout(cx.timing.dead_after, reader.read_frame()).await
+                        {
+                            Ok(Ok(f)) => f,
+                            Ok(Err(e)) => return refuse(e.to_string()),
+                            Err(_) => return refuse("it sent no frame".into()),
+                        };
+                    let stats = Arc::new(LinkStats::default());
+                    let link = spawn_link(
+                        &handle,
+                        Side::Prev,
+                        peer.to_string(),
+                        reader,
+                        writer,
+                        &cx,
+                        stats,
+                    );
+                    joined(&cx, link, first);
+                });
+            }
+        });
+        Ok(bound)
+    }
+
+    fn listen_udp(&mut self, addr: SocketAddr) -> Result<SocketAddr, NetError> {
+        let (cx, max, chaos) = (self.cx.clone(), self.config.max_payload, self.config.chaos);
+        let handle = self.rt.handle().clone();
+        // Bound here, so a port in use is this call's error.
+        let probe =
+            std::net::UdpSocket::bind(addr).map_err(|source| NetError::Listen { addr, source })?;
+        let bound = probe
+            .local_addr()
+            .map_err(|source| NetError::Listen { addr, source })?;
+        drop(probe);
+        self.rt.spawn(async move {
+            let stats = Arc::new(LinkStats::default());
+            let refuse = |peer: SocketAddr, why: &str| {
+                let _ = cx.inbox.send(Incoming::Note(format!(
+                    "refused a datagram from {peer}: {why}"
+                )));
+            };
+            match udp::accept(bound, Arc::clone(&stats), chaos, max, refuse).await {
+                Ok((mut reader, writer, peer)) => {
+                    let first = match reader.read_frame().await {
+                        Ok(f) => f,
+                        Err(e) => {
+                            let _ = cx
+                                .inbox
+                                .send(Incoming::Note(format!("refused a link from {peer}: {e}")));
+                            return;
+                        }
+                    };
+                    let link = spawn_link(
+                        &handle,
+                        Side::Prev,
+                        peer.to_string(),
+                        reader,
+                        writer,
+                        &cx,
+                        stats,
+                    );
+                    joined(&cx, link, first);
+                }
+                Err(e) => {
+                    let _ = cx
+                        .inbox
+                        .send(Incoming::Note(format!("cannot listen on {bound}: {e}")));
+                }
+            }
+        });
+        Ok(bound)
+    }
+
+    /// Connects to the node at `addr`, retrying with back-off (0.05 s doubling to 1 s) while
+    /// the ring forms, for at most `wait`.
+    pub fn connect(&self, addr: SocketAddr, wait: Duration) -> Result<Link, NetError> {
+        let stats = Arc::new(LinkStats::default());
+        let failed = |last: String| NetError::Connect {
+            addr,
+            secs: wait.as_secs_f64(),
+            last,
+        };
+        let handle = self.rt.handle();
+        Ok(match self.config.transport {
+            TransportKind::Tcp => {
+                let stream = self.rt.block_on(tcp::connect_with_backoff(addr, wait));
+                let stream = stream.map_err(|e| failed(e.to_string()))?;
+                let _guard = self.rt.enter();
+                let (r, w) = tcp::split(stream, self.config.max_payload)
+                    .map_err(|e| failed(e.to_string()))?;
+                spawn_link(handle, Side::Next, addr.to_string(), r, w, &self.cx, stats)
+            }
+            TransportKind::Udp => {
+                let (r, w) = self
+                    .rt
+                    .block_on(udp::connect(
+                        addr,
+                        wait,
+                        Arc::clone(&stats),
+                        self.config.chaos,
+                        self.config.max_payload,
+                    ))
+                    .map_err(|e| failed(e.to_string()))?;
+                spawn_link(handle, Side::Next, addr.to_string(), r, w, &self.cx, stats)
+            }
+        })
+    }
+
+    /// Waits at most `wait` for a predecessor ([`Net::listen`] first); events that come
+    /// before it are kept for [`Net::recv`].
+    pub fn accept(&mut self, wait: Duration) -> Result<Link, NetError> {
+        let deadline = Instant::now() + wait;
+        let mut held = VecDeque::new();
+        let result = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.recv(left) {
+                Some(Incoming::Joined(link)) => break Ok(link),
+                Some(other) => held.push_back(other),
+                None => {
+                    break Err(NetError::Accept {
+                        addr: self.listening.map_or_else(|| "-".into(), |a| a.to_string()),
+                        secs: wait.as_secs_f64(),
+                    })
+                }
+            }
+        };
+        held.extend(self.pending.drain(..));
+        self.pending = held;
+        result
+    }
+
+    /// The next event, waiting at most `wait`.
+    pub fn recv(&mut self, wait: Duration) -> Option<Incoming> {
+        if let Some(e) = self.pending.pop_front() {
+            return Some(e);
+        }
+        self.inbox.recv_timeout(wait).ok()
+    }
+}
+
+/// Hands a new predecessor's link to the node, then its first frame (a heartbeat is not
+/// handed on).
+fn joined(cx: &LinkContext, link: Link, first: Frame) {
+    let from = From {
+        id: link.id(),
+        side: Side::Prev,
+    };
+    let _ = cx.inbox.send(Incoming::Joined(link));
+    if first.header.kind != Kind::Heartbeat {
+        let _ = cx.inbox.send(Incoming::Frame(from, first));
+    }
+}

@@ -1,0 +1,221 @@
+//! A link to one neighbour: frames out through a writer task that also sends heartbeats when
+//! the link is idle, frames in through a reader task that drops heartbeats and reports the
+//! link lost when nothing arrives for [`Timing::dead_after`]. Both tasks hand what happens to
+//! the node's one inbox, which the node's own thread reads while it computes or waits.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::sync::mpsc as tmpsc;
+
+use crate::frame::{Frame, FrameError, Kind};
+
+/// Which neighbour a link leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The node before this one in the ring (frames come from it).
+    Prev,
+    /// The node after this one (frames go to it).
+    Next,
+}
+
+/// Which link an event comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct From {
+    /// The link's number, unique in its node ([`Link::id`]).
+    pub id: u64,
+    /// Which neighbour it leads to.
+    pub side: Side,
+}
+
+/// What the links hand their node.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A frame from a neighbour.
+    Frame(From, Frame),
+    /// A link is gone: closed, failed, or silent for too long; the text says which and why.
+    Lost(From, String),
+    /// A predecessor connected and sent a well-formed first frame (handed on as a
+    /// [`Incoming::Frame`] after this, unless it was a heartbeat).
+    Joined(Link),
+    /// Something the node should log (a refused connection).
+    Note(String),
+}
+
+/// Heartbeat and failure-detection timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// A heartbeat goes out when nothing else has for this long.
+    pub heartbeat: Duration,
+    /// A link that brings nothing (not even a heartbeat) for this long is lost.
+    pub dead_after: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_millis(250),
+            dead_after: Duration::from_millis(1500),
+        }
+    }
+}
+
+/// Why a link could not carry a frame.
+#[derive(Debug, Error)]
+pub enum LinkError {
+    /// The peer sent bytes that are not a frame.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The connection failed or closed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The peer closed the connection.
+    #[error("the connection was closed")]
+    Closed,
+}
+
+/// Counters of one link.
+#[derive(Debug, Default)]
+pub struct LinkStats {
+    /// Frames sent (heartbeats not counted).
+    pub frames: AtomicU64,
+    /// Bytes sent, headers included (heartbeats not counted).
+    pub bytes: AtomicU64,
+    /// Datagrams sent again after a loss (UDP).
+    pub retransmits: AtomicU64,
+}
+
+/// Reads whole frames from a connection.
+pub trait FrameRead: Send + 'static {
+    /// The next frame (heartbeats included).
+    fn read_frame(&mut self) -> impl Future<Output = Result<Frame, LinkError>> + Send;
+}
+
+/// Writes whole frames to a connection.
+pub trait FrameWrite: Send + 'static {
+    /// Sends `frame`.
+    fn write_frame(&mut self, frame: &Frame) -> impl Future<Output = Result<(), LinkError>> + Send;
+}
+
+/// The sending end of a link, held by the node; dropping it closes the link.
+#[derive(Debug)]
+pub struct Link {
+    id: u64,
+    side: Side,
+    peer: String,
+    out: tmpsc::UnboundedSender<Frame>,
+    stats: Arc<LinkStats>,
+}
+
+impl Link {
+    /// Queues `frame` for the peer; `false` when the link is already gone (its loss has been
+    /// or will be reported to the inbox).
+    pub fn send(&self, frame: Frame) -> bool {
+        self.stats.frames.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(
+            (crate::frame::HEADER_LEN + frame.payload.len()) as u64,
+            Ordering::Relaxed,
+        );
+        self.out.send(frame).is_ok()
+    }
+
+    /// The peer's address, as shown in messages.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Which neighbour this link leads to.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// This link's number, unique in its node: events name it ([`From::id`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The link's counters.
+    pub fn stats(&self) -> &LinkStats {
+        &self.stats
+    }
+}
+
+/// What every link of a node shares: its inbox and timing.
+#[derive(Clone)]
+pub(crate) struct LinkContext {
+    /// Numbers the node's links.
+    pub next_id: Arc<AtomicU64>,
+    /// Where events go.
+    pub inbox: mpsc::Sender<Incoming>,
+    /// Heartbeat timing.
+    pub timing: Timing,
+}
+
+/// Starts the reader and writer tasks of a connection on `rt` and returns its link.
+pub(crate) fn spawn_link(
+    rt: &tokio::runtime::Handle,
+    side: Side,
+    peer: String,
+    mut reader: impl FrameRead,
+    mut writer: impl FrameWrite,
+    cx: &LinkContext,
+    stats: Arc<LinkStats>,
+) -> Link {
+    let (inbox, timing) = (cx.inbox.clone(), cx.timing);
+    let id = cx.next_id.fetch_add(1, Ordering::Relaxed);
+    let from = From { id, side };
+    let (out, mut queue) = tmpsc::unbounded_channel::<Frame>();
+    let lost = inbox.clone();
+    let who = peer.clone();
+    rt.spawn(async move {
+        loop {
+            let frame = match tokio::time::timeout(timing.dead_after, reader.read_frame()).await {
+                Ok(Ok(f)) if f.header.kind == Kind::Heartbeat => continue,
+                Ok(Ok(f)) => f,
+                Ok(Err(e)) => {
+                    let _ = lost.send(Incoming::Lost(from, format!("{who}: {e}")));
+                    return;
+                }
+                Err(_) => {
+                    let _ = lost.send(Incoming::Lost(
+                        from,
+                        format!(
+                            "{who}: nothing received for {:.1} s (not even a heartbeat)",
+                            timing.dead_after.as_secs_f64()
+                        ),
+                    ));
+                    return;
+                }
+            };
+            if inbox.send(Incoming::Frame(from, frame)).is_err() {
+                return;
+            }
+        }
+    });
+    rt.spawn(async move {
+        let beat = Frame::empty(Kind::Heartbeat);
+        loop {
+            let frame = tokio::select! {
+                f = queue.recv() => match f {
+                    Some(f) => f,
+                    None => return,
+                },
+                () = tokio::time::sleep(timing.heartbeat) => beat.clone(),
+            };
+            if writer.write_frame(&frame).await.is_err() {
+                // The reader reports the loss (a failed connection fails both ways).
+                return;
+            }
+        }
+    });
+    Link {
+        id,
+        side,
+        peer,
+        out,
+        stats,
+    }
+}

@@ -1,0 +1,220 @@
+//! The ring check. The master's Hello frame travels the ring once; each node appends a record
+//! of what it holds, and the master checks the records before any hidden state flows: the
+//! layer ranges must cover the model exactly once, in ring order, and every node must hold
+//! the same model (the SHA-256 of the GGUF header and tensor table, and the file's length).
+
+use std::fmt::Write as _;
+use std::ops::Range;
+
+use hesper_engine::file::ModelFile;
+use sha2::{Digest, Sha256};
+
+/// What one node holds, as it tells the master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// Its layers.
+    pub layers: Range<usize>,
+    /// Layers in its model.
+    pub n_layer: usize,
+    /// SHA-256 of its file's header and tensor table.
+    pub model: [u8; 32],
+    /// Its file's length in bytes.
+    pub file_len: u64,
+    /// Its backend, as `info` names it.
+    pub backend: String,
+    /// The address it listens on.
+    pub listen: String,
+}
+
+/// The identity of a model file: the SHA-256 of its header and tensor table (the bytes
+/// before the tensor data; reading them pages in nothing else).
+pub fn model_id(file: &ModelFile) -> [u8; 32] {
+    let header_len = usize::try_from(file.header().data_start)
+        .unwrap_or(usize::MAX)
+        .min(file.bytes().len());
+    Sha256::digest(&file.bytes()[..header_len]).into()
+}
+
+impl NodeRecord {
+    /// How messages name the node.
+    pub fn name(&self) -> String {
+        format!(
+            "{} (layers {}..{}, {})",
+            self.listen, self.layers.start, self.layers.end, self.backend
+        )
+    }
+}
+
+/// The records as a Hello payload.
+pub fn encode(records: &[NodeRecord]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(records.len() as u16).to_le_bytes());
+    for r in records {
+        for v in [r.layers.start, r.layers.end, r.n_layer] {
+            out.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+        out.extend_from_slice(&r.model);
+        out.extend_from_slice(&r.file_len.to_le_bytes());
+        for s in [&r.backend, &r.listen] {
+            let s = &s.as_bytes()[..s.len().min(255)];
+            out.push(s.len() as u8);
+            out.extend_from_slice(s);
+        }
+    }
+    out
+}
+
+/// Reads a Hello payload.
+pub fn decode(mut b: &[u8]) -> Result<Vec<NodeRecord>, String> {
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        if b.len() < n {
+            return Err("a Hello frame ends inside a node record".into());
+        }
+        let (head, tail) = b.split_at(n);
+        b = tail;
+        Ok(head)
+    };
+    let u32_of = |s: &[u8]| u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize;
+    let count = u16::from_le_bytes(take(2)?.try_into().map_err(|_| "short")?) as usize;
+    let mut records = Vec::with_capacity(count.min(256));
+    for _ in 0..count {
+        let start = u32_of(take(4)?);
+        let end = u32_of(take(4)?);
+        let n_layer = u32_of(take(4)?);
+        let model: [u8; 32] = take(32)?.try_into().map_err(|_| "short")?;
+        let file_len = u64::from_le_bytes(take(8)?.try_into().map_err(|_| "short")?);
+        let mut text = || -> Result<String, String> {
+            let n = take(1)?[0] as usize;
+            Ok(String::from_utf8_lossy(take(n)?).into_owned())
+        };
+        let backend = text()?;
+        let listen = text()?;
+        records.push(NodeRecord {
+            layers: start..end,
+            n_layer,
+            model,
+            file_len,
+            backend,
+            listen,
+        });
+    }
+    if !b.is_empty() {
+        return Err(format!(
+            "a Hello frame has {} bytes after its records",
+            b.len()
+        ));
+    }
+    Ok(records)
+}
+
+/// Checks the records of a whole ring, the master's first: the same model everywhere, and
+/// layer ranges that follow one another from 0 to the last layer. Says exactly what is wrong.
+pub fn check(records: &[NodeRecord]) -> Result<(), String> {
+    let Some(master) = records.first() else {
+        return Err("the Hello frame came back with no records".into());
+    };
+    for (i, r) in records.iter().enumerate().skip(1) {
+        if r.model != master.model || r.file_len != master.file_len || r.n_layer != master.n_layer {
+            return Err(format!(
+                "node {i} {} holds a different model than the master {}: header SHA-256 {} vs {}, {} vs {} bytes, {} vs {} layers",
+                r.name(),
+                master.name(),
+                hex(&r.model),
+                hex(&master.model),
+                r.file_len,
+                master.file_len,
+                r.n_layer,
+                master.n_layer
+            ));
+        }
+    }
+    let mut next = 0;
+    for (i, r) in records.iter().enumerate() {
+        let who = if i == 0 {
+            format!("the master {}", r.name())
+        } else {
+            format!("node {i} {}", r.name())
+        };
+        if r.layers.start > next {
+            return Err(format!(
+                "layers {next}..{} are held by no node: {who} starts at layer {}",
+                r.layers.start, r.layers.start
+            ));
+        }
+        if r.layers.start < next {
+            return Err(format!(
+                "layers {}..{} are held twice: {who} starts at layer {}, but the node before it already ends at {next}",
+                r.layers.start,
+                next.min(r.layers.end),
+                r.layers.start
+            ));
+        }
+        next = r.layers.end;
+    }
+    if next != master.n_layer {
+        return Err(format!(
+            "layers {next}..{} are held by no node: the ring's last node ends at layer {next}",
+            master.n_layer
+        ));
+    }
+    Ok(())
+}
+
+/// The first 8 bytes of a hash in hex.
+fn hex(h: &[u8; 32]) -> String {
+    h[..8].iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    }) + "…"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(layers: Range<usize>, id: u8) -> NodeRecord {
+        NodeRecord {
+            layers,
+            n_layer: 6,
+            model: [id; 32],
+            file_len: 1000,
+            backend: "cpu".into(),
+            listen: format!("127.0.0.1:{}", 9000 + u16::from(id)),
+        }
+    }
+
+    #[test]
+    fn records_survive_a_hello_frame_and_truncation_is_refused() {
+        let rs = vec![node(0..2, 1), node(2..6, 1)];
+        assert_eq!(decode(&encode(&rs)), Ok(rs.clone()));
+        let bytes = encode(&rs);
+        for n in 0..bytes.len() {
+            assert!(decode(&bytes[..n]).is_err(), "{n} bytes");
+        }
+    }
+
+    #[test]
+    fn gaps_overlaps_short_rings_and_other_models_are_named() {
+        assert_eq!(
+            check(&[node(0..2, 1), node(2..4, 1), node(4..6, 1)]),
+            Ok(())
+        );
+        let gap = check(&[node(0..2, 1), node(3..6, 1)]).unwrap_err();
+        assert!(
+            gap.starts_with("layers 2..3 are held by no node: node 1"),
+            "{gap}"
+        );
+        let overlap = check(&[node(0..3, 1), node(2..6, 1)]).unwrap_err();
+        assert!(
+            overlap.starts_with("layers 2..3 are held twice"),
+            "{overlap}"
+        );
+        let short = check(&[node(0..2, 1), node(2..5, 1)]).unwrap_err();
+        assert!(
+            short.starts_with("layers 5..6 are held by no node"),
+            "{short}"
+        );
+        let other = check(&[node(0..2, 1), node(2..6, 2)]).unwrap_err();
+        assert!(other.contains("holds a different model"), "{other}");
+    }
+}

@@ -1,0 +1,91 @@
+//! Ring nodes: one model split layer-wise over processes (see the crate README).
+//!
+//! The master holds the first layers, the embedding and the sampler; each worker holds the
+//! next range; the last worker's range ends at the last layer and it also runs the final
+//! norm and LM head. Hidden states go round the ring master → worker → … → last worker, and
+//! the prediction (a token, the top k, or a logits row, as the sampler needs) comes back to
+//! the master over the last link. Positions are explicit: every Forward frame carries the
+//! first position of its rows, and a worker forgets whatever its KV cache holds from there on
+//! (so a master that trims its context trims the ring's), refusing a frame that skips ahead.
+//!
+//! * [`serve`]: a worker's loop;
+//! * [`RingEvaluator`]: the master's side, an [`crate::Evaluator`] a completion runs on;
+//! * [`hello`]: the check that the ring covers the model once, with the same model everywhere.
+
+pub mod hello;
+mod master;
+mod protocol;
+mod worker;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hesper_engine::config::Config;
+use hesper_engine::model::ModelError;
+use hesper_ring::{Dtype, NetConfig, NetError};
+use thiserror::Error;
+
+pub use master::RingEvaluator;
+pub use worker::serve;
+
+/// Most rows in one Forward frame: a longer input goes as several frames.
+pub const MAX_FRAME_ROWS: usize = 4096;
+
+/// How a node joins its ring.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// Where this node listens for its predecessor.
+    pub listen: SocketAddr,
+    /// The next node.
+    pub next: SocketAddr,
+    /// Transport, heartbeats and frame limit (see [`max_payload`]).
+    pub net: NetConfig,
+    /// How hidden states travel (the master's choice; workers answer in kind).
+    pub wire: Dtype,
+    /// How long the ring may take to form (nodes started in any order).
+    pub form_wait: Duration,
+    /// Where the node's notes go (refused connections, a lost neighbour).
+    pub log: fn(&str),
+}
+
+/// The longest frame payload a node of this model accepts: [`MAX_FRAME_ROWS`] rows of f32
+/// hidden states, or a prediction of a whole logits row, whichever is longer.
+pub fn max_payload(c: &Config) -> u32 {
+    let rows = MAX_FRAME_ROWS.saturating_mul(c.n_embd).saturating_mul(4);
+    let prediction = c.n_vocab.saturating_mul(8);
+    u32::try_from(rows.max(prediction).saturating_add(64 << 10)).unwrap_or(u32::MAX)
+}
+
+/// Why a ring node stopped.
+#[derive(Debug, Error)]
+pub enum RingError {
+    /// A link could not be made.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The nodes do not make a ring of one model.
+    #[error("the ring is misconfigured: {0}")]
+    Config(String),
+    /// A neighbour went away.
+    #[error("ring node {node} is lost: {why}")]
+    Lost {
+        /// The node, as named by its record or address.
+        node: String,
+        /// What was seen.
+        why: String,
+    },
+    /// Another node reported that it cannot go on.
+    #[error("{0}")]
+    Fault(String),
+    /// The master ended the ring with a reason.
+    #[error("the master ended the ring: {0}")]
+    Shutdown(String),
+    /// A frame broke the protocol.
+    #[error("a ring frame broke the protocol: {0}")]
+    Protocol(String),
+    /// This node's model refused the work.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Time for a link's writer to put the last frames on the wire before the process moves on.
+const FLUSH: Duration = Duration::from_millis(200);

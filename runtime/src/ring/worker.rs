@@ -1,0 +1,180 @@
+//! A worker node's loop: hidden states in from the previous node, through this node's layers,
+//! out to the next (or, on the last node, the prediction back to the master).
+
+use hesper_engine::backend::Backend;
+use hesper_engine::model::{Model, Session};
+use hesper_ring::{wire, Frame, Header, Incoming, Kind, Net, Side};
+
+use super::hello::{self, model_id, NodeRecord};
+use super::protocol::{encode_prediction, readout_of};
+use super::{NodeSettings, RingError, FLUSH};
+
+/// Serves `model` (a layer range) as a worker until the master ends the ring (`Ok`), or a
+/// neighbour is lost or the master ends it for a reason (`Err`). `batch` bounds the tokens
+/// per step of this node's session.
+pub fn serve<B: Backend>(
+    model: &Model<B>,
+    settings: &NodeSettings,
+    batch: usize,
+) -> Result<(), RingError> {
+    let mut net = Net::new(settings.net)?;
+    let bound = net.listen(settings.listen)?;
+    let next = net.connect(settings.next, settings.form_wait)?;
+    let prev = net.accept(settings.form_wait)?;
+    let me = NodeRecord {
+        layers: model.layer_range(),
+        n_layer: model.config.n_layer,
+        model: model_id(&model.file),
+        file_len: model.file.len(),
+        backend: model.backend.name(),
+        listen: bound.to_string(),
+    };
+    let mut node = Worker {
+        model,
+        me,
+        batch,
+        n_ctx: 0,
+        session: None,
+        log: settings.log,
+    };
+    loop {
+        let Some(event) = net.recv(std::time::Duration::from_secs(1)) else {
+            continue;
+        };
+        match event {
+            Incoming::Note(n) => (settings.log)(&n),
+            Incoming::Joined(extra) => (settings.log)(&format!(
+                "refused a connection from {}: this node already has a predecessor",
+                extra.peer()
+            )),
+            Incoming::Lost(from, why) if from.id == prev.id() || from.id == next.id() => {
+                let (lost, other) = if from.side == Side::Next {
+                    ("next", &prev)
+                } else {
+                    ("previous", &next)
+                };
+                let msg = format!("node {} lost its {lost} node: {why}", node.me.name());
+                other.send(Frame::text(Kind::Fault, &msg));
+                std::thread::sleep(FLUSH);
+                return Err(RingError::Lost {
+                    node: why.split(':').next().unwrap_or_default().to_string(),
+                    why: msg,
+                });
+            }
+            Incoming::Lost(..) => {}
+            Incoming::Frame(from, frame) => {
+                // Faults travel toward the master whichever way they came; every other frame
+                // comes from the previous node.
+                if frame.header.kind == Kind::Fault {
+                    let to = if from.side == Side::Next {
+                        &prev
+                    } else {
+                        &next
+                    };
+                    to.send(frame);
+                    continue;
+                }
+                if from.side != Side::Prev {
+                    continue;
+                }
+                if frame.header.kind == Kind::Shutdown {
+                    next.send(frame.clone());
+                    std::thread::sleep(FLUSH);
+                    let why = frame.message();
+                    return if why.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(RingError::Shutdown(why))
+                    };
+                }
+                match node.handle(frame) {
+                    Ok(Some(out)) => {
+                        next.send(out);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let msg = format!("node {}: {e}", node.me.name());
+                        (settings.log)(&msg);
+                        next.send(Frame::text(Kind::Fault, &msg));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A worker's state.
+struct Worker<'a, B: Backend> {
+    model: &'a Model<B>,
+    me: NodeRecord,
+    batch: usize,
+    /// Context size, from the master's Hello.
+    n_ctx: usize,
+    /// The master's run and this node's session for it.
+    session: Option<(u64, Session<B>)>,
+    log: fn(&str),
+}
+
+impl<B: Backend> Worker<'_, B> {
+    /// What one frame from the previous node makes this node send on.
+    fn handle(&mut self, frame: Frame) -> Result<Option<Frame>, RingError> {
+        let h = frame.header;
+        match h.kind {
+            Kind::Hello => {
+                let mut records = hello::decode(&frame.payload).map_err(RingError::Protocol)?;
+                records.push(self.me.clone());
+                self.n_ctx = h.aux as usize;
+                self.session = None;
+                (self.log)(&format!(
+                    "joined the ring as node {} (context {})",
+                    records.len() - 1,
+                    self.n_ctx
+                ));
+                Ok(Some(Frame::new(h, hello::encode(&records))))
+            }
+            Kind::Forward => self.forward(h, &frame.payload),
+            // A prediction on its way to the master passes through.
+            Kind::Prediction => Ok(Some(frame)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Runs this node's layers on a Forward frame's rows.
+    fn forward(&mut self, h: Header, payload: &[u8]) -> Result<Option<Frame>, RingError> {
+        let model = self.model;
+        let d = model.config.n_embd;
+        let readout = readout_of(h.aux).map_err(RingError::Protocol)?;
+        let hidden = wire::decode(h.dtype, payload, h.n_tokens as usize * d)
+            .map_err(|e| RingError::Protocol(e.to_string()))?;
+        if self.n_ctx == 0 {
+            return Err(RingError::Protocol(
+                "a Forward frame before the Hello".into(),
+            ));
+        }
+        if self.session.as_ref().is_none_or(|(id, _)| *id != h.session) {
+            self.session = Some((h.session, model.new_session(self.n_ctx, self.batch)?));
+        }
+        let Some((_, session)) = self.session.as_mut() else {
+            unreachable!("the session was just made")
+        };
+        let pos0 = h.pos0 as usize;
+        let last = model.layer_range().end == model.config.n_layer;
+        match (last, readout) {
+            (true, Some(r)) => {
+                let p = model.predict_from_hidden(session, pos0, &hidden, r)?;
+                let mut out = Header::new(Kind::Prediction);
+                (out.session, out.seq, out.aux) = (h.session, h.seq, h.aux);
+                Ok(Some(Frame::new(out, encode_prediction(&p))))
+            }
+            // A prefill chunk before the last: the cache fills, nothing goes back.
+            (true, None) => {
+                model.forward_hidden_at(session, pos0, &hidden)?;
+                Ok(None)
+            }
+            (false, _) => {
+                let out = model.forward_hidden_at(session, pos0, &hidden)?;
+                Ok(Some(Frame::new(h, wire::encode(h.dtype, &out))))
+            }
+        }
+    }
+}
