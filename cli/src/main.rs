@@ -34,7 +34,7 @@ enum Command {
     /// Measure prompt processing (pp) and text generation (tg) speed.
     Bench(bench::BenchArgs),
     /// Run as one node of a ring that splits a model layer-wise across processes or machines.
-    Node(node::NodeArgs),
+    Node(Box<node::NodeArgs>),
 }
 
 fn main() -> ExitCode {
@@ -48,7 +48,7 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(a) => bench::run(a),
-        Command::Node(a) => node::run(a),
+        Command::Node(a) => node::run(*a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -54,6 +54,11 @@ pub struct NodeArgs {
     /// The next node's port (LEAP's spelling; with --next-host).
     #[arg(long = "next-port", value_name = "PORT")]
     next_port: Option<u16>,
+    /// A standby node (master only): if a node is lost, the ring is re-formed as the master
+    /// and this node, which must hold every layer after the master's; the token history is
+    /// replayed on it and generation goes on with the same tokens.
+    #[arg(long = "standby", value_name = "HOST:PORT")]
+    standby: Option<String>,
     /// How frames travel between nodes.
     #[arg(long = "transport", value_enum, default_value_t = Transport::Tcp)]
     transport: Transport,
@@ -107,6 +112,9 @@ enum Role {
     Master,
     /// A later range of layers.
     Worker,
+    /// A worker kept in reserve: it waits, without a time limit, until a master whose ring
+    /// broke re-forms the ring through it (`--standby` on the master).
+    Standby,
 }
 
 /// `--transport`.
@@ -240,30 +248,43 @@ pub fn run(args: NodeArgs) -> Result<()> {
     args.listen()?;
     args.next()?;
     let g = &args.generate;
-    if args.role == Role::Worker {
+    if args.role != Role::Master {
         if g.prompt.is_some() || g.chat {
             bail!("-p/--prompt and --chat apply to --role master (a worker only runs its layers)");
         }
         if args.wire != Wire::F32 {
             bail!("--wire applies to --role master (workers answer in the master's format)");
         }
+        if args.standby.is_some() {
+            bail!("--standby applies to --role master (the master re-forms a broken ring)");
+        }
     }
+    if args.standby.is_some() && args.transport == Transport::Udp {
+        bail!("--standby works over --transport tcp only (a UDP node's listening socket serves one predecessor)");
+    }
+    let standby = args
+        .standby
+        .as_deref()
+        .map(|a| resolve("--standby", a))
+        .transpose()?;
     g.check()?;
     let sampler = settings::sampler(g.sampling())?;
     let loaded = load(&g.model, Some(layers))?;
     let settings = args.settings(with_config(&loaded.model))?;
     match args.role {
-        Role::Worker => {
+        Role::Worker | Role::Standby => {
             let batch = g.ctx.batch_size;
+            let standby = args.role == Role::Standby;
             run_model!(&loaded.model, |model| {
                 note!(
-                    "hesper: worker for layers {:?} of {} on {}, listening on {}",
+                    "hesper: {} for layers {:?} of {} on {}, listening on {}",
+                    if standby { "standby" } else { "worker" },
                     model.layer_range(),
                     model.file.source,
                     model.backend.name(),
                     settings.listen
                 );
-                serve(model, &settings, batch)
+                serve(model, &settings, batch, standby)
             })?;
             note!("hesper: the master ended the ring");
             Ok(())
@@ -280,7 +301,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
                 model,
                 tok,
                 sampler,
-                &settings,
+                (&settings, standby),
                 loaded.load_ms
             ))
         }
@@ -297,13 +318,13 @@ fn master_on<B: Backend>(
     model: &Model<B>,
     tok: &Tokenizer,
     sampler: Sampler,
-    settings: &NodeSettings,
+    (settings, standby): (&NodeSettings, Option<SocketAddr>),
     load_ms: f64,
 ) -> Result<()> {
     let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
     let session = model.new_session(n_ctx, args.ctx.batch_size)?;
     ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
-    let mut ring = RingEvaluator::form(model, session, settings)?;
+    let mut ring = RingEvaluator::form(model, session, settings, standby)?;
     for (i, r) in ring.nodes().iter().enumerate() {
         note!("hesper: ring node {i}: {}", r.name());
     }

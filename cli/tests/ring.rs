@@ -483,3 +483,65 @@ fn garbage_sent_to_a_listening_node_is_refused_and_the_ring_still_forms() {
         assert!(err.contains(reason), "{reason}: {err}");
     }
 }
+
+#[test]
+fn with_a_standby_a_lost_worker_changes_nothing_in_the_output() {
+    let model = four_layer_model("same");
+    let flags = ["-p", "hi", "-n", "400", "-c", "1024", "--temp", "0"];
+    let expected = generate(&model, &flags);
+    // (Over TCP: a UDP node's listening socket serves one predecessor, so `--standby` with
+    // `--transport udp` is refused.)
+    for transport in ["tcp"] {
+        let ports = free_ports(3);
+        let node = |role: &str, layers: &str, listen: u16, next: u16| -> Vec<String> {
+            [
+                "node",
+                "--role",
+                role,
+                "-m",
+                model.to_str().unwrap(),
+                "--layers",
+                layers,
+                "--backend",
+                "cpu",
+                "--transport",
+                transport,
+                "--listen",
+                &format!("127.0.0.1:{listen}"),
+                "--next",
+                &format!("127.0.0.1:{next}"),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        let standby = Proc::spawn(&node("standby", "2..4", ports[2], ports[0]));
+        let mut worker = Proc::spawn(&node("worker", "2..4", ports[1], ports[0]));
+        let mut args = node("master", "0..2", ports[0], ports[1]);
+        args.extend(["--standby".to_string(), format!("127.0.0.1:{}", ports[2])]);
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let master = Proc::spawn(&args);
+        let start = Instant::now();
+        while master.stdout_len() < 64 {
+            assert!(start.elapsed() < TIME_LIMIT, "the ring never generated");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        worker.child.kill().expect("kill the worker");
+        let master = master.wait();
+        let standby = standby.wait();
+        worker.wait();
+        assert_no_crash(&[], &master);
+        let err = stderr(&master);
+        assert!(master.status.success(), "{transport}: {err}");
+        assert!(
+            err.contains("re-forming the ring through the standby"),
+            "{transport}: {err}"
+        );
+        assert_eq!(stdout(&master), stdout(&expected), "{transport}: {err}");
+        assert!(
+            standby.status.success(),
+            "{transport}: {}",
+            stderr(&standby)
+        );
+    }
+}

@@ -1,11 +1,14 @@
 //! The master's side of a ring: its own layers, then the rest of the ring, as an
-//! [`Evaluator`] a completion or a chat runs on.
+//! [`Evaluator`] a completion or a chat runs on. With a standby node, a lost ring is
+//! re-formed through it and the token history replayed in the same steps, so generation goes
+//! on with the very numbers an unbroken ring computes.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{Model, Prediction, Readout, Session};
-use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net, Side};
+use hesper_engine::model::{Model, ModelError, Prediction, Readout, Session};
+use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net};
 
 use super::hello::{self, model_id, NodeRecord};
 use super::protocol::{decode_prediction, readout_code};
@@ -17,23 +20,37 @@ pub struct RingEvaluator<'a, B: Backend> {
     model: &'a Model<B>,
     session: Session<B>,
     net: Net,
-    next: Link,
-    prev: Link,
-    records: Vec<NodeRecord>,
+    me: NodeRecord,
+    links: Links,
     run: u64,
     seq: u64,
     wire: Dtype,
+    form_wait: Duration,
     log: fn(&str),
+    /// Where to re-form the ring when it breaks; taken when used.
+    standby: Option<SocketAddr>,
+    /// Every token in the context, and the steps they were sent in (first position, count).
+    history: Vec<u32>,
+    steps: Vec<(usize, usize)>,
+}
+
+/// The master's two links and what the ring's nodes said of themselves.
+struct Links {
+    next: Link,
+    prev: Link,
+    records: Vec<NodeRecord>,
 }
 
 impl<'a, B: Backend> RingEvaluator<'a, B> {
     /// Forms the ring: listens, connects to the next node, sends the Hello round and checks
     /// what comes back ([`hello::check`]). A ring that fails the check is ended with the
-    /// reason (every worker prints it) and the same reason is returned.
+    /// reason (every worker prints it) and the same reason is returned. `standby`: a node
+    /// to re-form the ring through if it breaks (it must hold the layers after the master's).
     pub fn form(
         model: &'a Model<B>,
         session: Session<B>,
         settings: &NodeSettings,
+        standby: Option<SocketAddr>,
     ) -> Result<Self, RingError> {
         if model.layer_range().start != 0 {
             return Err(RingError::Config(format!(
@@ -44,7 +61,6 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
         }
         let mut net = Net::new(settings.net)?;
         let bound = net.listen(settings.listen)?;
-        let next = net.connect(settings.next, settings.form_wait)?;
         let me = NodeRecord {
             layers: model.layer_range(),
             n_layer: model.config.n_layer,
@@ -54,80 +70,65 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
             listen: bound.to_string(),
         };
         let run = run_id();
-        let mut h = Header::new(Kind::Hello);
-        h.session = run;
-        h.aux = u32::try_from(session.n_ctx()).unwrap_or(u32::MAX);
-        next.send(Frame::new(h, hello::encode(std::slice::from_ref(&me))));
-        let prev = net.accept(settings.form_wait)?;
-        let deadline = Instant::now() + settings.form_wait;
-        let records = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match net.recv(left.min(Duration::from_millis(100))) {
-                Some(Incoming::Frame(_, f)) if f.header.kind == Kind::Hello => {
-                    break hello::decode(&f.payload).map_err(RingError::Protocol)?
-                }
-                Some(Incoming::Frame(_, f)) if f.header.kind == Kind::Fault => {
-                    return Err(RingError::Fault(f.message()))
-                }
-                Some(Incoming::Lost(_, why)) => {
-                    return Err(RingError::Lost {
-                        node: "while the ring formed".into(),
-                        why,
-                    })
-                }
-                Some(Incoming::Note(n)) => (settings.log)(&n),
-                _ if left.is_zero() => {
-                    return Err(RingError::Config(format!(
-                        "the Hello frame did not come back round the ring within {:.0} s",
-                        settings.form_wait.as_secs_f64()
-                    )))
-                }
-                _ => {}
-            }
-        };
-        let ring = Self {
+        let n_ctx = session.n_ctx();
+        let links = join(
+            &mut net,
+            &me,
+            settings.next,
+            run,
+            n_ctx,
+            settings.form_wait,
+            settings.log,
+        )?;
+        Ok(Self {
             model,
             session,
             net,
-            next,
-            prev,
-            records,
+            me,
+            links,
             run,
             seq: 0,
             wire: settings.wire,
+            form_wait: settings.form_wait,
             log: settings.log,
-        };
-        if let Err(why) = hello::check(&ring.records) {
-            ring.close(&why);
-            return Err(RingError::Config(why));
-        }
-        Ok(ring)
+            standby,
+            history: Vec::new(),
+            steps: Vec::new(),
+        })
     }
 
     /// What each node holds, the master's record first.
     pub fn nodes(&self) -> &[NodeRecord] {
-        &self.records
-    }
-
-    /// Ends the ring: every worker gets the reason (empty: a normal end) and exits.
-    pub fn close(self, why: &str) {
-        self.next.send(Frame::text(Kind::Shutdown, why));
-        std::thread::sleep(FLUSH);
+        &self.links.records
     }
 
     /// The master's links: to the next node, and from the last one.
     pub fn links(&self) -> [&Link; 2] {
-        [&self.next, &self.prev]
+        [&self.links.next, &self.links.prev]
     }
 
-    /// Runs `tokens` through the master's layers and sends the rows on; `readout` says
-    /// what the last node hands back (nothing for a prefill chunk before the last).
+    /// Ends the ring: every worker gets the reason (empty: a normal end) and exits; an
+    /// unused standby is told too.
+    pub fn close(self, why: &str) {
+        self.links.next.send(Frame::text(Kind::Shutdown, why));
+        if let Some(addr) = self.standby {
+            if let Ok(link) = self.net.connect(addr, Duration::from_secs(2)) {
+                link.send(Frame::text(Kind::Shutdown, why));
+            }
+        }
+        std::thread::sleep(FLUSH);
+    }
+
+    /// Runs `tokens` (at positions from `pos0`, the session's) through the master's layers
+    /// and sends the rows on; `readout` says what the last node hands back (nothing for a
+    /// prefill chunk before the last).
     async fn send_step(
         &mut self,
-        tokens: &[u32],
+        pos0: usize,
+        n: usize,
         readout: Option<Readout>,
     ) -> Result<(), RuntimeError> {
-        let pos0 = self.session.pos();
+        let tokens = &self.history[pos0..pos0 + n];
         let x = self.model.embed_async(&mut self.session, tokens).await?;
         let rows = self
             .model
@@ -139,51 +140,49 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
         h.session = self.run;
         h.seq = self.seq;
         h.pos0 = pos0 as u32;
-        h.n_tokens = tokens.len() as u32;
+        h.n_tokens = n as u32;
         h.aux = readout_code(readout);
-        self.next
+        self.links
+            .next
             .send(Frame::new(h, wire::encode(self.wire, &rows)));
         Ok(())
     }
 
-    /// Waits for the prediction of step `self.seq`; a lost node or a fault ends the ring.
+    /// Waits for the prediction of step `self.seq`; a lost node or a fault breaks the ring.
     fn wait_prediction(&mut self, readout: Readout) -> Result<Prediction, RingError> {
         loop {
             let Some(event) = self.net.recv(Duration::from_secs(1)) else {
                 continue;
             };
+            let l = &self.links;
             match event {
                 Incoming::Frame(from, f) => match f.header.kind {
                     Kind::Prediction
-                        if from.side == Side::Prev
+                        if from.id == l.prev.id()
                             && f.header.session == self.run
                             && f.header.seq == self.seq =>
                     {
                         return decode_prediction(readout, &f.payload, self.model.config.n_vocab)
-                            .map_err(|e| self.fail(RingError::Protocol(e)));
+                            .map_err(RingError::Protocol);
                     }
-                    Kind::Fault => return Err(self.fail(RingError::Fault(f.message()))),
-                    Kind::Shutdown => {
-                        return Err(self.fail(RingError::Fault(format!(
-                            "the ring was ended while the master waited: {}",
-                            f.message()
-                        ))))
+                    Kind::Fault if from.id == l.prev.id() || from.id == l.next.id() => {
+                        return Err(RingError::Fault(f.message()))
                     }
                     _ => {}
                 },
-                Incoming::Lost(from, why) if from.id == self.next.id() => {
-                    let node = self
+                Incoming::Lost(from, why) if from.id == l.next.id() => {
+                    let node = l
                         .records
                         .get(1)
-                        .map_or_else(|| self.next.peer().into(), NodeRecord::name);
-                    return Err(self.fail(RingError::Lost { node, why }));
+                        .map_or_else(|| l.next.peer().into(), NodeRecord::name);
+                    return Err(RingError::Lost { node, why });
                 }
-                Incoming::Lost(from, why) if from.id == self.prev.id() => {
-                    let node = self
+                Incoming::Lost(from, why) if from.id == l.prev.id() => {
+                    let node = l
                         .records
                         .last()
-                        .map_or_else(|| self.prev.peer().into(), NodeRecord::name);
-                    return Err(self.fail(RingError::Lost { node, why }));
+                        .map_or_else(|| l.prev.peer().into(), NodeRecord::name);
+                    return Err(RingError::Lost { node, why });
                 }
                 Incoming::Lost(..) => {}
                 Incoming::Joined(extra) => (self.log)(&format!(
@@ -195,12 +194,49 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
         }
     }
 
-    /// Tells the nodes still reachable that the ring is over, and hands back `e`.
-    fn fail(&self, e: RingError) -> RingError {
-        let why = e.to_string();
-        self.next.send(Frame::text(Kind::Shutdown, &why));
-        std::thread::sleep(FLUSH);
-        e
+    /// Sends the steps from `first` on (the last one asking for `readout`) and waits for the
+    /// prediction.
+    async fn run_steps(
+        &mut self,
+        first: usize,
+        readout: Readout,
+    ) -> Result<Prediction, RuntimeError> {
+        let last = self.steps.len() - 1;
+        for i in first..=last {
+            let (pos0, n) = self.steps[i];
+            self.send_step(pos0, n, (i == last).then_some(readout))
+                .await?;
+        }
+        Ok(self.wait_prediction(readout)?)
+    }
+
+    /// Re-forms the ring through the standby after `broke`, or ends it with `broke`.
+    fn fail_over(&mut self, broke: RingError) -> Result<(), RingError> {
+        // The old ring is told to stop (whoever still listens).
+        self.links
+            .next
+            .send(Frame::text(Kind::Shutdown, &broke.to_string()));
+        let Some(addr) = self.standby.take() else {
+            std::thread::sleep(FLUSH);
+            return Err(broke);
+        };
+        (self.log)(&format!(
+            "{broke}; re-forming the ring through the standby {addr}"
+        ));
+        self.run = run_id();
+        let n_ctx = self.session.n_ctx();
+        self.links = join(
+            &mut self.net,
+            &self.me,
+            addr,
+            self.run,
+            n_ctx,
+            self.form_wait,
+            self.log,
+        )
+        .map_err(|e| RingError::Fault(format!("{broke}; the standby {addr} failed too: {e}")))?;
+        self.session.truncate(0);
+        Ok(())
     }
 }
 
@@ -216,6 +252,11 @@ impl<B: Backend> Evaluator for RingEvaluator<'_, B> {
     fn truncate(&mut self, pos: usize) {
         // The next Forward frame starts at `pos`: every worker forgets the rest then.
         self.session.truncate(pos);
+        self.history.truncate(pos);
+        self.steps.retain(|&(p, _)| p < pos);
+        if let Some((p, n)) = self.steps.last_mut() {
+            *n = (*n).min(pos - *p);
+        }
     }
 
     async fn predict(
@@ -224,15 +265,102 @@ impl<B: Backend> Evaluator for RingEvaluator<'_, B> {
         readout: Readout,
     ) -> Result<Prediction, RuntimeError> {
         if input.is_empty() {
-            return Err(hesper_engine::model::ModelError::Empty.into());
+            return Err(ModelError::Empty.into());
         }
-        let chunks: Vec<&[u32]> = input.chunks(MAX_FRAME_ROWS).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            self.send_step(chunk, last.then_some(readout)).await?;
+        let pos = self.session.pos();
+        if pos + input.len() > self.session.n_ctx() {
+            return Err(ModelError::ContextFull {
+                needed: pos + input.len(),
+                n_ctx: self.session.n_ctx(),
+            }
+            .into());
         }
-        Ok(self.wait_prediction(readout)?)
+        let first = self.steps.len();
+        self.history.extend_from_slice(input);
+        for (i, chunk) in input.chunks(MAX_FRAME_ROWS).enumerate() {
+            self.steps.push((pos + i * MAX_FRAME_ROWS, chunk.len()));
+        }
+        match self.run_steps(first, readout).await {
+            Err(RuntimeError::Ring(broke)) => {
+                self.fail_over(broke)?;
+                // Every step again, in the same chunks: the new ring's caches (and the
+                // master's) hold what the old ones did.
+                self.run_steps(0, readout).await
+            }
+            other => other,
+        }
     }
+}
+
+/// Connects to `next`, sends the Hello round with `me`, and waits for it to come back over
+/// a predecessor's link; checks the records.
+fn join(
+    net: &mut Net,
+    me: &NodeRecord,
+    next: SocketAddr,
+    run: u64,
+    n_ctx: usize,
+    wait: Duration,
+    log: fn(&str),
+) -> Result<Links, RingError> {
+    let next = net.connect(next, wait)?;
+    let mut h = Header::new(Kind::Hello);
+    h.session = run;
+    h.aux = u32::try_from(n_ctx).unwrap_or(u32::MAX);
+    next.send(Frame::new(h, hello::encode(std::slice::from_ref(me))));
+    let deadline = Instant::now() + wait;
+    let mut prev: Option<Link> = None;
+    let records = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(RingError::Config(format!(
+                "the Hello frame did not come back round the ring within {:.0} s",
+                wait.as_secs_f64()
+            )));
+        }
+        match net.recv(left.min(Duration::from_millis(100))) {
+            Some(Incoming::Joined(link)) if prev.is_none() => prev = Some(link),
+            Some(Incoming::Joined(extra)) => log(&format!(
+                "refused a connection from {}: the ring has its last node",
+                extra.peer()
+            )),
+            Some(Incoming::Frame(from, f))
+                if f.header.kind == Kind::Hello
+                    && f.header.session == run
+                    && prev.as_ref().is_some_and(|p| p.id() == from.id) =>
+            {
+                break hello::decode(&f.payload).map_err(RingError::Protocol)?
+            }
+            Some(Incoming::Frame(from, f))
+                if f.header.kind == Kind::Fault
+                    && (from.id == next.id()
+                        || prev.as_ref().is_some_and(|p| p.id() == from.id)) =>
+            {
+                return Err(RingError::Fault(f.message()))
+            }
+            Some(Incoming::Lost(from, why)) if from.id == next.id() => {
+                return Err(RingError::Lost {
+                    node: next.peer().to_string(),
+                    why,
+                })
+            }
+            Some(Incoming::Note(n)) => log(&n),
+            _ => {}
+        }
+    };
+    let Some(prev) = prev else {
+        unreachable!("the Hello came back over the predecessor's link")
+    };
+    if let Err(why) = hello::check(&records) {
+        next.send(Frame::text(Kind::Shutdown, &why));
+        std::thread::sleep(FLUSH);
+        return Err(RingError::Config(why));
+    }
+    Ok(Links {
+        next,
+        prev,
+        records,
+    })
 }
 
 /// A number for this run of the master (workers start a fresh session when it changes).

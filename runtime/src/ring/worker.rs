@@ -3,7 +3,9 @@
 
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Model, Session};
-use hesper_ring::{wire, Frame, Header, Incoming, Kind, Net, Side};
+use std::time::Duration;
+
+use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, Side};
 
 use super::hello::{self, model_id, NodeRecord};
 use super::protocol::{encode_prediction, readout_of};
@@ -11,16 +13,24 @@ use super::{NodeSettings, RingError, FLUSH};
 
 /// Serves `model` (a layer range) as a worker until the master ends the ring (`Ok`), or a
 /// neighbour is lost or the master ends it for a reason (`Err`). `batch` bounds the tokens
-/// per step of this node's session.
+/// per step of this node's session. The node waits for its predecessor first and connects
+/// to the next node when the master's Hello comes; a `standby` waits for its predecessor
+/// without a time limit (it joins only when a master fails over to it).
 pub fn serve<B: Backend>(
     model: &Model<B>,
     settings: &NodeSettings,
     batch: usize,
+    standby: bool,
 ) -> Result<(), RingError> {
     let mut net = Net::new(settings.net)?;
     let bound = net.listen(settings.listen)?;
-    let next = net.connect(settings.next, settings.form_wait)?;
-    let prev = net.accept(settings.form_wait)?;
+    let wait = if standby {
+        Duration::from_secs(u32::MAX.into())
+    } else {
+        settings.form_wait
+    };
+    let prev = net.accept(wait)?;
+    let mut next: Option<Link> = None;
     let me = NodeRecord {
         layers: model.layer_range(),
         n_layer: model.config.n_layer,
@@ -38,7 +48,7 @@ pub fn serve<B: Backend>(
         log: settings.log,
     };
     loop {
-        let Some(event) = net.recv(std::time::Duration::from_secs(1)) else {
+        let Some(event) = net.recv(Duration::from_secs(1)) else {
             continue;
         };
         match event {
@@ -47,17 +57,21 @@ pub fn serve<B: Backend>(
                 "refused a connection from {}: this node already has a predecessor",
                 extra.peer()
             )),
-            Incoming::Lost(from, why) if from.id == prev.id() || from.id == next.id() => {
+            Incoming::Lost(from, why)
+                if from.id == prev.id() || next.as_ref().is_some_and(|n| n.id() == from.id) =>
+            {
                 let (lost, other) = if from.side == Side::Next {
-                    ("next", &prev)
+                    ("next", Some(&prev))
                 } else {
-                    ("previous", &next)
+                    ("previous", next.as_ref())
                 };
                 let msg = format!("node {} lost its {lost} node: {why}", node.me.name());
-                other.send(Frame::text(Kind::Fault, &msg));
-                std::thread::sleep(FLUSH);
+                if let Some(other) = other {
+                    other.send(Frame::text(Kind::Fault, &msg));
+                    std::thread::sleep(FLUSH);
+                }
                 return Err(RingError::Lost {
-                    node: why.split(':').next().unwrap_or_default().to_string(),
+                    node: why.split(": ").next().unwrap_or_default().to_string(),
                     why: msg,
                 });
             }
@@ -66,20 +80,21 @@ pub fn serve<B: Backend>(
                 // Faults travel toward the master whichever way they came; every other frame
                 // comes from the previous node.
                 if frame.header.kind == Kind::Fault {
-                    let to = if from.side == Side::Next {
-                        &prev
-                    } else {
-                        &next
+                    match (from.side, &next) {
+                        (Side::Next, _) => prev.send(frame),
+                        (Side::Prev, Some(n)) => n.send(frame),
+                        (Side::Prev, None) => false,
                     };
-                    to.send(frame);
                     continue;
                 }
                 if from.side != Side::Prev {
                     continue;
                 }
                 if frame.header.kind == Kind::Shutdown {
-                    next.send(frame.clone());
-                    std::thread::sleep(FLUSH);
+                    if let Some(n) = &next {
+                        n.send(frame.clone());
+                        std::thread::sleep(FLUSH);
+                    }
                     let why = frame.message();
                     return if why.is_empty() {
                         Ok(())
@@ -87,15 +102,20 @@ pub fn serve<B: Backend>(
                         Err(RingError::Shutdown(why))
                     };
                 }
-                match node.handle(frame) {
-                    Ok(Some(out)) => {
-                        next.send(out);
+                if frame.header.kind == Kind::Hello && next.is_none() {
+                    next = Some(net.connect(settings.next, settings.form_wait)?);
+                }
+                match (node.handle(frame), &next) {
+                    (Ok(Some(out)), Some(n)) => {
+                        n.send(out);
                     }
-                    Ok(None) => {}
-                    Err(e) => {
+                    (Ok(_), _) => {}
+                    (Err(e), n) => {
                         let msg = format!("node {}: {e}", node.me.name());
                         (settings.log)(&msg);
-                        next.send(Frame::text(Kind::Fault, &msg));
+                        if let Some(n) = n {
+                            n.send(Frame::text(Kind::Fault, &msg));
+                        }
                     }
                 }
             }
