@@ -13,7 +13,7 @@ use hesper_engine::backend::Backend;
 use hesper_engine::model::Model;
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
-use hesper_ring::{Chaos, Dtype, NetConfig, Timing, TransportKind};
+use hesper_ring::{Chaos, Dtype, NetConfig, RingKey, Timing, TransportKind};
 use hesper_runtime::ring::{max_payload, serve, NodeSettings, RingEvaluator};
 use hesper_runtime::{run_model, settings};
 
@@ -69,6 +69,12 @@ pub struct NodeArgs {
     /// Seconds to wait for the ring to form (its nodes may start in any order).
     #[arg(long = "form-timeout", value_name = "SECONDS", default_value_t = 60.0)]
     form_timeout: f64,
+    /// A secret every node of the ring is given: each link is then authenticated (HMAC-SHA-256
+    /// over every frame, keys per link from a nonce handshake, replays refused), so a node
+    /// without it can neither join nor inject frames. Not encryption: hidden states on the
+    /// wire still reveal the prompt.
+    #[arg(long = "ring-key", value_name = "KEY")]
+    ring_key: Option<String>,
     /// Test hook: drop, duplicate and reorder this node's outgoing UDP datagrams with these
     /// probabilities (DROP,DUP,REORDER); generation must stay exact.
     #[arg(long = "udp-chaos", value_name = "DROP,DUP,REORDER", hide = true)]
@@ -204,6 +210,9 @@ impl NodeArgs {
     }
 
     fn settings(&self, model: &hesper_engine::config::Config) -> Result<NodeSettings> {
+        if self.ring_key.as_deref().is_some_and(str::is_empty) {
+            bail!("--ring-key: the key is empty");
+        }
         if !(self.form_timeout > 0.0 && self.form_timeout <= 86_400.0) {
             bail!(
                 "--form-timeout {}: give seconds between 0 and 86400",
@@ -221,6 +230,7 @@ impl NodeArgs {
                 timing: Timing::default(),
                 max_payload: max_payload(model),
                 chaos: self.udp_chaos.map(|c| c.0),
+                key: self.ring_key.as_deref().map(|k| RingKey::new(k.as_bytes())),
             },
             wire: match self.wire {
                 Wire::F32 => Dtype::F32,

@@ -545,3 +545,91 @@ fn with_a_standby_a_lost_worker_changes_nothing_in_the_output() {
         );
     }
 }
+
+#[test]
+fn a_ring_key_lets_the_ring_form_and_keeps_others_out() {
+    let model = four_layer_model("same");
+    let flags = ["-p", "hi", "-n", "8", "--temp", "0"];
+    let expected = generate(&model, &flags);
+    for transport in ["tcp", "udp"] {
+        let ring = |master_key: &str, worker_key: Option<&str>| {
+            let ports = free_ports(2);
+            let mut w: Vec<String> = [
+                "node",
+                "--role",
+                "worker",
+                "-m",
+                model.to_str().unwrap(),
+                "--layers",
+                "2..4",
+                "--backend",
+                "cpu",
+                "--transport",
+                transport,
+                "--form-timeout",
+                "5",
+                "--listen",
+                &format!("127.0.0.1:{}", ports[1]),
+                "--next",
+                &format!("127.0.0.1:{}", ports[0]),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            if let Some(k) = worker_key {
+                w.extend(["--ring-key".to_string(), k.to_string()]);
+            }
+            let worker = Proc::spawn(&w);
+            let mut m: Vec<String> = [
+                "node",
+                "--role",
+                "master",
+                "-m",
+                model.to_str().unwrap(),
+                "--layers",
+                "0..2",
+                "--backend",
+                "cpu",
+                "--transport",
+                transport,
+                "--form-timeout",
+                "5",
+                "--listen",
+                &format!("127.0.0.1:{}", ports[0]),
+                "--next",
+                &format!("127.0.0.1:{}", ports[1]),
+                "--ring-key",
+                master_key,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            m.extend(flags.iter().map(|s| s.to_string()));
+            (Proc::spawn(&m).wait(), worker.wait())
+        };
+        let (master, worker) = ring("s3cret", Some("s3cret"));
+        assert!(master.status.success(), "{transport}: {}", stderr(&master));
+        assert!(worker.status.success(), "{transport}: {}", stderr(&worker));
+        assert_eq!(stdout(&master), stdout(&expected), "{transport}");
+        for (worker_key, reason) in [
+            (Some("other"), "holds another --ring-key"),
+            (None, "did not answer the key handshake"),
+        ] {
+            let (master, worker) = ring("s3cret", worker_key);
+            for o in [&master, &worker] {
+                assert_no_crash(&[], o);
+                assert!(
+                    !o.status.success(),
+                    "{transport} {worker_key:?}: {}",
+                    stderr(o)
+                );
+            }
+            assert!(
+                stderr(&master).contains(reason),
+                "{transport} {worker_key:?}: {}",
+                stderr(&master)
+            );
+            assert_eq!(stdout(&master), "");
+        }
+    }
+}

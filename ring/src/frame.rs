@@ -41,6 +41,8 @@ pub enum Kind {
     Shutdown = 5,
     /// A node cannot go on (a lost neighbour, a refused frame); the payload says why (UTF-8).
     Fault = 6,
+    /// The key handshake of a link (`--ring-key`, see `auth`).
+    Auth = 7,
 }
 
 impl Kind {
@@ -52,6 +54,7 @@ impl Kind {
             4 => Self::Heartbeat,
             5 => Self::Shutdown,
             6 => Self::Fault,
+            7 => Self::Auth,
             _ => return None,
         })
     }

@@ -5,6 +5,7 @@
 //! * [`link`]: a link to one neighbour, with heartbeats and loss detection;
 //! * [`Net`]: a node's links over the transport it was given, and their one inbox.
 
+mod auth;
 pub mod frame;
 pub mod link;
 mod tcp;
@@ -19,11 +20,12 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+pub use auth::{hmac, RingKey, MAC_LEN};
 pub use frame::{Dtype, Frame, FrameError, Header, Kind};
 pub use link::{From, Incoming, Link, LinkStats, Side, Timing};
 pub use udp::{Chaos, DATAGRAM};
 
-use link::{spawn_link, FrameRead, LinkContext};
+use link::{spawn_link, FrameRead, FrameWrite, LinkContext, LinkError};
 
 /// Which transport carries a node's links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +37,7 @@ pub enum TransportKind {
 }
 
 /// What a node's links need to know.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NetConfig {
     /// The transport.
     pub transport: TransportKind,
@@ -45,6 +47,20 @@ pub struct NetConfig {
     pub max_payload: u32,
     /// Loss injected into outgoing UDP datagrams (a test hook; `None` in use).
     pub chaos: Option<Chaos>,
+    /// The ring key every link is authenticated with (`None`: links are not authenticated).
+    pub key: Option<RingKey>,
+}
+
+impl NetConfig {
+    /// The longest payload a transport must read: a MAC rides after an authenticated one.
+    fn wire_max(&self) -> u32 {
+        let mac = if self.key.is_some() {
+            MAC_LEN as u32
+        } else {
+            0
+        };
+        self.max_payload.saturating_add(mac)
+    }
 }
 
 /// Why a link could not be made.
@@ -72,12 +88,14 @@ pub enum NetError {
         last: String,
     },
     /// No predecessor connected in time.
-    #[error("no node connected to {addr} within {secs:.0} s")]
+    #[error("no node connected to {addr} within {secs:.0} s{refused}")]
     Accept {
         /// The listening address.
         addr: String,
         /// How long it waited.
         secs: f64,
+        /// The last connection refused meanwhile, if any ("; " and the reason).
+        refused: String,
     },
 }
 
@@ -103,12 +121,12 @@ impl Net {
         let (tx, inbox) = mpsc::channel();
         Ok(Self {
             rt,
-            config,
             cx: LinkContext {
                 next_id: Arc::new(AtomicU64::new(1)),
                 inbox: tx,
                 timing: config.timing,
             },
+            config,
             inbox,
             pending: VecDeque::new(),
             listening: None,
@@ -140,11 +158,12 @@ impl Net {
         let bound = listener
             .local_addr()
             .map_err(|source| NetError::Listen { addr, source })?;
-        let (cx, max) = (self.cx.clone(), self.config.max_payload);
+        let (cx, max) = (self.cx.clone(), self.config.wire_max());
+        let key = self.config.key.clone();
         let handle = self.rt.handle().clone();
         self.rt.spawn(async move {
             while let Ok((stream, peer)) = listener.accept().await {
-                let (cx, handle) = (cx.clone(), handle.clone());
+                let (cx, handle, key) = (cx.clone(), handle.clone(), key.clone());
                 tokio::spawn(async move {
                     let refuse = |why: String| {
                         let _ = cx.inbox.send(Incoming::Note(format!(
@@ -163,16 +182,7 @@ impl Net {
                             Err(_) => return refuse("it sent no frame".into()),
                         };
                     let stats = Arc::new(LinkStats::default());
-                    let link = spawn_link(
-                        &handle,
-                        Side::Prev,
-                        peer.to_string(),
-                        reader,
-                        writer,
-                        &cx,
-                        stats,
-                    );
-                    joined(&cx, link, first);
+                    admit(&handle, &cx, key, peer, (reader, writer), first, stats).await;
                 });
             }
         });
@@ -180,7 +190,8 @@ impl Net {
     }
 
     fn listen_udp(&mut self, addr: SocketAddr) -> Result<SocketAddr, NetError> {
-        let (cx, max, chaos) = (self.cx.clone(), self.config.max_payload, self.config.chaos);
+        let (cx, max, chaos) = (self.cx.clone(), self.config.wire_max(), self.config.chaos);
+        let key = self.config.key.clone();
         let handle = self.rt.handle().clone();
         // Bound here, so a port in use is this call's error.
         let probe =
@@ -207,16 +218,7 @@ impl Net {
                             return;
                         }
                     };
-                    let link = spawn_link(
-                        &handle,
-                        Side::Prev,
-                        peer.to_string(),
-                        reader,
-                        writer,
-                        &cx,
-                        stats,
-                    );
-                    joined(&cx, link, first);
+                    admit(&handle, &cx, key, peer, (reader, writer), first, stats).await;
                 }
                 Err(e) => {
                     let _ = cx
@@ -237,30 +239,45 @@ impl Net {
             secs: wait.as_secs_f64(),
             last,
         };
-        let handle = self.rt.handle();
-        Ok(match self.config.transport {
+        let max = self.config.wire_max();
+        match self.config.transport {
             TransportKind::Tcp => {
                 let stream = self.rt.block_on(tcp::connect_with_backoff(addr, wait));
                 let stream = stream.map_err(|e| failed(e.to_string()))?;
                 let _guard = self.rt.enter();
-                let (r, w) = tcp::split(stream, self.config.max_payload)
-                    .map_err(|e| failed(e.to_string()))?;
-                spawn_link(handle, Side::Next, addr.to_string(), r, w, &self.cx, stats)
+                let rw = tcp::split(stream, max).map_err(|e| failed(e.to_string()))?;
+                self.start_next(addr, rw, stats).map_err(failed)
             }
             TransportKind::Udp => {
-                let (r, w) = self
+                let chaos = self.config.chaos;
+                let rw = self
                     .rt
-                    .block_on(udp::connect(
-                        addr,
-                        wait,
-                        Arc::clone(&stats),
-                        self.config.chaos,
-                        self.config.max_payload,
-                    ))
+                    .block_on(udp::connect(addr, wait, Arc::clone(&stats), chaos, max))
                     .map_err(|e| failed(e.to_string()))?;
-                spawn_link(handle, Side::Next, addr.to_string(), r, w, &self.cx, stats)
+                self.start_next(addr, rw, stats).map_err(failed)
             }
-        })
+        }
+    }
+
+    /// Starts the link to the next node, after the key handshake when the ring has a key.
+    fn start_next<R: FrameRead, W: FrameWrite>(
+        &self,
+        addr: SocketAddr,
+        (r, w): (R, W),
+        stats: Arc<LinkStats>,
+    ) -> Result<Link, String> {
+        let handle = self.rt.handle();
+        let peer = addr.to_string();
+        let Some(key) = &self.config.key else {
+            return Ok(spawn_link(handle, Side::Next, peer, r, w, &self.cx, stats));
+        };
+        let shake = async { tokio::time::timeout(HANDSHAKE, auth::connector(r, w, key)).await };
+        match self.rt.block_on(shake) {
+            Ok(Ok((r, w))) => Ok(spawn_link(handle, Side::Next, peer, r, w, &self.cx, stats)),
+            Ok(Err(e @ LinkError::Auth(_))) => Err(e.to_string()),
+            // A node without the key refuses the handshake by closing the connection.
+            Ok(Err(_)) | Err(_) => Err("the next node did not answer the key handshake (is it started with the same --ring-key?)".into()),
+        }
     }
 
     /// Waits at most `wait` for a predecessor ([`Net::listen`] first); events that come
@@ -274,10 +291,15 @@ impl Net {
                 Some(Incoming::Joined(link)) => break Ok(link),
                 Some(other) => held.push_back(other),
                 None => {
+                    let refused = held.iter().rev().find_map(|e| match e {
+                        Incoming::Note(n) => Some(format!("; {n}")),
+                        _ => None,
+                    });
                     break Err(NetError::Accept {
                         addr: self.listening.map_or_else(|| "-".into(), |a| a.to_string()),
                         secs: wait.as_secs_f64(),
-                    })
+                        refused: refused.unwrap_or_default(),
+                    });
                 }
             }
         };
@@ -295,15 +317,69 @@ impl Net {
     }
 }
 
-/// Hands a new predecessor's link to the node, then its first frame (a heartbeat is not
-/// handed on).
-fn joined(cx: &LinkContext, link: Link, first: Frame) {
+/// How long a link's key handshake may take.
+const HANDSHAKE: Duration = Duration::from_secs(5);
+
+/// Admits a predecessor whose first frame is `first` (after the key handshake when the ring
+/// has a key): its link goes to the node, then that frame unless it was a heartbeat or the
+/// handshake's. One that fails is refused with a note saying why.
+async fn admit<R: FrameRead, W: FrameWrite>(
+    handle: &tokio::runtime::Handle,
+    cx: &LinkContext,
+    key: Option<RingKey>,
+    peer: SocketAddr,
+    (reader, writer): (R, W),
+    first: Frame,
+    stats: Arc<LinkStats>,
+) {
+    let refuse = |why: &str| {
+        let _ = cx.inbox.send(Incoming::Note(format!(
+            "refused a connection from {peer}: {why}"
+        )));
+    };
+    let (link, first) = match key {
+        None if first.header.kind == Kind::Auth => {
+            return refuse("it opened with a key handshake, and this node has no --ring-key")
+        }
+        None => (
+            spawn_link(
+                handle,
+                Side::Prev,
+                peer.to_string(),
+                reader,
+                writer,
+                cx,
+                stats,
+            ),
+            Some(first),
+        ),
+        Some(key) => {
+            // A UDP link opens with a heartbeat (its probe); the handshake comes next.
+            let (mut reader, mut first) = (reader, first);
+            while first.header.kind == Kind::Heartbeat {
+                first = match tokio::time::timeout(HANDSHAKE, reader.read_frame()).await {
+                    Ok(Ok(f)) => f,
+                    Ok(Err(e)) => return refuse(&e.to_string()),
+                    Err(_) => return refuse("the key handshake timed out"),
+                };
+            }
+            let shake = auth::acceptor(first, reader, writer, &key);
+            match tokio::time::timeout(HANDSHAKE, shake).await {
+                Ok(Ok((r, w))) => (
+                    spawn_link(handle, Side::Prev, peer.to_string(), r, w, cx, stats),
+                    None,
+                ),
+                Ok(Err(e)) => return refuse(&e.to_string()),
+                Err(_) => return refuse("the key handshake timed out"),
+            }
+        }
+    };
     let from = From {
         id: link.id(),
         side: Side::Prev,
     };
     let _ = cx.inbox.send(Incoming::Joined(link));
-    if first.header.kind != Kind::Heartbeat {
-        let _ = cx.inbox.send(Incoming::Frame(from, first));
+    if let Some(f) = first.filter(|f| f.header.kind != Kind::Heartbeat) {
+        let _ = cx.inbox.send(Incoming::Frame(from, f));
     }
 }

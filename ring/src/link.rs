@@ -75,6 +75,9 @@ pub enum LinkError {
     /// The peer closed the connection.
     #[error("the connection was closed")]
     Closed,
+    /// The peer failed the ring key's checks.
+    #[error("{0}")]
+    Auth(String),
 }
 
 /// Counters of one link.

@@ -9,13 +9,12 @@
 //!           | data: chunk u32, chunks u32, bytes…   ack: -   nack: count u32, 0, chunk u32 × count
 //! ```
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc as tmpsc, Notify};
 
 use crate::frame::{Frame, FrameError, HEADER_LEN};
 use crate::link::{FrameRead, FrameWrite, LinkError, LinkStats};
@@ -169,43 +168,27 @@ pub(crate) struct UdpReader {
     /// The next frame id to deliver.
     expected: u64,
     partial: Option<Partial>,
-    /// Frames reassembled before the link's reader started.
-    ready: VecDeque<Frame>,
+    /// Data datagrams, from the pump.
+    data: tmpsc::UnboundedReceiver<Vec<u8>>,
     /// A datagram received before the link existed (the acceptor's first).
     first: Option<Vec<u8>>,
 }
 
 impl UdpReader {
-    /// Handles one datagram; a whole frame when it completes one.
+    /// Handles one data datagram; a whole frame when it completes one.
     async fn take(&mut self, d: &[u8]) -> Result<Option<Frame>, LinkError> {
-        let Some(g) = parse(d) else {
+        let Some(g) = parse(d).filter(|g| g.kind == DATA) else {
             return Ok(None);
         };
-        match g.kind {
-            ACK | NACK => {
-                let mut acks = self.sh.acks.lock().unwrap_or_else(|e| e.into_inner());
-                if g.kind == ACK {
-                    acks.acked = acks.acked.max(g.id);
-                } else {
-                    let n = (g.a as usize).min(g.body.len() / 4);
-                    let chunks = g.body[..n * 4]
-                        .chunks_exact(4)
-                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect();
-                    acks.nack = Some((g.id, chunks));
-                }
-                drop(acks);
-                self.sh.wake.notify_one();
-                Ok(None)
-            }
-            _ if g.id < self.expected => {
-                // A chunk of a frame already delivered: its acknowledgement was lost.
-                self.sh.control(ACK, g.id, &[]).await?;
-                Ok(None)
-            }
-            _ if g.id > self.expected => Ok(None),
-            _ => self.chunk(g).await,
+        if g.id < self.expected {
+            // A chunk of a frame already delivered: its acknowledgement was lost.
+            self.sh.control(ACK, g.id, &[]).await?;
+            return Ok(None);
         }
+        if g.id > self.expected {
+            return Ok(None);
+        }
+        self.chunk(g).await
     }
 
     async fn chunk(&mut self, g: Datagram<'_>) -> Result<Option<Frame>, LinkError> {
@@ -266,40 +249,71 @@ impl UdpReader {
 
 impl FrameRead for UdpReader {
     async fn read_frame(&mut self) -> Result<Frame, LinkError> {
-        if let Some(f) = self.ready.pop_front() {
-            return Ok(f);
-        }
         if let Some(d) = self.first.take() {
             if let Some(f) = self.take(&d).await? {
                 return Ok(f);
             }
         }
-        let mut buf = vec![0u8; DATAGRAM + 64];
         loop {
             let got = if self.partial.is_some() {
-                match tokio::time::timeout(NACK_AFTER, self.sh.sock.recv(&mut buf)).await {
-                    Ok(r) => r,
+                match tokio::time::timeout(NACK_AFTER, self.data.recv()).await {
+                    Ok(d) => d,
                     Err(_) => {
                         self.nack().await?;
                         continue;
                     }
                 }
             } else {
-                self.sh.sock.recv(&mut buf).await
+                self.data.recv().await
             };
-            let n = match got {
-                Ok(n) => n,
-                // The peer's port is not open (yet): an ICMP error, not a datagram.
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    tokio::time::sleep(PROBE_AFTER).await;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
+            let Some(d) = got else {
+                return Err(LinkError::Closed);
             };
-            if let Some(f) = self.take(&buf[..n]).await? {
+            if let Some(f) = self.take(&d).await? {
                 return Ok(f);
             }
         }
+    }
+}
+
+/// Receives every datagram of a link: acknowledgements go straight to the writer (so a frame
+/// is acknowledged whether or not anyone reads), data to the reader.
+async fn pump(sh: Arc<Shared>, data: tmpsc::UnboundedSender<Vec<u8>>) {
+    let mut buf = vec![0u8; DATAGRAM + 64];
+    loop {
+        let n = match sh.sock.recv(&mut buf).await {
+            Ok(n) => n,
+            // The peer's port is not open (yet): an ICMP error, not a datagram.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                tokio::time::sleep(PROBE_AFTER).await;
+                continue;
+            }
+            Err(_) => return,
+        };
+        let Some(g) = parse(&buf[..n]) else {
+            continue;
+        };
+        match g.kind {
+            ACK => {
+                let mut acks = sh.acks.lock().unwrap_or_else(|e| e.into_inner());
+                acks.acked = acks.acked.max(g.id);
+            }
+            NACK => {
+                let n = (g.a as usize).min(g.body.len() / 4);
+                let chunks = g.body[..n * 4]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                sh.acks.lock().unwrap_or_else(|e| e.into_inner()).nack = Some((g.id, chunks));
+            }
+            _ => {
+                if data.send(buf[..n].to_vec()).is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
+        sh.wake.notify_one();
     }
 }
 
@@ -400,13 +414,15 @@ fn halves(
             })
         }),
     });
+    let (tx, data) = tmpsc::unbounded_channel();
+    tokio::spawn(pump(Arc::clone(&sh), tx));
     (
         UdpReader {
             sh: Arc::clone(&sh),
+            data,
             max_payload,
             expected: 1,
             partial: None,
-            ready: VecDeque::new(),
             first: None,
         },
         UdpWriter { sh, next_id: 0 },
@@ -455,20 +471,9 @@ pub(crate) async fn connect(
     };
     let sock = socket(local)?;
     sock.connect(addr).await?;
-    let (mut r, mut w) = halves(sock, stats, chaos, max_payload, 0x2545_f491);
+    let (r, mut w) = halves(sock, stats, chaos, max_payload, 0x2545_f491);
     let probe = Frame::empty(crate::frame::Kind::Heartbeat);
-    let handshake = async {
-        let mut send = std::pin::pin!(w.write_frame(&probe));
-        loop {
-            tokio::select! {
-                sent = &mut send => return sent,
-                got = r.read_frame() => match got {
-                    Ok(f) => r.ready.push_back(f),
-                    Err(e) => return Err(e),
-                },
-            }
-        }
-    };
+    let handshake = w.write_frame(&probe);
     match tokio::time::timeout(wait, handshake).await {
         Ok(Ok(())) => Ok((r, w)),
         Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),

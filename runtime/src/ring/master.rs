@@ -59,7 +59,7 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
                 model.layer_range().end
             )));
         }
-        let mut net = Net::new(settings.net)?;
+        let mut net = Net::new(settings.net.clone())?;
         let bound = net.listen(settings.listen)?;
         let me = NodeRecord {
             layers: model.layer_range(),

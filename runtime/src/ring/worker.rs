@@ -22,7 +22,7 @@ pub fn serve<B: Backend>(
     batch: usize,
     standby: bool,
 ) -> Result<(), RingError> {
-    let mut net = Net::new(settings.net)?;
+    let mut net = Net::new(settings.net.clone())?;
     let bound = net.listen(settings.listen)?;
     let wait = if standby {
         Duration::from_secs(u32::MAX.into())
