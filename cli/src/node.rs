@@ -130,6 +130,9 @@ enum Transport {
     Tcp,
     /// UDP datagrams of at most 1400 bytes, reassembled, lost ones sent again.
     Udp,
+    /// TCP through io_uring (Linux: registered receive buffer, zero-copy sends; the same
+    /// frames as tcp; falls back to tcp with a note where io_uring is unavailable).
+    Uring,
 }
 
 /// `--wire`.
@@ -226,6 +229,7 @@ impl NodeArgs {
                 transport: match self.transport {
                     Transport::Tcp => TransportKind::Tcp,
                     Transport::Udp => TransportKind::Udp,
+                    Transport::Uring => TransportKind::Uring,
                 },
                 timing: Timing::default(),
                 max_payload: max_payload(model),

@@ -218,9 +218,10 @@ fn a_ring_of_three_processes_prints_what_generate_prints() {
     // node on the CPU, so the sampler sees the very logits `generate` does; and UDP with
     // datagrams dropped, duplicated and reordered on every node.
     let chaos = ["--transport", "udp", "--udp-chaos", "0.1,0.05,0.1"];
-    let runs: [(&[&str], &str, &[&str]); 4] = [
+    let runs: [(&[&str], &str, &[&str]); 5] = [
         (&greedy, "gpu", &["--transport", "tcp"]),
         (&greedy, "gpu", &["--transport", "udp"]),
+        (&greedy, "gpu", &["--transport", "uring"]),
         (&sampled, "cpu", &["--transport", "tcp"]),
         (&greedy, "cpu", &chaos),
     ];
@@ -269,6 +270,13 @@ fn a_ring_of_three_processes_prints_what_generate_prints() {
                 stdout(o)
             );
         }
+        // The uring run really ran on io_uring (a host without it would fall back to TCP,
+        // saying so; this machine kind has it).
+        assert!(
+            !stderr(&outs[0]).contains("io_uring is unavailable"),
+            "{what}: {}",
+            stderr(&outs[0])
+        );
         if transport.contains(&"--udp-chaos") {
             assert!(
                 resent(&stderr(&outs[0])) > 0,
@@ -351,7 +359,12 @@ fn a_lost_worker_ends_the_ring_within_5_s_naming_it() {
     let model = four_layer_model("same");
     // Killed (its sockets close) over each transport, and stalled (SIGSTOP: its sockets stay
     // open, its heartbeats stop).
-    for (transport, signal) in [("tcp", "KILL"), ("udp", "KILL"), ("tcp", "STOP")] {
+    for (transport, signal) in [
+        ("tcp", "KILL"),
+        ("udp", "KILL"),
+        ("uring", "KILL"),
+        ("tcp", "STOP"),
+    ] {
         let parts = [
             Part {
                 role: "master",
@@ -551,7 +564,7 @@ fn a_ring_key_lets_the_ring_form_and_keeps_others_out() {
     let model = four_layer_model("same");
     let flags = ["-p", "hi", "-n", "8", "--temp", "0"];
     let expected = generate(&model, &flags);
-    for transport in ["tcp", "udp"] {
+    for transport in ["tcp", "udp", "uring"] {
         let ring = |master_key: &str, worker_key: Option<&str>| {
             let ports = free_ports(2);
             let mut w: Vec<String> = [

@@ -149,10 +149,10 @@ impl<R: FrameRead> FrameRead for AuthReader<R> {
 }
 
 impl<W: FrameWrite> FrameWrite for AuthWriter<W> {
-    async fn write_frame(&mut self, frame: &Frame) -> Result<(), LinkError> {
-        let sealed = seal(&self.key, self.counter, frame);
+    async fn write_frame(&mut self, frame: Frame) -> Result<(), LinkError> {
+        let sealed = seal(&self.key, self.counter, &frame);
         self.counter += 1;
-        self.inner.write_frame(&sealed).await
+        self.inner.write_frame(sealed).await
     }
 }
 
@@ -179,7 +179,7 @@ pub(crate) async fn connector<R: FrameRead, W: FrameWrite>(
     key: &RingKey,
 ) -> Result<(AuthReader<R>, AuthWriter<W>), LinkError> {
     let nc = nonce();
-    w.write_frame(&Frame::new(Header::new(Kind::Auth), nc.to_vec()))
+    w.write_frame(Frame::new(Header::new(Kind::Auth), nc.to_vec()))
         .await?;
     let reply = next_frame(&mut r).await?;
     if reply.header.kind != Kind::Auth || reply.payload.len() != NONCE_LEN + MAC_LEN {
@@ -192,7 +192,7 @@ pub(crate) async fn connector<R: FrameRead, W: FrameWrite>(
     let (k_ac, k_ca) = link_keys(key, &nc, &na);
     open(&k_ac, 0, reply)
         .map_err(|_| LinkError::Auth("the next node holds another --ring-key".into()))?;
-    w.write_frame(&seal(&k_ca, 0, &Frame::empty(Kind::Auth)))
+    w.write_frame(seal(&k_ca, 0, &Frame::empty(Kind::Auth)))
         .await?;
     Ok((
         AuthReader {
@@ -222,7 +222,7 @@ pub(crate) async fn acceptor<R: FrameRead, W: FrameWrite>(
     }
     let na = nonce();
     let (k_ac, k_ca) = link_keys(key, &first.payload, &na);
-    w.write_frame(&seal(
+    w.write_frame(seal(
         &k_ac,
         0,
         &Frame::new(Header::new(Kind::Auth), na.to_vec()),

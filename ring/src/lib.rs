@@ -10,6 +10,8 @@ pub mod frame;
 pub mod link;
 mod tcp;
 mod udp;
+#[cfg(target_os = "linux")]
+mod uring;
 pub mod wire;
 
 use std::collections::VecDeque;
@@ -34,6 +36,9 @@ pub enum TransportKind {
     Tcp,
     /// UDP datagrams with reassembly and retransmission.
     Udp,
+    /// TCP connections driven through io_uring (Linux; the same frames as `Tcp`, so the two
+    /// interoperate). Where io_uring is unavailable, `Net::new` falls back to `Tcp` and says so.
+    Uring,
 }
 
 /// What a node's links need to know.
@@ -111,7 +116,16 @@ pub struct Net {
 
 impl Net {
     /// Starts the I/O runtime (one thread; the node computes on its own).
-    pub fn new(config: NetConfig) -> Result<Self, NetError> {
+    pub fn new(mut config: NetConfig) -> Result<Self, NetError> {
+        let mut pending = VecDeque::new();
+        if config.transport == TransportKind::Uring {
+            if let Err(why) = uring_available() {
+                pending.push_back(Incoming::Note(format!(
+                    "io_uring is unavailable here ({why}); using plain TCP sockets (the same frames: the other nodes need not change)"
+                )));
+                config.transport = TransportKind::Tcp;
+            }
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("hesper-ring-io")
@@ -128,7 +142,7 @@ impl Net {
             },
             config,
             inbox,
-            pending: VecDeque::new(),
+            pending,
             listening: None,
         })
     }
@@ -143,7 +157,7 @@ impl Net {
     /// Returns the bound address (port 0 picks one).
     pub fn listen(&mut self, addr: SocketAddr) -> Result<SocketAddr, NetError> {
         let bound = match self.config.transport {
-            TransportKind::Tcp => self.listen_tcp(addr)?,
+            TransportKind::Tcp | TransportKind::Uring => self.listen_tcp(addr)?,
             TransportKind::Udp => self.listen_udp(addr)?,
         };
         self.listening = Some(bound);
@@ -159,7 +173,7 @@ impl Net {
             .local_addr()
             .map_err(|source| NetError::Listen { addr, source })?;
         let (cx, max) = (self.cx.clone(), self.config.wire_max());
-        let key = self.config.key.clone();
+        let (key, kind) = (self.config.key.clone(), self.config.transport);
         let handle = self.rt.handle().clone();
         self.rt.spawn(async move {
             while let Ok((stream, peer)) = listener.accept().await {
@@ -170,19 +184,26 @@ impl Net {
                             "refused a connection from {peer}: {why}"
                         )));
                     };
-                    let (mut reader, writer) = match tcp::split(stream, max) {
-                        Ok(rw) => rw,
-                        Err(e) => return refuse(e.to_string()),
-                    };
-                    let first =
-                        match tokio::time::timeout(cx.timing.dead_after, reader.read_frame()).await
-                        {
-                            Ok(Ok(f)) => f,
-                            Ok(Err(e)) => return refuse(e.to_string()),
-                            Err(_) => return refuse("it sent no frame".into()),
-                        };
                     let stats = Arc::new(LinkStats::default());
-                    admit(&handle, &cx, key, peer, (reader, writer), first, stats).await;
+                    let admitted = match kind {
+                        #[cfg(target_os = "linux")]
+                        TransportKind::Uring => match stream.into_std() {
+                            Ok(s) => match uring::split(s, max) {
+                                Ok(rw) => {
+                                    first_then_admit(&handle, &cx, key, peer, rw, stats).await
+                                }
+                                Err(e) => Err(e.to_string()),
+                            },
+                            Err(e) => Err(e.to_string()),
+                        },
+                        _ => match tcp::split(stream, max) {
+                            Ok(rw) => first_then_admit(&handle, &cx, key, peer, rw, stats).await,
+                            Err(e) => Err(e.to_string()),
+                        },
+                    };
+                    if let Err(why) = admitted {
+                        refuse(why);
+                    }
                 });
             }
         });
@@ -248,6 +269,17 @@ impl Net {
                 let rw = tcp::split(stream, max).map_err(|e| failed(e.to_string()))?;
                 self.start_next(addr, rw, stats).map_err(failed)
             }
+            #[cfg(target_os = "linux")]
+            TransportKind::Uring => {
+                let stream = self.rt.block_on(tcp::connect_with_backoff(addr, wait));
+                let stream = stream
+                    .and_then(|s| s.into_std())
+                    .map_err(|e| failed(e.to_string()))?;
+                let rw = uring::split(stream, max).map_err(|e| failed(e.to_string()))?;
+                self.start_next(addr, rw, stats).map_err(failed)
+            }
+            #[cfg(not(target_os = "linux"))]
+            TransportKind::Uring => unreachable!("Net::new falls back to TCP off Linux"),
             TransportKind::Udp => {
                 let chaos = self.config.chaos;
                 let rw = self
@@ -315,6 +347,32 @@ impl Net {
         }
         self.inbox.recv_timeout(wait).ok()
     }
+}
+
+/// Whether io_uring can carry links here (`Err`: why not).
+fn uring_available() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    return uring::available();
+    #[cfg(not(target_os = "linux"))]
+    return Err("io_uring is Linux's".into());
+}
+
+/// Reads a new predecessor's first frame, then [`admit`]s it; `Err` says why it was refused.
+async fn first_then_admit<R: FrameRead, W: FrameWrite>(
+    handle: &tokio::runtime::Handle,
+    cx: &LinkContext,
+    key: Option<RingKey>,
+    peer: SocketAddr,
+    (mut reader, writer): (R, W),
+    stats: Arc<LinkStats>,
+) -> Result<(), String> {
+    let first = match tokio::time::timeout(cx.timing.dead_after, reader.read_frame()).await {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err("it sent no frame".into()),
+    };
+    admit(handle, cx, key, peer, (reader, writer), first, stats).await;
+    Ok(())
 }
 
 /// How long a link's key handshake may take.

@@ -100,7 +100,7 @@ pub trait FrameRead: Send + 'static {
 /// Writes whole frames to a connection.
 pub trait FrameWrite: Send + 'static {
     /// Sends `frame`.
-    fn write_frame(&mut self, frame: &Frame) -> impl Future<Output = Result<(), LinkError>> + Send;
+    fn write_frame(&mut self, frame: Frame) -> impl Future<Output = Result<(), LinkError>> + Send;
 }
 
 /// The sending end of a link, held by the node; dropping it closes the link.
@@ -208,7 +208,7 @@ pub(crate) fn spawn_link(
                 },
                 () = tokio::time::sleep(timing.heartbeat) => beat.clone(),
             };
-            if writer.write_frame(&frame).await.is_err() {
+            if writer.write_frame(frame).await.is_err() {
                 // The reader reports the loss (a failed connection fails both ways).
                 return;
             }

@@ -45,7 +45,7 @@ pub(crate) struct TcpWriter {
 }
 
 impl FrameWrite for TcpWriter {
-    async fn write_frame(&mut self, frame: &Frame) -> Result<(), LinkError> {
+    async fn write_frame(&mut self, frame: Frame) -> Result<(), LinkError> {
         let head = frame.header.encode();
         let mut parts = [IoSlice::new(&head), IoSlice::new(&frame.payload)];
         let mut slices = &mut parts[..];

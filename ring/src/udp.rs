@@ -346,7 +346,7 @@ impl UdpWriter {
 }
 
 impl FrameWrite for UdpWriter {
-    async fn write_frame(&mut self, frame: &Frame) -> Result<(), LinkError> {
+    async fn write_frame(&mut self, frame: Frame) -> Result<(), LinkError> {
         self.next_id += 1;
         let id = self.next_id;
         let bytes = frame.encode();
@@ -473,7 +473,7 @@ pub(crate) async fn connect(
     sock.connect(addr).await?;
     let (r, mut w) = halves(sock, stats, chaos, max_payload, 0x2545_f491);
     let probe = Frame::empty(crate::frame::Kind::Heartbeat);
-    let handshake = w.write_frame(&probe);
+    let handshake = w.write_frame(probe);
     match tokio::time::timeout(wait, handshake).await {
         Ok(Ok(())) => Ok((r, w)),
         Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
