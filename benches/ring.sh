@@ -19,16 +19,16 @@ half=$((n_layer / 2))
 prompt=$(python3 -c "import sys; print(' '.join(['the'] * int(sys.argv[1])))" "$pp")
 common=(-m "$model" -p "$prompt" -n "$tg" --temp 0 -t "$threads" --backend cpu -c $((pp + tg + 16)))
 echo "commit $(git -C "$root" rev-parse --short HEAD), $(date -u +%F), $(nproc) cores, $model, layers 0..$half | $half..$n_layer"
-echo "| run | pp t/s | tg t/s | master bytes sent / token | ms / token over single, per hop |"
+echo "| run | pp t/s | tg t/s | bytes master → worker per token evaluated | ms per generated token over one process, per hop |"
 echo "|---|---:|---:|---:|---:|"
 # The closing lines' tokens per second: prompt, then generation.
-speeds() { sed -n 's/.*(\s*[0-9.]* ms per token, *\([0-9.]*\) tokens per second)/\1/p' "$1" | tr '\n' ' '; }
+speeds() { sed -n 's/.*(\s*[0-9.]* ms per token, *\([0-9.]*\) tokens per second)/\1/p' "$1" | paste -sd ' '; }
 port=$((20000 + RANDOM % 20000))
 for round in $(seq "$rounds"); do
   "$bin" generate "${common[@]}" > /dev/null 2> /tmp/ring-bench-single.err
   read -r pp_single tg_single < <(speeds /tmp/ring-bench-single.err)
   echo "| round $round: one process | $pp_single | $tg_single | — | — |"
-  for transport in tcp udp; do
+  for transport in tcp udp uring; do
     for wire in f32 f16 q8_0; do
       port=$((port + 2))
       "$bin" node --role worker -m "$model" --layers "$half..$n_layer" -t "$threads" --backend cpu \
@@ -38,8 +38,9 @@ for round in $(seq "$rounds"); do
       wait
       read -r pp_ring tg_ring < <(speeds /tmp/ring-bench-master.err)
       bytes=$(sed -n 's/^hesper: ring link to .*: [0-9]* frames, \([0-9]*\) bytes sent.*/\1/p' /tmp/ring-bench-master.err)
-      awk -v t="$transport" -v w="$wire" -v pp="$pp_ring" -v tg="$tg_ring" -v b="$bytes" -v n="$tg" -v s="$tg_single" \
-        'BEGIN { printf "| round %s: ring %s, wire %s | %s | %s | %.0f | %.2f |\n", "'"$round"'", t, w, pp, tg, b / n, (1000 / tg - 1000 / s) / 2 }'
+      tokens=$(sed -n 's/.*prompt eval time = *[0-9.]* ms \/ *\([0-9]*\) tokens.*/\1/p' /tmp/ring-bench-master.err)
+      awk -v t="$transport" -v w="$wire" -v pp="$pp_ring" -v tg="$tg_ring" -v b="$bytes" -v n="$((tokens + tg))" -v s="$tg_single" -v r="$round" \
+        'BEGIN { printf "| round %s: ring %s, wire %s | %s | %s | %.0f | %.2f |\n", r, t, w, pp, tg, b / n, (1000 / tg - 1000 / s) / 2 }'
     done
   done
 done
