@@ -273,9 +273,6 @@ pub fn run(args: NodeArgs) -> Result<()> {
             bail!("--standby applies to --role master (the master re-forms a broken ring)");
         }
     }
-    if args.standby.is_some() && args.transport == Transport::Udp {
-        bail!("--standby works over --transport tcp only (a UDP node's listening socket serves one predecessor)");
-    }
     let standby = args
         .standby
         .as_deref()

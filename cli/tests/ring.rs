@@ -502,9 +502,7 @@ fn with_a_standby_a_lost_worker_changes_nothing_in_the_output() {
     let model = four_layer_model("same");
     let flags = ["-p", "hi", "-n", "400", "-c", "1024", "--temp", "0"];
     let expected = generate(&model, &flags);
-    // (Over TCP: a UDP node's listening socket serves one predecessor, so `--standby` with
-    // `--transport udp` is refused.)
-    for transport in ["tcp"] {
+    for transport in ["tcp", "udp", "uring"] {
         let ports = free_ports(3);
         let node = |role: &str, layers: &str, listen: u16, next: u16| -> Vec<String> {
             [

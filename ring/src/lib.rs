@@ -221,30 +221,36 @@ impl Net {
             .local_addr()
             .map_err(|source| NetError::Listen { addr, source })?;
         drop(probe);
+        // Each predecessor gets its own socket on the listening address, connected to it (the
+        // kernel hands a connected socket its peer's datagrams); a fresh one waits for the next.
         self.rt.spawn(async move {
-            let stats = Arc::new(LinkStats::default());
-            let refuse = |peer: SocketAddr, why: &str| {
-                let _ = cx.inbox.send(Incoming::Note(format!(
-                    "refused a datagram from {peer}: {why}"
-                )));
-            };
-            match udp::accept(bound, Arc::clone(&stats), chaos, max, refuse).await {
-                Ok((mut reader, writer, peer)) => {
-                    let first = match reader.read_frame().await {
-                        Ok(f) => f,
-                        Err(e) => {
-                            let _ = cx
-                                .inbox
-                                .send(Incoming::Note(format!("refused a link from {peer}: {e}")));
-                            return;
-                        }
-                    };
-                    admit(&handle, &cx, key, peer, (reader, writer), first, stats).await;
-                }
-                Err(e) => {
-                    let _ = cx
-                        .inbox
-                        .send(Incoming::Note(format!("cannot listen on {bound}: {e}")));
+            loop {
+                let stats = Arc::new(LinkStats::default());
+                let refuse = |peer: SocketAddr, why: &str| {
+                    let _ = cx.inbox.send(Incoming::Note(format!(
+                        "refused a datagram from {peer}: {why}"
+                    )));
+                };
+                match udp::accept(bound, Arc::clone(&stats), chaos, max, refuse).await {
+                    Ok((reader, writer, peer)) => {
+                        let (cx, handle, key) = (cx.clone(), handle.clone(), key.clone());
+                        tokio::spawn(async move {
+                            let rw = (reader, writer);
+                            if let Err(why) =
+                                first_then_admit(&handle, &cx, key, peer, rw, stats).await
+                            {
+                                let _ = cx.inbox.send(Incoming::Note(format!(
+                                    "refused a link from {peer}: {why}"
+                                )));
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        let _ = cx
+                            .inbox
+                            .send(Incoming::Note(format!("cannot listen on {bound}: {e}")));
+                        return;
+                    }
                 }
             }
         });
