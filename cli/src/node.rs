@@ -25,9 +25,9 @@ use crate::report::note;
 /// Flags of `node`.
 #[derive(Args, Debug)]
 pub struct NodeArgs {
-    /// This node's part: `master` (embedding, the first layers, sampling, the output) or
+    /// This node's part: `master` (embedding, the first layers, sampling, the output),
     /// `worker` (a later range of layers; the one that ends at the last layer also runs the
-    /// LM head).
+    /// LM head) or `standby` (a worker in reserve for `--standby`).
     #[arg(long = "role", value_enum)]
     role: Role,
     /// The layers this node holds, START..END (END not included).
