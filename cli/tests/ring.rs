@@ -147,6 +147,29 @@ struct Part<'a> {
     model: &'a std::path::Path,
 }
 
+/// A node of `role` holding `layers` of `model` on the CPU.
+fn on_cpu<'a>(role: &'a str, layers: &'a str, model: &'a std::path::Path) -> Part<'a> {
+    Part {
+        role,
+        layers,
+        backend: "cpu",
+        model,
+    }
+}
+
+/// `hesper-rs node` arguments for `p`, listening on `listen` with `next` after it, then `more`.
+fn node_args(p: &Part<'_>, listen: u16, next: u16, more: &[&str]) -> Vec<String> {
+    let (listen, next) = (format!("127.0.0.1:{listen}"), format!("127.0.0.1:{next}"));
+    let model = p.model.to_str().unwrap();
+    let head = ["node", "--role", p.role, "-m", model, "--layers", p.layers];
+    let tail = ["--backend", p.backend, "--listen", &listen, "--next", &next];
+    head.iter()
+        .chain(&tail)
+        .chain(more)
+        .map(|s| s.to_string())
+        .collect()
+}
+
 /// Starts a ring of `parts` (the master first) on fresh ports, with `every` flags for each
 /// node and `extra` flags for the master; returns the processes in the same order.
 fn start_ring(parts: &[Part<'_>], every: &[&str], extra: &[&str]) -> Vec<Proc> {
@@ -155,25 +178,7 @@ fn start_ring(parts: &[Part<'_>], every: &[&str], extra: &[&str]) -> Vec<Proc> {
     // this makes the master's wait short).
     let mut procs: Vec<(usize, Proc)> = Vec::new();
     for (i, p) in parts.iter().enumerate().rev() {
-        let mut args: Vec<String> = [
-            "node",
-            "--role",
-            p.role,
-            "-m",
-            p.model.to_str().unwrap(),
-            "--layers",
-            p.layers,
-            "--backend",
-            p.backend,
-            "--listen",
-            &format!("127.0.0.1:{}", ports[i]),
-            "--next",
-            &format!("127.0.0.1:{}", ports[(i + 1) % parts.len()]),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(every.iter().map(|s| s.to_string()));
+        let mut args = node_args(p, ports[i], ports[(i + 1) % parts.len()], every);
         if i == 0 {
             args.extend(extra.iter().map(|s| s.to_string()));
         }
@@ -422,22 +427,8 @@ fn garbage_sent_to_a_listening_node_is_refused_and_the_ring_still_forms() {
     let model = four_layer_model("same");
     let expected = generate(&model, &["-p", "hi", "-n", "8", "--temp", "0"]);
     let ports = free_ports(2);
-    let arg = |s: &str| s.to_string();
-    let worker = Proc::spawn(&[
-        arg("node"),
-        arg("--role"),
-        arg("worker"),
-        arg("-m"),
-        arg(model.to_str().unwrap()),
-        arg("--layers"),
-        arg("2..4"),
-        arg("--backend"),
-        arg("cpu"),
-        arg("--listen"),
-        format!("127.0.0.1:{}", ports[1]),
-        arg("--next"),
-        format!("127.0.0.1:{}", ports[0]),
-    ]);
+    let part = |role, layers| on_cpu(role, layers, &model);
+    let worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &[]));
     let mut header = [0u8; 40];
     header[..4].copy_from_slice(b"HSRG");
     header[4] = 1;
@@ -461,27 +452,13 @@ fn garbage_sent_to_a_listening_node_is_refused_and_the_ring_still_forms() {
         };
         let _ = s.write_all(bytes);
     }
-    let master = Proc::spawn(&[
-        arg("node"),
-        arg("--role"),
-        arg("master"),
-        arg("-m"),
-        arg(model.to_str().unwrap()),
-        arg("--layers"),
-        arg("0..2"),
-        arg("--backend"),
-        arg("cpu"),
-        arg("--listen"),
-        format!("127.0.0.1:{}", ports[0]),
-        arg("--next"),
-        format!("127.0.0.1:{}", ports[1]),
-        arg("-p"),
-        arg("hi"),
-        arg("-n"),
-        arg("8"),
-        arg("--temp"),
-        arg("0"),
-    ])
+    let flags = ["-p", "hi", "-n", "8", "--temp", "0"];
+    let master = Proc::spawn(&node_args(
+        &part("master", "0..2"),
+        ports[0],
+        ports[1],
+        &flags,
+    ))
     .wait();
     let worker = worker.wait();
     assert!(master.status.success(), "{}", stderr(&master));
@@ -504,33 +481,14 @@ fn with_a_standby_a_lost_worker_changes_nothing_in_the_output() {
     let expected = generate(&model, &flags);
     for transport in ["tcp", "udp", "uring"] {
         let ports = free_ports(3);
-        let node = |role: &str, layers: &str, listen: u16, next: u16| -> Vec<String> {
-            [
-                "node",
-                "--role",
-                role,
-                "-m",
-                model.to_str().unwrap(),
-                "--layers",
-                layers,
-                "--backend",
-                "cpu",
-                "--transport",
-                transport,
-                "--listen",
-                &format!("127.0.0.1:{listen}"),
-                "--next",
-                &format!("127.0.0.1:{next}"),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-        };
-        let standby = Proc::spawn(&node("standby", "2..4", ports[2], ports[0]));
-        let mut worker = Proc::spawn(&node("worker", "2..4", ports[1], ports[0]));
-        let mut args = node("master", "0..2", ports[0], ports[1]);
-        args.extend(["--standby".to_string(), format!("127.0.0.1:{}", ports[2])]);
-        args.extend(flags.iter().map(|s| s.to_string()));
+        let part = |role, layers| on_cpu(role, layers, &model);
+        let t = ["--transport", transport];
+        let standby = Proc::spawn(&node_args(&part("standby", "2..4"), ports[2], ports[0], &t));
+        let mut worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &t));
+        let spare = format!("127.0.0.1:{}", ports[2]);
+        let mut more = vec!["--transport", transport, "--standby", &spare];
+        more.extend(flags);
+        let args = node_args(&part("master", "0..2"), ports[0], ports[1], &more);
         let master = Proc::spawn(&args);
         let start = Instant::now();
         while master.stdout_len() < 64 {
@@ -565,57 +523,14 @@ fn a_ring_key_lets_the_ring_form_and_keeps_others_out() {
     for transport in ["tcp", "udp", "uring"] {
         let ring = |master_key: &str, worker_key: Option<&str>| {
             let ports = free_ports(2);
-            let mut w: Vec<String> = [
-                "node",
-                "--role",
-                "worker",
-                "-m",
-                model.to_str().unwrap(),
-                "--layers",
-                "2..4",
-                "--backend",
-                "cpu",
-                "--transport",
-                transport,
-                "--form-timeout",
-                "5",
-                "--listen",
-                &format!("127.0.0.1:{}", ports[1]),
-                "--next",
-                &format!("127.0.0.1:{}", ports[0]),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            if let Some(k) = worker_key {
-                w.extend(["--ring-key".to_string(), k.to_string()]);
-            }
-            let worker = Proc::spawn(&w);
-            let mut m: Vec<String> = [
-                "node",
-                "--role",
-                "master",
-                "-m",
-                model.to_str().unwrap(),
-                "--layers",
-                "0..2",
-                "--backend",
-                "cpu",
-                "--transport",
-                transport,
-                "--form-timeout",
-                "5",
-                "--listen",
-                &format!("127.0.0.1:{}", ports[0]),
-                "--next",
-                &format!("127.0.0.1:{}", ports[1]),
-                "--ring-key",
-                master_key,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            m.extend(flags.iter().map(|s| s.to_string()));
+            let part = |role, layers| on_cpu(role, layers, &model);
+            let mut w = vec!["--transport", transport, "--form-timeout", "5"];
+            w.extend(worker_key.map(|k| ["--ring-key", k]).iter().flatten());
+            let worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &w));
+            let mut m = vec!["--transport", transport, "--form-timeout", "5"];
+            m.extend(["--ring-key", master_key]);
+            m.extend(flags);
+            let m = node_args(&part("master", "0..2"), ports[0], ports[1], &m);
             (Proc::spawn(&m).wait(), worker.wait())
         };
         let (master, worker) = ring("s3cret", Some("s3cret"));

@@ -4,9 +4,12 @@
 //! the same model (the SHA-256 of the GGUF header and tensor table, and the file's length).
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::ops::Range;
 
+use hesper_engine::backend::Backend;
 use hesper_engine::file::ModelFile;
+use hesper_engine::model::Model;
 use sha2::{Digest, Sha256};
 
 /// What one node holds, as it tells the master.
@@ -36,6 +39,18 @@ pub fn model_id(file: &ModelFile) -> [u8; 32] {
 }
 
 impl NodeRecord {
+    /// The record of `model` on a node listening on `listen`.
+    pub fn of<B: Backend>(model: &Model<B>, listen: SocketAddr) -> Self {
+        Self {
+            layers: model.layer_range(),
+            n_layer: model.config.n_layer,
+            model: model_id(&model.file),
+            file_len: model.file.len(),
+            backend: model.backend.name(),
+            listen: listen.to_string(),
+        }
+    }
+
     /// How messages name the node.
     pub fn name(&self) -> String {
         format!(

@@ -10,7 +10,7 @@ use hesper_engine::backend::Backend;
 use hesper_engine::model::{Model, ModelError, Prediction, Readout, Session};
 use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net};
 
-use super::hello::{self, model_id, NodeRecord};
+use super::hello::{self, NodeRecord};
 use super::protocol::{decode_prediction, readout_code};
 use super::{NodeSettings, RingError, FLUSH, MAX_FRAME_ROWS};
 use crate::{Evaluator, RuntimeError};
@@ -61,14 +61,7 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
         }
         let mut net = Net::new(settings.net.clone())?;
         let bound = net.listen(settings.listen)?;
-        let me = NodeRecord {
-            layers: model.layer_range(),
-            n_layer: model.config.n_layer,
-            model: model_id(&model.file),
-            file_len: model.file.len(),
-            backend: model.backend.name(),
-            listen: bound.to_string(),
-        };
+        let me = NodeRecord::of(model, bound);
         let run = run_id();
         let n_ctx = session.n_ctx();
         let links = join(

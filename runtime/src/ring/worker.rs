@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, Side};
 
-use super::hello::{self, model_id, NodeRecord};
+use super::hello::{self, NodeRecord};
 use super::protocol::{encode_prediction, readout_of};
 use super::{NodeSettings, RingError, FLUSH};
 
@@ -31,14 +31,7 @@ pub fn serve<B: Backend>(
     };
     let prev = net.accept(wait)?;
     let mut next: Option<Link> = None;
-    let me = NodeRecord {
-        layers: model.layer_range(),
-        n_layer: model.config.n_layer,
-        model: model_id(&model.file),
-        file_len: model.file.len(),
-        backend: model.backend.name(),
-        listen: bound.to_string(),
-    };
+    let me = NodeRecord::of(model, bound);
     let mut node = Worker {
         model,
         me,
