@@ -499,10 +499,9 @@ impl<B: Backend> Model<B> {
         s: &mut Session<B>,
         tokens: &[u32],
     ) -> Result<u32, ModelError> {
-        match self.predict_async(s, tokens, Readout::Argmax).await? {
-            Prediction::Token(t) => Ok(t),
-            _ => unreachable!("an argmax readout is a token"),
-        }
+        self.eval_last(s, tokens)?;
+        let n_vocab = self.config.n_vocab;
+        Ok(self.backend.argmax(&s.s.logits, n_vocab).await?)
     }
 
     /// Evaluates `tokens` like [`Model::eval_async`] and returns the `k` most likely next
@@ -514,10 +513,12 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         k: usize,
     ) -> Result<Vec<(u32, f32)>, ModelError> {
-        match self.predict_async(s, tokens, Readout::Top(k)).await? {
-            Prediction::Top(top) => Ok(top),
-            _ => unreachable!("a top-k readout is a candidate list"),
-        }
+        self.eval_last(s, tokens)?;
+        let n_vocab = self.config.n_vocab;
+        Ok(self
+            .backend
+            .top_k(&mut s.s.logits, n_vocab, k.min(n_vocab))
+            .await?)
     }
 
     /// Evaluates `tokens` like [`Model::eval_async`] and hands back what `readout` asks of
@@ -662,11 +663,55 @@ impl<B: Backend> Model<B> {
         let d = self.config.n_embd;
         let n_tokens = self.hidden_rows(hidden)?;
         self.seek(s, pos0)?;
+        self.forward_rows(s, n_tokens, |b, rows, x| {
+            b.write(x, &hidden[rows.start * d..rows.end * d])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Embeds `tokens` and runs this instance's layers on them at positions from `pos0` (as
+    /// [`Model::forward_hidden_at_async`]), returning the residual stream leaving its last
+    /// layer: what a ring's master computes (needs layer 0 here). The embeddings go straight
+    /// into the layers, not through the host.
+    pub async fn forward_tokens_at_async(
+        &self,
+        s: &mut Session<B>,
+        pos0: usize,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let embedding = self
+            .embedding
+            .as_ref()
+            .filter(|_| self.layer_range.start == 0)
+            .ok_or_else(|| self.range_error(0..1))?;
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        self.check_tokens(tokens)?;
+        self.seek(s, pos0)?;
+        self.forward_rows(s, tokens.len(), |b, rows, x| {
+            b.embed(embedding, &tokens[rows], x);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs this instance's layers over `n_tokens` positions from the session's, in chunks
+    /// of at most the session's batch whose input rows `fill` puts in the residual buffer,
+    /// and returns the residual stream leaving the last layer.
+    async fn forward_rows(
+        &self,
+        s: &mut Session<B>,
+        n_tokens: usize,
+        mut fill: impl FnMut(&B, Range<usize>, &mut B::Buffer) -> Result<(), ModelError>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let d = self.config.n_embd;
         self.check_context(s, n_tokens)?;
-        let mut out = vec![0.0; hidden.len()];
-        for (rows_in, rows_out) in hidden.chunks(s.batch * d).zip(out.chunks_mut(s.batch * d)) {
-            let n = rows_in.len() / d;
-            self.backend.write(&mut s.s.x, rows_in)?;
+        let mut out = vec![0.0; n_tokens * d];
+        for (i, rows_out) in out.chunks_mut(s.batch * d).enumerate() {
+            let (start, n) = (i * s.batch, rows_out.len() / d);
+            fill(&self.backend, start..start + n, &mut s.s.x)?;
             self.run_layers(s, n);
             self.backend.read(&s.s.x, rows_out).await?;
             s.pos += n;

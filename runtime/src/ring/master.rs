@@ -122,10 +122,9 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
         readout: Option<Readout>,
     ) -> Result<(), RuntimeError> {
         let tokens = &self.history[pos0..pos0 + n];
-        let x = self.model.embed_async(&mut self.session, tokens).await?;
         let rows = self
             .model
-            .forward_hidden_at_async(&mut self.session, pos0, &x)
+            .forward_tokens_at_async(&mut self.session, pos0, tokens)
             .await?;
         self.seq += 1;
         let mut h = Header::new(Kind::Forward);
