@@ -75,6 +75,25 @@ struct ChaosState {
 }
 
 impl ChaosState {
+    /// The datagrams to send now in place of `d`: none (dropped, or held back to go after
+    /// the next one), `d`, or `d` twice; a datagram held back follows.
+    fn pass(&mut self, d: &[u8]) -> Vec<Vec<u8>> {
+        let odds = self.odds;
+        if self.roll() < odds.drop {
+            return Vec::new();
+        }
+        if self.roll() < odds.reorder && self.held.is_none() {
+            self.held = Some(d.to_vec());
+            return Vec::new();
+        }
+        let mut out = vec![d.to_vec()];
+        if self.roll() < odds.duplicate {
+            out.push(d.to_vec());
+        }
+        out.extend(self.held.take());
+        out
+    }
+
     fn roll(&mut self) -> f64 {
         // xorshift64*: deterministic per link, good enough to pick datagrams.
         self.rng ^= self.rng >> 12;
@@ -87,24 +106,10 @@ impl ChaosState {
 impl Shared {
     /// Sends one datagram, through the chaos hook when there is one.
     async fn emit(&self, d: &[u8]) -> std::io::Result<()> {
-        let mut out: Vec<Vec<u8>> = Vec::with_capacity(2);
-        match &self.chaos {
+        let out = match &self.chaos {
             None => return self.sock.send(d).await.map(drop),
-            Some(c) => {
-                let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
-                let odds = c.odds;
-                if c.roll() < odds.drop {
-                } else if c.roll() < odds.reorder && c.held.is_none() {
-                    c.held = Some(d.to_vec());
-                } else {
-                    out.push(d.to_vec());
-                    if c.roll() < odds.duplicate {
-                        out.push(d.to_vec());
-                    }
-                    out.extend(c.held.take());
-                }
-            }
-        }
+            Some(c) => c.lock().unwrap_or_else(|e| e.into_inner()).pass(d),
+        };
         for d in out {
             self.sock.send(&d).await?;
         }

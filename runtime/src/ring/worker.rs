@@ -53,10 +53,10 @@ pub fn serve<B: Backend>(
             Incoming::Lost(from, why)
                 if from.id == prev.id() || next.as_ref().is_some_and(|n| n.id() == from.id) =>
             {
-                let (lost, other) = if from.side == Side::Next {
-                    ("next", Some(&prev))
+                let (lost, peer, other) = if from.side == Side::Next {
+                    ("next", next.as_ref().map_or("", Link::peer), Some(&prev))
                 } else {
-                    ("previous", next.as_ref())
+                    ("previous", prev.peer(), next.as_ref())
                 };
                 let msg = format!("node {} lost its {lost} node: {why}", node.me.name());
                 if let Some(other) = other {
@@ -64,7 +64,7 @@ pub fn serve<B: Backend>(
                     std::thread::sleep(FLUSH);
                 }
                 return Err(RingError::Lost {
-                    node: why.split(": ").next().unwrap_or_default().to_string(),
+                    node: peer.to_string(),
                     why: msg,
                 });
             }
