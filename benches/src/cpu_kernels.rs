@@ -9,7 +9,10 @@
 use std::time::Instant;
 
 use hesper_cpu::{CpuBackend, CpuMatrix};
-use hesper_engine::weights::{Format, MatrixDesc};
+use hesper_engine::weights::Format;
+
+mod common;
+use common::{desc, random_bytes};
 
 /// The layouts decode streams, with the row width each has in the 2B4T model.
 const CASES: [(&str, Format, usize); 7] = [
@@ -64,31 +67,4 @@ fn main() {
             100.0 * rate / gbs
         );
     }
-}
-
-/// A `rows` × `cols` matrix of `format` whose bytes start at offset 0.
-fn desc(format: Format, rows: usize, cols: usize) -> MatrixDesc {
-    let mut d = MatrixDesc {
-        name: "bench".into(),
-        rows,
-        cols,
-        format,
-        range: 0..0,
-    };
-    d.range = 0..rows * d.row_bytes();
-    d
-}
-
-/// `n` pseudo-random bytes (xorshift; the kernels' speed does not depend on the values).
-fn random_bytes(n: usize) -> Vec<u8> {
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut v = Vec::with_capacity(n + 8);
-    while v.len() < n {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        v.extend_from_slice(&s.to_le_bytes());
-    }
-    v.truncate(n);
-    v
 }

@@ -56,6 +56,7 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
         threads: args.threads(),
         head: args.lm_head.into(),
         layers,
+        repack: !args.no_repack,
     };
     let mut bars = Bars::new(&file);
     let model = load_model(&file, &settings, &mut |p| bars.show(p), &mut |n| {

@@ -1,5 +1,6 @@
 //! hesper-cpu: the CPU backend of hesper-rs (see the crate README).
 
+pub mod interleave;
 pub mod kernels;
 pub mod matmul;
 pub mod membw;
@@ -26,6 +27,7 @@ pub use ops::KvCache;
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     isa: Isa,
+    repack: bool,
 }
 
 impl CpuBackend {
@@ -63,7 +65,24 @@ impl CpuBackend {
             .thread_name(|i| format!("hesper-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Device(format!("cannot start {threads} threads: {e}")))?;
-        Ok(Self { pool, isa })
+        Ok(Self {
+            pool,
+            isa,
+            repack: true,
+        })
+    }
+
+    /// Whether to repack weights at load into the layout this instruction set's kernels read
+    /// best (I2_S interleaved sixteen rows deep on AVX-512 and AVX-VNNI; see
+    /// [`interleave`]); on by default, off computes from the memory-mapped file as it is.
+    pub fn with_repack(mut self, repack: bool) -> Self {
+        self.repack = repack;
+        self
+    }
+
+    /// Whether weights are repacked at load (see [`CpuBackend::with_repack`]).
+    pub fn repacks(&self) -> bool {
+        self.repack && self.isa.interleaves_i2s()
     }
 
     /// The instruction set in use.
@@ -102,7 +121,15 @@ impl Backend for CpuBackend {
         _usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
         self.check_blocks(&desc)?;
-        Ok(CpuMatrix::new(file.clone(), desc, scale))
+        let interleave = self.repacks()
+            && matches!(desc.format, Format::I2S { .. })
+            && interleave::fits(desc.rows, desc.cols);
+        let matrix = CpuMatrix::new(file.clone(), desc, scale);
+        Ok(if interleave {
+            matrix.interleaved()
+        } else {
+            matrix
+        })
     }
 
     fn load_owned_matrix(
@@ -190,7 +217,7 @@ impl Backend for CpuBackend {
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, n: usize, eps: f32, out: &mut Vec<f32>) {
-        ops::rms_norm(x, w, n, eps, out);
+        self.pool.install(|| ops::rms_norm(x, w, n, eps, out));
     }
 
     fn matmul(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) {

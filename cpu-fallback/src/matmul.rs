@@ -7,6 +7,7 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::weights::{Format, MatrixDesc};
 use rayon::prelude::*;
 
+use crate::interleave::ROWS;
 use crate::kernels::{scalar, Isa};
 use crate::quant::{
     quantize_i8_row, quantize_q8_0, quantize_q8_k, round_bf16, round_f16, I8Row, Q8KBlock,
@@ -24,6 +25,9 @@ enum Storage {
 /// A weight matrix: usually borrowed from the memory-mapped file.
 pub struct CpuMatrix {
     storage: Storage,
+    /// The rows interleaved sixteen deep ([`crate::interleave`]), when the kernels read that
+    /// copy instead of `storage`.
+    tiles: Option<Vec<u8>>,
     /// Shape, layout and location.
     pub desc: MatrixDesc,
     /// Multiplier applied to every output (mainline `*.scale` tensors).
@@ -73,6 +77,7 @@ impl CpuMatrix {
     pub fn new(file: Arc<ModelFile>, desc: MatrixDesc, scale: Option<f32>) -> Self {
         Self {
             storage: Storage::File(file),
+            tiles: None,
             desc,
             scale,
         }
@@ -82,9 +87,22 @@ impl CpuMatrix {
     pub fn owned(data: Vec<u8>, desc: MatrixDesc, scale: Option<f32>) -> Self {
         Self {
             storage: Storage::Owned(data),
+            tiles: None,
             desc,
             scale,
         }
+    }
+
+    /// The same matrix computing from an interleaved copy of its I2_S rows (see
+    /// [`crate::interleave::fits`] for the shapes that can be): the file's pages are given
+    /// back, so the resident size stays about the same.
+    pub fn interleaved(mut self) -> Self {
+        let tiles = crate::interleave::interleave(self.data(), self.desc.row_bytes());
+        if let Storage::File(file) = &self.storage {
+            file.release(self.desc.range.clone());
+        }
+        self.tiles = Some(tiles);
+        self
     }
 
     fn storage_bytes(&self) -> &[u8] {
@@ -122,6 +140,11 @@ impl CpuMatrix {
             return matvec_many(isa, &[self], x, &mut [out]);
         }
         let act = self.quantize(x, n);
+        if let (Some(tiles), Activations::I8(a), Format::I2S { beta }) =
+            (&self.tiles, &act, self.desc.format)
+        {
+            return self.matmul_tiles(isa, tiles, a, beta, out);
+        }
         let rows = self.desc.rows;
         let row_bytes = self.desc.row_bytes();
         let data = self.data();
@@ -165,19 +188,84 @@ impl CpuMatrix {
                 (r0, local)
             })
             .collect();
-        for (r0, local) in blocks {
-            let width = local.len() / n;
-            for t in 0..n {
-                out[t * rows + r0..t * rows + r0 + width]
-                    .copy_from_slice(&local[t * width..(t + 1) * width]);
-            }
-        }
+        scatter(blocks, n, rows, out);
     }
 }
 
-/// Rows per parallel task: about eight tasks per thread, for balance without much overhead.
+/// Rows per parallel task: about eight tasks per thread, for balance without much overhead;
+/// whole blocks of sixteen, so an interleaved matrix splits between its blocks.
 fn chunk_rows(rows: usize) -> usize {
-    (rows / (rayon::current_num_threads() * 8)).clamp(8, 1024)
+    (rows / (rayon::current_num_threads() * 8))
+        .clamp(8, 1024)
+        .next_multiple_of(crate::interleave::ROWS)
+}
+
+/// Tokens per pass of the interleaved kernel: eight chains of `vpdpbusd` keep the multiplier
+/// busy, and eight tokens' activations (20 KiB at 2560 columns) stay in L1.
+const TILE_TOKENS: usize = 8;
+
+impl CpuMatrix {
+    /// [`CpuMatrix::matmul`] over the interleaved copy: chunks of whole sixteen-row blocks in
+    /// parallel; in each, eight tokens at a time meet every block of the chunk.
+    fn matmul_tiles(&self, isa: Isa, tiles: &[u8], a: &[I8Row], beta: f32, out: &mut [f32]) {
+        let (rows, n) = (self.desc.rows, a.len());
+        let block_bytes = ROWS * self.desc.row_bytes();
+        let chunk = chunk_rows(rows);
+        let parts: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(chunk))
+            .into_par_iter()
+            .map(|ci| {
+                let (r0, r1) = (ci * chunk, (ci * chunk + chunk).min(rows));
+                let width = r1 - r0;
+                let mut local = vec![0.0; width * n];
+                let mut put = |t: usize, r: usize, sums: &[i32; ROWS]| {
+                    let at = t * width + r - r0;
+                    i2s_outputs(sums, &a[t], beta, self.scale, &mut local[at..at + ROWS]);
+                };
+                for t0 in (0..n).step_by(TILE_TOKENS) {
+                    let t1 = (t0 + TILE_TOKENS).min(n);
+                    for r in (r0..r1).step_by(ROWS) {
+                        let block = &tiles[r / ROWS * block_bytes..][..block_bytes];
+                        let mut t = t0;
+                        if t1 - t == TILE_TOKENS {
+                            let q = std::array::from_fn(|k| a[t + k].q.as_slice());
+                            for (k, sums) in isa
+                                .i2s_rows16_dot::<TILE_TOKENS>(block, q)
+                                .iter()
+                                .enumerate()
+                            {
+                                put(t + k, r, sums);
+                            }
+                            t = t1;
+                        }
+                        while t + 4 <= t1 {
+                            let q = std::array::from_fn(|k| a[t + k].q.as_slice());
+                            for (k, sums) in isa.i2s_rows16_dot::<4>(block, q).iter().enumerate() {
+                                put(t + k, r, sums);
+                            }
+                            t += 4;
+                        }
+                        for t in t..t1 {
+                            let [sums] = isa.i2s_rows16_dot::<1>(block, [&a[t].q]);
+                            put(t, r, &sums);
+                        }
+                    }
+                }
+                (r0, local)
+            })
+            .collect();
+        scatter(parts, n, rows, out);
+    }
+}
+
+/// Copies each task's `[n][width]` results into `out` (`[n][rows]`) at its first row.
+fn scatter(parts: Vec<(usize, Vec<f32>)>, n: usize, rows: usize, out: &mut [f32]) {
+    for (r0, local) in parts {
+        let width = local.len() / n;
+        for t in 0..n {
+            out[t * rows + r0..t * rows + r0 + width]
+                .copy_from_slice(&local[t * width..(t + 1) * width]);
+        }
+    }
 }
 
 /// `outs[j] = ws[j] · x` for one token and several matrices that read it: the activations
@@ -214,8 +302,20 @@ impl CpuMatrix {
     /// `out[i] = W[r0 + i] · x` for token 0 of `act`.
     fn rows_dot(&self, isa: Isa, act: &Activations, r0: usize, out: &mut [f32]) {
         let row_bytes = self.desc.row_bytes();
-        let data = &self.data()[r0 * row_bytes..(r0 + out.len()) * row_bytes];
         let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
+        if let (Some(tiles), Format::I2S { beta }, Activations::I8(a)) =
+            (&self.tiles, self.desc.format, act)
+        {
+            // `chunk_rows` splits between blocks: r0 starts one and `out` holds whole ones.
+            let block_bytes = ROWS * row_bytes;
+            let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
+            for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
+                let [sums] = isa.i2s_rows16_dot::<1>(block, [&a[0].q]);
+                i2s_outputs(&sums, &a[0], beta, self.scale, o);
+            }
+            return;
+        }
+        let data = &self.data()[r0 * row_bytes..(r0 + out.len()) * row_bytes];
         // Four rows per pass where a kernel exists (see `i2s_code_dot_rows4`).
         let quads = out
             .chunks_exact_mut(4)
@@ -286,6 +386,20 @@ fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32
         (Format::BF16, Activations::Float(a)) => scalar::bf16_dot(row, &a[t]),
         _ => unreachable!("activations are prepared for the matrix's own format"),
     }
+}
+
+/// [`i2s_output`] of sixteen rows at once, times the matrix's `scale` if any: the same
+/// operations per lane, written so that the compiler vectorizes them (one division per row
+/// is a measurable share of prefill when each is issued alone).
+fn i2s_outputs(sums: &[i32; ROWS], act: &I8Row, beta: f32, scale: Option<f32>, out: &mut [f32]) {
+    let mut v = [0.0f32; ROWS];
+    for (v, &s) in v.iter_mut().zip(sums) {
+        *v = i2s_output(s, act, beta);
+    }
+    if let Some(scale) = scale {
+        v.iter_mut().for_each(|v| *v *= scale);
+    }
+    out.copy_from_slice(&v);
 }
 
 /// bitnet.cpp's I2_S epilogue: the ternary sum Σ(code−1)·q = Σcode·q − Σq, divided by the

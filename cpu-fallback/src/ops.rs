@@ -8,16 +8,20 @@ use crate::kernels::Isa;
 
 /// RMSNorm of each `w.len()`-wide row: Σx² in f64, `scale = 1/sqrt(mean + eps)` in f32,
 /// `y = (x·scale)·w`.
+/// Rows are split between the threads (each row's arithmetic is unchanged).
 pub fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) {
     let d = w.len();
-    for (xr, yr) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).take(n) {
-        let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
-        let mean = (sum / d as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
-        for ((y, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
-            *y = (v * scale) * g;
-        }
-    }
+    x[..n * d]
+        .par_chunks_exact(d)
+        .zip(out[..n * d].par_chunks_exact_mut(d))
+        .for_each(|(xr, yr)| {
+            let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+            let mean = (sum / d as f64) as f32;
+            let scale = 1.0 / (mean + eps).sqrt();
+            for ((y, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+                *y = (v * scale) * g;
+            }
+        });
 }
 
 /// NeoX RoPE in place: per head, pair `i` with `i + rope_dim/2`, rotated by the angles of
@@ -91,6 +95,27 @@ pub fn attention(
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let width = s.n_head * hd;
+    if n > 1 && group % 4 == 0 {
+        // A batch: one task per (token, four query heads of one kv head), whose keys and
+        // values are read once for the four.
+        out[..n * width]
+            .par_chunks_mut(4 * hd)
+            .enumerate()
+            .for_each(|(idx, o)| {
+                let (t, h) = (idx / (s.n_head / 4), idx % (s.n_head / 4) * 4);
+                let len = pos0 + t + 1;
+                let (kh, vh) = (&kc[(h / group) * hd..], &vc[(h / group) * hd..]);
+                let q4: [&[f32]; 4] = std::array::from_fn(|g| &q[t * width + (h + g) * hd..][..hd]);
+                let mut scores = vec![0.0f32; 4 * len];
+                isa.scores_x4(q4, kh, kv_dim, four(scores.chunks_exact_mut(len)));
+                scores
+                    .chunks_exact_mut(len)
+                    .for_each(|row| softmax(row, scale));
+                let p4 = four(scores.chunks_exact(len));
+                isa.weighted_sum_x4(p4, vh, kv_dim, four(o.chunks_exact_mut(hd)));
+            });
+        return;
+    }
     // One task per (token, query head): a single token still has n_head tasks to share
     // between the threads (one per kv head left them unevenly loaded: 5 tasks on 2 threads).
     out[..n * width]
@@ -103,20 +128,30 @@ pub fn attention(
             let (kh, vh) = (&kc[(h / group) * hd..], &vc[(h / group) * hd..]);
             let mut scores = vec![0.0f32; len];
             isa.scores(qh, kh, kv_dim, &mut scores);
-            let max = scores
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
-            let mut sum = 0.0f64;
-            for sc in scores.iter_mut() {
-                *sc = (*sc * scale - max).exp();
-                sum += f64::from(*sc);
-            }
-            let inv = (1.0 / sum) as f32;
-            for sc in scores.iter_mut() {
-                *sc *= inv;
-            }
+            softmax(&mut scores, scale);
             isa.weighted_sum(&scores, vh, kv_dim, o);
         });
+}
+
+/// The first four items of `it` (which holds four).
+fn four<T: Default>(mut it: impl Iterator<Item = T>) -> [T; 4] {
+    std::array::from_fn(|_| it.next().unwrap_or_default())
+}
+
+/// Scaled scores to probabilities in place: `exp(s·scale − max)` over their sum (in f64).
+fn softmax(scores: &mut [f32], scale: f32) {
+    let max = scores
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
+    let mut sum = 0.0f64;
+    for sc in scores.iter_mut() {
+        *sc = (*sc * scale - max).exp();
+        sum += f64::from(*sc);
+    }
+    let inv = (1.0 / sum) as f32;
+    for sc in scores.iter_mut() {
+        *sc *= inv;
+    }
 }
 
 /// `out = act(gate) · up`.

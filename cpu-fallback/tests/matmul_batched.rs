@@ -54,3 +54,29 @@ fn a_batch_equals_its_tokens_one_at_a_time() {
         assert_eq!(batched, single, "{isa:?}");
     }
 }
+
+#[test]
+fn the_interleaved_copy_multiplies_like_the_file() {
+    // 320 rows: twenty blocks of sixteen, split between threads; 37 tokens: four passes of
+    // eight, one of four and one single token.
+    let (rows, cols, n) = (320usize, 640usize, 37usize);
+    let x: Vec<f32> = (0..n * cols)
+        .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 250.0)
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let plain = i2s_matrix(rows, cols);
+    let mut want = vec![0.0; n * rows];
+    pool.install(|| plain.matmul(Isa::Scalar, &x, n, &mut want));
+    let tiled = i2s_matrix(rows, cols).interleaved();
+    for isa in Isa::supported() {
+        let mut batched = vec![0.0; n * rows];
+        pool.install(|| tiled.matmul(isa, &x, n, &mut batched));
+        assert_eq!(batched, want, "{isa:?}, {n} tokens");
+        let mut one = vec![0.0; rows];
+        pool.install(|| tiled.matmul(isa, &x[..cols], 1, &mut one));
+        assert_eq!(one, want[..rows], "{isa:?}, one token");
+    }
+}

@@ -1,6 +1,7 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
+use hesper_cpu::interleave;
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, Q8KBlock};
 use hesper_engine::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
@@ -21,6 +22,9 @@ fn simds() -> Vec<Isa> {
         isas.contains(&Isa::Avx2),
         "this x86_64 CPU has no AVX2/FMA/F16C: the SIMD kernels are untested"
     );
+    // Says in the test log which variants this host exercised (CI hosts differ: AVX2 only,
+    // or AVX-512 VNNI).
+    println!("variants tested: {:?}", isas);
     #[cfg(target_arch = "aarch64")]
     assert!(
         isas.contains(&Isa::Neon),
@@ -141,6 +145,35 @@ proptest! {
         }
     }
 
+    /// The interleaved I2_S kernels (sixteen rows × 1, 3, 4 or 8 tokens, the chain counts
+    /// the matmul uses and one it does not) equal single scalar dots (full i8 range).
+    #[test]
+    fn i2s_rows16_matches_scalar(groups in 1usize..24, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = groups * 128;
+        let rows: Vec<u8> = (0..4 * cols).map(|_| g.codes()).collect();
+        let tiles = interleave::interleave(&rows, cols / 4);
+        let qs: Vec<Vec<i8>> = (0..8).map(|_| (0..cols).map(|_| g.next() as u8 as i8).collect()).collect();
+        let want: Vec<Vec<i32>> = qs
+            .iter()
+            .map(|q| rows.chunks_exact(cols / 4).map(|row| scalar::i2s_code_dot(row, q)).collect())
+            .collect();
+        let q = |t: usize| qs[t].as_slice();
+        for isa in Isa::supported() {
+            let got: Vec<[i32; 16]> = [
+                isa.i2s_rows16_dot::<1>(&tiles, [q(0)]).to_vec(),
+                isa.i2s_rows16_dot::<3>(&tiles, [q(1), q(2), q(3)]).to_vec(),
+                isa.i2s_rows16_dot::<4>(&tiles, [q(4), q(5), q(6), q(7)]).to_vec(),
+            ]
+            .concat();
+            let eight = isa.i2s_rows16_dot::<8>(&tiles, std::array::from_fn(q));
+            for t in 0..8 {
+                prop_assert_eq!(&got[t][..], &want[t][..], "{:?}, token {}", isa, t);
+                prop_assert_eq!(&eight[t][..], &want[t][..], "{:?}, token {} of 8", isa, t);
+            }
+        }
+    }
+
     /// The four-row TQ2_0 kernel is bit-identical to four single-row scalar dots.
     #[test]
     fn tq2_0_rows4_matches_scalar(blocks in 1usize..30, seed in any::<u64>()) {
@@ -224,6 +257,35 @@ proptest! {
             prop_assert!(rel_close(a, b, scale), "{isa:?} f32 {a} vs {b}");
             let (a, b) = (isa.f16_dot(&f16_row, &x), scalar::f16_dot(&f16_row, &x));
             prop_assert!(rel_close(a, b, scale), "{isa:?} f16 {a} vs {b}");
+        }
+    }
+
+    /// The four-query attention kernels (query heads sharing a kv head) equal the one-query
+    /// kernels of the same instruction set bit for bit, on every instruction set.
+    #[test]
+    fn grouped_attention_equals_one_query_at_a_time(hd in 1usize..150, len in 1usize..14, extra in 0usize..9, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let stride = hd + extra;
+        let qs: Vec<Vec<f32>> = (0..4).map(|_| (0..hd).map(|_| g.float(-2.0, 4)).collect()).collect();
+        let kv: Vec<f32> = (0..(len - 1) * stride + hd).map(|_| g.float(-2.0, 4)).collect();
+        let ps: Vec<Vec<f32>> = (0..4).map(|_| (0..len).map(|_| g.float(0.0, 1)).collect()).collect();
+        for isa in Isa::supported() {
+            let mut four = vec![vec![0.0f32; len]; 4];
+            let [a, b, c, d] = &mut four[..] else { unreachable!() };
+            isa.scores_x4([&qs[0], &qs[1], &qs[2], &qs[3]], &kv, stride, [a, b, c, d]);
+            for (q, got) in qs.iter().zip(&four) {
+                let mut one = vec![0.0f32; len];
+                isa.scores(q, &kv, stride, &mut one);
+                prop_assert_eq!(&one, got, "{:?} scores", isa);
+            }
+            let mut four = vec![vec![7.0f32; hd]; 4];
+            let [a, b, c, d] = &mut four[..] else { unreachable!() };
+            isa.weighted_sum_x4([&ps[0], &ps[1], &ps[2], &ps[3]], &kv, stride, [a, b, c, d]);
+            for (p, got) in ps.iter().zip(&four) {
+                let mut one = vec![7.0f32; hd];
+                isa.weighted_sum(p, &kv, stride, &mut one);
+                prop_assert_eq!(&one, got, "{:?} weighted sums", isa);
+            }
         }
     }
 

@@ -115,6 +115,9 @@ pub struct LoadSettings {
     pub head: hesper_engine::model::HeadFormat,
     /// The layers to hold (`None`: all).
     pub layers: Option<std::ops::Range<usize>>,
+    /// Repack weights at load into the layout the CPU's kernels read best (see
+    /// `hesper_cpu::CpuBackend::with_repack`); no effect on the GPU.
+    pub repack: bool,
 }
 
 /// Progress of long loading work, for a bar.
@@ -195,7 +198,9 @@ fn load_cpu(
     if file.len() > PAGE_IN_BYTES && settings.layers.is_none() {
         page_in(file, progress);
     }
-    let cpu = CpuBackend::new(settings.threads).map_err(LoadError::Cpu)?;
+    let cpu = CpuBackend::new(settings.threads)
+        .map_err(LoadError::Cpu)?
+        .with_repack(settings.repack);
     load_on(cpu, file, settings, progress)
 }
 

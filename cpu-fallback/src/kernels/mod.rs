@@ -2,6 +2,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod interleaved;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod scalar;
@@ -11,6 +13,14 @@ use hesper_engine::weights::{TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
 
 use crate::quant::{Q8KBlock, Q8_0Block};
 
+/// Every x86_64 variant: each has AVX2, FMA and F16C and runs the AVX2 kernels wherever it has
+/// none of its own.
+macro_rules! x86 {
+    () => {
+        Isa::Avx2 | Isa::Avx512Bw | Isa::AvxVnni | Isa::Avx512Vnni
+    };
+}
+
 /// The instruction set the kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -18,6 +28,15 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 kernels, and I2_S interleaved sixteen rows deep with 512-bit `vpmaddubsw`
+    /// (AVX-512 F/BW without VNNI: Intel Skylake-X).
+    Avx512Bw,
+    /// AVX2 kernels, and I2_S interleaved sixteen rows deep with 256-bit VEX `vpdpbusd`
+    /// (AVX-VNNI without AVX-512: Intel Alder Lake and later client cores).
+    AvxVnni,
+    /// AVX2 kernels, and I2_S interleaved sixteen rows deep with 512-bit `vpdpbusd`
+    /// (AVX-512 F/BW/VNNI: Intel Ice Lake and later servers, AMD Zen 4 and later).
+    Avx512Vnni,
     /// AArch64 NEON without the dot-product extension (Cortex-A53/A72: Raspberry Pi 3/4).
     #[cfg(target_arch = "aarch64")]
     Neon,
@@ -30,11 +49,13 @@ impl Isa {
     /// The best instruction set this CPU supports.
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            return Self::Avx2;
+        if Self::Avx2.is_supported() {
+            // The last supported of these is the best.
+            return [Self::Avx512Bw, Self::AvxVnni, Self::Avx512Vnni]
+                .into_iter()
+                .filter(|isa| isa.is_supported())
+                .last()
+                .unwrap_or(Self::Avx2);
         }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
@@ -48,9 +69,25 @@ impl Isa {
 
     /// Whether this CPU can run `self`.
     pub fn is_supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        #[cfg(target_arch = "x86_64")]
+        let avx512bw =
+            avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
         match self {
             Self::Scalar => true,
-            Self::Avx2 => Self::detect() == Self::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => avx2,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512Bw => avx512bw,
+            #[cfg(target_arch = "x86_64")]
+            Self::AvxVnni => avx2 && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512Vnni => avx512bw && is_x86_feature_detected!("avx512vnni"),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Avx2 | Self::Avx512Bw | Self::AvxVnni | Self::Avx512Vnni => false,
             #[cfg(target_arch = "aarch64")]
             Self::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[cfg(target_arch = "aarch64")]
@@ -60,7 +97,13 @@ impl Isa {
 
     /// Every instruction set this CPU can run, the scalar reference first (tests force each).
     pub fn supported() -> Vec<Self> {
-        let mut all = vec![Self::Scalar, Self::Avx2];
+        let mut all = vec![
+            Self::Scalar,
+            Self::Avx2,
+            Self::Avx512Bw,
+            Self::AvxVnni,
+            Self::Avx512Vnni,
+        ];
         #[cfg(target_arch = "aarch64")]
         all.extend([Self::Neon, Self::NeonDot]);
         all.retain(|isa| isa.is_supported());
@@ -72,10 +115,66 @@ impl Isa {
         match self {
             Self::Scalar => "scalar",
             Self::Avx2 => "avx2",
+            Self::Avx512Bw => "avx512bw",
+            Self::AvxVnni => "avx-vnni",
+            Self::Avx512Vnni => "avx512-vnni",
             #[cfg(target_arch = "aarch64")]
             Self::Neon => "neon",
             #[cfg(target_arch = "aarch64")]
             Self::NeonDot => "neon-dotprod",
+        }
+    }
+
+    /// Whether I2_S matrices are worth interleaving sixteen rows deep for this instruction
+    /// set ([`crate::interleave`]): only where [`Isa::i2s_rows16_dot`] has a kernel of its own.
+    /// AVX2 would gain nothing: its `vpmaddubsw` chain costs the same per product in either
+    /// layout.
+    pub fn interleaves_i2s(self) -> bool {
+        matches!(self, Self::Avx512Bw | Self::AvxVnni | Self::Avx512Vnni)
+    }
+
+    /// Σ code·q of sixteen I2_S rows interleaved into one block (`tiles`, see
+    /// [`crate::interleave`]) against `T` token rows: `out[t][l]` is row `l`'s sum for token
+    /// `t`. Every `q[t]` is as long as a row has columns, a multiple of 128.
+    #[inline]
+    pub fn i2s_rows16_dot<const T: usize>(self, tiles: &[u8], q: [&[i8]; T]) -> [[i32; 16]; T] {
+        // Independent chains per token: one token alone keeps four tiles in flight, two to
+        // four tokens two, more are enough on their own.
+        #[cfg(target_arch = "x86_64")]
+        macro_rules! variant {
+            ($kernel:ident) => {
+                match T {
+                    1 => interleaved::$kernel::<T, 4>(tiles, q),
+                    2..=4 => interleaved::$kernel::<T, 2>(tiles, q),
+                    _ => interleaved::$kernel::<T, 1>(tiles, q),
+                }
+            };
+        }
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: each variant is constructed only when the CPU reports its features
+            // (`detect`; `CpuBackend::with_isa` refuses it otherwise); `sweep` asserts the
+            // shapes before reading.
+            Self::Avx512Vnni => unsafe { variant!(i2s_rows16_vnni512) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Self::Avx512Bw => unsafe { variant!(i2s_rows16_bw512) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Self::AvxVnni => unsafe { variant!(i2s_rows16_avxvnni) },
+            _ => {
+                // The reference: each row taken back out of the block.
+                let row_bytes = tiles.len() / 16;
+                let mut row = vec![0u8; row_bytes];
+                let mut out = [[0i32; 16]; T];
+                for l in 0..16 {
+                    crate::interleave::row(tiles, row_bytes, l, &mut row);
+                    for (o, q) in out.iter_mut().zip(q) {
+                        o[l] = scalar::i2s_code_dot(&row, q);
+                    }
+                }
+                out
+            }
         }
     }
 
@@ -84,9 +183,9 @@ impl Isa {
     pub fn i2s_code_dot(self, row: &[u8], q: &[i8]) -> i32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` is only constructed after the CPU reported AVX2; lengths are
+            // SAFETY: an x86 variant is only constructed after the CPU reported AVX2; lengths are
             // checked by the matmul driver (rows of whole 128-element groups).
-            Self::Avx2 => unsafe { avx2::i2s_code_dot(row, q) },
+            x86!() => unsafe { avx2::i2s_code_dot(row, q) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::i2s_code_dot(row, q),
             #[cfg(target_arch = "aarch64")]
@@ -103,7 +202,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as for `i2s_code_dot`; the matmul driver passes four whole rows.
-            Self::Avx2 => unsafe { avx2::i2s_code_dot_rows4(rows, q) },
+            x86!() => unsafe { avx2::i2s_code_dot_rows4(rows, q) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::i2s_code_dot_rows4(rows, q),
             #[cfg(target_arch = "aarch64")]
@@ -120,7 +219,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as for `i2s_code_dot`, for each of the four rows.
-            Self::Avx2 => unsafe { avx2::i2s_code_dot_x4(row, q) },
+            x86!() => unsafe { avx2::i2s_code_dot_x4(row, q) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::i2s_code_dot_x4(row, q),
             #[cfg(target_arch = "aarch64")]
@@ -136,8 +235,8 @@ impl Isa {
     pub fn tq2_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
-            Self::Avx2 => unsafe { avx2::ternary_dot::<TQ2_0_BLOCK_BYTES>(row, act) },
+            // SAFETY: every x86 variant has AVX2 and F16C; the row holds one block per activation block.
+            x86!() => unsafe { avx2::ternary_dot::<TQ2_0_BLOCK_BYTES>(row, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq2_0_dot(row, act),
             #[cfg(target_arch = "aarch64")]
@@ -153,8 +252,8 @@ impl Isa {
     pub fn tq2_0_dot_rows4(self, rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and F16C; the matmul driver passes four whole rows.
-            Self::Avx2 => unsafe { avx2::ternary_dot_rows4::<TQ2_0_BLOCK_BYTES>(rows, act) },
+            // SAFETY: every x86 variant has AVX2 and F16C; the matmul driver passes four whole rows.
+            x86!() => unsafe { avx2::ternary_dot_rows4::<TQ2_0_BLOCK_BYTES>(rows, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq2_0_dot_rows4(rows, act),
             #[cfg(target_arch = "aarch64")]
@@ -171,7 +270,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: see `tq2_0_dot`.
-            Self::Avx2 => unsafe { avx2::ternary_dot_x4::<TQ2_0_BLOCK_BYTES>(row, act) },
+            x86!() => unsafe { avx2::ternary_dot_x4::<TQ2_0_BLOCK_BYTES>(row, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq2_0_dot_x4(row, act),
             #[cfg(target_arch = "aarch64")]
@@ -187,8 +286,8 @@ impl Isa {
     pub fn tq1_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
-            Self::Avx2 => unsafe { avx2::ternary_dot::<TQ1_0_BLOCK_BYTES>(row, act) },
+            // SAFETY: every x86 variant has AVX2 and F16C; the row holds one block per activation block.
+            x86!() => unsafe { avx2::ternary_dot::<TQ1_0_BLOCK_BYTES>(row, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq1_0_dot(row, act),
             #[cfg(target_arch = "aarch64")]
@@ -205,7 +304,7 @@ impl Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: see `tq1_0_dot`.
-            Self::Avx2 => unsafe { avx2::ternary_dot_x4::<TQ1_0_BLOCK_BYTES>(row, act) },
+            x86!() => unsafe { avx2::ternary_dot_x4::<TQ1_0_BLOCK_BYTES>(row, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq1_0_dot_x4(row, act),
             #[cfg(target_arch = "aarch64")]
@@ -221,8 +320,8 @@ impl Isa {
     pub fn tq1_0_dot_rows4(self, rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and F16C; the matmul driver passes four whole rows.
-            Self::Avx2 => unsafe { avx2::ternary_dot_rows4::<TQ1_0_BLOCK_BYTES>(rows, act) },
+            // SAFETY: every x86 variant has AVX2 and F16C; the matmul driver passes four whole rows.
+            x86!() => unsafe { avx2::ternary_dot_rows4::<TQ1_0_BLOCK_BYTES>(rows, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq1_0_dot_rows4(rows, act),
             #[cfg(target_arch = "aarch64")]
@@ -238,8 +337,8 @@ impl Isa {
     pub fn q6_k_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and F16C; the row holds one block per activation block.
-            Self::Avx2 => unsafe { avx2::q6_k_dot(row, act) },
+            // SAFETY: every x86 variant has AVX2 and F16C; the row holds one block per activation block.
+            x86!() => unsafe { avx2::q6_k_dot(row, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::q6_k_dot(row, act),
             #[cfg(target_arch = "aarch64")]
@@ -255,8 +354,8 @@ impl Isa {
     pub fn q8_0_dot(self, row: &[u8], act: &[Q8_0Block]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2, FMA and F16C; the row holds one block per activation block.
-            Self::Avx2 => unsafe { avx2::q8_0_dot(row, act) },
+            // SAFETY: every x86 variant has AVX2, FMA and F16C; the row holds one block per activation block.
+            x86!() => unsafe { avx2::q8_0_dot(row, act) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::q8_0_dot(row, act),
             #[cfg(target_arch = "aarch64")]
@@ -272,8 +371,8 @@ impl Isa {
     pub fn f32_dot(self, row: &[u8], x: &[f32]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and FMA; the row holds x.len() floats.
-            Self::Avx2 => unsafe { avx2::f32_dot(row, x) },
+            // SAFETY: every x86 variant has AVX2 and FMA; the row holds x.len() floats.
+            x86!() => unsafe { avx2::f32_dot(row, x) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon | Self::NeonDot => neon::f32_dot(row, x),
             _ => scalar::f32_dot(row, x),
@@ -286,11 +385,49 @@ impl Isa {
         assert!(out.is_empty() || k.len() >= (out.len() - 1) * stride + q.len());
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and FMA; the assert above bounds every key.
-            Self::Avx2 => unsafe { avx2::scores(q, k, stride, out) },
+            // SAFETY: every x86 variant has AVX2 and FMA; the assert above bounds every key.
+            x86!() => unsafe { avx2::scores(q, k, stride, out) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon | Self::NeonDot => neon::scores(q, k, stride, out),
             _ => scalar::scores(q, k, stride, out),
+        }
+    }
+
+    /// [`Isa::scores`] of four queries that read the same keys (query heads sharing a kv
+    /// head): each equals its own `scores`.
+    #[inline]
+    pub fn scores_x4(self, q: [&[f32]; 4], k: &[f32], stride: usize, out: [&mut [f32]; 4]) {
+        let (hd, keys) = (q[0].len(), out[0].len());
+        assert!(q.iter().all(|q| q.len() == hd) && out.iter().all(|o| o.len() == keys));
+        assert!(keys == 0 || k.len() >= (keys - 1) * stride + hd);
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: every x86 variant has AVX2 and FMA; the asserts above bound every key.
+            x86!() => unsafe { avx2::scores_x4(q, k, stride, out) },
+            _ => {
+                for (q, o) in q.into_iter().zip(out) {
+                    self.scores(q, k, stride, o);
+                }
+            }
+        }
+    }
+
+    /// [`Isa::weighted_sum`] of four probability rows over the same values: each equals its
+    /// own `weighted_sum`.
+    #[inline]
+    pub fn weighted_sum_x4(self, p: [&[f32]; 4], v: &[f32], stride: usize, out: [&mut [f32]; 4]) {
+        let (len, hd) = (p[0].len(), out[0].len());
+        assert!(p.iter().all(|p| p.len() == len) && out.iter().all(|o| o.len() == hd));
+        assert!(len == 0 || v.len() >= (len - 1) * stride + hd);
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: every x86 variant has AVX2 and FMA; the asserts above bound every value.
+            x86!() => unsafe { avx2::weighted_sum_x4(p, v, stride, out) },
+            _ => {
+                for (p, o) in p.into_iter().zip(out) {
+                    self.weighted_sum(p, v, stride, o);
+                }
+            }
         }
     }
 
@@ -300,8 +437,8 @@ impl Isa {
         assert!(p.is_empty() || v.len() >= (p.len() - 1) * stride + out.len());
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2 and FMA; the assert above bounds every value.
-            Self::Avx2 => unsafe { avx2::weighted_sum(p, v, stride, out) },
+            // SAFETY: every x86 variant has AVX2 and FMA; the assert above bounds every value.
+            x86!() => unsafe { avx2::weighted_sum(p, v, stride, out) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon | Self::NeonDot => neon::weighted_sum(p, v, stride, out),
             _ => scalar::weighted_sum(p, v, stride, out),
@@ -313,8 +450,8 @@ impl Isa {
     pub fn f16_dot(self, row: &[u8], x: &[f32]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` implies AVX2, FMA and F16C; the row holds x.len() halves.
-            Self::Avx2 => unsafe { avx2::f16_dot(row, x) },
+            // SAFETY: every x86 variant has AVX2, FMA and F16C; the row holds x.len() halves.
+            x86!() => unsafe { avx2::f16_dot(row, x) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon | Self::NeonDot => neon::f16_dot(row, x),
             _ => scalar::f16_dot(row, x),

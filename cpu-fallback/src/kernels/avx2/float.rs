@@ -21,7 +21,7 @@ pub unsafe fn f32_dot(row: &[u8], x: &[f32]) -> f32 {
 /// # Safety
 /// The CPU must support AVX2 and FMA; `a.len() == b.len()`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert!(a.len() == b.len());
     // SAFETY: `a` holds b.len() floats.
     unsafe { dot_at(a.as_ptr(), b) }
@@ -101,7 +101,7 @@ pub unsafe fn scores(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
 
 /// The horizontal sums of four vectors of eight f32 lanes.
 #[target_feature(enable = "avx2")]
-unsafe fn hsum_f32_x4(v: [__m256; 4]) -> [f32; 4] {
+pub(super) unsafe fn hsum_f32_x4(v: [__m256; 4]) -> [f32; 4] {
     // Pairwise sums within each 128-bit half: lanes end as [Σv0, Σv1, Σv2, Σv3] per half.
     let s = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
     let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
