@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use hesper_cpu::CpuBackend;
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Logits, Model};
 use hesper_gpu_backend::GpuBackend;
@@ -38,6 +39,10 @@ pub struct BenchArgs {
     /// 2 s) and print generation speed as a share of its roofline, bandwidth / bytes per token.
     #[arg(long = "roofline")]
     roofline: bool,
+    /// CPU backend: run the prompt test (and 16 generated tokens) once more with every
+    /// operation timed, and print each kind's share of the time (matmul, attention, ...).
+    #[arg(long = "profile")]
+    profile: bool,
 }
 
 /// One test's result.
@@ -68,8 +73,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let loaded = load(&args.model, None)?;
     match &loaded.model {
         // On the backend's own threads: see `run_model!`.
-        AnyModel::Cpu(model) => model.backend.install(|| bench_on(&args, model, None)),
-        AnyModel::Gpu(model) => bench_on(&args, model, Some(&model.backend)),
+        AnyModel::Cpu(model) => model.backend.install(|| {
+            bench_on(&args, model, None)?;
+            if args.profile {
+                op_profile(&args, model)?;
+            }
+            Ok(())
+        }),
+        AnyModel::Gpu(model) => {
+            if args.profile {
+                note!("hesper: --profile times the CPU backend's operations; the GPU prints its per-kernel times after tg");
+            }
+            bench_on(&args, model, Some(&model.backend))
+        }
     }
 }
 
@@ -259,6 +275,64 @@ fn resident_mib() -> Option<f64> {
         .parse()
         .ok()?;
     Some(kib / 1024.0)
+}
+
+/// Runs the prompt test and 16 generated tokens once more with the CPU backend timing each
+/// operation, and prints each kind's share.
+fn op_profile(args: &BenchArgs, model: &Model<CpuBackend>) -> Result<()> {
+    let c = &model.config;
+    let ids = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i as u64 * 2_654_435_761 + 1) % c.n_vocab as u64) as u32)
+            .collect()
+    };
+    let mut out = std::io::stdout().lock();
+    let n_gen = args.n_gen.min(16);
+    let passes: [(String, usize, usize); 2] = [
+        (
+            format!("pp{}", args.n_prompt),
+            args.n_prompt,
+            args.batch_size,
+        ),
+        (format!("tg{n_gen}"), n_gen, 1),
+    ];
+    for (test, n, batch) in passes.into_iter().filter(|p| p.1 > 0) {
+        let mut s = model.new_session(n.max(1), batch)?;
+        let tokens = ids(n);
+        model.backend.set_profiling(true);
+        let t0 = Instant::now();
+        for chunk in tokens.chunks(batch) {
+            model.eval(&mut s, chunk, Logits::Last)?;
+        }
+        let wall = t0.elapsed().as_nanos() as f64;
+        let times = model.backend.op_times();
+        model.backend.set_profiling(false);
+        writeln!(
+            out,
+            "\nCPU time by operation, {test} ({}):",
+            model.backend.name()
+        )?;
+        writeln!(out, "| op | calls | ms | share |")?;
+        writeln!(out, "| --- | ---: | ---: | ---: |")?;
+        let timed: u64 = times.iter().map(|t| t.ns).sum();
+        for t in times.iter().filter(|t| t.calls > 0) {
+            writeln!(
+                out,
+                "| {} | {} | {:.1} | {:.1} % |",
+                t.op.name(),
+                t.calls,
+                t.ns as f64 / 1e6,
+                100.0 * t.ns as f64 / wall
+            )?;
+        }
+        writeln!(
+            out,
+            "| outside the backend (LM head read-back, sampling, bookkeeping) | | {:.1} | {:.1} % |",
+            (wall - timed as f64).max(0.0) / 1e6,
+            100.0 * (wall - timed as f64).max(0.0) / wall
+        )?;
+    }
+    Ok(())
 }
 
 /// Decodes `tokens` once more with timestamp queries and prints GPU time per kernel and token.

@@ -6,6 +6,7 @@ pub mod matmul;
 pub mod membw;
 pub mod meminfo;
 pub mod ops;
+pub mod profile;
 pub mod quant;
 
 use std::future::Future;
@@ -22,12 +23,15 @@ use hesper_engine::weights::{Format, MatrixDesc};
 pub use kernels::Isa;
 pub use matmul::CpuMatrix;
 pub use ops::KvCache;
+use profile::OpProfile;
+pub use profile::{Op, OpTime};
 
 /// The CPU backend: a thread pool and an instruction set.
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     isa: Isa,
     repack: bool,
+    profile: OpProfile,
 }
 
 impl CpuBackend {
@@ -69,6 +73,7 @@ impl CpuBackend {
             pool,
             isa,
             repack: true,
+            profile: OpProfile::default(),
         })
     }
 
@@ -78,6 +83,16 @@ impl CpuBackend {
     pub fn with_repack(mut self, repack: bool) -> Self {
         self.repack = repack;
         self
+    }
+
+    /// Turns timing per operation kind on (counters cleared) or off.
+    pub fn set_profiling(&self, on: bool) {
+        self.profile.set(on);
+    }
+
+    /// Calls and time per operation kind since profiling was turned on.
+    pub fn op_times(&self) -> Vec<OpTime> {
+        self.profile.times()
     }
 
     /// Whether weights are repacked at load (see [`CpuBackend::with_repack`]).
@@ -211,17 +226,24 @@ impl Backend for CpuBackend {
 
     fn embed(&self, table: &CpuMatrix, tokens: &[u32], out: &mut Vec<f32>) {
         let d = table.desc.cols;
-        for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
-            table.decode_row(t as usize, row);
-        }
+        self.profile.time(Op::Copy, || {
+            for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+                table.decode_row(t as usize, row);
+            }
+        });
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, n: usize, eps: f32, out: &mut Vec<f32>) {
-        self.pool.install(|| ops::rms_norm(x, w, n, eps, out));
+        self.profile.time(Op::RmsNorm, || {
+            self.pool
+                .install(|| ops::rms_norm(self.isa, x, w, n, eps, out))
+        });
     }
 
     fn matmul(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) {
-        self.pool.install(|| w.matmul(self.isa, x, n, out));
+        self.profile.time(Op::Matmul, || {
+            self.pool.install(|| w.matmul(self.isa, x, n, out))
+        });
     }
 
     fn matmul_many(&self, ws: &[&CpuMatrix], x: &Vec<f32>, n: usize, outs: &mut [&mut Vec<f32>]) {
@@ -230,12 +252,14 @@ impl Backend for CpuBackend {
             return matmul_each(self, ws, x, n, outs);
         }
         let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-        self.pool
-            .install(|| matmul::matvec_many(self.isa, ws, x, &mut outs));
+        self.profile.time(Op::Matmul, || {
+            self.pool
+                .install(|| matmul::matvec_many(self.isa, ws, x, &mut outs))
+        });
     }
 
     fn rope(&self, x: &mut Vec<f32>, n: usize, pos0: usize, shape: &RopeShape) {
-        ops::rope(x, n, pos0, shape);
+        self.profile.time(Op::Rope, || ops::rope(x, n, pos0, shape));
     }
 
     fn attention(
@@ -250,18 +274,23 @@ impl Backend for CpuBackend {
         shape: &AttentionShape,
         out: &mut Vec<f32>,
     ) {
-        self.pool
-            .install(|| ops::attention(self.isa, cache, layer, q, k, v, n, pos0, shape, out));
+        self.profile.time(Op::Attention, || {
+            self.pool
+                .install(|| ops::attention(self.isa, cache, layer, q, k, v, n, pos0, shape, out))
+        });
     }
 
     fn glu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, act: Activation, out: &mut Vec<f32>) {
-        ops::glu(gate, up, len, act, out);
+        self.profile
+            .time(Op::Glu, || ops::glu(gate, up, len, act, out));
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
-        for (a, b) in x[..len].iter_mut().zip(&y[..len]) {
-            *a += b;
-        }
+        self.profile.time(Op::Add, || {
+            for (a, b) in x[..len].iter_mut().zip(&y[..len]) {
+                *a += b;
+            }
+        });
     }
 
     fn copy_rows(
@@ -272,6 +301,8 @@ impl Backend for CpuBackend {
         width: usize,
         dst: &mut Vec<f32>,
     ) {
-        dst[..n_rows * width].copy_from_slice(&src[row0 * width..(row0 + n_rows) * width]);
+        self.profile.time(Op::Copy, || {
+            dst[..n_rows * width].copy_from_slice(&src[row0 * width..(row0 + n_rows) * width])
+        });
     }
 }

@@ -6,22 +6,14 @@ use rayon::prelude::*;
 
 use crate::kernels::Isa;
 
-/// RMSNorm of each `w.len()`-wide row: Σx² in f64, `scale = 1/sqrt(mean + eps)` in f32,
-/// `y = (x·scale)·w`.
-/// Rows are split between the threads (each row's arithmetic is unchanged).
-pub fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) {
+/// RMSNorm of each `w.len()`-wide row ([`crate::kernels::scalar::rms_norm_row`]'s
+/// arithmetic on `isa`); rows are split between the threads.
+pub fn rms_norm(isa: Isa, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) {
     let d = w.len();
     x[..n * d]
         .par_chunks_exact(d)
         .zip(out[..n * d].par_chunks_exact_mut(d))
-        .for_each(|(xr, yr)| {
-            let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
-            let mean = (sum / d as f64) as f32;
-            let scale = 1.0 / (mean + eps).sqrt();
-            for ((y, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
-                *y = (v * scale) * g;
-            }
-        });
+        .for_each(|(xr, yr)| isa.rms_norm_row(xr, w, eps, yr));
 }
 
 /// NeoX RoPE in place: per head, pair `i` with `i + rope_dim/2`, rotated by the angles of
@@ -110,7 +102,7 @@ pub fn attention(
                 isa.scores_x4(q4, kh, kv_dim, four(scores.chunks_exact_mut(len)));
                 scores
                     .chunks_exact_mut(len)
-                    .for_each(|row| softmax(row, scale));
+                    .for_each(|row| isa.softmax(row, scale));
                 let p4 = four(scores.chunks_exact(len));
                 isa.weighted_sum_x4(p4, vh, kv_dim, four(o.chunks_exact_mut(hd)));
             });
@@ -128,7 +120,7 @@ pub fn attention(
             let (kh, vh) = (&kc[(h / group) * hd..], &vc[(h / group) * hd..]);
             let mut scores = vec![0.0f32; len];
             isa.scores(qh, kh, kv_dim, &mut scores);
-            softmax(&mut scores, scale);
+            isa.softmax(&mut scores, scale);
             isa.weighted_sum(&scores, vh, kv_dim, o);
         });
 }
@@ -136,22 +128,6 @@ pub fn attention(
 /// The first four items of `it` (which holds four).
 fn four<T: Default>(mut it: impl Iterator<Item = T>) -> [T; 4] {
     std::array::from_fn(|_| it.next().unwrap_or_default())
-}
-
-/// Scaled scores to probabilities in place: `exp(s·scale − max)` over their sum (in f64).
-fn softmax(scores: &mut [f32], scale: f32) {
-    let max = scores
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
-    let mut sum = 0.0f64;
-    for sc in scores.iter_mut() {
-        *sc = (*sc * scale - max).exp();
-        sum += f64::from(*sc);
-    }
-    let inv = (1.0 / sum) as f32;
-    for sc in scores.iter_mut() {
-        *sc *= inv;
-    }
 }
 
 /// `out = act(gate) · up`.
@@ -229,7 +205,14 @@ mod tests {
     #[test]
     fn rms_norm_normalises() {
         let mut y = vec![0.0; 4];
-        rms_norm(&[2.0, 2.0, 2.0, 2.0], &[1.0, 2.0, 1.0, 1.0], 1, 0.0, &mut y);
+        rms_norm(
+            Isa::Scalar,
+            &[2.0, 2.0, 2.0, 2.0],
+            &[1.0, 2.0, 1.0, 1.0],
+            1,
+            0.0,
+            &mut y,
+        );
         assert_eq!(y, vec![1.0, 2.0, 1.0, 1.0]);
     }
 }

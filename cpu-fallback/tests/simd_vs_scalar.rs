@@ -289,6 +289,40 @@ proptest! {
         }
     }
 
+    /// RMSNorm: the f64 sum of squares in lanes may round differently in its last bits; the
+    /// output is within 2 ULP of the scalar path's.
+    #[test]
+    fn rms_norm_matches_scalar(d in 1usize..700, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let x: Vec<f32> = (0..d).map(|_| g.float(-3.0, 6)).collect();
+        let w: Vec<f32> = (0..d).map(|_| g.float(-1.0, 2)).collect();
+        for isa in simds() {
+            let (mut a, mut b) = (vec![0.0; d], vec![0.0; d]);
+            isa.rms_norm_row(&x, &w, 1e-5, &mut a);
+            scalar::rms_norm_row(&x, &w, 1e-5, &mut b);
+            for (j, (a, b)) in a.iter().zip(&b).enumerate() {
+                prop_assert!((a - b).abs() <= 2.5e-7 * b.abs(), "{:?} y[{}]: {} vs {}", isa, j, a, b);
+            }
+        }
+    }
+
+    /// The softmax with a vector `exp`: every probability within 3 ULP (5e-7 relative) of the
+    /// scalar path's (libm `expf`, a sequential f64 sum), over spreads of scores from flat to
+    /// ones that underflow.
+    #[test]
+    fn softmax_matches_scalar(len in 1usize..300, spread in 0.0f32..200.0, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let x: Vec<f32> = (0..len).map(|_| g.float(-1.0, 2) * spread).collect();
+        for isa in simds() {
+            let (mut a, mut b) = (x.clone(), x.clone());
+            isa.softmax(&mut a, 0.37);
+            scalar::softmax(&mut b, 0.37);
+            for (j, (a, b)) in a.iter().zip(&b).enumerate() {
+                prop_assert!((a - b).abs() <= 5e-7 * b.abs() + 1e-37, "{:?} p[{}]: {} vs {}", isa, j, a, b);
+            }
+        }
+    }
+
     /// Attention scores and weighted sums over strided cached rows, head widths that are not
     /// multiples of 8 or 64 included: equal up to summation order and FMA rounding.
     #[test]

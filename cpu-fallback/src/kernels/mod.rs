@@ -431,6 +431,29 @@ impl Isa {
         }
     }
 
+    /// RMSNorm of one row (see [`scalar::rms_norm_row`]); `w` and `y` as long as `x`.
+    #[inline]
+    pub fn rms_norm_row(self, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+        assert!(w.len() == x.len() && y.len() == x.len());
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: every x86 variant has AVX2; the lengths are checked above.
+            x86!() => unsafe { avx2::rms_norm_row(x, w, eps, y) },
+            _ => scalar::rms_norm_row(x, w, eps, y),
+        }
+    }
+
+    /// Scaled attention scores to probabilities in place (see [`scalar::softmax`]).
+    #[inline]
+    pub fn softmax(self, scores: &mut [f32], scale: f32) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: every x86 variant has AVX2 and FMA.
+            x86!() => unsafe { avx2::softmax(scores, scale) },
+            _ => scalar::softmax(scores, scale),
+        }
+    }
+
     /// Attention's weighted sum: `out = Σ_j p[j] · v[j·stride ..][..out.len()]`.
     #[inline]
     pub fn weighted_sum(self, p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {

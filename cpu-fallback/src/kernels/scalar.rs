@@ -116,6 +116,34 @@ pub fn scores(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
     }
 }
 
+/// RMSNorm of one row: Σx² in f64 (of f32 squares), `scale = 1/sqrt(mean + eps)` in f32,
+/// `y = (x·scale)·w`.
+pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((y, &v), &g) in y.iter_mut().zip(x).zip(w) {
+        *y = (v * scale) * g;
+    }
+}
+
+/// Scaled attention scores to probabilities in place: `exp(s·scale − max)` over their sum
+/// (accumulated in f64).
+pub fn softmax(scores: &mut [f32], scale: f32) {
+    let max = scores
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
+    let mut sum = 0.0f64;
+    for sc in scores.iter_mut() {
+        *sc = (*sc * scale - max).exp();
+        sum += f64::from(*sc);
+    }
+    let inv = (1.0 / sum) as f32;
+    for sc in scores.iter_mut() {
+        *sc *= inv;
+    }
+}
+
 /// `out = Σ_j p[j] · v[j·stride ..][..out.len()]` (attention's weighted sum of cached values).
 pub fn weighted_sum(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
     out.fill(0.0);

@@ -189,3 +189,45 @@ pub unsafe fn f16_dot(row: &[u8], x: &[f32]) -> f32 {
     let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     hsum_f32(v) + crate::kernels::scalar::f16_dot(&row[2 * i..], &x[i..])
 }
+
+/// AVX2 version of [`crate::kernels::scalar::rms_norm_row`]: the same f32 squares and f32
+/// scaling, the f64 sum of squares in eight lanes instead of one (so it may round differently
+/// in its last bits).
+///
+/// # Safety
+/// The CPU must support AVX2; `w` and `y` are as long as `x`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let d = x.len();
+    debug_assert!(w.len() == d && y.len() == d);
+    let vec_end = d / 8 * 8;
+    let mut acc = [_mm256_setzero_pd(); 2];
+    for i in (0..vec_end).step_by(8) {
+        // SAFETY: i + 8 <= d.
+        unsafe {
+            let v = _mm256_loadu_ps(x.as_ptr().add(i));
+            let sq = _mm256_mul_ps(v, v);
+            acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+            acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(sq)));
+        }
+    }
+    let mut lanes = [0.0f64; 4];
+    // SAFETY: `lanes` holds four doubles.
+    unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(acc[0], acc[1])) };
+    let sum: f64 =
+        lanes.iter().sum::<f64>() + x[vec_end..].iter().map(|&v| f64::from(v * v)).sum::<f64>();
+    let mean = (sum / d as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    let sv = _mm256_set1_ps(scale);
+    for i in (0..vec_end).step_by(8) {
+        // SAFETY: i + 8 <= d for x, w and y.
+        unsafe {
+            let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), sv);
+            let out = _mm256_mul_ps(v, _mm256_loadu_ps(w.as_ptr().add(i)));
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), out);
+        }
+    }
+    for i in vec_end..d {
+        y[i] = (x[i] * scale) * w[i];
+    }
+}

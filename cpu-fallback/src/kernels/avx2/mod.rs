@@ -8,11 +8,13 @@
 mod blocks;
 mod float;
 mod grouped;
+mod softmax;
 mod ternary;
 
 pub use blocks::{q6_k_dot, q8_0_dot};
-pub use float::{f16_dot, f32_dot, scores, weighted_sum};
+pub use float::{f16_dot, f32_dot, rms_norm_row, scores, weighted_sum};
 pub use grouped::{scores_x4, weighted_sum_x4};
+pub use softmax::softmax;
 pub use ternary::{
     i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4, ternary_dot, ternary_dot_rows4,
     ternary_dot_x4,
