@@ -22,6 +22,25 @@ pub struct I8Row {
 
 /// Quantizes `x` per token (see [`I8Row`]).
 pub fn quantize_i8_row(x: &[f32]) -> I8Row {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU reported AVX2.
+        return unsafe { quantize_i8_row_avx2(x) };
+    }
+    quantize_i8_row_body(x)
+}
+
+/// [`quantize_i8_row`] compiled for AVX2: the same code, eight lanes wide (a measurable share
+/// of prefill at SSE2's four).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_i8_row_avx2(x: &[f32]) -> I8Row {
+    quantize_i8_row_body(x)
+}
+
+/// The quantizer's one definition, inlined into each compiled form.
+#[inline(always)]
+fn quantize_i8_row_body(x: &[f32]) -> I8Row {
     let max = x.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
     let s = (127.0 / f64::from(max).max(1e-5)) as f32;
     let q: Vec<i8> = x
