@@ -3,6 +3,8 @@
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod avx512;
+#[cfg(target_arch = "x86_64")]
 pub mod interleaved;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
@@ -385,8 +387,13 @@ impl Isa {
         assert!(out.is_empty() || k.len() >= (out.len() - 1) * stride + q.len());
         match self {
             #[cfg(target_arch = "x86_64")]
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: both AVX-512 variants have AVX-512 F and FMA; the assert above bounds
+            // every key.
+            Self::Avx512Bw | Self::Avx512Vnni => unsafe { avx512::scores(q, k, stride, out) },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: every x86 variant has AVX2 and FMA; the assert above bounds every key.
-            x86!() => unsafe { avx2::scores(q, k, stride, out) },
+            Self::Avx2 | Self::AvxVnni => unsafe { avx2::scores(q, k, stride, out) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon | Self::NeonDot => neon::scores(q, k, stride, out),
             _ => scalar::scores(q, k, stride, out),
@@ -402,8 +409,13 @@ impl Isa {
         assert!(keys == 0 || k.len() >= (keys - 1) * stride + hd);
         match self {
             #[cfg(target_arch = "x86_64")]
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: both AVX-512 variants have AVX-512 F, AVX2 and FMA; the asserts above
+            // bound every key.
+            Self::Avx512Bw | Self::Avx512Vnni => unsafe { avx512::scores_x4(q, k, stride, out) },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: every x86 variant has AVX2 and FMA; the asserts above bound every key.
-            x86!() => unsafe { avx2::scores_x4(q, k, stride, out) },
+            Self::Avx2 | Self::AvxVnni => unsafe { avx2::scores_x4(q, k, stride, out) },
             _ => {
                 for (q, o) in q.into_iter().zip(out) {
                     self.scores(q, k, stride, o);
@@ -421,8 +433,15 @@ impl Isa {
         assert!(len == 0 || v.len() >= (len - 1) * stride + hd);
         match self {
             #[cfg(target_arch = "x86_64")]
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: both AVX-512 variants have AVX-512 F, AVX2 and FMA; the asserts above
+            // bound every value.
+            Self::Avx512Bw | Self::Avx512Vnni => unsafe {
+                avx512::weighted_sum_x4(p, v, stride, out)
+            },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: every x86 variant has AVX2 and FMA; the asserts above bound every value.
-            x86!() => unsafe { avx2::weighted_sum_x4(p, v, stride, out) },
+            Self::Avx2 | Self::AvxVnni => unsafe { avx2::weighted_sum_x4(p, v, stride, out) },
             _ => {
                 for (p, o) in p.into_iter().zip(out) {
                     self.weighted_sum(p, v, stride, o);
