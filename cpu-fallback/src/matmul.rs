@@ -206,54 +206,61 @@ const TILE_TOKENS: usize = 8;
 
 impl CpuMatrix {
     /// [`CpuMatrix::matmul`] over the interleaved copy: chunks of whole sixteen-row blocks in
-    /// parallel; in each, eight tokens at a time meet every block of the chunk.
+    /// parallel; in each, eight tokens at a time (then four, then one) meet every block of the
+    /// chunk. Each task appends its results in the order it makes them (no zeroed buffer),
+    /// then they are copied into place.
     fn matmul_tiles(&self, isa: Isa, tiles: &[u8], a: &[I8Row], beta: f32, out: &mut [f32]) {
         let (rows, n) = (self.desc.rows, a.len());
         let block_bytes = ROWS * self.desc.row_bytes();
         let chunk = chunk_rows(rows);
+        let mut groups = Vec::new();
+        let mut t = 0;
+        for size in [TILE_TOKENS, 4, 1] {
+            while t + size <= n {
+                groups.push((t, size));
+                t += size;
+            }
+        }
         let parts: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(chunk))
             .into_par_iter()
             .map(|ci| {
                 let (r0, r1) = (ci * chunk, (ci * chunk + chunk).min(rows));
-                let width = r1 - r0;
-                let mut local = vec![0.0; width * n];
-                let mut put = |t: usize, r: usize, sums: &[i32; ROWS]| {
-                    let at = t * width + r - r0;
-                    i2s_outputs(sums, &a[t], beta, self.scale, &mut local[at..at + ROWS]);
+                let mut local = Vec::with_capacity((r1 - r0) * n);
+                let mut put = |t: usize, sums: &[[i32; ROWS]]| {
+                    for (k, sums) in sums.iter().enumerate() {
+                        local.extend(i2s_outputs(sums, &a[t + k], beta, self.scale));
+                    }
                 };
-                for t0 in (0..n).step_by(TILE_TOKENS) {
-                    let t1 = (t0 + TILE_TOKENS).min(n);
+                for &(t, size) in &groups {
+                    let q = |k: usize| a[t + k].q.as_slice();
                     for r in (r0..r1).step_by(ROWS) {
                         let block = &tiles[r / ROWS * block_bytes..][..block_bytes];
-                        let mut t = t0;
-                        if t1 - t == TILE_TOKENS {
-                            let q = std::array::from_fn(|k| a[t + k].q.as_slice());
-                            for (k, sums) in isa
-                                .i2s_rows16_dot::<TILE_TOKENS>(block, q)
-                                .iter()
-                                .enumerate()
-                            {
-                                put(t + k, r, sums);
-                            }
-                            t = t1;
-                        }
-                        while t + 4 <= t1 {
-                            let q = std::array::from_fn(|k| a[t + k].q.as_slice());
-                            for (k, sums) in isa.i2s_rows16_dot::<4>(block, q).iter().enumerate() {
-                                put(t + k, r, sums);
-                            }
-                            t += 4;
-                        }
-                        for t in t..t1 {
-                            let [sums] = isa.i2s_rows16_dot::<1>(block, [&a[t].q]);
-                            put(t, r, &sums);
+                        match size {
+                            TILE_TOKENS => put(
+                                t,
+                                &isa.i2s_rows16_dot::<TILE_TOKENS>(block, std::array::from_fn(q)),
+                            ),
+                            4 => put(t, &isa.i2s_rows16_dot::<4>(block, std::array::from_fn(q))),
+                            _ => put(t, &isa.i2s_rows16_dot::<1>(block, [q(0)])),
                         }
                     }
                 }
                 (r0, local)
             })
             .collect();
-        scatter(parts, n, rows, out);
+        // A task's results: per token group, per block, per token, sixteen rows.
+        for (r0, local) in parts {
+            let blocks = local.len() / (n * ROWS);
+            let mut at = local.chunks_exact(ROWS);
+            for &(t, size) in &groups {
+                for b in 0..blocks {
+                    for k in 0..size {
+                        let row0 = (t + k) * rows + r0 + b * ROWS;
+                        out[row0..row0 + ROWS].copy_from_slice(at.next().unwrap_or_default());
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -311,7 +318,7 @@ impl CpuMatrix {
             let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
             for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
                 let [sums] = isa.i2s_rows16_dot::<1>(block, [&a[0].q]);
-                i2s_outputs(&sums, &a[0], beta, self.scale, o);
+                o.copy_from_slice(&i2s_outputs(&sums, &a[0], beta, self.scale));
             }
             return;
         }
@@ -391,7 +398,7 @@ fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32
 /// [`i2s_output`] of sixteen rows at once, times the matrix's `scale` if any: the same
 /// operations per lane, written so that the compiler vectorizes them (one division per row
 /// is a measurable share of prefill when each is issued alone).
-fn i2s_outputs(sums: &[i32; ROWS], act: &I8Row, beta: f32, scale: Option<f32>, out: &mut [f32]) {
+fn i2s_outputs(sums: &[i32; ROWS], act: &I8Row, beta: f32, scale: Option<f32>) -> [f32; ROWS] {
     let mut v = [0.0f32; ROWS];
     for (v, &s) in v.iter_mut().zip(sums) {
         *v = i2s_output(s, act, beta);
@@ -399,7 +406,7 @@ fn i2s_outputs(sums: &[i32; ROWS], act: &I8Row, beta: f32, scale: Option<f32>, o
     if let Some(scale) = scale {
         v.iter_mut().for_each(|v| *v *= scale);
     }
-    out.copy_from_slice(&v);
+    v
 }
 
 /// bitnet.cpp's I2_S epilogue: the ternary sum Σ(code−1)·q = Σcode·q − Σq, divided by the
