@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use hesper_cpu::Isa;
 use hesper_engine::gguf::Gguf;
 use hesper_engine::model::HeadFormat;
 use hesper_engine::tokenizer::{PreTokenizer, Tokenizer};
@@ -97,6 +98,19 @@ pub struct ModelArgs {
     /// (AVX-512 or AVX-VNNI: faster prompt processing, a few tenths of a second more load).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// CPU kernels to use instead of the best this CPU runs: `scalar` (the reference), and on
+    /// x86_64 `avx2`, `avx512bw`, `avx-vnni`, `avx512-vnni`, on aarch64 `neon`,
+    /// `neon-dotprod` (to compare them, or to work around one).
+    #[arg(long = "cpu-kernels", value_name = "NAME", value_parser = parse_isa)]
+    pub cpu_kernels: Option<Isa>,
+}
+
+/// `--cpu-kernels NAME`, naming the choices on a typo.
+fn parse_isa(name: &str) -> Result<Isa, String> {
+    Isa::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = Isa::all().into_iter().map(Isa::name).collect();
+        format!("expected one of {}", names.join(", "))
+    })
 }
 
 impl ModelArgs {

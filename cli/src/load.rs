@@ -57,6 +57,7 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
         head: args.lm_head.into(),
         layers,
         repack: !args.no_repack,
+        cpu_isa: args.cpu_kernels,
     };
     let mut bars = Bars::new(&file);
     let model = load_model(&file, &settings, &mut |p| bars.show(p), &mut |n| {

@@ -241,7 +241,13 @@ fn chat_survives_every_bad_turn() {
 fn odd_but_valid_flags_give_the_same_answer() {
     for backend in BACKENDS {
         let reference = stdout(&greedy(backend, &[]));
-        let rows: [&[&str]; 3] = [&["--temp", "-1"], &["--temp=-1"], &["-t", "100000"]];
+        // `--no-repack` computes from the file's layout: the same integer sums.
+        let rows: [&[&str]; 4] = [
+            &["--temp", "-1"],
+            &["--temp=-1"],
+            &["-t", "100000"],
+            &["--no-repack"],
+        ];
         for extra in rows {
             let o = greedy(backend, extra);
             assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
@@ -258,7 +264,7 @@ fn odd_but_valid_flags_give_the_same_answer() {
 
 #[test]
 fn meaningless_values_are_refused() {
-    let rows: [(&[&str], &str); 9] = [
+    let rows: [(&[&str], &str); 10] = [
         (
             &["generate", "--repeat-penalty", "nan"],
             "--repeat-penalty NaN",
@@ -282,6 +288,10 @@ fn meaningless_values_are_refused() {
         (
             &["generate", "--seed", "-2"],
             "invalid value '-2' for '--seed",
+        ),
+        (
+            &["generate", "--cpu-kernels", "sse9"],
+            "invalid value 'sse9' for '--cpu-kernels <NAME>': expected one of scalar",
         ),
     ];
     for backend in BACKENDS {

@@ -118,6 +118,9 @@ pub struct LoadSettings {
     /// Repack weights at load into the layout the CPU's kernels read best (see
     /// `hesper_cpu::CpuBackend::with_repack`); no effect on the GPU.
     pub repack: bool,
+    /// The CPU kernels to use (`None`: the best this CPU runs).
+    #[cfg(feature = "cpu")]
+    pub cpu_isa: Option<hesper_cpu::Isa>,
 }
 
 /// Progress of long loading work, for a bar.
@@ -198,7 +201,8 @@ fn load_cpu(
     if file.len() > PAGE_IN_BYTES && settings.layers.is_none() {
         page_in(file, progress);
     }
-    let cpu = CpuBackend::new(settings.threads)
+    let isa = settings.cpu_isa.unwrap_or_else(hesper_cpu::Isa::detect);
+    let cpu = CpuBackend::with_isa(settings.threads, isa)
         .map_err(LoadError::Cpu)?
         .with_repack(settings.repack);
     load_on(cpu, file, settings, progress)

@@ -112,6 +112,21 @@ impl Isa {
         all
     }
 
+    /// Every instruction set of this target architecture, supported here or not.
+    pub fn all() -> Vec<Self> {
+        let mut all = vec![Self::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        all.extend([Self::Avx2, Self::Avx512Bw, Self::AvxVnni, Self::Avx512Vnni]);
+        #[cfg(target_arch = "aarch64")]
+        all.extend([Self::Neon, Self::NeonDot]);
+        all
+    }
+
+    /// The instruction set named `name` (as [`Isa::name`] writes it), of this architecture.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::all().into_iter().find(|isa| isa.name() == name)
+    }
+
     /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {
