@@ -13,6 +13,7 @@
 //! it is made, so the resident size stays the same.
 
 use hesper_engine::weights::I2S_GROUP;
+use rayon::prelude::*;
 
 /// Rows in one interleaved block (the 32-bit lanes of a 512-bit register).
 pub const ROWS: usize = 16;
@@ -29,21 +30,20 @@ pub fn fits(rows: usize, cols: usize) -> bool {
 }
 
 /// The interleaved copy of an I2_S matrix whose rows are `row_bytes` long (`data` holds
-/// whole blocks of sixteen rows; see [`fits`]).
+/// whole blocks of sixteen rows; see [`fits`]), blocks split between the threads.
 pub fn interleave(data: &[u8], row_bytes: usize) -> Vec<u8> {
     debug_assert!(row_bytes % GROUP_BYTES == 0 && data.len() % (ROWS * row_bytes) == 0);
     let mut out = vec![0u8; data.len()];
-    for (src, dst) in data
-        .chunks_exact(ROWS * row_bytes)
-        .zip(out.chunks_exact_mut(ROWS * row_bytes))
-    {
-        // Word `j` of every row (j = 8g + w) becomes tile `j`.
-        for (j, tile) in dst.chunks_exact_mut(TILE_BYTES).enumerate() {
-            for (l, word) in tile.chunks_exact_mut(4).enumerate() {
-                word.copy_from_slice(&src[l * row_bytes + 4 * j..][..4]);
+    data.par_chunks_exact(ROWS * row_bytes)
+        .zip(out.par_chunks_exact_mut(ROWS * row_bytes))
+        .for_each(|(src, dst)| {
+            // Word `j` of every row (j = 8g + w) becomes tile `j`.
+            for (j, tile) in dst.chunks_exact_mut(TILE_BYTES).enumerate() {
+                for (l, word) in tile.chunks_exact_mut(4).enumerate() {
+                    word.copy_from_slice(&src[l * row_bytes + 4 * j..][..4]);
+                }
             }
-        }
-    }
+        });
     out
 }
 

@@ -141,7 +141,7 @@ impl Backend for CpuBackend {
             && interleave::fits(desc.rows, desc.cols);
         let matrix = CpuMatrix::new(file.clone(), desc, scale);
         Ok(if interleave {
-            matrix.interleaved()
+            self.pool.install(|| matrix.interleaved())
         } else {
             matrix
         })
