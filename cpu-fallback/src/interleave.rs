@@ -26,13 +26,15 @@ const GROUP_BYTES: usize = I2S_GROUP / 4;
 
 /// Whether a `rows × cols` I2_S matrix can be interleaved: whole blocks of sixteen rows.
 pub fn fits(rows: usize, cols: usize) -> bool {
-    rows % ROWS == 0 && cols % I2S_GROUP == 0 && rows > 0
+    rows.is_multiple_of(ROWS) && cols.is_multiple_of(I2S_GROUP) && rows > 0
 }
 
 /// The interleaved copy of an I2_S matrix whose rows are `row_bytes` long (`data` holds
 /// whole blocks of sixteen rows; see [`fits`]), blocks split between the threads.
 pub fn interleave(data: &[u8], row_bytes: usize) -> Vec<u8> {
-    debug_assert!(row_bytes % GROUP_BYTES == 0 && data.len() % (ROWS * row_bytes) == 0);
+    debug_assert!(
+        row_bytes.is_multiple_of(GROUP_BYTES) && data.len().is_multiple_of(ROWS * row_bytes)
+    );
     let mut out = vec![0u8; data.len()];
     data.par_chunks_exact(ROWS * row_bytes)
         .zip(out.par_chunks_exact_mut(ROWS * row_bytes))

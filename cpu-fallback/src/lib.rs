@@ -38,10 +38,12 @@ impl CpuBackend {
     /// Rows of block layouts must hold whole blocks.
     fn check_blocks(&self, desc: &MatrixDesc) -> Result<(), BackendError> {
         let why = match desc.format {
-            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K if desc.cols % 256 != 0 => {
+            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K if !desc.cols.is_multiple_of(256) => {
                 "TQ and Q6_K rows must be whole 256-element blocks"
             }
-            Format::Q8_0 if desc.cols % 32 != 0 => "Q8_0 rows must be whole 32-element blocks",
+            Format::Q8_0 if !desc.cols.is_multiple_of(32) => {
+                "Q8_0 rows must be whole 32-element blocks"
+            }
             _ => return Ok(()),
         };
         Err(BackendError::Unsupported {

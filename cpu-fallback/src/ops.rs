@@ -87,7 +87,7 @@ pub fn attention(
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let width = s.n_head * hd;
-    if n > 1 && group % 4 == 0 {
+    if n > 1 && group.is_multiple_of(4) {
         // A batch: one task per (token, four query heads of one kv head), whose keys and
         // values are read once for the four.
         out[..n * width]

@@ -600,7 +600,7 @@ impl<B: Backend> Model<B> {
     /// The number of rows in `hidden`, which must be a non-empty whole number of rows.
     fn hidden_rows(&self, hidden: &[f32]) -> Result<usize, ModelError> {
         let d = self.config.n_embd;
-        if hidden.is_empty() || hidden.len() % d != 0 {
+        if hidden.is_empty() || !hidden.len().is_multiple_of(d) {
             return Err(ModelError::HiddenSize {
                 got: hidden.len(),
                 n_tokens: hidden.len() / d,

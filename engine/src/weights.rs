@@ -150,7 +150,7 @@ impl MatrixDesc {
             GgmlType::TQ1_0 => Format::TQ1_0,
             GgmlType::TQ2_0 => Format::TQ2_0,
             GgmlType::I2S => {
-                if cols % I2S_GROUP != 0 {
+                if !cols.is_multiple_of(I2S_GROUP) {
                     return Err(WeightError::I2sRow {
                         name: info.name.clone(),
                         cols,
@@ -362,7 +362,7 @@ pub fn requantize(
             })
         }
     };
-    if desc.cols % block != 0 {
+    if !desc.cols.is_multiple_of(block) {
         return Err(WeightError::BlockRow {
             name: desc.name.clone(),
             cols: desc.cols,

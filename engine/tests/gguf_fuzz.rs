@@ -291,7 +291,7 @@ fn check_header(g: &Gguf, bytes: &[u8]) -> Result<(), String> {
     ensure(g.alignment.is_power_of_two(), || {
         format!("alignment {}", g.alignment)
     })?;
-    ensure(g.data_start % g.alignment == 0, || {
+    ensure(g.data_start.is_multiple_of(g.alignment), || {
         format!("data start {} not aligned", g.data_start)
     })?;
     for (key, value) in g.metadata() {
@@ -323,7 +323,7 @@ fn check_header(g: &Gguf, bytes: &[u8]) -> Result<(), String> {
             )
         })?;
         ensure(
-            t.start >= g.data_start && (t.start - g.data_start) % g.alignment == 0,
+            t.start >= g.data_start && (t.start - g.data_start).is_multiple_of(g.alignment),
             || {
                 format!(
                     "tensor {:?} start {} vs data start {}",

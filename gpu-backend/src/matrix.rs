@@ -114,14 +114,14 @@ impl GpuMatrix {
         };
         let kind = match desc.format {
             Format::F32 => Kind::F32,
-            Format::F16 if desc.cols % 2 == 0 => Kind::F16,
+            Format::F16 if desc.cols.is_multiple_of(2) => Kind::F16,
             Format::F16 => return Err(unsupported("F16 rows must have an even length")),
             Format::I2S { beta } => Kind::I2s { beta },
-            Format::TQ1_0 | Format::TQ2_0 if desc.cols % 256 == 0 => Kind::Tq,
+            Format::TQ1_0 | Format::TQ2_0 if desc.cols.is_multiple_of(256) => Kind::Tq,
             Format::TQ1_0 | Format::TQ2_0 => {
                 return Err(unsupported("TQ rows must be whole 256-element blocks"))
             }
-            Format::Q8_0 if desc.cols % 32 == 0 => Kind::Q8_0,
+            Format::Q8_0 if desc.cols.is_multiple_of(32) => Kind::Q8_0,
             Format::Q8_0 => return Err(unsupported("Q8_0 rows must be whole 32-element blocks")),
             Format::BF16 | Format::Q6K => {
                 return Err(unsupported(

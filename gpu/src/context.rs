@@ -266,7 +266,7 @@ impl Gpu {
         bytes: &[u8],
     ) -> Result<GpuBuffer<T>, GpuError> {
         let size = std::mem::size_of::<T>();
-        if bytes.len() % size != 0 {
+        if !bytes.len().is_multiple_of(size) {
             return Err(GpuError::Copy(format!(
                 "{what}: {} bytes is not a whole number of {size}-byte elements",
                 bytes.len()
@@ -276,7 +276,7 @@ impl Gpu {
         self.buffers_created.set(self.buffers_created.get() + 1);
         let raw = if bytes.is_empty() {
             self.raw_zeroed(what, 4)
-        } else if cfg!(target_arch = "wasm32") && bytes.len() % 4 == 0 {
+        } else if cfg!(target_arch = "wasm32") && bytes.len().is_multiple_of(4) {
             // In a browser, `writeBuffer` copies straight out of wasm memory; a buffer mapped
             // at creation would first take a copy of the same size inside wasm memory (a
             // streamed load's peak would be twice the largest tensor).

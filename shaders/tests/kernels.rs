@@ -273,7 +273,7 @@ fn rms_norm_matches_the_cpu() {
     );
     let got = read!(g, &y);
     let mut want = vec![0.0; rows * width];
-    ops::rms_norm(&x, &w, rows, eps, &mut want);
+    ops::rms_norm(Isa::Scalar, &x, &w, rows, eps, &mut want);
     // The CPU sums squares in f64, the GPU in f32 (4 terms a thread, then a 256-way tree:
     // ~12 roundings deep, ~1e-6 relative on the mean); sqrt and the division add 2.5 ulp
     // each under WGSL. The scale is then off by a few 1e-7 relative; 1e-5 leaves margin.
@@ -1290,7 +1290,7 @@ fn rms_norm_sg_matches_the_cpu() {
     );
     let got = read!(g, &y);
     let mut want = vec![0.0; rows * width];
-    ops::rms_norm(&x, &w, rows, eps, &mut want);
+    ops::rms_norm(Isa::Scalar, &x, &w, rows, eps, &mut want);
     // f64 in order on the CPU, subgroup sums then partials in f32 on the GPU: a few ulps of
     // the scale, as for the tree version.
     let d = max_rel_diff(&got, &want);

@@ -179,7 +179,9 @@ unsafe fn sweep<V: Lanes, const T: usize, const U: usize>(
     q: [&[i8]; T],
 ) -> [[i32; ROWS]; T] {
     let cols = q[0].len();
-    assert!(q.iter().all(|q| q.len() == cols) && cols % 128 == 0 && tiles.len() == cols * 4);
+    assert!(
+        q.iter().all(|q| q.len() == cols) && cols.is_multiple_of(128) && tiles.len() == cols * 4
+    );
     let n_tiles = tiles.len() / TILE_BYTES;
     let mut out = [[0i32; ROWS]; T];
     for slice in 0..TILE_BYTES / V::BYTES {

@@ -17,6 +17,7 @@ use crate::quant::{Q8KBlock, Q8_0Block};
 
 /// Every x86_64 variant: each has AVX2, FMA and F16C and runs the AVX2 kernels wherever it has
 /// none of its own.
+#[cfg(target_arch = "x86_64")]
 macro_rules! x86 {
     () => {
         Isa::Avx2 | Isa::Avx512Bw | Isa::AvxVnni | Isa::Avx512Vnni
@@ -55,8 +56,7 @@ impl Isa {
             // The last supported of these is the best.
             return [Self::Avx512Bw, Self::AvxVnni, Self::Avx512Vnni]
                 .into_iter()
-                .filter(|isa| isa.is_supported())
-                .last()
+                .rfind(|isa| isa.is_supported())
                 .unwrap_or(Self::Avx2);
         }
         #[cfg(target_arch = "aarch64")]

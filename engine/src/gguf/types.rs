@@ -194,7 +194,7 @@ impl GgmlType {
         }
         let (block, block_bytes) = self.block_layout()?;
         let row = *ne.first().unwrap_or(&1);
-        if row % block != 0 {
+        if !row.is_multiple_of(block) {
             return None;
         }
         (n / block).checked_mul(block_bytes)

@@ -58,7 +58,7 @@ pub fn decode_prediction(readout: Readout, b: &[u8], n_vocab: usize) -> Result<P
             .then_some(t)
             .ok_or_else(|| format!("a predicted token {t} outside the vocabulary ({n_vocab})"))
     };
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(bad());
     }
     match readout {

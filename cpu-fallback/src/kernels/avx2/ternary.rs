@@ -65,7 +65,7 @@ unsafe fn hsum_i32_x4(v: [__m256i; 4]) -> [i32; 4] {
 /// The CPU must support AVX2; `row.len() * 4 == q.len()` and `q.len() % 128 == 0`.
 #[target_feature(enable = "avx2")]
 pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
-    debug_assert!(row.len() * 4 == q.len() && q.len() % I2S_GROUP == 0);
+    debug_assert!(row.len() * 4 == q.len() && q.len().is_multiple_of(I2S_GROUP));
     let mut acc = _mm256_setzero_si256();
     let groups = q.len() / I2S_GROUP;
     // Eight groups' i16 sums stay within ±16384, so widen once per eight groups.
@@ -94,7 +94,7 @@ pub unsafe fn i2s_code_dot(row: &[u8], q: &[i8]) -> i32 {
 /// and `q.len() % 128 == 0`.
 #[target_feature(enable = "avx2")]
 pub unsafe fn i2s_code_dot_rows4(rows: &[u8], q: &[i8]) -> [i32; 4] {
-    debug_assert!(rows.len() == q.len() && q.len() % I2S_GROUP == 0);
+    debug_assert!(rows.len() == q.len() && q.len().is_multiple_of(I2S_GROUP));
     let row_bytes = rows.len() / 4;
     let mut acc = [_mm256_setzero_si256(); 4];
     let groups = q.len() / I2S_GROUP;
