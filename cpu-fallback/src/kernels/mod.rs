@@ -236,8 +236,15 @@ impl Isa {
     pub fn i2s_code_dot_x4(self, row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for `i2s_code_dot`, for each of the four rows.
-            x86!() => unsafe { avx2::i2s_code_dot_x4(row, q) },
+            // SAFETY: as for `i2s_code_dot`, for each of the four rows; `Avx512Vnni` has
+            // AVX-512 F/VL/VNNI and `AvxVnni` AVX-VNNI besides AVX2 and F16C.
+            Self::Avx512Vnni => unsafe { avx2::i2s_code_dot_x4_vnni(row, q) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Self::AvxVnni => unsafe { avx2::i2s_code_dot_x4_avxvnni(row, q) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Self::Avx2 | Self::Avx512Bw => unsafe { avx2::i2s_code_dot_x4_avx2(row, q) },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::i2s_code_dot_x4(row, q),
             #[cfg(target_arch = "aarch64")]
@@ -287,8 +294,16 @@ impl Isa {
     pub fn tq2_0_dot_x4(self, row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: see `tq2_0_dot`.
-            x86!() => unsafe { avx2::ternary_dot_x4::<TQ2_0_BLOCK_BYTES>(row, act) },
+            // SAFETY: see `tq2_0_dot`; `Avx512Vnni` has AVX-512 F/VL/VNNI besides AVX2 and F16C.
+            Self::Avx512Vnni => unsafe { avx2::ternary_dot_x4_vnni::<TQ2_0_BLOCK_BYTES>(row, act) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; `AvxVnni` has AVX-VNNI besides AVX2 and F16C.
+            Self::AvxVnni => unsafe { avx2::ternary_dot_x4_avxvnni::<TQ2_0_BLOCK_BYTES>(row, act) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Self::Avx2 | Self::Avx512Bw => unsafe {
+                avx2::ternary_dot_x4_avx2::<TQ2_0_BLOCK_BYTES>(row, act)
+            },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq2_0_dot_x4(row, act),
             #[cfg(target_arch = "aarch64")]
@@ -321,8 +336,16 @@ impl Isa {
     pub fn tq1_0_dot_x4(self, row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: see `tq1_0_dot`.
-            x86!() => unsafe { avx2::ternary_dot_x4::<TQ1_0_BLOCK_BYTES>(row, act) },
+            // SAFETY: see `tq1_0_dot`; `Avx512Vnni` has AVX-512 F/VL/VNNI besides AVX2 and F16C.
+            Self::Avx512Vnni => unsafe { avx2::ternary_dot_x4_vnni::<TQ1_0_BLOCK_BYTES>(row, act) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; `AvxVnni` has AVX-VNNI besides AVX2 and F16C.
+            Self::AvxVnni => unsafe { avx2::ternary_dot_x4_avxvnni::<TQ1_0_BLOCK_BYTES>(row, act) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Self::Avx2 | Self::Avx512Bw => unsafe {
+                avx2::ternary_dot_x4_avx2::<TQ1_0_BLOCK_BYTES>(row, act)
+            },
             #[cfg(target_arch = "aarch64")]
             Self::Neon => neon::plain::tq1_0_dot_x4(row, act),
             #[cfg(target_arch = "aarch64")]

@@ -16,8 +16,9 @@ pub use float::{f16_dot, f32_dot, rms_norm_row, scores, weighted_sum};
 pub use grouped::{scores_x4, weighted_sum_x4};
 pub use softmax::softmax;
 pub use ternary::{
-    i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4, ternary_dot, ternary_dot_rows4,
-    ternary_dot_x4,
+    i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4_avx2, i2s_code_dot_x4_avxvnni,
+    i2s_code_dot_x4_vnni, ternary_dot, ternary_dot_rows4, ternary_dot_x4_avx2,
+    ternary_dot_x4_avxvnni, ternary_dot_x4_vnni,
 };
 
 use std::arch::x86_64::*;

@@ -47,6 +47,58 @@ unsafe fn widen(sum16: __m256i) -> __m256i {
     _mm256_madd_epi16(sum16, _mm256_set1_epi16(1))
 }
 
+/// How a variant adds Σ codes·q of up to eight 32-byte slices (codes unsigned 0..=2, q
+/// signed) into eight i32 lanes: AVX2's `vpmaddubsw` chain or a VNNI `vpdpbusd` per slice.
+/// Both are exact, so every variant's sums are equal.
+pub trait BytePairs {
+    /// `acc + Σ_s codes[s]·q[s]`, four bytes per i32 lane.
+    ///
+    /// # Safety
+    /// The CPU runs the variant's instructions.
+    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` into i16 (each pair at most 2·2·128 = 512, eight slices 4096: exact),
+/// one `vpmaddwd` to widen.
+pub struct Maddubs;
+
+impl BytePairs for Maddubs {
+    #[inline(always)]
+    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i {
+        let mut sum16 = _mm256_maddubs_epi16(codes[0], q[0]);
+        for (c, q) in codes.iter().zip(q).skip(1) {
+            sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(*c, *q));
+        }
+        _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, _mm256_set1_epi16(1)))
+    }
+}
+
+/// AVX-512 VNNI's 256-bit (EVEX) `vpdpbusd`.
+pub struct Vnni256;
+
+impl BytePairs for Vnni256 {
+    #[inline(always)]
+    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i {
+        codes
+            .iter()
+            .zip(q)
+            .fold(acc, |a, (c, q)| _mm256_dpbusd_epi32(a, *c, *q))
+    }
+}
+
+/// AVX-VNNI's (VEX) `vpdpbusd`.
+pub struct AvxVnni;
+
+impl BytePairs for AvxVnni {
+    #[inline(always)]
+    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i {
+        codes
+            .iter()
+            .zip(q)
+            .fold(acc, |a, (c, q)| _mm256_dpbusd_avx_epi32(a, *c, *q))
+    }
+}
+
 /// The horizontal sums of four vectors of eight i32 lanes.
 #[target_feature(enable = "avx2")]
 unsafe fn hsum_i32_x4(v: [__m256i; 4]) -> [i32; 4] {
@@ -125,16 +177,16 @@ pub unsafe fn i2s_code_dot_rows4(rows: &[u8], q: &[i8]) -> [i32; 4] {
 }
 
 /// Σ code·q of one I2_S row against four token rows at once: each group's codes are unpacked
-/// once and reused for all four tokens (prefill).
+/// once and reused for all four tokens (prefill); `P` adds the byte products.
 ///
 /// # Safety
-/// The CPU must support AVX2; every `q` has `row.len() * 4` values, a multiple of 128.
-#[target_feature(enable = "avx2")]
-pub unsafe fn i2s_code_dot_x4(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
+/// The CPU runs AVX2 and `P`'s instructions; every `q` has `row.len() * 4` values, a multiple
+/// of 128.
+#[inline(always)]
+pub unsafe fn i2s_code_dot_x4<P: BytePairs>(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
     debug_assert!(q
         .iter()
         .all(|q| q.len() == row.len() * 4 && q.len() % I2S_GROUP == 0));
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_si256(); 4];
     for g in 0..row.len() / 32 {
         // SAFETY: group g covers bytes [32g, 32g+32) of row and [128g, 128g+128) of each q.
@@ -144,17 +196,9 @@ pub unsafe fn i2s_code_dot_x4(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
             planes.reverse();
             for (a, qt) in acc.iter_mut().zip(q) {
                 let base = qt.as_ptr().add(I2S_GROUP * g);
-                let mut sum16 = _mm256_maddubs_epi16(planes[0], _mm256_loadu_si256(base.cast()));
-                for (slice, plane) in planes.iter().enumerate().skip(1) {
-                    sum16 = _mm256_add_epi16(
-                        sum16,
-                        _mm256_maddubs_epi16(
-                            *plane,
-                            _mm256_loadu_si256(base.add(32 * slice).cast()),
-                        ),
-                    );
-                }
-                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(sum16, ones));
+                let qv: [__m256i; 4] =
+                    std::array::from_fn(|s| _mm256_loadu_si256(base.add(32 * s).cast()));
+                *a = P::dot(*a, &planes, &qv);
             }
         }
     }
@@ -261,17 +305,13 @@ unsafe fn tq1_0_codes(blk: *const u8) -> [__m256i; 8] {
 }
 
 /// Σ code·q of one block's codes against 256 activations, as eight i32 partial sums.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn codes_dot(codes: &[__m256i; 8], q: *const i8) -> __m256i {
-    let mut sum16 = _mm256_setzero_si256();
-    for (s, c) in codes.iter().enumerate() {
-        // SAFETY: the caller guarantees 256 activations at `q`. Codes are 0..=2, so each i16
-        // pair sum is at most 512 in magnitude and eight of them stay inside i16.
-        let qv = unsafe { _mm256_loadu_si256(q.add(32 * s).cast()) };
-        sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(*c, qv));
-    }
-    widen(sum16)
+#[inline(always)]
+unsafe fn codes_dot<P: BytePairs>(codes: &[__m256i; 8], q: *const i8) -> __m256i {
+    // SAFETY: the caller guarantees 256 activations at `q`.
+    let qv: [__m256i; 8] =
+        std::array::from_fn(|s| unsafe { _mm256_loadu_si256(q.add(32 * s).cast()) });
+    // SAFETY: the caller runs `P`'s instructions.
+    unsafe { P::dot(_mm256_setzero_si256(), codes, &qv) }
 }
 
 /// The f16 scale in a ternary block's last two bytes.
@@ -300,7 +340,10 @@ pub unsafe fn ternary_dot<const BYTES: usize>(row: &[u8], act: &[Q8KBlock]) -> f
             let p = blk.as_ptr();
             prefetch_ahead(p);
             prefetch_ahead(p.wrapping_add(BYTES - 1));
-            let codes_q = hsum_i32(codes_dot(&block_codes::<BYTES>(p), a.qs.as_ptr()));
+            let codes_q = hsum_i32(codes_dot::<Maddubs>(
+                &block_codes::<BYTES>(p),
+                a.qs.as_ptr(),
+            ));
             acc += (codes_q - a.sum) as f32 * (a.d * block_scale::<BYTES>(p));
         }
     }
@@ -330,12 +373,17 @@ unsafe fn lanes(v: __m128) -> [f32; 4] {
 }
 
 /// [`ternary_dot`] of one row against four token rows (prefill): each block's codes are
-/// unpacked once for all four tokens. Bit-identical to four single dots.
+/// unpacked once for all four tokens; `P` adds the byte products. Bit-identical to four single
+/// dots.
 ///
 /// # Safety
-/// As for [`ternary_dot`], for each of the four activation rows.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn ternary_dot_x4<const BYTES: usize>(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+/// As for [`ternary_dot`], for each of the four activation rows; the CPU also runs `P`'s
+/// instructions.
+#[inline(always)]
+pub unsafe fn ternary_dot_x4<const BYTES: usize, P: BytePairs>(
+    row: &[u8],
+    act: [&[Q8KBlock]; 4],
+) -> [f32; 4] {
     let mut acc = _mm_setzero_ps();
     for (b, blk) in row.chunks_exact(BYTES).enumerate() {
         let a: [&Q8KBlock; 4] = std::array::from_fn(|t| &act[t][b]);
@@ -344,7 +392,7 @@ pub unsafe fn ternary_dot_x4<const BYTES: usize>(row: &[u8], act: [&[Q8KBlock]; 
             let codes = block_codes::<BYTES>(blk.as_ptr());
             let mut sums = [_mm256_setzero_si256(); 4];
             for (sum, a) in sums.iter_mut().zip(a) {
-                *sum = codes_dot(&codes, a.qs.as_ptr());
+                *sum = codes_dot::<P>(&codes, a.qs.as_ptr());
             }
             let offsets = _mm_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum);
             let d = _mm_mul_ps(
@@ -382,7 +430,7 @@ pub unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock
             let mut scales = [0.0f32; 4];
             for k in 0..4 {
                 let blk = p.add(k * row_bytes + at);
-                sums[k] = codes_dot(&block_codes::<BYTES>(blk), a.qs.as_ptr());
+                sums[k] = codes_dot::<Maddubs>(&block_codes::<BYTES>(blk), a.qs.as_ptr());
                 scales[k] = block_scale::<BYTES>(blk);
             }
             let d = _mm_mul_ps(_mm_set1_ps(a.d), _mm_loadu_ps(scales.as_ptr()));
@@ -391,3 +439,50 @@ pub unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock
     }
     lanes(acc)
 }
+
+/// The four-token kernels compiled for one way of adding byte products.
+macro_rules! four_token_kernels {
+    ($i2s:ident, $ternary:ident, $pairs:ty, $features:literal, $what:literal) => {
+        #[doc = concat!("[`i2s_code_dot_x4`] with ", $what, ".")]
+        ///
+        /// # Safety
+        /// As for [`i2s_code_dot_x4`], on a CPU with these features.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $i2s(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
+            // SAFETY: forwarded from the caller.
+            unsafe { i2s_code_dot_x4::<$pairs>(row, q) }
+        }
+
+        #[doc = concat!("[`ternary_dot_x4`] with ", $what, ".")]
+        ///
+        /// # Safety
+        /// As for [`ternary_dot_x4`], on a CPU with these features.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $ternary<const BYTES: usize>(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+            // SAFETY: forwarded from the caller.
+            unsafe { ternary_dot_x4::<BYTES, $pairs>(row, act) }
+        }
+    };
+}
+
+four_token_kernels!(
+    i2s_code_dot_x4_avx2,
+    ternary_dot_x4_avx2,
+    Maddubs,
+    "avx2,f16c",
+    "AVX2's `vpmaddubsw`"
+);
+four_token_kernels!(
+    i2s_code_dot_x4_vnni,
+    ternary_dot_x4_vnni,
+    Vnni256,
+    "avx2,f16c,avx512f,avx512vl,avx512vnni",
+    "AVX-512 VNNI's 256-bit `vpdpbusd`"
+);
+four_token_kernels!(
+    i2s_code_dot_x4_avxvnni,
+    ternary_dot_x4_avxvnni,
+    AvxVnni,
+    "avx2,f16c,avxvnni",
+    "AVX-VNNI's `vpdpbusd`"
+);
