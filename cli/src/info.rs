@@ -4,6 +4,7 @@ use std::io::Write;
 
 use anyhow::Result;
 use clap::Args;
+use hesper_cpu::Isa;
 use hesper_engine::config::Config;
 use hesper_engine::gguf::{Array, Value};
 use hesper_runtime::load::gpu_backend;
@@ -93,16 +94,33 @@ pub fn run(args: InfoArgs) -> Result<()> {
         Err(e) => writeln!(out, "tokenizer: unusable: {e}")?,
     }
     match args.model.backend {
-        BackendChoice::Cpu => {}
+        BackendChoice::Cpu => writeln!(out, "\nbackend:   cpu: {}", cpu_kernels(&args.model))?,
         choice => match gpu_backend(choice.into())? {
             Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
             None => writeln!(
                 out,
-                "\nbackend:   cpu (no hardware GPU adapter; --backend gpu uses any)"
+                "\nbackend:   cpu: {} (no hardware GPU adapter; --backend gpu uses any)",
+                cpu_kernels(&args.model)
             )?,
         },
     }
     Ok(())
+}
+
+/// The CPU kernels `args` would run and whether I2_S weights are repacked for them.
+fn cpu_kernels(args: &ModelArgs) -> String {
+    let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
+    let layout = if isa.interleaves_i2s() && !args.no_repack {
+        "I2_S repacked sixteen rows deep at load"
+    } else {
+        "weights as in the file"
+    };
+    let runs = if isa.is_supported() {
+        ""
+    } else {
+        " (this CPU cannot run them)"
+    };
+    format!("{} kernels{runs}, {layout}", isa.name())
 }
 
 fn show(v: &Value) -> String {

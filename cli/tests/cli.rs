@@ -95,6 +95,13 @@ fn info_describes_model_and_tokenizer() {
         text.contains("SentencePiece") || text.contains("llama"),
         "{text}"
     );
+    // The CPU kernels it would run, and the layout they read.
+    let o = hesper(&["info", "--backend", "cpu", "--cpu-kernels", "scalar"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("backend:   cpu: scalar kernels, weights as in the file"),
+        "{text}"
+    );
 }
 
 /// `--chat` reads turns from stdin, answers each, keeps the conversation in one context and
