@@ -101,10 +101,15 @@ impl Lanes for Bw512 {
     unsafe fn dot4(acc: Self, codes: [Self; 4], q: [Self; 4]) -> Self {
         // Each i16 pair sum is at most 2·2·128 = 512 in magnitude, four of them 2048: no
         // saturation, so widening once per four planes is exact.
-        let pairs = |s: usize| _mm512_maddubs_epi16(codes[s].0, q[s].0);
         let sum16 = _mm512_add_epi16(
-            _mm512_add_epi16(pairs(0), pairs(1)),
-            _mm512_add_epi16(pairs(2), pairs(3)),
+            _mm512_add_epi16(
+                _mm512_maddubs_epi16(codes[0].0, q[0].0),
+                _mm512_maddubs_epi16(codes[1].0, q[1].0),
+            ),
+            _mm512_add_epi16(
+                _mm512_maddubs_epi16(codes[2].0, q[2].0),
+                _mm512_maddubs_epi16(codes[3].0, q[3].0),
+            ),
         );
         Self(_mm512_add_epi32(
             acc.0,
@@ -202,8 +207,14 @@ unsafe fn sweep<V: Lanes, const T: usize, const U: usize>(
                     ];
                     let col = 128 * (j / 8) + 4 * (j % 8);
                     for (a, q) in acc.iter_mut().zip(q) {
-                        let at = |s: usize| V::splat(q.as_ptr().add(col + 32 * s));
-                        *a = V::dot4(*a, codes, [at(0), at(1), at(2), at(3)]);
+                        let p = q.as_ptr().add(col);
+                        let qv = [
+                            V::splat(p),
+                            V::splat(p.add(32)),
+                            V::splat(p.add(64)),
+                            V::splat(p.add(96)),
+                        ];
+                        *a = V::dot4(*a, codes, qv);
                     }
                 }
             }

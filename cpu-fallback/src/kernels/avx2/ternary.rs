@@ -55,7 +55,7 @@ pub trait BytePairs {
     ///
     /// # Safety
     /// The CPU runs the variant's instructions.
-    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i;
+    unsafe fn dot<const N: usize>(acc: __m256i, codes: &[__m256i; N], q: &[__m256i; N]) -> __m256i;
 }
 
 /// AVX2: `vpmaddubsw` into i16 (each pair at most 2·2·128 = 512, eight slices 4096: exact),
@@ -64,29 +64,28 @@ pub struct Maddubs;
 
 impl BytePairs for Maddubs {
     #[inline(always)]
-    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i {
-        let mut sum16 = _mm256_maddubs_epi16(codes[0], q[0]);
-        for (c, q) in codes.iter().zip(q).skip(1) {
-            sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(*c, *q));
+    unsafe fn dot<const N: usize>(acc: __m256i, codes: &[__m256i; N], q: &[__m256i; N]) -> __m256i {
+        let mut sum16 = _mm256_setzero_si256();
+        for s in 0..N {
+            sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(codes[s], q[s]));
         }
         _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, _mm256_set1_epi16(1)))
     }
 }
 
-/// `acc + Σ codes·q` with `vpdpbusd` (`dpbusd`) in two chains, even and odd slices, added at
-/// the end: one chain of eight would wait on the instruction's latency.
-#[inline(always)]
-unsafe fn two_chains(
-    acc: __m256i,
-    codes: &[__m256i],
-    q: &[__m256i],
-    dpbusd: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
-) -> __m256i {
-    let mut chains = [acc, _mm256_setzero_si256()];
-    for (s, (c, q)) in codes.iter().zip(q).enumerate() {
-        chains[s % 2] = dpbusd(chains[s % 2], *c, *q);
-    }
-    _mm256_add_epi32(chains[0], chains[1])
+/// `acc + Σ codes·q` with the `vpdpbusd` intrinsic `$dpbusd` in two chains, even and odd
+/// slices, added at the end: one chain of eight would wait on the instruction's latency. (A
+/// macro, not a function taking a closure: a closure the compiler does not inline would call
+/// each intrinsic out of line.)
+macro_rules! two_chains {
+    ($acc:expr, $codes:expr, $q:expr, $dpbusd:ident) => {{
+        let (codes, q) = ($codes, $q);
+        let mut chains = [$acc, _mm256_setzero_si256()];
+        for s in 0..codes.len() {
+            chains[s % 2] = $dpbusd(chains[s % 2], codes[s], q[s]);
+        }
+        _mm256_add_epi32(chains[0], chains[1])
+    }};
 }
 
 /// AVX-512 VNNI's 256-bit (EVEX) `vpdpbusd`.
@@ -94,9 +93,8 @@ pub struct Vnni256;
 
 impl BytePairs for Vnni256 {
     #[inline(always)]
-    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i {
-        // SAFETY: the caller runs AVX-512 VNNI and VL.
-        unsafe { two_chains(acc, codes, q, |a, c, q| _mm256_dpbusd_epi32(a, c, q)) }
+    unsafe fn dot<const N: usize>(acc: __m256i, codes: &[__m256i; N], q: &[__m256i; N]) -> __m256i {
+        two_chains!(acc, codes, q, _mm256_dpbusd_epi32)
     }
 }
 
@@ -105,9 +103,8 @@ pub struct AvxVnni;
 
 impl BytePairs for AvxVnni {
     #[inline(always)]
-    unsafe fn dot(acc: __m256i, codes: &[__m256i], q: &[__m256i]) -> __m256i {
-        // SAFETY: the caller runs AVX-VNNI.
-        unsafe { two_chains(acc, codes, q, |a, c, q| _mm256_dpbusd_avx_epi32(a, c, q)) }
+    unsafe fn dot<const N: usize>(acc: __m256i, codes: &[__m256i; N], q: &[__m256i; N]) -> __m256i {
+        two_chains!(acc, codes, q, _mm256_dpbusd_avx_epi32)
     }
 }
 
@@ -208,8 +205,10 @@ pub unsafe fn i2s_code_dot_x4<P: BytePairs>(row: &[u8], q: [&[i8]; 4]) -> [i32; 
             planes.reverse();
             for (a, qt) in acc.iter_mut().zip(q) {
                 let base = qt.as_ptr().add(I2S_GROUP * g);
-                let qv: [__m256i; 4] =
-                    std::array::from_fn(|s| _mm256_loadu_si256(base.add(32 * s).cast()));
+                let mut qv = [_mm256_setzero_si256(); 4];
+                for (s, v) in qv.iter_mut().enumerate() {
+                    *v = _mm256_loadu_si256(base.add(32 * s).cast());
+                }
                 *a = P::dot(*a, &planes, &qv);
             }
         }
@@ -319,11 +318,14 @@ unsafe fn tq1_0_codes(blk: *const u8) -> [__m256i; 8] {
 /// Σ code·q of one block's codes against 256 activations, as eight i32 partial sums.
 #[inline(always)]
 unsafe fn codes_dot<P: BytePairs>(codes: &[__m256i; 8], q: *const i8) -> __m256i {
-    // SAFETY: the caller guarantees 256 activations at `q`.
-    let qv: [__m256i; 8] =
-        std::array::from_fn(|s| unsafe { _mm256_loadu_si256(q.add(32 * s).cast()) });
-    // SAFETY: the caller runs `P`'s instructions.
-    unsafe { P::dot(_mm256_setzero_si256(), codes, &qv) }
+    // SAFETY: the caller runs `P`'s instructions and guarantees 256 activations at `q`.
+    unsafe {
+        let mut qv = [_mm256_setzero_si256(); 8];
+        for (s, v) in qv.iter_mut().enumerate() {
+            *v = _mm256_loadu_si256(q.add(32 * s).cast());
+        }
+        P::dot(_mm256_setzero_si256(), codes, &qv)
+    }
 }
 
 /// The f16 scale in a ternary block's last two bytes.
