@@ -27,19 +27,29 @@ fn i2s_matrix(rows: usize, cols: usize) -> CpuMatrix {
     CpuMatrix::owned(data, desc, None)
 }
 
+/// `n` tokens of `cols` activations from a fixed pattern.
+fn activations(n: usize, cols: usize) -> Vec<f32> {
+    (0..n * cols)
+        .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 250.0)
+        .collect()
+}
+
+/// A pool of two threads, so that row chunks are split between them.
+fn two_threads() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn a_batch_equals_its_tokens_one_at_a_time() {
     // 1024 columns: 16 tokens a block, so 101 tokens span seven blocks, the last one partial
     // and not a multiple of four.
     let (rows, cols, n) = (300usize, 1024usize, 101usize);
     let w = i2s_matrix(rows, cols);
-    let x: Vec<f32> = (0..n * cols)
-        .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 250.0)
-        .collect();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let x = activations(n, cols);
+    let pool = two_threads();
     for isa in Isa::supported() {
         let mut batched = vec![0.0; n * rows];
         pool.install(|| w.matmul(isa, &x, n, &mut batched));
@@ -60,13 +70,8 @@ fn the_interleaved_copy_multiplies_like_the_file() {
     // 320 rows: twenty blocks of sixteen, split between threads; 37 tokens: four passes of
     // eight, one of four and one single token.
     let (rows, cols, n) = (320usize, 640usize, 37usize);
-    let x: Vec<f32> = (0..n * cols)
-        .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 250.0)
-        .collect();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let x = activations(n, cols);
+    let pool = two_threads();
     let plain = i2s_matrix(rows, cols);
     let mut want = vec![0.0; n * rows];
     pool.install(|| plain.matmul(Isa::Scalar, &x, n, &mut want));
