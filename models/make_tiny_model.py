@@ -18,24 +18,10 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType as VT, GGMLQuantizationType as QT
 from gguf.quants import quantize
 
+from gguf_bitnet import ARCH, I2_S, gguf_str, i2s, kv, scalar, write
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ARCH = "bitnet-b1.58"
 N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, N_CTX = 128, 384, 2, 1, 2, 512
-ALIGN = 32
-
-
-def gguf_str(s):
-    b = s.encode()
-    return struct.pack("<Q", len(b)) + b
-
-
-def kv(key, vtype, payload):
-    return gguf_str(key) + struct.pack("<I", vtype) + payload
-
-
-def scalar(vtype, value):
-    fmt = {VT.UINT32: "<I", VT.FLOAT32: "<f", VT.BOOL: "<?"}[vtype]
-    return struct.pack(fmt, value)
 
 
 def copy_tokenizer(reader):
@@ -58,13 +44,6 @@ def copy_tokenizer(reader):
         else:
             out.append(kv(name, t, np.asarray(field.parts[-1]).tobytes()))
     return out
-
-
-def i2s(t, beta):
-    """I2_S bytes of a ternary matrix t (out, in): 128-groups, MSB-first crumbs, f32 beta, 32-byte trailer."""
-    codes = (t.reshape(-1) + 1).astype(np.uint8).reshape(-1, 4, 32)
-    packed = (codes[:, 0] << 6) | (codes[:, 1] << 4) | (codes[:, 2] << 2) | codes[:, 3]
-    return packed.tobytes() + np.float32(beta).tobytes() + bytes(28)
 
 
 def main():
@@ -100,18 +79,9 @@ def main():
             tensors.append((f"blk.{il}.{norm}.weight", [n], 0, gain(n)))
         for name, (rows, cols) in shapes.items():
             t = rng.integers(-1, 2, size=(rows, cols))
-            tensors.append((f"blk.{il}.{name}.weight", [cols, rows], 36, i2s(t, 1.0 / np.sqrt(cols))))
+            tensors.append((f"blk.{il}.{name}.weight", [cols, rows], I2_S, i2s(t, 1.0 / np.sqrt(cols))))
 
-    info, offset = b"", 0
-    for name, ne, ty, data in tensors:
-        info += gguf_str(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
-        info += struct.pack("<IQ", ty, offset)
-        offset += -(-len(data) // ALIGN) * ALIGN
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + info
-    with open(a.out, "wb") as f:
-        f.write(head + bytes(-len(head) % ALIGN))
-        for _, _, _, data in tensors:
-            f.write(data + bytes(-len(data) % ALIGN))
+    write(a.out, kvs, tensors)
     print("wrote", a.out, pathlib.Path(a.out).stat().st_size, "bytes")
 
 

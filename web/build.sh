@@ -21,6 +21,6 @@ cargo build --release --target wasm32-unknown-unknown -p hesper-web
 wasm-bindgen --target web --out-dir web/www/pkg \
   target/wasm32-unknown-unknown/release/hesper_web.wasm
 mkdir -p web/www/models
-cp models/hesper-tiny.gguf web/www/models/
+cp models/hesper-kjv.gguf web/www/models/
 wasm=web/www/pkg/hesper_web_bg.wasm
 echo "built web/www: $(stat -c %s "$wasm") bytes of wasm ($(gzip -9 -c "$wasm" | wc -c) gzipped)"

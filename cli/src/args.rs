@@ -68,7 +68,7 @@ impl From<BackendChoice> for hesper_runtime::load::BackendChoice {
 /// Which model to load and how to run it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file (default: the tiny demo model built into hesper-rs).
+    /// GGUF model file (default: hesper-kjv, the tiny model built into hesper-rs).
     #[arg(
         long = "gguf",
         short = 'm',

@@ -1,4 +1,4 @@
-//! Opening a model: the file (or the built-in demo model), the backend `--backend` picks
+//! Opening a model: the file (or the built-in default model), the backend `--backend` picks
 //! (`hesper-runtime`), a progress bar on long work, and the tokenizer.
 
 use std::ops::Range;
@@ -14,10 +14,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::args::ModelArgs;
 use crate::report::note;
 
-/// The demo model built into the binary (random weights; see models/README.md).
-const BUILTIN_MODEL: &[u8] = include_bytes!("../../models/hesper-tiny.gguf");
+/// The default model built into the binary: tiny, trained on the King James Bible
+/// (models/README.md).
+const BUILTIN_MODEL: &[u8] = include_bytes!("../../models/hesper-kjv.gguf");
 /// Label shown for the built-in model.
-pub const BUILTIN_LABEL: &str = "built-in hesper-tiny.gguf (random weights, demo only)";
+pub const BUILTIN_LABEL: &str = "built-in hesper-kjv.gguf (4 M parameters, King James Bible)";
 /// Files above this size get a progress bar while they are paged in or uploaded.
 const PROGRESS_BYTES: u64 = 64 << 20;
 

@@ -7,6 +7,7 @@ mod info;
 mod load;
 mod logits;
 mod node;
+mod perplexity;
 mod report;
 
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Evaluate token ids and write the logits of every position (float32 LE [n_tokens][n_vocab]).
     Logits(logits::LogitsArgs),
+    /// Perplexity over a text file, and KL divergence against a base model (llama-perplexity's flags).
+    Perplexity(perplexity::PerplexityArgs),
     /// Measure prompt processing (pp) and text generation (tg) speed.
     Bench(bench::BenchArgs),
     /// Run as one node of a ring that splits a model layer-wise across processes or machines.
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => generate::run(a.into_chat()),
         Command::Info(a) => info::run(a),
         Command::Logits(a) => logits::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Node(a) => node::run(*a),
     };

@@ -55,6 +55,21 @@ pub fn usage_error(e: clap::Error) -> ExitCode {
     let text = e.render().to_string();
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
     let first = lines.next().unwrap_or("error: invalid arguments");
+    // "…were not provided:" names the arguments on the lines that follow.
+    let first = match first.strip_suffix(':') {
+        Some(head) => {
+            let named: Vec<&str> = lines
+                .clone()
+                .take_while(|l| l.starts_with("--") || l.starts_with('<') || l.starts_with('-'))
+                .collect();
+            if named.is_empty() {
+                first.to_string()
+            } else {
+                format!("{head}: {}", named.join(", "))
+            }
+        }
+        None => first.to_string(),
+    };
     // clap's tip (e.g. how to pass a value starting with '-') is worth keeping on the line.
     match lines.find_map(|l| l.strip_prefix("tip: ")) {
         Some(tip) => note!("{first} ({tip}; see --help)"),

@@ -88,8 +88,18 @@ fn inputs_the_model_cannot_use_give_one_clear_line() {
             assert_one_line_error(&args, &hesper(&args), needle);
         }
     }
-    // Q6_K needs whole 256-value rows, and exists on the CPU only.
-    let args = ["generate", "--lm-head", "q6_k", "--backend", "cpu"];
+    // Q6_K needs whole 256-value rows (the random demo model is 128 wide), and exists on the
+    // CPU only.
+    let tiny = format!("{}/../models/hesper-tiny.gguf", env!("CARGO_MANIFEST_DIR"));
+    let args = [
+        "generate",
+        "-m",
+        &tiny,
+        "--lm-head",
+        "q6_k",
+        "--backend",
+        "cpu",
+    ];
     assert_one_line_error(
         &args,
         &hesper(&args),
@@ -417,10 +427,10 @@ fn the_first_run_is_quiet_and_the_small_flags_behave() {
     assert!(o.status.success() && !o.stdout.is_empty(), "{}", stderr(&o));
     // `-c 0` means the model's training context.
     let bytes = std::fs::read(format!(
-        "{}/../models/hesper-tiny.gguf",
+        "{}/../models/hesper-kjv.gguf",
         env!("CARGO_MANIFEST_DIR")
     ))
-    .expect("demo model");
+    .expect("built-in model");
     let g = Gguf::parse(&bytes).expect("parse");
     let n_ctx_train = Config::from_gguf(&g, None).expect("config").n_ctx_train;
     let o = hesper(&["generate", "-c", "0", "-n", "2", "--backend", "cpu"]);

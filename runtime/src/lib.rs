@@ -5,6 +5,7 @@
 //! * [`evaluator`]: what predicts the next token: a model here ([`Local`]) or a ring;
 //! * [`generation`]: one streamed completion, its [`Event`]s and [`Stats`];
 //! * [`chat`]: a conversation in one context, trimmed when it outgrows it;
+//! * [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` computes them;
 //! * `ring` (feature `ring`, native only): a model split layer-wise over processes.
 
 pub mod chat;
@@ -12,6 +13,7 @@ mod clock;
 pub mod evaluator;
 pub mod generation;
 pub mod load;
+pub mod perplexity;
 #[cfg(feature = "ring")]
 pub mod ring;
 pub mod settings;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 #[cfg(feature = "cpu")]
 use hesper_cpu::CpuBackend;
 use hesper_engine::backend::{Backend, BackendError};
+use hesper_engine::config::Config;
 use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Model, ModelError};
 use hesper_gpu_backend::GpuBackend;
@@ -36,6 +37,11 @@ impl AnyModel {
     /// The file the model was loaded from.
     pub fn file(&self) -> &Arc<ModelFile> {
         crate::with_model!(self, |m| &m.file)
+    }
+
+    /// The model's hyperparameters.
+    pub fn config(&self) -> &Config {
+        crate::with_model!(self, |m| &m.config)
     }
 }
 

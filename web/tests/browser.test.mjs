@@ -126,7 +126,7 @@ test('the demo model loads by URL with one click, progress reaching 100 %', asyn
   }
   assert((await page.$eval('#progress-label', (e) => e.dataset.percent)) === '100', 'the bar did not reach 100 %');
   const info = msgs.find((m) => m.type === 'loaded').info;
-  assert(info.model === 'hesper-tiny.gguf' && info.n_vocab === 32000, JSON.stringify(info));
+  assert(info.model === 'hesper-kjv.gguf' && info.n_vocab === 4096, JSON.stringify(info));
   assert(/adapter: /.test(info.adapter) && /storage binding/.test(info.adapter_name), `no adapter shown: ${JSON.stringify(info)}`);
   // SwiftShader has no shader-f16 and wgpu passes no subgroups: the portable kernels run.
   assert(/RMSNorm sums: workgroup tree/.test(info.kernels), info.kernels);
@@ -134,7 +134,7 @@ test('the demo model loads by URL with one click, progress reaching 100 %', asyn
   figures.demo_load_ms = info.load_ms;
   figures.demo_wasm_memory_after_load = info.wasm_memory;
   const cache = msgs.filter((m) => m.type === 'cache').pop();
-  assert(cache.entries.some((e) => e.name === 'hesper-tiny.gguf'), 'the model was not cached');
+  assert(cache.entries.some((e) => e.name === 'hesper-kjv.gguf'), 'the model was not cached');
 });
 
 test(`${N_TOKENS} greedy tokens typed into the page equal the native CPU backend's`, async () => {

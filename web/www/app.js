@@ -152,7 +152,7 @@ worker.onmessage = (event) => {
   window.dispatchEvent(new CustomEvent('hesper', { detail: m }));
 };
 
-$('load-demo').onclick = () => requestLoad({ source: 'url', url: 'models/hesper-tiny.gguf' });
+$('load-demo').onclick = () => requestLoad({ source: 'url', url: 'models/hesper-kjv.gguf' });
 $('load-url').onclick = () => {
   const url = $('url').value.trim();
   if (url) requestLoad({ source: 'url', url, refresh: true });

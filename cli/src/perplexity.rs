@@ -1,0 +1,329 @@
+//! `hesper-rs perplexity`: perplexity of a model over a text file, and KL divergence against a
+//! base model's saved log-probabilities, with `llama-perplexity`'s flags and figures
+//! (the arithmetic lives in `hesper_runtime::perplexity`).
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hesper_engine::backend::Backend;
+use hesper_engine::model::Model;
+use hesper_runtime::perplexity::base_file::{self, Header};
+use hesper_runtime::perplexity::kl::{Divergence, Report, Spread};
+use hesper_runtime::perplexity::{score_chunk, targets, Accumulator, Chunks};
+use hesper_runtime::run_model;
+
+use crate::args::{ContextArgs, ModelArgs};
+use crate::load::load;
+use crate::report::note;
+
+/// Flags of `perplexity`.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    ctx: ContextArgs,
+    /// Text file to score (UTF-8), cut into chunks of -c tokens; the second half of each chunk
+    /// is scored, as llama-perplexity does.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        required_unless_present = "kl_divergence",
+        conflicts_with = "kl_divergence"
+    )]
+    file: Option<PathBuf>,
+    /// Score at most N chunks (default: every whole chunk the text holds).
+    #[arg(long = "chunks", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    chunks: Option<u64>,
+    /// Save every scored token's log-probabilities to FILE, the base of a later
+    /// `--kl-divergence` run (f32: n_vocab × 4 bytes per scored token). With --kl-divergence:
+    /// the base file to compare with.
+    #[arg(long = "kl-divergence-base", value_name = "FILE")]
+    kl_base: Option<PathBuf>,
+    /// Compare this model with the base file named by --kl-divergence-base, on its tokens and
+    /// context: KL divergence, Δp of the right token, same top token, both perplexities.
+    #[arg(long = "kl-divergence", requires = "kl_base")]
+    kl_divergence: bool,
+}
+
+/// Runs `perplexity`.
+pub fn run(args: PerplexityArgs) -> Result<()> {
+    let base_name = args.kl_base.as_ref().map(|p| p.display().to_string());
+    let mut base_in = None;
+    let mut text = None;
+    if args.kl_divergence {
+        let path = args.kl_base.as_ref().expect("clap requires it");
+        let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut r = BufReader::with_capacity(1 << 20, f);
+        let header = Header::read(&mut r).with_context(|| path.display().to_string())?;
+        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        if len != header.file_len() {
+            bail!(
+                "{}: the KL base file holds {len} bytes where its header promises {} (truncated?)",
+                path.display(),
+                header.file_len()
+            );
+        }
+        base_in = Some((header, r));
+    } else if let Some(path) = &args.file {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        text = Some(
+            String::from_utf8(bytes)
+                .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", path.display()))?,
+        );
+    }
+    let loaded = load(&args.model, None)?;
+    let n_vocab = loaded.model.config().n_vocab;
+    let bos = loaded
+        .tokenizer
+        .as_ref()
+        .filter(|t| t.add_bos())
+        .and_then(|t| t.bos());
+    let (chunks, tokens) = match (&base_in, &text) {
+        (Some((header, _)), _) => {
+            if let Some(c) = args
+                .ctx
+                .ctx_size
+                .filter(|&c| c != 0 && c != header.chunks.n_ctx)
+            {
+                bail!(
+                    "-c {c}: the base file {} was made with -c {}",
+                    base_name.as_deref().unwrap_or_default(),
+                    header.chunks.n_ctx
+                );
+            }
+            if header.n_vocab != n_vocab {
+                bail!(
+                    "the base file has a vocabulary of {} tokens, this model {n_vocab}",
+                    header.n_vocab
+                );
+            }
+            let mut chunks = header.chunks;
+            if let Some(m) = args.chunks {
+                chunks.n_chunk = chunks.n_chunk.min(m as usize);
+            }
+            (chunks, header.tokens.clone())
+        }
+        (None, Some(text)) => {
+            let Some(tok) = &loaded.tokenizer else {
+                bail!("this model has no tokenizer to read the text with");
+            };
+            let start = Instant::now();
+            let tokens = tok.encode(text, tok.add_bos(), false)?;
+            let n_ctx = args.ctx.n_ctx(loaded.model.config().n_ctx_train);
+            let chunks = Chunks::new(tokens.len(), n_ctx, args.chunks.map(|m| m as usize))?;
+            note!(
+                "perplexity: {} tokens, tokenized in {:.0} ms",
+                tokens.len(),
+                start.elapsed().as_secs_f64() * 1e3
+            );
+            (chunks, tokens)
+        }
+        (None, None) => bail!("pass -f FILE, or --kl-divergence with --kl-divergence-base FILE"),
+    };
+    let mut base_out = match (&args.kl_base, args.kl_divergence) {
+        (Some(path), false) => {
+            let f =
+                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            let mut w = BufWriter::with_capacity(1 << 20, f);
+            let header = Header {
+                chunks,
+                n_vocab,
+                tokens: tokens[..chunks.n_chunk * chunks.n_ctx].to_vec(),
+            };
+            header.write(&mut w)?;
+            note!(
+                "perplexity: saving log-probabilities to {} ({:.1} MB)",
+                path.display(),
+                header.file_len() as f64 / 1e6
+            );
+            Some(w)
+        }
+        _ => None,
+    };
+    note!(
+        "perplexity: calculating perplexity over {} chunks, n_ctx={}, batch_size={}",
+        chunks.n_chunk,
+        chunks.n_ctx,
+        args.ctx.batch_size.min(chunks.n_ctx)
+    );
+    let job = Job {
+        chunks,
+        tokens: &tokens,
+        bos,
+        batch: args.ctx.batch_size,
+        base_in: base_in.as_mut().map(|(_, r)| r as &mut (dyn Read + Send)),
+        base_out: base_out.as_mut().map(|w| w as &mut (dyn Write + Send)),
+    };
+    run_model!(&loaded.model, |model| job.run(model))?;
+    if let Some(mut w) = base_out {
+        w.flush()
+            .with_context(|| format!("cannot write {}", base_name.unwrap_or_default()))?;
+    }
+    Ok(())
+}
+
+/// One perplexity run over loaded tokens.
+struct Job<'a> {
+    chunks: Chunks,
+    tokens: &'a [u32],
+    bos: Option<u32>,
+    batch: usize,
+    base_in: Option<&'a mut (dyn Read + Send)>,
+    base_out: Option<&'a mut (dyn Write + Send)>,
+}
+
+impl Job<'_> {
+    fn run<B: Backend>(mut self, model: &Model<B>) -> Result<()> {
+        let c = self.chunks;
+        let n_vocab = model.config.n_vocab;
+        if let Some(&t) = self.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            bail!("token id {t} is outside the vocabulary (size {n_vocab})");
+        }
+        let mut session = model.new_session(c.n_ctx, self.batch.clamp(1, c.n_ctx))?;
+        let mut ppl = Accumulator::default();
+        let mut kl = Divergence::default();
+        let mut base = vec![0f32; c.scored() * n_vocab];
+        let mut out = std::io::stdout().lock();
+        if self.base_in.is_some() {
+            writeln!(
+                out,
+                "chunk             PPL  ln(PPL(Q)/PPL(base))  KL divergence    Δp RMS  Same top p"
+            )?;
+        }
+        let start = Instant::now();
+        for i in 0..c.n_chunk {
+            let chunk = c.chunk(self.tokens, i);
+            let logp = score_chunk(model, &mut session, &c, chunk, self.bos, self.batch)?;
+            if i == 0 {
+                let secs = start.elapsed().as_secs_f64();
+                note!(
+                    "perplexity: {secs:.2} seconds per pass - ETA {:.2} minutes",
+                    secs * c.n_chunk as f64 / 60.0
+                );
+            }
+            let want = targets(&c, chunk);
+            if let Some(w) = self.base_out.as_mut() {
+                base_file::write_chunk(w, &logp).context("cannot write the base file")?;
+            }
+            match self.base_in.as_mut() {
+                Some(r) => {
+                    base_file::read_chunk(r, &mut base).context("the base file")?;
+                    kl.add_chunk(&logp, &base, want);
+                    let r = kl.report();
+                    writeln!(
+                        out,
+                        "{:5} {:15.4} {:21.5} {:14.5} {:8.3}% {:10.3}%",
+                        i + 1,
+                        r.ppl.ppl,
+                        r.ln_ppl_ratio.mean,
+                        r.kld.mean,
+                        100.0 * r.rms_dp.mean,
+                        100.0 * r.same_top.mean
+                    )?;
+                }
+                None => {
+                    ppl.add_chunk(&logp, want);
+                    write!(out, "[{}]{:.4},", i + 1, ppl.estimate().ppl)?;
+                    out.flush()?;
+                }
+            }
+        }
+        if self.base_in.is_some() {
+            print_report(&mut out, &kl.report())?;
+        } else {
+            let e = ppl.estimate();
+            writeln!(out)?;
+            writeln!(out, "Final estimate: PPL = {:.4} +/- {:.5}", e.ppl, e.err)?;
+        }
+        Ok(())
+    }
+}
+
+/// The statistics block of `llama-perplexity --kl-divergence`.
+fn print_report(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
+    let (q, b) = (r.ppl, r.ppl_base);
+    writeln!(out, "\n====== Perplexity statistics ======")?;
+    writeln!(out, "Tokens scored                 : {}", r.count)?;
+    writeln!(
+        out,
+        "Mean PPL(Q)                   : {:10.6} ± {:10.6}",
+        q.ppl, q.err
+    )?;
+    writeln!(
+        out,
+        "Mean PPL(base)                : {:10.6} ± {:10.6}",
+        b.ppl, b.err
+    )?;
+    writeln!(
+        out,
+        "Cor(ln(PPL(Q)), ln(PPL(base))): {:9.2}%",
+        100.0 * r.cor_ln_p
+    )?;
+    let l = r.ln_ppl_ratio;
+    writeln!(
+        out,
+        "Mean ln(PPL(Q)/PPL(base))     : {:10.6} ± {:10.6}",
+        l.mean, l.err
+    )?;
+    writeln!(
+        out,
+        "Mean PPL(Q)/PPL(base)         : {:10.6} ± {:10.6}",
+        l.mean.exp(),
+        l.mean.exp() * l.err
+    )?;
+    writeln!(out, "\n====== KL divergence statistics ======")?;
+    writeln!(out, "Mean    KLD: {:10.6} ± {:10.6}", r.kld.mean, r.kld.err)?;
+    spread(out, "KLD", &r.kld_spread, 1.0, "")?;
+    writeln!(out, "\n====== Token probability statistics ======")?;
+    writeln!(
+        out,
+        "Mean    Δp: {:8.3} ± {:5.3} %",
+        100.0 * r.dp.mean,
+        100.0 * r.dp.err
+    )?;
+    spread(out, "Δp", &r.dp_spread, 100.0, " %")?;
+    writeln!(
+        out,
+        "RMS Δp    : {:8.3} ± {:5.3} %",
+        100.0 * r.rms_dp.mean,
+        100.0 * r.rms_dp.err
+    )?;
+    writeln!(
+        out,
+        "Same top p: {:8.3} ± {:5.3} %",
+        100.0 * r.same_top.mean,
+        100.0 * r.same_top.err
+    )
+}
+
+fn spread(
+    out: &mut impl Write,
+    what: &str,
+    s: &Spread,
+    scale: f64,
+    unit: &str,
+) -> std::io::Result<()> {
+    for (label, v) in [
+        ("Maximum", s.max),
+        ("99.9%  ", s.p99_9),
+        ("99.0%  ", s.p99),
+        ("95.0%  ", s.p95),
+        ("90.0%  ", s.p90),
+        ("Median ", s.median),
+        ("10.0%  ", s.p10),
+        (" 5.0%  ", s.p5),
+        (" 1.0%  ", s.p1),
+        (" 0.1%  ", s.p0_1),
+        ("Minimum", s.min),
+    ] {
+        writeln!(out, "{label} {what}: {:10.6}{unit}", scale * v)?;
+    }
+    Ok(())
+}
