@@ -200,7 +200,14 @@ impl Job<'_> {
         let start = Instant::now();
         for i in 0..c.n_chunk {
             let chunk = c.chunk(self.tokens, i);
-            let logp = score_chunk(model, &mut session, &c, chunk, self.bos, self.batch)?;
+            let logp = pollster::block_on(score_chunk(
+                model,
+                &mut session,
+                &c,
+                chunk,
+                self.bos,
+                self.batch,
+            ))?;
             if i == 0 {
                 let secs = start.elapsed().as_secs_f64();
                 note!(

@@ -75,7 +75,15 @@ fn cpu_perplexity_equals_llama_perplexity_on_llama_cpp_logits() {
             let model = cpu_model(&file, isa, None);
             // Batches of 5: the scored half starts inside a batch.
             let mut session = model.new_session(n_ctx, 5).unwrap();
-            let logp = score_chunk(&model, &mut session, &chunks, &tokens, Some(1), 5).unwrap();
+            let logp = pollster::block_on(score_chunk(
+                &model,
+                &mut session,
+                &chunks,
+                &tokens,
+                Some(1),
+                5,
+            ))
+            .unwrap();
             let mut acc = Accumulator::default();
             acc.add_chunk(&logp, targets(&chunks, &tokens));
             let e = acc.estimate();
@@ -130,7 +138,15 @@ fn gpu_perplexity_equals_llama_perplexity_on_llama_cpp_logits() {
         let chunks = Chunks::new(tokens.len(), n_ctx, None).unwrap();
         let model = gpu_model(&hesper_tests::Golden::load(stem).file(), None);
         let mut session = model.new_session(n_ctx, 8).unwrap();
-        let logp = score_chunk(&model, &mut session, &chunks, &tokens, Some(1), 8).unwrap();
+        let logp = pollster::block_on(score_chunk(
+            &model,
+            &mut session,
+            &chunks,
+            &tokens,
+            Some(1),
+            8,
+        ))
+        .unwrap();
         let mut acc = Accumulator::default();
         acc.add_chunk(&logp, targets(&chunks, &tokens));
         let d = (acc.estimate().mean_nll - ln_ppl).abs();

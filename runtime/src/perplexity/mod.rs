@@ -94,8 +94,9 @@ pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
 
 /// Evaluates `chunk` from an empty context (its first token replaced by `bos` when given), `batch`
 /// tokens per step, and returns the log-probabilities of its scored positions,
-/// `[chunks.scored()][n_vocab]`.
-pub fn score_chunk<B: Backend>(
+/// `[chunks.scored()][n_vocab]`. Async for the browser's read-back; natively
+/// `pollster::block_on` drives it.
+pub async fn score_chunk<B: Backend>(
     model: &Model<B>,
     session: &mut Session<B>,
     chunks: &Chunks,
@@ -113,7 +114,7 @@ pub fn score_chunk<B: Backend>(
     let mut out = vec![0f32; chunks.scored() * n_vocab];
     let mut pos = 0;
     for piece in tokens.chunks(batch.max(1)) {
-        let logits = model.eval(session, piece, Logits::All)?;
+        let logits = model.eval_async(session, piece, Logits::All).await?;
         for (k, row) in logits.chunks_exact(n_vocab).enumerate() {
             let p = pos + k;
             if (first..first + chunks.scored()).contains(&p) {
