@@ -27,8 +27,22 @@ Steps (positional arguments; default = all three, in this order):
              out/reference-validation.txt. Finally every stored op tensor of the six models is
              recomputed from its stored inputs (out/ops-validation.txt).
 
+  geometry   (not in the default run) Write a 2-layer model with 2B4T's attention geometry
+             (20 query heads, 5 KV heads, head width 128, n_embd 2560, n_ff 6912, TQ2_0, F16 tied
+             embedding, n_ctx 1056) to --geo-dir (38.6 MB, not committed: its bytes come from a
+             counter-based generator that tests/src/geometry.rs reproduces in memory, checked by
+             the SHA-256 in the manifest). Run llama.cpp on a 16-token sequence (logits + hidden)
+             and on one of 1056 tokens that fills the context (logits), and record two controls on
+             the long one: the float64 reference with an exact emulation of llama.cpp's Q8_K
+             activations (what a correct engine reaches) and with per-token int8 (known wrong).
+             The float64 controls take most of its time.
+  control    (not in the default run) tiny-tq2_0's logits computed by the float64 reference
+             with per-token int8 activations where llama.cpp uses Q8_K blocks: a known-wrong
+             scheme that the tests' model-level bound for quantized files must reject.
+
 Optional:
 
+  --geo-dir DIR      Where the geometry step writes its model (default /tmp/hesper-geo).
   --bench-2b4t DIR   Write three synthetic models with the exact shape of BitNet b1.58 2B4T into
                      DIR: bench-2b4t-i2s.gguf (official arch, I2_S, f32 beta), bench-2b4t-tq2_0.gguf
                      and bench-2b4t-tq1_0.gguf (mainline arch, the same ternary codes as TQ2_0 and
@@ -371,6 +385,17 @@ class GGUFFile:
         assert t.ggml_type == GGML_I2_S
         tern, beta = unpack_i2s(self.blob(name), int(np.prod(t.ne)))
         return tern.reshape(t.ne[::-1]), beta
+
+    def ternary_tq2_0(self, name: str) -> tuple[np.ndarray, float]:
+        """TQ2_0 tensor whose blocks share one scale as (ternary int8 [rows, cols], d)."""
+        t = self.tensors[name]
+        assert t.ggml_type == GGML_TQ2_0
+        raw = np.asarray(self.blob(name)).reshape(-1, 66)
+        qs = raw[:, :64].reshape(-1, 2, 1, 32)
+        codes = (qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3
+        d = np.frombuffer(raw[:, 64:].tobytes(), "<f2")
+        assert np.all(d == d[0]), f"{name}: blocks with different scales"
+        return (codes.reshape(-1).astype(np.int8) - 1).reshape(t.ne[::-1]), float(d[0])
 
     def hparam(self, key: str):
         return self.kv[f"{self.kv['general.architecture']}.{key}"]
@@ -861,7 +886,8 @@ class RefModel:
 
 
 def load_ref_model(path: Path) -> RefModel:
-    """Read a model for the reference from a GGUF (F32/F16 tensors, I2_S, optional .scale)."""
+    """Read a model for the reference from a GGUF (F32/F16 tensors, I2_S, TQ2_0 with one block
+    scale per tensor, optional .scale)."""
     g = GGUFFile(path)
     hp = HParams(n_vocab=int(g.hparam("vocab_size")), n_embd=int(g.hparam("embedding_length")),
                  n_ff=int(g.hparam("feed_forward_length")), n_head=int(g.hparam("attention.head_count")),
@@ -877,6 +903,9 @@ def load_ref_model(path: Path) -> RefModel:
             if g.tensors[p + nm + ".weight"].ggml_type == GGML_I2_S:
                 tern, beta = g.ternary_i2s(p + nm + ".weight")
                 layer[nm] = RefLinear(tern.astype(np.float64), float(beta))
+            elif g.tensors[p + nm + ".weight"].ggml_type == GGML_TQ2_0:
+                tern, d = g.ternary_tq2_0(p + nm + ".weight")
+                layer[nm] = RefLinear(tern.astype(np.float64), float(d))
             else:
                 scale = (float(g.array(p + nm + ".scale")[0]) if p + nm + ".scale" in g.tensors
                          else 1.0)
@@ -901,13 +930,16 @@ def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
 def bit_linear(x: np.ndarray, lin: RefLinear, act_quant: str) -> np.ndarray:
     """y = beta * W x.  With per_token_i8 (the model's W1.58A8 semantics), each row x is first
     quantized: s = 127 / max(max|x|, 1e-5), q = clamp(round_half_even(x*s), -128, 127), and
-    y = beta * (W q) / s (integer dot product, exact in float64)."""
+    y = beta * (W q) / s (integer dot product, exact in float64). With q8_k, ggml's Q8_K blocks
+    of the f32-rounded input (bit_linear_q8k), as llama.cpp does for TQ weights."""
     if act_quant == "none":
         return (x @ lin.weight.T) * lin.scale
     if act_quant == "per_token_i8":
         s = 127.0 / np.maximum(np.abs(x).max(axis=-1, keepdims=True), 1e-5)
         q = np.clip(np.rint(x * s), -128, 127)
         return (q @ lin.weight.T) / s * lin.scale
+    if act_quant == "q8_k":
+        return bit_linear_q8k(x.astype(np.float32), lin)
     raise ValueError(f"reference has no act_quant mode {act_quant!r}")
 
 
@@ -1219,9 +1251,11 @@ def bit_linear_q8k(x: np.ndarray, lin: RefLinear) -> np.ndarray:
     the block d and/or a .scale tensor): y = beta * sum_blocks d_x * (t . q_x), evaluated in
     float64 from the exact int8 codes (llama.cpp rounds the products to f32)."""
     q, d = q8k_quantize(x)
-    t = lin.weight.reshape(lin.weight.shape[0], -1, 256)
-    isum = np.einsum("nbk,obk->nbo", q, t.astype(np.int64))           # exact integers
-    return np.einsum("nbo,nb->no", isum.astype(np.float64), d.astype(np.float64)) * lin.scale
+    t = lin.weight.reshape(lin.weight.shape[0], -1, 256).astype(np.float64)
+    out = np.zeros((q.shape[0], t.shape[0]))
+    for b in range(q.shape[1]):   # |block sum| <= 127 * 256: exact in float64, so BLAS is exact
+        out += (q[:, b].astype(np.float64) @ t[:, b].T) * d[:, b:b + 1].astype(np.float64)
+    return out * lin.scale
 
 
 def per_op_recompute(m: RefModel, tokens: list[int], ops: dict[str, np.ndarray],
@@ -1325,6 +1359,166 @@ def ops_validation_report(i2s_ops64: dict[str, np.ndarray]) -> list[str]:
 
 
 # ============================================================================================
+# The 2B4T-geometry golden model: real head shapes, a 1056-position context
+# ============================================================================================
+#
+# Attention exactly as BitNet b1.58 2B4T (20 query heads, 5 KV heads, head width 128, so
+# n_embd 2560), FFN 6912 (ratio 2.7), 2 layers, vocabulary 512, context 1056, TQ2_0 weights
+# with an F16 embedding (what a conversion of the official file to mainline keeps). The file is
+# ~38 MB, too big to commit: its content comes from a counter-based generator simple enough to
+# restate in Rust (tests/src/geometry.rs), and the tests rebuild the same bytes and check them
+# against the SHA-256 recorded here before comparing with llama.cpp.
+#
+#   value(tensor t, element i) = mix64(GEO_SEED ^ (t << 40 | i))      (SplitMix64's finalizer)
+#   unit = (value >> 40) / 2^24                                        (exact in f32)
+#   token_embd[i] = f16((unit - 0.5) * 0.25)      norm gain[i] = 0.875 + 0.25 * unit  (f32)
+#   projection code[i] = value % 3 (t = code - 1); its TQ2_0 block scale d = f16((1 + unit) *
+#   2^-5) (2^-6 for ffn_down), unit of element 0 of stream t + BETA_STREAM
+# where t is the tensor's index in the file.
+
+GEO = HParams(n_vocab=512, n_embd=2560, n_ff=6912, n_head=20, n_head_kv=5, n_layer=2, n_ctx=1056)
+GEO_VARIANT = Variant("geo-2b4t-tq2_0", "bitnet", GGML_TQ2_0, False, GGML_F16, "silu", "q8_k")
+GEO_SEED = 0x2B4_7E57_9E0D
+GEO_BETA_STREAM = 1000
+GEO_SHORT = 16                   # tokens of the short sequence (hidden states recorded)
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function on uint64 (wrapping arithmetic)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def geo_values(tensor: int, n: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return mix64(np.uint64(GEO_SEED) ^ ((np.uint64(tensor) << np.uint64(40))
+                                            | np.arange(n, dtype=np.uint64)))
+
+
+def geo_unit(values: np.ndarray) -> np.ndarray:
+    return (values >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)
+
+
+def geo_tensor_bytes(index: int, info: TensorInfo) -> bytes:
+    n = int(np.prod(info.ne))
+    v = geo_values(index, n)
+    if info.name == "token_embd.weight":
+        return ((geo_unit(v) - np.float32(0.5)) * np.float32(0.25)).astype("<f2").tobytes()
+    if info.ggml_type == GGML_F32:                            # norm gains
+        return (np.float32(0.875) + np.float32(0.25) * geo_unit(v)).astype("<f4").tobytes()
+    codes = (v % np.uint64(3)).astype(np.uint8)
+    step = np.float32(2.0 ** (-6 if ".ffn_down." in info.name else -5))
+    d = np.float16((np.float32(1) + geo_unit(geo_values(index + GEO_BETA_STREAM, 1))[0]) * step)
+    return pack_tq2_0(codes, d)
+
+
+def write_geo_model(path: Path) -> str:
+    """Writes the geometry model; returns its SHA-256 (hex)."""
+    import hashlib
+    infos = variant_tensor_infos(GEO_VARIANT, GEO)
+    w = GGUFStreamWriter(path, mainline_kvs(GEO, "geo-2b4t (synthetic, hesper-rs)", 37), infos)
+    for index, info in enumerate(infos):
+        w.write(info.name, geo_tensor_bytes(index, info))
+    w.close()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def agreement(ours: np.ndarray, reference: np.ndarray) -> dict:
+    """What tests/src/lib.rs's Agreement measures, for the manifest."""
+    a, b = np.asarray(ours, np.float64), np.asarray(reference, np.float64)
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    return {"min_cosine": round(float(cos.min()), 7),
+            "same_argmax": int((a.argmax(-1) == b.argmax(-1)).sum()), "positions": len(a)}
+
+
+def geo_controls(path: Path, tokens: list[int], llama_logits: np.ndarray) -> dict:
+    """The long sequence through the float64 reference with two activation schemes, each
+    compared with llama.cpp: an exact emulation of llama.cpp's own Q8_K scheme (what a correct
+    engine can reach: only f32 rounding differs, and it moves int8 codes) and per-token int8 (a
+    known-wrong scheme). The tests check that their bound accepts the first and rejects the
+    second."""
+    m = load_ref_model(path)
+    out = {}
+    for name, aq in (("exact_q8_k_emulation", "q8_k"), ("per_token_i8", "per_token_i8")):
+        t0 = time.time()
+        logits, _ = reference_forward(m, tokens, GEO_VARIANT.activation, aq)
+        out[name] = agreement(logits, llama_logits)
+        print(f"  control {name}: {out[name]} ({time.time() - t0:.0f} s)")
+    return out
+
+
+def step_geometry(threads: int, model_dir: Path) -> None:
+    """Writes the geometry model to model_dir (not committed), runs llama.cpp on a short
+    sequence (logits + hidden states) and on one that fills the context (logits only), and writes
+    out/geo-2b4t-tq2_0.json with the model's SHA-256."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    path = model_dir / f"{GEO_VARIANT.stem}.gguf"
+    t0 = time.time()
+    sha = write_geo_model(path)
+    print(f"wrote {path} {path.stat().st_size:,d} B sha256 {sha} ({time.time() - t0:.0f} s)")
+    rng = np.random.default_rng(TOKEN_SEED + 1)
+    seqs = [[1] + rng.integers(0, GEO.n_vocab, n - 1).tolist() for n in (GEO_SHORT, GEO.n_ctx)]
+    llama = LlamaCpp(threads)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, toks in enumerate(seqs):
+        t0 = time.time()
+        logits, hidden, _ = llama.run(path, GEO, toks)
+        lf = f"{GEO_VARIANT.stem}.s{i}.logits.f32"
+        np.ascontiguousarray(logits, "<f4").tofile(OUT_DIR / lf)
+        entry = {"tokens": [int(t) for t in toks], "logits": lf}
+        if len(toks) == GEO_SHORT:
+            hf = f"{GEO_VARIANT.stem}.s{i}.hidden.f32"
+            np.ascontiguousarray(hidden, "<f4").tofile(OUT_DIR / hf)
+            entry["hidden"] = hf
+        entries.append(entry)
+        print(f"  {len(toks)} tokens: llama.cpp {time.time() - t0:.1f} s")
+        if len(toks) == GEO.n_ctx:
+            controls = geo_controls(path, toks, logits)
+    manifest = {"model": f"generated: {GEO_VARIANT.stem}.gguf", "model_sha256": sha,
+                "reference": llama.description(), "activation": GEO_VARIANT.activation,
+                "act_quant": GEO_VARIANT.act_quant, "n_vocab": GEO.n_vocab,
+                "n_embd": GEO.n_embd, "n_layer": GEO.n_layer, "n_ctx": GEO.n_ctx,
+                "controls": controls, "sequences": entries}
+    (OUT_DIR / f"{GEO_VARIANT.stem}.json").write_text(format_manifest(manifest))
+    print(f"wrote out/{GEO_VARIANT.stem}.json")
+
+
+# ============================================================================================
+# A known-wrong control for the model-level bound of quantized files
+# ============================================================================================
+
+CONTROL_STEM = "tiny-tq2_0.per-token-i8"
+
+
+def step_control() -> None:
+    """tiny-tq2_0's logits with per-token int8 activations where llama.cpp quantizes to Q8_K
+    blocks of 256 (everything else exact: float64 reference, SiLU, the file's ternary weights
+    and f16 scales). The tests assert that their model-level bound for quantized files rejects
+    these logits against llama.cpp's: a bound that passes them cannot tell the schemes apart."""
+    m = load_ref_model(MODELS_DIR / "tiny-f32-scale.gguf")     # tiny-tq2_0's values, as F32
+    seqs = []
+    for i, toks in enumerate(token_sequences(TINY)):
+        logits, _ = reference_forward(m, toks, "silu", "per_token_i8")
+        lf = f"{CONTROL_STEM}.s{i}.logits.f32"
+        np.ascontiguousarray(logits, "<f4").tofile(OUT_DIR / lf)
+        seqs.append({"tokens": [int(t) for t in toks], "logits": lf})
+    manifest = {"model": "models/tiny-tq2_0.gguf",
+                "reference": "known-wrong control: " + REFERENCE_LABEL.format(np=np.__version__)
+                + ", per-token int8 activations where llama.cpp uses Q8_K",
+                "activation": "silu", "act_quant": "per_token_i8", "n_vocab": TINY.n_vocab,
+                "n_embd": TINY.n_embd, "n_layer": TINY.n_layer, "sequences": seqs}
+    (OUT_DIR / f"{CONTROL_STEM}.json").write_text(format_manifest(manifest))
+    print(f"wrote out/{CONTROL_STEM}.json (+{len(seqs)} .f32 files)")
+
+
+# ============================================================================================
 # Synthetic 2B4T-shaped models for benchmarks (streamed, not committed)
 # ============================================================================================
 
@@ -1376,21 +1570,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("steps", nargs="*", metavar="STEP",
-                    help="models, llama, reference (default: all three)")
+                    help="models, llama, reference (default: all three), geometry, control")
     ap.add_argument("--seed", type=int, default=SEED, help=f"model seed (default {SEED})")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    ap.add_argument("--geo-dir", metavar="DIR", type=Path, default=Path("/tmp/hesper-geo"),
+                    help="where the geometry step writes its model (default /tmp/hesper-geo)")
     ap.add_argument("--bench-2b4t", metavar="DIR", type=Path,
                     help="write the 2B4T-shaped benchmark models (I2_S + TQ2_0) into DIR")
     a = ap.parse_args()
     steps = a.steps or ([] if a.bench_2b4t else ["models", "llama", "reference"])
-    unknown = set(steps) - {"models", "llama", "reference"}
+    unknown = set(steps) - {"models", "llama", "reference", "geometry", "control"}
     if unknown:
         ap.error(f"unknown step(s): {', '.join(sorted(unknown))}")
-    for step in ("models", "llama", "reference"):
+    for step in ("models", "llama", "reference", "geometry", "control"):
         if step in steps:
             print(f"== {step}")
             {"models": lambda: step_models(a.seed), "llama": lambda: step_llama(a.threads),
-             "reference": step_reference}[step]()
+             "reference": step_reference, "geometry": lambda: step_geometry(a.threads, a.geo_dir),
+             "control": step_control}[step]()
     if a.bench_2b4t:
         print("== bench-2b4t")
         step_bench_2b4t(a.bench_2b4t, a.seed)

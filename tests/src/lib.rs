@@ -9,6 +9,10 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Model};
 use serde_json::Value;
 
+pub mod geometry;
+pub mod layers;
+pub mod ops;
+
 /// The `golden-values/` folder.
 pub fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden-values")
@@ -20,14 +24,17 @@ pub struct Sequence {
     pub tokens: Vec<u32>,
     /// Reference logits `[n_tokens][n_vocab]`.
     pub logits: Vec<f32>,
-    /// Reference residual stream after each layer, `[n_layer][n_tokens][n_embd]`.
+    /// Reference residual stream after each layer, `[n_layer][n_tokens][n_embd]`; empty where
+    /// the manifest records none (the long sequences).
     pub hidden: Vec<f32>,
 }
 
 /// A golden manifest and its data.
 pub struct Golden {
-    /// Model file.
+    /// Model file (for a generated model, the manifest's label).
     pub model: PathBuf,
+    /// SHA-256 of a model the tests build in memory (`geometry`), instead of reading `model`.
+    pub model_sha256: Option<String>,
     /// Who computed the values.
     pub reference: String,
     /// Activation quantization the reference applied (`none`, `q8_k`, `per_token_i8`).
@@ -77,11 +84,15 @@ impl Golden {
                     .map(|t| t as u32)
                     .collect(),
                 logits: read_f32(&out.join(s["logits"].as_str().unwrap_or_default())),
-                hidden: read_f32(&out.join(s["hidden"].as_str().unwrap_or_default())),
+                hidden: s["hidden"]
+                    .as_str()
+                    .map(|h| read_f32(&out.join(h)))
+                    .unwrap_or_default(),
             })
             .collect();
         Self {
             model: golden_dir().join(m["model"].as_str().unwrap_or_default()),
+            model_sha256: m["model_sha256"].as_str().map(str::to_string),
             reference: m["reference"].as_str().unwrap_or_default().to_string(),
             act_quant: m["act_quant"].as_str().unwrap_or_default().to_string(),
             n_vocab: num("n_vocab"),
@@ -91,8 +102,11 @@ impl Golden {
         }
     }
 
-    /// Opens the model file.
+    /// Opens the model file (or builds the generated one).
     pub fn file(&self) -> Arc<ModelFile> {
+        if let Some(sha) = &self.model_sha256 {
+            return geometry::model(sha);
+        }
         ModelFile::open(&self.model).unwrap_or_else(|e| panic!("{e}"))
     }
 }
@@ -232,5 +246,99 @@ impl Ops {
         self.tensors
             .get(name)
             .unwrap_or_else(|| panic!("op {name} missing"))
+    }
+}
+
+/// How closely one engine's logits follow the reference's over all positions of some
+/// sequences (model level).
+#[derive(Debug, Clone, Copy)]
+pub struct Agreement {
+    /// Largest absolute logit difference.
+    pub max_abs: f32,
+    /// Smallest cosine similarity of a position's logit vectors.
+    pub min_cosine: f64,
+    /// Positions whose argmax agrees.
+    pub same_argmax: usize,
+    /// Positions compared.
+    pub positions: usize,
+}
+
+impl Agreement {
+    /// Compares `ours` with `reference`, both `[positions][n_vocab]` (several sequences may be
+    /// folded in with [`Agreement::merge`]).
+    pub fn of(ours: &[f32], reference: &[f32], n_vocab: usize) -> Self {
+        let mut a = Self {
+            max_abs: max_abs_diff(ours, reference),
+            min_cosine: 1.0,
+            same_argmax: 0,
+            positions: 0,
+        };
+        for (x, y) in ours.chunks(n_vocab).zip(reference.chunks(n_vocab)) {
+            a.min_cosine = a.min_cosine.min(cosine(x, y));
+            a.same_argmax += usize::from(argmax(x) == argmax(y));
+            a.positions += 1;
+        }
+        a
+    }
+
+    /// Both comparisons together.
+    pub fn merge(self, other: Self) -> Self {
+        Self {
+            max_abs: self.max_abs.max(other.max_abs),
+            min_cosine: self.min_cosine.min(other.min_cosine),
+            same_argmax: self.same_argmax + other.same_argmax,
+            positions: self.positions + other.positions,
+        }
+    }
+
+    /// Whether this agreement is within `bound`.
+    pub fn within(&self, bound: QuantizedBound) -> bool {
+        self.min_cosine >= bound.min_cosine
+            && self.same_argmax as f64 >= bound.argmax_share * self.positions as f64
+    }
+}
+
+/// A model-level bound for files with quantized activations. Rounding to int8 is
+/// discontinuous, so a correct engine that sums in another order than the reference still
+/// flips a code now and then, and the flips grow with the width and the number of positions:
+/// the bound is set per golden model from what an exact float64 emulation of llama.cpp's own
+/// scheme reaches against llama.cpp, and checked to reject a known-wrong scheme (per-token int8
+/// where llama.cpp quantizes Q8_K blocks of 256).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizedBound {
+    /// Smallest cosine similarity allowed at any position.
+    pub min_cosine: f64,
+    /// Share of positions whose argmax must agree.
+    pub argmax_share: f64,
+}
+
+/// The bound for the tiny golden models (width 256, ≤ 33 positions): every TQ file on every
+/// CPU path and the GPU reaches min cosine 0.99994 and every argmax, exactly what the float64
+/// emulation of Q8_K gets against llama.cpp's logits (one flip inside llama.cpp's own f32
+/// evaluation); I2_S vs the float64 reference 1.0000000. The known-wrong scheme
+/// (`out/tiny-tq2_0.per-token-i8.json`) reaches 0.99959 and 54 of 56 argmaxes, which the old
+/// bound (0.999, 90 % of argmaxes) accepted.
+pub const TINY_BOUND: QuantizedBound = QuantizedBound {
+    min_cosine: 0.9999,
+    argmax_share: 1.0,
+};
+
+/// The bound for the 2B4T-geometry model (width 2560/6912, 1056 positions): there the
+/// float64 emulation of llama.cpp's Q8_K scheme reaches only min cosine 0.99963 and 1026 of
+/// 1056 argmaxes against llama.cpp (the logits of 512 random tokens have near-ties), the CPU
+/// backend 0.99976 and 1035; per-token int8 reaches 0.99600 and 950 (the manifest's
+/// `controls`, which the tests hold this bound to).
+pub const GEOMETRY_BOUND: QuantizedBound = QuantizedBound {
+    min_cosine: 0.9995,
+    argmax_share: 0.96,
+};
+
+impl std::fmt::Display for Agreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "max|Δlogit| {:.3e}, min cosine {:.7}, argmax {}/{}",
+            self.max_abs, self.min_cosine, self.same_argmax, self.positions
+        )
     }
 }

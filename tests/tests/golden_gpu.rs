@@ -8,7 +8,11 @@
 //! float files must agree to 1e-3 and quantized files to cosine ≥ 0.999.
 
 use hesper_engine::model::Logits;
-use hesper_tests::{argmax, cosine, cpu_model, gpu_model, max_abs_diff, Golden, ALL};
+use hesper_tests::layers::check_layers;
+use hesper_tests::ops::run_ops;
+use hesper_tests::{
+    argmax, cosine, cpu_model, gpu_model, max_abs_diff, Agreement, Golden, ALL, TINY_BOUND,
+};
 
 fn logits_all<B: hesper_engine::backend::Backend>(
     model: &hesper_engine::model::Model<B>,
@@ -24,26 +28,21 @@ fn gpu_matches_the_golden_values() {
     for stem in ALL {
         let g = Golden::load(stem);
         let model = gpu_model(&g.file(), None);
-        let (mut same, mut total) = (0, 0);
-        let (mut worst_abs, mut worst_cos) = (0.0f32, 1.0f64);
-        for s in &g.sequences {
-            let ours = logits_all(&model, &s.tokens, 64);
-            worst_abs = worst_abs.max(max_abs_diff(&ours, &s.logits));
-            for (a, b) in ours.chunks(g.n_vocab).zip(s.logits.chunks(g.n_vocab)) {
-                worst_cos = worst_cos.min(cosine(a, b));
-                same += usize::from(argmax(a) == argmax(b));
-                total += 1;
-            }
-        }
-        println!(
-            "{stem} gpu: max|Δlogit| {worst_abs:.3e}, min cosine {worst_cos:.6}, argmax {same}/{total}"
-        );
+        let agreement = g
+            .sequences
+            .iter()
+            .map(|s| Agreement::of(&logits_all(&model, &s.tokens, 64), &s.logits, g.n_vocab))
+            .reduce(Agreement::merge)
+            .expect("a sequence");
+        println!("{stem} gpu: {agreement}");
         if g.act_quant == "none" {
-            assert!(worst_abs <= 1e-3, "{stem}: max |Δlogit| {worst_abs} > 1e-3");
-            assert_eq!(same, total, "{stem}: argmax differs");
+            assert!(agreement.max_abs <= 1e-3, "{stem}: {agreement}");
+            assert_eq!(
+                agreement.same_argmax, agreement.positions,
+                "{stem}: {agreement}"
+            );
         } else {
-            assert!(worst_cos >= 0.999, "{stem}: cosine {worst_cos} < 0.999");
-            assert!(same * 10 >= total * 9, "{stem}: argmax {same}/{total}");
+            assert!(agreement.within(TINY_BOUND), "{stem}: {agreement}");
         }
     }
 }
@@ -126,4 +125,25 @@ fn both_i2s_paths_match_the_cpu() {
     // lavapipe (CI) has the packed dot product, so both paths really ran.
     assert!(results[1].0, "no packed dot product on this adapter");
     assert_eq!(results[0].1, results[1].1, "the two paths differ");
+}
+
+#[test]
+fn every_gpu_layer_matches_with_teacher_forcing() {
+    // The bounds of `hesper_tests::layers`, as on the CPU.
+    for stem in ALL {
+        let g = Golden::load(stem);
+        let file = g.file();
+        let worst = check_layers(&g, "gpu", |r| gpu_model(&file, Some(r)));
+        println!("{stem} gpu: worst teacher-forced layer max|Δ| {worst:.3e}");
+    }
+}
+
+#[test]
+fn every_gpu_op_matches_the_reference() {
+    // The bound of `hesper_tests::ops`, as on the CPU: each op is fed the reference's input.
+    let backend = hesper_gpu_backend::GpuBackend::new().unwrap_or_else(|e| panic!("{e}"));
+    for stem in ALL {
+        let worst = run_ops(&backend, stem);
+        println!("{stem} gpu: worst op |Δ|/scale = {worst:.2e}");
+    }
 }

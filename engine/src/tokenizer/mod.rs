@@ -195,6 +195,15 @@ impl Tokenizer {
         out
     }
 
+    /// llama.cpp's `token_to_piece` (with `lstrip` 0): the token's bytes, except that with
+    /// `special` false control and unknown tokens give nothing.
+    pub fn token_piece(&self, id: u32, special: bool) -> Vec<u8> {
+        if !special && self.is_special(id) {
+            return Vec::new();
+        }
+        self.token_bytes(id)
+    }
+
     fn push_token_bytes(&self, id: u32, out: &mut Vec<u8>) {
         self.vocab.push_bytes(id, out);
     }

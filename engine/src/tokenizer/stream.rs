@@ -40,10 +40,11 @@ impl<'a> TextStream<'a> {
     /// Adds token `id`; returns the text completed by it (possibly empty). Bytes that can never
     /// become valid UTF-8 come out as U+FFFD.
     pub fn push(&mut self, id: u32) -> String {
-        if self.hide_special && self.tokenizer.is_special(id) {
+        let piece = self.tokenizer.token_piece(id, !self.hide_special);
+        if piece.is_empty() {
             return String::new();
         }
-        self.tokenizer.push_token_bytes(id, &mut self.pending);
+        self.pending.extend(piece);
         let mut out = String::new();
         loop {
             match std::str::from_utf8(&self.pending) {
