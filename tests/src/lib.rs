@@ -29,6 +29,13 @@ pub struct Sequence {
     pub hidden: Vec<f32>,
 }
 
+/// How the `reference` labels begin of the references whose LM head takes its input unrounded
+/// where the head is F16: our float64 NumPy reference (generate.py), and bitnet.cpp at its
+/// pinned commit (its llamafile tinyBLAS multiplies the F16 matrix by the f32 activations).
+/// llama.cpp 0c1e57098 rounds the input to f16, as hesper-rs does.
+pub const UNROUNDED_HEAD_REFERENCES: [&str; 2] =
+    ["hesper-rs float64 NumPy reference", "bitnet.cpp"];
+
 /// A golden manifest and its data.
 pub struct Golden {
     /// Model file (for a generated model, the manifest's label).
