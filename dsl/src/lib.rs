@@ -3,6 +3,7 @@
 
 mod emit;
 mod signature;
+mod twin;
 
 use proc_macro::TokenStream;
 use quote::{format_ident, quote};
@@ -49,6 +50,7 @@ fn expand_helper(func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
     let vis = &func.vis;
     let doc =
         format!("The `{name}` helper: its WGSL function, for kernels that list it in `uses(..)`.");
+    let twin = twin::twin(func, true);
     Ok(quote! {
         #[doc = #doc]
         #vis mod #name {
@@ -57,6 +59,7 @@ fn expand_helper(func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
             /// The kernel workgroup arrays it uses, `name: array<T, N>`, in parameter order.
             pub const SHARED: &[&str] = &[#(#shared),*];
         }
+        #twin
     })
 }
 
@@ -201,6 +204,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             quote! { (#name, f64::from(self.#field)) }
         });
     let vis = &func.vis;
+    let twin = twin::twin(func, false);
     let doc =
         format!("The `{name}` kernel: WGSL source, entry point, workgroup size and bindings.");
     Ok(quote! {
@@ -226,6 +230,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             /// on devices that have them and adds the `enable` header where the target wants one.
             pub const FEATURES: &[&str] = &[#(#features),*];
             #same_text_fn
+            #twin
 
             /// The arguments of one launch: inputs `&GpuBuffer<T>`, outputs
             /// `&mut GpuBuffer<T>` (so one buffer cannot be both), uniforms and compile-time

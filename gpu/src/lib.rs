@@ -23,6 +23,7 @@ mod pipeline;
 mod probe;
 mod profile;
 mod readback;
+pub mod twin;
 
 pub use batch::Batch;
 pub use buffer::GpuBuffer;

@@ -1,0 +1,87 @@
+//! The Rust twin of a kernel or helper: the same function, its DSL-only parameter attributes
+//! dropped and its buffers and workgroup arrays typed as `hesper_gpu::twin`'s stand-ins, so
+//! rustc type-checks the body with the spans of the source. Never called.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::visit_mut::VisitMut;
+use syn::{Expr, FnArg, ItemFn, Type};
+
+/// `fn twin(..)` for a kernel (inside its module) or, for a helper, a function with the
+/// helper's name beside its module (so kernel twins calling the helper resolve to it).
+pub fn twin(func: &ItemFn, helper: bool) -> TokenStream {
+    let mut f = func.clone();
+    f.attrs.clear();
+    for input in f.sig.inputs.iter_mut() {
+        if let FnArg::Typed(pt) = input {
+            pt.attrs.clear();
+            *pt.ty = stand_in(&pt.ty);
+        }
+    }
+    let mut body = func.block.clone();
+    StepByUsize.visit_block_mut(&mut body);
+    let inputs = &f.sig.inputs;
+    let output = &f.sig.output;
+    let lints = quote! {
+        #[allow(dead_code, unused_variables, unused_mut, unused_assignments, unused_imports,
+                unreachable_code, clippy::all)]
+    };
+    if helper {
+        let name = &f.sig.ident;
+        let vis = &f.vis;
+        let doc = format!("The Rust twin of `{name}` (type-checked, never run).");
+        quote! {
+            #[doc = #doc]
+            #[doc(hidden)]
+            #lints
+            #vis fn #name(#inputs) #output {
+                use ::hesper_gpu::twin::*;
+                #body
+            }
+        }
+    } else {
+        quote! {
+            /// The kernel as Rust, for rustc to type-check (never run).
+            #lints
+            fn twin(#inputs) #output {
+                use super::*;
+                use ::hesper_gpu::twin::*;
+                #body
+            }
+        }
+    }
+}
+
+/// `&[T]` → `&Buffer<T>`, `&mut [T]` → `&mut Buffer<T>`, `&mut [T; N]` → `&mut Workgroup<T, N>`;
+/// scalars unchanged.
+fn stand_in(ty: &Type) -> Type {
+    let Type::Reference(r) = ty else {
+        return ty.clone();
+    };
+    let m = &r.mutability;
+    match &*r.elem {
+        Type::Slice(s) => {
+            let e = &s.elem;
+            syn::parse_quote!(& #m ::hesper_gpu::twin::Buffer<#e>)
+        }
+        Type::Array(a) => {
+            let (e, n) = (&a.elem, &a.len);
+            syn::parse_quote!(& #m ::hesper_gpu::twin::Workgroup<#e, { #n as usize }>)
+        }
+        _ => ty.clone(),
+    }
+}
+
+/// Loops step by a `u32` in the DSL (WGSL's `i += step`); Rust's `step_by` takes a `usize`.
+struct StepByUsize;
+
+impl VisitMut for StepByUsize {
+    fn visit_expr_method_call_mut(&mut self, m: &mut syn::ExprMethodCall) {
+        syn::visit_mut::visit_expr_method_call_mut(self, m);
+        if m.method == "step_by" && m.args.len() == 1 {
+            let step: &Expr = &m.args[0];
+            let cast: Expr = syn::parse_quote!((#step) as usize);
+            m.args[0] = cast;
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! What a kernel's Rust twin is type-checked against: `#[kernel]` and `#[kernel_fn]` keep the
+//! function they translate to WGSL as a Rust function too, with storage buffers as [`Buffer`],
+//! workgroup arrays as [`Workgroup`] and the DSL's intrinsics as the functions below, so rustc
+//! checks every kernel body (a type error is a compile error at its span). The twins are never
+//! run: the GPU runs the WGSL, and these items only give rustc the DSL's types.
+
+use std::marker::PhantomData;
+use std::ops::{Index, IndexMut};
+
+/// Why the items below have no behaviour.
+const NOT_RUN: &str = "a kernel's Rust twin is type-checked, never run";
+
+/// A storage buffer as a kernel sees it: indexed by `u32`, like WGSL's `array<T>`.
+pub struct Buffer<T>(PhantomData<T>);
+
+impl<T> Buffer<T> {
+    /// `arrayLength`: the number of elements.
+    pub fn len(&self) -> u32 {
+        unreachable!("{NOT_RUN}")
+    }
+
+    /// Whether the buffer holds no element (never, for a bound buffer).
+    pub fn is_empty(&self) -> bool {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+impl<T> Index<u32> for Buffer<T> {
+    type Output = T;
+    fn index(&self, _: u32) -> &T {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+impl<T> IndexMut<u32> for Buffer<T> {
+    fn index_mut(&mut self, _: u32) -> &mut T {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+/// A workgroup array of `N` elements, indexed by `u32`.
+pub struct Workgroup<T, const N: usize>(PhantomData<T>);
+
+impl<T, const N: usize> Index<u32> for Workgroup<T, N> {
+    type Output = T;
+    fn index(&self, _: u32) -> &T {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+impl<T, const N: usize> IndexMut<u32> for Workgroup<T, N> {
+    fn index_mut(&mut self, _: u32) -> &mut T {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+/// `global_invocation_id.x`.
+pub fn gid() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `local_invocation_id.x`.
+pub fn lid() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `workgroup_id.x`.
+pub fn wid() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `workgroup_id.y`.
+pub fn wid_y() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `workgroupBarrier()`.
+pub fn barrier() {
+    unreachable!("{NOT_RUN}")
+}
+
+/// WGSL's `select(f, t, cond)`: `t` where `cond`, else `f`.
+pub fn select<T>(_f: T, _t: T, _cond: bool) -> T {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `bitcast<f32>(w)`.
+pub fn f32_from_bits(_w: u32) -> f32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `dot4I8Packed(a, b)`: the dot product of four packed signed bytes.
+pub fn dot4_i8_packed(_a: u32, _b: u32) -> i32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `unpack2x16float(w).x`: the f16 in the low half of `w`.
+pub fn unpack_f16_lo(_w: u32) -> f32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `unpack2x16float(w).y`: the f16 in the high half of `w`.
+pub fn unpack_f16_hi(_w: u32) -> f32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `quantizeToF16(x)`: `x` rounded to the nearest f16.
+pub fn round_to_f16(_x: f32) -> f32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `subgroupAdd(x)`.
+pub fn subgroup_add<T>(_x: T) -> T {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `subgroupMax(x)`.
+pub fn subgroup_max<T>(_x: T) -> T {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `subgroup_invocation_id`.
+pub fn subgroup_invocation() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `subgroup_size`.
+pub fn subgroup_size() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `subgroup_id`.
+pub fn subgroup_index() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `num_subgroups`.
+pub fn subgroup_count() -> u32 {
+    unreachable!("{NOT_RUN}")
+}
