@@ -7,8 +7,7 @@
 use std::time::Instant;
 
 use hesper_gpu::{Batch, Gpu, GpuBuffer, GpuError};
-use hesper_gpu_backend::lanes_per_row;
-use hesper_shaders as k;
+use hesper_shaders::{self as k, lanes_per_row};
 
 const D: usize = 2560;
 const FF: usize = 6912;
@@ -58,7 +57,7 @@ fn run() -> Result<(), GpuError> {
                 width: D as u32,
                 eps: 1e-5,
             },
-            [1, 1, 1],
+            k::row_grid(1),
         )
     })?;
     time(&mut g, reps, "quantize_i8", "1 × 2560", 0, |b, g| {
@@ -70,7 +69,7 @@ fn run() -> Result<(), GpuError> {
                 scale: &mut scale,
                 cols: D as u32,
             },
-            [1, 1, 1],
+            k::row_grid(1),
         )
     })?;
     for (name, rows, cols) in [
@@ -101,7 +100,7 @@ fn run() -> Result<(), GpuError> {
                         lanes: lanes_per_row(cols / 16),
                         beta: 1.0,
                     },
-                    [(rows as u32).div_ceil(64 / lanes_per_row(cols / 16)), 1, 1],
+                    k::matrix_grid(rows as u32, lanes_per_row(cols / 16), 1),
                 )
             },
         )?;
@@ -130,7 +129,7 @@ fn run() -> Result<(), GpuError> {
                     lanes: lanes_per_row(D / 2),
                     out_scale: 1.0,
                 },
-                [(head_rows as u32).div_ceil(64 / lanes_per_row(D / 2)), 1, 1],
+                k::matrix_grid(head_rows as u32, lanes_per_row(D / 2), 1),
             )
         },
     )?;
@@ -157,7 +156,7 @@ fn run() -> Result<(), GpuError> {
                     pos0: (CTX - 1) as u32,
                     scale: 1.0 / (HEAD_DIM as f32).sqrt(),
                 },
-                [N_HEAD as u32, 1, 1],
+                k::attention_grid(N_HEAD as u32, 1),
             )
         },
     )?;
@@ -171,7 +170,7 @@ fn run() -> Result<(), GpuError> {
                 out: &mut out,
                 n: FF as u32,
             },
-            [FF.div_ceil(256) as u32, 1, 1],
+            k::relu2_mul::grid_for(FF as u32),
         )
     })?;
     Ok(())

@@ -373,23 +373,10 @@ impl GpuBackend {
     }
 }
 
-/// Threads per output row for a matrix kernel whose rows hold `units` work items (words,
-/// blocks or elements): at least two items a thread, at most 32 threads (a GPU wave/warp), a
-/// power of two. Small rows share a workgroup instead of idling most of its 64 threads.
-pub fn lanes_per_row(units: usize) -> u32 {
-    let want = (units / 2).clamp(1, 32);
-    1 << want.ilog2()
-}
-
 /// Whether the WGSL implementation accepts `dot4I8Packed`.
 fn supports_packed_dot(gpu: &Gpu) -> bool {
     gpu.wgsl_features
         .contains(hesper_gpu::wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct)
-}
-
-/// Workgroups for `n` invocations of `size`.
-fn groups(n: usize, size: u32) -> u32 {
-    (n as u32).div_ceil(size).max(1)
 }
 
 /// Puts host data at the front of `dst`, in order with the work recorded in `batch`: written
@@ -657,7 +644,7 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer<f32>,
     ) {
         self.record(|st| {
-            let (width, grid) = (w.len() as u32, [n as u32, 1, 1]);
+            let (width, grid) = (w.len() as u32, k::row_grid(n as u32));
             if st.subgroups {
                 st.batch.run(
                     &mut st.gpu,
@@ -688,7 +675,6 @@ impl Backend for GpuBackend {
 
     fn matmul(&self, w: &GpuMatrix, x: &GpuBuffer<f32>, n: usize, out: &mut GpuBuffer<f32>) {
         let (rows, cols) = (w.desc.rows as u32, w.desc.cols as u32);
-        let tiles = (n as u32).div_ceil(k::TOKEN_TILE);
         self.record(|st| {
             match w.kind {
                 Kind::I2s { .. } => {
@@ -712,7 +698,7 @@ impl Backend for GpuBackend {
                                 sum: &mut packed.1,
                                 cols,
                             },
-                            [n as u32, 1, 1],
+                            k::row_grid(n as u32),
                         )?;
                     } else {
                         batch.run(
@@ -723,7 +709,7 @@ impl Backend for GpuBackend {
                                 scale: act_scale,
                                 cols,
                             },
-                            [n as u32, 1, 1],
+                            k::row_grid(n as u32),
                         )?;
                     }
                 }
@@ -740,7 +726,7 @@ impl Backend for GpuBackend {
                     batch.run(
                         gpu,
                         &k::quantize_q8k::Args { x, q, d: act_scale },
-                        [blocks as u32, 1, 1],
+                        k::row_grid(blocks as u32),
                     )?;
                 }
                 Kind::Q8_0 => {
@@ -761,7 +747,7 @@ impl Backend for GpuBackend {
                             d: act_scale,
                             blocks: blocks as u32,
                         },
-                        [groups(blocks, 8), 1, 1],
+                        k::q8_0_grid(blocks as u32),
                     )?;
                 }
                 Kind::F32 | Kind::F16 => {}
@@ -775,7 +761,7 @@ impl Backend for GpuBackend {
                 act_scale,
                 ..
             } = st;
-            let lanes = lanes_per_row(match w.kind {
+            let lanes = k::lanes_per_row(match w.kind {
                 Kind::I2s { .. } => w.desc.cols / 16,
                 Kind::Tq => w.desc.cols / 256,
                 Kind::Q8_0 => w.desc.cols / 32,
@@ -783,7 +769,7 @@ impl Backend for GpuBackend {
                 Kind::F32 => w.desc.cols,
             });
             for win in &w.windows {
-                let grid = [groups(win.rows, 64 / lanes), tiles, 1];
+                let grid = k::matrix_grid(win.rows as u32, lanes, n as u32);
                 let row0 = win.row0 as u32;
                 let window_rows = win.rows as u32;
                 match w.kind {
@@ -971,7 +957,7 @@ impl Backend for GpuBackend {
                     pos0: pos0 as u32,
                     scale: 1.0 / (shape.head_dim as f32).sqrt(),
                 },
-                [shape.n_head as u32, n as u32, 1],
+                k::attention_grid(shape.n_head as u32, n as u32),
             )
         });
     }

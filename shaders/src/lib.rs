@@ -7,6 +7,7 @@ mod bitlinear;
 mod elementwise;
 mod embed;
 mod flash_attention;
+mod geometry;
 mod kv;
 mod matvec;
 mod norm;
@@ -19,12 +20,12 @@ pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
 pub use elementwise::{add_assign, relu2_mul, silu_mul};
 pub use embed::{embed_f16, embed_f32};
 pub use flash_attention::attention;
+pub use geometry::{
+    attention_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid, MATRIX_WORKGROUP,
+    Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE,
+};
 pub use kv::kv_write;
 pub use matvec::{matvec_f16, matvec_f32, matvec_q8_0};
 pub use norm::{rms_norm, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};
-
-/// Tokens one workgroup of the batched matrix kernels multiplies at once (the second grid
-/// dimension is `ceil(n / TOKEN_TILE)`); each weight word is read once per tile.
-pub const TOKEN_TILE: u32 = 4;

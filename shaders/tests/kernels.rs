@@ -195,7 +195,7 @@ fn add_assign_is_exact() {
             y: &by,
             n: n as u32,
         },
-        [n.div_ceil(256) as u32, 1, 1],
+        k::add_assign::grid_for(n as u32),
     );
     let got = read!(g, &bx);
     let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
@@ -211,7 +211,7 @@ fn gated_activations_match_glu() {
     let (gate, up) = (data(n, 3), data(n, 4));
     let bg = g.upload("gate", &gate).unwrap();
     let bu = g.upload("up", &up).unwrap();
-    let grid = [n.div_ceil(256) as u32, 1, 1];
+    let grid = k::relu2_mul::grid_for(n as u32);
     for act in [Activation::Relu2, Activation::Silu] {
         let mut out = g.zeroed::<f32>("out", n).unwrap();
         match act {
@@ -269,7 +269,7 @@ fn rms_norm_matches_the_cpu() {
             width: width as u32,
             eps,
         },
-        [rows as u32, 1, 1],
+        k::row_grid(rows as u32),
     );
     let got = read!(g, &y);
     let mut want = vec![0.0; rows * width];
@@ -374,7 +374,7 @@ fn rope_neox_matches_the_cpu() {
             rope_dim: shape.rope_dim as u32,
             pos0: pos0 as u32,
         },
-        [pairs.div_ceil(64) as u32, 1, 1],
+        k::rope_neox::grid_for(pairs as u32),
     );
     let got = read!(g, &bx);
     let mut want = x.clone();
@@ -416,7 +416,7 @@ fn quantize_i8_matches_the_cpu() {
             scale: &mut scale,
             cols: cols as u32,
         },
-        [rows as u32, 1, 1],
+        k::row_grid(rows as u32),
     );
     let (gq, gs) = (read!(g, &q), read!(g, &scale));
     let mut off_by_one = 0;
@@ -477,7 +477,7 @@ fn quantize_q8k_matches_the_cpu() {
             q: &mut q,
             d: &mut d,
         },
-        [blocks as u32, 1, 1],
+        k::row_grid(blocks as u32),
     );
     let (gq, gd) = (read!(g, &q), read!(g, &d));
     let want = quantize_q8_k(&x);
@@ -557,7 +557,7 @@ fn bitlinear_i2s_matches_the_cpu() {
                 lanes,
                 beta,
             },
-            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+            k::matrix_grid(rows as u32, lanes, n as u32),
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // The integer sums are exact; then the same division (2.5 ulp under WGSL, correctly
@@ -662,7 +662,7 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
                 lanes,
                 out_scale,
             },
-            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+            k::matrix_grid(rows as u32, lanes, n as u32),
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // Per block the integer sum is exact and `sumi · (d · ws)` the same two products on
@@ -734,7 +734,7 @@ fn matvec_f32_matches_f32_dot() {
                 lanes,
                 out_scale,
             },
-            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+            k::matrix_grid(rows as u32, lanes, n as u32),
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // The CPU sums 300 products in order, the GPU 5 a thread then a 64-way tree (with
@@ -786,7 +786,7 @@ fn matvec_f16_matches_f16_dot() {
                 lanes,
                 out_scale,
             },
-            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+            k::matrix_grid(rows as u32, lanes, n as u32),
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // f16 weights widen exactly; the activations round through f16 on both sides
@@ -860,7 +860,7 @@ fn embed_f32_fetches_rows_by_window() {
                 row0: row0 as u32,
                 rows: rows as u32,
             },
-            [(IDS.len() * cols).div_ceil(256) as u32, 1, 1],
+            k::embed_f32::grid_for((IDS.len() * cols) as u32),
         );
     });
     let want: Vec<f32> = IDS
@@ -899,7 +899,7 @@ fn embed_f16_fetches_rows_by_window() {
                 row0: row0 as u32,
                 rows: rows as u32,
             },
-            [(IDS.len() * cols / 2).div_ceil(256) as u32, 1, 1],
+            k::embed_f16::grid_for((IDS.len() * cols / 2) as u32),
         );
     });
     let want: Vec<f32> = IDS
@@ -981,7 +981,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
             pos0: pos0 as u32,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
         },
-        [s.n_head as u32, n as u32, 1],
+        k::attention_grid(s.n_head as u32, n as u32),
     );
     let got = read!(g, &out);
     // Scores (|q·k|/8 up to ~5) differ by summation order, a few 1e-7; exp adds WGSL's
@@ -1010,7 +1010,7 @@ fn a_batch_is_one_submit_and_pipelines_are_cached() {
                 y: &by,
                 n: n as u32,
             },
-            [n.div_ceil(256) as u32, 1, 1],
+            k::add_assign::grid_for(n as u32),
         )
         .unwrap();
     }
@@ -1066,7 +1066,7 @@ fn quantize_q8_0_matches_the_cpu() {
             d: &mut d,
             blocks: blocks as u32,
         },
-        [blocks.div_ceil(8) as u32, 1, 1],
+        k::q8_0_grid(blocks as u32),
     );
     let (got_q, got_d) = (read!(g, &q), read!(g, &d));
     let want = quantize_q8_0(&x);
@@ -1174,7 +1174,7 @@ fn matvec_q8_0_matches_q8_0_dot() {
                 lanes,
                 out_scale,
             },
-            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+            k::matrix_grid(rows as u32, lanes, n as u32),
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // Block sums are exact integers; only the order of the 10 f32 block terms differs
@@ -1210,7 +1210,7 @@ fn packed_i2s_path_equals_the_cpu_exactly() {
             sum: &mut sum,
             cols: cols as u32,
         },
-        [n as u32, 1, 1],
+        k::row_grid(n as u32),
     );
     let (got_q, got_s, got_sum) = (read!(g, &q), read!(g, &scale), read!(g, &sum));
     for (t, a) in acts.iter().enumerate() {
@@ -1252,7 +1252,7 @@ fn packed_i2s_path_equals_the_cpu_exactly() {
                 lanes,
                 beta,
             },
-            [(rows as u32).div_ceil(64 / lanes), n.div_ceil(4) as u32, 1],
+            k::matrix_grid(rows as u32, lanes, n as u32),
         );
         let got = window(&read!(g, &out), n, width, row0, rows);
         // Exact integer sums, then the plain path's division and multiplication.
@@ -1286,7 +1286,7 @@ fn rms_norm_sg_matches_the_cpu() {
             width: width as u32,
             eps,
         },
-        [rows as u32, 1, 1],
+        k::row_grid(rows as u32),
     );
     let got = read!(g, &y);
     let mut want = vec![0.0; rows * width];
@@ -1326,7 +1326,7 @@ fn rope_norm_rotates_adjacent_pairs() {
             rope_dim: shape.rope_dim as u32,
             pos0: pos0 as u32,
         },
-        [(n * shape.n_head * half).div_ceil(64) as u32, 1, 1],
+        k::rope_norm::grid_for((n * shape.n_head * half) as u32),
     );
     let got = read!(g, &bx);
     let mut want = x.clone();
@@ -1369,7 +1369,7 @@ fn kv_write_places_keys_and_values_at_their_positions() {
             len: (n * kv) as u32,
             at: (pos0 * kv) as u32,
         },
-        [(n * kv).div_ceil(256) as u32, 1, 1],
+        k::kv_write::grid_for((n * kv) as u32),
     );
     let (mut want_k, mut want_v) = (old_k, old_v);
     want_k[pos0 * kv..(pos0 + n) * kv].copy_from_slice(&k_new);
