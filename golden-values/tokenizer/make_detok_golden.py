@@ -25,6 +25,8 @@ import tempfile
 
 from llama_cpp import llama_cpp as C
 
+from make_tokenizer_golden import gguf_metadata, gguf_text, write_tensorless_gguf
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = "llama.cpp 0c1e57098 via llama-cpp-python 0.3.36 (PyPI sdist, built from source)"
 BLOCK = 256
@@ -39,46 +41,11 @@ def vocab_only_copy(src, dst):
     """Copies a GGUF v3 file's metadata without its tensors. llama.cpp refuses the built-in
     model (I2_S tensors, arch `bitnet-b1.58`) even vocab-only, so the official arch's keys
     are renamed to mainline's `bitnet` ones; the tokenizer keys are copied unchanged."""
-    blob = open(src, "rb").read()
-    magic, version, _, n_kv = struct.unpack_from("<4sIQQ", blob, 0)
-    if magic != b"GGUF" or version != 3:
-        sys.exit(f"{src}: expected a GGUF v3 file")
-    fixed = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-    def skip_value(pos, ty):
-        if ty in fixed:
-            return pos + fixed[ty]
-        if ty == 8:
-            return pos + 8 + struct.unpack_from("<Q", blob, pos)[0]
-        if ty == 9:
-            elem, count = struct.unpack_from("<IQ", blob, pos)
-            pos += 12
-            if elem in fixed:
-                return pos + fixed[elem] * count
-            for _ in range(count):
-                pos = skip_value(pos, elem)
-            return pos
-        sys.exit(f"{src}: unknown GGUF value type {ty}")
-
-    def text(s):
-        b = s.encode()
-        return struct.pack("<Q", len(b)) + b
-
-    pos, kvs = 24, []
-    for _ in range(n_kv):
-        (klen,) = struct.unpack_from("<Q", blob, pos)
-        key = blob[pos + 8:pos + 8 + klen].decode()
-        pos += 8 + klen
-        (ty,) = struct.unpack_from("<I", blob, pos)
-        end = skip_value(pos + 4, ty)
-        value = blob[pos:end]
-        if key == "general.architecture":
-            value = struct.pack("<I", 8) + text("bitnet")
-        kvs.append(text(key.replace("bitnet-b1.58.", "bitnet.", 1)) + value)
-        pos = end
-    out = struct.pack("<4sIQQ", b"GGUF", 3, 0, len(kvs)) + b"".join(kvs)
-    out += b"\0" * (-len(out) % 32)
-    open(dst, "wb").write(out)
+    _, kvs = gguf_metadata(src)
+    renamed = [(key.replace("bitnet-b1.58.", "bitnet.", 1),
+                struct.pack("<I", 8) + gguf_text("bitnet") if key == "general.architecture"
+                else value) for key, value in kvs]
+    write_tensorless_gguf(dst, renamed)
 
 
 def load(path):

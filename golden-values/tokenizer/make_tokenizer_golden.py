@@ -152,14 +152,14 @@ def tokenize(model, text, add_special, parse_special):
     return list(buf[:n])
 
 
-def gguf_without_key(src, dst, drop):
-    """Copies a GGUF v3 file that has no tensors, leaving out metadata key `drop`."""
+def gguf_metadata(src):
+    """The metadata of a GGUF v3 file: (number of tensors, [(key, value)]), each value as its
+    raw bytes (type id, then data). Exits on anything else."""
     blob = open(src, "rb").read()
     magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", blob, 0)
-    if magic != b"GGUF" or version != 3 or n_tensors != 0:
-        sys.exit(f"{src}: expected a tensor-less GGUF v3 file")
+    if magic != b"GGUF" or version != 3:
+        sys.exit(f"{src}: expected a GGUF v3 file")
     fixed = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-    pos = 24
 
     def skip_value(pos, ty):
         if ty in fixed:
@@ -177,23 +177,41 @@ def gguf_without_key(src, dst, drop):
             return pos
         sys.exit(f"{src}: unknown GGUF value type {ty}")
 
-    kept, dropped = [], 0
+    pos, kvs = 24, []
     for _ in range(n_kv):
-        start = pos
         (klen,) = struct.unpack_from("<Q", blob, pos)
         key = blob[pos + 8:pos + 8 + klen].decode()
         pos += 8 + klen
         (ty,) = struct.unpack_from("<I", blob, pos)
-        pos = skip_value(pos + 4, ty)
-        if key == drop:
-            dropped += 1
-        else:
-            kept.append(blob[start:pos])
-    if dropped != 1:
-        sys.exit(f"{src}: key {drop} not found")
-    out = struct.pack("<4sIQQ", b"GGUF", 3, 0, len(kept)) + b"".join(kept)
+        end = skip_value(pos + 4, ty)
+        kvs.append((key, blob[pos:end]))
+        pos = end
+    return n_tensors, kvs
+
+
+def gguf_text(s):
+    """A GGUF string: u64 length, then UTF-8 bytes."""
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def write_tensorless_gguf(dst, kvs):
+    """Writes a GGUF v3 file holding only the metadata `kvs` ([(key, raw value)])."""
+    out = struct.pack("<4sIQQ", b"GGUF", 3, 0, len(kvs))
+    out += b"".join(gguf_text(key) + value for key, value in kvs)
     out += b"\0" * (-len(out) % 32)
     open(dst, "wb").write(out)
+
+
+def gguf_without_key(src, dst, drop):
+    """Copies a GGUF v3 file that has no tensors, leaving out metadata key `drop`."""
+    n_tensors, kvs = gguf_metadata(src)
+    if n_tensors != 0:
+        sys.exit(f"{src}: expected a tensor-less GGUF v3 file")
+    kept = [(key, value) for key, value in kvs if key != drop]
+    if len(kept) != len(kvs) - 1:
+        sys.exit(f"{src}: key {drop} not found")
+    write_tensorless_gguf(dst, kept)
 
 
 def cases_for(model, strings):
