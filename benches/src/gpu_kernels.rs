@@ -134,8 +134,9 @@ fn run() -> Result<(), GpuError> {
         },
     )?;
     let kv = N_HEAD_KV * HEAD_DIM;
-    let kc = g.upload("k cache", &pattern_f32(CTX * kv))?;
-    let vc = g.upload("v cache", &pattern_f32(CTX * kv))?;
+    let words = |x: Vec<f32>| -> Vec<u32> { x.iter().map(|v| v.to_bits()).collect() };
+    let kc = g.upload("k cache", &words(pattern_f32(CTX * kv)))?;
+    let vc = g.upload("v cache", &words(pattern_f32(CTX * kv)))?;
     time(
         &mut g,
         reps,
@@ -149,12 +150,21 @@ fn run() -> Result<(), GpuError> {
                     q: &x,
                     k_cache: &kc,
                     v_cache: &vc,
+                    lk: &x,
+                    lv: &x,
+                    globals: &kc,
                     out: &mut out,
                     n_head: N_HEAD as u32,
                     n_head_kv: N_HEAD_KV as u32,
                     head_dim: HEAD_DIM as u32,
                     pos0: (CTX - 1) as u32,
                     scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                    f16: 0,
+                    window: 0,
+                    n_global: 0,
+                    log_stride: 0,
+                    landmarks: 0,
+                    block: 1,
                 },
                 k::attention_grid(N_HEAD as u32, 1),
             )

@@ -8,6 +8,7 @@ use hesper_engine::gguf::Gguf;
 use hesper_engine::model::HeadFormat;
 use hesper_engine::tokenizer::{PreTokenizer, Tokenizer};
 
+use crate::attention::AttentionArgs;
 use crate::report::note;
 
 /// `--lm-head` values.
@@ -167,6 +168,8 @@ pub struct ContextArgs {
         default_value_t = 256
     )]
     pub batch_size: usize,
+    #[command(flatten)]
+    pub attention: AttentionArgs,
 }
 
 impl ContextArgs {

@@ -12,6 +12,7 @@ use hesper_gpu_backend::GpuBackend;
 use hesper_runtime::load::AnyModel;
 
 use crate::args::{LmHead, ModelArgs};
+use crate::attention::AttentionArgs;
 use crate::load::load;
 use crate::report::note;
 
@@ -43,6 +44,8 @@ pub struct BenchArgs {
     /// operation timed, and print each kind's share of the time (matmul, attention, ...).
     #[arg(long = "profile")]
     profile: bool,
+    #[command(flatten)]
+    attention: AttentionArgs,
 }
 
 /// One test's result.
@@ -70,6 +73,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 || (args.n_prompt == 0 && args.n_gen == 0) {
         bail!("nothing to measure: give -r >= 1 and -p or -n above 0");
     }
+    args.attention.config()?;
     let loaded = load(&args.model, None)?;
     match &loaded.model {
         // On the backend's own threads: see `run_model!`.
@@ -99,8 +103,10 @@ fn bench_on<B: Backend>(
     let gpu_stats = || gpu.map(GpuBackend::stats);
     let c = &model.config;
     let n_ctx = args.n_prompt.max(args.n_gen).max(1);
+    let attention = args.attention.config()?;
+    let session = |batch: usize| model.new_session_with(n_ctx, batch, &attention);
     // Sized (and refused, if too large) before any test runs.
-    drop(model.new_session(n_ctx, args.batch_size)?);
+    drop(session(args.batch_size)?);
     if n_ctx > c.n_ctx_train {
         note!(
             "hesper: note: {n_ctx} tokens exceed the model's training context {}",
@@ -122,7 +128,7 @@ fn bench_on<B: Backend>(
             tokens_per_s: Vec::new(),
         };
         for _ in 0..args.repetitions {
-            let mut s = model.new_session(n_ctx, args.batch_size)?;
+            let mut s = session(args.batch_size)?;
             let t0 = Instant::now();
             model.eval(&mut s, &tokens, Logits::Last)?;
             row.tokens_per_s
@@ -137,7 +143,7 @@ fn bench_on<B: Backend>(
             tokens_per_s: Vec::new(),
         };
         for _ in 0..args.repetitions {
-            let mut s = model.new_session(n_ctx, 1)?;
+            let mut s = session(1)?;
             let before = gpu_stats();
             let t0 = Instant::now();
             for &t in &tokens {
@@ -184,7 +190,7 @@ fn bench_on<B: Backend>(
                 let (mean, sd) = r.mean_sd();
                 serde_json::json!({
                     "model": model.file.source, "lm_head": args.model.lm_head.flag(), "size_bytes": model.file.len(), "params": n_params,
-                    "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test, "gpu": gpu_line,
+                    "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test, "gpu": gpu_line, "attention": attention.describe(),
                     "avg_ts": mean, "stddev_ts": sd, "samples_ts": r.tokens_per_s,
                     "bytes_per_token": weight_bytes, "read_gb_per_s": bandwidth, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
                 })
@@ -217,9 +223,10 @@ fn bench_on<B: Backend>(
             r.test
         )?;
     }
+    writeln!(out, "\nattention: {}", attention.describe())?;
     writeln!(
         out,
-        "\nbytes read per generated token (weights incl. LM head): {:.1} MB",
+        "bytes read per generated token (weights incl. LM head): {:.1} MB",
         weight_bytes as f64 / 1e6
     )?;
     if let Some(mib) = resident {

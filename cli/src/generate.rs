@@ -99,6 +99,7 @@ impl GenerateArgs {
         if self.system_prompt.is_some() && !self.chat {
             bail!("-s/--system-prompt applies to --chat (a plain prompt has no chat template)");
         }
+        self.ctx.attention.config()?;
         Ok(())
     }
 
@@ -146,7 +147,8 @@ fn generate_on<B: Backend>(
     load_ms: f64,
 ) -> Result<()> {
     let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
-    let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
+    let attention = args.ctx.attention.config()?;
+    let mut session = model.new_session_with(n_ctx, args.ctx.batch_size, &attention)?;
     ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
     let label = format!("{} | {}", model.file.source, model.backend.name());
     let mut local = Local {

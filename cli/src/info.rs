@@ -10,6 +10,7 @@ use hesper_engine::gguf::{Array, Value};
 use hesper_runtime::load::gpu_backend;
 
 use crate::args::{BackendChoice, ModelArgs};
+use crate::attention::AttentionArgs;
 use crate::load::open_file;
 
 /// Flags of `info`.
@@ -20,10 +21,13 @@ pub struct InfoArgs {
     /// Print every tensor (default: the first 40 and a summary).
     #[arg(long = "all-tensors")]
     all_tensors: bool,
+    #[command(flatten)]
+    attention: AttentionArgs,
 }
 
 /// Runs `info`.
 pub fn run(args: InfoArgs) -> Result<()> {
+    let attention = args.attention.config()?;
     let file = open_file(&args.model)?;
     let g = file.header();
     let mut out = std::io::stdout().lock();
@@ -79,6 +83,13 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 out,
                 "numerics:  {:?} FFN, RMSNorm eps {}, NeoX RoPE base {} over {} dims",
                 c.activation, c.eps, c.rope_base, c.rope_dim
+            )?;
+            let kv_bytes = 2 * c.n_layer * c.kv_dim() * attention.kv_type.bytes();
+            writeln!(
+                out,
+                "attention: {}; KV cache {kv_bytes} bytes per position ({:.1} MiB at the training context)",
+                attention.describe(),
+                (kv_bytes * c.n_ctx_train) as f64 / (1 << 20) as f64
             )?;
         }
         Err(e) => writeln!(out, "\nmodel:     not runnable by hesper-rs: {e}")?,

@@ -39,6 +39,7 @@ pub struct LogitsArgs {
 /// Runs `logits`.
 pub fn run(args: LogitsArgs) -> Result<()> {
     let ids = args.tokens.as_deref().map(parse_ids).transpose()?;
+    args.ctx.attention.config()?;
     // Opened first: an unwritable path fails before any work.
     let file =
         File::create(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -80,7 +81,8 @@ fn write_logits<B: Backend>(
     out: &mut impl Write,
 ) -> Result<usize> {
     let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train).max(tokens.len());
-    let mut session = model.new_session(n_ctx, args.ctx.batch_size)?;
+    let attention = args.ctx.attention.config()?;
+    let mut session = model.new_session_with(n_ctx, args.ctx.batch_size, &attention)?;
     ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
     let mut bytes = Vec::new();
     for chunk in tokens.chunks(args.ctx.batch_size.max(1)) {

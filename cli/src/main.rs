@@ -1,6 +1,7 @@
 //! `hesper-rs`: run BitNet b1.58 GGUF models.
 
 mod args;
+mod attention;
 mod bench;
 mod generate;
 mod info;

@@ -21,6 +21,7 @@ use crate::args::ContextArgs;
 use crate::generate::{drive, print_stats, GenerateArgs};
 use crate::load::load;
 use crate::report::note;
+use hesper_engine::attention::AttentionConfig;
 
 /// Flags of `node`.
 #[derive(Args, Debug)]
@@ -279,6 +280,9 @@ pub fn run(args: NodeArgs) -> Result<()> {
         .map(|a| resolve("--standby", a))
         .transpose()?;
     g.check()?;
+    if g.ctx.attention.config()? != AttentionConfig::default() {
+        bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
+    }
     let sampler = settings::sampler(g.sampling())?;
     let loaded = load(&g.model, Some(layers))?;
     let settings = args.settings(with_config(&loaded.model))?;

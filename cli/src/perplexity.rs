@@ -19,6 +19,7 @@ use hesper_runtime::run_model;
 use crate::args::{ContextArgs, ModelArgs};
 use crate::load::load;
 use crate::report::note;
+use hesper_engine::attention::AttentionConfig;
 
 /// Flags of `perplexity`.
 #[derive(Args, Debug)]
@@ -53,6 +54,7 @@ pub struct PerplexityArgs {
 
 /// Runs `perplexity`.
 pub fn run(args: PerplexityArgs) -> Result<()> {
+    let attention = args.ctx.attention.config()?;
     let base_name = args.kl_base.as_ref().map(|p| p.display().to_string());
     let mut base_in = None;
     let mut text = None;
@@ -158,6 +160,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         tokens: &tokens,
         bos,
         batch: args.ctx.batch_size,
+        attention,
         base_in: base_in.as_mut().map(|(_, r)| r as &mut (dyn Read + Send)),
         base_out: base_out.as_mut().map(|w| w as &mut (dyn Write + Send)),
     };
@@ -175,6 +178,7 @@ struct Job<'a> {
     tokens: &'a [u32],
     bos: Option<u32>,
     batch: usize,
+    attention: AttentionConfig,
     base_in: Option<&'a mut (dyn Read + Send)>,
     base_out: Option<&'a mut (dyn Write + Send)>,
 }
@@ -186,7 +190,8 @@ impl Job<'_> {
         if let Some(&t) = self.tokens.iter().find(|&&t| t as usize >= n_vocab) {
             bail!("token id {t} is outside the vocabulary (size {n_vocab})");
         }
-        let mut session = model.new_session(c.n_ctx, self.batch.clamp(1, c.n_ctx))?;
+        let batch = self.batch.clamp(1, c.n_ctx);
+        let mut session = model.new_session_with(c.n_ctx, batch, &self.attention)?;
         let mut ppl = Accumulator::default();
         let mut kl = Divergence::default();
         let mut base = vec![0f32; c.scored() * n_vocab];

@@ -1,5 +1,6 @@
 //! hesper-cpu: the CPU backend of hesper-rs (see the crate README).
 
+pub mod attention;
 pub mod interleave;
 pub mod kernels;
 pub mod matmul;
@@ -12,6 +13,7 @@ pub mod quant;
 use std::future::Future;
 use std::sync::Arc;
 
+use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::{
     matmul_each, AttentionShape, Backend, BackendError, MatrixUse, RopeShape,
 };
@@ -20,9 +22,9 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;
 use hesper_engine::weights::{Format, MatrixDesc};
 
+pub use attention::KvCache;
 pub use kernels::Isa;
 pub use matmul::CpuMatrix;
-pub use ops::KvCache;
 use profile::OpProfile;
 pub use profile::{Op, OpTime};
 
@@ -196,11 +198,12 @@ impl Backend for CpuBackend {
         n_layer: usize,
         n_ctx: usize,
         kv_dim: usize,
+        config: &AttentionConfig,
     ) -> Result<KvCache, BackendError> {
         let bytes = (n_layer as u64)
             .checked_mul(n_ctx as u64)
             .and_then(|b| b.checked_mul(kv_dim as u64))
-            .and_then(|b| b.checked_mul(8));
+            .and_then(|b| b.checked_mul(2 * config.kv_type.bytes() as u64));
         if bytes.is_none_or(|b| b > isize::MAX as u64 / 2) {
             return Err(BackendError::Allocation {
                 what: "KV cache".into(),
@@ -208,7 +211,7 @@ impl Backend for CpuBackend {
                 why: "larger than the address space".into(),
             });
         }
-        Ok(KvCache::new(n_layer, n_ctx, kv_dim))
+        Ok(KvCache::with_config(n_layer, n_ctx, kv_dim, config))
     }
 
     fn write(&self, dst: &mut Vec<f32>, data: &[f32]) -> Result<(), BackendError> {
@@ -277,8 +280,9 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) {
         self.profile.time(Op::Attention, || {
-            self.pool
-                .install(|| ops::attention(self.isa, cache, layer, q, k, v, n, pos0, shape, out))
+            self.pool.install(|| {
+                attention::attention(self.isa, cache, layer, q, k, v, n, pos0, shape, out)
+            })
         });
     }
 

@@ -3,7 +3,7 @@
 //! on every instruction set; for models whose query heads share kv heads in fours (2B4T) and
 //! not (every golden model has two per kv head).
 
-use hesper_cpu::ops::{attention, KvCache};
+use hesper_cpu::attention::{attention, KvCache};
 use hesper_cpu::Isa;
 use hesper_engine::backend::AttentionShape;
 

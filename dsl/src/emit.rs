@@ -292,12 +292,13 @@ impl<'a> Emitter<'a> {
             ("unpack_f16_lo", [w]) => format!("unpack2x16float({w}).x"),
             ("unpack_f16_hi", [w]) => format!("unpack2x16float({w}).y"),
             ("round_to_f16", [x]) => format!("quantizeToF16({x})"),
+            ("f32_to_bits", [x]) => format!("bitcast<u32>({x})"),
             ("barrier", []) => "workgroupBarrier()".into(),
             ("select", [f, t, cond]) => format!("select({f}, {t}, {cond})"),
             (name, _) => {
                 return Err(unsupported(
                     c,
-                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
+                    &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16, f32_to_bits, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
                 ))
             }
         })
@@ -313,6 +314,7 @@ fn strip_parens(e: &Expr) -> &Expr {
 
 fn literal(l: &Lit) -> syn::Result<String> {
     Ok(match l {
+        Lit::Bool(b) => b.value.to_string(),
         Lit::Int(i) => match i.suffix() {
             "" => i.base10_digits().to_string(),
             "u32" => format!("{}u", i.base10_digits()),
@@ -345,7 +347,6 @@ fn literal(l: &Lit) -> syn::Result<String> {
                 exact
             }
         }
-        Lit::Bool(b) => b.value.to_string(),
         other => return Err(unsupported(other, "this literal")),
     })
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::attention::AttentionConfig;
 use crate::config::Activation;
 use crate::file::ModelFile;
 use crate::memory::MemoryLimits;
@@ -137,12 +138,14 @@ pub trait Backend {
     }
     /// A zeroed buffer of `len` floats.
     fn alloc(&self, len: usize) -> Result<Self::Buffer, BackendError>;
-    /// A KV cache for `n_layer` layers of `n_ctx` positions of `kv_dim` keys and values.
+    /// A KV cache for `n_layer` layers of `n_ctx` positions of `kv_dim` keys and values,
+    /// stored and read by [`Backend::attention`] as `config` says.
     fn new_cache(
         &self,
         n_layer: usize,
         n_ctx: usize,
         kv_dim: usize,
+        config: &AttentionConfig,
     ) -> Result<Self::Cache, BackendError>;
     /// Copies host data into the front of `dst`.
     fn write(&self, dst: &mut Self::Buffer, data: &[f32]) -> Result<(), BackendError>;
@@ -212,7 +215,9 @@ pub trait Backend {
     /// Rotates `n` rows of `shape.n_head` heads in place; row `i` is at position `pos0 + i`.
     fn rope(&self, x: &mut Self::Buffer, n: usize, pos0: usize, shape: &RopeShape);
     /// Writes `k`, `v` for positions `pos0..pos0+n` into layer `layer` of the cache, then
-    /// computes causal softmax attention of the `n` query rows over positions `0..=pos0+i`.
+    /// computes causal softmax attention of the `n` query rows over positions `0..=pos0+i`
+    /// (dense), or over the keys [`crate::attention::SparsePattern::keys`] names for
+    /// position `pos0+i` (sparse), as the cache was configured.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,

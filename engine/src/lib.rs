@@ -6,9 +6,11 @@
 //!   [`q6_k`]: ggml's Q6_K layout (LM heads);
 //! * [`config`]: the model hyper-parameters and numeric flavour read from metadata;
 //! * [`backend`] and [`model`]: the BitNet b1.58 forward pass, written once over a backend trait;
+//!   [`attention`]: the KV cache's element type and the sparse attention pattern;
 //!   [`memory`]: a session sized and checked before anything is allocated;
 //! * [`tokenizer`], [`sampler`], [`chat`]: text in, tokens out.
 
+pub mod attention;
 pub mod backend;
 pub mod chat;
 pub mod config;

@@ -38,6 +38,8 @@ pub struct SessionShape {
     pub n_layer: usize,
     /// Keys (and values) per position and layer.
     pub kv_dim: usize,
+    /// Bytes a cached key or value takes.
+    pub kv_bytes: usize,
     /// Widths of one token's scratch rows (residual, FFN, logits …).
     pub row_widths: [usize; 10],
 }
@@ -92,8 +94,8 @@ impl SessionShape {
         let row_bytes: u64 = self.row_widths.iter().map(|&w| w as u64 * 4).sum();
         let widest_row = self.row_widths.iter().max().copied().unwrap_or(0) as u64 * 4;
         // K and V of every layer held.
-        let kv_per_pos = self.n_layer as u64 * self.kv_dim as u64 * 8;
-        let kv_layer_per_pos = self.kv_dim as u64 * 4;
+        let kv_per_pos = self.n_layer as u64 * self.kv_dim as u64 * 2 * self.kv_bytes as u64;
+        let kv_layer_per_pos = self.kv_dim as u64 * self.kv_bytes as u64;
         let scratch = (batch as u64).checked_mul(row_bytes);
         let scratch_max = (batch as u64).checked_mul(widest_row);
         if let Some(avail) = limits.available {
@@ -188,6 +190,7 @@ mod tests {
         SessionShape {
             n_layer: 2,
             kv_dim: 64,
+            kv_bytes: 4,
             row_widths: [128, 128, 128, 64, 64, 128, 256, 256, 256, 1000],
         }
     }

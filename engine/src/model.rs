@@ -19,6 +19,7 @@ use thiserror::Error;
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
+use crate::attention::AttentionConfig;
 use crate::backend::{AttentionShape, Backend, BackendError, MatrixUse, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
@@ -415,6 +416,17 @@ impl<B: Backend> Model<B> {
     /// to it). Sizes are checked against [`Backend::memory_limits`] before anything is
     /// allocated.
     pub fn new_session(&self, n_ctx: usize, batch: usize) -> Result<Session<B>, ModelError> {
+        self.new_session_with(n_ctx, batch, &AttentionConfig::default())
+    }
+
+    /// [`Model::new_session`] with attention stored and read as `attention` says (cache
+    /// element type, dense or sparse).
+    pub fn new_session_with(
+        &self,
+        n_ctx: usize,
+        batch: usize,
+        attention: &AttentionConfig,
+    ) -> Result<Session<B>, ModelError> {
         let c = &self.config;
         let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
         let logits = if self.output_norm.is_some() {
@@ -425,6 +437,7 @@ impl<B: Backend> Model<B> {
         let shape = SessionShape {
             n_layer: self.layers.len(),
             kv_dim: kv,
+            kv_bytes: attention.kv_type.bytes(),
             row_widths: [d, d, d, kv, kv, d, ff, ff, ff, logits],
         };
         let size = shape.size(n_ctx, batch, self.backend.memory_limits())?;
@@ -442,7 +455,7 @@ impl<B: Backend> Model<B> {
             act: b.alloc(batch * ff)?,
             logits: b.alloc((batch * logits).max(1))?,
         };
-        let cache = b.new_cache(self.layers.len(), n_ctx, kv)?;
+        let cache = b.new_cache(self.layers.len(), n_ctx, kv, attention)?;
         Ok(Session {
             cache,
             pos: 0,

@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 
+use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
 use hesper_engine::backend::{AttentionShape, Backend, BackendError, MatrixUse, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
@@ -28,11 +29,27 @@ const ARGMAX_GROUPS: usize = 256;
 /// Largest head the attention kernel handles (one thread per dimension).
 pub const MAX_HEAD_DIM: usize = 128;
 
-/// The KV cache of every layer, on the GPU.
+/// Most globals of a sparse pattern the attention kernel takes (its scattered tile holds them
+/// and 32 log-stride positions).
+pub const MAX_GLOBALS: usize = 96;
+
+/// The KV cache of every layer, on the GPU: words of one f32 or two f16 (`kv_write`).
 pub struct GpuKvCache {
-    k: Vec<GpuBuffer<f32>>,
-    v: Vec<GpuBuffer<f32>>,
+    k: Vec<GpuBuffer<u32>>,
+    v: Vec<GpuBuffer<u32>>,
     kv_dim: usize,
+    kv_type: KvType,
+    sparse: Option<Sparse>,
+}
+
+/// What a sparse cache adds: its pattern, its globals on the GPU and the landmarks of each
+/// layer (`[block][kv_dim]` means of K and of V; one unused word when landmarks are off).
+struct Sparse {
+    pattern: SparsePattern,
+    globals: GpuBuffer<u32>,
+    n_block: usize,
+    lk: Vec<GpuBuffer<f32>>,
+    lv: Vec<GpuBuffer<f32>>,
 }
 
 /// Counters a benchmark reports.
@@ -506,22 +523,73 @@ impl Backend for GpuBackend {
         n_layer: usize,
         n_ctx: usize,
         kv_dim: usize,
+        config: &AttentionConfig,
     ) -> Result<GpuKvCache, BackendError> {
         let st = self.state.borrow();
-        let len = n_ctx.saturating_mul(kv_dim);
+        let kv_type = config.kv_type;
+        let words = match kv_type {
+            KvType::F32 => n_ctx.saturating_mul(kv_dim),
+            KvType::F16 => n_ctx.saturating_mul(kv_dim) / 2,
+        };
+        let error = |what: &str, bytes: u64, e: GpuError| BackendError::Allocation {
+            what: format!("{what} ({n_layer} layers × {n_ctx} positions)"),
+            bytes,
+            why: e.to_string(),
+        };
+        let cache_bytes = (words as u64).saturating_mul(8 * n_layer as u64);
         let alloc = |what: &str| {
             st.gpu
-                .zeroed::<f32>(what, len)
-                .map_err(|e| BackendError::Allocation {
-                    what: format!("KV cache ({n_layer} layers × {n_ctx} positions)"),
-                    bytes: (len as u64).saturating_mul(8 * n_layer as u64),
-                    why: e.to_string(),
+                .zeroed::<u32>(what, words)
+                .map_err(|e| error("KV cache", cache_bytes, e))
+        };
+        if kv_type == KvType::F16 && kv_dim % 2 == 1 {
+            return Err(BackendError::Unsupported {
+                backend: self.name.clone(),
+                tensor: "KV cache".into(),
+                why: format!("an f16 cache packs pairs of values; {kv_dim} per position is odd"),
+            });
+        }
+        let sparse = match &config.sparse {
+            None => None,
+            Some(p) => {
+                if p.globals.len() > MAX_GLOBALS {
+                    return Err(BackendError::Unsupported {
+                        backend: self.name.clone(),
+                        tensor: "KV cache".into(),
+                        why: format!(
+                            "{} global positions (at most {MAX_GLOBALS})",
+                            p.globals.len()
+                        ),
+                    });
+                }
+                let n_block = if p.landmarks { n_ctx / p.block } else { 0 };
+                let len = (n_block * kv_dim).max(1);
+                let bytes = (len as u64).saturating_mul(8 * n_layer as u64);
+                let mut lk = Vec::with_capacity(n_layer);
+                let mut lv = Vec::with_capacity(n_layer);
+                for _ in 0..n_layer {
+                    for marks in [&mut lk, &mut lv] {
+                        let b = st.gpu.zeroed::<f32>("landmarks", len);
+                        marks.push(b.map_err(|e| error("landmarks", bytes, e))?);
+                    }
+                }
+                let globals: Vec<u32> = p.globals.iter().map(|&g| g as u32).collect();
+                let globals = if globals.is_empty() { vec![0] } else { globals };
+                Some(Sparse {
+                    pattern: p.clone(),
+                    globals: st.gpu.upload("globals", &globals).map_err(device_error)?,
+                    n_block,
+                    lk,
+                    lv,
                 })
+            }
         };
         let mut cache = GpuKvCache {
             k: Vec::with_capacity(n_layer),
             v: Vec::with_capacity(n_layer),
             kv_dim,
+            kv_type,
+            sparse,
         };
         for _ in 0..n_layer {
             cache.k.push(alloc("K cache")?);
@@ -932,6 +1000,7 @@ impl Backend for GpuBackend {
             }
             let kv = cache.kv_dim;
             let len = n * kv;
+            let f16 = u32::from(cache.kv_type == KvType::F16);
             st.batch.run(
                 &mut st.gpu,
                 &k::kv_write::Args {
@@ -941,23 +1010,81 @@ impl Backend for GpuBackend {
                     v_cache: &mut cache.v[layer],
                     len: len as u32,
                     at: (pos0 * kv) as u32,
+                    f16,
                 },
                 k::kv_write::grid_for(len as u32),
             )?;
+            let scale = 1.0 / (shape.head_dim as f32).sqrt();
+            let (n_head, n_head_kv) = (shape.n_head as u32, shape.n_head_kv as u32);
+            let head_dim = shape.head_dim as u32;
+            let Some(sp) = &mut cache.sparse else {
+                // Dense: the landmark and globals bindings are not read; the K cache stands in.
+                return st.batch.run(
+                    &mut st.gpu,
+                    &k::attention::Args {
+                        q,
+                        k_cache: &cache.k[layer],
+                        v_cache: &cache.v[layer],
+                        lk: q,
+                        lv: q,
+                        globals: &cache.k[layer],
+                        out,
+                        n_head,
+                        n_head_kv,
+                        head_dim,
+                        pos0: pos0 as u32,
+                        scale,
+                        f16,
+                        window: 0,
+                        n_global: 0,
+                        log_stride: 0,
+                        landmarks: 0,
+                        block: 1,
+                    },
+                    k::attention_grid(n_head, n as u32),
+                );
+            };
+            let p = &sp.pattern;
+            if sp.n_block > 0 {
+                st.batch.run(
+                    &mut st.gpu,
+                    &k::landmark_update::Args {
+                        k: k_new,
+                        v: v_new,
+                        lk: &mut sp.lk[layer],
+                        lv: &mut sp.lv[layer],
+                        kv_dim: kv as u32,
+                        pos0: pos0 as u32,
+                        n: n as u32,
+                        block: p.block as u32,
+                        n_block: sp.n_block as u32,
+                    },
+                    k::landmark_grid(kv as u32, pos0 as u32, n as u32, p.block as u32),
+                )?;
+            }
             st.batch.run(
                 &mut st.gpu,
                 &k::attention::Args {
                     q,
                     k_cache: &cache.k[layer],
                     v_cache: &cache.v[layer],
+                    lk: &sp.lk[layer],
+                    lv: &sp.lv[layer],
+                    globals: &sp.globals,
                     out,
-                    n_head: shape.n_head as u32,
-                    n_head_kv: shape.n_head_kv as u32,
-                    head_dim: shape.head_dim as u32,
+                    n_head,
+                    n_head_kv,
+                    head_dim,
                     pos0: pos0 as u32,
-                    scale: 1.0 / (shape.head_dim as f32).sqrt(),
+                    scale,
+                    f16,
+                    window: p.window.max(1) as u32,
+                    n_global: p.globals.len() as u32,
+                    log_stride: u32::from(p.log_stride),
+                    landmarks: u32::from(sp.n_block > 0),
+                    block: p.block as u32,
                 },
-                k::attention_grid(shape.n_head as u32, n as u32),
+                k::attention_grid(n_head, n as u32),
             )
         });
     }

@@ -109,6 +109,11 @@ pub fn round_to_f16(_x: f32) -> f32 {
     unreachable!("{NOT_RUN}")
 }
 
+/// `bitcast<u32>(x)`.
+pub fn f32_to_bits(_x: f32) -> u32 {
+    unreachable!("{NOT_RUN}")
+}
+
 /// `subgroupAdd(x)`.
 pub fn subgroup_add<T>(_x: T) -> T {
     unreachable!("{NOT_RUN}")

@@ -4,8 +4,8 @@
 //! shape of a launch is written once, next to the kernels.
 
 use crate::{
-    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq, matvec_f16, matvec_f32, matvec_q8_0,
-    quantize_q8_0,
+    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq, landmark_update, matvec_f16, matvec_f32,
+    matvec_q8_0, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels multiplies at once (the second grid dimension is
@@ -55,6 +55,17 @@ pub const fn matrix_grid(rows: u32, lanes: u32, tokens: u32) -> [u32; 3] {
 /// The grid of [`attention`](crate::attention): one workgroup per (query head, token).
 pub const fn attention_grid(n_head: u32, tokens: u32) -> [u32; 3] {
     [n_head, tokens, 1]
+}
+
+/// The grid of [`landmark_update`](crate::landmark_update): `kv_dim` threads for each block of
+/// `block` positions that positions `pos0..pos0+n` touch.
+pub const fn landmark_grid(kv_dim: u32, pos0: u32, n: u32, block: u32) -> [u32; 3] {
+    let blocks = if n == 0 {
+        0
+    } else {
+        (pos0 + n - 1) / block - pos0 / block + 1
+    };
+    landmark_update::grid_for(blocks * kv_dim)
 }
 
 /// One workgroup per row or block: `rms_norm`, `rms_norm_sg`, `quantize_i8`,

@@ -1,21 +1,113 @@
-//! The KV-cache write.
+//! The KV-cache write and the landmarks of a sparse cache.
+//!
+//! A cache word holds one f32 (its bits) or two f16 ([`f16_bits`], the lower position in the
+//! low half), as the session's `--kv-type` says; attention reads both.
 
-use hesper_dsl::kernel;
+use hesper_dsl::{kernel, kernel_fn};
 
-/// Writes the keys and values of `n` new tokens (`[n][kv_dim]` each) into one layer's caches
-/// at positions `pos0..pos0+n`, both in one dispatch.
-#[kernel(workgroup = 256)]
+/// The bits of the IEEE half nearest `x`, ties to even (what the CPU cache's
+/// `half::f16::from_f32` stores; NaN payloads aside), in integer operations: WGSL leaves the
+/// rounding of `quantizeToF16` and `pack2x16float` to the implementation, and lavapipe's is not
+/// to nearest even.
+#[kernel_fn]
+pub fn f16_bits(x: f32) -> u32 {
+    let b = f32_to_bits(x);
+    let sign = (b >> 16u32) & 32768u32;
+    let e = (b >> 23u32) & 255u32;
+    let m = b & 8388607u32;
+    let mut h = 0u32;
+    if e == 255u32 {
+        // ∞, or NaN (kept quiet).
+        h = 31744u32 | select(0u32, 512u32, m != 0u32);
+    } else if e > 142u32 {
+        // Past the largest half: ∞.
+        h = 31744u32;
+    } else if e > 112u32 {
+        // A normal half: exponent e − 112, the top ten mantissa bits, then rounding (a carry
+        // out of the mantissa steps the exponent, up to ∞, as it should).
+        h = ((e - 112u32) << 10u32) | (m >> 13u32);
+        let rest = m & 8191u32;
+        if rest > 4096u32 || (rest == 4096u32 && (h & 1u32) == 1u32) {
+            h += 1u32;
+        }
+    } else if e > 101u32 {
+        // A subnormal half: units of 2^−24.
+        let full = m | 8388608u32;
+        let shift = 126u32 - e;
+        h = full >> shift;
+        let rest = full & ((1u32 << shift) - 1u32);
+        let tie = 1u32 << (shift - 1u32);
+        if rest > tie || (rest == tie && (h & 1u32) == 1u32) {
+            h += 1u32;
+        }
+    }
+    sign | h
+}
+
+/// Writes the keys and values of `n` new tokens (`[n][kv_dim]` each, `len` values) into one
+/// layer's caches at value offset `at`, both in one dispatch. f32 (`f16 == 0`): thread `i`
+/// stores value `i`. f16: thread `i` packs values `2i, 2i+1` into word `at/2 + i` (`len` and
+/// `at` are even).
+#[kernel(workgroup = 256, uses(f16_bits))]
 pub fn kv_write(
     k: &[f32],
     v: &[f32],
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    k_cache: &mut [u32],
+    v_cache: &mut [u32],
     #[uniform] len: u32,
     #[uniform] at: u32,
+    #[uniform] f16: u32,
 ) {
     let i = gid();
-    if i < len {
-        k_cache[at + i] = k[i];
-        v_cache[at + i] = v[i];
+    if f16 == 0u32 {
+        if i < len {
+            k_cache[at + i] = f32_to_bits(k[i]);
+            v_cache[at + i] = f32_to_bits(v[i]);
+        }
+    } else if 2u32 * i < len {
+        let a = 2u32 * i;
+        k_cache[at / 2u32 + i] = f16_bits(k[a]) | (f16_bits(k[a + 1u32]) << 16u32);
+        v_cache[at / 2u32 + i] = f16_bits(v[a]) | (f16_bits(v[a + 1u32]) << 16u32);
+    }
+}
+
+/// Folds the keys and values of positions `pos0..pos0+n` (`[n][kv_dim]`) into the landmarks of
+/// their blocks (`[n_block][kv_dim]`, the running mean of each block's rows: Welford, restarted
+/// at a block's first position). Thread `i`: element `i % kv_dim` of the `i / kv_dim`-th block
+/// the new positions touch, visiting them in order; grid `kv_dim × blocks touched`.
+#[kernel(workgroup = 64)]
+pub fn landmark_update(
+    k: &[f32],
+    v: &[f32],
+    lk: &mut [f32],
+    lv: &mut [f32],
+    #[uniform] kv_dim: u32,
+    #[uniform] pos0: u32,
+    #[uniform] n: u32,
+    #[uniform] block: u32,
+    #[uniform] n_block: u32,
+) {
+    let i = gid();
+    let b = pos0 / block + i / kv_dim;
+    let e = i % kv_dim;
+    let end = pos0 + n;
+    if b < n_block && b * block < end {
+        let at = b * kv_dim + e;
+        let mut mk = lk[at];
+        let mut mv = lv[at];
+        for p in pos0.max(b * block)..end.min(b * block + block) {
+            let j = p % block;
+            let x = k[(p - pos0) * kv_dim + e];
+            let y = v[(p - pos0) * kv_dim + e];
+            if j == 0u32 {
+                mk = x;
+                mv = y;
+            } else {
+                mk = mk + (x - mk) / ((j + 1u32) as f32);
+                mv = mv + (y - mv) / ((j + 1u32) as f32);
+            }
+        }
+        lk[at] = mk;
+        lv[at] = mv;
     }
 }

@@ -5,8 +5,9 @@
 //! Each comparison states its tolerance and why; the measured maximum is printed (run with
 //! `--nocapture`).
 
+use hesper_cpu::attention::{self, KvCache};
 use hesper_cpu::kernels::scalar::{f16_dot, f32_dot, i2s_code_dot, q8_0_dot, tq2_0_dot};
-use hesper_cpu::ops::{self, KvCache};
+use hesper_cpu::ops;
 use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, QK_K};
 use hesper_cpu::Isa;
 use hesper_engine::backend::{AttentionShape, RopeShape};
@@ -914,6 +915,11 @@ fn embed_f16_fetches_rows_by_window() {
     assert_eq!(got, want, "embed_f16");
 }
 
+/// The bits of each value: the words of an f32 KV cache.
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
 #[test]
 fn attention_matches_the_cpu_across_a_tile_boundary() {
     let mut g = gpu();
@@ -931,7 +937,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
     let mut cache = KvCache::new(1, n_ctx, kv_dim);
     let mut scratch = vec![0.0; pos0 * width];
     let q_pre = data(pos0 * width, 24);
-    ops::attention(
+    attention::attention(
         Isa::Scalar,
         &mut cache,
         0,
@@ -945,7 +951,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
     );
     let q = data(n * width, 25);
     let mut want = vec![0.0; n * width];
-    ops::attention(
+    attention::attention(
         Isa::Scalar,
         &mut cache,
         0,
@@ -965,8 +971,8 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
     kc[..len * kv_dim].copy_from_slice(&k_all);
     vc[..len * kv_dim].copy_from_slice(&v_all);
     let bq = g.upload("q", &q).unwrap();
-    let bk = g.upload("k_cache", &kc).unwrap();
-    let bv = g.upload("v_cache", &vc).unwrap();
+    let bk = g.upload("k_cache", &bits(&kc)).unwrap();
+    let bv = g.upload("v_cache", &bits(&vc)).unwrap();
     let mut out = g.zeroed::<f32>("out", n * width).unwrap();
     launch(
         &mut g,
@@ -974,12 +980,21 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
             q: &bq,
             k_cache: &bk,
             v_cache: &bv,
+            lk: &bq,
+            lv: &bq,
+            globals: &bk,
             out: &mut out,
             n_head: s.n_head as u32,
             n_head_kv: s.n_head_kv as u32,
             head_dim: s.head_dim as u32,
             pos0: pos0 as u32,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
+            f16: 0,
+            window: 0,
+            n_global: 0,
+            log_stride: 0,
+            landmarks: 0,
+            block: 1,
         },
         k::attention_grid(s.n_head as u32, n as u32),
     );
@@ -1349,31 +1364,60 @@ fn rope_norm_rotates_adjacent_pairs() {
 #[test]
 fn kv_write_places_keys_and_values_at_their_positions() {
     let mut g = gpu();
-    // 3 tokens of 320 at positions 5..8 of a 10-position cache that already holds data.
+    // 3 tokens of 320 at positions 5..8 of a 10-position cache that already holds data, as
+    // f32 words and as pairs of f16.
     let (kv, n, pos0, ctx) = (320usize, 3usize, 5usize, 10usize);
-    let (k_new, v_new) = (data(n * kv, 36), data(n * kv, 37));
-    let (old_k, old_v) = (data(ctx * kv, 38), data(ctx * kv, 39));
-    let (bk, bv) = (
-        g.upload("k", &k_new).unwrap(),
-        g.upload("v", &v_new).unwrap(),
-    );
-    let mut kc = g.upload("k cache", &old_k).unwrap();
-    let mut vc = g.upload("v cache", &old_v).unwrap();
-    launch(
-        &mut g,
-        &k::kv_write::Args {
-            k: &bk,
-            v: &bv,
-            k_cache: &mut kc,
-            v_cache: &mut vc,
-            len: (n * kv) as u32,
-            at: (pos0 * kv) as u32,
-        },
-        k::kv_write::grid_for((n * kv) as u32),
-    );
-    let (mut want_k, mut want_v) = (old_k, old_v);
-    want_k[pos0 * kv..(pos0 + n) * kv].copy_from_slice(&k_new);
-    want_v[pos0 * kv..(pos0 + n) * kv].copy_from_slice(&v_new);
-    assert_eq!(read!(g, &kc), want_k, "K cache");
-    assert_eq!(read!(g, &vc), want_v, "V cache");
+    let (mut k_new, v_new) = (data(n * kv, 36), data(n * kv, 37));
+    // Rounding edges of f16: ties to even (down, then up), the largest half and the first value
+    // past it (∞), the subnormal range, a tie at half the smallest subnormal (→ 0), −0, NaN-free.
+    let edges = [
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        65504.0,
+        65520.0,
+        1e-6,
+        2f32.powi(-25),
+        3.0 * 2f32.powi(-26),
+        -0.0,
+        -70000.0,
+        6.1e-5,
+    ];
+    k_new[..edges.len()].copy_from_slice(&edges);
+    for f16 in [false, true] {
+        let word = |x: &[f32]| -> Vec<u32> {
+            if f16 {
+                let h = |v: f32| u32::from(half::f16::from_f32(v).to_bits());
+                x.chunks_exact(2).map(|p| h(p[0]) | h(p[1]) << 16).collect()
+            } else {
+                bits(x)
+            }
+        };
+        let (old_k, old_v) = (word(&data(ctx * kv, 38)), word(&data(ctx * kv, 39)));
+        let (bk, bv) = (
+            g.upload("k", &k_new).unwrap(),
+            g.upload("v", &v_new).unwrap(),
+        );
+        let mut kc = g.upload("k cache", &old_k).unwrap();
+        let mut vc = g.upload("v cache", &old_v).unwrap();
+        launch(
+            &mut g,
+            &k::kv_write::Args {
+                k: &bk,
+                v: &bv,
+                k_cache: &mut kc,
+                v_cache: &mut vc,
+                len: (n * kv) as u32,
+                at: (pos0 * kv) as u32,
+                f16: u32::from(f16),
+            },
+            k::kv_write::grid_for((n * kv) as u32),
+        );
+        // f16: each value rounded to the nearest half, as the CPU cache stores it.
+        let per = if f16 { 2 } else { 1 };
+        let (mut want_k, mut want_v) = (old_k, old_v);
+        want_k[pos0 * kv / per..(pos0 + n) * kv / per].copy_from_slice(&word(&k_new));
+        want_v[pos0 * kv / per..(pos0 + n) * kv / per].copy_from_slice(&word(&v_new));
+        assert_eq!(read!(g, &kc), want_k, "K cache (f16: {f16})");
+        assert_eq!(read!(g, &vc), want_v, "V cache (f16: {f16})");
+    }
 }

@@ -65,7 +65,9 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
     let embd = matrix("token_embd.weight", c.n_vocab, d);
     let mut x0 = backend.alloc(n * d).expect("alloc");
     backend.embed(&embd, &ops.tokens, &mut x0);
-    let mut cache = backend.new_cache(c.n_layer, n, kv).expect("cache");
+    let mut cache = backend
+        .new_cache(c.n_layer, n, kv, &Default::default())
+        .expect("cache");
     for l in 0..c.n_layer {
         let op = |name: &str| ops.get(&format!("{name}-{l}"));
         let input = if l == 0 {

@@ -1,0 +1,353 @@
+//! Causal attention over the KV cache, dense or sparse ([`SparsePattern`]), over an f32 or f16
+//! cache ([`KvType`]). Dense attention over an f32 cache reads the cache in place; the other
+//! modes first gather each task's keys and values as f32 rows, then run the same score,
+//! softmax and weighted-sum kernels over them.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use hesper_engine::attention::{AttentionConfig, Key, KvType, SparsePattern};
+use hesper_engine::backend::AttentionShape;
+use rayon::prelude::*;
+
+use crate::kernels::Isa;
+
+/// One of K or V for every layer: `[layer][position][kv_dim]`.
+enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Store {
+    fn new(kv_type: KvType, len: usize) -> Self {
+        match kv_type {
+            KvType::F32 => Self::F32(vec![0.0; len]),
+            KvType::F16 => Self::F16(vec![f16::ZERO; len]),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len() * 4,
+            Self::F16(v) => v.len() * 2,
+        }
+    }
+
+    /// Stores `src` at `at` (rounded to nearest even for f16).
+    fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Self::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Self::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
+        }
+    }
+
+    /// The `out.len()` values at `at`, as f32.
+    fn read(&self, at: usize, out: &mut [f32]) {
+        match self {
+            Self::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
+            Self::F16(v) => v[at..at + out.len()].convert_to_f32_slice(out),
+        }
+    }
+}
+
+/// Landmarks of a sparse cache: the running means of each whole block's keys and values,
+/// `[layer][block][kv_dim]`, updated as positions are appended.
+struct Landmarks {
+    n_block: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// The KV cache of every layer, with how attention reads it.
+pub struct KvCache {
+    k: Store,
+    v: Store,
+    n_ctx: usize,
+    kv_dim: usize,
+    sparse: Option<SparsePattern>,
+    landmarks: Option<Landmarks>,
+}
+
+impl KvCache {
+    /// A zeroed dense f32 cache (pages are only touched as positions fill).
+    pub fn new(n_layer: usize, n_ctx: usize, kv_dim: usize) -> Self {
+        Self::with_config(n_layer, n_ctx, kv_dim, &AttentionConfig::default())
+    }
+
+    /// A zeroed cache stored and read as `config` says.
+    pub fn with_config(
+        n_layer: usize,
+        n_ctx: usize,
+        kv_dim: usize,
+        config: &AttentionConfig,
+    ) -> Self {
+        let len = n_layer * n_ctx * kv_dim;
+        let landmarks = config.sparse.as_ref().filter(|p| p.landmarks).map(|p| {
+            let n_block = n_ctx / p.block.max(1);
+            Landmarks {
+                n_block,
+                k: vec![0.0; n_layer * n_block * kv_dim],
+                v: vec![0.0; n_layer * n_block * kv_dim],
+            }
+        });
+        Self {
+            k: Store::new(config.kv_type, len),
+            v: Store::new(config.kv_type, len),
+            n_ctx,
+            kv_dim,
+            sparse: config.sparse.clone(),
+            landmarks,
+        }
+    }
+
+    /// Bytes held (landmarks included).
+    pub fn bytes(&self) -> usize {
+        let marks = self
+            .landmarks
+            .as_ref()
+            .map_or(0, |l| (l.k.len() + l.v.len()) * 4);
+        self.k.bytes() + self.v.bytes() + marks
+    }
+
+    /// Stores `n` rows of keys and values at `pos0..` in `layer` and folds them into their
+    /// blocks' landmarks.
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32], n: usize, pos0: usize) {
+        let kv_dim = self.kv_dim;
+        let at = (layer * self.n_ctx + pos0) * kv_dim;
+        self.k.write(at, &k[..n * kv_dim]);
+        self.v.write(at, &v[..n * kv_dim]);
+        let (Some(marks), Some(p)) = (&mut self.landmarks, &self.sparse) else {
+            return;
+        };
+        for (t, (kr, vr)) in k
+            .chunks_exact(kv_dim)
+            .zip(v.chunks_exact(kv_dim))
+            .take(n)
+            .enumerate()
+        {
+            let pos = pos0 + t;
+            let block = pos / p.block;
+            if block >= marks.n_block {
+                continue;
+            }
+            // Welford: the mean of the block's first j + 1 keys; restarting at j = 0 keeps
+            // it right after a session is truncated into the block.
+            let j = (pos % p.block) as f32;
+            let at = (layer * marks.n_block + block) * kv_dim;
+            for (m, x) in [(&mut marks.k, kr), (&mut marks.v, vr)] {
+                for (m, &x) in m[at..at + kv_dim].iter_mut().zip(x) {
+                    *m = if j == 0.0 {
+                        x
+                    } else {
+                        *m + (x - *m) / (j + 1.0)
+                    };
+                }
+            }
+        }
+    }
+
+    /// Copies the rows of `keys` (of kv head offset `off`, `out.len() / keys.len()` wide) from
+    /// the K (`values` false) or V cache of `layer`, or from its landmarks, into `out`.
+    fn gather(&self, layer: usize, keys: &[Key], off: usize, values: bool, out: &mut [f32]) {
+        let hd = out.len() / keys.len().max(1);
+        let store = if values { &self.v } else { &self.k };
+        let base = layer * self.n_ctx * self.kv_dim + off;
+        for (key, row) in keys.iter().zip(out.chunks_exact_mut(hd)) {
+            match *key {
+                Key::Position(p) => store.read(base + p * self.kv_dim, row),
+                Key::Landmark(b) => {
+                    let marks = self.landmarks.as_ref().expect("landmarks are kept");
+                    let src = if values { &marks.v } else { &marks.k };
+                    let at = (layer * marks.n_block + b) * self.kv_dim + off;
+                    row.copy_from_slice(&src[at..at + hd]);
+                }
+            }
+        }
+    }
+
+    /// The keys the query at `pos` attends.
+    fn keys(&self, pos: usize) -> Vec<Key> {
+        match &self.sparse {
+            Some(p) => p.keys(pos),
+            None => (0..=pos).map(Key::Position).collect(),
+        }
+    }
+}
+
+/// Stores `k`, `v` of `n` tokens at `pos0..` in `layer`, then causal attention of `q` (dot
+/// products and weighted sums on `isa`) as the cache's configuration says.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    isa: Isa,
+    cache: &mut KvCache,
+    layer: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    pos0: usize,
+    s: &AttentionShape,
+    out: &mut [f32],
+) {
+    cache.append(layer, k, v, n, pos0);
+    let cache = &*cache;
+    let hd = s.head_dim;
+    let group = s.n_head / s.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let width = s.n_head * hd;
+    let in_place = match (&cache.k, &cache.sparse) {
+        (Store::F32(kc), None) => {
+            let (Store::F32(vc), base) = (&cache.v, layer * cache.n_ctx * cache.kv_dim) else {
+                unreachable!("K and V are stored alike")
+            };
+            Some((&kc[base..], &vc[base..]))
+        }
+        _ => None,
+    };
+    // Rows of the keys and values of one task: in place for a dense f32 cache, else gathered.
+    let rows = |t: usize, h: usize| -> (Vec<f32>, Vec<f32>, usize, usize) {
+        let off = (h / group) * hd;
+        let keys = cache.keys(pos0 + t);
+        let mut kr = vec![0.0; keys.len() * hd];
+        let mut vr = vec![0.0; keys.len() * hd];
+        cache.gather(layer, &keys, off, false, &mut kr);
+        cache.gather(layer, &keys, off, true, &mut vr);
+        (kr, vr, keys.len(), hd)
+    };
+    if n > 1 && group.is_multiple_of(4) {
+        // A batch: one task per (token, four query heads of one kv head), whose keys and
+        // values are read once for the four.
+        out[..n * width]
+            .par_chunks_mut(4 * hd)
+            .enumerate()
+            .for_each(|(idx, o)| {
+                let (t, h) = (idx / (s.n_head / 4), idx % (s.n_head / 4) * 4);
+                let gathered;
+                let (kh, vh, len, stride) = match in_place {
+                    Some((kc, vc)) => {
+                        let off = (h / group) * hd;
+                        (&kc[off..], &vc[off..], pos0 + t + 1, cache.kv_dim)
+                    }
+                    None => {
+                        gathered = rows(t, h);
+                        (&gathered.0[..], &gathered.1[..], gathered.2, gathered.3)
+                    }
+                };
+                let q4: [&[f32]; 4] = std::array::from_fn(|g| &q[t * width + (h + g) * hd..][..hd]);
+                let mut scores = vec![0.0f32; 4 * len];
+                isa.scores_x4(q4, kh, stride, four(scores.chunks_exact_mut(len)));
+                scores
+                    .chunks_exact_mut(len)
+                    .for_each(|row| isa.softmax(row, scale));
+                let p4 = four(scores.chunks_exact(len));
+                isa.weighted_sum_x4(p4, vh, stride, four(o.chunks_exact_mut(hd)));
+            });
+        return;
+    }
+    // One task per (token, query head): a single token still has n_head tasks to share
+    // between the threads (one per kv head left them unevenly loaded: 5 tasks on 2 threads).
+    out[..n * width]
+        .par_chunks_mut(hd)
+        .enumerate()
+        .for_each(|(idx, o)| {
+            let (t, h) = (idx / s.n_head, idx % s.n_head);
+            let qh = &q[t * width + h * hd..][..hd];
+            let gathered;
+            let (kh, vh, len, stride) = match in_place {
+                Some((kc, vc)) => {
+                    let off = (h / group) * hd;
+                    (&kc[off..], &vc[off..], pos0 + t + 1, cache.kv_dim)
+                }
+                None => {
+                    gathered = rows(t, h);
+                    (&gathered.0[..], &gathered.1[..], gathered.2, gathered.3)
+                }
+            };
+            let mut scores = vec![0.0f32; len];
+            isa.scores(qh, kh, stride, &mut scores);
+            isa.softmax(&mut scores, scale);
+            isa.weighted_sum(&scores, vh, stride, o);
+        });
+}
+
+/// The first four items of `it` (which holds four).
+fn four<T: Default>(mut it: impl Iterator<Item = T>) -> [T; 4] {
+    std::array::from_fn(|_| it.next().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_of_one_position_returns_its_value() {
+        let s = AttentionShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 2,
+        };
+        let mut cache = KvCache::new(1, 4, 2);
+        let mut out = vec![0.0; 4];
+        attention(
+            Isa::Scalar,
+            &mut cache,
+            0,
+            &[1.0, 0.0, 0.0, 1.0],
+            &[0.5, 0.5],
+            &[3.0, -1.0],
+            1,
+            0,
+            &s,
+            &mut out,
+        );
+        assert_eq!(out, vec![3.0, -1.0, 3.0, -1.0]);
+        // A second position with a key aligned to head 0's query gets more weight there.
+        attention(
+            Isa::Scalar,
+            &mut cache,
+            0,
+            &[10.0, 0.0, 0.0, 10.0],
+            &[1.0, 0.0],
+            &[1.0, 1.0],
+            1,
+            1,
+            &s,
+            &mut out,
+        );
+        assert!(out[0] < 3.0 && out[0] > 1.0 && out[1] > -1.0);
+        assert!(out[0] < out[2], "head 1 attends less to the new key");
+    }
+
+    #[test]
+    fn landmarks_are_block_means_and_survive_truncation() {
+        let config = AttentionConfig {
+            kv_type: KvType::F32,
+            sparse: Some(SparsePattern {
+                block: 2,
+                ..SparsePattern::default()
+            }),
+        };
+        let mut c = KvCache::with_config(1, 4, 1, &config);
+        c.append(0, &[1.0, 3.0, 8.0], &[2.0, 4.0, 0.0], 3, 0);
+        let marks = c.landmarks.as_ref().unwrap();
+        assert_eq!((marks.k[0], marks.v[0], marks.k[1]), (2.0, 3.0, 8.0));
+        // Position 3 completes block 1 after position 2 was rewritten.
+        c.append(0, &[4.0, 6.0], &[0.0, 0.0], 2, 2);
+        assert_eq!(c.landmarks.as_ref().unwrap().k[1], 5.0);
+    }
+
+    #[test]
+    fn an_f16_cache_rounds_to_nearest_even_and_takes_half_the_bytes() {
+        let f16 = AttentionConfig {
+            kv_type: KvType::F16,
+            sparse: None,
+        };
+        let mut c = KvCache::with_config(2, 8, 4, &f16);
+        assert_eq!(c.bytes() * 2, KvCache::new(2, 8, 4).bytes());
+        // 1 + 2^-11 lies halfway between two halves: even rounds it down to 1.
+        let x = [1.0 + 2f32.powi(-11), 0.1, -3.0, 65504.0];
+        c.append(1, &x, &x, 1, 0);
+        let mut got = [0.0; 4];
+        c.gather(1, &[Key::Position(0)], 0, false, &mut got);
+        assert_eq!(got, [1.0, f16::from_f32(0.1).to_f32(), -3.0, 65504.0]);
+    }
+}
