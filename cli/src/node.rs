@@ -280,6 +280,9 @@ pub fn run(args: NodeArgs) -> Result<()> {
         .map(|a| resolve("--standby", a))
         .transpose()?;
     g.check()?;
+    if g.shift_keep().is_some() {
+        bail!("--context-shift does not cross a ring yet: its nodes stop at a full context");
+    }
     if g.ctx.attention.config()? != AttentionConfig::default() {
         bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
     }

@@ -252,11 +252,15 @@ fn odd_but_valid_flags_give_the_same_answer() {
     for backend in BACKENDS {
         let reference = stdout(&greedy(backend, &[]));
         // `--no-repack` computes from the file's layout: the same integer sums.
-        let rows: [&[&str]; 4] = [
+        // A sparse window wider than the text is dense attention; a shift that never happens
+        // changes nothing.
+        let rows: [&[&str]; 6] = [
             &["--temp", "-1"],
             &["--temp=-1"],
             &["-t", "100000"],
             &["--no-repack"],
+            &["--attn", "sparse"],
+            &["--context-shift", "sinks"],
         ];
         for extra in rows {
             let o = greedy(backend, extra);
@@ -274,7 +278,32 @@ fn odd_but_valid_flags_give_the_same_answer() {
 
 #[test]
 fn meaningless_values_are_refused() {
-    let rows: [(&[&str], &str); 10] = [
+    let rows: [(&[&str], &str); 15] = [
+        (&["generate", "--attn-window", "8"], "add --attn sparse"),
+        (
+            &["generate", "--attn", "sparse", "--attn-block", "0"],
+            "--attn-block 0",
+        ),
+        (
+            &["generate", "--keep", "2"],
+            "--keep applies to --context-shift sinks",
+        ),
+        (
+            &["generate", "--chat", "--context-shift", "sinks"],
+            "--context-shift applies to a plain prompt",
+        ),
+        (
+            &[
+                "generate",
+                "-c",
+                "8",
+                "--context-shift",
+                "sinks",
+                "--keep",
+                "7",
+            ],
+            "keeping 7 positions leaves no room",
+        ),
         (
             &["generate", "--repeat-penalty", "nan"],
             "--repeat-penalty NaN",

@@ -40,6 +40,65 @@ fn greedy_generation_is_deterministic_without_a_seed() {
     assert_eq!(run().stdout, run().stdout);
 }
 
+/// `-c 24` with a prompt and 40 greedy tokens: without a shift the run stops at the full
+/// context, with `--context-shift sinks` it goes on and says so; sparse attention over an f16
+/// cache runs too, and `info` names the mode.
+#[test]
+fn generation_goes_past_a_shifting_context_and_the_attention_flags_apply() {
+    let args = [
+        "generate",
+        "-p",
+        "And it came to pass",
+        "-n",
+        "40",
+        "--temp",
+        "0",
+        "-c",
+        "24",
+    ];
+    let plain = hesper(&args);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    assert!(
+        stderr(&plain).contains("context full (24 tokens)"),
+        "{}",
+        stderr(&plain)
+    );
+    let mut with_shift = args.to_vec();
+    with_shift.extend(["--context-shift", "sinks"]);
+    let shifted = hesper(&with_shift);
+    let err = stderr(&shifted);
+    assert!(shifted.status.success(), "{err}");
+    assert!(
+        err.contains("the context shifted") && !err.contains("context full"),
+        "{err}"
+    );
+    assert!(shifted.stdout.len() > plain.stdout.len(), "{err}");
+    let sparse = hesper(&[
+        "generate",
+        "-p",
+        "And it came to pass",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--attn",
+        "sparse",
+        "--attn-window",
+        "8",
+        "--kv-type",
+        "f16",
+    ]);
+    assert!(sparse.status.success(), "{}", stderr(&sparse));
+    let info = hesper(&["info", "--attn", "sparse", "--kv-type", "f16"]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains(
+            "attention: sparse (window 128, globals [0], block 64, log-stride, landmarks), f16 KV"
+        ),
+        "{text}"
+    );
+}
+
 #[test]
 fn logits_writes_every_position() {
     let out = std::env::temp_dir().join(format!("hesper-logits-{}.f32", std::process::id()));

@@ -6,7 +6,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use hesper_engine::attention::{AttentionConfig, Key, KvType, SparsePattern};
-use hesper_engine::backend::AttentionShape;
+use hesper_engine::backend::{AttentionShape, RopeShape};
 use rayon::prelude::*;
 
 use crate::kernels::Isa;
@@ -18,6 +18,13 @@ enum Store {
 }
 
 impl Store {
+    fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::F16(v) => v.len(),
+        }
+    }
+
     fn new(kv_type: KvType, len: usize) -> Self {
         match kv_type {
             KvType::F32 => Self::F32(vec![0.0; len]),
@@ -109,8 +116,8 @@ impl KvCache {
     }
 
     /// Stores `n` rows of keys and values at `pos0..` in `layer` and folds them into their
-    /// blocks' landmarks.
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32], n: usize, pos0: usize) {
+    /// blocks' landmarks ([`attention`] does this first; a benchmark fills a cache with it).
+    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32], n: usize, pos0: usize) {
         let kv_dim = self.kv_dim;
         let at = (layer * self.n_ctx + pos0) * kv_dim;
         self.k.write(at, &k[..n * kv_dim]);
@@ -141,6 +148,27 @@ impl KvCache {
                         *m + (x - *m) / (j + 1.0)
                     };
                 }
+            }
+        }
+    }
+
+    /// [`hesper_engine::backend::Backend::shift_cache`] on every layer: rows move down in
+    /// ascending order (each lands below every row still to be read), keys rotated by
+    /// `rope.shift_angles(discard)` and stored again (rounded again when f16).
+    pub fn shift(&mut self, keep: usize, discard: usize, used: usize, rope: &RopeShape) {
+        let kv_dim = self.kv_dim;
+        let cs = rope.shift_angles(discard);
+        let mut row = vec![0.0; kv_dim];
+        let layers = self.k.len() / (self.n_ctx * kv_dim);
+        for layer in 0..layers {
+            let base = layer * self.n_ctx * kv_dim;
+            for p in keep + discard..used {
+                let (from, to) = (base + p * kv_dim, base + (p - discard) * kv_dim);
+                self.k.read(from, &mut row);
+                rope.rotate_row(&mut row, &cs);
+                self.k.write(to, &row);
+                self.v.read(from, &mut row);
+                self.v.write(to, &row);
             }
         }
     }
@@ -213,9 +241,10 @@ pub fn attention(
         cache.gather(layer, &keys, off, true, &mut vr);
         (kr, vr, keys.len(), hd)
     };
-    if n > 1 && group.is_multiple_of(4) {
-        // A batch: one task per (token, four query heads of one kv head), whose keys and
-        // values are read once for the four.
+    if (n > 1 || in_place.is_none()) && group.is_multiple_of(4) {
+        // A batch, or keys gathered from an f16 or sparse cache: one task per (token, four
+        // query heads of one kv head), whose keys and values are read (and gathered) once for
+        // the four.
         out[..n * width]
             .par_chunks_mut(4 * hd)
             .enumerate()

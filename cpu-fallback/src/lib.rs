@@ -286,6 +286,18 @@ impl Backend for CpuBackend {
         });
     }
 
+    fn shift_cache(
+        &self,
+        cache: &mut KvCache,
+        keep: usize,
+        discard: usize,
+        used: usize,
+        rope: &RopeShape,
+    ) {
+        self.profile
+            .time(Op::Copy, || cache.shift(keep, discard, used, rope));
+    }
+
     fn glu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, act: Activation, out: &mut Vec<f32>) {
         self.profile
             .time(Op::Glu, || ops::glu(gate, up, len, act, out));

@@ -19,20 +19,13 @@ pub fn rms_norm(isa: Isa, x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f
 /// NeoX RoPE in place: per head, pair `i` with `i + rope_dim/2`, rotated by the angles of
 /// [`RopeShape::angles`].
 pub fn rope(x: &mut [f32], n: usize, pos0: usize, s: &RopeShape) {
-    let half = s.rope_dim / 2;
     let angles = s.angles(pos0, n);
     for (row, cs) in x
         .chunks_exact_mut(s.n_head * s.head_dim)
         .take(n)
-        .zip(angles.chunks_exact(2 * half))
+        .zip(angles.chunks_exact(2 * (s.rope_dim / 2)))
     {
-        for head in row.chunks_exact_mut(s.head_dim) {
-            for (i, c) in cs.chunks_exact(2).enumerate() {
-                let (a, b) = (head[i], head[i + half]);
-                head[i] = a * c[0] - b * c[1];
-                head[i + half] = a * c[1] + b * c[0];
-            }
-        }
+        s.rotate_row(row, cs);
     }
 }
 

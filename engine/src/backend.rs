@@ -86,6 +86,29 @@ impl RopeShape {
         }
         out
     }
+
+    /// `(cos, sin)` per rotated pair, `[rope_dim/2][2]`, that rotate a key stored at position
+    /// `p` to `p − delta`: the angles of position `delta` with the sine negated (rotations
+    /// compose; the forward formula of the rotation applies them).
+    pub fn shift_angles(&self, delta: usize) -> Vec<f32> {
+        let mut cs = self.angles(delta, 1);
+        cs.iter_mut().skip(1).step_by(2).for_each(|s| *s = -*s);
+        cs
+    }
+
+    /// Rotates every head of one row (`n_head × head_dim` values) by the table `cs`
+    /// (`[rope_dim/2][2]`, as [`RopeShape::angles`] gives for one position): pair `i` with
+    /// `i + rope_dim/2`, `(a, b) → (a·cos − b·sin, a·sin + b·cos)`.
+    pub fn rotate_row(&self, row: &mut [f32], cs: &[f32]) {
+        let half = self.rope_dim / 2;
+        for head in row.chunks_exact_mut(self.head_dim).take(self.n_head) {
+            for (i, c) in cs.chunks_exact(2).take(half).enumerate() {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * c[0] - b * c[1];
+                head[i + half] = a * c[1] + b * c[0];
+            }
+        }
+    }
 }
 
 /// What a loaded matrix is for.
@@ -230,6 +253,18 @@ pub trait Backend {
         pos0: usize,
         shape: &AttentionShape,
         out: &mut Self::Buffer,
+    );
+    /// Drops positions `keep..keep + discard` from every layer of the cache (llama.cpp's
+    /// context shift): positions `keep + discard..used` move down by `discard`, each key
+    /// rotated by [`RopeShape::shift_angles`] (back by `discard` positions, as if computed
+    /// there), values unchanged. Only dense caches are shifted.
+    fn shift_cache(
+        &self,
+        cache: &mut Self::Cache,
+        keep: usize,
+        discard: usize,
+        used: usize,
+        rope: &RopeShape,
     );
     /// `out = act(gate) * up` over `len` values.
     fn glu(

@@ -111,6 +111,9 @@ pub enum ModelError {
         /// Width.
         n_embd: usize,
     },
+    /// A context shift this session cannot do.
+    #[error("context shift: {0}")]
+    ContextShift(String),
 }
 
 /// Which logits [`Model::eval`] returns.
@@ -216,6 +219,11 @@ pub struct Session<B: Backend> {
     pos: usize,
     n_ctx: usize,
     batch: usize,
+    attention: AttentionConfig,
+    /// Positions kept at the start when the context shifts (`None`: it does not).
+    shift_keep: Option<usize>,
+    /// Positions discarded by context shifts so far.
+    discarded: usize,
     s: Scratch<B>,
 }
 
@@ -246,6 +254,39 @@ impl<B: Backend> Session<B> {
     /// Forgets everything after position `pos` (e.g. to start a new prompt).
     pub fn truncate(&mut self, pos: usize) {
         self.pos = self.pos.min(pos);
+    }
+
+    /// Lets evaluation go on past a full context (llama.cpp's context shift): when tokens do
+    /// not fit, the first `keep` positions stay (attention sinks), half of the rest (or as many
+    /// as the new tokens need) are discarded, and the later ones move down, their keys rotated
+    /// to their new positions. `None` turns it off (a full context is then an error). Sparse
+    /// attention does not shift, and `keep` must leave room for a token.
+    pub fn set_context_shift(&mut self, keep: Option<usize>) -> Result<(), ModelError> {
+        if let Some(keep) = keep {
+            if self.attention.sparse.is_some() {
+                return Err(ModelError::ContextShift(
+                    "sparse attention does not shift its context (its landmarks follow the positions)".into(),
+                ));
+            }
+            if keep + 2 > self.n_ctx {
+                return Err(ModelError::ContextShift(format!(
+                    "keeping {keep} positions leaves no room in a context of {}",
+                    self.n_ctx
+                )));
+            }
+        }
+        self.shift_keep = keep;
+        Ok(())
+    }
+
+    /// Positions discarded by context shifts so far.
+    pub fn discarded(&self) -> usize {
+        self.discarded
+    }
+
+    /// Whether evaluating one more token fits, or the context shifts to make room.
+    pub fn has_room(&self) -> bool {
+        self.pos < self.n_ctx || self.shift_keep.is_some()
     }
 }
 
@@ -461,6 +502,9 @@ impl<B: Backend> Model<B> {
             pos: 0,
             n_ctx,
             batch,
+            attention: attention.clone(),
+            shift_keep: None,
+            discarded: 0,
             s,
         })
     }
@@ -478,7 +522,7 @@ impl<B: Backend> Model<B> {
             return Err(ModelError::Empty);
         }
         self.check_tokens(tokens)?;
-        self.check_context(s, tokens.len())?;
+        self.make_room(s, tokens.len())?;
         let (Some(embedding), Some(_)) = (&self.embedding, &self.output_norm) else {
             return Err(self.range_error(0..c.n_layer));
         };
@@ -564,7 +608,7 @@ impl<B: Backend> Model<B> {
         let n_tokens = self.hidden_rows(hidden)?;
         let d = c.n_embd;
         self.seek(s, pos0)?;
-        self.check_context(s, n_tokens)?;
+        self.make_room(s, n_tokens)?;
         let chunks = hidden.chunks(s.batch * d);
         let n_chunks = chunks.len();
         for (i, rows) in chunks.enumerate() {
@@ -631,7 +675,7 @@ impl<B: Backend> Model<B> {
             return Err(ModelError::Empty);
         }
         self.check_tokens(tokens)?;
-        self.check_context(s, tokens.len())?;
+        self.make_room(s, tokens.len())?;
         let (Some(embedding), Some(_)) = (&self.embedding, &self.output_norm) else {
             return Err(self.range_error(0..c.n_layer));
         };
@@ -720,7 +764,7 @@ impl<B: Backend> Model<B> {
         mut fill: impl FnMut(&B, Range<usize>, &mut B::Buffer) -> Result<(), ModelError>,
     ) -> Result<Vec<f32>, ModelError> {
         let d = self.config.n_embd;
-        self.check_context(s, n_tokens)?;
+        self.make_room(s, n_tokens)?;
         let mut out = vec![0.0; n_tokens * d];
         for (i, rows_out) in out.chunks_mut(s.batch * d).enumerate() {
             let (start, n) = (i * s.batch, rows_out.len() / d);
@@ -778,13 +822,35 @@ impl<B: Backend> Model<B> {
         Ok(out)
     }
 
-    fn check_context(&self, s: &Session<B>, n: usize) -> Result<(), ModelError> {
-        if s.pos + n > s.n_ctx {
-            return Err(ModelError::ContextFull {
-                needed: s.pos + n,
-                n_ctx: s.n_ctx,
-            });
+    /// Makes room for `n` more positions: shifts the context where the session allows it
+    /// ([`Session::set_context_shift`]), else refuses a context that would overflow.
+    fn make_room(&self, s: &mut Session<B>, n: usize) -> Result<(), ModelError> {
+        if s.pos + n <= s.n_ctx {
+            return Ok(());
         }
+        let full = ModelError::ContextFull {
+            needed: s.pos + n,
+            n_ctx: s.n_ctx,
+        };
+        let Some(keep) = s.shift_keep else {
+            return Err(full);
+        };
+        let keep = keep.min(s.pos);
+        if n > s.n_ctx - keep {
+            return Err(full);
+        }
+        let discard = ((s.pos - keep) / 2).max(s.pos + n - s.n_ctx);
+        let c = &self.config;
+        let rope_k = RopeShape {
+            n_head: c.n_head_kv,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+            base: c.rope_base,
+        };
+        self.backend
+            .shift_cache(&mut s.cache, keep, discard, s.pos, &rope_k);
+        s.pos -= discard;
+        s.discarded += discard;
         Ok(())
     }
 

@@ -1089,6 +1089,56 @@ impl Backend for GpuBackend {
         });
     }
 
+    fn shift_cache(
+        &self,
+        cache: &mut GpuKvCache,
+        keep: usize,
+        discard: usize,
+        used: usize,
+        rope: &RopeShape,
+    ) {
+        self.record(|st| {
+            let f16 = cache.kv_type == KvType::F16;
+            if cache.sparse.is_some() || (f16 && !rope.rope_dim.is_multiple_of(4)) {
+                return Err(self.unsupported(
+                    "context shift",
+                    "a sparse cache, or an f16 cache with rotary dims not a multiple of 4".into(),
+                ));
+            }
+            let rows = used.saturating_sub(keep + discard);
+            if rows == 0 {
+                return Ok(());
+            }
+            let words = if f16 { cache.kv_dim / 2 } else { cache.kv_dim };
+            let len = rows * words;
+            let cs = st.gpu.upload("shift angles", &rope.shift_angles(discard))?;
+            let mut k_out = st.gpu.zeroed::<u32>("shifted keys", len)?;
+            let mut v_out = st.gpu.zeroed::<u32>("shifted values", len)?;
+            for (k, v) in cache.k.iter_mut().zip(cache.v.iter_mut()) {
+                st.batch.run(
+                    &mut st.gpu,
+                    &k::kv_shift::Args {
+                        k_cache: k,
+                        v_cache: v,
+                        cs: &cs,
+                        k_out: &mut k_out,
+                        v_out: &mut v_out,
+                        words: words as u32,
+                        rows: rows as u32,
+                        src: (keep + discard) as u32,
+                        head_dim: rope.head_dim as u32,
+                        rope_dim: rope.rope_dim as u32,
+                        f16: u32::from(f16),
+                    },
+                    k::kv_shift::grid_for(len as u32),
+                )?;
+                st.batch.copy(&k_out, 0, k, keep * words, len)?;
+                st.batch.copy(&v_out, 0, v, keep * words, len)?;
+            }
+            Ok(())
+        });
+    }
+
     fn glu(
         &self,
         gate: &GpuBuffer<f32>,

@@ -19,6 +19,11 @@ pub trait Evaluator {
     /// Forgets every position from `pos` on.
     fn truncate(&mut self, pos: usize);
 
+    /// Whether one more token can be evaluated: a free position, or a context that shifts.
+    fn has_room(&self) -> bool {
+        self.pos() < self.n_ctx()
+    }
+
     /// Evaluates `input` at the next positions and hands back what `readout` asks of the
     /// last position's logits.
     fn predict(
@@ -47,6 +52,10 @@ impl<B: Backend> Evaluator for Local<'_, B> {
 
     fn truncate(&mut self, pos: usize) {
         self.session.truncate(pos);
+    }
+
+    fn has_room(&self) -> bool {
+        self.session.has_room()
     }
 
     async fn predict(

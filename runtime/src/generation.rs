@@ -72,7 +72,8 @@ pub struct Completion {
 }
 
 /// Evaluates `input` at the evaluator's next positions, then samples and streams tokens
-/// until an end-of-generation token, `n_predict` tokens (negative: no limit) or a full context.
+/// until an end-of-generation token, `n_predict` tokens (negative: no limit) or a full context
+/// (one that does not shift: [`Evaluator::has_room`]).
 pub async fn complete<E: Evaluator>(
     eval: &mut E,
     tok: &Tokenizer,
@@ -124,7 +125,7 @@ pub async fn complete<E: Evaluator>(
             stopped = true;
             break;
         }
-        if eval.pos() >= eval.n_ctx() {
+        if !eval.has_room() {
             on_event(Event::ContextFull {
                 n_ctx: eval.n_ctx(),
             })?;

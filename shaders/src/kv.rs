@@ -111,3 +111,63 @@ pub fn landmark_update(
         lv[at] = mv;
     }
 }
+
+/// Moves `rows` cached positions of one layer, from row `src` on, to the front of `k_out` and
+/// `v_out` (the backend copies them back to their new row: a context shift), rotating each key
+/// by the table `cs` (`[rope_dim/2][2]`: cos and sin of the shift, applied with the forward
+/// NeoX formula, pair `i` with `i + rope_dim/2` of each head); values are copied unchanged.
+/// Thread `i`: word `i` (`words` per row; f16 words hold two values, which needs
+/// `rope_dim % 4 == 0`).
+#[kernel(workgroup = 256, uses(f16_bits))]
+pub fn kv_shift(
+    k_cache: &[u32],
+    v_cache: &[u32],
+    cs: &[f32],
+    k_out: &mut [u32],
+    v_out: &mut [u32],
+    #[uniform] words: u32,
+    #[uniform] rows: u32,
+    #[uniform] src: u32,
+    #[uniform] head_dim: u32,
+    #[uniform] rope_dim: u32,
+    #[uniform] f16: u32,
+) {
+    let i = gid();
+    if i < rows * words {
+        let w = i % words;
+        let row0 = (src + i / words) * words;
+        v_out[i] = v_cache[row0 + w];
+        let per = select(1u32, 2u32, f16 != 0u32);
+        let d = (w * per) % head_dim;
+        let half = rope_dim / 2u32;
+        if d >= rope_dim {
+            k_out[i] = k_cache[row0 + w];
+        } else {
+            // The word holding the other value of each pair, the first half's and the second's.
+            let low = d < half;
+            let j = select(d - half, d, low);
+            let partner = select(w - half / per, w + half / per, low);
+            let first = k_cache[row0 + select(partner, w, low)];
+            let second = k_cache[row0 + select(w, partner, low)];
+            if f16 == 0u32 {
+                let a = f32_from_bits(first);
+                let b = f32_from_bits(second);
+                let c = cs[2u32 * j];
+                let s = cs[2u32 * j + 1u32];
+                k_out[i] = f32_to_bits(select(a * s + b * c, a * c - b * s, low));
+            } else {
+                let a0 = unpack_f16_lo(first);
+                let b0 = unpack_f16_lo(second);
+                let a1 = unpack_f16_hi(first);
+                let b1 = unpack_f16_hi(second);
+                let c0 = cs[2u32 * j];
+                let s0 = cs[2u32 * j + 1u32];
+                let c1 = cs[2u32 * j + 2u32];
+                let s1 = cs[2u32 * j + 3u32];
+                let o0 = select(a0 * s0 + b0 * c0, a0 * c0 - b0 * s0, low);
+                let o1 = select(a1 * s1 + b1 * c1, a1 * c1 - b1 * s1, low);
+                k_out[i] = f16_bits(o0) | (f16_bits(o1) << 16u32);
+            }
+        }
+    }
+}

@@ -24,7 +24,7 @@ pub use geometry::{
     attention_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid,
     MATRIX_WORKGROUP, Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE,
 };
-pub use kv::{kv_write, landmark_update};
+pub use kv::{kv_shift, kv_write, landmark_update};
 pub use matvec::{matvec_f16, matvec_f32, matvec_q8_0};
 pub use norm::{rms_norm, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};

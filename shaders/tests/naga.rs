@@ -33,6 +33,7 @@ fn all() -> Vec<Kernel> {
         rope_neox,
         rope_norm,
         kv_write,
+        kv_shift,
         landmark_update,
         quantize_i8,
         quantize_q8k,

@@ -22,6 +22,7 @@ fn generated_wgsl_is_unchanged() {
         rope_neox,
         rope_norm,
         kv_write,
+        kv_shift,
         landmark_update,
         quantize_i8,
         quantize_i8_packed,
