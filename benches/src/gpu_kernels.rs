@@ -98,7 +98,9 @@ fn run() -> Result<(), GpuError> {
                         window_rows: rows as u32,
                         n: 1,
                         lanes: lanes_per_row(cols / 16),
-                        beta: 1.0,
+                        mode: k::STORE,
+                        out_scale: 1.0,
+                        out_scale_odd: 0.0,
                     },
                     k::matrix_grid(rows as u32, lanes_per_row(cols / 16), 1),
                 )
@@ -127,7 +129,9 @@ fn run() -> Result<(), GpuError> {
                     window_rows: head_rows as u32,
                     n: 1,
                     lanes: lanes_per_row(D / 2),
+                    mode: k::STORE,
                     out_scale: 1.0,
+                    out_scale_odd: 0.0,
                 },
                 k::matrix_grid(head_rows as u32, lanes_per_row(D / 2), 1),
             )

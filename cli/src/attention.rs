@@ -4,9 +4,8 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
-
-/// Most global positions a sparse pattern may name (the GPU kernel's limit).
-const MAX_GLOBALS: usize = 96;
+// Most global positions a sparse pattern may name: the GPU kernel's limit.
+use hesper_gpu_backend::MAX_GLOBALS;
 
 /// `--kv-type` values.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

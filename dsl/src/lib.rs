@@ -1,9 +1,11 @@
 //! `#[kernel]`: a restricted Rust function → a WGSL compute shader plus its binding table.
 //! See the crate README for the accepted subset.
 
-mod emit;
+mod ir;
+mod lower;
 mod signature;
 mod twin;
+mod wgsl;
 
 use proc_macro::TokenStream;
 use quote::{format_ident, quote};
@@ -16,12 +18,13 @@ const MAX_WORKGROUP: u32 = 256;
 const MAX_SHARED_BYTES: u32 = 16 * 1024;
 
 /// Turns `fn name(..) { .. }` into `pub mod name { WGSL, ENTRY_POINT, WORKGROUP_SIZE, BINDINGS }`.
-/// Turns `fn name(..) -> T { .. }` into `pub mod name { WGSL, SHARED }`: a WGSL function
+/// Turns `fn name(..) -> T { .. }` into `pub mod name { WGSL }`: a WGSL function template
 /// kernels may call after naming it in `#[kernel(.., uses(name))]`. Parameters are scalars by
-/// value and workgroup arrays by `&mut [T; N]`; WGSL cannot pass workgroup pointers, so the
-/// helper uses the kernel's array of the same name, and a kernel passing an array of another
-/// name or type fails to compile. A trailing expression is the result. The entry point's
-/// built-ins (`gid()`, `lid()`, ..) must be passed in.
+/// value, the kernel's buffers (`&[T]`, `&mut [T]`) and workgroup arrays (`&mut [T; N]`) by
+/// reference; WGSL cannot pass those, so each kernel instantiates the helper with its own
+/// arrays in their place (see `hesper_gpu::wgsl_text`), and a helper generic over their
+/// element type (`<T: Scalar>`) serves arrays of any. A trailing expression is the result.
+/// The entry point's built-ins (`gid()`, `lid()`, ..) must be passed in.
 #[proc_macro_attribute]
 pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = parse_macro_input!(item as ItemFn);
@@ -41,12 +44,10 @@ pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 fn expand_helper(func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
     let (sig, ret) = signature::Signature::parse_helper(func)?;
-    let body = emit::Emitter::for_helper(&sig).block(&func.block, 1)?;
+    let body = lower::Lowerer::for_helper(&sig).block(&func.block)?;
     let name = &func.sig.ident;
-    let ret = ret.map(|t| format!(" -> {t}")).unwrap_or_default();
-    let wgsl = format!("fn {name}({}){ret} {{\n{body}}}\n", sig.helper_params());
+    let wgsl = wgsl::helper(&sig.helper_params(), ret, &body);
     let wgsl = LitStr::new(&wgsl, name.span());
-    let shared = sig.helper_shared();
     let vis = &func.vis;
     let doc =
         format!("The `{name}` helper: its WGSL function, for kernels that list it in `uses(..)`.");
@@ -54,10 +55,9 @@ fn expand_helper(func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
     Ok(quote! {
         #[doc = #doc]
         #vis mod #name {
-            /// The WGSL function.
+            /// The WGSL function as a template: its name and its array parameters are filled
+            /// in by each kernel that calls it (`hesper_gpu::wgsl_text`).
             pub const WGSL: &str = #wgsl;
-            /// The kernel workgroup arrays it uses, `name: array<T, N>`, in parameter order.
-            pub const SHARED: &[&str] = &[#(#shared),*];
         }
         #twin
     })
@@ -77,10 +77,11 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
         workgroup,
         uses,
         features,
+        consts,
     } = parse_attr(attr)?;
     let subgroups = features.iter().any(|f| f == "subgroups");
     let helper_names: Vec<String> = uses.iter().map(ToString::to_string).collect();
-    let sig = signature::Signature::parse(func)?;
+    let sig = signature::Signature::parse(func, &consts)?;
     let shared_bytes = sig.shared_bytes();
     if shared_bytes > MAX_SHARED_BYTES {
         return Err(syn::Error::new_spanned(
@@ -90,36 +91,8 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             ),
         ));
     }
-    let emitter = emit::Emitter::new(&sig, &helper_names, subgroups);
-    let body = emitter.block(&func.block, 1)?;
-    let shared_checks = emitter.shared_args().into_iter().map(|(helper, i, decl)| {
-        let helper = format_ident!("{}", helper);
-        let msg = format!("workgroup array {i} passed to `{helper}(..)` is `{decl}`: it must have the name and type of the helper's parameter (`{helper}::SHARED`)");
-        quote! {
-            const _: () = assert!(same_text(super::#helper::SHARED[#i], #decl), #msg);
-        }
-    });
-    let shared_checks: Vec<_> = shared_checks.collect();
-    let same_text_fn = (!shared_checks.is_empty()).then(|| {
-        quote! {
-            /// Compile-time string equality (for the workgroup-array checks).
-            const fn same_text(a: &str, b: &str) -> bool {
-                let (a, b) = (a.as_bytes(), b.as_bytes());
-                if a.len() != b.len() {
-                    return false;
-                }
-                let mut i = 0;
-                while i < a.len() {
-                    if a[i] != b[i] {
-                        return false;
-                    }
-                    i += 1;
-                }
-                true
-            }
-            #(#shared_checks)*
-        }
-    });
+    let lowerer = lower::Lowerer::new(&sig, &helper_names, subgroups);
+    let body = wgsl::block(&lowerer.block(&func.block)?, 1);
     let subgroup_inputs = if subgroups {
         ", @builtin(subgroup_invocation_id) sg_invocation: u32, @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_id) sg_index: u32, @builtin(num_subgroups) sg_count: u32"
     } else {
@@ -129,41 +102,27 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
     let name = &func.sig.ident;
     let module = format_ident!("{}", name);
     let wgsl = LitStr::new(&wgsl, name.span());
-    // With helpers, the module text is their WGSL followed by the kernel's, joined at compile
-    // time into one `&'static str`.
-    let wgsl_const = if uses.is_empty() {
+    // With helpers, the module text is each instance of their templates followed by the
+    // kernel's text, joined at compile time into one `&'static str`.
+    let instances = lowerer.instances();
+    let wgsl_const = if instances.is_empty() {
         quote! { pub const WGSL: &str = #wgsl; }
     } else {
+        let parts = instances.iter().map(|inst| {
+            let helper = format_ident!("{}", inst.helper);
+            let (name, args) = (&inst.name, &inst.args);
+            quote! {
+                &::hesper_gpu::wgsl_text::instance::<{
+                    ::hesper_gpu::wgsl_text::instance_len(super::#helper::WGSL, #name, &[#(#args),*])
+                }>(super::#helper::WGSL, #name, &[#(#args),*])
+            }
+        });
         quote! {
             pub const WGSL: &str = {
-                const PARTS: &[&str] = &[#(super::#uses::WGSL,)* #wgsl];
-                const LEN: usize = {
-                    let (mut i, mut n) = (0, 0);
-                    while i < PARTS.len() {
-                        n += PARTS[i].len();
-                        i += 1;
-                    }
-                    n
-                };
-                const BYTES: [u8; LEN] = {
-                    let mut out = [0u8; LEN];
-                    let (mut i, mut o) = (0, 0);
-                    while i < PARTS.len() {
-                        let part = PARTS[i].as_bytes();
-                        let mut j = 0;
-                        while j < part.len() {
-                            out[o] = part[j];
-                            o += 1;
-                            j += 1;
-                        }
-                        i += 1;
-                    }
-                    out
-                };
-                match ::core::str::from_utf8(&BYTES) {
-                    Ok(text) => text,
-                    Err(_) => panic!("kernel WGSL is not UTF-8"),
-                }
+                const PARTS: &[&[u8]] = &[#(#parts,)* #wgsl.as_bytes()];
+                const BYTES: [u8; ::hesper_gpu::wgsl_text::total_len(PARTS)] =
+                    ::hesper_gpu::wgsl_text::concat(PARTS);
+                ::hesper_gpu::wgsl_text::text(&BYTES)
             };
         }
     };
@@ -205,6 +164,14 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
         });
     let vis = &func.vis;
     let twin = twin::twin(func, false);
+    let const_items = sig.constants().iter().map(|(c, v)| {
+        let ident = format_ident!("{}", c);
+        let doc = format!("The kernel's compile-time constant `{c}`.");
+        quote! {
+            #[doc = #doc]
+            pub const #ident: u32 = #v;
+        }
+    });
     let doc =
         format!("The `{name}` kernel: WGSL source, entry point, workgroup size and bindings.");
     Ok(quote! {
@@ -229,7 +196,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
             /// Optional WebGPU features the kernel needs (`subgroups`); the runtime runs it only
             /// on devices that have them and adds the `enable` header where the target wants one.
             pub const FEATURES: &[&str] = &[#(#features),*];
-            #same_text_fn
+            #(#const_items)*
             #twin
 
             /// The arguments of one launch: inputs `&GpuBuffer<T>`, outputs
@@ -268,14 +235,30 @@ struct KernelAttr {
     uses: Vec<syn::Ident>,
     /// Optional WebGPU features the kernel needs (`subgroups`).
     features: Vec<String>,
+    /// Values of the kernel's `const NAME: u32` generics.
+    consts: Vec<(syn::Ident, u32)>,
 }
 
-/// `workgroup = N`, the optional `uses(helper, ..)` and `features(subgroups)`.
+/// `workgroup = N`, the optional `uses(helper, ..)`, `features(subgroups)` and
+/// `consts(NAME = v, ..)`.
 fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
     let mut size = None;
     let mut uses = Vec::new();
     let mut features = Vec::new();
+    let mut consts = Vec::new();
     let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("consts") {
+            return meta.parse_nested_meta(|c| {
+                let id = c
+                    .path
+                    .get_ident()
+                    .ok_or_else(|| c.error("name a `const` generic, e.g. `consts(TILE = 4)`"))?
+                    .clone();
+                let lit: LitInt = c.value()?.parse()?;
+                consts.push((id, lit.base10_parse()?));
+                Ok(())
+            });
+        }
         if meta.path.is_ident("features") {
             return meta.parse_nested_meta(|f| {
                 if f.path.is_ident("subgroups") {
@@ -308,7 +291,7 @@ fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
             size = Some(n);
             Ok(())
         } else {
-            Err(meta.error("expected `workgroup = N`, `uses(..)` or `features(..)`"))
+            Err(meta.error("expected `workgroup = N`, `uses(..)`, `features(..)` or `consts(..)`"))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
@@ -319,6 +302,7 @@ fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
         workgroup,
         uses,
         features,
+        consts,
     })
 }
 
@@ -338,8 +322,19 @@ mod tests {
         let func: ItemFn =
             syn::parse_str("fn relu2(x: f32) -> f32 { let r = x.max(0.0); r * r }").unwrap();
         let out = expand_helper(&func).unwrap().to_string();
-        assert!(out.contains("fn relu2(x: f32) -> f32"), "{out}");
+        // The name is a placeholder each kernel fills in (`hesper_gpu::wgsl_text::NAME`).
+        assert!(out.contains(r"fn \u{2}(x: f32) -> f32"), "{out}");
         assert!(out.contains("return r * r;"), "{out}");
+        // So are the arrays it is handed (`PARAM`, the index, `PARAM`).
+        let arrays: ItemFn =
+            syn::parse_str("fn f(a: &mut [f32; _], b: &[u32], t: u32) { a[t] = b.len() as f32; }")
+                .unwrap();
+        let out = expand_helper(&arrays).unwrap().to_string();
+        assert!(out.contains(r"fn \u{2}(t: u32)"), "{out}");
+        assert!(
+            out.contains(r"\u{1}0\u{1}[t] = f32(arrayLength(&\u{1}1\u{1}))"),
+            "{out}"
+        );
         let uses_lid: ItemFn =
             syn::parse_str("fn f(acc: &mut [f32; 4]) { acc[lid()] = 1.0; }").unwrap();
         let err = expand_helper(&uses_lid).unwrap_err().to_string();
@@ -350,6 +345,51 @@ mod tests {
         assert!(expand_str("workgroup = 1", k)
             .unwrap_err()
             .contains("helpers are listed in `uses(..)`"));
+    }
+
+    #[test]
+    fn kernel_constants_size_arrays_and_unroll_loops() {
+        let k = "fn k<const TILE: u32>(y: &mut [f32], #[shared] acc: &mut [f32; 64 * TILE]) {
+            let mut s = [0.0f32; TILE];
+            for j in 0..TILE { s[j] += 1.0; }
+            for i in 0..TILE { if i > 0u32 { y[i] = s[i]; } }
+        }";
+        let out = expand_str("workgroup = 64, consts(TILE = 3)", k).unwrap();
+        for needle in [
+            r"const TILE: u32 = 3u;\n",
+            "var<workgroup> acc: array<f32, 192>;",
+            "var s: array<f32, 3>;",
+            "let j: u32 = 2u;",
+            "let i: u32 = 0u;",
+            "pub const TILE : u32 = 3u32",
+        ] {
+            assert!(out.contains(needle), "{needle} in {out}");
+        }
+        assert!(!out.contains("let j: u32 = 3u;"), "{out}");
+        // Loops to literal bounds stay loops.
+        let plain = "fn k(y: &mut [f32]) { for j in 0..4u32 { y[j] = 0.0; } }";
+        let out = expand_str("workgroup = 64", plain).unwrap();
+        assert!(out.contains("for (var j: u32 = 0; j < 4u;"), "{out}");
+        for (attr, item, needle) in [
+            (
+                "workgroup = 64, consts(N = 2)",
+                "fn k(y: &mut [f32]) {}",
+                "is not a `const N: u32`",
+            ),
+            (
+                "workgroup = 64",
+                "fn k<T>(y: &mut [T]) {}",
+                "only `const NAME: u32` generics",
+            ),
+            (
+                "workgroup = 64, consts(N = 2)",
+                "fn k<const N: u32>(y: &mut [f32]) { let mut s = [1.0f32; N]; }",
+                "do not start at zero",
+            ),
+        ] {
+            let err = expand_str(attr, item).expect_err(item);
+            assert!(err.contains(needle), "{item}: {err}");
+        }
     }
 
     #[test]
@@ -402,6 +442,28 @@ mod tests {
                 "workgroup = 64",
                 "fn k(y: &mut [f32], #[shared] a: &mut [f32; 8192]) {}",
                 "workgroup memory is 32768 bytes",
+            ),
+            // Names WGSL reserves, or the generated shader declares, pass rustc but not naga.
+            (
+                "workgroup = 64",
+                "fn k(y: &mut [f32]) { let from = 1.0; y[0] = from; }",
+                "`from` is a reserved word in WGSL",
+            ),
+            (
+                "workgroup = 64",
+                "fn k(params: &mut [f32]) {}",
+                "`params` is a reserved word",
+            ),
+            (
+                "workgroup = 64",
+                "fn k(y: &mut [u32]) { for target in 0..4u32 { y[target] = 0u32; } }",
+                "`target` is a reserved word",
+            ),
+            // The typed IR knows the shift amount is an i32; Rust allows it, WGSL does not.
+            (
+                "workgroup = 64",
+                "fn k(y: &mut [u32]) { let s = 2i32; y[0] = y[1] >> s; }",
+                "WGSL shifts by a u32; this is i32",
             ),
         ];
         for (attr, item, needle) in cases {

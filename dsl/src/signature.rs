@@ -35,8 +35,9 @@ enum Kind {
     Shared { elem: &'static str, len: u32 },
     /// A helper's scalar parameter `x: T`.
     Value { ty: &'static str },
-    /// A helper's workgroup-array parameter `x: &mut [T; N]` (a `ptr<workgroup, ..>`).
-    SharedRef { elem: &'static str, len: u32 },
+    /// A helper's buffer (`&[T]`, `&mut [T]`) or workgroup-array (`&mut [T; N]`) parameter:
+    /// the kernel's own array, substituted by name where the kernel instantiates the helper.
+    Ref,
     /// `#[comptime] x: T`: a pipeline-overridable constant (`override x: T;`), fixed when the
     /// pipeline is built, so loops over it unroll and its value is part of the cache key.
     Comptime { ty: &'static str },
@@ -60,19 +61,47 @@ struct Param {
     kind: Kind,
 }
 
-/// A kernel's parameters, in signature order.
+/// A kernel's parameters, in signature order, and its compile-time constants.
 pub struct Signature {
     params: Vec<Param>,
+    /// `const NAME: u32` generics with the values `#[kernel(.., consts(NAME = v))]` gives them.
+    consts: Vec<(String, u32)>,
 }
 
 impl Signature {
-    /// Reads and checks the parameters of `func`.
-    pub fn parse(func: &ItemFn) -> syn::Result<Self> {
+    /// Reads and checks the parameters of `func`; `consts` are the values of its
+    /// `const NAME: u32` generics, from the attribute.
+    pub fn parse(func: &ItemFn, consts: &[(syn::Ident, u32)]) -> syn::Result<Self> {
         let sig = &func.sig;
-        if !sig.generics.params.is_empty() {
+        let mut values = Vec::new();
+        for g in &sig.generics.params {
+            let syn::GenericParam::Const(c) = g else {
+                return Err(syn::Error::new_spanned(
+                    g,
+                    "kernels take only `const NAME: u32` generics (valued in `consts(NAME = ..)`)",
+                ));
+            };
+            if wgsl_type(&c.ty) != Some("u32") {
+                return Err(syn::Error::new_spanned(&c.ty, "kernel constants are u32"));
+            }
+            let Some((_, v)) = consts.iter().find(|(n, _)| *n == c.ident) else {
+                return Err(syn::Error::new_spanned(
+                    &c.ident,
+                    format!(
+                        "give `{}` a value: `#[kernel(.., consts({} = ..))]`",
+                        c.ident, c.ident
+                    ),
+                ));
+            };
+            values.push((c.ident.to_string(), *v));
+        }
+        if let Some((n, _)) = consts
+            .iter()
+            .find(|(n, _)| !values.iter().any(|(v, _)| n == v))
+        {
             return Err(syn::Error::new_spanned(
-                &sig.generics,
-                "kernels take no generics",
+                n,
+                format!("`{n}` is not a `const {n}: u32` generic of the kernel"),
             ));
         }
         if let syn::ReturnType::Type(_, ty) = &sig.output {
@@ -92,6 +121,7 @@ impl Signature {
                     "parameters must be plain names",
                 ));
             };
+            crate::lower::check_name(&id.ident)?;
             let name = id.ident.to_string();
             let uniform = pt.attrs.iter().any(|a| a.path().is_ident("uniform"));
             let shared = pt.attrs.iter().any(|a| a.path().is_ident("shared"));
@@ -102,7 +132,7 @@ impl Signature {
                 (Type::Reference(r), false, true) => match &*r.elem {
                     Type::Array(a) if r.mutability.is_some() => Kind::Shared {
                         elem: scalar(&a.elem)?,
-                        len: array_len(&a.len)?,
+                        len: array_len(&a.len, &values)?,
                     },
                     _ => {
                         return Err(syn::Error::new_spanned(
@@ -139,17 +169,27 @@ impl Signature {
                 "a kernel needs at least one output buffer (`&mut [T]`)",
             ));
         }
-        Ok(Self { params })
+        Ok(Self {
+            params,
+            consts: values,
+        })
     }
 
-    /// Reads and checks the parameters of a `#[kernel_fn]` helper: scalars by value and
-    /// workgroup arrays by `&mut [T; N]`. Returns them with the WGSL result type, if any.
+    /// Reads and checks the parameters of a `#[kernel_fn]` helper: scalars by value, the
+    /// kernel's buffers (`&[T]`, `&mut [T]`) and workgroup arrays (`&mut [T; N]`) by
+    /// reference. Type generics (`<T: Scalar>`) may name the element types of those arrays.
+    /// Returns them with the WGSL result type, if any.
     pub fn parse_helper(func: &ItemFn) -> syn::Result<(Self, Option<&'static str>)> {
         let sig = &func.sig;
-        if !sig.generics.params.is_empty() {
+        if let Some(g) = sig
+            .generics
+            .params
+            .iter()
+            .find(|g| !matches!(g, syn::GenericParam::Type(_)))
+        {
             return Err(syn::Error::new_spanned(
-                &sig.generics,
-                "helpers take no generics",
+                g,
+                "helpers take only type generics (element types of the arrays they are passed)",
             ));
         }
         let ret = match &sig.output {
@@ -167,16 +207,15 @@ impl Signature {
                     "parameters must be plain names",
                 ));
             };
+            crate::lower::check_name(&id.ident)?;
             let kind = match &*pt.ty {
                 Type::Reference(r) => match &*r.elem {
-                    Type::Array(a) if r.mutability.is_some() => Kind::SharedRef {
-                        elem: scalar(&a.elem)?,
-                        len: array_len(&a.len)?,
-                    },
+                    Type::Array(_) if r.mutability.is_some() => Kind::Ref,
+                    Type::Slice(_) => Kind::Ref,
                     _ => {
                         return Err(syn::Error::new_spanned(
                             &pt.ty,
-                            "helpers take scalars and workgroup arrays (`&mut [T; N]`)",
+                            "helpers take scalars, buffers (`&[T]`, `&mut [T]`) and workgroup arrays (`&mut [T; N]`)",
                         ))
                     }
                 },
@@ -187,12 +226,18 @@ impl Signature {
                 kind,
             });
         }
-        Ok((Self { params }, ret))
+        Ok((
+            Self {
+                params,
+                consts: Vec::new(),
+            },
+            ret,
+        ))
     }
 
-    /// A helper's WGSL parameter list: its scalars. (WGSL cannot pass workgroup pointers to
-    /// functions, so a helper names the kernel's workgroup arrays directly; the kernel must
-    /// pass arrays of the same name and type, which the generated code checks at compile time.)
+    /// A helper's WGSL parameter list: its scalars. (WGSL cannot pass buffers or workgroup
+    /// arrays to functions, so the helper's text names them by placeholder and each kernel
+    /// instantiates it with its own arrays; rustc checks their types on the twins.)
     pub fn helper_params(&self) -> String {
         self.params
             .iter()
@@ -204,26 +249,38 @@ impl Signature {
             .join(", ")
     }
 
-    /// A helper's workgroup-array parameters as `name: array<T, N>`, in order.
-    pub fn helper_shared(&self) -> Vec<String> {
+    /// The position of `name` among a helper's buffer and array parameters.
+    pub fn ref_index(&self, name: &str) -> Option<usize> {
         self.params
             .iter()
-            .filter_map(|p| match p.kind {
-                Kind::SharedRef { elem, len } => Some(format!("{}: array<{elem}, {len}>", p.name)),
-                _ => None,
-            })
-            .collect()
+            .filter(|p| matches!(p.kind, Kind::Ref))
+            .position(|p| p.name == name)
     }
 
-    /// A kernel's workgroup array `name` as `name: array<T, N>`.
-    pub fn shared_decl(&self, name: &str) -> Option<String> {
+    /// The WGSL type of a parameter's value (a buffer's or array's elements) or of a constant,
+    /// by name; `None` for a helper's array parameters (their type is the kernel's).
+    pub fn type_of(&self, name: &str) -> Option<&'static str> {
+        if self.constant(name).is_some() {
+            return Some("u32");
+        }
         self.params
             .iter()
             .find(|p| p.name == name)
             .and_then(|p| match p.kind {
-                Kind::Shared { elem, len } => Some(format!("{name}: array<{elem}, {len}>")),
-                _ => None,
+                Kind::Storage { elem, .. } | Kind::Shared { elem, .. } => Some(elem),
+                Kind::Uniform { ty } | Kind::Value { ty } | Kind::Comptime { ty } => Some(ty),
+                Kind::Ref => None,
             })
+    }
+
+    /// The value of the kernel constant `name`, if it is one.
+    pub fn constant(&self, name: &str) -> Option<u32> {
+        self.consts.iter().find(|(n, _)| n == name).map(|c| c.1)
+    }
+
+    /// The kernel's compile-time constants with their values.
+    pub fn constants(&self) -> &[(String, u32)] {
+        &self.consts
     }
 
     /// Whether `name` is a uniform scalar (read as `params.name`).
@@ -235,9 +292,13 @@ impl Signature {
 
     /// Whether `name` is a buffer or workgroup array (so `.len()` applies).
     pub fn is_array(&self, name: &str) -> bool {
-        self.params
-            .iter()
-            .any(|p| p.name == name && matches!(p.kind, Kind::Storage { .. } | Kind::Shared { .. }))
+        self.params.iter().any(|p| {
+            p.name == name
+                && matches!(
+                    p.kind,
+                    Kind::Storage { .. } | Kind::Shared { .. } | Kind::Ref
+                )
+        })
     }
 
     /// The launch arguments: `(name, element or scalar type, kind)` for buffers and uniforms
@@ -257,7 +318,7 @@ impl Signature {
                 )),
                 Kind::Uniform { ty } => Some((p.name.clone(), ty, ArgKind::Uniform)),
                 Kind::Comptime { ty } => Some((p.name.clone(), ty, ArgKind::Comptime)),
-                Kind::Shared { .. } | Kind::Value { .. } | Kind::SharedRef { .. } => None,
+                Kind::Shared { .. } | Kind::Value { .. } | Kind::Ref => None,
             })
             .collect()
     }
@@ -302,7 +363,11 @@ impl Signature {
 
     /// The module-scope WGSL declarations.
     pub fn declarations(&self) -> String {
-        let mut out = String::new();
+        let mut out: String = self
+            .consts
+            .iter()
+            .map(|(name, v)| format!("const {name}: u32 = {v}u;\n"))
+            .collect();
         let mut fields = Vec::new();
         let mut binding = 0;
         for p in &self.params {
@@ -320,7 +385,7 @@ impl Signature {
                     out += &format!("var<workgroup> {}: array<{elem}, {len}>;\n", p.name)
                 }
                 Kind::Comptime { ty } => out += &format!("override {}: {ty};\n", p.name),
-                Kind::Value { .. } | Kind::SharedRef { .. } => {}
+                Kind::Value { .. } | Kind::Ref => {}
             }
         }
         if !fields.is_empty() {
@@ -330,14 +395,41 @@ impl Signature {
     }
 }
 
-fn array_len(e: &Expr) -> syn::Result<u32> {
-    if let Expr::Lit(l) = e {
-        if let Lit::Int(i) = &l.lit {
-            return i.base10_parse();
+fn array_len(e: &Expr, consts: &[(String, u32)]) -> syn::Result<u32> {
+    const_value(e, consts).ok_or_else(|| {
+        syn::Error::new_spanned(
+            e,
+            "array lengths are integer literals and kernel constants joined by + - * /",
+        )
+    })
+}
+
+/// The value of `e` at compile time: integer literals and the kernel's constants joined by
+/// `+ - * /` (what array lengths and unrolled loop bounds may be).
+pub fn const_value(e: &Expr, consts: &[(String, u32)]) -> Option<u32> {
+    match e {
+        Expr::Lit(l) => match &l.lit {
+            Lit::Int(i) => i.base10_parse().ok(),
+            _ => None,
+        },
+        Expr::Path(p) => {
+            let name = p.path.get_ident()?.to_string();
+            consts.iter().find(|(n, _)| *n == name).map(|c| c.1)
         }
+        Expr::Paren(p) => const_value(&p.expr, consts),
+        Expr::Binary(b) => {
+            let (l, r) = (
+                const_value(&b.left, consts)?,
+                const_value(&b.right, consts)?,
+            );
+            match b.op {
+                syn::BinOp::Add(_) => l.checked_add(r),
+                syn::BinOp::Sub(_) => l.checked_sub(r),
+                syn::BinOp::Mul(_) => l.checked_mul(r),
+                syn::BinOp::Div(_) => l.checked_div(r),
+                _ => None,
+            }
+        }
+        _ => None,
     }
-    Err(syn::Error::new_spanned(
-        e,
-        "workgroup array lengths are integer literals",
-    ))
 }

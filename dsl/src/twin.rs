@@ -22,6 +22,8 @@ pub fn twin(func: &ItemFn, helper: bool) -> TokenStream {
     StepByUsize.visit_block_mut(&mut body);
     let inputs = &f.sig.inputs;
     let output = &f.sig.output;
+    let generics = &f.sig.generics;
+    let where_clause = &f.sig.generics.where_clause;
     let lints = quote! {
         #[allow(dead_code, unused_variables, unused_mut, unused_assignments, unused_imports,
                 unreachable_code, clippy::all)]
@@ -34,7 +36,7 @@ pub fn twin(func: &ItemFn, helper: bool) -> TokenStream {
             #[doc = #doc]
             #[doc(hidden)]
             #lints
-            #vis fn #name(#inputs) #output {
+            #vis fn #name #generics (#inputs) #output #where_clause {
                 use ::hesper_gpu::twin::*;
                 #body
             }
@@ -43,7 +45,7 @@ pub fn twin(func: &ItemFn, helper: bool) -> TokenStream {
         quote! {
             /// The kernel as Rust, for rustc to type-check (never run).
             #lints
-            fn twin(#inputs) #output {
+            fn twin #generics (#inputs) #output #where_clause {
                 use super::*;
                 use ::hesper_gpu::twin::*;
                 #body
@@ -52,7 +54,7 @@ pub fn twin(func: &ItemFn, helper: bool) -> TokenStream {
     }
 }
 
-/// `&[T]` → `&Buffer<T>`, `&mut [T]` → `&mut Buffer<T>`, `&mut [T; N]` → `&mut Workgroup<T, N>`;
+/// `&[T]` → `&Buffer<T>`, `&mut [T]` → `&mut Buffer<T>`, `&mut [T; N]` → `&mut Workgroup<T>`;
 /// scalars unchanged.
 fn stand_in(ty: &Type) -> Type {
     let Type::Reference(r) = ty else {
@@ -65,17 +67,27 @@ fn stand_in(ty: &Type) -> Type {
             syn::parse_quote!(& #m ::hesper_gpu::twin::Buffer<#e>)
         }
         Type::Array(a) => {
-            let (e, n) = (&a.elem, &a.len);
-            syn::parse_quote!(& #m ::hesper_gpu::twin::Workgroup<#e, { #n as usize }>)
+            let e = &a.elem;
+            syn::parse_quote!(& #m ::hesper_gpu::twin::Workgroup<#e>)
         }
         _ => ty.clone(),
     }
 }
 
 /// Loops step by a `u32` in the DSL (WGSL's `i += step`); Rust's `step_by` takes a `usize`.
+/// Local arrays `[x; N]` become `Local::splat(x, N)` (indexed by `u32`; `N` may be a kernel
+/// constant, which a Rust array length cannot be).
 struct StepByUsize;
 
 impl VisitMut for StepByUsize {
+    fn visit_expr_mut(&mut self, e: &mut Expr) {
+        syn::visit_mut::visit_expr_mut(self, e);
+        if let Expr::Repeat(r) = e {
+            let (x, n) = (&r.expr, &r.len);
+            *e = syn::parse_quote!(::hesper_gpu::twin::Local::splat(#x, (#n) as u32));
+        }
+    }
+
     fn visit_expr_method_call_mut(&mut self, m: &mut syn::ExprMethodCall) {
         syn::visit_mut::visit_expr_method_call_mut(self, m);
         if m.method == "step_by" && m.args.len() == 1 {

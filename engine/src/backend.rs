@@ -121,6 +121,19 @@ pub enum MatrixUse {
     Embedding,
 }
 
+/// An FFN's gate and up projections, as [`Backend::join_gate_up`] prepared them.
+pub enum GateUp<M> {
+    /// Two matrices, multiplied one after the other.
+    Apart {
+        /// The gate projection.
+        gate: M,
+        /// The up projection.
+        up: M,
+    },
+    /// One matrix of both (the backend's own layout), multiplied in one pass.
+    Joined(M),
+}
+
 /// A compute backend.
 pub trait Backend {
     /// f32 activations `[n][width]`.
@@ -234,6 +247,56 @@ pub trait Backend {
         outs: &mut [&mut Self::Buffer],
     ) {
         matmul_each(self, ws, x, n, outs);
+    }
+    /// `out[i] += W · x[i]` for `n` rows of `width` outputs: a product, then the residual add.
+    /// By default the product goes to `scratch` and is added; a backend may add it as it
+    /// writes (same sums, same order, so the same bits).
+    fn matmul_add(
+        &self,
+        w: &Self::Matrix,
+        x: &Self::Buffer,
+        n: usize,
+        width: usize,
+        out: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
+    ) {
+        self.matmul(w, x, n, scratch);
+        self.add(out, scratch, n * width);
+    }
+    /// The FFN's gate and up projections as this backend multiplies them in
+    /// [`Backend::gate_up`]. By default they stay apart; a backend that fuses the pair (one
+    /// pass over the activations, `act(g)·u` as it writes) joins them here.
+    fn join_gate_up(
+        &self,
+        gate: Self::Matrix,
+        up: Self::Matrix,
+    ) -> Result<GateUp<Self::Matrix>, BackendError> {
+        Ok(GateUp::Apart { gate, up })
+    }
+    /// `out = act(gate · x[i]) ⊙ (up · x[i])` for `n` rows of `width` outputs. By default the
+    /// two products go to `scratch` (both read the same input, [`Backend::matmul_many`]) and
+    /// [`Backend::glu`] joins them; a backend that joined the pair overrides this.
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up(
+        &self,
+        w: &GateUp<Self::Matrix>,
+        x: &Self::Buffer,
+        n: usize,
+        width: usize,
+        act: Activation,
+        scratch: [&mut Self::Buffer; 2],
+        out: &mut Self::Buffer,
+    ) {
+        match w {
+            GateUp::Apart { gate, up } => {
+                let [g, u] = scratch;
+                self.matmul_many(&[gate, up], x, n, &mut [&mut *g, &mut *u]);
+                self.glu(g, u, n * width, act, out);
+            }
+            GateUp::Joined(_) => {
+                unreachable!("a backend that joins gate and up multiplies them itself")
+            }
+        }
     }
     /// Rotates `n` rows of `shape.n_head` heads in place; row `i` is at position `pos0 + i`.
     fn rope(&self, x: &mut Self::Buffer, n: usize, pos0: usize, shape: &RopeShape);

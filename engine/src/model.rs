@@ -20,7 +20,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, MatrixUse, RopeShape};
+use crate::backend::{AttentionShape, Backend, BackendError, GateUp, MatrixUse, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
 use crate::gguf::{TensorError, TensorInfo};
@@ -191,8 +191,7 @@ struct Layer<B: Backend> {
     attn_sub_norm: B::Vector,
     wo: B::Matrix,
     ffn_norm: B::Vector,
-    gate: B::Matrix,
-    up: B::Matrix,
+    gate_up: GateUp<B::Matrix>,
     ffn_sub_norm: B::Vector,
     down: B::Matrix,
 }
@@ -391,12 +390,14 @@ impl<B: Backend> Model<B> {
                     .matrix(&p("attn_output.weight"), d, d, MatrixUse::Product)
                     .await?,
                 ffn_norm: loader.vector(&p("ffn_norm.weight"), d).await?,
-                gate: loader
-                    .matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product)
-                    .await?,
-                up: loader
-                    .matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product)
-                    .await?,
+                gate_up: loader.backend.join_gate_up(
+                    loader
+                        .matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product)
+                        .await?,
+                    loader
+                        .matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product)
+                        .await?,
+                )?,
                 ffn_sub_norm: loader.vector(&p("ffn_sub_norm.weight"), ff).await?,
                 down: loader
                     .matrix(&p("ffn_down.weight"), d, ff, MatrixUse::Product)
@@ -936,14 +937,11 @@ impl<B: Backend> Model<B> {
             b.rope(k, n, pos0, &rope_k);
             b.attention(&mut s.cache, li, q, k, v, n, pos0, &attn, att);
             b.rms_norm(att, &l.attn_sub_norm, n, c.eps, h);
-            b.matmul(&l.wo, h, n, q);
-            b.add(x, q, n * c.n_embd);
+            b.matmul_add(&l.wo, h, n, c.n_embd, x, q);
             b.rms_norm(x, &l.ffn_norm, n, c.eps, h);
-            b.matmul_many(&[&l.gate, &l.up], h, n, &mut [&mut *gate, &mut *up]);
-            b.glu(gate, up, n * c.n_ff, c.activation, act);
+            b.gate_up(&l.gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
             b.rms_norm(act, &l.ffn_sub_norm, n, c.eps, gate);
-            b.matmul(&l.down, gate, n, q);
-            b.add(x, q, n * c.n_embd);
+            b.matmul_add(&l.down, gate, n, c.n_embd, x, q);
         }
     }
 }

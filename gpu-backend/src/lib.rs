@@ -6,13 +6,14 @@
 //! returned by that read.
 
 mod matrix;
+mod product;
 
 use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
-use hesper_engine::backend::{AttentionShape, Backend, BackendError, MatrixUse, RopeShape};
+use hesper_engine::backend::{AttentionShape, Backend, BackendError, GateUp, MatrixUse, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;
@@ -742,215 +743,83 @@ impl Backend for GpuBackend {
     }
 
     fn matmul(&self, w: &GpuMatrix, x: &GpuBuffer<f32>, n: usize, out: &mut GpuBuffer<f32>) {
-        let (rows, cols) = (w.desc.rows as u32, w.desc.cols as u32);
         self.record(|st| {
-            match w.kind {
-                Kind::I2s { .. } => {
-                    st.reserve(n * w.desc.cols, n)?;
-                    let State {
-                        gpu,
-                        batch,
-                        q,
-                        packed,
-                        packed_dot,
-                        act_scale,
-                        ..
-                    } = st;
-                    if *packed_dot {
-                        batch.run(
-                            gpu,
-                            &k::quantize_i8_packed::Args {
-                                x,
-                                q: &mut packed.0,
-                                scale: act_scale,
-                                sum: &mut packed.1,
-                                cols,
-                            },
-                            k::row_grid(n as u32),
-                        )?;
-                    } else {
-                        batch.run(
-                            gpu,
-                            &k::quantize_i8::Args {
-                                x,
-                                q,
-                                scale: act_scale,
-                                cols,
-                            },
-                            k::row_grid(n as u32),
-                        )?;
-                    }
+            product::quantize(st, w, x, n)?;
+            product::multiply(st, w, x, n, out, k::STORE)
+        });
+    }
+
+    /// Quantizes the input once for every matrix that reads it the same way.
+    fn matmul_many(
+        &self,
+        ws: &[&GpuMatrix],
+        x: &GpuBuffer<f32>,
+        n: usize,
+        outs: &mut [&mut GpuBuffer<f32>],
+    ) {
+        self.record(|st| {
+            for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+                if i == 0 || !product::same_input(ws[i - 1], w) {
+                    product::quantize(st, w, x, n)?;
                 }
-                Kind::Tq => {
-                    let blocks = n * w.desc.cols / 256;
-                    st.reserve(n * w.desc.cols, blocks)?;
-                    let State {
-                        gpu,
-                        batch,
-                        q,
-                        act_scale,
-                        ..
-                    } = st;
-                    batch.run(
-                        gpu,
-                        &k::quantize_q8k::Args { x, q, d: act_scale },
-                        k::row_grid(blocks as u32),
-                    )?;
-                }
-                Kind::Q8_0 => {
-                    let blocks = n * w.desc.cols / 32;
-                    st.reserve(n * w.desc.cols, blocks)?;
-                    let State {
-                        gpu,
-                        batch,
-                        q,
-                        act_scale,
-                        ..
-                    } = st;
-                    batch.run(
-                        gpu,
-                        &k::quantize_q8_0::Args {
-                            x,
-                            q,
-                            d: act_scale,
-                            blocks: blocks as u32,
-                        },
-                        k::q8_0_grid(blocks as u32),
-                    )?;
-                }
-                Kind::F32 | Kind::F16 => {}
-            }
-            let State {
-                gpu,
-                batch,
-                q,
-                packed,
-                packed_dot,
-                act_scale,
-                ..
-            } = st;
-            let lanes = k::lanes_per_row(match w.kind {
-                Kind::I2s { .. } => w.desc.cols / 16,
-                Kind::Tq => w.desc.cols / 256,
-                Kind::Q8_0 => w.desc.cols / 32,
-                Kind::F16 => w.desc.cols / 2,
-                Kind::F32 => w.desc.cols,
-            });
-            for win in &w.windows {
-                let grid = k::matrix_grid(win.rows as u32, lanes, n as u32);
-                let row0 = win.row0 as u32;
-                let window_rows = win.rows as u32;
-                match w.kind {
-                    Kind::I2s { beta } if *packed_dot => batch.run(
-                        gpu,
-                        &k::bitlinear_i2s_dp4::Args {
-                            codes: &win.data,
-                            q: &packed.0,
-                            scale: act_scale,
-                            sum: &packed.1,
-                            out: &mut *out,
-                            cols,
-                            rows,
-                            row0,
-                            window_rows,
-                            n: n as u32,
-                            lanes,
-                            beta: beta * w.scale,
-                        },
-                        grid,
-                    )?,
-                    Kind::I2s { beta } => batch.run(
-                        gpu,
-                        &k::bitlinear_i2s::Args {
-                            codes: &win.data,
-                            q,
-                            scale: act_scale,
-                            out: &mut *out,
-                            cols,
-                            rows,
-                            row0,
-                            window_rows,
-                            n: n as u32,
-                            lanes,
-                            beta: beta * w.scale,
-                        },
-                        grid,
-                    )?,
-                    Kind::Q8_0 => batch.run(
-                        gpu,
-                        &k::matvec_q8_0::Args {
-                            wq: &win.data,
-                            wd: win.scales(&w.desc.name)?,
-                            q,
-                            d: act_scale,
-                            out: &mut *out,
-                            cols,
-                            rows,
-                            row0,
-                            window_rows,
-                            n: n as u32,
-                            lanes,
-                            out_scale: w.scale,
-                        },
-                        grid,
-                    )?,
-                    Kind::Tq => {
-                        let wscale = win.scales(&w.desc.name)?;
-                        batch.run(
-                            gpu,
-                            &k::bitlinear_tq::Args {
-                                codes: &win.data,
-                                wscale,
-                                q,
-                                d: act_scale,
-                                out: &mut *out,
-                                cols,
-                                rows,
-                                row0,
-                                window_rows,
-                                n: n as u32,
-                                lanes,
-                                out_scale: w.scale,
-                            },
-                            grid,
-                        )?
-                    }
-                    Kind::F32 => batch.run(
-                        gpu,
-                        &k::matvec_f32::Args {
-                            w: &win.data,
-                            x,
-                            out: &mut *out,
-                            cols,
-                            rows,
-                            row0,
-                            window_rows,
-                            n: n as u32,
-                            lanes,
-                            out_scale: w.scale,
-                        },
-                        grid,
-                    )?,
-                    Kind::F16 => batch.run(
-                        gpu,
-                        &k::matvec_f16::Args {
-                            w: &win.data,
-                            x,
-                            out: &mut *out,
-                            cols,
-                            rows,
-                            row0,
-                            window_rows,
-                            n: n as u32,
-                            lanes,
-                            out_scale: w.scale,
-                        },
-                        grid,
-                    )?,
-                }
+                product::multiply(st, w, x, n, out, k::STORE)?;
             }
             Ok(())
         });
+    }
+
+    /// The residual add fused into the product's output stage.
+    fn matmul_add(
+        &self,
+        w: &GpuMatrix,
+        x: &GpuBuffer<f32>,
+        n: usize,
+        _width: usize,
+        out: &mut GpuBuffer<f32>,
+        _scratch: &mut GpuBuffer<f32>,
+    ) {
+        self.record(|st| {
+            product::quantize(st, w, x, n)?;
+            product::multiply(st, w, x, n, out, k::ADD)
+        });
+    }
+
+    /// Interleaves the rows of gate and up (gate row `i` at `2i`, up row `i` at `2i + 1`) so one
+    /// pass of the matrix kernel computes both and writes `act(g)·u`; pairs that do not fit one
+    /// window stay apart.
+    fn join_gate_up(
+        &self,
+        gate: GpuMatrix,
+        up: GpuMatrix,
+    ) -> Result<GateUp<GpuMatrix>, BackendError> {
+        let mut st = self.state.borrow_mut();
+        match GpuMatrix::join(&mut st.gpu, gate, up).map_err(device_error)? {
+            Ok(joined) => Ok(GateUp::Joined(joined)),
+            Err((gate, up)) => Ok(GateUp::Apart { gate, up }),
+        }
+    }
+
+    fn gate_up(
+        &self,
+        w: &GateUp<GpuMatrix>,
+        x: &GpuBuffer<f32>,
+        n: usize,
+        width: usize,
+        act: Activation,
+        scratch: [&mut GpuBuffer<f32>; 2],
+        out: &mut GpuBuffer<f32>,
+    ) {
+        match w {
+            GateUp::Joined(m) => self.record(|st| {
+                product::quantize(st, m, x, n)?;
+                product::multiply(st, m, x, n, out, product::glu_mode(act))
+            }),
+            GateUp::Apart { gate, up } => {
+                let [g, u] = scratch;
+                self.matmul_many(&[gate, up], x, n, &mut [&mut *g, &mut *u]);
+                self.glu(g, u, n * width, act, out);
+            }
+        }
     }
 
     fn rope(&self, x: &mut GpuBuffer<f32>, n: usize, pos0: usize, shape: &RopeShape) {

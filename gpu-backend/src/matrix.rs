@@ -11,7 +11,7 @@ use hesper_engine::weights::{
     tq1_0_code, tq2_0_code, Format, MatrixDesc, Q8_0_BLOCK_BYTES, TQ1_0_BLOCK_BYTES,
     TQ2_0_BLOCK_BYTES,
 };
-use hesper_gpu::{Gpu, GpuBuffer};
+use hesper_gpu::{Gpu, GpuBuffer, GpuError};
 
 /// Most workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GRID: usize = 65_535;
@@ -78,6 +78,9 @@ pub struct GpuMatrix {
     pub windows: Vec<Window>,
     /// Where embedding rows of layouts without a GPU fetch kernel are decoded from.
     pub host: Option<HostRows>,
+    /// A joined gate/up pair ([`GpuMatrix::join`]): the route and scale of the up rows (the
+    /// odd ones; the gate's are `kind` and `scale`).
+    pub odd: Option<(Kind, f32)>,
 }
 
 /// The bytes embedding rows are decoded from on the host; `desc.range` indexes them.
@@ -132,14 +135,8 @@ impl GpuMatrix {
         let data = bytes
             .get(desc.range.clone())
             .ok_or_else(|| unsupported("the tensor data lies outside the file"))?;
-        // Bytes per row as uploaded (TQ becomes 2-bit codes: cols/4).
-        let gpu_row_bytes = match kind {
-            Kind::F32 => desc.cols * 4,
-            Kind::F16 => desc.cols * 2,
-            Kind::I2s { .. } | Kind::Tq => desc.cols / 4,
-            Kind::Q8_0 => desc.cols,
-        };
-        let per_window = (gpu.max_binding() as usize / gpu_row_bytes.max(1)).min(MAX_GRID);
+        let gpu_row_bytes = kind.row_bytes(desc.cols);
+        let per_window = rows_per_window(gpu, gpu_row_bytes);
         if per_window == 0 {
             return Err(unsupported(
                 "one row is larger than the GPU's largest binding",
@@ -191,8 +188,119 @@ impl GpuMatrix {
             scale: scale.unwrap_or(1.0),
             windows,
             host: None,
+            odd: None,
         })
     }
+
+    /// The output multipliers of the even and odd rows (odd: only for a joined pair): β times
+    /// the matrix scale for I2_S, the scale otherwise.
+    pub fn out_scales(&self) -> (f32, f32) {
+        let of = |kind: Kind, scale: f32| match kind {
+            Kind::I2s { beta } => beta * scale,
+            _ => scale,
+        };
+        let odd = self.odd.map_or(0.0, |(kind, scale)| of(kind, scale));
+        (of(self.kind, self.scale), odd)
+    }
+
+    /// Joins an FFN's gate and up into one matrix whose rows interleave them (gate row `i` at
+    /// `2i`, up row `i` at `2i + 1`), moved on the GPU by `interleave_rows`, for one fused pass
+    /// (`hesper_shaders::GLU_RELU2`). Returns them untouched where they differ in layout or
+    /// shape, or the pair would not fit one window.
+    pub fn join(
+        gpu: &mut Gpu,
+        gate: Self,
+        up: Self,
+    ) -> Result<Result<Self, (Self, Self)>, GpuError> {
+        let (rows, cols) = (gate.desc.rows, gate.desc.cols);
+        let row_words = gate.kind.row_bytes(cols) / 4;
+        let fits = std::mem::discriminant(&gate.kind) == std::mem::discriminant(&up.kind)
+            && (up.desc.rows, up.desc.cols) == (rows, cols)
+            && gate.windows.len() == 1
+            && up.windows.len() == 1
+            && gate.odd.is_none()
+            && up.odd.is_none()
+            && 2 * rows <= rows_per_window(gpu, gate.kind.row_bytes(cols))
+            && (2 * rows * row_words)
+                .div_ceil(hesper_shaders::interleave_rows::WORKGROUP_SIZE as usize)
+                <= MAX_GRID;
+        if !fits {
+            return Ok(Err((gate, up)));
+        }
+        let (mut g, mut u) = (gate.windows, up.windows);
+        let (g, u) = (g.remove(0), u.remove(0));
+        let mut batch = gpu.batch();
+        let data = interleave(gpu, &mut batch, &g.data, &u.data, rows, row_words)?;
+        let scales = match (g.scales, u.scales) {
+            (Some(a), Some(b)) => {
+                let (a, b) = (a.into_elements::<u32>(), b.into_elements::<u32>());
+                let per_row = a.len() / rows;
+                Some(interleave(gpu, &mut batch, &a, &b, rows, per_row)?.into_elements())
+            }
+            _ => None,
+        };
+        gpu.submit(batch)?;
+        let desc = MatrixDesc {
+            name: format!("{}+{}", gate.desc.name, up.desc.name),
+            rows: 2 * rows,
+            ..gate.desc
+        };
+        Ok(Ok(Self {
+            desc,
+            kind: gate.kind,
+            scale: gate.scale,
+            windows: vec![Window {
+                row0: 0,
+                rows: 2 * rows,
+                data,
+                scales,
+            }],
+            host: None,
+            odd: Some((up.kind, up.scale)),
+        }))
+    }
+}
+
+impl Kind {
+    /// Bytes of one row as uploaded (TQ becomes 2-bit codes: cols/4).
+    fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            Kind::F32 => cols * 4,
+            Kind::F16 => cols * 2,
+            Kind::I2s { .. } | Kind::Tq => cols / 4,
+            Kind::Q8_0 => cols,
+        }
+    }
+}
+
+/// Rows of `row_bytes` one window may hold: one binding, and one dispatch dimension.
+fn rows_per_window(gpu: &Gpu, row_bytes: usize) -> usize {
+    (gpu.max_binding() as usize / row_bytes.max(1)).min(MAX_GRID)
+}
+
+/// `a` and `b` (`rows × row_words`) with their rows interleaved, recorded into `batch`.
+fn interleave(
+    gpu: &mut Gpu,
+    batch: &mut hesper_gpu::Batch,
+    a: &GpuBuffer<u32>,
+    b: &GpuBuffer<u32>,
+    rows: usize,
+    row_words: usize,
+) -> Result<GpuBuffer<u32>, GpuError> {
+    let mut out = gpu.zeroed("gate+up", 2 * rows * row_words)?;
+    let words = (2 * rows * row_words) as u32;
+    batch.run(
+        gpu,
+        &hesper_shaders::interleave_rows::Args {
+            a,
+            b,
+            out: &mut out,
+            row_words: row_words as u32,
+            rows: rows as u32,
+        },
+        hesper_shaders::interleave_rows::grid_for(words),
+    )?;
+    Ok(out)
 }
 
 /// Q8_0 blocks → their int8 values as little-endian words (8 per block) and their f16

@@ -35,6 +35,12 @@ impl<T: bytemuck::Pod> GpuBuffer<T> {
         (self.len * std::mem::size_of::<T>()) as u64
     }
 
+    /// The same bytes as elements of another 4-byte type (f32 scales moved by a `u32` kernel).
+    pub fn into_elements<U: bytemuck::Pod>(self) -> GpuBuffer<U> {
+        const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<U>()) };
+        GpuBuffer::new(self.raw, self.len)
+    }
+
     /// The wgpu buffer (for bindings and copies).
     pub fn raw(&self) -> &wgpu::Buffer {
         &self.raw

@@ -24,6 +24,7 @@ mod probe;
 mod profile;
 mod readback;
 pub mod twin;
+pub mod wgsl_text;
 
 pub use batch::Batch;
 pub use buffer::GpuBuffer;

@@ -38,21 +38,62 @@ impl<T> IndexMut<u32> for Buffer<T> {
     }
 }
 
-/// A workgroup array of `N` elements, indexed by `u32`.
-pub struct Workgroup<T, const N: usize>(PhantomData<T>);
+/// A workgroup array, indexed by `u32` (its length, which may depend on a kernel's
+/// compile-time constants, is checked by the macro, not by this type).
+pub struct Workgroup<T>(PhantomData<T>);
 
-impl<T, const N: usize> Index<u32> for Workgroup<T, N> {
+impl<T> Index<u32> for Workgroup<T> {
     type Output = T;
     fn index(&self, _: u32) -> &T {
         unreachable!("{NOT_RUN}")
     }
 }
 
-impl<T, const N: usize> IndexMut<u32> for Workgroup<T, N> {
+impl<T> IndexMut<u32> for Workgroup<T> {
     fn index_mut(&mut self, _: u32) -> &mut T {
         unreachable!("{NOT_RUN}")
     }
 }
+
+/// A kernel-local array (`let mut s = [0i32; TILE];` in the DSL, `var s: array<i32, N>` in
+/// WGSL), indexed by `u32`.
+pub struct Local<T>(PhantomData<T>);
+
+impl<T> Local<T> {
+    /// `[value; len]`.
+    pub fn splat(_value: T, _len: u32) -> Self {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+impl<T> Index<u32> for Local<T> {
+    type Output = T;
+    fn index(&self, _: u32) -> &T {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+impl<T> IndexMut<u32> for Local<T> {
+    fn index_mut(&mut self, _: u32) -> &mut T {
+        unreachable!("{NOT_RUN}")
+    }
+}
+
+/// The element types a generic helper may be instantiated with (`f32`, `i32`, `u32`): what
+/// WGSL's arithmetic and comparisons accept for all three.
+pub trait Scalar:
+    Copy
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::AddAssign
+{
+}
+
+impl Scalar for f32 {}
+impl Scalar for i32 {}
+impl Scalar for u32 {}
 
 /// `global_invocation_id.x`.
 pub fn gid() -> u32 {

@@ -7,18 +7,23 @@
 //!
 //! Shared launch geometry of the matrix kernels (here and in `matvec.rs`): `lanes` threads (a
 //! power of two ≤ 64) cooperate on one output row, so a workgroup of 64 covers `64 / lanes`
-//! rows of this window (grid `[ceil(window_rows · lanes / 64), ceil(n / 4)]`); each workgroup
-//! takes a tile of up to 4 tokens and reads each weight word once for all of them. `rows` is
-//! the output width, `row0` where this window of `window_rows` rows starts.
+//! rows of this window (grid [`crate::matrix_grid`]); each workgroup takes a tile of up to
+//! `TILE` tokens and reads each weight word once for all of them. `rows` is the output width,
+//! `row0` where this window of `window_rows` rows starts. Each kernel keeps only its decode
+//! step: the tile's accumulators are a local array over the unrolled `TILE` loop, the row
+//! reduction is [`row_sums`] and the output stage [`store_rows`] (`mode`, `out_scale`,
+//! `out_scale_odd`: see `tile.rs`).
 
 use hesper_dsl::kernel;
 
-use crate::reduce::{row_sums, row_sums_i32};
+use crate::reduce::row_sums;
+use crate::tile::store_rows;
 
 /// I2_S × per-token int8: exact integer sums over the whole row, then bitnet.cpp's epilogue
-/// `Σ(c−1)·q / s · beta · out_scale` with `s` from [`crate::quantize_i8`].
-#[kernel(workgroup = 64, uses(row_sums_i32))]
-pub fn bitlinear_i2s(
+/// `Σ(c−1)·q / s · beta · out_scale` with `s` from [`crate::quantize_i8`] (`out_scale` is
+/// `beta` times the matrix's scale).
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn bitlinear_i2s<const TILE: u32>(
     codes: &[u32],
     q: &[i32],
     scale: &[f32],
@@ -29,21 +34,20 @@ pub fn bitlinear_i2s(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
-    #[uniform] beta: f32,
-    #[shared] acc: &mut [i32; 256],
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[shared] acc: &mut [i32; 64 * TILE],
+    #[shared] res: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
-    let live = r < window_rows;
-    let t0 = wid_y() * 4u32;
+    let t0 = wid_y() * TILE;
     let words = cols / 16u32;
-    let mut s0: i32 = 0;
-    let mut s1: i32 = 0;
-    let mut s2: i32 = 0;
-    let mut s3: i32 = 0;
+    let mut s = [0i32; TILE];
     for w in (lane..words).step_by(lanes) {
-        if !live {
+        if r >= window_rows {
             break;
         }
         let packed = codes[r * words + w];
@@ -55,44 +59,49 @@ pub fn bitlinear_i2s(
             let c1 = ((bits >> 4u32) & 3u32) as i32 - 1;
             let c2 = ((bits >> 2u32) & 3u32) as i32 - 1;
             let c3 = (bits & 3u32) as i32 - 1;
-            let a = t0 * cols + k;
-            s0 += c0 * q[a] + c1 * q[a + 32u32] + c2 * q[a + 64u32] + c3 * q[a + 96u32];
-            if t0 + 1u32 < n {
-                let a1 = a + cols;
-                s1 += c0 * q[a1] + c1 * q[a1 + 32u32] + c2 * q[a1 + 64u32] + c3 * q[a1 + 96u32];
-            }
-            if t0 + 2u32 < n {
-                let a2 = a + 2u32 * cols;
-                s2 += c0 * q[a2] + c1 * q[a2 + 32u32] + c2 * q[a2 + 64u32] + c3 * q[a2 + 96u32];
-            }
-            if t0 + 3u32 < n {
-                let a3 = a + 3u32 * cols;
-                s3 += c0 * q[a3] + c1 * q[a3 + 32u32] + c2 * q[a3 + 64u32] + c3 * q[a3 + 96u32];
+            for j in 0..TILE {
+                if t0 + j < n {
+                    let a = (t0 + j) * cols + k;
+                    s[j] += c0 * q[a] + c1 * q[a + 32u32] + c2 * q[a + 64u32] + c3 * q[a + 96u32];
+                }
             }
         }
     }
-    acc[t] = s0;
-    acc[64u32 + t] = s1;
-    acc[128u32 + t] = s2;
-    acc[192u32 + t] = s3;
+    for j in 0..TILE {
+        acc[64u32 * j + t] = s[j];
+    }
     barrier();
-    row_sums_i32(acc, t, lane, lanes);
-    if lane == 0u32 && live {
-        for j in 0..4u32 {
-            if t0 + j < n {
-                out[(t0 + j) * rows + row0 + r] =
-                    (acc[64u32 * j + t] as f32) / scale[t0 + j] * beta;
-            }
+    row_sums(acc, t, lane, lanes, TILE);
+    for j in 0..TILE {
+        if t0 + j < n {
+            res[64u32 * j + t] = (acc[64u32 * j + t] as f32) / scale[t0 + j];
         }
     }
+    store_rows(
+        res,
+        out,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+    );
 }
 
 /// TQ1_0/TQ2_0 (repacked) × Q8_K blocks: per 256-element block the exact integer
 /// `Σ(c−1)·q`, then `acc += sumi · (d_act · d_weight)` as ggml does; `wscale` holds the
 /// weight scale of every (row, block) of this window, `d` the activation scale of every
 /// (token, block) from [`crate::quantize_q8k`].
-#[kernel(workgroup = 64, uses(row_sums))]
-pub fn bitlinear_tq(
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn bitlinear_tq<const TILE: u32>(
     codes: &[u32],
     wscale: &[f32],
     q: &[i32],
@@ -104,28 +113,23 @@ pub fn bitlinear_tq(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
+    #[uniform] mode: u32,
     #[uniform] out_scale: f32,
-    #[shared] acc: &mut [f32; 256],
+    #[uniform] out_scale_odd: f32,
+    #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
-    let live = r < window_rows;
-    let t0 = wid_y() * 4u32;
+    let t0 = wid_y() * TILE;
     let words = cols / 16u32;
     let blocks = cols / 256u32;
-    let mut f0: f32 = 0.0;
-    let mut f1: f32 = 0.0;
-    let mut f2: f32 = 0.0;
-    let mut f3: f32 = 0.0;
+    let mut f = [0.0f32; TILE];
     for blk in (lane..blocks).step_by(lanes) {
-        if !live {
+        if r >= window_rows {
             break;
         }
-        let mut s0: i32 = 0;
-        let mut s1: i32 = 0;
-        let mut s2: i32 = 0;
-        let mut s3: i32 = 0;
+        let mut s = [0i32; TILE];
         for w in blk * 16u32..blk * 16u32 + 16u32 {
             let packed = codes[r * words + w];
             for b in 0..4u32 {
@@ -136,47 +140,44 @@ pub fn bitlinear_tq(
                 let c1 = ((bits >> 4u32) & 3u32) as i32 - 1;
                 let c2 = ((bits >> 2u32) & 3u32) as i32 - 1;
                 let c3 = (bits & 3u32) as i32 - 1;
-                let a = t0 * cols + k;
-                s0 += c0 * q[a] + c1 * q[a + 32u32] + c2 * q[a + 64u32] + c3 * q[a + 96u32];
-                if t0 + 1u32 < n {
-                    let a1 = a + cols;
-                    s1 += c0 * q[a1] + c1 * q[a1 + 32u32] + c2 * q[a1 + 64u32] + c3 * q[a1 + 96u32];
-                }
-                if t0 + 2u32 < n {
-                    let a2 = a + 2u32 * cols;
-                    s2 += c0 * q[a2] + c1 * q[a2 + 32u32] + c2 * q[a2 + 64u32] + c3 * q[a2 + 96u32];
-                }
-                if t0 + 3u32 < n {
-                    let a3 = a + 3u32 * cols;
-                    s3 += c0 * q[a3] + c1 * q[a3 + 32u32] + c2 * q[a3 + 64u32] + c3 * q[a3 + 96u32];
+                for j in 0..TILE {
+                    if t0 + j < n {
+                        let a = (t0 + j) * cols + k;
+                        s[j] +=
+                            c0 * q[a] + c1 * q[a + 32u32] + c2 * q[a + 64u32] + c3 * q[a + 96u32];
+                    }
                 }
             }
         }
         let ws = wscale[r * blocks + blk];
-        f0 += (s0 as f32) * (d[t0 * blocks + blk] * ws);
-        if t0 + 1u32 < n {
-            f1 += (s1 as f32) * (d[(t0 + 1u32) * blocks + blk] * ws);
-        }
-        if t0 + 2u32 < n {
-            f2 += (s2 as f32) * (d[(t0 + 2u32) * blocks + blk] * ws);
-        }
-        if t0 + 3u32 < n {
-            f3 += (s3 as f32) * (d[(t0 + 3u32) * blocks + blk] * ws);
-        }
-    }
-    acc[t] = f0;
-    acc[64u32 + t] = f1;
-    acc[128u32 + t] = f2;
-    acc[192u32 + t] = f3;
-    barrier();
-    row_sums(acc, t, lane, lanes);
-    if lane == 0u32 && live {
-        for j in 0..4u32 {
+        for j in 0..TILE {
             if t0 + j < n {
-                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+                f[j] += (s[j] as f32) * (d[(t0 + j) * blocks + blk] * ws);
             }
         }
     }
+    for j in 0..TILE {
+        acc[64u32 * j + t] = f[j];
+    }
+    barrier();
+    row_sums(acc, t, lane, lanes, TILE);
+    store_rows(
+        acc,
+        out,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+    );
 }
 
 /// [`bitlinear_i2s`] with `dot4I8Packed` (WGSL's `packed_4x8_integer_dot_product`; one
@@ -184,8 +185,8 @@ pub fn bitlinear_tq(
 /// belong to elements 32 apart, so masking one crumb position across a word's four bytes gives
 /// four consecutive elements, matched by one word of the activations packed by
 /// [`crate::quantize_i8_packed`]. `Σcode·q − Σq` is the same exact integer as the plain path.
-#[kernel(workgroup = 64, uses(row_sums_i32))]
-pub fn bitlinear_i2s_dp4(
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn bitlinear_i2s_dp4<const TILE: u32>(
     codes: &[u32],
     q: &[u32],
     scale: &[f32],
@@ -197,23 +198,22 @@ pub fn bitlinear_i2s_dp4(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
-    #[uniform] beta: f32,
-    #[shared] acc: &mut [i32; 256],
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[shared] acc: &mut [i32; 64 * TILE],
+    #[shared] res: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
-    let live = r < window_rows;
-    let t0 = wid_y() * 4u32;
+    let t0 = wid_y() * TILE;
     let words = cols / 16u32;
     let qwords = cols / 4u32;
     let mask = 50529027u32;
-    let mut s0: i32 = 0;
-    let mut s1: i32 = 0;
-    let mut s2: i32 = 0;
-    let mut s3: i32 = 0;
+    let mut s = [0i32; TILE];
     for w in (lane..words).step_by(lanes) {
-        if !live {
+        if r >= window_rows {
             break;
         }
         let packed = codes[r * words + w];
@@ -223,45 +223,41 @@ pub fn bitlinear_i2s_dp4(
         let c3 = packed & mask;
         let at = w * 4u32;
         let b = (at / 32u32) * 32u32 + (at % 32u32) / 4u32;
-        let a = t0 * qwords + b;
-        s0 += dot4_i8_packed(c0, q[a])
-            + dot4_i8_packed(c1, q[a + 8u32])
-            + dot4_i8_packed(c2, q[a + 16u32])
-            + dot4_i8_packed(c3, q[a + 24u32]);
-        if t0 + 1u32 < n {
-            let a1 = a + qwords;
-            s1 += dot4_i8_packed(c0, q[a1])
-                + dot4_i8_packed(c1, q[a1 + 8u32])
-                + dot4_i8_packed(c2, q[a1 + 16u32])
-                + dot4_i8_packed(c3, q[a1 + 24u32]);
-        }
-        if t0 + 2u32 < n {
-            let a2 = a + 2u32 * qwords;
-            s2 += dot4_i8_packed(c0, q[a2])
-                + dot4_i8_packed(c1, q[a2 + 8u32])
-                + dot4_i8_packed(c2, q[a2 + 16u32])
-                + dot4_i8_packed(c3, q[a2 + 24u32]);
-        }
-        if t0 + 3u32 < n {
-            let a3 = a + 3u32 * qwords;
-            s3 += dot4_i8_packed(c0, q[a3])
-                + dot4_i8_packed(c1, q[a3 + 8u32])
-                + dot4_i8_packed(c2, q[a3 + 16u32])
-                + dot4_i8_packed(c3, q[a3 + 24u32]);
-        }
-    }
-    acc[t] = s0;
-    acc[64u32 + t] = s1;
-    acc[128u32 + t] = s2;
-    acc[192u32 + t] = s3;
-    barrier();
-    row_sums_i32(acc, t, lane, lanes);
-    if lane == 0u32 && live {
-        for j in 0..4u32 {
+        for j in 0..TILE {
             if t0 + j < n {
-                out[(t0 + j) * rows + row0 + r] =
-                    ((acc[64u32 * j + t] - sum[t0 + j]) as f32) / scale[t0 + j] * beta;
+                let a = (t0 + j) * qwords + b;
+                s[j] += dot4_i8_packed(c0, q[a])
+                    + dot4_i8_packed(c1, q[a + 8u32])
+                    + dot4_i8_packed(c2, q[a + 16u32])
+                    + dot4_i8_packed(c3, q[a + 24u32]);
             }
         }
     }
+    for j in 0..TILE {
+        acc[64u32 * j + t] = s[j];
+    }
+    barrier();
+    row_sums(acc, t, lane, lanes, TILE);
+    for j in 0..TILE {
+        if t0 + j < n {
+            res[64u32 * j + t] = ((acc[64u32 * j + t] - sum[t0 + j]) as f32) / scale[t0 + j];
+        }
+    }
+    store_rows(
+        res,
+        out,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+    );
 }

@@ -30,3 +30,26 @@ pub fn relu2_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] n: u32) {
         out[i] = r * r * up[i];
     }
 }
+
+/// Interleaves the rows of two `rows × row_words` matrices (row `i` of `a` becomes row `2i`, of
+/// `b` row `2i + 1`): how a gate/up pair is joined on the GPU for one fused pass
+/// ([`crate::GLU_RELU2`]). One thread per output word.
+#[kernel(workgroup = 256)]
+pub fn interleave_rows(
+    a: &[u32],
+    b: &[u32],
+    out: &mut [u32],
+    #[uniform] row_words: u32,
+    #[uniform] rows: u32,
+) {
+    let i = gid();
+    if i < 2u32 * rows * row_words {
+        let row = i / row_words;
+        let src = (row / 2u32) * row_words + i % row_words;
+        if row % 2u32 == 0u32 {
+            out[i] = a[src];
+        } else {
+            out[i] = b[src];
+        }
+    }
+}

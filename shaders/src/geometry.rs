@@ -9,9 +9,9 @@ use crate::{
 };
 
 /// Tokens one workgroup of the matrix kernels multiplies at once (the second grid dimension is
-/// `ceil(n / TOKEN_TILE)`); each weight word is read once per tile. The kernels' bodies index
-/// their tile as `wid_y() * 4u32`.
-pub const TOKEN_TILE: u32 = 4;
+/// `ceil(n / TOKEN_TILE)`); each weight word is read once per tile. It is the kernels' own
+/// compile-time constant `TILE` (`consts(TILE = ..)`), the same in all six.
+pub const TOKEN_TILE: u32 = bitlinear_i2s::TILE;
 
 /// Threads per workgroup of the matrix kernels (`bitlinear_*`, `matvec_*`); each output row
 /// takes `lanes` of them, so a workgroup covers `MATRIX_WORKGROUP / lanes` rows.
@@ -26,12 +26,21 @@ const _: () = {
         matvec_f16::WORKGROUP_SIZE,
         matvec_q8_0::WORKGROUP_SIZE,
     ];
+    let tiles = [
+        bitlinear_i2s::TILE,
+        bitlinear_i2s_dp4::TILE,
+        bitlinear_tq::TILE,
+        matvec_f32::TILE,
+        matvec_f16::TILE,
+        matvec_q8_0::TILE,
+    ];
     let mut i = 0;
     while i < sizes.len() {
         assert!(
             sizes[i] == MATRIX_WORKGROUP,
             "a matrix kernel's workgroup is not MATRIX_WORKGROUP"
         );
+        assert!(tiles[i] == TOKEN_TILE, "the matrix kernels' TILE differs");
         i += 1;
     }
 };

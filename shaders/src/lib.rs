@@ -14,10 +14,11 @@ mod norm;
 mod quantize;
 mod reduce;
 mod rope;
+mod tile;
 
 pub use argmax::{argmax_final, argmax_partial, take_top};
 pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
-pub use elementwise::{add_assign, relu2_mul, silu_mul};
+pub use elementwise::{add_assign, interleave_rows, relu2_mul, silu_mul};
 pub use embed::{embed_f16, embed_f32};
 pub use flash_attention::attention;
 pub use geometry::{
@@ -29,3 +30,4 @@ pub use matvec::{matvec_f16, matvec_f32, matvec_q8_0};
 pub use norm::{rms_norm, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};
+pub use tile::{store_rows, ADD, GLU_RELU2, GLU_SILU, STORE};

@@ -1,14 +1,15 @@
-//! Float and Q8_0 weight matrices times activations, with the launch geometry of
-//! `bitlinear.rs`: `lanes` threads per output row, `64 / lanes` rows per workgroup, a tile of up
-//! to 4 tokens per weight pass.
+//! Float and Q8_0 weight matrices times activations, with the launch geometry and output stage
+//! of `bitlinear.rs`: `lanes` threads per output row, `64 / lanes` rows per workgroup, a tile of
+//! up to `TILE` tokens per weight pass, [`row_sums`] then [`store_rows`].
 
 use hesper_dsl::kernel;
 
 use crate::reduce::row_sums;
+use crate::tile::store_rows;
 
 /// F32 weights (held as raw words).
-#[kernel(workgroup = 64, uses(row_sums))]
-pub fn matvec_f32(
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn matvec_f32<const TILE: u32>(
     w: &[u32],
     x: &[f32],
     out: &mut [f32],
@@ -18,54 +19,55 @@ pub fn matvec_f32(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
+    #[uniform] mode: u32,
     #[uniform] out_scale: f32,
-    #[shared] acc: &mut [f32; 256],
+    #[uniform] out_scale_odd: f32,
+    #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
-    let live = r < window_rows;
-    let t0 = wid_y() * 4u32;
-    let mut f0: f32 = 0.0;
-    let mut f1: f32 = 0.0;
-    let mut f2: f32 = 0.0;
-    let mut f3: f32 = 0.0;
+    let t0 = wid_y() * TILE;
+    let mut f = [0.0f32; TILE];
     for i in (lane..cols).step_by(lanes) {
-        if !live {
+        if r >= window_rows {
             break;
         }
         let wv = f32_from_bits(w[r * cols + i]);
-        let a = t0 * cols + i;
-        f0 += wv * x[a];
-        if t0 + 1u32 < n {
-            f1 += wv * x[a + cols];
-        }
-        if t0 + 2u32 < n {
-            f2 += wv * x[a + 2u32 * cols];
-        }
-        if t0 + 3u32 < n {
-            f3 += wv * x[a + 3u32 * cols];
-        }
-    }
-    acc[t] = f0;
-    acc[64u32 + t] = f1;
-    acc[128u32 + t] = f2;
-    acc[192u32 + t] = f3;
-    barrier();
-    row_sums(acc, t, lane, lanes);
-    if lane == 0u32 && live {
-        for j in 0..4u32 {
+        for j in 0..TILE {
             if t0 + j < n {
-                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+                f[j] += wv * x[(t0 + j) * cols + i];
             }
         }
     }
+    for j in 0..TILE {
+        acc[64u32 * j + t] = f[j];
+    }
+    barrier();
+    row_sums(acc, t, lane, lanes, TILE);
+    store_rows(
+        acc,
+        out,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+    );
 }
 
 /// F16 weights (two per word, the lower first; `cols` even); the activations are rounded
 /// through f16 first, as ggml does for F16 matrices.
-#[kernel(workgroup = 64, uses(row_sums))]
-pub fn matvec_f16(
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn matvec_f16<const TILE: u32>(
     w: &[u32],
     x: &[f32],
     out: &mut [f32],
@@ -75,61 +77,60 @@ pub fn matvec_f16(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
+    #[uniform] mode: u32,
     #[uniform] out_scale: f32,
-    #[shared] acc: &mut [f32; 256],
+    #[uniform] out_scale_odd: f32,
+    #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
-    let live = r < window_rows;
-    let t0 = wid_y() * 4u32;
+    let t0 = wid_y() * TILE;
     let half = cols / 2u32;
-    let mut f0: f32 = 0.0;
-    let mut f1: f32 = 0.0;
-    let mut f2: f32 = 0.0;
-    let mut f3: f32 = 0.0;
-    for j in (lane..half).step_by(lanes) {
-        if !live {
+    let mut f = [0.0f32; TILE];
+    for i in (lane..half).step_by(lanes) {
+        if r >= window_rows {
             break;
         }
-        let word = w[r * half + j];
+        let word = w[r * half + i];
         let lo = unpack_f16_lo(word);
         let hi = unpack_f16_hi(word);
-        let a = t0 * cols + 2u32 * j;
-        f0 += lo * round_to_f16(x[a]) + hi * round_to_f16(x[a + 1u32]);
-        if t0 + 1u32 < n {
-            let a1 = a + cols;
-            f1 += lo * round_to_f16(x[a1]) + hi * round_to_f16(x[a1 + 1u32]);
-        }
-        if t0 + 2u32 < n {
-            let a2 = a + 2u32 * cols;
-            f2 += lo * round_to_f16(x[a2]) + hi * round_to_f16(x[a2 + 1u32]);
-        }
-        if t0 + 3u32 < n {
-            let a3 = a + 3u32 * cols;
-            f3 += lo * round_to_f16(x[a3]) + hi * round_to_f16(x[a3 + 1u32]);
-        }
-    }
-    acc[t] = f0;
-    acc[64u32 + t] = f1;
-    acc[128u32 + t] = f2;
-    acc[192u32 + t] = f3;
-    barrier();
-    row_sums(acc, t, lane, lanes);
-    if lane == 0u32 && live {
-        for j in 0..4u32 {
+        for j in 0..TILE {
             if t0 + j < n {
-                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+                let a = (t0 + j) * cols + 2u32 * i;
+                f[j] += lo * round_to_f16(x[a]) + hi * round_to_f16(x[a + 1u32]);
             }
         }
     }
+    for j in 0..TILE {
+        acc[64u32 * j + t] = f[j];
+    }
+    barrier();
+    row_sums(acc, t, lane, lanes, TILE);
+    store_rows(
+        acc,
+        out,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+    );
 }
 
 /// Q8_0 weights (repacked: the 32 int8 of each block as 8 words, the f16 block scales as f32
 /// in `wd[row·blocks + block]`) times Q8_0 activations from [`crate::quantize_q8_0`]: per
 /// block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as ggml does.
-#[kernel(workgroup = 64, uses(row_sums))]
-pub fn matvec_q8_0(
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn matvec_q8_0<const TILE: u32>(
     wq: &[u32],
     wd: &[f32],
     q: &[i32],
@@ -141,67 +142,60 @@ pub fn matvec_q8_0(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
+    #[uniform] mode: u32,
     #[uniform] out_scale: f32,
-    #[shared] acc: &mut [f32; 256],
+    #[uniform] out_scale_odd: f32,
+    #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
-    let live = r < window_rows;
-    let t0 = wid_y() * 4u32;
+    let t0 = wid_y() * TILE;
     let blocks = cols / 32u32;
-    let mut f0: f32 = 0.0;
-    let mut f1: f32 = 0.0;
-    let mut f2: f32 = 0.0;
-    let mut f3: f32 = 0.0;
+    let mut f = [0.0f32; TILE];
     for blk in (lane..blocks).step_by(lanes) {
-        if !live {
+        if r >= window_rows {
             break;
         }
-        let mut s0: i32 = 0;
-        let mut s1: i32 = 0;
-        let mut s2: i32 = 0;
-        let mut s3: i32 = 0;
-        for j in 0..8u32 {
-            let word = wq[(r * blocks + blk) * 8u32 + j];
+        let mut s = [0i32; TILE];
+        for i in 0..8u32 {
+            let word = wq[(r * blocks + blk) * 8u32 + i];
             for b in 0..4u32 {
                 let wv = (((word >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
-                let a = t0 * cols + blk * 32u32 + j * 4u32 + b;
-                s0 += wv * q[a];
-                if t0 + 1u32 < n {
-                    s1 += wv * q[a + cols];
-                }
-                if t0 + 2u32 < n {
-                    s2 += wv * q[a + 2u32 * cols];
-                }
-                if t0 + 3u32 < n {
-                    s3 += wv * q[a + 3u32 * cols];
+                for j in 0..TILE {
+                    if t0 + j < n {
+                        s[j] += wv * q[(t0 + j) * cols + blk * 32u32 + i * 4u32 + b];
+                    }
                 }
             }
         }
         let ws = wd[r * blocks + blk];
-        f0 += (s0 as f32) * (ws * d[t0 * blocks + blk]);
-        if t0 + 1u32 < n {
-            f1 += (s1 as f32) * (ws * d[(t0 + 1u32) * blocks + blk]);
-        }
-        if t0 + 2u32 < n {
-            f2 += (s2 as f32) * (ws * d[(t0 + 2u32) * blocks + blk]);
-        }
-        if t0 + 3u32 < n {
-            f3 += (s3 as f32) * (ws * d[(t0 + 3u32) * blocks + blk]);
-        }
-    }
-    acc[t] = f0;
-    acc[64u32 + t] = f1;
-    acc[128u32 + t] = f2;
-    acc[192u32 + t] = f3;
-    barrier();
-    row_sums(acc, t, lane, lanes);
-    if lane == 0u32 && live {
-        for j in 0..4u32 {
+        for j in 0..TILE {
             if t0 + j < n {
-                out[(t0 + j) * rows + row0 + r] = acc[64u32 * j + t] * out_scale;
+                f[j] += (s[j] as f32) * (ws * d[(t0 + j) * blocks + blk]);
             }
         }
     }
+    for j in 0..TILE {
+        acc[64u32 * j + t] = f[j];
+    }
+    barrier();
+    row_sums(acc, t, lane, lanes, TILE);
+    store_rows(
+        acc,
+        out,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+    );
 }

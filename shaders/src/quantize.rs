@@ -2,7 +2,7 @@
 
 use hesper_dsl::kernel;
 
-use crate::reduce::{tree_max, tree_sum_i32};
+use crate::reduce::{tree_max, tree_sum};
 
 /// Per-token int8 (bitnet.cpp's I2_S activations, the BitNet b1.58 A8 rule), one row per
 /// workgroup: `s = 127 / max(max|x|, 1e-5)`, `q = clamp(rne(x·s), −128, 127)`, `scale[row] = s`.
@@ -126,7 +126,7 @@ pub fn quantize_q8_0(
 /// Per-token int8 like [`quantize_i8`], packed four to a word (element `4i + b` in byte `b`)
 /// for `dot4I8Packed`, with `Σq` of each row in `sum` (the packed BitLinear multiplies codes
 /// 0, 1, 2 and subtracts it). `cols` is a multiple of 4.
-#[kernel(workgroup = 256, uses(tree_max, tree_sum_i32))]
+#[kernel(workgroup = 256, uses(tree_max, tree_sum))]
 pub fn quantize_i8_packed(
     x: &[f32],
     q: &mut [u32],
@@ -160,7 +160,7 @@ pub fn quantize_i8_packed(
     }
     sums[t] = total;
     barrier();
-    tree_sum_i32(sums, t, 256u32);
+    tree_sum(sums, t, 256u32);
     if t == 0 {
         scale[row] = s;
         sum[row] = sums[0];

@@ -1,30 +1,19 @@
 //! Workgroup reductions shared by the kernels (`#[kernel_fn]` helpers). Every thread of the
 //! workgroup must call them (they contain barriers) with the same `width`/`lanes`. None uses
-//! subgroup operations, so they are correct for every subgroup size. A kernel passes its
-//! workgroup array of the helper's name and type (`acc`, `sums`, `vals`/`idxs`).
+//! subgroup operations, so they are correct for every subgroup size. A kernel passes its own
+//! workgroup arrays (of any name; the generic ones of any element type).
 
 use hesper_dsl::kernel_fn;
+use hesper_gpu::twin::Scalar;
 
-/// Sums `acc[0..width]` into `acc[0]` (`width` a power of two ≤ 256; thread `t` adds pairs).
+/// Sums `acc[0..width]` into `acc[0]` (`width` a power of two ≤ the array's length; thread
+/// `t` adds pairs), for any element type.
 #[kernel_fn]
-pub fn tree_sum(acc: &mut [f32; 256], t: u32, width: u32) {
+pub fn tree_sum<T: Scalar>(acc: &mut [T; _], t: u32, width: u32) {
     let mut stride = width / 2u32;
     while stride > 0 {
         if t < stride {
-            acc[t] += acc[t + stride];
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
-}
-
-/// [`tree_sum`] for integers, over the array `sums`.
-#[kernel_fn]
-pub fn tree_sum_i32(sums: &mut [i32; 256], t: u32, width: u32) {
-    let mut stride = width / 2u32;
-    while stride > 0 {
-        if t < stride {
-            sums[t] += sums[t + stride];
+            acc[t] = acc[t] + acc[t + stride];
         }
         barrier();
         stride = stride >> 1u32;
@@ -62,31 +51,16 @@ pub fn tree_argmax(vals: &mut [f32; 256], idxs: &mut [u32; 256], t: u32) {
     }
 }
 
-/// The matrix kernels' epilogue: thread `t` (lane `lane` of its row's `lanes`) holds partial
-/// sums of up to four tokens at `acc[64·j + t]`; after this the row's first thread holds the
-/// totals.
+/// The matrix kernels' reduction: thread `t` (lane `lane` of its row's `lanes`) holds partial
+/// sums of the `tile` tokens at `acc[64·j + t]`; after this the row's first thread holds the
+/// totals. For any element type.
 #[kernel_fn]
-pub fn row_sums(acc: &mut [f32; 256], t: u32, lane: u32, lanes: u32) {
+pub fn row_sums<T: Scalar>(acc: &mut [T; _], t: u32, lane: u32, lanes: u32, tile: u32) {
     let mut stride = lanes / 2u32;
     while stride > 0 {
         if lane < stride {
-            for j in 0..4u32 {
-                acc[64u32 * j + t] += acc[64u32 * j + t + stride];
-            }
-        }
-        barrier();
-        stride = stride >> 1u32;
-    }
-}
-
-/// [`row_sums`] for integers.
-#[kernel_fn]
-pub fn row_sums_i32(acc: &mut [i32; 256], t: u32, lane: u32, lanes: u32) {
-    let mut stride = lanes / 2u32;
-    while stride > 0 {
-        if lane < stride {
-            for j in 0..4u32 {
-                acc[64u32 * j + t] += acc[64u32 * j + t + stride];
+            for j in 0..tile {
+                acc[64u32 * j + t] = acc[64u32 * j + t] + acc[64u32 * j + t + stride];
             }
         }
         barrier();

@@ -5,10 +5,12 @@
 //! Each comparison states its tolerance and why; the measured maximum is printed (run with
 //! `--nocapture`).
 
+use std::ops::Range;
+
 use hesper_cpu::attention::{self, KvCache};
 use hesper_cpu::kernels::scalar::{f16_dot, f32_dot, i2s_code_dot, q8_0_dot, tq2_0_dot};
 use hesper_cpu::ops;
-use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, QK_K};
+use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, I8Row, QK_K};
 use hesper_cpu::Isa;
 use hesper_engine::backend::{AttentionShape, RopeShape};
 use hesper_engine::config::Activation;
@@ -86,6 +88,7 @@ fn f16_bits(n: usize, seed: u64, exp: std::ops::RangeInclusive<u16>) -> Vec<u16>
         .collect()
 }
 
+/// f16 bit patterns widened to f32 by the engine's row decoder.
 fn f16_to_f32(bits: &[u16]) -> Vec<f32> {
     let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
     let mut out = vec![0.0; bits.len()];
@@ -100,6 +103,7 @@ fn pack_f16(bits: &[u16]) -> Vec<u32> {
         .collect()
 }
 
+/// Bytes as little-endian u32 words.
 fn words(bytes: &[u8]) -> Vec<u32> {
     bytes
         .chunks_exact(4)
@@ -107,33 +111,40 @@ fn words(bytes: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// `|a − b| / max(|b|, 1)`: relative for large values, absolute below 1.
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+/// Max over `i` of `|a[i] − b[i]| / scale(i)`, after checking the lengths agree and every GPU
+/// value (`a`) is finite.
+fn max_diff(a: &[f32], b: &[f32], scale: impl Fn(usize) -> f32) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
         .zip(b)
-        .map(|(x, y)| {
+        .enumerate()
+        .map(|(i, (x, y))| {
             assert!(x.is_finite(), "non-finite GPU value {x}");
-            (x - y).abs() / y.abs().max(1.0)
+            (x - y).abs() / scale(i)
         })
         .fold(0.0, f32::max)
 }
 
+/// `|a − b| / max(|b|, 1)`: relative for large values, absolute below 1.
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    max_diff(a, b, |i| b[i].abs().max(1.0))
+}
+
+/// Max `|a − b|`.
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert!(x.is_finite(), "non-finite GPU value {x}");
-            (x - y).abs()
-        })
-        .fold(0.0, f32::max)
+    max_diff(a, b, |_| 1.0)
 }
 
 /// Distance in units in the last place between two finite f32 of the same sign.
 fn ulps(a: f32, b: f32) -> u32 {
     assert_eq!(a.is_sign_negative(), b.is_sign_negative(), "{a} vs {b}");
     a.to_bits().abs_diff(b.to_bits())
+}
+
+/// Prints a test's measured error `e` (described by `what`) and asserts it is within `bound`.
+fn assert_within(name: &str, what: &str, e: f32, bound: f32) {
+    println!("{name}: max {what} {e:e}");
+    assert!(e <= bound, "{name}: max {what} {e}");
 }
 
 /// Marks output the kernels must not touch.
@@ -159,7 +170,7 @@ fn window(got: &[f32], n: usize, width: usize, row0: usize, rows: usize) -> Vec<
                 assert_eq!(
                     v.to_bits(),
                     SENTINEL.to_bits(),
-                    "token {t} column {c} outside the window {row0}..{} was written",
+                    "token {t} column {c} outside the window {row0}..{}",
                     row0 + rows
                 );
             }
@@ -176,10 +187,106 @@ const WINDOWS: [(usize, usize); 2] = [(0, 0), (9, 13)];
 /// workgroup partly past the window), a few, and a full wave of 32 (two rows a workgroup).
 const LANES: [u32; 3] = [1, 4, 32];
 
+/// A matrix-kernel test: kernel `name` takes `n` tokens through `rows` rows of `cols` weights.
+#[derive(Clone, Copy)]
+struct Matrix {
+    name: &'static str,
+    rows: usize,
+    cols: usize,
+    n: usize,
+}
+
+impl Matrix {
+    /// Kernel `name` on `n` tokens through `rows` rows of `cols` weights.
+    fn new(name: &'static str, rows: usize, cols: usize, n: usize) -> Self {
+        Matrix {
+            name,
+            rows,
+            cols,
+            n,
+        }
+    }
+}
+
+/// One launch of a [`Matrix`] test: its rows written at columns `row0..row0 + rows` of a
+/// `[n][width]` output, `lanes` threads a row.
+#[derive(Clone, Copy)]
+struct Placement {
+    m: Matrix,
+    row0: usize,
+    width: usize,
+    lanes: u32,
+}
+
+/// `launch_matrix!(g, out, placement, out_scale; kernel { field: value, .. })` launches matrix
+/// kernel `k::kernel` with its own buffers (the fields) at a [`Placement`], storing
+/// (`k::STORE`) its sums times `out_scale` into `out`. A macro: every matrix kernel has its own
+/// `Args` struct; they share the window, output and scale fields filled in here.
+macro_rules! launch_matrix {
+    ($g:expr, $out:expr, $p:expr, $out_scale:expr;
+     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let p: Placement = $p;
+        launch(
+            $g,
+            &k::$kernel::Args {
+                $($field: $value,)*
+                out: $out,
+                cols: p.m.cols as u32,
+                rows: p.width as u32,
+                row0: p.row0 as u32,
+                window_rows: p.m.rows as u32,
+                n: p.m.n as u32,
+                lanes: p.lanes,
+                mode: k::STORE,
+                out_scale: $out_scale,
+                out_scale_odd: 0.0,
+            },
+            k::matrix_grid(p.m.rows as u32, p.lanes, p.m.n as u32),
+        )
+    }};
+}
+
+/// Runs a matrix kernel at every window of [`WINDOWS`] with every lane count of [`LANES`]:
+/// `run` launches it (with [`launch_matrix!`]) into a fresh [`SENTINEL`]-filled output; then
+/// nothing outside the window may have been written, and `error` of the window's `[n][rows]`
+/// values (`what`, for the report) must be within `bound`.
+fn sweep_matrix(
+    g: &mut Gpu,
+    m: Matrix,
+    mut run: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    error: impl Fn(&[f32]) -> f32,
+    what: &str,
+    bound: f32,
+) {
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
+        let width = row0 + m.rows + extra;
+        let mut out = sentinel_out(g, m.n, width);
+        let p = Placement {
+            m,
+            row0,
+            width,
+            lanes,
+        };
+        run(g, &mut out, p);
+        let got = window(&read!(g, &out), m.n, width, row0, m.rows);
+        let name = format!("{} (row0 {row0}, width {width}, {lanes} lanes)", m.name);
+        assert_within(&name, what, error(&got), bound);
+    }
+}
+
 #[test]
 fn adapter_is_found() {
     let g = gpu();
     assert!(g.limits.max_compute_invocations_per_workgroup >= 256);
+}
+
+/// The arguments of `x += y` over the first `n` values.
+fn add_assign_args<'a>(
+    x: &'a mut GpuBuffer<f32>,
+    y: &'a GpuBuffer<f32>,
+    n: usize,
+) -> k::add_assign::Args<'a> {
+    k::add_assign::Args { x, y, n: n as u32 }
 }
 
 #[test]
@@ -189,15 +296,8 @@ fn add_assign_is_exact() {
     let (x, y) = (data(n, 1), data(n, 2));
     let mut bx = g.upload("x", &x).unwrap();
     let by = g.upload("y", &y).unwrap();
-    launch(
-        &mut g,
-        &k::add_assign::Args {
-            x: &mut bx,
-            y: &by,
-            n: n as u32,
-        },
-        k::add_assign::grid_for(n as u32),
-    );
+    let grid = k::add_assign::grid_for(n as u32);
+    launch(&mut g, &add_assign_args(&mut bx, &by, n), grid);
     let got = read!(g, &bx);
     let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
     // One correctly rounded f32 addition on both sides: bit-exact.
@@ -215,27 +315,21 @@ fn gated_activations_match_glu() {
     let grid = k::relu2_mul::grid_for(n as u32);
     for act in [Activation::Relu2, Activation::Silu] {
         let mut out = g.zeroed::<f32>("out", n).unwrap();
+        /// Launches gated-activation kernel `k::$kernel` on `gate` and `up` into `out`.
+        macro_rules! glu {
+            ($kernel:ident) => {{
+                let args = k::$kernel::Args {
+                    gate: &bg,
+                    up: &bu,
+                    out: &mut out,
+                    n: n as u32,
+                };
+                launch(&mut g, &args, grid)
+            }};
+        }
         match act {
-            Activation::Relu2 => launch(
-                &mut g,
-                &k::relu2_mul::Args {
-                    gate: &bg,
-                    up: &bu,
-                    out: &mut out,
-                    n: n as u32,
-                },
-                grid,
-            ),
-            Activation::Silu => launch(
-                &mut g,
-                &k::silu_mul::Args {
-                    gate: &bg,
-                    up: &bu,
-                    out: &mut out,
-                    n: n as u32,
-                },
-                grid,
-            ),
+            Activation::Relu2 => glu!(relu2_mul),
+            Activation::Silu => glu!(silu_mul),
         }
         let got = read!(g, &out);
         let mut want = vec![0.0; n];
@@ -253,34 +347,39 @@ fn gated_activations_match_glu() {
     }
 }
 
-#[test]
-fn rms_norm_matches_the_cpu() {
-    let mut g = gpu();
-    let (rows, width, eps) = (3usize, 1000usize, 1e-5f32); // 1000: not a multiple of 256
-    let (x, w) = (data(rows * width, 5), data(width, 6));
-    let bx = g.upload("x", &x).unwrap();
-    let bw = g.upload("w", &w).unwrap();
-    let mut y = g.zeroed::<f32>("y", rows * width).unwrap();
-    launch(
-        &mut g,
-        &k::rms_norm::Args {
+/// Runs RMS-norm kernel `k::$kernel` (one workgroup a row) on 3 rows of 1000 (not a multiple
+/// of 256) with eps 1e-5, rows and weights from data seeds `$seed_x` and `$seed_w`; evaluates
+/// to its max relative diff from the CPU's `ops::rms_norm`. A macro: each kernel has its own
+/// `Args` struct.
+macro_rules! rms_norm_diff {
+    ($g:expr, $kernel:ident, $seed_x:expr, $seed_w:expr) => {{
+        let g: &mut Gpu = $g;
+        let (rows, width, eps) = (3usize, 1000usize, 1e-5f32);
+        let (x, w) = (data(rows * width, $seed_x), data(width, $seed_w));
+        let (bx, bw) = (g.upload("x", &x).unwrap(), g.upload("w", &w).unwrap());
+        let mut y = g.zeroed::<f32>("y", rows * width).unwrap();
+        let args = k::$kernel::Args {
             x: &bx,
             w: &bw,
             y: &mut y,
             width: width as u32,
             eps,
-        },
-        k::row_grid(rows as u32),
-    );
-    let got = read!(g, &y);
-    let mut want = vec![0.0; rows * width];
-    ops::rms_norm(Isa::Scalar, &x, &w, rows, eps, &mut want);
+        };
+        launch(g, &args, k::row_grid(rows as u32));
+        let mut want = vec![0.0; rows * width];
+        ops::rms_norm(Isa::Scalar, &x, &w, rows, eps, &mut want);
+        max_rel_diff(&read!(g, &y), &want)
+    }};
+}
+
+#[test]
+fn rms_norm_matches_the_cpu() {
+    let mut g = gpu();
+    let d = rms_norm_diff!(&mut g, rms_norm, 5, 6);
     // The CPU sums squares in f64, the GPU in f32 (4 terms a thread, then a 256-way tree:
     // ~12 roundings deep, ~1e-6 relative on the mean); sqrt and the division add 2.5 ulp
     // each under WGSL. The scale is then off by a few 1e-7 relative; 1e-5 leaves margin.
-    let d = max_rel_diff(&got, &want);
-    println!("rms_norm: max relative diff {d:e}");
-    assert!(d <= 1e-5, "rms_norm: max relative diff {d}");
+    assert_within("rms_norm", "relative diff", d, 1e-5);
 }
 
 #[test]
@@ -347,26 +446,41 @@ fn argmax_two_stages_find_the_first_maximum() {
     assert_eq!(got, want, "argmax");
 }
 
-#[test]
-fn rope_neox_matches_the_cpu() {
-    let mut g = gpu();
-    // 7 tokens from position 5, 3 heads of 64 with 48 rotated dims (a partial rotation):
-    // 7·3·24 = 504 pairs, not a multiple of 64.
-    let (n, pos0) = (7usize, 5usize);
-    let shape = RopeShape {
-        n_head: 3,
-        head_dim: 64,
-        rope_dim: 48,
-        base: 500000.0,
-    };
-    let x = data(n * shape.n_head * shape.head_dim, 8);
-    let mut bx = g.upload("x", &x).unwrap();
-    // The backend's table covers positions 0..pos0+n; the kernel indexes it by position.
-    let cs = g.upload("cs", &shape.angles(0, pos0 + n)).unwrap();
-    let pairs = n * shape.n_head * shape.rope_dim / 2;
-    launch(
-        &mut g,
-        &k::rope_neox::Args {
+/// Tokens of the rope tests.
+const ROPE_TOKENS: usize = 7;
+/// Position of the rope tests' first token.
+const ROPE_POS0: usize = 5;
+
+/// A rope kernel run by [`rope_run!`]: the geometry, the input, the angle table and the
+/// output.
+struct RopeRun {
+    shape: RopeShape,
+    x: Vec<f32>,
+    table: Vec<f32>,
+    got: Vec<f32>,
+}
+
+/// Runs rope kernel `k::$kernel` in place on [`ROPE_TOKENS`] tokens from position
+/// [`ROPE_POS0`], 3 heads of 64 with 48 rotated dims (a partial rotation): 7·3·24 = 504 pairs,
+/// not a multiple of 64. The input comes from data seed `$seed`, the angles (frequency base
+/// `$base`) from the backend's table, which covers positions `0..pos0 + n` and which the
+/// kernel indexes by position. A macro: each kernel has its own `Args` struct.
+macro_rules! rope_run {
+    ($g:expr, $kernel:ident, $base:expr, $seed:expr) => {{
+        let g: &mut Gpu = $g;
+        let (n, pos0) = (ROPE_TOKENS, ROPE_POS0);
+        let shape = RopeShape {
+            n_head: 3,
+            head_dim: 64,
+            rope_dim: 48,
+            base: $base,
+        };
+        let x = data(n * shape.n_head * shape.head_dim, $seed);
+        let table = shape.angles(0, pos0 + n);
+        let mut bx = g.upload("x", &x).unwrap();
+        let cs = g.upload("cs", &table).unwrap();
+        let pairs = n * shape.n_head * shape.rope_dim / 2;
+        let args = k::$kernel::Args {
             x: &mut bx,
             cs: &cs,
             n_tokens: n as u32,
@@ -374,18 +488,28 @@ fn rope_neox_matches_the_cpu() {
             head_dim: shape.head_dim as u32,
             rope_dim: shape.rope_dim as u32,
             pos0: pos0 as u32,
-        },
-        k::rope_neox::grid_for(pairs as u32),
-    );
-    let got = read!(g, &bx);
+        };
+        launch(g, &args, k::$kernel::grid_for(pairs as u32));
+        RopeRun {
+            got: read!(g, &bx),
+            shape,
+            x,
+            table,
+        }
+    }};
+}
+
+#[test]
+fn rope_neox_matches_the_cpu() {
+    let mut g = gpu();
+    let RopeRun { shape, x, got, .. } = rope_run!(&mut g, rope_neox, 500000.0, 8);
     let mut want = x.clone();
-    ops::rope(&mut want, n, pos0, &shape);
+    ops::rope(&mut want, ROPE_TOKENS, ROPE_POS0, &shape);
     // Same angles and the same two products and one sum per output; the GPU may contract
     // `a·c − b·s` into one FMA, which moves the result by at most an ulp of the larger
     // product (|a|, |b| < 2: ≤ 2.4e-7). The unrotated tail dims must be untouched.
     let d = max_rel_diff(&got, &want);
-    println!("rope_neox: max relative diff {d:e}");
-    assert!(d <= 1e-6, "rope_neox: max relative diff {d}");
+    assert_within("rope_neox", "relative diff", d, 1e-6);
     for (t, (gr, xr)) in got
         .chunks_exact(shape.head_dim)
         .zip(x.chunks_exact(shape.head_dim))
@@ -442,18 +566,31 @@ fn quantize_i8_matches_the_cpu() {
         // half-to-even like `nearest_int`, so with the same scale the codes are identical.
         // A scale an ulp or two apart moves x·s by ≤ 127·3·2^-24 ≈ 2e-5, which crosses a
         // rounding boundary (a .5) for about one value in 10^4: a handful of codes off by one.
-        for (c, (&a, &b)) in gq[r * cols..][..cols].iter().zip(&want.q).enumerate() {
-            let b = i32::from(b);
-            if gs[r] == want.scale {
-                assert_eq!(a, b, "row {r} col {c} with an equal scale");
-            } else if a != b {
-                assert_eq!((a - b).abs(), 1, "row {r} col {c}");
-                off_by_one += 1;
-            }
-        }
+        let codes = gq[r * cols..][..cols].iter().zip(&want.q);
+        off_by_one += count_off_by_one(codes, gs[r] == want.scale, &format!("row {r} col"));
     }
     println!("quantize_i8: scale max {max_ulps:.2} ulp from exact, {off_by_one} codes off by one");
     assert!(off_by_one <= 5, "{off_by_one} codes off by one");
+}
+
+/// Compares GPU codes with the CPU's (`(gpu, cpu)` pairs, the `e`-th named `"{what} {e}"`):
+/// identical when `same_scale`, otherwise each at most one apart. Returns how many are.
+fn count_off_by_one<'a>(
+    codes: impl Iterator<Item = (&'a i32, &'a i8)>,
+    same_scale: bool,
+    what: &str,
+) -> usize {
+    let mut off_by_one = 0;
+    for (e, (&a, &b)) in codes.enumerate() {
+        let b = i32::from(b);
+        if same_scale {
+            assert_eq!(a, b, "{what} {e} with an equal scale");
+        } else if a != b {
+            assert_eq!((a - b).abs(), 1, "{what} {e}");
+            off_by_one += 1;
+        }
+    }
+    off_by_one
 }
 
 #[test]
@@ -492,15 +629,8 @@ fn quantize_q8k_matches_the_cpu() {
         assert!(u <= 6, "block {b}: d {} vs {} ({u} ulp)", gd[b], wb.d);
         // Codes: identical when the GPU's iscale equals the CPU's (recognisable as d equal);
         // otherwise x·iscale moves by a few 1e-5 and a code may cross a rounding boundary.
-        for (e, (&a, &c)) in gq[b * QK_K..][..QK_K].iter().zip(&wb.qs).enumerate() {
-            let c = i32::from(c);
-            if u == 0 {
-                assert_eq!(a, c, "block {b} element {e}");
-            } else if a != c {
-                assert_eq!((a - c).abs(), 1, "block {b} element {e}");
-                off_by_one += 1;
-            }
-        }
+        let codes = gq[b * QK_K..][..QK_K].iter().zip(&wb.qs);
+        off_by_one += count_off_by_one(codes, u == 0, &format!("block {b} element"));
     }
     println!("quantize_q8k: d max {max_ulps} ulp, {off_by_one} codes off by one");
     assert!(off_by_one <= 3, "{off_by_one} codes off by one");
@@ -511,6 +641,18 @@ fn i2s_codes(n_bytes: usize, seed: u64) -> Vec<u8> {
     let mut r = Lcg(seed);
     (0..n_bytes)
         .map(|_| (0..4).fold(0u8, |b, k| b | (((r.next() % 3) as u8) << (2 * k))))
+        .collect()
+}
+
+/// The CPU's I2_S outputs, `[n][rows]`: each token's integer dot with every row of `codes`
+/// (`cols / 4` bytes a row), less its Σq, divided by its scale, times `beta`.
+fn i2s_reference(codes: &[u8], acts: &[I8Row], cols: usize, beta: f32) -> Vec<f32> {
+    acts.iter()
+        .flat_map(|a| {
+            codes
+                .chunks_exact(cols / 4)
+                .map(|row| (i2s_code_dot(row, &a.q) - a.sum) as f32 / a.scale * beta)
+        })
         .collect()
 }
 
@@ -532,46 +674,34 @@ fn bitlinear_i2s_matches_the_cpu() {
     let bc = g.upload("codes", &words(&codes)).unwrap();
     let bq = g.upload("q", &q).unwrap();
     let bs = g.upload("scale", &scales).unwrap();
-    let want: Vec<f32> = acts
-        .iter()
-        .flat_map(|a| {
-            codes
-                .chunks_exact(cols / 4)
-                .map(|row| (i2s_code_dot(row, &a.q) - a.sum) as f32 / a.scale * beta)
-        })
+    let want = i2s_reference(&codes, &acts, cols, beta);
+    // The integer sums are exact; then the same division (2.5 ulp under WGSL, correctly
+    // rounded on the CPU) and one multiplication: a few ulp, < 1e-6 relative.
+    sweep_matrix(
+        &mut g,
+        Matrix::new("bitlinear_i2s", rows, cols, n),
+        |g, out, p| {
+            launch_matrix!(g, out, p, beta;
+                bitlinear_i2s { codes: &bc, q: &bq, scale: &bs })
+        },
+        |got| max_rel_diff(got, &want),
+        "relative diff",
+        1e-6,
+    );
+}
+
+/// Activations quantized in blocks (Q8_K or Q8_0) for the GPU: every token's codes as `i32`,
+/// then every token's block scales.
+fn block_activations<B>(
+    acts: &[Vec<B>],
+    qs: impl Fn(&B) -> &[i8],
+    d: impl Fn(&B) -> f32,
+) -> (Vec<i32>, Vec<f32>) {
+    let blocks = || acts.iter().flatten();
+    let q = blocks()
+        .flat_map(|b| qs(b).iter().map(|&v| i32::from(v)))
         .collect();
-    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
-        let width = row0 + rows + extra;
-        let mut out = sentinel_out(&g, n, width);
-        launch(
-            &mut g,
-            &k::bitlinear_i2s::Args {
-                codes: &bc,
-                q: &bq,
-                scale: &bs,
-                out: &mut out,
-                cols: cols as u32,
-                rows: width as u32,
-                row0: row0 as u32,
-                window_rows: rows as u32,
-                n: n as u32,
-                lanes,
-                beta,
-            },
-            k::matrix_grid(rows as u32, lanes, n as u32),
-        );
-        let got = window(&read!(g, &out), n, width, row0, rows);
-        // The integer sums are exact; then the same division (2.5 ulp under WGSL, correctly
-        // rounded on the CPU) and one multiplication: a few ulp, < 1e-6 relative.
-        let d = max_rel_diff(&got, &want);
-        println!(
-            "bitlinear_i2s (row0 {row0}, width {width}, {lanes} lanes): max relative diff {d:e}"
-        );
-        assert!(
-            d <= 1e-6,
-            "bitlinear_i2s row0 {row0} lanes {lanes}: max relative diff {d}"
-        );
-    }
+    (q, blocks().map(d).collect())
 }
 
 #[test]
@@ -615,11 +745,7 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
     let acts: Vec<_> = (0..n)
         .map(|t| quantize_q8_k(&data(cols, 15 + t as u64)))
         .collect();
-    let q: Vec<i32> = acts
-        .iter()
-        .flat_map(|a| a.iter().flat_map(|b| b.qs.iter().map(|&v| i32::from(v))))
-        .collect();
-    let d: Vec<f32> = acts.iter().flat_map(|a| a.iter().map(|b| b.d)).collect();
+    let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
     let bc = g.upload("codes", &words(&repacked)).unwrap();
     let bw = g.upload("wscale", &wscale).unwrap();
     let bq = g.upload("q", &q).unwrap();
@@ -644,55 +770,55 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
             })
         })
         .collect();
-    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
-        let width = row0 + rows + extra;
-        let mut out = sentinel_out(&g, n, width);
-        launch(
-            &mut g,
-            &k::bitlinear_tq::Args {
-                codes: &bc,
-                wscale: &bw,
-                q: &bq,
-                d: &bd,
-                out: &mut out,
-                cols: cols as u32,
-                rows: width as u32,
-                row0: row0 as u32,
-                window_rows: rows as u32,
-                n: n as u32,
-                lanes,
-                out_scale,
-            },
-            k::matrix_grid(rows as u32, lanes, n as u32),
-        );
-        let got = window(&read!(g, &out), n, width, row0, rows);
-        // Per block the integer sum is exact and `sumi · (d · ws)` the same two products on
-        // both sides; only the order of the 5 block additions differs (CPU in order, GPU
-        // (b0 + b4) + ... by the tree): ≤ 4 roundings of partial sums bounded by the sum
-        // of |block terms|, so |Δ| ≤ 4·2^-24·Σ|terms| (< 2.4e-7 of it); 1e-6 leaves margin.
-        let e = got
-            .iter()
-            .zip(&want)
-            .zip(&magnitude)
-            .map(|((a, b), m)| (a - b).abs() / m.max(f32::MIN_POSITIVE))
-            .fold(0.0f32, f32::max);
-        println!("bitlinear_tq (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|block terms|");
-        assert!(e <= 1e-6, "bitlinear_tq row0 {row0} lanes {lanes}: {e}");
-    }
+    // Per block the integer sum is exact and `sumi · (d · ws)` the same two products on
+    // both sides; only the order of the 5 block additions differs (CPU in order, GPU
+    // (b0 + b4) + ... by the tree): ≤ 4 roundings of partial sums bounded by the sum
+    // of |block terms|, so |Δ| ≤ 4·2^-24·Σ|terms| (< 2.4e-7 of it); 1e-6 leaves margin.
+    sweep_matrix(
+        &mut g,
+        Matrix::new("bitlinear_tq", rows, cols, n),
+        |g, out, p| {
+            launch_matrix!(g, out, p, out_scale;
+                bitlinear_tq { codes: &bc, wscale: &bw, q: &bq, d: &bd })
+        },
+        |got| {
+            got.iter()
+                .zip(&want)
+                .zip(&magnitude)
+                .map(|((a, b), m)| (a - b).abs() / m.max(f32::MIN_POSITIVE))
+                .fold(0.0f32, f32::max)
+        },
+        "diff of Σ|block terms|",
+        1e-6,
+    );
 }
 
 /// Max of `|got − want| / Σ|w·x|` over `[n][rows]`: the error of an f32 dot product in a
 /// different summation order is bounded by a multiple of the sum of the magnitudes of its
 /// terms (not of the result, which may cancel).
 fn dot_error(got: &[f32], want: &[f32], magnitude: &[f32]) -> f32 {
-    got.iter()
-        .zip(want)
-        .zip(magnitude)
-        .map(|((a, b), m)| {
-            assert!(a.is_finite(), "non-finite GPU value {a}");
-            (a - b).abs() / m
-        })
-        .fold(0.0, f32::max)
+    max_diff(got, want, |i| magnitude[i])
+}
+
+/// The CPU's outputs `[n][rows]` of a float matvec and their Σ|w·x|, both times `out_scale`:
+/// `dot(r, xt)` is the CPU's dot of weight row `r` with token activations `xt`, `w` the
+/// weights' f32 values (`[rows][cols]`), `x` the activations as both sides see them.
+fn matvec_reference(
+    w: &[f32],
+    x: &[f32],
+    cols: usize,
+    out_scale: f32,
+    dot: impl Fn(usize, &[f32]) -> f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut want = Vec::new();
+    let mut magnitude = Vec::new();
+    for xt in x.chunks_exact(cols) {
+        for (r, wr) in w.chunks_exact(cols).enumerate() {
+            want.push(dot(r, xt) * out_scale);
+            magnitude.push(wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum::<f32>() * out_scale);
+        }
+    }
+    (want, magnitude)
 }
 
 #[test]
@@ -710,44 +836,20 @@ fn matvec_f32_matches_f32_dot() {
         .chunks_exact(cols)
         .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
         .collect();
-    let mut want = Vec::new();
-    let mut magnitude = Vec::new();
-    for xt in x.chunks_exact(cols) {
-        for (rb, wr) in row_bytes.iter().zip(w.chunks_exact(cols)) {
-            want.push(f32_dot(rb, xt) * out_scale);
-            magnitude.push(wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum::<f32>() * out_scale);
-        }
-    }
-    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
-        let width = row0 + rows + extra;
-        let mut out = sentinel_out(&g, n, width);
-        launch(
-            &mut g,
-            &k::matvec_f32::Args {
-                w: &bw,
-                x: &bx,
-                out: &mut out,
-                cols: cols as u32,
-                rows: width as u32,
-                row0: row0 as u32,
-                window_rows: rows as u32,
-                n: n as u32,
-                lanes,
-                out_scale,
-            },
-            k::matrix_grid(rows as u32, lanes, n as u32),
-        );
-        let got = window(&read!(g, &out), n, width, row0, rows);
-        // The CPU sums 300 products in order, the GPU 5 a thread then a 64-way tree (with
-        // possible FMA contraction). Rounding errors of either order behave like a random
-        // walk, ~sqrt(300)·2^-24 ≈ 1e-6 of Σ|w·x| at one sigma; 5e-6 allows 5 sigma (the
-        // worst-case bound 300·2^-24 ≈ 1.8e-5 is never approached with random signs).
-        let e = dot_error(&got, &want, &magnitude);
-        println!(
-            "matvec_f32 (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|w·x|"
-        );
-        assert!(e <= 5e-6, "matvec_f32 row0 {row0} lanes {lanes}: {e}");
-    }
+    let (want, magnitude) =
+        matvec_reference(&w, &x, cols, out_scale, |r, xt| f32_dot(&row_bytes[r], xt));
+    // The CPU sums 300 products in order, the GPU 5 a thread then a 64-way tree (with
+    // possible FMA contraction). Rounding errors of either order behave like a random
+    // walk, ~sqrt(300)·2^-24 ≈ 1e-6 of Σ|w·x| at one sigma; 5e-6 allows 5 sigma (the
+    // worst-case bound 300·2^-24 ≈ 1.8e-5 is never approached with random signs).
+    sweep_matrix(
+        &mut g,
+        Matrix::new("matvec_f32", rows, cols, n),
+        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f32 { w: &bw, x: &bx }),
+        |got| dot_error(got, &want, &magnitude),
+        "diff of Σ|w·x|",
+        5e-6,
+    );
 }
 
 #[test]
@@ -760,45 +862,24 @@ fn matvec_f16_matches_f16_dot() {
     let x = data(n * cols, 19);
     let bw = g.upload("w", &pack_f16(&wbits)).unwrap();
     let bx = g.upload("x", &x).unwrap();
-    let mut want = Vec::new();
-    let mut magnitude = Vec::new();
-    for xt in x.chunks_exact(cols) {
-        let xh = round_f16(xt);
-        for (wb, wr) in wbits.chunks_exact(cols).zip(wf.chunks_exact(cols)) {
-            let bytes: Vec<u8> = wb.iter().flat_map(|b| b.to_le_bytes()).collect();
-            want.push(f16_dot(&bytes, &xh) * out_scale);
-            magnitude.push(wr.iter().zip(&xh).map(|(a, b)| (a * b).abs()).sum::<f32>() * out_scale);
-        }
-    }
-    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
-        let width = row0 + rows + extra;
-        let mut out = sentinel_out(&g, n, width);
-        launch(
-            &mut g,
-            &k::matvec_f16::Args {
-                w: &bw,
-                x: &bx,
-                out: &mut out,
-                cols: cols as u32,
-                rows: width as u32,
-                row0: row0 as u32,
-                window_rows: rows as u32,
-                n: n as u32,
-                lanes,
-                out_scale,
-            },
-            k::matrix_grid(rows as u32, lanes, n as u32),
-        );
-        let got = window(&read!(g, &out), n, width, row0, rows);
-        // f16 weights widen exactly; the activations round through f16 on both sides
-        // (quantizeToF16 vs half's round-to-nearest-even). Left is the summation order, as
-        // for matvec_f32: 5e-6 of Σ|w·x|.
-        let e = dot_error(&got, &want, &magnitude);
-        println!(
-            "matvec_f16 (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|w·x|"
-        );
-        assert!(e <= 5e-6, "matvec_f16 row0 {row0} lanes {lanes}: {e}");
-    }
+    let row_bytes: Vec<Vec<u8>> = wbits
+        .chunks_exact(cols)
+        .map(|wb| wb.iter().flat_map(|b| b.to_le_bytes()).collect())
+        .collect();
+    // f16 weights widen exactly; the activations round through f16 on both sides
+    // (quantizeToF16 vs half's round-to-nearest-even). Left is the summation order, as
+    // for matvec_f32: 5e-6 of Σ|w·x|.
+    let (want, magnitude) = matvec_reference(&wf, &round_f16(&x), cols, out_scale, |r, xh| {
+        f16_dot(&row_bytes[r], xh)
+    });
+    sweep_matrix(
+        &mut g,
+        Matrix::new("matvec_f16", rows, cols, n),
+        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 { w: &bw, x: &bx }),
+        |got| dot_error(got, &want, &magnitude),
+        "diff of Σ|w·x|",
+        5e-6,
+    );
 }
 
 /// The ids and the two row windows (`row0`, `rows`) of the embedding tests: every id falls
@@ -807,31 +888,71 @@ const VOCAB: usize = 20;
 const IDS: [u32; 6] = [5, 0, 17, 9, 19, 10];
 const EMBED_WINDOWS: [(usize, usize); 2] = [(0, 10), (10, 10)];
 
-/// Runs an embedding kernel over both windows, checking after the first that only its
-/// tokens were written; returns the final output.
-fn embed_windows(
-    g: &mut Gpu,
+/// Uploads each of the [`EMBED_WINDOWS`] of a table of `cols` columns: `words(elements)` is
+/// the table's `elements` as the kernel reads them.
+fn embed_tables(
+    g: &Gpu,
     cols: usize,
-    mut launch_window: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, usize, usize),
-) -> Vec<f32> {
-    let n = IDS.len();
-    let mut out = sentinel_out(g, n, cols);
-    for (i, &(row0, rows)) in EMBED_WINDOWS.iter().enumerate() {
-        launch_window(g, &mut out, row0, rows);
-        if i == 0 {
-            let got = read!(g, &out);
-            for (t, &id) in IDS.iter().enumerate() {
-                if !(row0..row0 + rows).contains(&(id as usize)) {
-                    assert!(
-                        got[t * cols..][..cols].iter().all(|v| *v == SENTINEL),
-                        "token {t} (id {id}) written by the window {row0}..{}",
-                        row0 + rows
-                    );
-                }
-            }
+    words: impl Fn(Range<usize>) -> Vec<u32>,
+) -> Vec<GpuBuffer<u32>> {
+    EMBED_WINDOWS
+        .iter()
+        .map(|&(row0, rows)| {
+            g.upload("table", &words(row0 * cols..(row0 + rows) * cols))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Asserts that every token of [`IDS`] outside the window `row0..row0 + rows` still has its
+/// `cols` outputs in `got` at [`SENTINEL`].
+fn assert_only_window_written(got: &[f32], cols: usize, row0: usize, rows: usize) {
+    for (t, &id) in IDS.iter().enumerate() {
+        if !(row0..row0 + rows).contains(&(id as usize)) {
+            assert!(
+                got[t * cols..][..cols].iter().all(|v| *v == SENTINEL),
+                "token {t} (id {id}) written by the window {row0}..{}",
+                row0 + rows
+            );
         }
     }
-    read!(g, &out)
+}
+
+/// Runs embedding kernel `k::$kernel` for [`IDS`] over both [`EMBED_WINDOWS`] (`$tables`, from
+/// [`embed_tables`]) into one [`SENTINEL`]-filled output of `$cols` columns a token, with
+/// `$per_token` invocations a token, checking after the first window that only its tokens
+/// were written; evaluates to the final output. A macro: each kernel has its own `Args`
+/// struct.
+macro_rules! embed_windows {
+    ($g:expr, $kernel:ident, $cols:expr, $per_token:expr, $tables:expr) => {{
+        let (g, cols): (&mut Gpu, usize) = ($g, $cols);
+        let n = IDS.len();
+        let ids = g.upload("ids", &IDS).unwrap();
+        let mut out = sentinel_out(g, n, cols);
+        for (i, (&(row0, rows), table)) in EMBED_WINDOWS.iter().zip($tables).enumerate() {
+            let args = k::$kernel::Args {
+                table,
+                ids: &ids,
+                out: &mut out,
+                cols: cols as u32,
+                n: n as u32,
+                row0: row0 as u32,
+                rows: rows as u32,
+            };
+            launch(g, &args, k::$kernel::grid_for((n * $per_token) as u32));
+            if i == 0 {
+                assert_only_window_written(&read!(g, &out), cols, row0, rows);
+            }
+        }
+        read!(g, &out)
+    }};
+}
+
+/// The rows of `table` (`cols` columns) the ids of [`IDS`] select.
+fn embed_reference(table: &[f32], cols: usize) -> Vec<f32> {
+    IDS.iter()
+        .flat_map(|&id| table[id as usize * cols..][..cols].iter().copied())
+        .collect()
 }
 
 #[test]
@@ -839,35 +960,9 @@ fn embed_f32_fetches_rows_by_window() {
     let mut g = gpu();
     let cols = 300; // 6 tokens · 300 = 1800 invocations: not a multiple of 256
     let table = data(VOCAB * cols, 20);
-    let bits: Vec<u32> = table.iter().map(|v| v.to_bits()).collect();
-    let ids = g.upload("ids", &IDS).unwrap();
-    let windows: Vec<GpuBuffer<u32>> = EMBED_WINDOWS
-        .iter()
-        .map(|&(row0, rows)| {
-            g.upload("table", &bits[row0 * cols..][..rows * cols])
-                .unwrap()
-        })
-        .collect();
-    let got = embed_windows(&mut g, cols, |g, out, row0, rows| {
-        let table = &windows[EMBED_WINDOWS.iter().position(|w| w.0 == row0).unwrap()];
-        launch(
-            g,
-            &k::embed_f32::Args {
-                table,
-                ids: &ids,
-                out,
-                cols: cols as u32,
-                n: IDS.len() as u32,
-                row0: row0 as u32,
-                rows: rows as u32,
-            },
-            k::embed_f32::grid_for((IDS.len() * cols) as u32),
-        );
-    });
-    let want: Vec<f32> = IDS
-        .iter()
-        .flat_map(|&id| table[id as usize * cols..][..cols].iter().copied())
-        .collect();
+    let tables = embed_tables(&g, cols, |e| bits(&table[e]));
+    let got = embed_windows!(&mut g, embed_f32, cols, cols, &tables);
+    let want = embed_reference(&table, cols);
     // A bit copy: exact.
     println!("embed_f32: max abs diff {}", max_abs_diff(&got, &want));
     assert_eq!(got, want, "embed_f32");
@@ -877,36 +972,11 @@ fn embed_f32_fetches_rows_by_window() {
 fn embed_f16_fetches_rows_by_window() {
     let mut g = gpu();
     let cols = 300; // 6 tokens · 150 words = 900 invocations: not a multiple of 256
-    let bits = f16_bits(VOCAB * cols, 21, 1..=30);
-    let table = f16_to_f32(&bits);
-    let ids = g.upload("ids", &IDS).unwrap();
-    let windows: Vec<GpuBuffer<u32>> = EMBED_WINDOWS
-        .iter()
-        .map(|&(row0, rows)| {
-            g.upload("table", &pack_f16(&bits[row0 * cols..][..rows * cols]))
-                .unwrap()
-        })
-        .collect();
-    let got = embed_windows(&mut g, cols, |g, out, row0, rows| {
-        let table = &windows[EMBED_WINDOWS.iter().position(|w| w.0 == row0).unwrap()];
-        launch(
-            g,
-            &k::embed_f16::Args {
-                table,
-                ids: &ids,
-                out,
-                cols: cols as u32,
-                n: IDS.len() as u32,
-                row0: row0 as u32,
-                rows: rows as u32,
-            },
-            k::embed_f16::grid_for((IDS.len() * cols / 2) as u32),
-        );
-    });
-    let want: Vec<f32> = IDS
-        .iter()
-        .flat_map(|&id| table[id as usize * cols..][..cols].iter().copied())
-        .collect();
+    let hbits = f16_bits(VOCAB * cols, 21, 1..=30);
+    let table = f16_to_f32(&hbits);
+    let tables = embed_tables(&g, cols, |e| pack_f16(&hbits[e]));
+    let got = embed_windows!(&mut g, embed_f16, cols, cols / 2, &tables);
+    let want = embed_reference(&table, cols);
     // Every normal f16 (exponents 1..=30, the whole normal range) widens exactly to f32.
     // Subnormal f16 are left out: whether `unpack2x16float` keeps them is the
     // implementation's floating-point behaviour (lavapipe keeps them exactly; a device that
@@ -1004,9 +1074,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
     // CPU normalises once with an f64 sum. Each weight is then within ~1e-5 relative, and
     // the output (a convex combination of values in [−2, 2)) within ~2e-5 absolute;
     // 1e-4 leaves margin while any indexing, masking or GQA mistake gives O(0.1).
-    let d = max_abs_diff(&got, &want);
-    println!("attention: max abs diff {d:e}");
-    assert!(d <= 1e-4, "attention: max abs diff {d}");
+    assert_within("attention", "abs diff", max_abs_diff(&got, &want), 1e-4);
 }
 
 #[test]
@@ -1016,18 +1084,11 @@ fn a_batch_is_one_submit_and_pipelines_are_cached() {
     let (x, y) = (data(n, 26), data(n, 27));
     let mut bx = g.upload("x", &x).unwrap();
     let by = g.upload("y", &y).unwrap();
+    let grid = k::add_assign::grid_for(n as u32);
     let mut b = g.batch();
     for _ in 0..5 {
-        b.run(
-            &mut g,
-            &k::add_assign::Args {
-                x: &mut bx,
-                y: &by,
-                n: n as u32,
-            },
-            k::add_assign::grid_for(n as u32),
-        )
-        .unwrap();
+        b.run(&mut g, &add_assign_args(&mut bx, &by, n), grid)
+            .unwrap();
     }
     assert_eq!(b.dispatches(), 5);
     let before = g.submits();
@@ -1045,15 +1106,7 @@ fn a_batch_is_one_submit_and_pipelines_are_cached() {
     // An empty grid is refused before anything is recorded.
     let mut b = g.batch();
     let err = b
-        .run(
-            &mut g,
-            &k::add_assign::Args {
-                x: &mut bx,
-                y: &by,
-                n: n as u32,
-            },
-            [0, 1, 1],
-        )
+        .run(&mut g, &add_assign_args(&mut bx, &by, n), [0, 1, 1])
         .expect_err("grid of 0 workgroups");
     assert!(err.to_string().contains("grid"), "{err}");
     assert!(b.is_empty());
@@ -1141,11 +1194,7 @@ fn matvec_q8_0_matches_q8_0_dot() {
     }
     let x = data(n * cols, 32);
     let acts: Vec<_> = x.chunks_exact(cols).map(quantize_q8_0).collect();
-    let q: Vec<i32> = acts
-        .iter()
-        .flat_map(|a| a.iter().flat_map(|b| b.qs.iter().map(|&v| i32::from(v))))
-        .collect();
-    let d: Vec<f32> = acts.iter().flat_map(|a| a.iter().map(|b| b.d)).collect();
+    let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
     let (bwq, bwd) = (g.upload("wq", &wq).unwrap(), g.upload("wd", &wd).unwrap());
     let (bq, bd) = (g.upload("q", &q).unwrap(), g.upload("d", &d).unwrap());
     let mut want = Vec::new();
@@ -1170,36 +1219,19 @@ fn matvec_q8_0_matches_q8_0_dot() {
             );
         }
     }
-    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
-        let width = row0 + rows + extra;
-        let mut out = sentinel_out(&g, n, width);
-        launch(
-            &mut g,
-            &k::matvec_q8_0::Args {
-                wq: &bwq,
-                wd: &bwd,
-                q: &bq,
-                d: &bd,
-                out: &mut out,
-                cols: cols as u32,
-                rows: width as u32,
-                row0: row0 as u32,
-                window_rows: rows as u32,
-                n: n as u32,
-                lanes,
-                out_scale,
-            },
-            k::matrix_grid(rows as u32, lanes, n as u32),
-        );
-        let got = window(&read!(g, &out), n, width, row0, rows);
-        // Block sums are exact integers; only the order of the 10 f32 block terms differs
-        // (sequential on the CPU, strided then a tree on the GPU): a few ulp of Σ|terms|.
-        let e = dot_error(&got, &want, &magnitude);
-        println!(
-            "matvec_q8_0 (row0 {row0}, width {width}, {lanes} lanes): max diff {e:e} of Σ|terms|"
-        );
-        assert!(e <= 1e-6, "matvec_q8_0 row0 {row0} lanes {lanes}: {e}");
-    }
+    // Block sums are exact integers; only the order of the 10 f32 block terms differs
+    // (sequential on the CPU, strided then a tree on the GPU): a few ulp of Σ|terms|.
+    sweep_matrix(
+        &mut g,
+        Matrix::new("matvec_q8_0", rows, cols, n),
+        |g, out, p| {
+            launch_matrix!(g, out, p, out_scale;
+                matvec_q8_0 { wq: &bwq, wd: &bwd, q: &bq, d: &bd })
+        },
+        |got| dot_error(got, &want, &magnitude),
+        "diff of Σ|terms|",
+        1e-6,
+    );
 }
 
 #[test]
@@ -1240,44 +1272,19 @@ fn packed_i2s_path_equals_the_cpu_exactly() {
         assert_eq!(bytes, a.q, "token {t} packed codes");
     }
     let bc = g.upload("codes", &words(&codes)).unwrap();
-    let want: Vec<f32> = acts
-        .iter()
-        .flat_map(|a| {
-            codes
-                .chunks_exact(cols / 4)
-                .map(|row| (i2s_code_dot(row, &a.q) - a.sum) as f32 / a.scale * beta)
-        })
-        .collect();
-    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
-        let width = row0 + rows + extra;
-        let mut out = sentinel_out(&g, n, width);
-        launch(
-            &mut g,
-            &k::bitlinear_i2s_dp4::Args {
-                codes: &bc,
-                q: &q,
-                scale: &scale,
-                sum: &sum,
-                out: &mut out,
-                cols: cols as u32,
-                rows: width as u32,
-                row0: row0 as u32,
-                window_rows: rows as u32,
-                n: n as u32,
-                lanes,
-                beta,
-            },
-            k::matrix_grid(rows as u32, lanes, n as u32),
-        );
-        let got = window(&read!(g, &out), n, width, row0, rows);
-        // Exact integer sums, then the plain path's division and multiplication.
-        let d = max_rel_diff(&got, &want);
-        println!("bitlinear_i2s_dp4 (row0 {row0}, width {width}, {lanes} lanes): max relative diff {d:e}");
-        assert!(
-            d <= 1e-6,
-            "bitlinear_i2s_dp4 row0 {row0} lanes {lanes}: {d}"
-        );
-    }
+    let want = i2s_reference(&codes, &acts, cols, beta);
+    // Exact integer sums, then the plain path's division and multiplication.
+    sweep_matrix(
+        &mut g,
+        Matrix::new("bitlinear_i2s_dp4", rows, cols, n),
+        |g, out, p| {
+            launch_matrix!(g, out, p, beta;
+                bitlinear_i2s_dp4 { codes: &bc, q: &q, scale: &scale, sum: &sum })
+        },
+        |got| max_rel_diff(got, &want),
+        "relative diff",
+        1e-6,
+    );
 }
 
 #[test]
@@ -1288,29 +1295,10 @@ fn rms_norm_sg_matches_the_cpu() {
         g.device.features().contains(wgpu::Features::SUBGROUP),
         "no subgroups on this adapter"
     );
-    let (rows, width, eps) = (3usize, 1000usize, 1e-5f32);
-    let (x, w) = (data(rows * width, 33), data(width, 34));
-    let (bx, bw) = (g.upload("x", &x).unwrap(), g.upload("w", &w).unwrap());
-    let mut y = g.zeroed::<f32>("y", rows * width).unwrap();
-    launch(
-        &mut g,
-        &k::rms_norm_sg::Args {
-            x: &bx,
-            w: &bw,
-            y: &mut y,
-            width: width as u32,
-            eps,
-        },
-        k::row_grid(rows as u32),
-    );
-    let got = read!(g, &y);
-    let mut want = vec![0.0; rows * width];
-    ops::rms_norm(Isa::Scalar, &x, &w, rows, eps, &mut want);
+    let d = rms_norm_diff!(&mut g, rms_norm_sg, 33, 34);
     // f64 in order on the CPU, subgroup sums then partials in f32 on the GPU: a few ulps of
     // the scale, as for the tree version.
-    let d = max_rel_diff(&got, &want);
-    println!("rms_norm_sg: max relative diff {d:e}");
-    assert!(d <= 1e-5, "rms_norm_sg: max relative diff {d}");
+    assert_within("rms_norm_sg", "relative diff", d, 1e-5);
 }
 
 #[test]
@@ -1318,32 +1306,13 @@ fn rope_norm_rotates_adjacent_pairs() {
     let mut g = gpu();
     // The same geometry as the NeoX test; the reference is written here (the CPU backend only
     // has NeoX): pair i of a head is (x[2i], x[2i+1]), angle from the shared table.
-    let (n, pos0) = (7usize, 5usize);
-    let shape = RopeShape {
-        n_head: 3,
-        head_dim: 64,
-        rope_dim: 48,
-        base: 10000.0,
-    };
-    let x = data(n * shape.n_head * shape.head_dim, 35);
-    let table = shape.angles(0, pos0 + n);
-    let mut bx = g.upload("x", &x).unwrap();
-    let cs = g.upload("cs", &table).unwrap();
-    let half = shape.rope_dim / 2;
-    launch(
-        &mut g,
-        &k::rope_norm::Args {
-            x: &mut bx,
-            cs: &cs,
-            n_tokens: n as u32,
-            n_head: shape.n_head as u32,
-            head_dim: shape.head_dim as u32,
-            rope_dim: shape.rope_dim as u32,
-            pos0: pos0 as u32,
-        },
-        k::rope_norm::grid_for((n * shape.n_head * half) as u32),
-    );
-    let got = read!(g, &bx);
+    let RopeRun {
+        shape,
+        x,
+        table,
+        got,
+    } = rope_run!(&mut g, rope_norm, 10000.0, 35);
+    let (half, pos0) = (shape.rope_dim / 2, ROPE_POS0);
     let mut want = x.clone();
     for (r, head) in want.chunks_exact_mut(shape.head_dim).enumerate() {
         let t = r / shape.n_head;
@@ -1357,8 +1326,7 @@ fn rope_norm_rotates_adjacent_pairs() {
     }
     // Same products and sums; a GPU may contract one into an FMA (≤ an ulp of |a|,|b| < 2).
     let d = max_rel_diff(&got, &want);
-    println!("rope_norm: max relative diff {d:e}");
-    assert!(d <= 1e-6, "rope_norm: max relative diff {d}");
+    assert_within("rope_norm", "relative diff", d, 1e-6);
 }
 
 #[test]

@@ -25,6 +25,7 @@ fn all() -> Vec<Kernel> {
         add_assign,
         silu_mul,
         relu2_mul,
+        interleave_rows,
         rms_norm,
         rms_norm_sg,
         argmax_partial,

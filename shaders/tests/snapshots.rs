@@ -14,6 +14,7 @@ fn generated_wgsl_is_unchanged() {
         add_assign,
         silu_mul,
         relu2_mul,
+        interleave_rows,
         rms_norm,
         rms_norm_sg,
         argmax_partial,

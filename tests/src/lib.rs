@@ -12,6 +12,7 @@ use serde_json::Value;
 pub mod geometry;
 pub mod layers;
 pub mod ops;
+pub mod random;
 
 /// The `golden-values/` folder.
 pub fn golden_dir() -> PathBuf {

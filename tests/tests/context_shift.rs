@@ -11,6 +11,7 @@ use hesper_engine::backend::{AttentionShape, Backend, RopeShape};
 use hesper_engine::file::ModelFile;
 use hesper_engine::model::{Logits, ModelError};
 use hesper_gpu_backend::GpuBackend;
+use hesper_tests::random::values;
 use hesper_tests::{cosine, cpu_model, gpu_model, isas, max_abs_diff};
 
 const SHAPE: AttentionShape = AttentionShape {
@@ -25,19 +26,6 @@ const ROPE: RopeShape = RopeShape {
     rope_dim: 64,
     base: 10000.0,
 };
-
-/// `n` values in [−1, 1) (xorshift).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 /// Keys `raw` (un-rotated, `[n][kv_dim]`) rotated to positions `positions`.
 fn roped(raw: &[f32], positions: impl Iterator<Item = usize>) -> Vec<f32> {

@@ -8,6 +8,7 @@ use hesper_cpu::CpuBackend;
 use hesper_engine::attention::{AttentionConfig, Key, KvType, SparsePattern};
 use hesper_engine::backend::{AttentionShape, Backend};
 use hesper_gpu_backend::GpuBackend;
+use hesper_tests::random::values;
 use hesper_tests::{isas, max_abs_diff};
 use ruvllm_sparse_attention::{SparseAttentionConfig, SubquadraticSparseAttention, Tensor3};
 
@@ -138,19 +139,6 @@ impl Case {
         }
         out
     }
-}
-
-/// `n` values in [−1, 1) from a fixed generator.
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 fn sparse(window: usize, globals: &[usize], block: usize, log: bool, marks: bool) -> SparsePattern {

@@ -1,7 +1,7 @@
 use hesper_dsl::{kernel, kernel_fn};
 
 #[kernel_fn]
-fn total(acc: &mut [f32; 64], t: u32) {
+fn total(acc: &mut [f32; _], t: u32) {
     if t == 0u32 {
         for i in 1..64u32 {
             acc[0] += acc[i];
@@ -10,9 +10,10 @@ fn total(acc: &mut [f32; 64], t: u32) {
     barrier();
 }
 
-// The helper works on the kernel's array `acc`; handing it `buf` is refused at compile time.
+// The helper is instantiated with the kernel's own array, of any name, but its element type
+// must be the helper's: handing an `i32` array to an `f32` parameter is a type error.
 #[kernel(workgroup = 64, uses(total))]
-fn sum64(x: &[f32], out: &mut [f32], #[shared] buf: &mut [f32; 64]) {
+fn sum64(x: &[i32], out: &mut [i32], #[shared] buf: &mut [i32; 64]) {
     let t = lid();
     buf[t] = x[t];
     barrier();

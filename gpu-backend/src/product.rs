@@ -1,0 +1,174 @@
+//! Matrix products on the GPU: the activation quantization a layout reads, then its matrix
+//! kernel over each row window with the output stage the caller asks for — store, add to the
+//! output (the residual, fused) or the gated activation of an interleaved gate/up pair (see
+//! `hesper_shaders::store_rows`).
+
+use hesper_engine::config::Activation;
+use hesper_gpu::{GpuBuffer, GpuError};
+use hesper_shaders as k;
+
+use crate::matrix::{GpuMatrix, Kind};
+use crate::State;
+
+/// The output stage of a gate/up pair for `act`.
+pub fn glu_mode(act: Activation) -> u32 {
+    match act {
+        Activation::Relu2 => k::GLU_RELU2,
+        Activation::Silu => k::GLU_SILU,
+    }
+}
+
+/// Whether `a` and `b` read the same quantized activations (the same layout and width).
+pub fn same_input(a: &GpuMatrix, b: &GpuMatrix) -> bool {
+    std::mem::discriminant(&a.kind) == std::mem::discriminant(&b.kind) && a.desc.cols == b.desc.cols
+}
+
+/// Quantizes `n` rows of `x` as `w`'s layout reads them, into the state's activation scratch
+/// (nothing for F32 and F16, which read `x` itself).
+pub fn quantize(
+    st: &mut State,
+    w: &GpuMatrix,
+    x: &GpuBuffer<f32>,
+    n: usize,
+) -> Result<(), GpuError> {
+    let cols = w.desc.cols;
+    let (blocks, per_block) = match w.kind {
+        Kind::I2s { .. } => (n, cols),
+        Kind::Tq => (n * cols / 256, 256),
+        Kind::Q8_0 => (n * cols / 32, 32),
+        Kind::F32 | Kind::F16 => return Ok(()),
+    };
+    st.reserve(blocks * per_block, blocks)?;
+    let State {
+        gpu,
+        batch,
+        q,
+        packed,
+        packed_dot,
+        act_scale,
+        ..
+    } = st;
+    let cols = cols as u32;
+    match w.kind {
+        Kind::I2s { .. } if *packed_dot => batch.run(
+            gpu,
+            &k::quantize_i8_packed::Args {
+                x,
+                q: &mut packed.0,
+                scale: act_scale,
+                sum: &mut packed.1,
+                cols,
+            },
+            k::row_grid(n as u32),
+        ),
+        Kind::I2s { .. } => batch.run(
+            gpu,
+            &k::quantize_i8::Args {
+                x,
+                q,
+                scale: act_scale,
+                cols,
+            },
+            k::row_grid(n as u32),
+        ),
+        Kind::Tq => batch.run(
+            gpu,
+            &k::quantize_q8k::Args { x, q, d: act_scale },
+            k::row_grid(blocks as u32),
+        ),
+        _ => batch.run(
+            gpu,
+            &k::quantize_q8_0::Args {
+                x,
+                q,
+                d: act_scale,
+                blocks: blocks as u32,
+            },
+            k::q8_0_grid(blocks as u32),
+        ),
+    }
+}
+
+/// Runs `w`'s kernel over each of its windows on the activations [`quantize`] left (or `x`
+/// for float layouts), writing `out` as `mode` says.
+pub fn multiply(
+    st: &mut State,
+    w: &GpuMatrix,
+    x: &GpuBuffer<f32>,
+    n: usize,
+    out: &mut GpuBuffer<f32>,
+    mode: u32,
+) -> Result<(), GpuError> {
+    let State {
+        gpu,
+        batch,
+        q,
+        packed,
+        packed_dot,
+        act_scale,
+        ..
+    } = st;
+    let (cols, rows, n32) = (w.desc.cols as u32, w.desc.rows as u32, n as u32);
+    let (out_scale, out_scale_odd) = w.out_scales();
+    let lanes = k::lanes_per_row(match w.kind {
+        Kind::I2s { .. } => w.desc.cols / 16,
+        Kind::Tq => w.desc.cols / 256,
+        Kind::Q8_0 => w.desc.cols / 32,
+        Kind::F16 => w.desc.cols / 2,
+        Kind::F32 => w.desc.cols,
+    });
+    for win in &w.windows {
+        let grid = k::matrix_grid(win.rows as u32, lanes, n32);
+        let (row0, window_rows) = (win.row0 as u32, win.rows as u32);
+        // Every matrix kernel's launch: its own buffers, then the shared shape and output stage.
+        macro_rules! launch {
+            ($kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
+                batch.run(
+                    gpu,
+                    &k::$kernel::Args {
+                        $($field: $value,)*
+                        out: &mut *out,
+                        cols,
+                        rows,
+                        row0,
+                        window_rows,
+                        n: n32,
+                        lanes,
+                        mode,
+                        out_scale,
+                        out_scale_odd,
+                    },
+                    grid,
+                )?
+            };
+        }
+        match w.kind {
+            Kind::I2s { .. } if *packed_dot => launch!(bitlinear_i2s_dp4 {
+                codes: &win.data,
+                q: &packed.0,
+                scale: act_scale,
+                sum: &packed.1,
+            }),
+            Kind::I2s { .. } => launch!(bitlinear_i2s {
+                codes: &win.data,
+                q: q,
+                scale: act_scale,
+            }),
+            Kind::Q8_0 => launch!(matvec_q8_0 {
+                wq: &win.data,
+                wd: win.scales(&w.desc.name)?,
+                q: q,
+                d: act_scale,
+            }),
+            Kind::Tq => launch!(bitlinear_tq {
+                codes: &win.data,
+                wscale: win.scales(&w.desc.name)?,
+                q: q,
+                d: act_scale,
+            }),
+            Kind::F32 => launch!(matvec_f32 { w: &win.data, x: x }),
+            Kind::F16 => launch!(matvec_f16 { w: &win.data, x: x }),
+        }
+    }
+    Ok(())
+}

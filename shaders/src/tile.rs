@@ -1,0 +1,77 @@
+//! The output stage every matrix kernel shares (`bitlinear.rs`, `matvec.rs`).
+//!
+//! A matrix kernel gives each output row `lanes` threads and each workgroup a tile of `TILE`
+//! tokens (the `TILE` constant of every matrix kernel, equal to
+//! [`TOKEN_TILE`](crate::TOKEN_TILE)); after its row reduction the first thread of row `r`
+//! holds the row's unscaled total for token `t0 + j` at `res[64·j + t]`. [`store_rows`] turns
+//! those into the output as the launch's `mode` says:
+//!
+//! | mode | output |
+//! |---|---|
+//! | [`STORE`] | `out[tok·rows + row] = v·scale` |
+//! | [`ADD`] | `out[tok·rows + row] += v·scale` (the residual add, fused) |
+//! | [`GLU_RELU2`] | rows interleave gate (even) and up (odd): `out[tok·rows/2 + row/2] = relu(g)²·u` |
+//! | [`GLU_SILU`] | as above with `silu(g)·u` |
+//!
+//! with `g = v_even·scale`, `u = v_odd·scale_odd`: the same arithmetic, in the same order, as
+//! a plain product followed by `add_assign`, `relu2_mul` or `silu_mul`, so fusing them changes
+//! no bit.
+
+use hesper_dsl::kernel_fn;
+
+/// `out = v·scale`.
+pub const STORE: u32 = 0;
+/// `out += v·scale`.
+pub const ADD: u32 = 1;
+/// `out = relu(g)²·u` over interleaved gate/up rows.
+pub const GLU_RELU2: u32 = 2;
+/// `out = silu(g)·u` over interleaved gate/up rows.
+pub const GLU_SILU: u32 = 3;
+
+/// Writes the tile's row totals `res[64·j + t]` (held by each row's first thread) to `out` as
+/// `mode` says (see the module docs); every thread of the workgroup calls it.
+#[kernel_fn]
+pub fn store_rows(
+    res: &mut [f32; _],
+    out: &mut [f32],
+    t: u32,
+    lane: u32,
+    lanes: u32,
+    r: u32,
+    window_rows: u32,
+    row0: u32,
+    rows: u32,
+    t0: u32,
+    n: u32,
+    tile: u32,
+    mode: u32,
+    scale: f32,
+    scale_odd: f32,
+) {
+    barrier();
+    let row = row0 + r;
+    if lane == 0u32 && r < window_rows {
+        for j in 0..tile {
+            let at = 64u32 * j + t;
+            if t0 + j >= n {
+                break;
+            }
+            if mode == 0u32 {
+                out[(t0 + j) * rows + row] = res[at] * scale;
+            } else if mode == 1u32 {
+                let i = (t0 + j) * rows + row;
+                out[i] = out[i] + res[at] * scale;
+            } else if row % 2u32 == 0u32 {
+                let g = res[at] * scale;
+                let u = res[at + lanes] * scale_odd;
+                let i = (t0 + j) * (rows / 2u32) + row / 2u32;
+                if mode == 2u32 {
+                    let p = g.max(0.0);
+                    out[i] = p * p * u;
+                } else {
+                    out[i] = g / (1.0 + (-g).exp()) * u;
+                }
+            }
+        }
+    }
+}
