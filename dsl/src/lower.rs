@@ -582,7 +582,7 @@ impl<'a> Lowerer<'a> {
         if self.helpers.contains(&name) {
             return self.helper_call(name, c);
         }
-        let mut args = c
+        let args = c
             .args
             .iter()
             .map(|a| self.expr(a))
@@ -629,7 +629,6 @@ impl<'a> Lowerer<'a> {
             ("barrier", 0) => call("workgroupBarrier", args, Ty::Unknown),
             ("select", 3) => {
                 let ty = args[1].ty();
-                args.truncate(3);
                 call("select", args, ty)
             }
             (name, _) => Err(unsupported(
