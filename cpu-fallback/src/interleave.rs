@@ -12,7 +12,7 @@
 //! The copy is as large as the matrix (2 bits a weight); the file's pages are given back once
 //! it is made, so the resident size stays the same.
 
-use hesper_engine::weights::I2S_GROUP;
+use hesper_engine::formats::I2S_GROUP;
 use rayon::prelude::*;
 
 /// Rows in one interleaved block (the 32-bit lanes of a 512-bit register).

@@ -1,6 +1,7 @@
 //! hesper-cpu: the CPU backend of hesper-rs (see the crate README).
 
 pub mod attention;
+pub mod formats;
 pub mod interleave;
 pub mod kernels;
 pub mod matmul;
@@ -37,24 +38,6 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// Rows of block layouts must hold whole blocks.
-    fn check_blocks(&self, desc: &MatrixDesc) -> Result<(), BackendError> {
-        let why = match desc.format {
-            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K if !desc.cols.is_multiple_of(256) => {
-                "TQ and Q6_K rows must be whole 256-element blocks"
-            }
-            Format::Q8_0 if !desc.cols.is_multiple_of(32) => {
-                "Q8_0 rows must be whole 32-element blocks"
-            }
-            _ => return Ok(()),
-        };
-        Err(BackendError::Unsupported {
-            backend: self.name(),
-            tensor: desc.name.clone(),
-            why: why.into(),
-        })
-    }
-
     /// A backend with `threads` workers (0 = one per core) on the best instruction set.
     pub fn new(threads: usize) -> Result<Self, BackendError> {
         Self::with_isa(threads, Isa::detect())
@@ -139,7 +122,6 @@ impl Backend for CpuBackend {
         scale: Option<f32>,
         _usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
-        self.check_blocks(&desc)?;
         let interleave = self.repacks()
             && matches!(desc.format, Format::I2S { .. })
             && interleave::fits(desc.rows, desc.cols);
@@ -158,7 +140,6 @@ impl Backend for CpuBackend {
         scale: Option<f32>,
         _usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
-        self.check_blocks(&desc)?;
         if data.len() < desc.range.end {
             return Err(BackendError::Unsupported {
                 backend: self.name(),

@@ -7,12 +7,10 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::weights::{Format, MatrixDesc};
 use rayon::prelude::*;
 
+use crate::formats::{i2s, row_kernels, Activations, RowKernels};
 use crate::interleave::ROWS;
-use crate::kernels::{scalar, Isa};
-use crate::quant::{
-    quantize_i8_row, quantize_q8_0, quantize_q8_k, round_bf16, round_f16, I8Row, Q8KBlock,
-    Q8_0Block,
-};
+use crate::kernels::Isa;
+use crate::quant::I8Row;
 
 /// Where a matrix's bytes live.
 enum Storage {
@@ -32,44 +30,8 @@ pub struct CpuMatrix {
     pub desc: MatrixDesc,
     /// Multiplier applied to every output (mainline `*.scale` tensors).
     pub scale: Option<f32>,
-}
-
-/// How a weight layout wants its activations: layouts of one kind share one quantization.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ActivationKind {
-    /// Per-row int8 with one scale (bitnet.cpp's I2_S activations).
-    I8Row,
-    /// ggml Q8_K blocks (TQ1_0, TQ2_0, Q6_K).
-    Q8K,
-    /// ggml Q8_0 blocks.
-    Q8_0,
-    /// f32 rounded through f16.
-    F16,
-    /// f32 rounded through bf16.
-    BF16,
-    /// f32 as is.
-    F32,
-}
-
-impl ActivationKind {
-    fn of(format: Format) -> Self {
-        match format {
-            Format::I2S { .. } => Self::I8Row,
-            Format::TQ1_0 | Format::TQ2_0 | Format::Q6K => Self::Q8K,
-            Format::Q8_0 => Self::Q8_0,
-            Format::F16 => Self::F16,
-            Format::BF16 => Self::BF16,
-            Format::F32 => Self::F32,
-        }
-    }
-}
-
-/// One batch of activations in the form the weight layout multiplies with.
-enum Activations {
-    I8(Vec<I8Row>),
-    Q8K(Vec<Vec<Q8KBlock>>),
-    Q8_0(Vec<Vec<Q8_0Block>>),
-    Float(Vec<Vec<f32>>),
+    /// The row kernels of the layout (`desc.format`'s).
+    kernels: Box<dyn RowKernels>,
 }
 
 impl CpuMatrix {
@@ -78,6 +40,7 @@ impl CpuMatrix {
         Self {
             storage: Storage::File(file),
             tiles: None,
+            kernels: row_kernels(desc.format),
             desc,
             scale,
         }
@@ -88,6 +51,7 @@ impl CpuMatrix {
         Self {
             storage: Storage::Owned(data),
             tiles: None,
+            kernels: row_kernels(desc.format),
             desc,
             scale,
         }
@@ -123,15 +87,7 @@ impl CpuMatrix {
     }
 
     fn quantize(&self, x: &[f32], n: usize) -> Activations {
-        let rows = x.par_chunks_exact(self.desc.cols).take(n);
-        match ActivationKind::of(self.desc.format) {
-            ActivationKind::I8Row => Activations::I8(rows.map(quantize_i8_row).collect()),
-            ActivationKind::Q8K => Activations::Q8K(rows.map(quantize_q8_k).collect()),
-            ActivationKind::Q8_0 => Activations::Q8_0(rows.map(quantize_q8_0).collect()),
-            ActivationKind::F16 => Activations::Float(rows.map(round_f16).collect()),
-            ActivationKind::BF16 => Activations::Float(rows.map(round_bf16).collect()),
-            ActivationKind::F32 => Activations::Float(rows.map(<[f32]>::to_vec).collect()),
-        }
+        self.kernels.quantize_batch(x, self.desc.cols, n)
     }
 
     /// `out[t][r] = W[r] · x[t]` for `n` tokens (`x` is `[n][cols]`, `out` is `[n][rows]`).
@@ -149,9 +105,7 @@ impl CpuMatrix {
         let row_bytes = self.desc.row_bytes();
         let data = self.data();
         let chunk = chunk_rows(rows);
-        let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
-        let row_at = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
-        let format = self.desc.format;
+        let scale = self.scale.unwrap_or(1.0);
         // About 16 KiB of int8 activations per token block, in whole groups of four: the
         // chunk's rows (in L2) then pass over activations held in L1. Measured on the 2B4T
         // shape (BENCHMARKS.md): 8–24 KiB alike, 48 KiB 8 % slower, 96 KiB 15 % slower.
@@ -162,28 +116,14 @@ impl CpuMatrix {
                 let r0 = ci * chunk;
                 let r1 = (r0 + chunk).min(rows);
                 let width = r1 - r0;
+                let chunk_data = &data[r0 * row_bytes..r1 * row_bytes];
                 let mut local = vec![0.0; width * n];
                 // Tokens in blocks whose activations stay in cache while this chunk's rows
-                // (in L2) pass over them; each row meets every token of the block.
+                // (in L2) pass over them.
                 for t0 in (0..n).step_by(token_block) {
-                    let t1 = (t0 + token_block).min(n);
-                    for r in r0..r1 {
-                        let row = row_at(r);
-                        let mut t = t0;
-                        // Four tokens per pass where a kernel unpacks the row once for all four.
-                        while t + 4 <= t1 {
-                            let Some(values) = dot_x4(isa, format, row, &act, t) else {
-                                break;
-                            };
-                            for (k, v) in values.into_iter().enumerate() {
-                                local[(t + k) * width + (r - r0)] = scaled(v);
-                            }
-                            t += 4;
-                        }
-                        for t in t..t1 {
-                            local[t * width + (r - r0)] = scaled(dot(isa, format, row, &act, t));
-                        }
-                    }
+                    let tokens = t0..(t0 + token_block).min(n);
+                    self.kernels
+                        .rows_tokens(isa, chunk_data, &act, tokens, scale, &mut local, width);
                 }
                 (r0, local)
             })
@@ -228,7 +168,7 @@ impl CpuMatrix {
                 let mut local = Vec::with_capacity((r1 - r0) * n);
                 let mut put = |t: usize, sums: &[[i32; ROWS]]| {
                     for (k, sums) in sums.iter().enumerate() {
-                        local.extend(i2s_outputs(sums, &a[t + k], beta, self.scale));
+                        local.extend(i2s::outputs(sums, &a[t + k], beta, self.scale));
                     }
                 };
                 for &(t, size) in &groups {
@@ -238,10 +178,10 @@ impl CpuMatrix {
                         match size {
                             TILE_TOKENS => put(
                                 t,
-                                &isa.i2s_rows16_dot::<TILE_TOKENS>(block, std::array::from_fn(q)),
+                                &i2s::rows16_dot::<TILE_TOKENS>(isa, block, std::array::from_fn(q)),
                             ),
-                            4 => put(t, &isa.i2s_rows16_dot::<4>(block, std::array::from_fn(q))),
-                            _ => put(t, &isa.i2s_rows16_dot::<1>(block, [q(0)])),
+                            4 => put(t, &i2s::rows16_dot::<4>(isa, block, std::array::from_fn(q))),
+                            _ => put(t, &i2s::rows16_dot::<1>(isa, block, [q(0)])),
                         }
                     }
                 }
@@ -284,7 +224,7 @@ pub fn matvec_many(isa: Isa, ws: &[&CpuMatrix], x: &[f32], outs: &mut [&mut [f32
     for (j, w) in ws.iter().enumerate() {
         match ws[..j]
             .iter()
-            .position(|p| ActivationKind::of(p.desc.format) == ActivationKind::of(w.desc.format))
+            .position(|p| p.kernels.activation() == w.kernels.activation())
         {
             Some(prev) => act_of.push(act_of[prev]),
             None => {
@@ -309,7 +249,6 @@ impl CpuMatrix {
     /// `out[i] = W[r0 + i] · x` for token 0 of `act`.
     fn rows_dot(&self, isa: Isa, act: &Activations, r0: usize, out: &mut [f32]) {
         let row_bytes = self.desc.row_bytes();
-        let scaled = |v: f32| self.scale.map_or(v, |s| v * s);
         if let (Some(tiles), Format::I2S { beta }, Activations::I8(a)) =
             (&self.tiles, self.desc.format, act)
         {
@@ -317,100 +256,13 @@ impl CpuMatrix {
             let block_bytes = ROWS * row_bytes;
             let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
             for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
-                let [sums] = isa.i2s_rows16_dot::<1>(block, [&a[0].q]);
-                o.copy_from_slice(&i2s_outputs(&sums, &a[0], beta, self.scale));
+                let [sums] = i2s::rows16_dot::<1>(isa, block, [&a[0].q]);
+                o.copy_from_slice(&i2s::outputs(&sums, &a[0], beta, self.scale));
             }
             return;
         }
         let data = &self.data()[r0 * row_bytes..(r0 + out.len()) * row_bytes];
-        // Four rows per pass where a kernel exists (see `i2s_code_dot_rows4`).
-        let quads = out
-            .chunks_exact_mut(4)
-            .zip(data.chunks_exact(4 * row_bytes));
-        let done = match (self.desc.format, act) {
-            (Format::I2S { beta }, Activations::I8(a)) => {
-                for (o, rows) in quads {
-                    let sums = isa.i2s_code_dot_rows4(rows, &a[0].q);
-                    for (v, s) in o.iter_mut().zip(sums) {
-                        *v = scaled(i2s_output(s, &a[0], beta));
-                    }
-                }
-                out.len() / 4 * 4
-            }
-            (Format::TQ2_0 | Format::TQ1_0, Activations::Q8K(a)) => {
-                for (o, rows) in quads {
-                    let dots = if self.desc.format == Format::TQ2_0 {
-                        isa.tq2_0_dot_rows4(rows, &a[0])
-                    } else {
-                        isa.tq1_0_dot_rows4(rows, &a[0])
-                    };
-                    for (v, d) in o.iter_mut().zip(dots) {
-                        *v = scaled(d);
-                    }
-                }
-                out.len() / 4 * 4
-            }
-            _ => 0,
-        };
-        let rows = data[done * row_bytes..].chunks_exact(row_bytes);
-        for (v, row) in out[done..].iter_mut().zip(rows) {
-            *v = scaled(dot(isa, self.desc.format, row, act, 0));
-        }
+        let scale = self.scale.unwrap_or(1.0);
+        self.kernels.rows_dot(isa, data, act, scale, out);
     }
-}
-
-/// One row against tokens `t..t+4`, for the layouts with a four-token kernel.
-fn dot_x4(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> Option<[f32; 4]> {
-    match (format, act) {
-        (Format::I2S { beta }, Activations::I8(a)) => {
-            let sums = isa.i2s_code_dot_x4(row, [&a[t].q, &a[t + 1].q, &a[t + 2].q, &a[t + 3].q]);
-            Some(std::array::from_fn(|k| {
-                i2s_output(sums[k], &a[t + k], beta)
-            }))
-        }
-        (Format::TQ2_0, Activations::Q8K(a)) => {
-            Some(isa.tq2_0_dot_x4(row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]))
-        }
-        (Format::TQ1_0, Activations::Q8K(a)) => {
-            Some(isa.tq1_0_dot_x4(row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]))
-        }
-        _ => None,
-    }
-}
-
-/// One row against token `t`.
-fn dot(isa: Isa, format: Format, row: &[u8], act: &Activations, t: usize) -> f32 {
-    match (format, act) {
-        (Format::I2S { beta }, Activations::I8(a)) => {
-            i2s_output(isa.i2s_code_dot(row, &a[t].q), &a[t], beta)
-        }
-        (Format::TQ2_0, Activations::Q8K(a)) => isa.tq2_0_dot(row, &a[t]),
-        (Format::TQ1_0, Activations::Q8K(a)) => isa.tq1_0_dot(row, &a[t]),
-        (Format::Q8_0, Activations::Q8_0(a)) => isa.q8_0_dot(row, &a[t]),
-        (Format::Q6K, Activations::Q8K(a)) => isa.q6_k_dot(row, &a[t]),
-        (Format::F32, Activations::Float(a)) => isa.f32_dot(row, &a[t]),
-        (Format::F16, Activations::Float(a)) => isa.f16_dot(row, &a[t]),
-        (Format::BF16, Activations::Float(a)) => scalar::bf16_dot(row, &a[t]),
-        _ => unreachable!("activations are prepared for the matrix's own format"),
-    }
-}
-
-/// [`i2s_output`] of sixteen rows at once, times the matrix's `scale` if any: the same
-/// operations per lane, written so that the compiler vectorizes them (one division per row
-/// is a measurable share of prefill when each is issued alone).
-fn i2s_outputs(sums: &[i32; ROWS], act: &I8Row, beta: f32, scale: Option<f32>) -> [f32; ROWS] {
-    let mut v = [0.0f32; ROWS];
-    for (v, &s) in v.iter_mut().zip(sums) {
-        *v = i2s_output(s, act, beta);
-    }
-    if let Some(scale) = scale {
-        v.iter_mut().for_each(|v| *v *= scale);
-    }
-    v
-}
-
-/// bitnet.cpp's I2_S epilogue: the ternary sum Σ(code−1)·q = Σcode·q − Σq, divided by the
-/// activation scale and multiplied by the weight scale, in f32.
-fn i2s_output(code_sum: i32, act: &I8Row, beta: f32) -> f32 {
-    (code_sum - act.sum) as f32 / act.scale * beta
 }

@@ -1,9 +1,9 @@
 //! Activation quantizers, exactly as the reference implementations define them.
 
 use half::{bf16, f16};
-pub use hesper_engine::weights::nearest_int;
-use hesper_engine::weights::q8_0_block;
-use hesper_engine::weights::signed_absmax;
+pub use hesper_engine::formats::nearest_int;
+use hesper_engine::formats::q8_0_block;
+use hesper_engine::formats::signed_absmax;
 
 /// Elements per ggml Q8_K block.
 pub const QK_K: usize = 256;

@@ -1,11 +1,12 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
+use hesper_cpu::formats::{i2s, CpuLayout};
 use hesper_cpu::interleave;
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, Q8KBlock};
-use hesper_engine::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
-use hesper_engine::weights::q8_0_block;
+use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
+use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q6K, Q8_0};
 use proptest::prelude::*;
 
 /// Every SIMD instruction set this CPU runs, each forced in turn rather than only the one
@@ -111,7 +112,7 @@ proptest! {
         let row: Vec<u8> = (0..cols / 4).map(|_| g.codes()).collect();
         let q = quantize_i8_row(&(0..cols).map(|_| g.float(-1.0, 2)).collect::<Vec<_>>());
         for isa in simds() {
-            prop_assert_eq!(isa.i2s_code_dot(&row, &q.q), scalar::i2s_code_dot(&row, &q.q), "{:?}", isa);
+            prop_assert_eq!(i2s::code_dot(isa, &row, &q.q), scalar::i2s_code_dot(&row, &q.q), "{:?}", isa);
         }
     }
 
@@ -123,7 +124,7 @@ proptest! {
         let row: Vec<u8> = (0..cols / 4).map(|_| g.codes()).collect();
         let qs: Vec<Vec<i8>> = (0..4).map(|_| (0..cols).map(|_| g.next() as u8 as i8).collect()).collect();
         for isa in simds() {
-            let got = isa.i2s_code_dot_x4(&row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
+            let got = i2s::code_dot_x4(isa, &row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
             for (k, q) in qs.iter().enumerate() {
                 prop_assert_eq!(got[k], scalar::i2s_code_dot(&row, q), "{:?}", isa);
             }
@@ -138,7 +139,7 @@ proptest! {
         let rows: Vec<u8> = (0..cols).map(|_| g.codes()).collect();
         let q: Vec<i8> = (0..cols).map(|_| g.next() as u8 as i8).collect();
         for isa in simds() {
-            let got = isa.i2s_code_dot_rows4(&rows, &q);
+            let got = i2s::code_dot_rows4(isa, &rows, &q);
             for (k, row) in rows.chunks_exact(cols / 4).enumerate() {
                 prop_assert_eq!(got[k], scalar::i2s_code_dot(row, &q), "{:?}", isa);
             }
@@ -161,12 +162,12 @@ proptest! {
         let q = |t: usize| qs[t].as_slice();
         for isa in Isa::supported() {
             let got: Vec<[i32; 16]> = [
-                isa.i2s_rows16_dot::<1>(&tiles, [q(0)]).to_vec(),
-                isa.i2s_rows16_dot::<3>(&tiles, [q(1), q(2), q(3)]).to_vec(),
-                isa.i2s_rows16_dot::<4>(&tiles, [q(4), q(5), q(6), q(7)]).to_vec(),
+                i2s::rows16_dot::<1>(isa, &tiles, [q(0)]).to_vec(),
+                i2s::rows16_dot::<3>(isa, &tiles, [q(1), q(2), q(3)]).to_vec(),
+                i2s::rows16_dot::<4>(isa, &tiles, [q(4), q(5), q(6), q(7)]).to_vec(),
             ]
             .concat();
-            let eight = isa.i2s_rows16_dot::<8>(&tiles, std::array::from_fn(q));
+            let eight = i2s::rows16_dot::<8>(isa, &tiles, std::array::from_fn(q));
             for t in 0..8 {
                 prop_assert_eq!(&got[t][..], &want[t][..], "{:?}, token {}", isa, t);
                 prop_assert_eq!(&eight[t][..], &want[t][..], "{:?}, token {} of 8", isa, t);
@@ -181,7 +182,7 @@ proptest! {
         let rows: Vec<Vec<u8>> = (0..4).map(|_| g.tq2_0_row(blocks)).collect();
         let act = g.q8_k(blocks * 256);
         for isa in simds() {
-            let got = isa.tq2_0_dot_rows4(&rows.concat(), &act);
+            let got = Tq2_0.dot_rows4(isa, &rows.concat(), &act).expect("a four-row kernel");
             for (k, row) in rows.iter().enumerate() {
                 prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(row, &act).to_bits(), "{:?}", isa);
             }
@@ -196,12 +197,12 @@ proptest! {
         let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
         let want = |row: &[u8], act: &[Q8KBlock]| scalar::tq1_0_dot(row, act).to_bits();
         for isa in simds() {
-            prop_assert_eq!(isa.tq1_0_dot(&rows[0], &acts[0]).to_bits(), want(&rows[0], &acts[0]), "{:?}", isa);
-            let got = isa.tq1_0_dot_rows4(&rows.concat(), &acts[0]);
+            prop_assert_eq!(Tq1_0.dot(isa, &rows[0], &acts[0]).to_bits(), want(&rows[0], &acts[0]), "{:?}", isa);
+            let got = Tq1_0.dot_rows4(isa, &rows.concat(), &acts[0]).expect("a four-row kernel");
             for (k, row) in rows.iter().enumerate() {
                 prop_assert_eq!(got[k].to_bits(), want(row, &acts[0]), "{:?}", isa);
             }
-            let got = isa.tq1_0_dot_x4(&rows[0], [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            let got = Tq1_0.dot_x4(isa, &rows[0], [&acts[0], &acts[1], &acts[2], &acts[3]]).expect("a four-token kernel");
             for (t, act) in acts.iter().enumerate() {
                 prop_assert_eq!(got[t].to_bits(), want(&rows[0], act), "{:?}", isa);
             }
@@ -215,7 +216,7 @@ proptest! {
         let row = g.tq2_0_row(blocks);
         let act = g.q8_k(blocks * 256);
         for isa in simds() {
-            prop_assert_eq!(isa.tq2_0_dot(&row, &act).to_bits(), scalar::tq2_0_dot(&row, &act).to_bits(), "{:?}", isa);
+            prop_assert_eq!(Tq2_0.dot(isa, &row, &act).to_bits(), scalar::tq2_0_dot(&row, &act).to_bits(), "{:?}", isa);
         }
     }
 
@@ -226,7 +227,7 @@ proptest! {
         let row = g.tq2_0_row(blocks);
         let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
         for isa in simds() {
-            let got = isa.tq2_0_dot_x4(&row, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+            let got = Tq2_0.dot_x4(isa, &row, [&acts[0], &acts[1], &acts[2], &acts[3]]).expect("a four-token kernel");
             for (k, a) in acts.iter().enumerate() {
                 prop_assert_eq!(got[k].to_bits(), scalar::tq2_0_dot(&row, a).to_bits(), "{:?}", isa);
             }
@@ -241,7 +242,7 @@ proptest! {
         let row = g.q6_k_row(blocks);
         let act = g.q8_k(blocks * 256);
         for isa in simds() {
-            prop_assert_eq!(isa.q6_k_dot(&row, &act).to_bits(), scalar::q6_k_dot(&row, &act).to_bits(), "{:?}", isa);
+            prop_assert_eq!(Q6K.dot(isa, &row, &act).to_bits(), scalar::q6_k_dot(&row, &act).to_bits(), "{:?}", isa);
         }
     }
 
@@ -253,9 +254,9 @@ proptest! {
         let f32_row: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let f16_row: Vec<u8> = w.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
         for isa in simds() {
-            let (a, b) = (isa.f32_dot(&f32_row, &x), scalar::f32_dot(&f32_row, &x));
+            let (a, b) = (F32.dot(isa, &f32_row, &x), scalar::f32_dot(&f32_row, &x));
             prop_assert!(rel_close(a, b, scale), "{isa:?} f32 {a} vs {b}");
-            let (a, b) = (isa.f16_dot(&f16_row, &x), scalar::f16_dot(&f16_row, &x));
+            let (a, b) = (F16.dot(isa, &f16_row, &x), scalar::f16_dot(&f16_row, &x));
             prop_assert!(rel_close(a, b, scale), "{isa:?} f16 {a} vs {b}");
         }
     }
@@ -363,7 +364,7 @@ proptest! {
         let act = quantize_q8_0(x);
         let scale: f32 = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
         for isa in simds() {
-            let (a, b) = (isa.q8_0_dot(&row, &act), scalar::q8_0_dot(&row, &act));
+            let (a, b) = (Q8_0.dot(isa, &row, &act), scalar::q8_0_dot(&row, &act));
             prop_assert!(rel_close(a, b, scale), "{isa:?} {a} vs {b}");
         }
     }
@@ -389,7 +390,7 @@ fn q6_k_dot_agrees_with_the_decoder() {
         }
     }
     for isa in Isa::supported() {
-        let got = f64::from(isa.q6_k_dot(&row, &act));
+        let got = f64::from(Q6K.dot(isa, &row, &act));
         assert!(
             (got - want).abs() <= 1e-6 * scale,
             "{isa:?}: {got} vs {want}"

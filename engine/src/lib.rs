@@ -2,8 +2,8 @@
 //!
 //! * [`gguf`]: our GGUF reader (why not `gguf-rs`: see the module docs) and [`file`], a
 //!   memory-mapped model file; [`source`]: a file read tensor by tensor (a streamed load);
-//! * [`weights`]: typed views of tensor data and the reference decoders of every ternary layout;
-//!   [`q6_k`]: ggml's Q6_K layout (LM heads);
+//! * [`weights`]: typed views of tensor data; [`formats`]: every weight layout, one file each,
+//!   with its reference decoder;
 //! * [`config`]: the model hyper-parameters and numeric flavour read from metadata;
 //! * [`backend`] and [`model`]: the BitNet b1.58 forward pass, written once over a backend trait;
 //!   [`attention`]: the KV cache's element type and the sparse attention pattern;
@@ -15,10 +15,10 @@ pub mod backend;
 pub mod chat;
 pub mod config;
 pub mod file;
+pub mod formats;
 pub mod gguf;
 pub mod memory;
 pub mod model;
-pub mod q6_k;
 pub mod sampler;
 pub mod source;
 pub mod tokenizer;

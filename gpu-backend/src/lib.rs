@@ -5,6 +5,7 @@
 //! read-back rides in the same command buffer). Errors raised while recording are kept and
 //! returned by that read.
 
+mod formats;
 mod matrix;
 mod product;
 

@@ -1,17 +1,15 @@
-//! Weight matrices on the GPU: kept packed (I2_S as stored, TQ1_0/TQ2_0 repacked into the
-//! I2_S code layout with their block scales), split into row windows that fit one binding
-//! and one dispatch dimension.
+//! Weight matrices on the GPU: kept packed as their layout's route reads them
+//! ([`crate::formats`]), split into row windows that fit one binding and one dispatch
+//! dimension; gate and up joined for the fused FFN.
 
 use std::sync::Arc;
 
-use half::f16;
 use hesper_engine::backend::BackendError;
 use hesper_engine::file::ModelFile;
-use hesper_engine::weights::{
-    tq1_0_code, tq2_0_code, Format, MatrixDesc, Q8_0_BLOCK_BYTES, TQ1_0_BLOCK_BYTES,
-    TQ2_0_BLOCK_BYTES,
-};
+use hesper_engine::weights::MatrixDesc;
 use hesper_gpu::{Gpu, GpuBuffer, GpuError};
+
+use crate::formats::GpuLayout;
 
 /// Most workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GRID: usize = 65_535;
@@ -115,73 +113,20 @@ impl GpuMatrix {
             tensor: desc.name.clone(),
             why: why.into(),
         };
-        let kind = match desc.format {
-            Format::F32 => Kind::F32,
-            Format::F16 if desc.cols.is_multiple_of(2) => Kind::F16,
-            Format::F16 => return Err(unsupported("F16 rows must have an even length")),
-            Format::I2S { beta } => Kind::I2s { beta },
-            Format::TQ1_0 | Format::TQ2_0 if desc.cols.is_multiple_of(256) => Kind::Tq,
-            Format::TQ1_0 | Format::TQ2_0 => {
-                return Err(unsupported("TQ rows must be whole 256-element blocks"))
-            }
-            Format::Q8_0 if desc.cols.is_multiple_of(32) => Kind::Q8_0,
-            Format::Q8_0 => return Err(unsupported("Q8_0 rows must be whole 32-element blocks")),
-            Format::BF16 | Format::Q6K => {
-                return Err(unsupported(
-                    "no GPU kernel for BF16 or Q6_K weights yet (F32, F16, Q8_0, I2_S, TQ1_0 and TQ2_0 have one); use --backend cpu (or --lm-head q8_0 for a re-quantized head)",
-                ))
-            }
-        };
         let data = bytes
             .get(desc.range.clone())
             .ok_or_else(|| unsupported("the tensor data lies outside the file"))?;
-        let gpu_row_bytes = kind.row_bytes(desc.cols);
-        let per_window = rows_per_window(gpu, gpu_row_bytes);
-        if per_window == 0 {
-            return Err(unsupported(
-                "one row is larger than the GPU's largest binding",
-            ));
-        }
-        let device = |e: hesper_gpu::GpuError| BackendError::Allocation {
-            what: desc.name.clone(),
-            bytes: (desc.rows * gpu_row_bytes) as u64,
-            why: e.to_string(),
-        };
-        let src_row_bytes = desc.row_bytes();
-        let mut windows = Vec::new();
-        let mut row0 = 0;
-        while row0 < desc.rows {
-            let rows = per_window.min(desc.rows - row0);
-            let src = &data[row0 * src_row_bytes..(row0 + rows) * src_row_bytes];
-            let window = match kind {
-                Kind::Tq => {
-                    let (codes, scales) = repack_tq(desc.format, src, desc.cols);
-                    Window {
-                        row0,
-                        rows,
-                        data: gpu.upload(&desc.name, &codes).map_err(device)?,
-                        scales: Some(gpu.upload(&desc.name, &scales).map_err(device)?),
-                    }
-                }
-                Kind::Q8_0 => {
-                    let (qs, scales) = repack_q8_0(src);
-                    Window {
-                        row0,
-                        rows,
-                        data: gpu.upload(&desc.name, &qs).map_err(device)?,
-                        scales: Some(gpu.upload(&desc.name, &scales).map_err(device)?),
-                    }
-                }
-                _ => Window {
-                    row0,
-                    rows,
-                    data: gpu.upload_bytes(&desc.name, src).map_err(device)?,
-                    scales: None,
-                },
-            };
-            windows.push(window);
-            row0 += rows;
-        }
+        let (kind, windows) = hesper_engine::with_layout!(desc.format, |layout| {
+            upload_windows(gpu, layout, &desc, data)
+        })
+        .map_err(|e| match e {
+            Upload::Refused(why) => unsupported(why),
+            Upload::Device(e) => BackendError::Allocation {
+                what: desc.name.clone(),
+                bytes: desc.rows as u64 * desc.row_bytes() as u64,
+                why: e.to_string(),
+            },
+        })?;
         Ok(Self {
             desc,
             kind,
@@ -273,6 +218,52 @@ impl Kind {
     }
 }
 
+/// Why an upload failed.
+enum Upload {
+    /// The layout has no GPU route for this matrix (the reason).
+    Refused(&'static str),
+    /// The device refused a buffer.
+    Device(GpuError),
+}
+
+/// `desc`'s rows (`data`, of `layout`) repacked for its route and uploaded in windows that
+/// each fit one binding and one dispatch dimension.
+fn upload_windows<L: GpuLayout>(
+    gpu: &Gpu,
+    layout: L,
+    desc: &MatrixDesc,
+    data: &[u8],
+) -> Result<(Kind, Vec<Window>), Upload> {
+    let kind = layout.route(desc.cols).map_err(Upload::Refused)?;
+    let per_window = rows_per_window(gpu, kind.row_bytes(desc.cols));
+    if per_window == 0 {
+        return Err(Upload::Refused(
+            "one row is larger than the GPU's largest binding",
+        ));
+    }
+    let src_row_bytes = L::row_bytes(desc.cols);
+    let mut windows = Vec::new();
+    let mut row0 = 0;
+    while row0 < desc.rows {
+        let rows = per_window.min(desc.rows - row0);
+        let src = &data[row0 * src_row_bytes..(row0 + rows) * src_row_bytes];
+        let (weights, scales) = L::repack(src, desc.cols);
+        windows.push(Window {
+            row0,
+            rows,
+            data: gpu
+                .upload_bytes(&desc.name, &weights)
+                .map_err(Upload::Device)?,
+            scales: scales
+                .map(|s| gpu.upload(&desc.name, &s))
+                .transpose()
+                .map_err(Upload::Device)?,
+        });
+        row0 += rows;
+    }
+    Ok((kind, windows))
+}
+
 /// Rows of `row_bytes` one window may hold: one binding, and one dispatch dimension.
 fn rows_per_window(gpu: &Gpu, row_bytes: usize) -> usize {
     (gpu.max_binding() as usize / row_bytes.max(1)).min(MAX_GRID)
@@ -301,97 +292,4 @@ fn interleave(
         hesper_shaders::interleave_rows::grid_for(words),
     )?;
     Ok(out)
-}
-
-/// Q8_0 blocks → their int8 values as little-endian words (8 per block) and their f16
-/// scales as f32.
-fn repack_q8_0(src: &[u8]) -> (Vec<u32>, Vec<f32>) {
-    let blocks = src.chunks_exact(Q8_0_BLOCK_BYTES);
-    let scales = blocks
-        .clone()
-        .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-        .collect();
-    let words = blocks
-        .flat_map(|b| {
-            b[2..]
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        })
-        .collect();
-    (words, scales)
-}
-
-/// The code (0, 1, 2) of element `e` of a ternary block.
-type CodeOf = fn(&[u8], usize) -> u8;
-
-/// TQ1_0/TQ2_0 rows → ternary codes in the I2_S layout (element `k` of a row in byte
-/// `32·(k/128) + k%32`, shift `6 − 2·((k%128)/32)`) as little-endian words, plus the f16
-/// scale of every 256-block as f32.
-fn repack_tq(format: Format, src: &[u8], cols: usize) -> (Vec<u32>, Vec<f32>) {
-    let (block_bytes, code): (usize, CodeOf) = match format {
-        Format::TQ1_0 => (TQ1_0_BLOCK_BYTES, tq1_0_code),
-        _ => (TQ2_0_BLOCK_BYTES, tq2_0_code),
-    };
-    let blocks = src.len() / block_bytes;
-    let mut bytes = vec![0u8; blocks * 64];
-    let mut scales = Vec::with_capacity(blocks);
-    let per_row = cols / 256;
-    for (b, blk) in src.chunks_exact(block_bytes).enumerate() {
-        let row_base = (b / per_row) * (cols / 4);
-        let k0 = (b % per_row) * 256;
-        for e in 0..256 {
-            let k = k0 + e;
-            let at = row_base + 32 * (k / 128) + k % 32;
-            bytes[at] |= code(blk, e) << (6 - 2 * ((k % 128) / 32));
-        }
-        scales.push(f16::from_le_bytes([blk[block_bytes - 2], blk[block_bytes - 1]]).to_f32());
-    }
-    let words = bytes
-        .chunks_exact(4)
-        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        .collect();
-    (words, scales)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use hesper_engine::weights::i2s_code;
-
-    #[test]
-    fn repacked_tq2_0_codes_read_back_as_i2s() {
-        // Two rows of 512: four TQ2_0 blocks with varied codes and scales.
-        let cols = 512;
-        let mut src = Vec::new();
-        for b in 0..4u8 {
-            let mut blk: Vec<u8> = (0..64u8)
-                .map(|i| i.wrapping_mul(37).wrapping_add(b))
-                .collect();
-            // Codes 3 do not occur in real files; keep every crumb in 0..=2.
-            for byte in &mut blk {
-                for s in 0..4 {
-                    if (*byte >> (2 * s)) & 3 == 3 {
-                        *byte &= !(1 << (2 * s));
-                    }
-                }
-            }
-            blk.extend(f16::from_f32(0.5 + f32::from(b)).to_le_bytes());
-            src.extend(blk);
-        }
-        let (words, scales) = repack_tq(Format::TQ2_0, &src, cols);
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        for r in 0..2 {
-            let row = &bytes[r * cols / 4..(r + 1) * cols / 4];
-            for k in 0..cols {
-                let b = r * 2 + k / 256;
-                let blk = &src[b * TQ2_0_BLOCK_BYTES..(b + 1) * TQ2_0_BLOCK_BYTES];
-                assert_eq!(
-                    i2s_code(row, k),
-                    tq2_0_code(blk, k % 256),
-                    "row {r} elem {k}"
-                );
-            }
-        }
-        assert_eq!(scales, vec![0.5, 1.5, 2.5, 3.5]);
-    }
 }

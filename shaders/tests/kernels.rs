@@ -14,9 +14,8 @@ use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16
 use hesper_cpu::Isa;
 use hesper_engine::backend::{AttentionShape, RopeShape};
 use hesper_engine::config::Activation;
-use hesper_engine::weights::{
-    decode_row, i2s_code, q8_0_block, tq2_0_code, Format, TQ2_0_BLOCK_BYTES,
-};
+use hesper_engine::formats::{i2s_code, q8_0_block, tq2_0_code, TQ2_0_BLOCK_BYTES};
+use hesper_engine::weights::{decode_row, Format};
 use hesper_gpu::{Gpu, GpuBuffer, KernelArgs};
 use hesper_shaders as k;
 

@@ -1,4 +1,6 @@
-//! Row dot-product kernels and the run-time choice between them.
+//! The instruction sets and the run-time choice between them; the SIMD and scalar kernels,
+//! which each weight layout dispatches to in [`crate::formats`]; attention's and RMSNorm's
+//! row operations.
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -10,19 +12,19 @@ pub mod interleaved;
 pub mod neon;
 pub mod scalar;
 
-#[cfg(target_arch = "x86_64")]
-use hesper_engine::weights::{TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
-
-use crate::quant::{Q8KBlock, Q8_0Block};
-
 /// Every x86_64 variant: each has AVX2, FMA and F16C and runs the AVX2 kernels wherever it has
 /// none of its own.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86 {
     () => {
-        Isa::Avx2 | Isa::Avx512Bw | Isa::AvxVnni | Isa::Avx512Vnni
+        $crate::kernels::Isa::Avx2
+            | $crate::kernels::Isa::Avx512Bw
+            | $crate::kernels::Isa::AvxVnni
+            | $crate::kernels::Isa::Avx512Vnni
     };
 }
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86;
 
 /// The instruction set the kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,281 +145,11 @@ impl Isa {
     }
 
     /// Whether I2_S matrices are worth interleaving sixteen rows deep for this instruction
-    /// set ([`crate::interleave`]): only where [`Isa::i2s_rows16_dot`] has a kernel of its own.
+    /// set ([`crate::interleave`]): only where [`crate::formats::i2s::rows16_dot`] has a kernel of its own.
     /// Not for AVX2: measured with the same 256-bit `vpmaddubsw` body, prefill gains 8 % but
     /// decode loses 5 % against the file layout's four-row kernel (BENCHMARKS.md).
     pub fn interleaves_i2s(self) -> bool {
         matches!(self, Self::Avx512Bw | Self::AvxVnni | Self::Avx512Vnni)
-    }
-
-    /// Σ code·q of sixteen I2_S rows interleaved into one block (`tiles`, see
-    /// [`crate::interleave`]) against `T` token rows: `out[t][l]` is row `l`'s sum for token
-    /// `t`. Every `q[t]` is as long as a row has columns, a multiple of 128.
-    #[inline]
-    pub fn i2s_rows16_dot<const T: usize>(self, tiles: &[u8], q: [&[i8]; T]) -> [[i32; 16]; T] {
-        // Independent chains per token: one token alone keeps four tiles in flight, two to
-        // four tokens two; eight tokens take two tiles at a time where the registers hold them
-        // (sixteen 512-bit accumulators: 5 % faster than one tile), one with 256-bit ones.
-        #[cfg(target_arch = "x86_64")]
-        macro_rules! variant {
-            ($kernel:ident, $many:literal) => {
-                match T {
-                    1 => interleaved::$kernel::<T, 4>(tiles, q),
-                    2..=4 => interleaved::$kernel::<T, 2>(tiles, q),
-                    _ => interleaved::$kernel::<T, $many>(tiles, q),
-                }
-            };
-        }
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: each variant is constructed only when the CPU reports its features
-            // (`detect`; `CpuBackend::with_isa` refuses it otherwise); `sweep` asserts the
-            // shapes before reading.
-            Self::Avx512Vnni => unsafe { variant!(i2s_rows16_vnni512, 2) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Self::Avx512Bw => unsafe { variant!(i2s_rows16_bw512, 2) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Self::AvxVnni => unsafe { variant!(i2s_rows16_avxvnni, 1) },
-            _ => {
-                // The reference: each row taken back out of the block.
-                let row_bytes = tiles.len() / 16;
-                let mut row = vec![0u8; row_bytes];
-                let mut out = [[0i32; 16]; T];
-                for l in 0..16 {
-                    crate::interleave::row(tiles, row_bytes, l, &mut row);
-                    for (o, q) in out.iter_mut().zip(q) {
-                        o[l] = scalar::i2s_code_dot(&row, q);
-                    }
-                }
-                out
-            }
-        }
-    }
-
-    /// Σ code·q over an I2_S row.
-    #[inline]
-    pub fn i2s_code_dot(self, row: &[u8], q: &[i8]) -> i32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: an x86 variant is only constructed after the CPU reported AVX2; lengths are
-            // checked by the matmul driver (rows of whole 128-element groups).
-            x86!() => unsafe { avx2::i2s_code_dot(row, q) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::i2s_code_dot(row, q),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::i2s_code_dot(row, q) },
-            _ => scalar::i2s_code_dot(row, q),
-        }
-    }
-
-    /// Σ code·q of four consecutive I2_S rows (`rows` holds all four) against one token row.
-    #[inline]
-    pub fn i2s_code_dot_rows4(self, rows: &[u8], q: &[i8]) -> [i32; 4] {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for `i2s_code_dot`; the matmul driver passes four whole rows.
-            x86!() => unsafe { avx2::i2s_code_dot_rows4(rows, q) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::i2s_code_dot_rows4(rows, q),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::i2s_code_dot_rows4(rows, q) },
-            _ => each_of_four_rows(rows, |row| scalar::i2s_code_dot(row, q)),
-        }
-    }
-
-    /// Σ code·q of one I2_S row against four token rows.
-    #[inline]
-    pub fn i2s_code_dot_x4(self, row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for `i2s_code_dot`, for each of the four rows; `Avx512Vnni` has
-            // AVX-512 F/VL/VNNI and `AvxVnni` AVX-VNNI besides AVX2 and F16C.
-            Self::Avx512Vnni => unsafe { avx2::i2s_code_dot_x4_vnni(row, q) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Self::AvxVnni => unsafe { avx2::i2s_code_dot_x4_avxvnni(row, q) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Self::Avx2 | Self::Avx512Bw => unsafe { avx2::i2s_code_dot_x4_avx2(row, q) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::i2s_code_dot_x4(row, q),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::i2s_code_dot_x4(row, q) },
-            _ => q.map(|q| scalar::i2s_code_dot(row, q)),
-        }
-    }
-
-    /// TQ2_0 row · Q8_K activations.
-    #[inline]
-    pub fn tq2_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and F16C; the row holds one block per activation block.
-            x86!() => unsafe { avx2::ternary_dot::<TQ2_0_BLOCK_BYTES>(row, act) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::tq2_0_dot(row, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::tq2_0_dot(row, act) },
-            _ => scalar::tq2_0_dot(row, act),
-        }
-    }
-
-    /// Four consecutive TQ2_0 rows (`rows` holds all four) · Q8_K activations.
-    #[inline]
-    pub fn tq2_0_dot_rows4(self, rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and F16C; the matmul driver passes four whole rows.
-            x86!() => unsafe { avx2::ternary_dot_rows4::<TQ2_0_BLOCK_BYTES>(rows, act) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::tq2_0_dot_rows4(rows, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::tq2_0_dot_rows4(rows, act) },
-            _ => each_of_four_rows(rows, |row| scalar::tq2_0_dot(row, act)),
-        }
-    }
-
-    /// TQ2_0 row · Q8_K activations of four tokens.
-    #[inline]
-    pub fn tq2_0_dot_x4(self, row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: see `tq2_0_dot`; `Avx512Vnni` has AVX-512 F/VL/VNNI besides AVX2 and F16C.
-            Self::Avx512Vnni => unsafe { avx2::ternary_dot_x4_vnni::<TQ2_0_BLOCK_BYTES>(row, act) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above; `AvxVnni` has AVX-VNNI besides AVX2 and F16C.
-            Self::AvxVnni => unsafe { avx2::ternary_dot_x4_avxvnni::<TQ2_0_BLOCK_BYTES>(row, act) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Self::Avx2 | Self::Avx512Bw => unsafe {
-                avx2::ternary_dot_x4_avx2::<TQ2_0_BLOCK_BYTES>(row, act)
-            },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::tq2_0_dot_x4(row, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::tq2_0_dot_x4(row, act) },
-            _ => act.map(|a| scalar::tq2_0_dot(row, a)),
-        }
-    }
-
-    /// TQ1_0 row · Q8_K activations.
-    #[inline]
-    pub fn tq1_0_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and F16C; the row holds one block per activation block.
-            x86!() => unsafe { avx2::ternary_dot::<TQ1_0_BLOCK_BYTES>(row, act) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::tq1_0_dot(row, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::tq1_0_dot(row, act) },
-            _ => scalar::tq1_0_dot(row, act),
-        }
-    }
-
-    /// TQ1_0 row · Q8_K activations of four tokens.
-    #[inline]
-    pub fn tq1_0_dot_x4(self, row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: see `tq1_0_dot`; `Avx512Vnni` has AVX-512 F/VL/VNNI besides AVX2 and F16C.
-            Self::Avx512Vnni => unsafe { avx2::ternary_dot_x4_vnni::<TQ1_0_BLOCK_BYTES>(row, act) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above; `AvxVnni` has AVX-VNNI besides AVX2 and F16C.
-            Self::AvxVnni => unsafe { avx2::ternary_dot_x4_avxvnni::<TQ1_0_BLOCK_BYTES>(row, act) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            Self::Avx2 | Self::Avx512Bw => unsafe {
-                avx2::ternary_dot_x4_avx2::<TQ1_0_BLOCK_BYTES>(row, act)
-            },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::tq1_0_dot_x4(row, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::tq1_0_dot_x4(row, act) },
-            _ => act.map(|a| scalar::tq1_0_dot(row, a)),
-        }
-    }
-
-    /// Four consecutive TQ1_0 rows (`rows` holds all four) · Q8_K activations.
-    #[inline]
-    pub fn tq1_0_dot_rows4(self, rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and F16C; the matmul driver passes four whole rows.
-            x86!() => unsafe { avx2::ternary_dot_rows4::<TQ1_0_BLOCK_BYTES>(rows, act) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::tq1_0_dot_rows4(rows, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::tq1_0_dot_rows4(rows, act) },
-            _ => each_of_four_rows(rows, |row| scalar::tq1_0_dot(row, act)),
-        }
-    }
-
-    /// Q6_K row · Q8_K activations.
-    #[inline]
-    pub fn q6_k_dot(self, row: &[u8], act: &[Q8KBlock]) -> f32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and F16C; the row holds one block per activation block.
-            x86!() => unsafe { avx2::q6_k_dot(row, act) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::q6_k_dot(row, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::q6_k_dot(row, act) },
-            _ => scalar::q6_k_dot(row, act),
-        }
-    }
-
-    /// Q8_0 row · Q8_0 activations.
-    #[inline]
-    pub fn q8_0_dot(self, row: &[u8], act: &[Q8_0Block]) -> f32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2, FMA and F16C; the row holds one block per activation block.
-            x86!() => unsafe { avx2::q8_0_dot(row, act) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon => neon::plain::q8_0_dot(row, act),
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: `NeonDot` is chosen only when the CPU reports `dotprod` (`detect`;
-            // `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the shapes.
-            Self::NeonDot => unsafe { neon::dotprod::q8_0_dot(row, act) },
-            _ => scalar::q8_0_dot(row, act),
-        }
-    }
-
-    /// F32 row · x.
-    #[inline]
-    pub fn f32_dot(self, row: &[u8], x: &[f32]) -> f32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and FMA; the row holds x.len() floats.
-            x86!() => unsafe { avx2::f32_dot(row, x) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon | Self::NeonDot => neon::f32_dot(row, x),
-            _ => scalar::f32_dot(row, x),
-        }
     }
 
     /// Attention scores: `out[j] = q · k[j·stride ..][..q.len()]`.
@@ -525,25 +257,6 @@ impl Isa {
             _ => scalar::weighted_sum(p, v, stride, out),
         }
     }
-
-    /// F16 row · x.
-    #[inline]
-    pub fn f16_dot(self, row: &[u8], x: &[f32]) -> f32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2, FMA and F16C; the row holds x.len() halves.
-            x86!() => unsafe { avx2::f16_dot(row, x) },
-            #[cfg(target_arch = "aarch64")]
-            Self::Neon | Self::NeonDot => neon::f16_dot(row, x),
-            _ => scalar::f16_dot(row, x),
-        }
-    }
-}
-
-/// `f` of each of the four equal rows `rows` holds (the scalar side of the four-row kernels).
-fn each_of_four_rows<T>(rows: &[u8], f: impl Fn(&[u8]) -> T) -> [T; 4] {
-    let row_bytes = rows.len() / 4;
-    std::array::from_fn(|k| f(&rows[k * row_bytes..(k + 1) * row_bytes]))
 }
 
 #[cfg(test)]

@@ -4,8 +4,10 @@
 //! order ggml's generic kernels use.
 
 use half::{bf16, f16};
-use hesper_engine::q6_k::{q6_k_code, q6_k_d, q6_k_scale_index, Q6_K_BLOCK_BYTES, Q6_K_SCALES};
-use hesper_engine::weights::{
+use hesper_engine::formats::q6_k::{
+    q6_k_code, q6_k_d, q6_k_scale_index, Q6_K_BLOCK_BYTES, Q6_K_SCALES,
+};
+use hesper_engine::formats::{
     i2s_code, tq1_0_code, tq2_0_code, Q8_0_BLOCK_BYTES, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
 };
 

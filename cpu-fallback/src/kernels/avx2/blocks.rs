@@ -2,8 +2,8 @@
 
 use std::arch::x86_64::*;
 
-use hesper_engine::q6_k::{Q6_K_BLOCK_BYTES, Q6_K_D, Q6_K_QH, Q6_K_SCALES};
-use hesper_engine::weights::Q8_0_BLOCK_BYTES;
+use hesper_engine::formats::q6_k::{Q6_K_BLOCK_BYTES, Q6_K_D, Q6_K_QH, Q6_K_SCALES};
+use hesper_engine::formats::Q8_0_BLOCK_BYTES;
 
 use super::{hsum_f32, hsum_i32, prefetch_ahead};
 use crate::quant::{Q8KBlock, Q8_0Block};

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use hesper_engine::weights::{I2S_GROUP, TQ1_0_BLOCK_BYTES};
+use hesper_engine::formats::{I2S_GROUP, TQ1_0_BLOCK_BYTES};
 
 use super::{hsum_i32, prefetch, prefetch_ahead, ROWS4_PREFETCH_AHEAD};
 use crate::quant::Q8KBlock;

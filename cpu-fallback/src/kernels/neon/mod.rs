@@ -25,7 +25,7 @@ pub use float::{f16_dot, f32_dot, scores, weighted_sum};
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use hesper_engine::weights::{TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
+use hesper_engine::formats::{TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
 
 use crate::quant::{Q8KBlock, Q8_0Block};
 

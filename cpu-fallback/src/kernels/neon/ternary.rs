@@ -4,7 +4,7 @@
 
 use std::arch::aarch64::*;
 
-use hesper_engine::weights::{I2S_GROUP, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
+use hesper_engine::formats::{I2S_GROUP, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
 
 use super::{f16x4_to_f32, load_f16, totals4, Dot};
 use crate::quant::Q8KBlock;
@@ -51,7 +51,7 @@ unsafe fn i2s_group<D: Dot>(mut acc: [D::Acc; 2], codes: *const u8, q: *const i8
 /// The CPU must run `D`.
 #[inline(always)]
 pub(super) unsafe fn i2s_code_dot<D: Dot>(row: &[u8], q: &[i8]) -> i32 {
-    assert!(row.len() * 4 == q.len() && q.len() % I2S_GROUP == 0);
+    assert!(row.len() * 4 == q.len() && q.len().is_multiple_of(I2S_GROUP));
     let groups = q.len() / I2S_GROUP;
     let mut acc32 = vdupq_n_s32(0);
     for g0 in (0..groups).step_by(GROUPS_PER_WIDEN) {
@@ -74,7 +74,7 @@ pub(super) unsafe fn i2s_code_dot<D: Dot>(row: &[u8], q: &[i8]) -> i32 {
 /// The CPU must run `D`.
 #[inline(always)]
 pub(super) unsafe fn i2s_code_dot_rows4<D: Dot>(rows: &[u8], q: &[i8]) -> [i32; 4] {
-    assert!(rows.len() == q.len() && q.len() % I2S_GROUP == 0);
+    assert!(rows.len() == q.len() && q.len().is_multiple_of(I2S_GROUP));
     let row_bytes = rows.len() / 4;
     let groups = q.len() / I2S_GROUP;
     let mut acc32 = [vdupq_n_s32(0); 4];
@@ -109,7 +109,7 @@ pub(super) unsafe fn i2s_code_dot_rows4<D: Dot>(rows: &[u8], q: &[i8]) -> [i32; 
 pub(super) unsafe fn i2s_code_dot_x4<D: Dot>(row: &[u8], q: [&[i8]; 4]) -> [i32; 4] {
     assert!(q
         .iter()
-        .all(|q| q.len() == row.len() * 4 && q.len() % I2S_GROUP == 0));
+        .all(|q| q.len() == row.len() * 4 && q.len().is_multiple_of(I2S_GROUP)));
     let groups = row.len() / 32;
     let mut acc32 = [vdupq_n_s32(0); 4];
     for g0 in (0..groups).step_by(GROUPS_PER_WIDEN) {

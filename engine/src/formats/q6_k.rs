@@ -10,7 +10,7 @@
 
 use half::f16;
 
-use crate::weights::{nearest_int, signed_absmax};
+use super::{nearest_int, signed_absmax, Encode, Layout};
 
 /// Elements per Q6_K block.
 pub const Q6_K_BLOCK: usize = 256;
@@ -22,6 +22,26 @@ pub const Q6_K_QH: usize = 128;
 pub const Q6_K_SCALES: usize = 192;
 /// Offset of the f16 block scale.
 pub const Q6_K_D: usize = 208;
+
+/// The Q6_K layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Q6K;
+
+impl Layout for Q6K {
+    const NAME: &'static str = "Q6_K";
+    const BLOCK: usize = Q6_K_BLOCK;
+    const BLOCK_BYTES: usize = Q6_K_BLOCK_BYTES;
+
+    fn decode_block(&self, block: &[u8], out: &mut [f32]) {
+        decode_q6_k_block(block, out);
+    }
+}
+
+impl Encode for Q6K {
+    fn encode_block(values: &[f32], out: &mut [u8]) {
+        out.copy_from_slice(&q6_k_block(values));
+    }
+}
 
 /// The f16 block scale `d` of a Q6_K block.
 pub fn q6_k_d(block: &[u8]) -> f32 {

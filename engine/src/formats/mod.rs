@@ -1,0 +1,154 @@
+//! Weight layouts, one file each: what a stored block means ([`Layout`]) and, for the layouts
+//! hesper-rs writes, how to make one ([`Encode`]). Backends extend [`Layout`] with their own
+//! traits (the CPU's kernels, the GPU's upload and kernel), so a new layout is one file here
+//! and one per backend; [`with_layout!`](crate::with_layout) is the one place a [`Format`]
+//! value becomes its layout type.
+//!
+//! [`Format`]: crate::weights::Format
+
+mod float;
+mod i2s;
+pub mod q6_k;
+mod q8_0;
+mod tq1_0;
+mod tq2_0;
+
+pub use float::{Bf16, F16, F32};
+pub use i2s::{i2s_code, I2s, I2S_GROUP};
+pub use q6_k::Q6K;
+pub use q8_0::{q8_0_block, Q8_0, Q8_0_BLOCK_BYTES};
+pub use tq1_0::{tq1_0_code, Tq1_0, TQ1_0_BLOCK_BYTES};
+pub use tq2_0::{tq2_0_code, Tq2_0, TQ2_0_BLOCK_BYTES};
+
+/// A weight layout: rows of whole blocks, each block `BLOCK_BYTES` bytes for `BLOCK` values.
+/// A value of the type carries what the layout keeps outside its blocks (I2_S: its scale).
+pub trait Layout: Copy + Send + Sync + 'static {
+    /// The name ggml gives the layout.
+    const NAME: &'static str;
+    /// Values per block (a row holds whole blocks).
+    const BLOCK: usize;
+    /// Bytes per block.
+    const BLOCK_BYTES: usize;
+
+    /// Decodes one block into its `BLOCK` values: the reference every kernel is tested
+    /// against.
+    fn decode_block(&self, block: &[u8], out: &mut [f32]);
+
+    /// Bytes of a row of `cols` values.
+    fn row_bytes(cols: usize) -> usize {
+        cols / Self::BLOCK * Self::BLOCK_BYTES
+    }
+
+    /// Decodes a stored row into `out` (whose length is the row length).
+    fn decode_row(&self, row: &[u8], out: &mut [f32]) {
+        for (values, block) in out
+            .chunks_exact_mut(Self::BLOCK)
+            .zip(row.chunks_exact(Self::BLOCK_BYTES))
+        {
+            self.decode_block(block, values);
+        }
+    }
+}
+
+/// A layout hesper-rs can write (`--lm-head`, re-quantized tables).
+pub trait Encode: Layout {
+    /// Encodes `BLOCK` values into one block of `BLOCK_BYTES` bytes.
+    fn encode_block(values: &[f32], out: &mut [u8]);
+}
+
+/// Evaluates `$body` with `$layout` bound to the [`Layout`] value of a
+/// [`Format`](crate::weights::Format): the one match from a format to its type, so code
+/// generic over [`Layout`] (or a backend's extension of it) serves every format.
+#[macro_export]
+macro_rules! with_layout {
+    ($format:expr, |$layout:ident| $body:expr) => {{
+        use $crate::formats as f;
+        use $crate::weights::Format;
+        match $format {
+            Format::F32 => {
+                let $layout = f::F32;
+                $body
+            }
+            Format::F16 => {
+                let $layout = f::F16;
+                $body
+            }
+            Format::BF16 => {
+                let $layout = f::Bf16;
+                $body
+            }
+            Format::Q8_0 => {
+                let $layout = f::Q8_0;
+                $body
+            }
+            Format::Q6K => {
+                let $layout = f::Q6K;
+                $body
+            }
+            Format::TQ1_0 => {
+                let $layout = f::Tq1_0;
+                $body
+            }
+            Format::TQ2_0 => {
+                let $layout = f::Tq2_0;
+                $body
+            }
+            Format::I2S { beta } => {
+                let $layout = f::I2s { beta };
+                $body
+            }
+        }
+    }};
+}
+
+/// The value of largest magnitude, with its sign (the first one on ties; 0 for an empty or
+/// all-zero slice): ggml's K-quant scales are `±levels / max`, so the sign decides which end
+/// of the level range the extreme value lands on.
+#[inline]
+pub fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+/// ggml's `nearest_int`: round half to even through the float mantissa (exact for
+/// |v| < 2^22, which covers every clamped quantization level).
+#[inline]
+pub fn nearest_int(v: f32) -> i32 {
+    let v = v.clamp(-4_194_303.0, 4_194_303.0);
+    ((v + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Format;
+
+    /// Every format's layout answers for the same bytes: a row's size and its first value.
+    #[test]
+    fn every_format_has_its_layout() {
+        let formats = [
+            (Format::F32, 4 * 256),
+            (Format::F16, 2 * 256),
+            (Format::BF16, 2 * 256),
+            (Format::Q8_0, 8 * 34),
+            (Format::Q6K, 210),
+            (Format::TQ1_0, 54),
+            (Format::TQ2_0, 66),
+            (Format::I2S { beta: 2.0 }, 64),
+        ];
+        for (format, bytes) in formats {
+            let size = crate::with_layout!(format, |layout| row_bytes_of(layout, 256));
+            assert_eq!(size, bytes, "{format:?}");
+        }
+    }
+
+    fn row_bytes_of<L: Layout>(_: L, cols: usize) -> usize {
+        L::row_bytes(cols)
+    }
+}

@@ -1,0 +1,48 @@
+//! ggml's TQ2_0: 256 ternary values as 2-bit codes (LSB first) and an f16 scale per block.
+
+use half::f16;
+
+use super::Layout;
+
+/// Bytes per TQ2_0 block (64 code bytes + f16 scale) for 256 weights.
+pub const TQ2_0_BLOCK_BYTES: usize = 66;
+
+/// The TQ2_0 layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Tq2_0;
+
+impl Layout for Tq2_0 {
+    const NAME: &'static str = "TQ2_0";
+    const BLOCK: usize = 256;
+    const BLOCK_BYTES: usize = TQ2_0_BLOCK_BYTES;
+
+    fn decode_block(&self, blk: &[u8], out: &mut [f32]) {
+        let d = f16::from_le_bytes([blk[64], blk[65]]).to_f32();
+        for (e, v) in out.iter_mut().enumerate() {
+            *v = f32::from(tq2_0_code(blk, e) as i8 - 1) * d;
+        }
+    }
+}
+
+/// Code (0, 1, 2 ↦ −1, 0, +1) of element `e` (0..256) of a TQ2_0 block: LSB-first crumbs,
+/// byte `(e/128)*32 + e%32`, shift `2*((e%128)/32)`.
+pub fn tq2_0_code(block: &[u8], e: usize) -> u8 {
+    let byte = block[(e / 128) * 32 + e % 32];
+    (byte >> (2 * ((e % 128) / 32))) & 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tq2_0_layout_is_lsb_first() {
+        let mut blk = [0u8; TQ2_0_BLOCK_BYTES];
+        blk[0] = 0b10_01_00_10; // e=0 -> 2, e=32 -> 0, e=64 -> 1, e=96 -> 2
+        blk[33] = 0b00_00_00_01; // e=129 -> 1
+        assert_eq!(
+            [0, 32, 64, 96, 129].map(|e| tq2_0_code(&blk, e)),
+            [2, 0, 1, 2, 1]
+        );
+    }
+}
