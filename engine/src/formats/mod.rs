@@ -61,44 +61,20 @@ pub trait Encode: Layout {
 /// generic over [`Layout`] (or a backend's extension of it) serves every format.
 #[macro_export]
 macro_rules! with_layout {
-    ($format:expr, |$layout:ident| $body:expr) => {{
-        use $crate::formats as f;
-        use $crate::weights::Format;
+    ($format:expr, |$layout:ident| $body:expr) => {
+        $crate::with_layout!(@table $format, $layout, $body;
+            F32 => F32, F16 => F16, BF16 => Bf16, Q8_0 => Q8_0, Q6K => Q6K,
+            TQ1_0 => Tq1_0, TQ2_0 => Tq2_0, I2S { beta } => I2s { beta })
+    };
+    (@table $format:expr, $layout:ident, $body:expr;
+        $($variant:ident $({ $field:ident })? => $ty:ident $({ $value:ident })?),*) => {
         match $format {
-            Format::F32 => {
-                let $layout = f::F32;
+            $($crate::weights::Format::$variant $({ $field })? => {
+                let $layout = $crate::formats::$ty $({ $value })?;
                 $body
-            }
-            Format::F16 => {
-                let $layout = f::F16;
-                $body
-            }
-            Format::BF16 => {
-                let $layout = f::Bf16;
-                $body
-            }
-            Format::Q8_0 => {
-                let $layout = f::Q8_0;
-                $body
-            }
-            Format::Q6K => {
-                let $layout = f::Q6K;
-                $body
-            }
-            Format::TQ1_0 => {
-                let $layout = f::Tq1_0;
-                $body
-            }
-            Format::TQ2_0 => {
-                let $layout = f::Tq2_0;
-                $body
-            }
-            Format::I2S { beta } => {
-                let $layout = f::I2s { beta };
-                $body
-            }
+            })*
         }
-    }};
+    };
 }
 
 /// The value of largest magnitude, with its sign (the first one on ties; 0 for an empty or
