@@ -138,9 +138,9 @@ pub trait RowKernels: Send + Sync {
     /// (as many as `out` has).
     fn rows_dot(&self, isa: Isa, rows: &[u8], act: &Activations, scale: f32, out: &mut [f32]);
 
-    /// `out[t * width + i] = scale · rows[i] · token t of act` for `t` in `tokens` and every
-    /// whole stored row `rows` holds (`width` or fewer): each row meets every token while it
-    /// is in cache.
+    /// `out[t * width + i] = scale · rows[i] · token t of act` for `t` in `tokens` and each of
+    /// the `width` whole stored rows `rows` holds: each row meets every token while it is in
+    /// cache.
     #[allow(clippy::too_many_arguments)]
     fn rows_tokens(
         &self,
