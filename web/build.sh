@@ -3,8 +3,15 @@
 # (wasm-bindgen, at exactly the version Cargo.lock pins), and the demo model beside it.
 # Serve web/www on any static server and open it, e.g.:
 #   python3 -m http.server -d web/www 8080   # then http://127.0.0.1:8080
+# With --clippy (CI) the same build also lints the browser crates for wasm32 (their wasm cfg
+# branches: async read-back, no mmap, no threads), warnings denied.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+clippy=false
+if [ "${1:-}" = --clippy ]; then
+  clippy=true
+fi
 
 if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown
@@ -17,7 +24,17 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$version" ];
   cargo install wasm-bindgen-cli --version "$version"
 fi
 
-cargo build --release --target wasm32-unknown-unknown -p hesper-web
+build=(cargo build --release --target wasm32-unknown-unknown -p hesper-web)
+if $clippy; then
+  # Clippy's driver compiles the workspace's crates as rustc does and adds its lints (a separate
+  # `cargo clippy` would check every crate a second time). `.cargo/config.toml` picks getrandom's
+  # browser backend for this target.
+  driver="$(rustc --print sysroot)/bin/clippy-driver"
+  CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__ \
+    "${build[@]}" --config "build.rustc-workspace-wrapper=\"$driver\""
+else
+  "${build[@]}"
+fi
 wasm-bindgen --target web --out-dir web/www/pkg \
   target/wasm32-unknown-unknown/release/hesper_web.wasm
 mkdir -p web/www/models

@@ -155,6 +155,7 @@ pub fn cpu_model(
 }
 
 /// Loads `file` (optionally only `layers`) on the GPU backend; finding no adapter fails.
+#[cfg(feature = "gpu")]
 pub fn gpu_model(
     file: &Arc<ModelFile>,
     layers: Option<std::ops::Range<usize>>,
