@@ -45,16 +45,12 @@ if [ "$(uname -s)" = Linux ]; then
   fi
 fi
 
-# Clippy's driver as the compiler of the workspace's own crates: it compiles as rustc does and
-# adds Clippy's lints, so the test build is also the lint run (`cargo clippy` would check every
-# crate a second time). It is set as cargo configuration, not in the environment, so the tests'
-# own cargo runs (the compile-fail suite) use plain rustc; the same setting when the tests run
-# keeps the build fresh.
+# With --clippy the test build is linted (tests/clippy.sh); the same cargo arguments when the
+# tests run keep that build fresh.
 cargo_args=()
 if $clippy; then
-  driver="$(rustc --print sysroot)/bin/clippy-driver"
-  cargo_args=(--config "build.rustc-workspace-wrapper=\"$driver\"")
-  export CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__ # `-D warnings`, as cargo clippy passes it
+  source tests/clippy.sh
+  cargo_args=("${clippy_cargo_args[@]}")
   echo "== build, linted (clippy, --all-targets)"
   cargo build "${cargo_args[@]}" --profile bench --workspace --all-targets
 fi

@@ -24,17 +24,14 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$version" ];
   cargo install wasm-bindgen-cli --version "$version"
 fi
 
-build=(cargo build --release --target wasm32-unknown-unknown -p hesper-web)
+# With --clippy the build also lints the browser crates for wasm32 (tests/clippy.sh).
+# `.cargo/config.toml` picks getrandom's browser backend for this target.
+cargo_args=()
 if $clippy; then
-  # Clippy's driver compiles the workspace's crates as rustc does and adds its lints (a separate
-  # `cargo clippy` would check every crate a second time). `.cargo/config.toml` picks getrandom's
-  # browser backend for this target.
-  driver="$(rustc --print sysroot)/bin/clippy-driver"
-  CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__ \
-    "${build[@]}" --config "build.rustc-workspace-wrapper=\"$driver\""
-else
-  "${build[@]}"
+  source tests/clippy.sh
+  cargo_args=("${clippy_cargo_args[@]}")
 fi
+cargo build "${cargo_args[@]}" --release --target wasm32-unknown-unknown -p hesper-web
 wasm-bindgen --target web --out-dir web/www/pkg \
   target/wasm32-unknown-unknown/release/hesper_web.wasm
 mkdir -p web/www/models
