@@ -36,8 +36,10 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long = "json")]
     json: bool,
-    /// CPU backend: also measure this machine's memory read bandwidth (same threads, about
-    /// 2 s) and print generation speed as a share of its roofline, bandwidth / bytes per token.
+    /// Also measure the memory bandwidth that bounds decoding and print generation speed as a
+    /// share of its roofline, bandwidth / bytes per token: on the CPU the host's read
+    /// bandwidth (same threads, about 2 s), on the GPU the device's copy bandwidth (bytes read
+    /// plus written by buffer-to-buffer copies, as CUDA's bandwidth test counts them).
     #[arg(long = "roofline")]
     roofline: bool,
     /// CPU backend: run the prompt test (and 16 generated tokens) once more with every
@@ -167,13 +169,21 @@ fn bench_on<B: Backend>(
     }
     let weight_bytes = model.bytes_per_token();
     let resident = resident_mib();
-    // Measured after the tests so that the model's pages stay warm for them; host memory
-    // bounds only the CPU backend.
-    if args.roofline && gpu.is_some() {
-        note!("hesper: --roofline measures host memory; it applies to the CPU backend only");
-    }
-    let bandwidth = (args.roofline && gpu.is_none())
-        .then(|| hesper_cpu::membw::read_bandwidth(args.model.threads(), 1 << 30, 4));
+    // Measured after the tests so that the model's pages stay warm for them.
+    let bandwidth = match (args.roofline, gpu) {
+        (false, _) => None,
+        (true, Some(gpu)) => Some(gpu.copy_bandwidth(3)? / 1e9),
+        (true, None) => Some(hesper_cpu::membw::read_bandwidth(
+            args.model.threads(),
+            1 << 30,
+            4,
+        )),
+    };
+    let roofline = bandwidth.map(|gbs| gbs * 1e9 / weight_bytes as f64);
+    let kernels = match gpu.filter(|_| args.n_gen > 0) {
+        Some(gpu) => Some(kernel_profile(model, gpu, &ids(args.n_gen.min(16)))?),
+        None => None,
+    };
     let size_mib = model.file.len() as f64 / (1 << 20) as f64;
     let n_params = model
         .file
@@ -192,7 +202,10 @@ fn bench_on<B: Backend>(
                     "model": model.file.source, "lm_head": args.model.lm_head.flag(), "size_bytes": model.file.len(), "params": n_params,
                     "backend": model.backend.name(), "threads": args.model.threads(), "test": r.test, "gpu": gpu_line, "attention": attention.describe(),
                     "avg_ts": mean, "stddev_ts": sd, "samples_ts": r.tokens_per_s,
-                    "bytes_per_token": weight_bytes, "read_gb_per_s": bandwidth, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
+                    "bytes_per_token": weight_bytes, "gb_per_s": if r.test.starts_with("tg") { mean * weight_bytes as f64 / 1e9 } else { f64::NAN },
+                    "read_gb_per_s": bandwidth.filter(|_| gpu.is_none()), "gpu_copy_gb_per_s": bandwidth.filter(|_| gpu.is_some()),
+                    "roofline_ts": roofline, "roofline_share": roofline.filter(|_| r.test.starts_with("tg")).map(|roof| mean / roof),
+                    "kernels": kernels.as_ref().filter(|_| r.test.starts_with("tg")).map(|k| k.json()),
                 })
             })
             .collect();
@@ -235,13 +248,19 @@ fn bench_on<B: Backend>(
             "resident set after the tests: {mib:.0} MiB (file {size_mib:.0} MiB)"
         )?;
     }
-    if let Some(gbs) = bandwidth {
-        let roof = gbs * 1e9 / weight_bytes as f64;
-        writeln!(
-            out,
-            "memory read bandwidth ({} threads): {gbs:.1} GB/s -> roofline {roof:.2} t/s",
-            args.model.threads()
-        )?;
+    if let (Some(gbs), Some(roof)) = (bandwidth, roofline) {
+        if gpu.is_some() {
+            writeln!(
+                out,
+                "GPU copy bandwidth (read + written): {gbs:.1} GB/s -> roofline {roof:.2} t/s"
+            )?;
+        } else {
+            writeln!(
+                out,
+                "memory read bandwidth ({} threads): {gbs:.1} GB/s -> roofline {roof:.2} t/s",
+                args.model.threads()
+            )?;
+        }
         for r in rows.iter().filter(|r| r.test.starts_with("tg")) {
             writeln!(
                 out,
@@ -254,8 +273,8 @@ fn bench_on<B: Backend>(
     if let Some(line) = gpu_line {
         writeln!(out, "{line}")?;
     }
-    if let Some(gpu) = gpu.filter(|_| args.n_gen > 0) {
-        kernel_profile(model, gpu, &ids(args.n_gen.min(16)), &mut out)?;
+    if let Some(kernels) = kernels {
+        kernels.print(&mut out)?;
     }
     Ok(())
 }
@@ -342,19 +361,75 @@ fn op_profile(args: &BenchArgs, model: &Model<CpuBackend>) -> Result<()> {
     Ok(())
 }
 
-/// Decodes `tokens` once more with timestamp queries and prints GPU time per kernel and token.
+/// GPU time per generated token by kernel, from timestamp queries.
+struct KernelProfile {
+    /// Tokens decoded while timing.
+    tokens: usize,
+    /// Per kernel, slowest first; `None` when the adapter has no `TIMESTAMP_QUERY`.
+    times: Option<Vec<hesper_gpu_backend::KernelTime>>,
+}
+
+impl KernelProfile {
+    fn per_token(&self, k: &hesper_gpu_backend::KernelTime) -> (f64, f64) {
+        let n = self.tokens as f64;
+        (k.calls as f64 / n, k.ns / n / 1e3)
+    }
+
+    /// `[{kernel, launches_per_token, us_per_token}]`, or null without timestamps.
+    fn json(&self) -> serde_json::Value {
+        match &self.times {
+            None => serde_json::Value::Null,
+            Some(times) => times
+                .iter()
+                .map(|k| {
+                    let (launches, us) = self.per_token(k);
+                    serde_json::json!({"kernel": k.name, "launches_per_token": launches, "us_per_token": us})
+                })
+                .collect(),
+        }
+    }
+
+    fn print(&self, out: &mut impl Write) -> Result<()> {
+        let Some(times) = &self.times else {
+            writeln!(
+                out,
+                "(the adapter has no TIMESTAMP_QUERY: no per-kernel GPU time)"
+            )?;
+            return Ok(());
+        };
+        let total: f64 = times.iter().map(|k| k.ns).sum();
+        writeln!(out, "\nGPU time per generated token by kernel (timestamp queries, {} tokens; one pass per dispatch while timing):", self.tokens)?;
+        writeln!(out, "| kernel | launches/token | µs/token | share |")?;
+        writeln!(out, "| --- | ---: | ---: | ---: |")?;
+        for k in times {
+            let (launches, us) = self.per_token(k);
+            writeln!(
+                out,
+                "| {} | {launches:.0} | {us:.1} | {:.1} % |",
+                k.name,
+                100.0 * k.ns / total.max(1.0)
+            )?;
+        }
+        writeln!(
+            out,
+            "| total | | {:.1} | |",
+            total / self.tokens as f64 / 1e3
+        )?;
+        Ok(())
+    }
+}
+
+/// Decodes `tokens` once more with timestamp queries and returns GPU time per kernel.
 fn kernel_profile<B: Backend>(
     model: &Model<B>,
     gpu: &GpuBackend,
     tokens: &[u32],
-    out: &mut impl Write,
-) -> Result<()> {
+) -> Result<KernelProfile> {
     if !gpu.set_profiling(true) {
-        writeln!(
-            out,
-            "(the adapter has no TIMESTAMP_QUERY: no per-kernel GPU time)"
-        )?;
-        return Ok(());
+        return Ok(KernelProfile {
+            tokens: tokens.len(),
+            times: None,
+        });
     }
     let mut s = model.new_session(tokens.len(), 1)?;
     for &t in tokens {
@@ -362,21 +437,8 @@ fn kernel_profile<B: Backend>(
     }
     let times = gpu.kernel_times();
     gpu.set_profiling(false);
-    let n = tokens.len() as f64;
-    let total: f64 = times.iter().map(|k| k.ns).sum();
-    writeln!(out, "\nGPU time per generated token by kernel (timestamp queries, {} tokens; one pass per dispatch while timing):", tokens.len())?;
-    writeln!(out, "| kernel | launches/token | µs/token | share |")?;
-    writeln!(out, "| --- | ---: | ---: | ---: |")?;
-    for k in &times {
-        writeln!(
-            out,
-            "| {} | {:.0} | {:.1} | {:.1} % |",
-            k.name,
-            k.calls as f64 / n,
-            k.ns / n / 1e3,
-            100.0 * k.ns / total.max(1.0)
-        )?;
-    }
-    writeln!(out, "| total | | {:.1} | |", total / n / 1e3)?;
-    Ok(())
+    Ok(KernelProfile {
+        tokens: tokens.len(),
+        times: Some(times),
+    })
 }

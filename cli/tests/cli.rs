@@ -204,3 +204,52 @@ fn tokenizer_pre_override_is_reported() {
         stderr(&o)
     );
 }
+
+/// `bench --backend gpu --roofline --json`: the device's copy bandwidth, the roofline derived
+/// from it, and a per-kernel profile whose launches add up to the dispatches counted during tg.
+#[test]
+fn gpu_bench_reports_its_roofline_and_kernels() {
+    let o = hesper(&[
+        "bench",
+        "--backend",
+        "gpu",
+        "--roofline",
+        "--json",
+        "-p",
+        "4",
+        "-n",
+        "3",
+        "-r",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let tg = rows
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["test"] == "tg3"))
+        .expect("a tg3 row");
+    let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let copy = num(&tg["gpu_copy_gb_per_s"]);
+    assert!(copy > 0.0 && copy.is_finite(), "copy bandwidth {copy}");
+    assert!(tg["read_gb_per_s"].is_null(), "host bandwidth on the GPU");
+    let roof = num(&tg["roofline_ts"]);
+    let expect = copy * 1e9 / num(&tg["bytes_per_token"]);
+    assert!((roof - expect).abs() <= 1e-9 * expect, "{roof} vs {expect}");
+    let share = num(&tg["roofline_share"]);
+    assert!(
+        (share - num(&tg["avg_ts"]) / roof).abs() <= 1e-12,
+        "{share}"
+    );
+    let dispatches: f64 = tg["gpu"]
+        .as_str()
+        .and_then(|l| l.strip_prefix("gpu per generated token: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("dispatches per token");
+    let kernels = tg["kernels"].as_array().expect("timestamp queries");
+    let launches: f64 = kernels.iter().map(|k| num(&k["launches_per_token"])).sum();
+    assert_eq!(launches, dispatches, "{kernels:?}");
+    assert!(kernels
+        .iter()
+        .all(|k| num(&k["us_per_token"]) > 0.0 && k["kernel"].is_string()));
+}

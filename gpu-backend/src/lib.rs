@@ -22,7 +22,7 @@ use hesper_engine::weights::MatrixDesc;
 use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError, PendingRead};
 use hesper_shaders as k;
 
-pub use hesper_gpu::hardware_gpu_possible;
+pub use hesper_gpu::{hardware_gpu_possible, KernelTime};
 pub use matrix::{GpuMatrix, HostRows, Kind};
 
 /// Most workgroups of the first argmax stage.
@@ -344,6 +344,17 @@ impl GpuBackend {
         }
     }
 
+    /// The device's copy bandwidth in bytes per second, read plus written (best of `rounds`
+    /// timed submits of buffer-to-buffer copies); native only.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn copy_bandwidth(&self, rounds: u32) -> Result<f64, BackendError> {
+        self.state
+            .borrow()
+            .gpu
+            .copy_bandwidth(rounds)
+            .map_err(device_error)
+    }
+
     /// Turns per-kernel GPU timing (timestamp queries) on or off; returns whether the adapter
     /// supports it.
     pub fn set_profiling(&self, on: bool) -> bool {
@@ -351,7 +362,7 @@ impl GpuBackend {
     }
 
     /// GPU time per kernel since the last call, slowest first.
-    pub fn kernel_times(&self) -> Vec<hesper_gpu::KernelTime> {
+    pub fn kernel_times(&self) -> Vec<KernelTime> {
         self.state.borrow_mut().gpu.kernel_times()
     }
 

@@ -7,6 +7,7 @@
 //! * [`Batch`]: many dispatches recorded into one command buffer, one queue submit;
 //!   [`PendingRead`]: its read-back, awaited (natively a wait on the device, in a browser the
 //!   event loop's map callback);
+//! * [`Gpu::copy_bandwidth`]: the device's memory bandwidth, the decode roofline (native);
 //! * [`hardware_gpu_possible`]: whether probing for a hardware adapter is worth its cost;
 //! * [`GpuBuffer`], [`KernelArgs`], [`KernelSource`]: typed buffers and the typed launch
 //!   arguments every `#[kernel]` of `hesper-shaders` generates.
@@ -14,6 +15,8 @@
 //! Its own crate (not inside `hesper-engine`) so the engine core stays free of wgpu for builds
 //! that only need the CPU.
 
+#[cfg(not(target_arch = "wasm32"))]
+mod bandwidth;
 mod batch;
 mod buffer;
 mod context;

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The GPU's speed in one command, on a machine that has a GPU and nothing of hesper-rs installed.
+#
+#   bash benches/gpu.sh [OUT]          # the 2B4T shape: pp512 / tg128, about 3 minutes on a GPU
+#   bash benches/gpu.sh --smoke [OUT]  # the built-in model, a few tokens: checks the harness
+#                                      # end to end on any adapter (lavapipe too)
+#   bash benches/gpu.sh --fetch-debs   # run once where apt works: the Vulkan loader's Debian
+#                                      # packages into benches/gpu-debs, for machines without it
+#
+# It writes into OUT (default gpu-bench): machine.txt (GPU, driver, CPU, commit), adapter.txt
+# (`hesper-rs info --backend gpu`), hesper-i2s.json and hesper-tq2_0.json (`bench --backend gpu
+# --roofline --json`: t/s, dispatches per token, the device's copy bandwidth, the share of the
+# roofline, GPU time per kernel), llama-vulkan.json when llama.cpp's llama-bench is given, and
+# summary.md, the tables BENCHMARKS.md records.
+#
+# Environment:
+#   HESPER_BIN   the hesper-rs binary; default: `cargo build --release -p hesper-cli` where cargo
+#                exists, else target/release/hesper-rs as it was brought along
+#   MODELS       where the 2B4T-shaped models are written (`golden-values/generate.py
+#                --bench-2b4t`, numpy needed) or found; default /tmp/hesper-bench-2b4t
+#   GPU_DEBS     .deb packages unpacked (into a private folder, not /) when no Vulkan loader is
+#                installed; default benches/gpu-debs
+#   LLAMA_BENCH  llama.cpp's llama-bench built with -DGGML_VULKAN=ON: run on the same weights as
+#                TQ2_0 (`-ngl 99`), beside hesper-rs; default benches/llama-vulkan/llama-bench
+#   PP TG REPS   prompt tokens, generated tokens, repetitions (512, 128, 3)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+debs_dir=${GPU_DEBS:-$root/benches/gpu-debs}
+
+if [ "${1:-}" = --fetch-debs ]; then
+  mkdir -p "$debs_dir"
+  # The loader and the GL vendor-neutral dispatch libraries NVIDIA's Vulkan driver links to.
+  (cd "$debs_dir" && apt-get download libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libgles2 libopengl0)
+  ls -l "$debs_dir"
+  exit 0
+fi
+smoke=false
+if [ "${1:-}" = --smoke ]; then smoke=true; shift; fi
+out=$(mkdir -p "${1:-gpu-bench}" && cd "${1:-gpu-bench}" && pwd)
+pp=${PP:-512}; tg=${TG:-128}; reps=${REPS:-3}
+if $smoke; then pp=${PP:-8}; tg=${TG:-4}; reps=${REPS:-1}; fi
+t_start=$SECONDS
+step() { echo "== $* ($((SECONDS - t_start)) s)"; }
+
+step "Vulkan loader"
+if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1 ' >/dev/null; then
+  ls "$debs_dir"/*.deb >/dev/null 2>&1 || {
+    echo "no Vulkan loader here and no .deb packages in $debs_dir (bash benches/gpu.sh --fetch-debs)" >&2
+    exit 1
+  }
+  sysroot=$(mktemp -d)
+  for f in "$debs_dir"/*.deb; do dpkg -x "$f" "$sysroot"; done
+  export LD_LIBRARY_PATH="$sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "unpacked $(ls "$debs_dir"/*.deb | wc -l) packages into $sysroot"
+fi
+# A driver manifest outside the loader's default folders (NVIDIA's container layout) is named.
+if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ]; then
+  for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+    ls "$d"/*.json >/dev/null 2>&1 && break
+    d=
+  done
+  if [ -z "$d" ]; then
+    icd=$(ls /usr/local/nvidia/share/vulkan/icd.d/*.json /usr/local/nvidia/etc/vulkan/icd.d/*.json 2>/dev/null | head -1 || true)
+    if [ -n "$icd" ]; then
+      export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+      echo "driver manifest: $icd"
+    fi
+  fi
+fi
+export WGPU_BACKEND=${WGPU_BACKEND:-vulkan}
+[ "$(uname -s)" = Linux ] && export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
+
+step "hesper-rs binary"
+if [ -n "${HESPER_BIN:-}" ]; then
+  bin=$HESPER_BIN
+elif command -v cargo >/dev/null; then
+  cargo build --release -q -p hesper-cli --manifest-path "$root/Cargo.toml"
+  bin=$root/target/release/hesper-rs
+else
+  bin=$root/target/release/hesper-rs
+fi
+[ -x "$bin" ] || { echo "no hesper-rs binary at $bin (set HESPER_BIN, or install cargo)" >&2; exit 1; }
+
+{
+  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%F %T UTC')"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) threads"
+} | tee "$out/machine.txt"
+"$bin" info --backend gpu >"$out/adapter.txt" 2>&1
+grep -m1 '^adapter' "$out/adapter.txt" || { cat "$out/adapter.txt"; exit 1; }
+
+if $smoke; then
+  models=("$root/models/hesper-kjv.gguf")
+  names=(i2s)
+else
+  step "2B4T-shaped models"
+  dir=${MODELS:-/tmp/hesper-bench-2b4t}
+  if [ ! -s "$dir/bench-2b4t-i2s.gguf" ] || [ ! -s "$dir/bench-2b4t-tq2_0.gguf" ]; then
+    python3 "$root/golden-values/generate.py" --bench-2b4t "$dir" | grep -v '^  layer'
+  fi
+  models=("$dir/bench-2b4t-i2s.gguf" "$dir/bench-2b4t-tq2_0.gguf")
+  names=(i2s tq2_0)
+fi
+
+for i in "${!models[@]}"; do
+  step "hesper-rs bench --backend gpu, ${names[$i]}"
+  "$bin" bench -m "${models[$i]}" --backend gpu -p "$pp" -n "$tg" -r "$reps" --roofline --json \
+    >"$out/hesper-${names[$i]}.json"
+done
+
+llama=${LLAMA_BENCH:-$root/benches/llama-vulkan/llama-bench}
+if ! $smoke && [ -x "$llama" ]; then
+  step "llama.cpp llama-bench (Vulkan), tq2_0"
+  "$llama" -m "${models[1]}" -ngl 99 -p "$pp" -n "$tg" -r "$reps" -o json >"$out/llama-vulkan.json" \
+    2>"$out/llama-vulkan.log" || echo "llama-bench failed: see llama-vulkan.log" >&2
+fi
+
+step "summary"
+python3 "$root/benches/gpu_summary.py" "$out" | tee "$out/summary.md"
+step "done"
