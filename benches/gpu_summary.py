@@ -38,7 +38,7 @@ def main() -> None:
                 first_tg = r
     for r in llama_rows(out / "llama-vulkan.json"):
         test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
-        print(f"| llama.cpp {r.get('build_commit', '')} {r.get('backends', '')} | "
+        print(f"| llama.cpp ({r.get('backends', '')}, {r.get('gpu_info', '')}) | "
               f"{Path(r['model_filename']).name} | {test} | "
               f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | | |")
     if first_tg is None:

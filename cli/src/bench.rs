@@ -129,6 +129,8 @@ fn bench_on<B: Backend>(
             test: format!("pp{}", args.n_prompt),
             tokens_per_s: Vec::new(),
         };
+        // One untimed pass first, as llama-bench does: pipelines compile, pages fault in.
+        model.eval(&mut session(args.batch_size)?, &tokens, Logits::Last)?;
         for _ in 0..args.repetitions {
             let mut s = session(args.batch_size)?;
             let t0 = Instant::now();
@@ -144,6 +146,7 @@ fn bench_on<B: Backend>(
             test: format!("tg{}", args.n_gen),
             tokens_per_s: Vec::new(),
         };
+        model.eval(&mut session(1)?, &tokens[..1], Logits::Last)?;
         for _ in 0..args.repetitions {
             let mut s = session(1)?;
             let before = gpu_stats();
@@ -151,14 +154,18 @@ fn bench_on<B: Backend>(
             for &t in &tokens {
                 model.eval(&mut s, &[t], Logits::Last)?;
             }
-            row.tokens_per_s
-                .push(tokens.len() as f64 / t0.elapsed().as_secs_f64());
+            let wall = t0.elapsed().as_secs_f64();
+            row.tokens_per_s.push(tokens.len() as f64 / wall);
             if let (Some(a), Some(b)) = (before, gpu_stats()) {
                 let n = tokens.len() as f64;
+                let ms = |ns: u64| ns as f64 / 1e6 / n;
                 gpu_line = Some(format!(
-                    "gpu per generated token: {:.1} dispatches, {:.2} queue submits; during tg: pipeline cache {} hits, {} misses, {} bind groups created",
+                    "gpu per generated token: {:.1} dispatches, {:.2} queue submits, {:.3} ms of host time ({:.3} ms waiting for the GPU, {:.3} ms encoding and submitting, the rest recording and sampling); during tg: pipeline cache {} hits, {} misses, {} bind groups created",
                     (b.dispatches - a.dispatches) as f64 / n,
                     (b.submits - a.submits) as f64 / n,
+                    wall * 1e3 / n,
+                    ms(b.wait_ns - a.wait_ns),
+                    ms(b.submit_ns - a.submit_ns),
                     b.cache.hits - a.cache.hits,
                     b.cache.misses - a.cache.misses,
                     b.bind_groups - a.bind_groups

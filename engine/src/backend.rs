@@ -134,6 +134,16 @@ pub enum GateUp<M> {
     Joined(M),
 }
 
+impl<M> GateUp<M> {
+    /// The matrix that reads the pair's input first (the gate, or the joined matrix).
+    pub fn first(&self) -> &M {
+        match self {
+            GateUp::Apart { gate, .. } => gate,
+            GateUp::Joined(m) => m,
+        }
+    }
+}
+
 /// A compute backend.
 pub trait Backend {
     /// f32 activations `[n][width]`.
@@ -234,6 +244,22 @@ pub trait Backend {
         eps: f32,
         out: &mut Self::Buffer,
     );
+    /// [`Backend::rms_norm`] whose output is multiplied next by `next` (and by the matrices
+    /// that read their input as `next` does, as K and V read Q's): a backend may quantize `out`
+    /// for `next` in the same pass and let that product use it. `out` holds the normalized rows
+    /// either way.
+    fn rms_norm_for(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Vector,
+        n: usize,
+        eps: f32,
+        out: &mut Self::Buffer,
+        next: &Self::Matrix,
+    ) {
+        let _ = next;
+        self.rms_norm(x, w, n, eps, out);
+    }
     /// `out[i] = W · x[i]` for `n` rows, with the activation quantization the weight layout
     /// implies (per-token int8 for I2_S, Q8_K blocks for TQ, f16 rounding for F16, none for F32).
     fn matmul(&self, w: &Self::Matrix, x: &Self::Buffer, n: usize, out: &mut Self::Buffer);
@@ -317,6 +343,28 @@ pub trait Backend {
         shape: &AttentionShape,
         out: &mut Self::Buffer,
     );
+    /// [`Backend::rope`] of the queries `q` (`rope_q`) and of the new keys `k` (`rope_k`),
+    /// then [`Backend::attention`]. A backend may rotate both and write the cache in one pass;
+    /// `k` is then left as it was (callers do not read it afterwards).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention(
+        &self,
+        cache: &mut Self::Cache,
+        layer: usize,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &Self::Buffer,
+        n: usize,
+        pos0: usize,
+        rope_q: &RopeShape,
+        rope_k: &RopeShape,
+        shape: &AttentionShape,
+        out: &mut Self::Buffer,
+    ) {
+        self.rope(q, n, pos0, rope_q);
+        self.rope(k, n, pos0, rope_k);
+        self.attention(cache, layer, q, k, v, n, pos0, shape, out);
+    }
     /// Drops positions `keep..keep + discard` from every layer of the cache (llama.cpp's
     /// context shift): positions `keep + discard..used` move down by `discard`, each key
     /// rotated by [`RopeShape::shift_angles`] (back by `discard` positions, as if computed

@@ -926,21 +926,31 @@ impl<B: Backend> Model<B> {
             ..
         } = &mut s.s;
         for (li, l) in self.layers.iter().enumerate() {
-            b.rms_norm(x, &l.attn_norm, n, c.eps, h);
+            b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, &l.wq);
             b.matmul_many(
                 &[&l.wq, &l.wk, &l.wv],
                 h,
                 n,
                 &mut [&mut *q, &mut *k, &mut *v],
             );
-            b.rope(q, n, pos0, &rope_q);
-            b.rope(k, n, pos0, &rope_k);
-            b.attention(&mut s.cache, li, q, k, v, n, pos0, &attn, att);
-            b.rms_norm(att, &l.attn_sub_norm, n, c.eps, h);
+            b.rope_attention(
+                &mut s.cache,
+                li,
+                q,
+                k,
+                v,
+                n,
+                pos0,
+                &rope_q,
+                &rope_k,
+                &attn,
+                att,
+            );
+            b.rms_norm_for(att, &l.attn_sub_norm, n, c.eps, h, &l.wo);
             b.matmul_add(&l.wo, h, n, c.n_embd, x, q);
-            b.rms_norm(x, &l.ffn_norm, n, c.eps, h);
+            b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.gate_up.first());
             b.gate_up(&l.gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
-            b.rms_norm(act, &l.ffn_sub_norm, n, c.eps, gate);
+            b.rms_norm_for(act, &l.ffn_sub_norm, n, c.eps, gate, &l.down);
             b.matmul_add(&l.down, gate, n, c.n_embd, x, q);
         }
     }

@@ -67,6 +67,10 @@ pub struct GpuStats {
     pub bind_groups: u64,
     /// Buffers created (weights, sessions, staging of host data, read-back space).
     pub buffers: u64,
+    /// Host nanoseconds spent encoding and submitting steps (native; zero in a browser).
+    pub submit_ns: u64,
+    /// Host nanoseconds spent waiting for the GPU to deliver read-backs (native).
+    pub wait_ns: u64,
 }
 
 /// The `(cos, sin)` table of every position up to `positions`, for one rotary shape.
@@ -100,6 +104,17 @@ struct State {
     /// Top-k candidates: `k` ids (as f32), then their `k` values.
     top: GpuBuffer<f32>,
     rope: Option<RopeTable>,
+    /// The buffer whose rows the activation scratch holds quantized, when a fused RMSNorm
+    /// left them there for the product that comes next (cleared by any other operation).
+    quantized: Option<Quantized>,
+}
+
+/// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, for a
+/// product of I2_S matrices `cols` wide over `n` rows.
+struct Quantized {
+    buffer: hesper_gpu::wgpu::Buffer,
+    cols: usize,
+    n: usize,
 }
 
 /// The WebGPU backend.
@@ -198,6 +213,7 @@ impl GpuBackend {
                 argmax,
                 top,
                 rope: None,
+                quantized: None,
             }),
             name,
         })
@@ -341,6 +357,8 @@ impl GpuBackend {
             cache: st.gpu.cache_stats(),
             bind_groups: st.gpu.bind_groups_created(),
             buffers: st.gpu.buffers_created(),
+            submit_ns: st.gpu.host_times().0,
+            wait_ns: st.gpu.host_times().1,
         }
     }
 
@@ -385,8 +403,16 @@ impl GpuBackend {
         st.packed_dot
     }
 
-    /// Records commands with `f`; the first failure is kept for the next read.
+    /// Records commands with `f`; the first failure is kept for the next read. Rows a fused
+    /// RMSNorm quantized are forgotten first: only [`GpuBackend::record_product`] reads them.
     fn record(&self, f: impl FnOnce(&mut State) -> Result<(), GpuError>) {
+        self.state.borrow_mut().quantized = None;
+        self.record_product(f);
+    }
+
+    /// [`GpuBackend::record`] for products, which may use the rows a fused RMSNorm quantized
+    /// (`product::quantize` consumes them).
+    fn record_product(&self, f: impl FnOnce(&mut State) -> Result<(), GpuError>) {
         let mut st = self.state.borrow_mut();
         if st.error.is_none() {
             if let Err(e) = f(&mut st) {
@@ -426,6 +452,44 @@ fn put<T: bytemuck::Pod>(
 }
 
 impl State {
+    /// Records RMSNorm of `n` rows of `x` into `out` (with subgroup sums where the device has
+    /// subgroups).
+    fn rms_norm(
+        &mut self,
+        x: &GpuBuffer<f32>,
+        w: &GpuBuffer<f32>,
+        n: usize,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+    ) -> Result<(), GpuError> {
+        let (width, grid) = (w.len() as u32, k::row_grid(n as u32));
+        if self.subgroups {
+            self.batch.run(
+                &mut self.gpu,
+                &k::rms_norm_sg::Args {
+                    x,
+                    w,
+                    y: out,
+                    width,
+                    eps,
+                },
+                grid,
+            )
+        } else {
+            self.batch.run(
+                &mut self.gpu,
+                &k::rms_norm::Args {
+                    x,
+                    w,
+                    y: out,
+                    width,
+                    eps,
+                },
+                grid,
+            )
+        }
+    }
+
     /// Makes the activation scratch hold at least `q` codes and `scales` scales.
     fn reserve(&mut self, q: usize, scales: usize) -> Result<(), GpuError> {
         if self.q.len() < q {
@@ -614,6 +678,7 @@ impl Backend for GpuBackend {
     fn write(&self, dst: &mut GpuBuffer<f32>, data: &[f32]) -> Result<(), BackendError> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
+        st.quantized = None;
         put(&st.gpu, &mut st.batch, dst, data).map_err(device_error)
     }
 
@@ -724,38 +789,77 @@ impl Backend for GpuBackend {
         eps: f32,
         out: &mut GpuBuffer<f32>,
     ) {
+        self.record(|st| st.rms_norm(x, w, n, eps, out));
+    }
+
+    /// RMSNorm and, where the device has subgroups and `next` is I2_S, the per-token int8
+    /// quantization of its output in the same kernel, left for `next`'s product.
+    fn rms_norm_for(
+        &self,
+        x: &GpuBuffer<f32>,
+        w: &GpuBuffer<f32>,
+        n: usize,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+        next: &GpuMatrix,
+    ) {
         self.record(|st| {
-            let (width, grid) = (w.len() as u32, k::row_grid(n as u32));
-            if st.subgroups {
-                st.batch.run(
-                    &mut st.gpu,
-                    &k::rms_norm_sg::Args {
-                        x,
-                        w,
-                        y: out,
-                        width,
-                        eps,
-                    },
-                    grid,
-                )
-            } else {
-                st.batch.run(
-                    &mut st.gpu,
-                    &k::rms_norm::Args {
-                        x,
-                        w,
-                        y: out,
-                        width,
-                        eps,
-                    },
-                    grid,
-                )
+            let cols = w.len();
+            if !(st.subgroups && matches!(next.kind, Kind::I2s { .. }) && next.desc.cols == cols) {
+                return st.rms_norm(x, w, n, eps, out);
             }
+            st.reserve(n * cols, n)?;
+            let State {
+                gpu,
+                batch,
+                q,
+                packed,
+                packed_dot,
+                act_scale,
+                ..
+            } = st;
+            let (width, grid) = (cols as u32, k::row_grid(n as u32));
+            if *packed_dot {
+                batch.run(
+                    gpu,
+                    &k::rms_norm_quantize_i8_packed_sg::Args {
+                        x,
+                        w,
+                        y: out,
+                        q: &mut packed.0,
+                        scale: act_scale,
+                        sum: &mut packed.1,
+                        width,
+                        eps,
+                    },
+                    grid,
+                )?;
+            } else {
+                batch.run(
+                    gpu,
+                    &k::rms_norm_quantize_i8_sg::Args {
+                        x,
+                        w,
+                        y: out,
+                        q,
+                        scale: act_scale,
+                        width,
+                        eps,
+                    },
+                    grid,
+                )?;
+            }
+            st.quantized = Some(Quantized {
+                buffer: out.raw().clone(),
+                cols,
+                n,
+            });
+            Ok(())
         });
     }
 
     fn matmul(&self, w: &GpuMatrix, x: &GpuBuffer<f32>, n: usize, out: &mut GpuBuffer<f32>) {
-        self.record(|st| {
+        self.record_product(|st| {
             product::quantize(st, w, x, n)?;
             product::multiply(st, w, x, n, out, k::STORE)
         });
@@ -769,7 +873,7 @@ impl Backend for GpuBackend {
         n: usize,
         outs: &mut [&mut GpuBuffer<f32>],
     ) {
-        self.record(|st| {
+        self.record_product(|st| {
             for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
                 if i == 0 || !product::same_input(ws[i - 1], w) {
                     product::quantize(st, w, x, n)?;
@@ -790,7 +894,7 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer<f32>,
         _scratch: &mut GpuBuffer<f32>,
     ) {
-        self.record(|st| {
+        self.record_product(|st| {
             product::quantize(st, w, x, n)?;
             product::multiply(st, w, x, n, out, k::ADD)
         });
@@ -822,7 +926,7 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer<f32>,
     ) {
         match w {
-            GateUp::Joined(m) => self.record(|st| {
+            GateUp::Joined(m) => self.record_product(|st| {
                 product::quantize(st, m, x, n)?;
                 product::multiply(st, m, x, n, out, product::glu_mode(act))
             }),
@@ -895,78 +999,71 @@ impl Backend for GpuBackend {
                 },
                 k::kv_write::grid_for(len as u32),
             )?;
-            let scale = 1.0 / (shape.head_dim as f32).sqrt();
-            let (n_head, n_head_kv) = (shape.n_head as u32, shape.n_head_kv as u32);
-            let head_dim = shape.head_dim as u32;
-            let Some(sp) = &mut cache.sparse else {
-                // Dense: the landmark and globals bindings are not read; the K cache stands in.
-                return st.batch.run(
-                    &mut st.gpu,
-                    &k::attention::Args {
-                        q,
-                        k_cache: &cache.k[layer],
-                        v_cache: &cache.v[layer],
-                        lk: q,
-                        lv: q,
-                        globals: &cache.k[layer],
-                        out,
-                        n_head,
-                        n_head_kv,
-                        head_dim,
-                        pos0: pos0 as u32,
-                        scale,
-                        f16,
-                        window: 0,
-                        n_global: 0,
-                        log_stride: 0,
-                        landmarks: 0,
-                        block: 1,
-                    },
-                    k::attention_grid(n_head, n as u32),
-                );
-            };
-            let p = &sp.pattern;
-            if sp.n_block > 0 {
-                st.batch.run(
-                    &mut st.gpu,
-                    &k::landmark_update::Args {
-                        k: k_new,
-                        v: v_new,
-                        lk: &mut sp.lk[layer],
-                        lv: &mut sp.lv[layer],
-                        kv_dim: kv as u32,
-                        pos0: pos0 as u32,
-                        n: n as u32,
-                        block: p.block as u32,
-                        n_block: sp.n_block as u32,
-                    },
-                    k::landmark_grid(kv as u32, pos0 as u32, n as u32, p.block as u32),
-                )?;
+            attend(st, cache, layer, q, k_new, v_new, n, pos0, shape, out)
+        });
+    }
+
+    /// Where the cache is dense: the rotations of Q and K and the cache write in one kernel
+    /// (`rope_neox_kv_write`), then attention.
+    fn rope_attention(
+        &self,
+        cache: &mut GpuKvCache,
+        layer: usize,
+        q: &mut GpuBuffer<f32>,
+        k_new: &mut GpuBuffer<f32>,
+        v_new: &GpuBuffer<f32>,
+        n: usize,
+        pos0: usize,
+        rope_q: &RopeShape,
+        rope_k: &RopeShape,
+        shape: &AttentionShape,
+        out: &mut GpuBuffer<f32>,
+    ) {
+        let fused = cache.sparse.is_none()
+            && rope_q.rope_dim == rope_k.rope_dim
+            && rope_q.base == rope_k.base
+            && rope_q.head_dim == shape.head_dim
+            && rope_k.head_dim == shape.head_dim
+            && rope_q.rope_dim.is_multiple_of(2);
+        if !fused {
+            self.rope(q, n, pos0, rope_q);
+            self.rope(k_new, n, pos0, rope_k);
+            return self.attention(cache, layer, q, k_new, v_new, n, pos0, shape, out);
+        }
+        self.record(|st| {
+            if shape.head_dim > MAX_HEAD_DIM {
+                return Err(self.unsupported(
+                    "attention",
+                    format!("heads of {} (at most {MAX_HEAD_DIM})", shape.head_dim),
+                ));
             }
+            st.rope_table(rope_q, pos0 + n)?;
+            let Some(table) = &st.rope else {
+                unreachable!("rope_table just made it");
+            };
+            let kv = cache.kv_dim;
+            let threads = n * shape.n_head * rope_q.rope_dim / 2 + n * kv / 2;
             st.batch.run(
                 &mut st.gpu,
-                &k::attention::Args {
-                    q,
-                    k_cache: &cache.k[layer],
-                    v_cache: &cache.v[layer],
-                    lk: &sp.lk[layer],
-                    lv: &sp.lv[layer],
-                    globals: &sp.globals,
-                    out,
-                    n_head,
-                    n_head_kv,
-                    head_dim,
+                &k::rope_neox_kv_write::Args {
+                    q: &mut *q,
+                    k: k_new,
+                    v: v_new,
+                    cs: &table.cs,
+                    k_cache: &mut cache.k[layer],
+                    v_cache: &mut cache.v[layer],
+                    n_tokens: n as u32,
+                    n_head: shape.n_head as u32,
+                    n_head_kv: shape.n_head_kv as u32,
+                    head_dim: shape.head_dim as u32,
+                    rope_dim: rope_q.rope_dim as u32,
                     pos0: pos0 as u32,
-                    scale,
-                    f16,
-                    window: p.window.max(1) as u32,
-                    n_global: p.globals.len() as u32,
-                    log_stride: u32::from(p.log_stride),
-                    landmarks: u32::from(sp.n_block > 0),
-                    block: p.block as u32,
+                    at: (pos0 * kv) as u32,
+                    f16: u32::from(cache.kv_type == KvType::F16),
                 },
-                k::attention_grid(n_head, n as u32),
-            )
+                k::rope_neox_kv_write::grid_for(threads as u32),
+            )?;
+            attend(st, cache, layer, q, k_new, v_new, n, pos0, shape, out)
         });
     }
 
@@ -1069,4 +1166,95 @@ impl Backend for GpuBackend {
     ) {
         self.record(|st| st.batch.copy(src, row0 * width, dst, 0, n_rows * width));
     }
+}
+
+/// Records attention of `n` query rows over layer `layer` of the cache, whose new positions
+/// are written already (the landmarks of a sparse cache are updated from `k_new`, `v_new`).
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    st: &mut State,
+    cache: &mut GpuKvCache,
+    layer: usize,
+    q: &GpuBuffer<f32>,
+    k_new: &GpuBuffer<f32>,
+    v_new: &GpuBuffer<f32>,
+    n: usize,
+    pos0: usize,
+    shape: &AttentionShape,
+    out: &mut GpuBuffer<f32>,
+) -> Result<(), GpuError> {
+    let kv = cache.kv_dim;
+    let f16 = u32::from(cache.kv_type == KvType::F16);
+    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    let (n_head, n_head_kv) = (shape.n_head as u32, shape.n_head_kv as u32);
+    let head_dim = shape.head_dim as u32;
+    let Some(sp) = &mut cache.sparse else {
+        // Dense: the landmark and globals bindings are not read; the K cache stands in.
+        return st.batch.run(
+            &mut st.gpu,
+            &k::attention::Args {
+                q,
+                k_cache: &cache.k[layer],
+                v_cache: &cache.v[layer],
+                lk: q,
+                lv: q,
+                globals: &cache.k[layer],
+                out,
+                n_head,
+                n_head_kv,
+                head_dim,
+                pos0: pos0 as u32,
+                scale,
+                f16,
+                window: 0,
+                n_global: 0,
+                log_stride: 0,
+                landmarks: 0,
+                block: 1,
+            },
+            k::attention_grid(n_head, n as u32),
+        );
+    };
+    let p = &sp.pattern;
+    if sp.n_block > 0 {
+        st.batch.run(
+            &mut st.gpu,
+            &k::landmark_update::Args {
+                k: k_new,
+                v: v_new,
+                lk: &mut sp.lk[layer],
+                lv: &mut sp.lv[layer],
+                kv_dim: kv as u32,
+                pos0: pos0 as u32,
+                n: n as u32,
+                block: p.block as u32,
+                n_block: sp.n_block as u32,
+            },
+            k::landmark_grid(kv as u32, pos0 as u32, n as u32, p.block as u32),
+        )?;
+    }
+    st.batch.run(
+        &mut st.gpu,
+        &k::attention::Args {
+            q,
+            k_cache: &cache.k[layer],
+            v_cache: &cache.v[layer],
+            lk: &sp.lk[layer],
+            lv: &sp.lv[layer],
+            globals: &sp.globals,
+            out,
+            n_head,
+            n_head_kv,
+            head_dim,
+            pos0: pos0 as u32,
+            scale,
+            f16,
+            window: p.window.max(1) as u32,
+            n_global: p.globals.len() as u32,
+            log_stride: u32::from(p.log_stride),
+            landmarks: u32::from(sp.n_block > 0),
+            block: p.block as u32,
+        },
+        k::attention_grid(n_head, n as u32),
+    )
 }

@@ -44,9 +44,14 @@ impl Gpu {
             self.check()?;
             Ok(seconds)
         };
-        // The first copy also pays for the buffers' first touch; it sizes the timed submits.
-        let first = timed(1)?;
-        let copies = ((TARGET_SECONDS / first.max(1e-6)) as u32).clamp(2, MAX_COPIES);
+        // The first submit also pays for the buffers' first touch. Then the copies per submit
+        // double until a submit lasts TARGET_SECONDS, so that its fixed cost (the submit and
+        // the wait, which on a fast GPU outlast a few copies) is a small part of it.
+        timed(1)?;
+        let mut copies = 2;
+        while copies < MAX_COPIES && timed(copies)? < TARGET_SECONDS {
+            copies *= 2;
+        }
         let mut best = f64::INFINITY;
         for _ in 0..rounds.max(1) {
             best = best.min(timed(copies)?);

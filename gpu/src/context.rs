@@ -76,6 +76,37 @@ pub struct Gpu {
     buffers_created: std::cell::Cell<u64>,
     submits: u64,
     errors: Arc<Mutex<Option<String>>>,
+    /// Host time spent encoding and submitting batches, and waiting for read-backs (native).
+    host: HostTimes,
+}
+
+/// Host nanoseconds a benchmark splits a step into: encoding and submitting its commands,
+/// and waiting for the GPU to deliver its read-back (shared with each [`PendingRead`]).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct HostTimes {
+    pub(crate) submit_ns: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) wait_ns: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl HostTimes {
+    /// Runs `f`, adding its duration to `counter` (natively; a browser has no clock here).
+    pub(crate) fn time<R>(counter: &std::sync::atomic::AtomicU64, f: impl FnOnce() -> R) -> R {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let t0 = std::time::Instant::now();
+            let r = f();
+            counter.fetch_add(
+                t0.elapsed().as_nanos() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            r
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = counter;
+            f()
+        }
+    }
 }
 
 impl Gpu {
@@ -141,6 +172,7 @@ impl Gpu {
             buffers_created: Default::default(),
             submits: 0,
             errors,
+            host: HostTimes::default(),
         })
     }
 
@@ -196,6 +228,13 @@ impl Gpu {
         self.submits
     }
 
+    /// Host nanoseconds so far spent encoding and submitting batches, and waiting for their
+    /// read-backs (natively; zero in a browser).
+    pub fn host_times(&self) -> (u64, u64) {
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        (get(&self.host.submit_ns), get(&self.host.wait_ns))
+    }
+
     /// A new, empty batch.
     pub fn batch(&self) -> Batch {
         Batch::new(self.limits.min_uniform_buffer_offset_alignment)
@@ -204,16 +243,19 @@ impl Gpu {
     /// Submits a batch: one queue submit for all its commands.
     pub fn submit(&mut self, batch: Batch) -> Result<(), GpuError> {
         self.submits += 1;
-        let (commands, timed) = encode(
-            &self.device,
-            &self.queue,
-            &mut self.bind_groups,
-            &mut self.params,
-            self.profiler.as_ref(),
-            batch,
-            self.submits,
-        );
-        self.queue.submit([commands]);
+        let timed = HostTimes::time(&self.host.submit_ns, || {
+            let (commands, timed) = encode(
+                &self.device,
+                &self.queue,
+                &mut self.bind_groups,
+                &mut self.params,
+                self.profiler.as_ref(),
+                batch,
+                self.submits,
+            );
+            self.queue.submit([commands]);
+            timed
+        });
         if let Some(p) = self.profiler.as_mut() {
             p.collect(&self.device, &timed)
                 .map_err(GpuError::Readback)?;
@@ -411,6 +453,7 @@ impl Gpu {
             size,
             len,
             self.errors.clone(),
+            self.host.wait_ns.clone(),
         ))
     }
 }

@@ -6,10 +6,11 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use crate::context::GpuError;
+use crate::context::{GpuError, HostTimes};
 
 /// The outcome of `map_async`, and who waits for it.
 #[derive(Default)]
@@ -29,6 +30,8 @@ pub struct PendingRead<T> {
     len: usize,
     state: Arc<Mutex<MapState>>,
     errors: Arc<Mutex<Option<String>>>,
+    /// Host nanoseconds spent waiting for read-backs ([`crate::Gpu::host_times`]).
+    wait_ns: Arc<AtomicU64>,
     _elements: PhantomData<T>,
 }
 
@@ -40,6 +43,7 @@ impl<T: bytemuck::Pod> PendingRead<T> {
         size: u64,
         len: usize,
         errors: Arc<Mutex<Option<String>>>,
+        wait_ns: Arc<AtomicU64>,
     ) -> Self {
         let state = Arc::new(Mutex::new(MapState::default()));
         let slot = state.clone();
@@ -62,6 +66,7 @@ impl<T: bytemuck::Pod> PendingRead<T> {
             len,
             state,
             errors,
+            wait_ns,
             _elements: PhantomData,
         }
     }
@@ -71,9 +76,10 @@ impl<T: bytemuck::Pod> PendingRead<T> {
         // Natively the map callback runs inside a device poll: wait for the submission here.
         // In a browser the event loop runs it; `poll` would be a no-op there.
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        HostTimes::time(&self.wait_ns, || {
+            self.device.poll(wgpu::PollType::wait_indefinitely())
+        })
+        .map_err(|e| GpuError::Readback(e.to_string()))?;
         let mapped = Mapped(&self.state).await;
         // A device error explains a failed mapping better than the mapping's own message.
         if let Some(e) = self.errors.lock().unwrap_or_else(|p| p.into_inner()).take() {

@@ -171,3 +171,85 @@ pub fn kv_shift(
         }
     }
 }
+
+/// NeoX RoPE of the queries in place and of the new keys into the cache, with the values, in
+/// one dispatch: [`rope_neox`](crate::rope_neox) of `q` (`n_head` heads) and of `k`
+/// (`n_head_kv` heads), then [`kv_write`] of the rotated keys and of `v` at value offset `at`,
+/// with the same operations in the same order (the same bits), except that `k` itself is left
+/// as it was. Threads `0..n_tokens·n_head·rope_dim/2` rotate a query pair each; each of the next
+/// `n_tokens·kv_dim/2` writes two adjacent key and value elements (one f16 word or two f32
+/// words each), a rotated key element computed from its own pair. `rope_dim` is even.
+#[kernel(workgroup = 256, uses(f16_bits))]
+pub fn rope_neox_kv_write(
+    q: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    cs: &[f32],
+    k_cache: &mut [u32],
+    v_cache: &mut [u32],
+    #[uniform] n_tokens: u32,
+    #[uniform] n_head: u32,
+    #[uniform] n_head_kv: u32,
+    #[uniform] head_dim: u32,
+    #[uniform] rope_dim: u32,
+    #[uniform] pos0: u32,
+    #[uniform] at: u32,
+    #[uniform] f16: u32,
+) {
+    let half = rope_dim / 2u32;
+    let kv_dim = n_head_kv * head_dim;
+    let q_pairs = n_tokens * n_head * half;
+    let idx = gid();
+    if idx < q_pairs {
+        let i = idx % half;
+        let head = (idx / half) % n_head;
+        let t = idx / (half * n_head);
+        let base = (t * n_head + head) * head_dim;
+        let angle = 2u32 * ((pos0 + t) * half + i);
+        let c = cs[angle];
+        let s = cs[angle + 1u32];
+        let a = q[base + i];
+        let b = q[base + i + half];
+        q[base + i] = a * c - b * s;
+        q[base + i + half] = a * s + b * c;
+    } else if idx < q_pairs + n_tokens * kv_dim / 2u32 {
+        let j = idx - q_pairs;
+        let mut k0: f32 = 0.0;
+        let mut k1: f32 = 0.0;
+        for u in 0..2u32 {
+            let e = 2u32 * j + u;
+            let d = (e % kv_dim) % head_dim;
+            let mut value = k[e];
+            if d < rope_dim {
+                // The pair (lo, lo + half) this element belongs to, rotated as rope_neox does.
+                let i = d % half;
+                let lo = e - (d - i);
+                let angle = 2u32 * ((pos0 + e / kv_dim) * half + i);
+                let c = cs[angle];
+                let s = cs[angle + 1u32];
+                let a = k[lo];
+                let b = k[lo + half];
+                if d < half {
+                    value = a * c - b * s;
+                } else {
+                    value = a * s + b * c;
+                }
+            }
+            if u == 0u32 {
+                k0 = value;
+            } else {
+                k1 = value;
+            }
+        }
+        let e0 = 2u32 * j;
+        if f16 == 0u32 {
+            k_cache[at + e0] = f32_to_bits(k0);
+            k_cache[at + e0 + 1u32] = f32_to_bits(k1);
+            v_cache[at + e0] = f32_to_bits(v[e0]);
+            v_cache[at + e0 + 1u32] = f32_to_bits(v[e0 + 1u32]);
+        } else {
+            k_cache[at / 2u32 + j] = f16_bits(k0) | (f16_bits(k1) << 16u32);
+            v_cache[at / 2u32 + j] = f16_bits(v[e0]) | (f16_bits(v[e0 + 1u32]) << 16u32);
+        }
+    }
+}

@@ -1,12 +1,14 @@
 //! The GPU's fused output stages against the unfused ops, in every weight layout the GPU runs:
 //! gate and up joined into one pass with `act(g)·u` as it writes, and the residual add fused
-//! into the down/output projection. Both do the same arithmetic in the same order as the
+//! into the down/output projection; RMSNorm fused with the activation quantization of the I2_S
+//! product that follows it; and the rotations of Q and K fused with the KV-cache write. Both do the same arithmetic in the same order as the
 //! product followed by `glu`/`add`, so they must agree bit for bit; the unfused GPU path is
 //! held to the CPU by the golden tests, and the fused pair is held to the CPU here too.
 
 use half::f16;
 use hesper_cpu::CpuBackend;
-use hesper_engine::backend::{Backend, GateUp, MatrixUse};
+use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
+use hesper_engine::backend::{AttentionShape, Backend, GateUp, MatrixUse, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{Format, MatrixDesc};
 use hesper_gpu_backend::GpuBackend;
@@ -198,6 +200,163 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// RMSNorm then a product of `format` over `n` rows: through [`Backend::rms_norm_for`] (fused
+/// where the backend fuses) or [`Backend::rms_norm`]; with `touch`, the normalized rows are
+/// changed (`h += x`) between the two, so quantized rows the norm left must not be used.
+/// Returns the normalized rows, the product and the dispatches recorded.
+fn norm_then_product(
+    b: &GpuBackend,
+    format: Format,
+    fused: bool,
+    touch: bool,
+    n: usize,
+) -> (Vec<f32>, Vec<f32>, u64) {
+    let m = load(b, "wq", format, FF, D, 5);
+    let mut rng = Rng::new(6);
+    let input: Vec<f32> = (0..n * D).map(|_| 3.0 * rng.unit()).collect();
+    let gains: Vec<f32> = (0..D).map(|_| 1.0 + rng.unit()).collect();
+    let w = b.load_vector(gains).expect("vector");
+    let mut x = b.alloc(n * D).expect("alloc");
+    b.write(&mut x, &input).expect("write");
+    let (mut h, mut out) = (b.alloc(n * D).unwrap(), b.alloc(n * FF).unwrap());
+    let d0 = b.stats().dispatches;
+    if fused {
+        b.rms_norm_for(&x, &w, n, 1e-5, &mut h, &m);
+    } else {
+        b.rms_norm(&x, &w, n, 1e-5, &mut h);
+    }
+    if touch {
+        b.add(&mut h, &x, n * D);
+    }
+    b.matmul(&m, &h, n, &mut out);
+    let _ = read(b, &out, n * FF);
+    let dispatches = b.stats().dispatches - d0;
+    (read(b, &h, n * D), read(b, &out, n * FF), dispatches)
+}
+
+#[test]
+fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    assert!(
+        gpu.uses_subgroups(),
+        "the fused kernel needs subgroups (lavapipe has them)"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for packed in [false, true] {
+        let packed = gpu.set_packed_dot(packed);
+        for format in FORMATS {
+            for n in [1, 5] {
+                for touch in [false, true] {
+                    let what = format!("{format:?} n={n} packed_dot={packed} touch={touch}");
+                    let (h_fused, y_fused, d_fused) =
+                        norm_then_product(&gpu, format, true, touch, n);
+                    let (h_apart, y_apart, d_apart) =
+                        norm_then_product(&gpu, format, false, touch, n);
+                    assert_eq!(bits(&h_fused), bits(&h_apart), "{what}: normalized rows");
+                    assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
+                    // Norm, quantize, product (float layouts: no quantizer); fused, the I2_S
+                    // quantizer is the norm's own pass unless the rows changed in between.
+                    let i2s = matches!(format, Format::I2S { .. });
+                    let quantizer = u64::from(!matches!(format, Format::F32 | Format::F16));
+                    let add = u64::from(touch);
+                    assert_eq!(d_apart, 2 + quantizer + add, "{what}: unfused dispatches");
+                    let saved = u64::from(i2s && !touch);
+                    assert_eq!(d_fused, d_apart - saved, "{what}: fused dispatches");
+                }
+            }
+        }
+    }
+}
+
+/// Attention of `n` new rows at position `pos0` (after `pos0` earlier rows written the same
+/// way) with GQA 4/2 heads of 16, a partial rotation (12 of 16 dims), through
+/// [`Backend::rope_attention`] (`fused`) or rope, rope, attention. Returns the rotated queries,
+/// the attention output and the dispatches of the last call.
+fn rope_then_attention(
+    b: &GpuBackend,
+    config: &AttentionConfig,
+    fused: bool,
+    n: usize,
+    pos0: usize,
+) -> (Vec<f32>, Vec<f32>, u64) {
+    let shape = AttentionShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+    };
+    let rope_q = RopeShape {
+        n_head: 4,
+        head_dim: 16,
+        rope_dim: 12,
+        base: 10000.0,
+    };
+    let rope_k = RopeShape {
+        n_head: 2,
+        ..rope_q
+    };
+    let (q_dim, kv_dim) = (64, 32);
+    let mut cache = b.new_cache(1, 64, kv_dim, config).expect("cache");
+    let mut rng = Rng::new(7);
+    let mut out = b.alloc(n.max(pos0) * q_dim).expect("alloc");
+    let mut step = |start: usize, rows: usize| {
+        let mut data = |len: usize| {
+            let host: Vec<f32> = (0..len).map(|_| rng.unit()).collect();
+            let mut buf = b.alloc(len).expect("alloc");
+            b.write(&mut buf, &host).expect("write");
+            buf
+        };
+        let (mut q, mut k, v) = (data(rows * q_dim), data(rows * kv_dim), data(rows * kv_dim));
+        let d0 = b.stats().dispatches;
+        if fused {
+            b.rope_attention(
+                &mut cache, 0, &mut q, &mut k, &v, rows, start, &rope_q, &rope_k, &shape, &mut out,
+            );
+        } else {
+            b.rope(&mut q, rows, start, &rope_q);
+            b.rope(&mut k, rows, start, &rope_k);
+            b.attention(&mut cache, 0, &q, &k, &v, rows, start, &shape, &mut out);
+        }
+        let attended = read(b, &out, rows * q_dim);
+        (
+            read(b, &q, rows * q_dim),
+            attended,
+            b.stats().dispatches - d0,
+        )
+    };
+    if pos0 > 0 {
+        step(0, pos0);
+    }
+    step(pos0, n)
+}
+
+#[test]
+fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for kv_type in [KvType::F32, KvType::F16] {
+        for sparse in [None, Some(SparsePattern::default())] {
+            let dense = sparse.is_none();
+            let config = AttentionConfig { kv_type, sparse };
+            for (n, pos0) in [(1, 0), (1, 9), (5, 3)] {
+                let what = format!("{kv_type:?} dense={dense} n={n} pos0={pos0}");
+                let (q_fused, out_fused, d_fused) =
+                    rope_then_attention(&gpu, &config, true, n, pos0);
+                let (q_apart, out_apart, d_apart) =
+                    rope_then_attention(&gpu, &config, false, n, pos0);
+                assert_eq!(bits(&q_fused), bits(&q_apart), "{what}: rotated queries");
+                assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
+                // Rope, rope, cache write, (landmarks,) attention; fused on a dense cache: one
+                // kernel for the first three.
+                assert_eq!(
+                    d_fused + if dense { 2 } else { 0 },
+                    d_apart,
+                    "{what}: dispatches"
+                );
             }
         }
     }
