@@ -110,9 +110,10 @@ struct State {
 }
 
 /// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, for a
-/// product of I2_S matrices `cols` wide over `n` rows.
+/// product of matrices of layout `kind`, `cols` wide, over `n` rows.
 struct Quantized {
     buffer: hesper_gpu::wgpu::Buffer,
+    kind: std::mem::Discriminant<Kind>,
     cols: usize,
     n: usize,
 }
@@ -792,8 +793,9 @@ impl Backend for GpuBackend {
         self.record(|st| st.rms_norm(x, w, n, eps, out));
     }
 
-    /// RMSNorm and, where the device has subgroups and `next` is I2_S, the per-token int8
-    /// quantization of its output in the same kernel, left for `next`'s product.
+    /// RMSNorm and, where the device has subgroups and `next` is I2_S or TQ, the activation
+    /// quantization of its output (per-token int8, Q8_K blocks) in the same kernel, left for
+    /// `next`'s product.
     fn rms_norm_for(
         &self,
         x: &GpuBuffer<f32>,
@@ -805,10 +807,14 @@ impl Backend for GpuBackend {
     ) {
         self.record(|st| {
             let cols = w.len();
-            if !(st.subgroups && matches!(next.kind, Kind::I2s { .. }) && next.desc.cols == cols) {
+            let tq = matches!(next.kind, Kind::Tq);
+            if !(st.subgroups
+                && (tq || matches!(next.kind, Kind::I2s { .. }))
+                && next.desc.cols == cols)
+            {
                 return st.rms_norm(x, w, n, eps, out);
             }
-            st.reserve(n * cols, n)?;
+            st.reserve(n * cols, if tq { n * cols / 256 } else { n })?;
             let State {
                 gpu,
                 batch,
@@ -819,7 +825,21 @@ impl Backend for GpuBackend {
                 ..
             } = st;
             let (width, grid) = (cols as u32, k::row_grid(n as u32));
-            if *packed_dot {
+            if tq {
+                batch.run(
+                    gpu,
+                    &k::rms_norm_quantize_q8k_sg::Args {
+                        x,
+                        w,
+                        y: out,
+                        q,
+                        d: act_scale,
+                        width,
+                        eps,
+                    },
+                    grid,
+                )?;
+            } else if *packed_dot {
                 batch.run(
                     gpu,
                     &k::rms_norm_quantize_i8_packed_sg::Args {
@@ -851,6 +871,7 @@ impl Backend for GpuBackend {
             }
             st.quantized = Some(Quantized {
                 buffer: out.raw().clone(),
+                kind: std::mem::discriminant(&next.kind),
                 cols,
                 n,
             });

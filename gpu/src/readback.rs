@@ -10,7 +10,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use crate::context::{GpuError, HostTimes};
+use crate::context::GpuError;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::context::HostTimes;
 
 /// The outcome of `map_async`, and who waits for it.
 #[derive(Default)]
@@ -30,7 +32,8 @@ pub struct PendingRead<T> {
     len: usize,
     state: Arc<Mutex<MapState>>,
     errors: Arc<Mutex<Option<String>>>,
-    /// Host nanoseconds spent waiting for read-backs ([`crate::Gpu::host_times`]).
+    /// Host nanoseconds spent waiting for read-backs ([`crate::Gpu::host_times`]; native).
+    #[cfg(not(target_arch = "wasm32"))]
     wait_ns: Arc<AtomicU64>,
     _elements: PhantomData<T>,
 }
@@ -57,7 +60,7 @@ impl<T: bytemuck::Pod> PendingRead<T> {
                 }
             });
         #[cfg(target_arch = "wasm32")]
-        let _ = device;
+        let _ = (device, wait_ns);
         Self {
             #[cfg(not(target_arch = "wasm32"))]
             device: device.clone(),
@@ -66,6 +69,7 @@ impl<T: bytemuck::Pod> PendingRead<T> {
             len,
             state,
             errors,
+            #[cfg(not(target_arch = "wasm32"))]
             wait_ns,
             _elements: PhantomData,
         }

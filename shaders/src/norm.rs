@@ -189,3 +189,79 @@ pub fn rms_norm_quantize_i8_packed_sg(
         sum[row] = sums[0];
     }
 }
+
+/// [`rms_norm_sg`] and, in the same pass, [`quantize_q8k`](crate::quantize_q8k) of its output:
+/// the workgroup of a row quantizes the row's 256-value blocks one after the other, each as
+/// `quantize_q8k` does (the signed value of largest magnitude, first on ties, gives
+/// `iscale = −127/max`), with the same bits as the two kernels one after the other (see
+/// [`rms_norm_quantize_i8_sg`]). `width` is a multiple of 256.
+#[kernel(workgroup = 256, features(subgroups))]
+pub fn rms_norm_quantize_q8k_sg(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    q: &mut [i32],
+    d: &mut [f32],
+    #[uniform] width: u32,
+    #[uniform] eps: f32,
+    #[shared] vals: &mut [f32; 256],
+    #[shared] idxs: &mut [u32; 256],
+) {
+    let row = wid();
+    let t = lid();
+    let base = row * width;
+    let mut sum: f32 = 0.0;
+    for i in (t..width).step_by(256) {
+        let v = x[base + i];
+        sum += v * v;
+    }
+    let part = subgroup_add(sum);
+    if subgroup_invocation() == 0u32 {
+        vals[subgroup_index()] = part;
+    }
+    barrier();
+    let mut total: f32 = 0.0;
+    for s in 0u32..subgroup_count() {
+        total += vals[s];
+    }
+    let norm = 1.0 / (total / (width as f32) + eps).sqrt();
+    let blocks = width / 256u32;
+    for blk in 0u32..blocks {
+        let i = blk * 256u32 + t;
+        let v = x[base + i] * norm * w[i];
+        y[base + i] = v;
+        // Every thread has read what the last round left in `vals` before it is overwritten.
+        barrier();
+        vals[t] = v;
+        idxs[t] = t;
+        barrier();
+        let mut stride: u32 = 128;
+        while stride > 0 {
+            if t < stride {
+                let o = t + stride;
+                let a = vals[t].abs();
+                let c = vals[o].abs();
+                if c > a || (c == a && idxs[o] < idxs[t]) {
+                    vals[t] = vals[o];
+                    idxs[t] = idxs[o];
+                }
+            }
+            barrier();
+            stride = stride >> 1u32;
+        }
+        let max = vals[0];
+        let b = row * blocks + blk;
+        if max == 0.0 {
+            q[b * 256u32 + t] = 0;
+            if t == 0 {
+                d[b] = 0.0;
+            }
+        } else {
+            let iscale = -127.0 / max;
+            q[b * 256u32 + t] = (iscale * v).round().min(127.0) as i32;
+            if t == 0 {
+                d[b] = 1.0 / iscale;
+            }
+        }
+    }
+}
