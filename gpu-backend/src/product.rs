@@ -34,7 +34,7 @@ pub fn quantize(
     let cols = w.desc.cols;
     // Rows a fused RMSNorm already quantized for this product.
     if let Some(done) = st.quantized.take() {
-        if done.kind == std::mem::discriminant(&w.kind)
+        if matches!(w.kind, Kind::I2s { .. })
             && done.buffer == *x.raw()
             && done.cols == cols
             && done.n == n

@@ -30,7 +30,6 @@ fn all() -> Vec<Kernel> {
         rms_norm_sg,
         rms_norm_quantize_i8_sg,
         rms_norm_quantize_i8_packed_sg,
-        rms_norm_quantize_q8k_sg,
         argmax_partial,
         argmax_final,
         take_top,

@@ -1,7 +1,7 @@
 //! The GPU's fused output stages against the unfused ops, in every weight layout the GPU runs:
 //! gate and up joined into one pass with `act(g)·u` as it writes, and the residual add fused
 //! into the down/output projection; RMSNorm fused with the activation quantization of the I2_S
-//! or TQ product that follows it; and the rotations of Q and K fused with the KV-cache write. Both do the same arithmetic in the same order as the
+//! product that follows it; and the rotations of Q and K fused with the KV-cache write. Both do the same arithmetic in the same order as the
 //! product followed by `glu`/`add`, so they must agree bit for bit; the unfused GPU path is
 //! held to the CPU by the golden tests, and the fused pair is held to the CPU here too.
 
@@ -260,14 +260,12 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
                     assert_eq!(bits(&h_fused), bits(&h_apart), "{what}: normalized rows");
                     assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
                     // Norm, quantize, product (float layouts: no quantizer); fused, the I2_S
-                    // and TQ quantizers are the norm's own pass unless the rows changed in
-                    // between.
-                    let fusable =
-                        matches!(format, Format::I2S { .. } | Format::TQ1_0 | Format::TQ2_0);
+                    // quantizer is the norm's own pass unless the rows changed in between.
+                    let i2s = matches!(format, Format::I2S { .. });
                     let quantizer = u64::from(!matches!(format, Format::F32 | Format::F16));
                     let add = u64::from(touch);
                     assert_eq!(d_apart, 2 + quantizer + add, "{what}: unfused dispatches");
-                    let saved = u64::from(fusable && !touch);
+                    let saved = u64::from(i2s && !touch);
                     assert_eq!(d_fused, d_apart - saved, "{what}: fused dispatches");
                 }
             }
