@@ -56,12 +56,19 @@ def main() -> None:
         total = sum(k["us_per_token"] for k in kernels)
         print(f"\nGPU time per generated token by kernel ({Path(r['model']).name}, "
               "timestamp queries, one pass per dispatch while timing):\n")
-        print("| kernel | launches/token | µs/token | share |")
-        print("| --- | ---: | ---: | ---: |")
+        print("| kernel | launches/token | µs/token | share | MB/token | GB/s | of copy bandwidth |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+        def show(v, fmt):
+            return "-" if v is None else format(v, fmt)
         for k in kernels:
+            share = k.get("bandwidth_share")
             print(f"| {k['kernel']} | {k['launches_per_token']:.0f} | {k['us_per_token']:.1f} | "
-                  f"{100 * k['us_per_token'] / max(total, 1e-9):.1f} % |")
-        print(f"| total | | {total:.1f} | |")
+                  f"{100 * k['us_per_token'] / max(total, 1e-9):.1f} % | "
+                  f"{show(k.get('mb_per_token'), '.2f')} | {show(k.get('gb_per_s'), '.1f')} | "
+                  f"{show(None if share is None else 100 * share, '.1f')} |")
+        mb = sum(k.get("mb_per_token") or 0 for k in kernels)
+        print(f"| total | | {total:.1f} | | {mb:.2f} | {mb / total * 1e3:.1f} | |")
 
 
 if __name__ == "__main__":

@@ -206,7 +206,8 @@ fn tokenizer_pre_override_is_reported() {
 }
 
 /// `bench --backend gpu --roofline --json`: the device's copy bandwidth, the roofline derived
-/// from it, and a per-kernel profile whose launches add up to the dispatches counted during tg.
+/// from it, and a per-kernel profile whose launches add up to the dispatches counted during tg
+/// and whose bytes cover the weights read per token.
 #[test]
 fn gpu_bench_reports_its_roofline_and_kernels() {
     let o = hesper(&[
@@ -252,4 +253,17 @@ fn gpu_bench_reports_its_roofline_and_kernels() {
     assert!(kernels
         .iter()
         .all(|k| num(&k["us_per_token"]) > 0.0 && k["kernel"].is_string()));
+    // Every kernel of a token counts its traffic: the weights (the bytes per token) and the
+    // activations, caches and outputs around them, which in this small model add a few %.
+    let mb: f64 = kernels.iter().map(|k| num(&k["mb_per_token"])).sum();
+    let weights = num(&tg["bytes_per_token"]) / 1e6;
+    assert!(
+        mb >= weights && mb <= 1.25 * weights,
+        "{mb} MB moved per token, {weights} MB of weights: {kernels:?}"
+    );
+    for k in kernels {
+        let share = num(&k["bandwidth_share"]);
+        let expect = num(&k["gb_per_s"]) / copy;
+        assert!((share - expect).abs() <= 1e-12, "{k:?}");
+    }
 }

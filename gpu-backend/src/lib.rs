@@ -463,8 +463,9 @@ impl State {
         out: &mut GpuBuffer<f32>,
     ) -> Result<(), GpuError> {
         let (width, grid) = (w.len() as u32, k::row_grid(n as u32));
+        let traffic = norm_bytes(n, w.len());
         if self.subgroups {
-            self.batch.run(
+            self.batch.run_moving(
                 &mut self.gpu,
                 &k::rms_norm_sg::Args {
                     x,
@@ -474,9 +475,10 @@ impl State {
                     eps,
                 },
                 grid,
+                traffic,
             )
         } else {
-            self.batch.run(
+            self.batch.run_moving(
                 &mut self.gpu,
                 &k::rms_norm::Args {
                     x,
@@ -486,6 +488,7 @@ impl State {
                     eps,
                 },
                 grid,
+                traffic,
             )
         }
     }
@@ -746,10 +749,18 @@ impl Backend for GpuBackend {
             put(&st.gpu, &mut st.batch, &mut st.ids, tokens)?;
             let ids = &st.ids;
             let n = tokens.len() as u32;
+            // The rows fetched (f32 or f16) and written; counted on the first window.
+            let element = if matches!(table.kind, Kind::F32) {
+                4
+            } else {
+                2
+            };
+            let mut traffic = (tokens.len() * cols * (element + 4)) as u64;
             for w in &table.windows {
                 let (row0, rows) = (w.row0 as u32, w.rows as u32);
+                let moved = std::mem::take(&mut traffic);
                 match table.kind {
-                    Kind::F32 => st.batch.run(
+                    Kind::F32 => st.batch.run_moving(
                         &mut st.gpu,
                         &k::embed_f32::Args {
                             table: &w.data,
@@ -761,8 +772,9 @@ impl Backend for GpuBackend {
                             rows,
                         },
                         k::embed_f32::grid_for((tokens.len() * cols) as u32),
+                        moved,
                     )?,
-                    _ => st.batch.run(
+                    _ => st.batch.run_moving(
                         &mut st.gpu,
                         &k::embed_f16::Args {
                             table: &w.data,
@@ -774,6 +786,7 @@ impl Backend for GpuBackend {
                             rows,
                         },
                         k::embed_f16::grid_for((tokens.len() * cols / 2) as u32),
+                        moved,
                     )?,
                 }
             }
@@ -823,8 +836,10 @@ impl Backend for GpuBackend {
                 ..
             } = st;
             let (width, grid) = (cols as u32, k::row_grid(n as u32));
+            let traffic =
+                norm_bytes(n, cols) + product::activation_bytes(next.kind, *packed_dot, n, cols);
             if *packed_dot {
-                batch.run(
+                batch.run_moving(
                     gpu,
                     &k::rms_norm_quantize_i8_packed_sg::Args {
                         x,
@@ -837,9 +852,10 @@ impl Backend for GpuBackend {
                         eps,
                     },
                     grid,
+                    traffic,
                 )?;
             } else {
-                batch.run(
+                batch.run_moving(
                     gpu,
                     &k::rms_norm_quantize_i8_sg::Args {
                         x,
@@ -851,6 +867,7 @@ impl Backend for GpuBackend {
                         eps,
                     },
                     grid,
+                    traffic,
                 )?;
             }
             st.quantized = Some(Quantized {
@@ -952,7 +969,9 @@ impl Backend for GpuBackend {
                 unreachable!("rope_table just made it");
             };
             let pairs = n * shape.n_head * shape.rope_dim / 2;
-            batch.run(
+            // Each pair read and written, and its (cos, sin).
+            let traffic = 24 * pairs as u64;
+            batch.run_moving(
                 gpu,
                 &k::rope_neox::Args {
                     x,
@@ -964,6 +983,7 @@ impl Backend for GpuBackend {
                     pos0: pos0 as u32,
                 },
                 k::rope_neox::grid_for(pairs as u32),
+                traffic,
             )
         });
     }
@@ -990,7 +1010,7 @@ impl Backend for GpuBackend {
             let kv = cache.kv_dim;
             let len = n * kv;
             let f16 = u32::from(cache.kv_type == KvType::F16);
-            st.batch.run(
+            st.batch.run_moving(
                 &mut st.gpu,
                 &k::kv_write::Args {
                     k: k_new,
@@ -1002,6 +1022,7 @@ impl Backend for GpuBackend {
                     f16,
                 },
                 k::kv_write::grid_for(len as u32),
+                kv_write_bytes(len, cache.kv_type),
             )?;
             attend(st, cache, layer, q, k_new, v_new, n, pos0, shape, out)
         });
@@ -1046,8 +1067,12 @@ impl Backend for GpuBackend {
                 unreachable!("rope_table just made it");
             };
             let kv = cache.kv_dim;
-            let threads = n * shape.n_head * rope_q.rope_dim / 2 + n * kv / 2;
-            st.batch.run(
+            let pairs = n * shape.n_head * rope_q.rope_dim / 2;
+            let threads = pairs + n * kv / 2;
+            // The queries' pairs and angles (as `rope_neox`), the new keys and values read and
+            // written to the cache (as `kv_write`; a key's angles are read again from cache).
+            let traffic = 24 * pairs as u64 + kv_write_bytes(n * kv, cache.kv_type);
+            st.batch.run_moving(
                 &mut st.gpu,
                 &k::rope_neox_kv_write::Args {
                     q: &mut *q,
@@ -1066,6 +1091,7 @@ impl Backend for GpuBackend {
                     f16: u32::from(cache.kv_type == KvType::F16),
                 },
                 k::rope_neox_kv_write::grid_for(threads as u32),
+                traffic,
             )?;
             attend(st, cache, layer, q, k_new, v_new, n, pos0, shape, out)
         });
@@ -1193,8 +1219,13 @@ fn attend(
     let (n_head, n_head_kv) = (shape.n_head as u32, shape.n_head_kv as u32);
     let head_dim = shape.head_dim as u32;
     let Some(sp) = &mut cache.sparse else {
-        // Dense: the landmark and globals bindings are not read; the K cache stands in.
-        return st.batch.run(
+        // Dense: the landmark and globals bindings are not read; the K cache stands in. Every
+        // position's keys and values read once (each kv head serves its query heads from the
+        // same rows), the queries read and the outputs written.
+        let element = if f16 == 1 { 2 } else { 4 };
+        let traffic =
+            (2 * (pos0 + n) * kv * element + 8 * n * shape.n_head * shape.head_dim) as u64;
+        return st.batch.run_moving(
             &mut st.gpu,
             &k::attention::Args {
                 q,
@@ -1217,6 +1248,7 @@ fn attend(
                 block: 1,
             },
             k::attention_grid(n_head, n as u32),
+            traffic,
         );
     };
     let p = &sp.pattern;
@@ -1261,4 +1293,16 @@ fn attend(
         },
         k::attention_grid(n_head, n as u32),
     )
+}
+
+/// Bytes RMSNorm of `n` rows of `width` moves: the rows read and written, and the gains.
+fn norm_bytes(n: usize, width: usize) -> u64 {
+    4 * (2 * n * width + width) as u64
+}
+
+/// Bytes the cache write of `len` new key and value elements moves: both read as f32 and
+/// written as `kv_type`.
+fn kv_write_bytes(len: usize, kv_type: KvType) -> u64 {
+    let element = if kv_type == KvType::F16 { 2 } else { 4 };
+    (2 * len * (4 + element)) as u64
 }

@@ -18,6 +18,19 @@ pub fn glu_mode(act: Activation) -> u32 {
     }
 }
 
+/// Bytes of `n` rows of `cols` activations as `kind`'s product reads them (codes and scales
+/// of the quantized form, or the floats themselves), for the per-kernel bandwidth.
+pub fn activation_bytes(kind: Kind, packed_dot: bool, n: usize, cols: usize) -> u64 {
+    let (n, cols) = (n as u64, cols as u64);
+    match kind {
+        Kind::I2s { .. } if packed_dot => n * cols + 8 * n,
+        Kind::I2s { .. } => 4 * n * cols + 4 * n,
+        Kind::Tq => 4 * n * cols + 4 * n * cols / 256,
+        Kind::Q8_0 => 4 * n * cols + 4 * n * cols / 32,
+        Kind::F32 | Kind::F16 => 4 * n * cols,
+    }
+}
+
 /// Whether `a` and `b` read the same quantized activations (the same layout and width).
 pub fn same_input(a: &GpuMatrix, b: &GpuMatrix) -> bool {
     std::mem::discriminant(&a.kind) == std::mem::discriminant(&b.kind) && a.desc.cols == b.desc.cols
@@ -58,9 +71,10 @@ pub fn quantize(
         act_scale,
         ..
     } = st;
+    let traffic = 4 * (n * cols) as u64 + activation_bytes(w.kind, *packed_dot, n, cols);
     let cols = cols as u32;
     match w.kind {
-        Kind::I2s { .. } if *packed_dot => batch.run(
+        Kind::I2s { .. } if *packed_dot => batch.run_moving(
             gpu,
             &k::quantize_i8_packed::Args {
                 x,
@@ -70,8 +84,9 @@ pub fn quantize(
                 cols,
             },
             k::row_grid(n as u32),
+            traffic,
         ),
-        Kind::I2s { .. } => batch.run(
+        Kind::I2s { .. } => batch.run_moving(
             gpu,
             &k::quantize_i8::Args {
                 x,
@@ -80,13 +95,15 @@ pub fn quantize(
                 cols,
             },
             k::row_grid(n as u32),
+            traffic,
         ),
-        Kind::Tq => batch.run(
+        Kind::Tq => batch.run_moving(
             gpu,
             &k::quantize_q8k::Args { x, q, d: act_scale },
             k::row_grid(blocks as u32),
+            traffic,
         ),
-        _ => batch.run(
+        _ => batch.run_moving(
             gpu,
             &k::quantize_q8_0::Args {
                 x,
@@ -95,6 +112,7 @@ pub fn quantize(
                 blocks: blocks as u32,
             },
             k::q8_0_grid(blocks as u32),
+            traffic,
         ),
     }
 }
@@ -127,13 +145,25 @@ pub fn multiply(
         Kind::F16 => w.desc.cols / 2,
         Kind::F32 => w.desc.cols,
     });
+    let activations = activation_bytes(w.kind, *packed_dot, n, w.desc.cols);
     for win in &w.windows {
         let grid = k::matrix_grid(win.rows as u32, lanes, n32);
+        // The window's weights and scales, the activations, and the outputs it writes (read
+        // too where it adds into them; half as many where gate/up pairs make one value).
+        let outputs = 4 * (n * win.rows) as u64;
+        let traffic = win.data.bytes()
+            + win.scales.as_ref().map_or(0, |s| s.bytes())
+            + activations
+            + match mode {
+                k::STORE => outputs,
+                k::ADD => 2 * outputs,
+                _ => outputs / 2,
+            };
         let (row0, window_rows) = (win.row0 as u32, win.rows as u32);
         // Every matrix kernel's launch: its own buffers, then the shared shape and output stage.
         macro_rules! launch {
             ($kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
-                batch.run(
+                batch.run_moving(
                     gpu,
                     &k::$kernel::Args {
                         $($field: $value,)*
@@ -149,6 +179,7 @@ pub fn multiply(
                         out_scale_odd,
                     },
                     grid,
+                    traffic,
                 )?
             };
         }

@@ -16,6 +16,9 @@ pub(crate) enum Command {
         /// Byte range of this dispatch's uniforms inside the batch's parameter block.
         params: Option<Range<u64>>,
         grid: [u32; 3],
+        /// Bytes of memory the launch reads and writes, as its recorder counted them (0:
+        /// not counted); the profile divides them by the launch's time.
+        traffic: u64,
     },
     Copy {
         src: wgpu::Buffer,
@@ -51,6 +54,18 @@ impl Batch {
         args: &A,
         grid: [u32; 3],
     ) -> Result<(), GpuError> {
+        self.run_moving(gpu, args, grid, 0)
+    }
+
+    /// [`Batch::run`] of a launch that reads and writes `traffic` bytes of memory, for the
+    /// bandwidth each kernel reaches in a profile ([`crate::KernelTime::bytes`]).
+    pub fn run_moving<A: KernelArgs>(
+        &mut self,
+        gpu: &mut Gpu,
+        args: &A,
+        grid: [u32; 3],
+        traffic: u64,
+    ) -> Result<(), GpuError> {
         let k = A::SOURCE;
         let missing = k.device_features() - gpu.device.features();
         if !missing.is_empty() {
@@ -81,6 +96,7 @@ impl Batch {
             buffers: args.buffers().into_iter().cloned().collect(),
             params,
             grid,
+            traffic,
         });
         Ok(())
     }

@@ -125,8 +125,8 @@ impl BindGroups {
 
 /// Encodes `batch` (submit number `now`) into one command buffer: its uniforms written to the
 /// persistent buffer, runs of dispatches in one compute pass, copies between them. With a
-/// profiler every dispatch gets its own timed pass; the names of the timed kernels are
-/// returned in order.
+/// profiler every dispatch gets its own timed pass; the names and traffic of the timed
+/// kernels are returned in order.
 pub(crate) fn encode(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
@@ -135,7 +135,7 @@ pub(crate) fn encode(
     profiler: Option<&Profiler>,
     batch: Batch,
     now: u64,
-) -> (wgpu::CommandBuffer, Vec<&'static str>) {
+) -> (wgpu::CommandBuffer, Vec<(&'static str, u64)>) {
     let mut timed = Vec::new();
     let (commands, block) = batch.into_parts();
     let param_buffer = params.write(device, queue, &block);
@@ -163,8 +163,11 @@ pub(crate) fn encode(
             .filter(|_| timed.len() < MAX_TIMED as usize)
             .map(|p| p.writes(timed.len() as u32));
         if timestamps.is_some() {
-            if let Command::Dispatch { pipeline, .. } = &first {
-                timed.push(pipeline.source.name);
+            if let Command::Dispatch {
+                pipeline, traffic, ..
+            } = &first
+            {
+                timed.push((pipeline.source.name, *traffic));
             }
         }
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -177,6 +180,7 @@ pub(crate) fn encode(
             buffers,
             params: range,
             grid,
+            ..
         }) = next
         {
             let uniform = range

@@ -11,6 +11,9 @@ pub struct KernelTime {
     pub calls: u64,
     /// GPU nanoseconds, summed over the launches.
     pub ns: f64,
+    /// Bytes the launches read and wrote, as their recorders counted them (0 where a launch
+    /// was recorded without a count: `Batch::run` rather than `Batch::run_moving`).
+    pub bytes: u64,
 }
 
 /// Timestamp queries around every dispatch of a profiled batch (each dispatch then gets its
@@ -21,7 +24,7 @@ pub(crate) struct Profiler {
     staging: wgpu::Buffer,
     /// Nanoseconds per timestamp tick.
     period: f64,
-    totals: HashMap<&'static str, (u64, f64)>,
+    totals: HashMap<&'static str, (u64, f64, u64)>,
 }
 
 /// Dispatches timed per batch (two queries each; wgpu allows 4096 queries in a set).
@@ -76,11 +79,11 @@ impl Profiler {
         }
     }
 
-    /// Waits for the submitted batch and adds its timings to the totals.
+    /// Waits for the submitted batch and adds its timings (and traffic) to the totals.
     pub(crate) fn collect(
         &mut self,
         device: &wgpu::Device,
-        names: &[&'static str],
+        names: &[(&'static str, u64)],
     ) -> Result<(), String> {
         if names.is_empty() {
             return Ok(());
@@ -91,10 +94,11 @@ impl Profiler {
         {
             let view = slice.get_mapped_range().map_err(|e| e.to_string())?;
             let ticks: &[u64] = bytemuck::cast_slice(&view);
-            for (name, pair) in names.iter().zip(ticks.chunks_exact(2)) {
-                let entry = self.totals.entry(name).or_insert((0, 0.0));
+            for ((name, traffic), pair) in names.iter().zip(ticks.chunks_exact(2)) {
+                let entry = self.totals.entry(name).or_insert((0, 0.0, 0));
                 entry.0 += 1;
                 entry.1 += pair[1].saturating_sub(pair[0]) as f64 * self.period;
+                entry.2 += traffic;
             }
         }
         self.staging.unmap();
@@ -106,7 +110,12 @@ impl Profiler {
         let mut out: Vec<KernelTime> = self
             .totals
             .drain()
-            .map(|(name, (calls, ns))| KernelTime { name, calls, ns })
+            .map(|(name, (calls, ns, bytes))| KernelTime {
+                name,
+                calls,
+                ns,
+                bytes,
+            })
             .collect();
         out.sort_by(|a, b| b.ns.total_cmp(&a.ns));
         out
