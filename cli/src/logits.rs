@@ -1,8 +1,7 @@
 //! `hesper-rs logits`: evaluate token ids exactly as given and write every position's logits.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -12,6 +11,7 @@ use hesper_runtime::run_model;
 
 use crate::args::{ContextArgs, ModelArgs};
 use crate::load::load;
+use crate::output::OutputFile;
 use crate::report::note;
 
 /// Flags of `logits`.
@@ -31,7 +31,8 @@ pub struct LogitsArgs {
     /// Text to tokenize instead of --tokens (BOS added as the model asks).
     #[arg(short = 'p', long = "prompt", conflicts_with = "tokens")]
     prompt: Option<String>,
-    /// Output file: float32 little-endian, [n_tokens][n_vocab].
+    /// Output file: float32 little-endian, [n_tokens][n_vocab]; written whole or not at all
+    /// (a failed run leaves an existing file as it was), never over the model.
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     out: PathBuf,
 }
@@ -40,9 +41,9 @@ pub struct LogitsArgs {
 pub fn run(args: LogitsArgs) -> Result<()> {
     let ids = args.tokens.as_deref().map(parse_ids).transpose()?;
     args.ctx.attention.config()?;
-    // Opened first: an unwritable path fails before any work.
-    let file =
-        File::create(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    // Started first: an unwritable path, or the model's own file, fails before any work.
+    let inputs: Vec<&Path> = args.model.gguf.iter().map(PathBuf::as_path).collect();
+    let mut out = OutputFile::create(&args.out, &inputs)?;
     let loaded = load(&args.model, None)?;
     let tokens: Vec<u32> = match (ids, &args.prompt) {
         (Some(ids), _) => ids,
@@ -57,12 +58,10 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     if tokens.is_empty() {
         bail!("--prompt gives no tokens");
     }
-    let mut out = BufWriter::with_capacity(1 << 20, file);
     let n_vocab = run_model!(&loaded.model, |model| write_logits(
         &args, model, &tokens, &mut out
     ))?;
-    out.flush()
-        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    out.commit()?;
     note!(
         "hesper: wrote {} × {} logits (float32 LE) to {}",
         tokens.len(),

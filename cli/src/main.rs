@@ -8,6 +8,7 @@ mod info;
 mod load;
 mod logits;
 mod node;
+mod output;
 mod perplexity;
 mod report;
 

@@ -3,8 +3,8 @@
 //! (the arithmetic lives in `hesper_runtime::perplexity`).
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::PathBuf;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -18,6 +18,7 @@ use hesper_runtime::run_model;
 
 use crate::args::{ContextArgs, ModelArgs};
 use crate::load::load;
+use crate::output::OutputFile;
 use crate::report::note;
 use hesper_engine::attention::AttentionConfig;
 
@@ -56,6 +57,17 @@ pub struct PerplexityArgs {
 pub fn run(args: PerplexityArgs) -> Result<()> {
     let attention = args.ctx.attention.config()?;
     let base_name = args.kl_base.as_ref().map(|p| p.display().to_string());
+    // A base file to write is started first: a path that cannot be written, or that is the
+    // model or the text, fails before any work.
+    let base_file = match (&args.kl_base, args.kl_divergence) {
+        (Some(path), false) => {
+            let inputs: Vec<&Path> = (args.model.gguf.iter().chain(&args.file))
+                .map(PathBuf::as_path)
+                .collect();
+            Some((path, OutputFile::create(path, &inputs)?))
+        }
+        _ => None,
+    };
     let mut base_in = None;
     let mut text = None;
     if args.kl_divergence {
@@ -129,11 +141,8 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         }
         (None, None) => bail!("pass -f FILE, or --kl-divergence with --kl-divergence-base FILE"),
     };
-    let mut base_out = match (&args.kl_base, args.kl_divergence) {
-        (Some(path), false) => {
-            let f =
-                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-            let mut w = BufWriter::with_capacity(1 << 20, f);
+    let mut base_out = match base_file {
+        Some((path, mut w)) => {
             let header = Header {
                 chunks,
                 n_vocab,
@@ -147,7 +156,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             );
             Some(w)
         }
-        _ => None,
+        None => None,
     };
     note!(
         "perplexity: calculating perplexity over {} chunks, n_ctx={}, batch_size={}",
@@ -165,9 +174,8 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         base_out: base_out.as_mut().map(|w| w as &mut (dyn Write + Send)),
     };
     run_model!(&loaded.model, |model| job.run(model))?;
-    if let Some(mut w) = base_out {
-        w.flush()
-            .with_context(|| format!("cannot write {}", base_name.unwrap_or_default()))?;
+    if let Some(w) = base_out {
+        w.commit()?;
     }
     Ok(())
 }

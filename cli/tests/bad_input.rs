@@ -404,6 +404,73 @@ fn logits_are_streamed_to_a_file_opened_first() {
 }
 
 #[test]
+fn no_run_destroys_a_file_it_reads_or_one_it_fails_to_replace() {
+    let model = format!("{}/../models/hesper-kjv.gguf", env!("CARGO_MANIFEST_DIR"));
+    let text = format!("{}/../models/kjv-valid.txt", env!("CARGO_MANIFEST_DIR"));
+    let copy = scratch("model.gguf");
+    std::fs::copy(&model, &copy).expect("copy the model");
+    let link = scratch("link.gguf");
+    std::fs::remove_file(&link).ok();
+    std::os::unix::fs::symlink(&copy, &link).expect("link");
+    let (c, l) = (copy.to_str().unwrap(), link.to_str().unwrap());
+    let model_bytes = std::fs::read(&copy).expect("model");
+    let text_bytes = std::fs::read(&text).expect("text");
+    // An output naming the model, directly or through a link, or the scored text: refused
+    // before anything is written (the perplexity base file used to truncate the model it was
+    // reading, which then died of SIGBUS).
+    let logits = |out: &str| -> Vec<String> {
+        ["logits", "-m", c, "--tokens", "1,2", "--out", out]
+            .map(String::from)
+            .to_vec()
+    };
+    let base = |out: &str| -> Vec<String> {
+        let flags = ["-c", "64", "--chunks", "1", "--kl-divergence-base", out];
+        let mut args = vec!["perplexity", "-m", c, "-f", &text];
+        args.extend(flags);
+        args.into_iter().map(String::from).collect()
+    };
+    for args in [logits(c), logits(l), base(c), base(l), base(&text)] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_one_line_error(&args, &hesper(&args), "refusing to write");
+        assert!(
+            std::fs::read(&copy).expect("model") == model_bytes,
+            "{args:?}: model changed"
+        );
+        assert!(
+            std::fs::read(&text).expect("text") == text_bytes,
+            "{args:?}: text changed"
+        );
+    }
+    // A run that fails (an id past the vocabulary) leaves an existing output as it was; one
+    // that succeeds replaces it whole, and neither leaves a temporary file behind.
+    let out = scratch("existing.f32");
+    std::fs::write(&out, b"precious").expect("write");
+    let o = out.to_str().unwrap();
+    let args = ["logits", "-m", c, "--tokens", "1,2,999999", "--out", o];
+    assert_one_line_error(&args, &hesper(&args), "999999");
+    assert_eq!(std::fs::read(&out).expect("output"), b"precious");
+    let args = ["logits", "-m", c, "--tokens", "1,2", "--out", o];
+    let done = hesper(&args);
+    assert!(done.status.success(), "{}", stderr(&done));
+    let written = std::fs::read(&out).expect("output");
+    assert!(
+        written.len() > 8 && written.len().is_multiple_of(8),
+        "{} bytes",
+        written.len()
+    );
+    let temporary = format!(".{}.", out.file_name().unwrap().to_string_lossy());
+    let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .expect("temp dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&temporary))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    for p in [&copy, &link, &out] {
+        std::fs::remove_file(p).ok();
+    }
+}
+
+#[test]
 fn tokenizer_warnings_are_shown() {
     // The SentencePiece vocabulary with a BOS id past its end.
     let bytes = std::fs::read(golden("tokenizer/ggml-vocab-llama-spm.gguf")).expect("vocab");
