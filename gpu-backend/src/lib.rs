@@ -109,8 +109,8 @@ struct State {
     quantized: Option<Quantized>,
 }
 
-/// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, for a
-/// product of I2_S matrices `cols` wide over `n` rows.
+/// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, packed
+/// for a product of I2_S matrices `cols` wide over `n` rows.
 struct Quantized {
     buffer: hesper_gpu::wgpu::Buffer,
     cols: usize,
@@ -419,6 +419,17 @@ impl GpuBackend {
                 st.error = Some(e);
             }
         }
+    }
+
+    /// Refuses heads wider than the attention kernel takes.
+    fn check_head(&self, shape: &AttentionShape) -> Result<(), GpuError> {
+        if shape.head_dim > MAX_HEAD_DIM {
+            return Err(self.unsupported(
+                "attention",
+                format!("heads of {} (at most {MAX_HEAD_DIM})", shape.head_dim),
+            ));
+        }
+        Ok(())
     }
 
     fn unsupported(&self, what: &str, why: String) -> GpuError {
@@ -805,12 +816,12 @@ impl Backend for GpuBackend {
         self.record(|st| st.rms_norm(x, w, n, eps, out));
     }
 
-    /// RMSNorm and, where the device has subgroups and `next` is I2_S, the per-token int8
-    /// quantization of its output in the same kernel, left for `next`'s product. TQ's Q8_K
-    /// quantizer stays a kernel of its own: fused, one workgroup per row quantizing the row's
-    /// 256-value blocks in turn (the quantizer has one per block) took 33.8 µs per 2560-wide
-    /// row on an H100 against 21.4 µs for the two kernels, and decoding the 2B4T shape slowed
-    /// from 70.5 to 64.3 tokens/s.
+    /// RMSNorm and, where the device has subgroups and `next` is I2_S on the packed path
+    /// (`dot4I8Packed`), its per-token int8 codes in the same kernel, left for `next`'s
+    /// product. TQ's Q8_K quantizer stays a kernel of its own: fused, one workgroup per row
+    /// quantizing the row's 256-value blocks in turn (the quantizer has one per block) took
+    /// 33.8 µs per 2560-wide row on an H100 against 21.4 µs for the two kernels, and decoding
+    /// the 2B4T shape slowed from 70.5 to 64.3 tokens/s.
     fn rms_norm_for(
         &self,
         x: &GpuBuffer<f32>,
@@ -822,54 +833,36 @@ impl Backend for GpuBackend {
     ) {
         self.record(|st| {
             let cols = w.len();
-            if !(st.subgroups && matches!(next.kind, Kind::I2s { .. }) && next.desc.cols == cols) {
+            let fused = st.subgroups
+                && st.packed_dot
+                && matches!(next.kind, Kind::I2s { .. })
+                && next.desc.cols == cols;
+            if !fused {
                 return st.rms_norm(x, w, n, eps, out);
             }
             st.reserve(n * cols, n)?;
             let State {
                 gpu,
                 batch,
-                q,
                 packed,
-                packed_dot,
                 act_scale,
                 ..
             } = st;
-            let (width, grid) = (cols as u32, k::row_grid(n as u32));
-            let traffic =
-                norm_bytes(n, cols) + product::activation_bytes(next.kind, *packed_dot, n, cols);
-            if *packed_dot {
-                batch.run_moving(
-                    gpu,
-                    &k::rms_norm_quantize_i8_packed_sg::Args {
-                        x,
-                        w,
-                        y: out,
-                        q: &mut packed.0,
-                        scale: act_scale,
-                        sum: &mut packed.1,
-                        width,
-                        eps,
-                    },
-                    grid,
-                    traffic,
-                )?;
-            } else {
-                batch.run_moving(
-                    gpu,
-                    &k::rms_norm_quantize_i8_sg::Args {
-                        x,
-                        w,
-                        y: out,
-                        q,
-                        scale: act_scale,
-                        width,
-                        eps,
-                    },
-                    grid,
-                    traffic,
-                )?;
-            }
+            batch.run_moving(
+                gpu,
+                &k::rms_norm_quantize_i8_packed_sg::Args {
+                    x,
+                    w,
+                    y: out,
+                    q: &mut packed.0,
+                    scale: act_scale,
+                    sum: &mut packed.1,
+                    width: cols as u32,
+                    eps,
+                },
+                k::row_grid(n as u32),
+                norm_bytes(n, cols) + product::activation_bytes(next.kind, true, n, cols),
+            )?;
             st.quantized = Some(Quantized {
                 buffer: out.raw().clone(),
                 cols,
@@ -1001,12 +994,7 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer<f32>,
     ) {
         self.record(|st| {
-            if shape.head_dim > MAX_HEAD_DIM {
-                return Err(self.unsupported(
-                    "attention",
-                    format!("heads of {} (at most {MAX_HEAD_DIM})", shape.head_dim),
-                ));
-            }
+            self.check_head(shape)?;
             let kv = cache.kv_dim;
             let len = n * kv;
             let f16 = u32::from(cache.kv_type == KvType::F16);
@@ -1056,12 +1044,7 @@ impl Backend for GpuBackend {
             return self.attention(cache, layer, q, k_new, v_new, n, pos0, shape, out);
         }
         self.record(|st| {
-            if shape.head_dim > MAX_HEAD_DIM {
-                return Err(self.unsupported(
-                    "attention",
-                    format!("heads of {} (at most {MAX_HEAD_DIM})", shape.head_dim),
-                ));
-            }
+            self.check_head(shape)?;
             st.rope_table(rope_q, pos0 + n)?;
             let Some(table) = &st.rope else {
                 unreachable!("rope_table just made it");

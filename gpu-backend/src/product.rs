@@ -48,6 +48,7 @@ pub fn quantize(
     // Rows a fused RMSNorm already quantized for this product.
     if let Some(done) = st.quantized.take() {
         if matches!(w.kind, Kind::I2s { .. })
+            && st.packed_dot
             && done.buffer == *x.raw()
             && done.cols == cols
             && done.n == n

@@ -69,63 +69,11 @@ pub fn rms_norm_sg(
     }
 }
 
-/// [`rms_norm_sg`] and, in the same pass, [`quantize_i8`](crate::quantize_i8) of its output:
-/// `y` as `rms_norm_sg` writes it, then `s = 127 / max(max|y|, 1e-5)`, `q = clamp(rne(y·s),
-/// −128, 127)`, `scale[row] = s`. The products of `y` are computed again, not read back, with
-/// the same operations in the same order: the same bits as the two kernels one after the other.
-#[kernel(workgroup = 256, features(subgroups), uses(tree_max))]
-pub fn rms_norm_quantize_i8_sg(
-    x: &[f32],
-    w: &[f32],
-    y: &mut [f32],
-    q: &mut [i32],
-    scale: &mut [f32],
-    #[uniform] width: u32,
-    #[uniform] eps: f32,
-    #[shared] acc: &mut [f32; 256],
-) {
-    let row = wid();
-    let t = lid();
-    let base = row * width;
-    let mut sum: f32 = 0.0;
-    for i in (t..width).step_by(256) {
-        let v = x[base + i];
-        sum += v * v;
-    }
-    let part = subgroup_add(sum);
-    if subgroup_invocation() == 0u32 {
-        acc[subgroup_index()] = part;
-    }
-    barrier();
-    let mut total: f32 = 0.0;
-    for s in 0u32..subgroup_count() {
-        total += acc[s];
-    }
-    let norm = 1.0 / (total / (width as f32) + eps).sqrt();
-    let mut m: f32 = 0.0;
-    for i in (t..width).step_by(256) {
-        let v = x[base + i] * norm * w[i];
-        y[base + i] = v;
-        m = m.max(v.abs());
-    }
-    // Every thread has read the partial sums before they are overwritten.
-    barrier();
-    acc[t] = m;
-    barrier();
-    tree_max(acc, t, 256u32);
-    let s = 127.0 / acc[0].max(0.00001);
-    for i in (t..width).step_by(256) {
-        let v = x[base + i] * norm * w[i];
-        q[base + i] = (v * s).round().clamp(-128.0, 127.0) as i32;
-    }
-    if t == 0 {
-        scale[row] = s;
-    }
-}
-
 /// [`rms_norm_sg`] and, in the same pass, [`quantize_i8_packed`](crate::quantize_i8_packed) of
-/// its output (four codes to a word, `Σq` of the row in `sum`), with the same bits as the two
-/// kernels one after the other (see [`rms_norm_quantize_i8_sg`]). `width` is a multiple of 4.
+/// its output: `y` as `rms_norm_sg` writes it, then `s = 127 / max(max|y|, 1e-5)`, the codes
+/// `clamp(rne(y·s), −128, 127)` four to a word, `scale[row] = s` and `Σq` of the row in `sum`.
+/// The products of `y` are computed again, not read back, with the same operations in the same
+/// order: the same bits as the two kernels one after the other. `width` is a multiple of 4.
 #[kernel(workgroup = 256, features(subgroups), uses(tree_max, tree_sum))]
 pub fn rms_norm_quantize_i8_packed_sg(
     x: &[f32],
@@ -163,6 +111,7 @@ pub fn rms_norm_quantize_i8_packed_sg(
         y[base + i] = v;
         m = m.max(v.abs());
     }
+    // Every thread has read the partial sums before they are overwritten.
     barrier();
     acc[t] = m;
     barrier();

@@ -28,7 +28,6 @@ fn all() -> Vec<Kernel> {
         interleave_rows,
         rms_norm,
         rms_norm_sg,
-        rms_norm_quantize_i8_sg,
         rms_norm_quantize_i8_packed_sg,
         argmax_partial,
         argmax_final,

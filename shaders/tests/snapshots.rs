@@ -17,7 +17,6 @@ fn generated_wgsl_is_unchanged() {
         interleave_rows,
         rms_norm,
         rms_norm_sg,
-        rms_norm_quantize_i8_sg,
         rms_norm_quantize_i8_packed_sg,
         argmax_partial,
         argmax_final,

@@ -260,8 +260,9 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
                     assert_eq!(bits(&h_fused), bits(&h_apart), "{what}: normalized rows");
                     assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
                     // Norm, quantize, product (float layouts: no quantizer); fused, the I2_S
-                    // quantizer is the norm's own pass unless the rows changed in between.
-                    let i2s = matches!(format, Format::I2S { .. });
+                    // quantizer of the packed path is the norm's own pass unless the rows
+                    // changed in between.
+                    let i2s = matches!(format, Format::I2S { .. }) && packed;
                     let quantizer = u64::from(!matches!(format, Format::F32 | Format::F16));
                     let add = u64::from(touch);
                     assert_eq!(d_apart, 2 + quantizer + add, "{what}: unfused dispatches");
