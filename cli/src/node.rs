@@ -219,7 +219,7 @@ impl NodeArgs {
         }
         if !(self.form_timeout > 0.0 && self.form_timeout <= 86_400.0) {
             bail!(
-                "--form-timeout {}: give seconds between 0 and 86400",
+                "--form-timeout {}: give seconds above 0 and at most 86400",
                 self.form_timeout
             );
         }

@@ -1,7 +1,9 @@
 //! Output files written whole or not at all: the data goes to a temporary file beside the
 //! destination, renamed over it once complete, so a run that fails or is interrupted leaves
 //! whatever was there as it was; and a destination that is one of the run's own inputs (the
-//! model, say, through any path or link) is refused before anything is written.
+//! model, say, through any path or link) is refused before anything is written. A destination
+//! that exists and is not a regular file (`/dev/null`, `/dev/stdout`, a pipe) is written
+//! directly.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -13,7 +15,8 @@ use anyhow::{bail, Context, Result};
 /// dropping it uncommitted removes it.
 pub struct OutputFile {
     dest: PathBuf,
-    tmp: PathBuf,
+    /// The temporary file (`None`: the destination itself, a device or a pipe).
+    tmp: Option<PathBuf>,
     writer: Option<BufWriter<File>>,
 }
 
@@ -33,6 +36,17 @@ impl OutputFile {
         }
         if dest.is_dir() {
             bail!("cannot write {}: it is a folder", dest.display());
+        }
+        if std::fs::metadata(dest).is_ok_and(|m| !m.is_file()) {
+            let file = OpenOptions::new()
+                .write(true)
+                .open(dest)
+                .with_context(|| format!("cannot create {}", dest.display()))?;
+            return Ok(Self {
+                dest: dest.to_path_buf(),
+                tmp: None,
+                writer: Some(BufWriter::with_capacity(1 << 20, file)),
+            });
         }
         let Some(name) = dest.file_name() else {
             bail!("cannot write {}: it names no file", dest.display());
@@ -54,7 +68,7 @@ impl OutputFile {
             .with_context(|| format!("cannot create {}", dest.display()))?;
         Ok(Self {
             dest: dest.to_path_buf(),
-            tmp,
+            tmp: Some(tmp),
             writer: Some(BufWriter::with_capacity(1 << 20, file)),
         })
     }
@@ -64,14 +78,16 @@ impl OutputFile {
         let Some(writer) = self.writer.take() else {
             unreachable!("only commit takes the writer");
         };
+        let failed = || format!("cannot write {}", self.dest.display());
         let file = writer
             .into_inner()
             .map_err(|e| e.into_error())
-            .with_context(|| format!("cannot write {}", self.dest.display()))?;
-        file.sync_all()
-            .with_context(|| format!("cannot write {}", self.dest.display()))?;
-        std::fs::rename(&self.tmp, &self.dest)
-            .with_context(|| format!("cannot write {}", self.dest.display()))
+            .with_context(failed)?;
+        if let Some(tmp) = &self.tmp {
+            file.sync_all().with_context(failed)?;
+            std::fs::rename(tmp, &self.dest).with_context(failed)?;
+        }
+        Ok(())
     }
 }
 
@@ -87,8 +103,8 @@ impl Write for OutputFile {
 
 impl Drop for OutputFile {
     fn drop(&mut self) {
-        if self.writer.take().is_some() {
-            let _ = std::fs::remove_file(&self.tmp);
+        if let (Some(_), Some(tmp)) = (self.writer.take(), &self.tmp) {
+            let _ = std::fs::remove_file(tmp);
         }
     }
 }

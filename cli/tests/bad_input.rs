@@ -278,7 +278,7 @@ fn odd_but_valid_flags_give_the_same_answer() {
 
 #[test]
 fn meaningless_values_are_refused() {
-    let rows: [(&[&str], &str); 15] = [
+    let rows: [(&[&str], &str); 16] = [
         (&["generate", "--attn-window", "8"], "add --attn sparse"),
         (
             &["generate", "--attn", "sparse", "--attn-block", "0"],
@@ -303,6 +303,16 @@ fn meaningless_values_are_refused() {
                 "7",
             ],
             "keeping 7 positions leaves no room",
+        ),
+        (
+            &[
+                "generate",
+                "--context-shift",
+                "sinks",
+                "--keep",
+                "18446744073709551615",
+            ],
+            "keeping 18446744073709551615 positions leaves no room",
         ),
         (
             &["generate", "--repeat-penalty", "nan"],
@@ -465,6 +475,12 @@ fn no_run_destroys_a_file_it_reads_or_one_it_fails_to_replace() {
         .filter(|e| e.file_name().to_string_lossy().starts_with(&temporary))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    // A destination that is a device is written, not replaced.
+    let args = ["logits", "-m", c, "--tokens", "1,2", "--out", "/dev/null"];
+    let done = hesper(&args);
+    assert!(done.status.success(), "{}", stderr(&done));
+    let null = std::fs::metadata("/dev/null").expect("/dev/null");
+    assert!(!null.is_file(), "/dev/null was replaced by a file");
     for p in [&copy, &link, &out] {
         std::fs::remove_file(p).ok();
     }

@@ -267,7 +267,7 @@ impl<B: Backend> Session<B> {
                     "sparse attention does not shift its context (its landmarks follow the positions)".into(),
                 ));
             }
-            if keep + 2 > self.n_ctx {
+            if keep.saturating_add(2) > self.n_ctx {
                 return Err(ModelError::ContextShift(format!(
                     "keeping {keep} positions leaves no room in a context of {}",
                     self.n_ctx
