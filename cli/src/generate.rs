@@ -32,7 +32,8 @@ pub struct GenerateArgs {
     /// Prompt text (default "Once upon a time"); with --chat, the first message.
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
-    /// Tokens to generate (-1 or -2 = until end of text or a full context).
+    /// Tokens to generate (-1 = until end of text or a full context that does not shift; -2 =
+    /// until end of text or a full context, shifting or not).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
     /// Interactive chat using the model's chat template (also `hesper-rs chat`).

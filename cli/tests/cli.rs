@@ -73,6 +73,18 @@ fn generation_goes_past_a_shifting_context_and_the_attention_flags_apply() {
         "{err}"
     );
     assert!(shifted.stdout.len() > plain.stdout.len(), "{err}");
+    // -n -2 (llama.cpp's "until the context is full") stops at the full context even where it
+    // would shift: the same text as the run that does not shift.
+    let mut until_full = with_shift.clone();
+    until_full[4] = "-2";
+    let full = hesper(&until_full);
+    assert!(full.status.success(), "{}", stderr(&full));
+    assert!(
+        stderr(&full).contains("context full (24 tokens)"),
+        "{}",
+        stderr(&full)
+    );
+    assert_eq!(full.stdout, plain.stdout);
     let sparse = hesper(&[
         "generate",
         "-p",

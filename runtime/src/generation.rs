@@ -73,7 +73,8 @@ pub struct Completion {
 
 /// Evaluates `input` at the evaluator's next positions, then samples and streams tokens
 /// until an end-of-generation token, `n_predict` tokens (negative: no limit) or a full context
-/// (one that does not shift: [`Evaluator::has_room`]).
+/// (one that does not shift: [`Evaluator::has_room`]; with `n_predict` −2, as llama.cpp's, a
+/// context that would shift stops the generation too).
 pub async fn complete<E: Evaluator>(
     eval: &mut E,
     tok: &Tokenizer,
@@ -125,7 +126,8 @@ pub async fn complete<E: Evaluator>(
             stopped = true;
             break;
         }
-        if !eval.has_room() {
+        let full = eval.pos() >= eval.n_ctx();
+        if !eval.has_room() || (n_predict == -2 && full) {
             on_event(Event::ContextFull {
                 n_ctx: eval.n_ctx(),
             })?;
