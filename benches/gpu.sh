@@ -82,7 +82,8 @@ fi
 [ -x "$bin" ] || { echo "no hesper-rs binary at $bin (set HESPER_BIN, or install cargo)" >&2; exit 1; }
 
 {
-  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%F %T UTC')"
+  echo "tree: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%F %T UTC')"
+  echo "binary: $bin, sha256 $(sha256sum "$bin" | cut -c1-16) (HESPER_BIN may be another commit's build)"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) threads"
 } | tee "$out/machine.txt"
