@@ -234,7 +234,7 @@ impl Job<'_> {
             }
             match self.base_in.as_mut() {
                 Some(r) => {
-                    base_file::read_chunk(r, &mut base).context("the base file")?;
+                    base_file::read_chunk(r, &mut base, n_vocab, i * c.scored())?;
                     kl.add_chunk(&logp, &base, want);
                     let r = kl.report();
                     writeln!(

@@ -92,6 +92,25 @@ fn kl_divergence_against_a_saved_base() {
     let kld = figure(&q8, "Mean    KLD");
     assert!(kld > 0.0 && kld < 1e-3, "{q8}");
     assert!(figure(&q8, "Same top p") > 95.0, "{q8}");
+    // A base whose values are not log-probabilities (the last scored token's second-to-last
+    // value made NaN, then +5) is refused naming the token, never averaged into a NaN.
+    let mut bytes = std::fs::read(&base).expect("base");
+    let at = bytes.len() - 8;
+    for value in [f32::NAN, 5.0] {
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        std::fs::write(&base, &bytes).expect("write");
+        let args = [
+            "perplexity",
+            "--kl-divergence",
+            "--kl-divergence-base",
+            &base,
+        ];
+        let o = hesper(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{err}");
+        assert!(err.contains("holds no log-probabilities"), "{err}");
+        assert!(!stdout(&o).contains("NaN"), "{}", stdout(&o));
+    }
     std::fs::remove_file(&base).ok();
 }
 

@@ -27,6 +27,14 @@ pub enum BaseFileError {
     /// It ends before what its header promises.
     #[error("the KL base file ends early (truncated?)")]
     Truncated,
+    /// A row of it is not the log-probabilities of a distribution.
+    #[error("the KL base file's scored token {row} holds no log-probabilities: {why}")]
+    NotLogProbs {
+        /// The scored token, counted from the start of the file.
+        row: usize,
+        /// What is wrong with its values.
+        why: String,
+    },
     /// Reading or writing failed.
     #[error(transparent)]
     Io(io::Error),
@@ -122,12 +130,34 @@ pub fn write_chunk(w: &mut impl Write, logp: &[f32]) -> io::Result<()> {
     w.write_all(&bytes)
 }
 
-/// Reads one chunk's log-probabilities into `out` (`header.chunk_bytes() / 4` values).
-pub fn read_chunk(r: &mut impl Read, out: &mut [f32]) -> Result<(), BaseFileError> {
+/// Reads one chunk's log-probabilities into `out` (`header.chunk_bytes() / 4` values, rows of
+/// `n_vocab`; `row0` counts the rows of the chunks before, for the message) and checks that
+/// each row is a distribution's: finite values, none above 0, probabilities summing to at most
+/// 1 (up to f32 rounding).
+pub fn read_chunk(
+    r: &mut impl Read,
+    out: &mut [f32],
+    n_vocab: usize,
+    row0: usize,
+) -> Result<(), BaseFileError> {
     let mut bytes = vec![0u8; out.len() * 4];
     r.read_exact(&mut bytes)?;
     for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
         *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    for (i, row) in out.chunks_exact(n_vocab.max(1)).enumerate() {
+        let bad = |why: String| BaseFileError::NotLogProbs { row: row0 + i, why };
+        if let Some(v) = row.iter().find(|v| !v.is_finite()) {
+            return Err(bad(format!("{v} is not finite")));
+        }
+        if let Some(v) = row.iter().find(|&&v| v > 0.0) {
+            return Err(bad(format!("{v} is above 0")));
+        }
+        // A log-softmax row sums to 1 within a few f32 roundings per value.
+        let total: f64 = row.iter().map(|&v| f64::from(v).exp()).sum();
+        if total > 1.0 + 1e-3 {
+            return Err(bad(format!("its probabilities sum to {total:.4}")));
+        }
     }
     Ok(())
 }

@@ -86,7 +86,14 @@ fn base_file_round_trip_and_bad_files() {
         n_vocab: 3,
         tokens: (0..16).collect(),
     };
-    let logp: Vec<f32> = (0..chunks.scored() * 3).map(|i| -(i as f32)).collect();
+    // Rows of three log-probabilities (log-softmax of 0, -1, -i).
+    let logp: Vec<f32> = (0..chunks.scored())
+        .flat_map(|i| {
+            let x = [0.0f64, -1.0, -(i as f64)];
+            let norm = x.iter().map(|v| v.exp()).sum::<f64>().ln();
+            x.map(|v| (v - norm) as f32)
+        })
+        .collect();
     let mut file = Vec::new();
     header.write(&mut file).unwrap();
     for _ in 0..2 {
@@ -96,17 +103,33 @@ fn base_file_round_trip_and_bad_files() {
     let mut r = file.as_slice();
     assert_eq!(Header::read(&mut r).unwrap(), header);
     let mut back = vec![0f32; logp.len()];
-    base_file::read_chunk(&mut r, &mut back).unwrap();
+    base_file::read_chunk(&mut r, &mut back, 3, 0).unwrap();
     assert_eq!(back, logp);
 
     let short = &file[..file.len() - 1];
     let mut r = short;
     Header::read(&mut r).unwrap();
-    base_file::read_chunk(&mut r, &mut back).unwrap();
+    base_file::read_chunk(&mut r, &mut back, 3, 0).unwrap();
     assert!(matches!(
-        base_file::read_chunk(&mut r, &mut back),
+        base_file::read_chunk(&mut r, &mut back, 3, 0),
         Err(BaseFileError::Truncated)
     ));
+    // Values that are not log-probabilities: refused, naming the scored token.
+    for (at, value, why) in [
+        (4, f32::NAN, "NaN is not finite"),
+        (5, 5.0, "5 is above 0"),
+        (3, -0.01, "sum to"),
+    ] {
+        let mut bad = logp.clone();
+        bad[at] = value;
+        let mut file = Vec::new();
+        base_file::write_chunk(&mut file, &bad).unwrap();
+        let e = base_file::read_chunk(&mut file.as_slice(), &mut back, 3, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("scored token {}", 10 + at / 3)), "{e}");
+        assert!(e.contains(why), "{e}");
+    }
     assert!(matches!(
         Header::read(&mut &b"GGUF\x03\0\0\0"[..]),
         Err(BaseFileError::NotBaseFile)
