@@ -351,14 +351,15 @@ impl GpuBackend {
     /// Submits, dispatches and pipeline-cache counters so far.
     pub fn stats(&self) -> GpuStats {
         let st = self.state.borrow();
+        let (submit_ns, wait_ns) = st.gpu.host_times();
         GpuStats {
             submits: st.gpu.submits(),
             dispatches: st.dispatches,
             cache: st.gpu.cache_stats(),
             bind_groups: st.gpu.bind_groups_created(),
             buffers: st.gpu.buffers_created(),
-            submit_ns: st.gpu.host_times().0,
-            wait_ns: st.gpu.host_times().1,
+            submit_ns,
+            wait_ns,
         }
     }
 
