@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use clap::Args;
 use hesper_cpu::Isa;
-use hesper_engine::config::Config;
+use hesper_engine::config::{Config, RopePairs};
 use hesper_engine::gguf::{Array, Value};
 use hesper_runtime::load::gpu_backend;
 
@@ -78,11 +78,23 @@ pub fn run(args: InfoArgs) -> Result<()> {
     let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
     match Config::from_gguf(g, n_vocab) {
         Ok(c) => {
-            writeln!(out, "\nmodel:     {} ({:?} flavour), {} layers, n_embd {}, n_ff {}, heads {}/{} (head dim {}), vocab {}, ctx {}", c.arch, c.flavour, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.n_ctx_train)?;
+            writeln!(out, "\nmodel:     {}, {} layers, n_embd {}, n_ff {}, heads {}/{} (head dim {}), vocab {}, ctx {}", c.arch, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.n_ctx_train)?;
+            let pairs = match c.family.rope_pairs {
+                RopePairs::Neox => "NeoX",
+                RopePairs::Adjacent => "adjacent-pair",
+            };
             writeln!(
                 out,
-                "numerics:  {:?} FFN, RMSNorm eps {}, NeoX RoPE base {} over {} dims",
-                c.activation, c.eps, c.rope_base, c.rope_dim
+                "numerics:  {} FFN{}, RMSNorm eps {}, {pairs} RoPE base {} over {} dims",
+                c.activation.name(),
+                if c.family.sub_norms {
+                    ", BitNet sub-norms"
+                } else {
+                    ""
+                },
+                c.eps,
+                c.rope_base,
+                c.rope_dim
             )?;
             let kv_bytes = 2 * c.n_layer * c.kv_dim() * attention.kv_type.bytes();
             writeln!(

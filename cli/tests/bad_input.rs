@@ -75,7 +75,7 @@ fn inputs_the_model_cannot_use_give_one_clear_line() {
         ),
         (
             vec!["generate", "-m", &llama_vocab],
-            "unsupported architecture \"llama\"",
+            "the file holds no tensors: a vocabulary or metadata file, not a model",
         ),
         (
             vec!["bench", "-m", &no_tokenizer, "-r", "0"],

@@ -154,7 +154,7 @@ fn info_describes_model_and_tokenizer() {
     for needle in [
         "bitnet-b1.58",
         "I2_S",
-        "Relu2",
+        "ReLU² FFN, BitNet sub-norms",
         "blk.0.attn_q.weight",
         "tokenizer: none",
     ] {

@@ -292,6 +292,16 @@ impl Backend for CpuBackend {
         });
     }
 
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, n: usize) {
+        self.profile.time(Op::Add, || {
+            for row in x[..n * bias.len()].chunks_exact_mut(bias.len()) {
+                for (a, b) in row.iter_mut().zip(bias) {
+                    *a += b;
+                }
+            }
+        });
+    }
+
     fn copy_rows(
         &self,
         src: &Vec<f32>,

@@ -52,6 +52,8 @@ mod tests {
             head_dim: 4,
             rope_dim: 4,
             base: 10000.0,
+            scale: 1.0,
+            freq_factors: None,
         };
         let mut x = vec![1.0, 0.0, 0.0, 0.0];
         rope(&mut x, 1, 1, &s);

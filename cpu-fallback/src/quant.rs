@@ -2,7 +2,6 @@
 
 use half::{bf16, f16};
 pub use hesper_engine::formats::nearest_int;
-use hesper_engine::formats::q8_0_block;
 use hesper_engine::formats::signed_absmax;
 
 /// Elements per ggml Q8_K block.
@@ -102,13 +101,23 @@ pub struct Q8_0Block {
     pub qs: [i8; 32],
 }
 
-/// Quantizes `x` into Q8_0 blocks like ggml's `quantize_row_q8_0_ref`
-/// (`d = amax/127`, `q = roundf(x/d)`, half away from zero).
+/// Quantizes activations `x` into Q8_0 blocks as llama.cpp's CPU backend does on x86
+/// (`quantize_row_q8_0`, the AVX path): `d = amax/127` (stored as f16),
+/// `q = x · (127/amax)` rounded half to even. (Weights are quantized by the reference
+/// `q8_0_block`: `1/d`, half away from zero; on activations the two differ in a code now and then.)
 pub fn quantize_q8_0(x: &[f32]) -> Vec<Q8_0Block> {
     x.chunks_exact(32)
         .map(|xb| {
-            let (d, qs) = q8_0_block(xb);
-            Q8_0Block { d: d.to_f32(), qs }
+            let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut qs = [0i8; 32];
+            for (q, &v) in qs.iter_mut().zip(xb) {
+                *q = (v * id).round_ties_even() as i8;
+            }
+            Q8_0Block {
+                d: f16::from_f32(amax / 127.0).to_f32(),
+                qs,
+            }
         })
         .collect()
 }
@@ -166,12 +175,14 @@ mod tests {
     }
 
     #[test]
-    fn q8_0_rounds_half_away_from_zero() {
+    fn q8_0_activations_round_ties_to_even_as_llama_cpp_does_on_x86() {
         let mut x = [0.0f32; 32];
         x[0] = 127.0;
         x[1] = 0.5;
         x[2] = -2.5;
+        x[3] = 1.5;
         let out = quantize_q8_0(&x);
-        assert_eq!(&out[0].qs[..3], &[127, 1, -3]);
+        assert_eq!(&out[0].qs[..4], &[127, 0, -2, 2]);
+        assert_eq!(out[0].d, 1.0);
     }
 }

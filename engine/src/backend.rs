@@ -56,7 +56,7 @@ pub struct AttentionShape {
 
 /// Rotary embedding parameters (NeoX "rotate half" pairing: `i` with `i + rope_dim/2`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RopeShape {
+pub struct RopeShape<'a> {
     /// Heads in the buffer.
     pub n_head: usize,
     /// Width of a head.
@@ -65,22 +65,30 @@ pub struct RopeShape {
     pub rope_dim: usize,
     /// Base frequency θ.
     pub base: f32,
+    /// Position scale (linear RoPE scaling; 1 without).
+    pub scale: f32,
+    /// Per-pair divisors of the angle (`rope_freqs.weight`: Llama 3.1's long-context
+    /// frequencies), `rope_dim/2` of them.
+    pub freq_factors: Option<&'a [f32]>,
 }
 
-impl RopeShape {
+impl RopeShape<'_> {
     /// `(cos, sin)` of every rotated pair for positions `pos0..pos0+n`, interleaved as
-    /// `[n][rope_dim/2][2]`. Angle of pair `i` at position `p` is `p · base^(−2i/rope_dim)`,
-    /// built by repeated f32 multiplication as ggml does; every backend uses this table so
-    /// they all rotate by the same angles.
+    /// `[n][rope_dim/2][2]`. Angle of pair `i` at position `p` is
+    /// `scale · p · base^(−2i/rope_dim) / factor_i`, the power built by repeated f32
+    /// multiplication as ggml does; every backend uses this table so they all rotate by the
+    /// same angles.
     pub fn angles(&self, pos0: usize, n: usize) -> Vec<f32> {
         let half = self.rope_dim / 2;
         let theta_scale = self.base.powf(-2.0 / self.rope_dim as f32);
         let mut out = Vec::with_capacity(n * half * 2);
         for p in pos0..pos0 + n {
             let mut theta = p as f32;
-            for _ in 0..half {
-                out.push(theta.cos());
-                out.push(theta.sin());
+            for i in 0..half {
+                let factor = self.freq_factors.map_or(1.0, |f| f[i]);
+                let angle = self.scale * (theta / factor);
+                out.push(angle.cos());
+                out.push(angle.sin());
                 theta *= theta_scale;
             }
         }
@@ -388,6 +396,8 @@ pub trait Backend {
     );
     /// `x += y` over `len` values.
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize);
+    /// `x[i] += bias` for each of `n` rows of `bias`'s length (a projection's bias).
+    fn add_bias(&self, x: &mut Self::Buffer, bias: &Self::Vector, n: usize);
     /// Copies `n_rows` rows of `width` floats starting at row `row0` of `src` to the front of `dst`.
     fn copy_rows(
         &self,

@@ -4,16 +4,49 @@ use thiserror::Error;
 
 use crate::gguf::Gguf;
 
-/// Which BitNet family a file belongs to; decides the FFN activation and, with the weight
-/// types, how activations are quantized.
+/// The architectures hesper-rs runs, as its messages name them.
+pub const ARCHITECTURES: &str = "bitnet, bitnet-b1.58, bitnet-25, llama and qwen2";
+
+/// How RoPE pairs the dims of a head (llama.cpp's rope types, by architecture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flavour {
-    /// The official BitNet b1.58 2B4T files (`bitnet-b1.58`, `bitnet-25`): I2_S weights,
-    /// ReLU², per-token int8 activations (bitnet.cpp's and the model's semantics).
-    Official,
-    /// llama.cpp mainline's `bitnet` architecture: TQ1_0/TQ2_0/float weights, optional
-    /// `*.scale` tensors, SiLU.
-    Mainline,
+pub enum RopePairs {
+    /// NeoX: dim `i` with `i + rope_dim/2` (`bitnet*`, `qwen2`); what every backend rotates.
+    Neox,
+    /// ggml's normal mode: dim `2i` with `2i + 1` (`llama`). The loader reorders the rows of
+    /// Q and K (and their biases) inside each head so that NeoX pairing rotates the same
+    /// pairs by the same angles: attention scores are unchanged, and one kernel serves both.
+    Adjacent,
+}
+
+/// What an architecture fixes about the graph: the rows of llama.cpp's tables, as data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    /// RMSNorms before `attn_output` and `ffn_down` (`attn_sub_norm`, `ffn_sub_norm`: BitNet).
+    pub sub_norms: bool,
+    /// RoPE pairing.
+    pub rope_pairs: RopePairs,
+    /// The FFN activation when the file does not name one (`<arch>.hidden_activation`).
+    pub activation: Activation,
+}
+
+impl Family {
+    /// The family of `general.architecture` = `arch`, if hesper-rs runs it. bitnet.cpp's
+    /// official files (`bitnet-b1.58`, `bitnet-25`) default to ReLU², as 2B4T was trained;
+    /// mainline llama.cpp's `bitnet` graph computes SiLU.
+    pub fn of(arch: &str) -> Option<Self> {
+        let (sub_norms, rope_pairs, activation) = match arch {
+            "bitnet-b1.58" | "bitnet-25" => (true, RopePairs::Neox, Activation::Relu2),
+            "bitnet" => (true, RopePairs::Neox, Activation::Silu),
+            "llama" => (false, RopePairs::Adjacent, Activation::Silu),
+            "qwen2" => (false, RopePairs::Neox, Activation::Silu),
+            _ => return None,
+        };
+        Some(Self {
+            sub_norms,
+            rope_pairs,
+            activation,
+        })
+    }
 }
 
 /// The gated FFN's activation.
@@ -25,13 +58,23 @@ pub enum Activation {
     Relu2,
 }
 
+impl Activation {
+    /// The name users know it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Silu => "SiLU",
+            Self::Relu2 => "ReLU²",
+        }
+    }
+}
+
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `general.architecture`.
     pub arch: String,
-    /// Family.
-    pub flavour: Flavour,
+    /// What the architecture fixes about the graph.
+    pub family: Family,
     /// Vocabulary size.
     pub n_vocab: usize,
     /// Hidden width.
@@ -42,7 +85,7 @@ pub struct Config {
     pub n_head: usize,
     /// Key/value heads (GQA).
     pub n_head_kv: usize,
-    /// Width of one head.
+    /// Width of one head (`attention.key_length`, else `n_embd / n_head`).
     pub head_dim: usize,
     /// FFN width.
     pub n_ff: usize,
@@ -52,6 +95,8 @@ pub struct Config {
     pub eps: f32,
     /// RoPE base frequency.
     pub rope_base: f32,
+    /// RoPE position scale (`1 / rope.scaling.factor` for linear scaling, else 1).
+    pub rope_scale: f32,
     /// Dims rotated by RoPE per head.
     pub rope_dim: usize,
     /// FFN activation.
@@ -65,7 +110,7 @@ pub enum ConfigError {
     #[error("general.architecture is missing: not a model file")]
     NoArchitecture,
     /// The architecture is not BitNet.
-    #[error("unsupported architecture {0:?} (hesper-rs runs bitnet, bitnet-b1.58 and bitnet-25)")]
+    #[error("unsupported architecture {0:?} (hesper-rs runs {ARCHITECTURES})")]
     Architecture(String),
     /// A required key is missing or has the wrong type.
     #[error("metadata key {0} is missing or not a number")]
@@ -90,11 +135,7 @@ impl Config {
             .get_str("general.architecture")
             .ok_or(ConfigError::NoArchitecture)?
             .to_string();
-        let flavour = match arch.as_str() {
-            "bitnet-b1.58" | "bitnet-25" => Flavour::Official,
-            "bitnet" => Flavour::Mainline,
-            _ => return Err(ConfigError::Architecture(arch)),
-        };
+        let family = Family::of(&arch).ok_or_else(|| ConfigError::Architecture(arch.clone()))?;
         let key = |k: &str| format!("{arch}.{k}");
         let int = |k: &str| -> Result<usize, ConfigError> {
             let v = g
@@ -120,12 +161,25 @@ impl Config {
             value: v.to_string(),
             why: why.into(),
         };
-        if n_embd % n_head != 0 {
-            return Err(invalid(
-                "attention.head_count",
-                n_head,
-                "must divide embedding_length",
-            ));
+        let head_dim =
+            match g.get_u64(&key("attention.key_length")) {
+                Some(_) => int("attention.key_length")?,
+                None if n_embd % n_head != 0 => return Err(invalid(
+                    "attention.head_count",
+                    n_head,
+                    "must divide embedding_length (or attention.key_length name the head width)",
+                )),
+                None => n_embd / n_head,
+            };
+        if g.get_u64(&key("attention.value_length")).is_some() {
+            let value_length = int("attention.value_length")?;
+            if value_length != head_dim {
+                return Err(invalid(
+                    "attention.value_length",
+                    value_length,
+                    &format!("must equal the key width {head_dim}"),
+                ));
+            }
         }
         if n_head % n_head_kv != 0 {
             return Err(invalid(
@@ -134,7 +188,6 @@ impl Config {
                 "must divide attention.head_count",
             ));
         }
-        let head_dim = n_embd / n_head;
         let rope_dim = match g.get_u64(&key("rope.dimension_count")) {
             Some(_) => int("rope.dimension_count")?,
             None => head_dim,
@@ -162,18 +215,28 @@ impl Config {
                 })
             }
         };
-        let activation = match (g.get_str(&key("hidden_activation")), flavour) {
-            (Some("relu2" | "relu_squared" | "squared_relu"), _) => Activation::Relu2,
-            (Some("silu" | "swish"), _) => Activation::Silu,
-            (Some(other), _) => {
+        let activation = match g.get_str(&key("hidden_activation")) {
+            Some("relu2" | "relu_squared" | "squared_relu") => Activation::Relu2,
+            Some("silu" | "swish") => Activation::Silu,
+            Some(other) => {
                 return Err(ConfigError::Invalid {
                     key: key("hidden_activation"),
                     value: other.into(),
                     why: "hesper-rs knows relu2 and silu".into(),
                 })
             }
-            (None, Flavour::Official) => Activation::Relu2,
-            (None, Flavour::Mainline) => Activation::Silu,
+            None => family.activation,
+        };
+        let rope_scale = match g.get_str(&key("rope.scaling.type")) {
+            None | Some("none") => 1.0,
+            Some("linear") => 1.0 / float("rope.scaling.factor", 1.0)?,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: key("rope.scaling.type"),
+                    value: other.into(),
+                    why: "hesper-rs computes no and linear RoPE scaling".into(),
+                })
+            }
         };
         Ok(Self {
             n_vocab,
@@ -186,11 +249,17 @@ impl Config {
             n_ctx_train: int("context_length")?,
             eps: float("attention.layer_norm_rms_epsilon", 1e-5)?,
             rope_base: float("rope.freq_base", 10000.0)?,
+            rope_scale,
             rope_dim,
             activation,
-            flavour,
+            family,
             arch,
         })
+    }
+
+    /// Width of the Q projection (all query heads).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
     }
 
     /// Width of the K and V projections.

@@ -21,7 +21,7 @@ use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
 use crate::backend::{AttentionShape, Backend, BackendError, GateUp, MatrixUse, RopeShape};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, RopePairs};
 use crate::file::ModelFile;
 use crate::gguf::{TensorError, TensorInfo};
 use crate::memory::{SessionShape, SizeError};
@@ -40,6 +40,9 @@ pub enum ModelError {
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The file holds metadata only (a tokenizer's vocabulary file, say).
+    #[error("the file holds no tensors: a vocabulary or metadata file, not a model")]
+    NoTensors,
     /// A tensor the model needs is not in the file.
     #[error("tensor {0:?} is missing from the file")]
     MissingTensor(String),
@@ -110,6 +113,15 @@ pub enum ModelError {
         n_tokens: usize,
         /// Width.
         n_embd: usize,
+    },
+    /// A tensor that would change what the graph computes, which hesper-rs's graph of this
+    /// architecture does not read: running without it would be a wrong answer.
+    #[error("tensor {name:?} is not part of the {arch} graph hesper-rs computes, which would run the model wrong without it")]
+    UnreadTensor {
+        /// Tensor name.
+        name: String,
+        /// The file's architecture.
+        arch: String,
     },
     /// A context shift this session cannot do.
     #[error("context shift: {0}")]
@@ -188,11 +200,15 @@ struct Layer<B: Backend> {
     wq: B::Matrix,
     wk: B::Matrix,
     wv: B::Matrix,
-    attn_sub_norm: B::Vector,
+    /// Q, K and V biases (`qwen2`), all or none.
+    qkv_bias: Option<[B::Vector; 3]>,
+    /// BitNet's norm of the attention output (families with sub-norms).
+    attn_sub_norm: Option<B::Vector>,
     wo: B::Matrix,
     ffn_norm: B::Vector,
     gate_up: GateUp<B::Matrix>,
-    ffn_sub_norm: B::Vector,
+    /// BitNet's norm of the FFN activation (families with sub-norms).
+    ffn_sub_norm: Option<B::Vector>,
     down: B::Matrix,
 }
 
@@ -209,6 +225,8 @@ pub struct Model<B: Backend> {
     embedding: Option<B::Matrix>,
     output: Option<B::Matrix>,
     output_norm: Option<B::Vector>,
+    /// `rope_freqs.weight`, when the file has one.
+    rope_factors: Option<Vec<f32>>,
     bytes_per_token: u64,
 }
 
@@ -327,6 +345,9 @@ impl<B: Backend> Model<B> {
         // The architecture is checked before any tensor, so a non-BitNet file says so.
         let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
         let config = Config::from_gguf(g, n_vocab)?;
+        if g.tensors().is_empty() {
+            return Err(ModelError::NoTensors);
+        }
         let all = 0..config.n_layer;
         let layer_range = opts.layers.clone().unwrap_or(all.clone());
         if layer_range.start > layer_range.end || layer_range.end > config.n_layer {
@@ -337,11 +358,28 @@ impl<B: Backend> Model<B> {
                 have_end: config.n_layer,
             });
         }
+        // Biases are read on Q, K and V only; another would be silently left out.
+        if let Some(t) = g.tensors().iter().find(|t| {
+            t.name.ends_with(".bias")
+                && !["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+                    .iter()
+                    .any(|b| t.name.starts_with("blk.") && t.name.ends_with(b))
+        }) {
+            return Err(ModelError::UnreadTensor {
+                name: t.name.clone(),
+                arch: config.arch.clone(),
+            });
+        }
         let first = layer_range.start == 0;
         let last = layer_range.end == config.n_layer;
         let tied = g.tensor("output.weight").is_none();
         let head_loaded = last && (!tied || opts.head != HeadFormat::AsStored);
-        let total = layer_range.len() * 11
+        let has_bias = |il: usize| g.tensor(&format!("blk.{il}.attn_q.bias")).is_some();
+        let per_layer = 9 + if config.family.sub_norms { 2 } else { 0 };
+        let total = layer_range
+            .clone()
+            .map(|il| per_layer + if has_bias(il) { 3 } else { 0 })
+            .sum::<usize>()
             + usize::from(first || (last && tied))
             + usize::from(last)
             + usize::from(head_loaded);
@@ -354,7 +392,7 @@ impl<B: Backend> Model<B> {
             progress: opts.progress,
             matrix_bytes: 0,
         };
-        let (d, ff, kv) = (config.n_embd, config.n_ff, config.kv_dim());
+        let (d, ff, qd, kv) = (config.n_embd, config.n_ff, config.q_dim(), config.kv_dim());
         let embedding = if first || (last && tied) {
             Some(
                 loader
@@ -371,39 +409,83 @@ impl<B: Backend> Model<B> {
         } else {
             loader.matrix_bytes
         };
+        // Rows of Q and K (and their biases) in the order NeoX RoPE rotates them.
+        let q_order = rope_row_order(&config, config.n_head);
+        let k_order = rope_row_order(&config, config.n_head_kv);
         let mut layers = Vec::with_capacity(layer_range.len());
         for il in layer_range.clone() {
             let p = |n: &str| format!("blk.{il}.{n}");
+            let attn_norm = loader.vector(&p("attn_norm.weight"), d).await?;
+            let wq = loader
+                .matrix_in_order(&p("attn_q.weight"), qd, d, q_order.as_deref())
+                .await?;
+            let wk = loader
+                .matrix_in_order(&p("attn_k.weight"), kv, d, k_order.as_deref())
+                .await?;
+            let wv = loader
+                .matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product)
+                .await?;
+            let qkv_bias = if has_bias(il) {
+                Some([
+                    loader
+                        .vector_in_order(&p("attn_q.bias"), qd, q_order.as_deref())
+                        .await?,
+                    loader
+                        .vector_in_order(&p("attn_k.bias"), kv, k_order.as_deref())
+                        .await?,
+                    loader.vector(&p("attn_v.bias"), kv).await?,
+                ])
+            } else {
+                None
+            };
+            let attn_sub_norm = if config.family.sub_norms {
+                Some(loader.vector(&p("attn_sub_norm.weight"), qd).await?)
+            } else {
+                None
+            };
+            let wo = loader
+                .matrix(&p("attn_output.weight"), d, qd, MatrixUse::Product)
+                .await?;
+            let ffn_norm = loader.vector(&p("ffn_norm.weight"), d).await?;
+            let gate_up = loader.backend.join_gate_up(
+                loader
+                    .matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product)
+                    .await?,
+                loader
+                    .matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product)
+                    .await?,
+            )?;
+            let ffn_sub_norm = if config.family.sub_norms {
+                Some(loader.vector(&p("ffn_sub_norm.weight"), ff).await?)
+            } else {
+                None
+            };
+            let down = loader
+                .matrix(&p("ffn_down.weight"), d, ff, MatrixUse::Product)
+                .await?;
             layers.push(Layer {
-                attn_norm: loader.vector(&p("attn_norm.weight"), d).await?,
-                wq: loader
-                    .matrix(&p("attn_q.weight"), d, d, MatrixUse::Product)
-                    .await?,
-                wk: loader
-                    .matrix(&p("attn_k.weight"), kv, d, MatrixUse::Product)
-                    .await?,
-                wv: loader
-                    .matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product)
-                    .await?,
-                attn_sub_norm: loader.vector(&p("attn_sub_norm.weight"), d).await?,
-                wo: loader
-                    .matrix(&p("attn_output.weight"), d, d, MatrixUse::Product)
-                    .await?,
-                ffn_norm: loader.vector(&p("ffn_norm.weight"), d).await?,
-                gate_up: loader.backend.join_gate_up(
-                    loader
-                        .matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product)
-                        .await?,
-                    loader
-                        .matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product)
-                        .await?,
-                )?,
-                ffn_sub_norm: loader.vector(&p("ffn_sub_norm.weight"), ff).await?,
-                down: loader
-                    .matrix(&p("ffn_down.weight"), d, ff, MatrixUse::Product)
-                    .await?,
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                qkv_bias,
+                attn_sub_norm,
+                wo,
+                ffn_norm,
+                gate_up,
+                ffn_sub_norm,
+                down,
             });
         }
+        let rope_factors = if g.tensor("rope_freqs.weight").is_some() {
+            Some(
+                loader
+                    .vector_data("rope_freqs.weight", config.rope_dim / 2)
+                    .await?,
+            )
+        } else {
+            None
+        };
         let (output, output_norm) = if last {
             let norm = loader.vector("output_norm.weight", d).await?;
             let head = if tied {
@@ -438,6 +520,7 @@ impl<B: Backend> Model<B> {
             embedding,
             output,
             output_norm,
+            rope_factors,
             bytes_per_token,
         })
     }
@@ -471,6 +554,8 @@ impl<B: Backend> Model<B> {
     ) -> Result<Session<B>, ModelError> {
         let c = &self.config;
         let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
+        // `h` and `q` also hold rows of the other width (a sub-norm's output, a product's).
+        let (qd, wide) = (c.q_dim(), c.q_dim().max(c.n_embd));
         let logits = if self.output_norm.is_some() {
             c.n_vocab
         } else {
@@ -480,18 +565,18 @@ impl<B: Backend> Model<B> {
             n_layer: self.layers.len(),
             kv_dim: kv,
             kv_bytes: attention.kv_type.bytes(),
-            row_widths: [d, d, d, kv, kv, d, ff, ff, ff, logits],
+            row_widths: [d, wide, wide, kv, kv, qd, ff, ff, ff, logits],
         };
         let size = shape.size(n_ctx, batch, self.backend.memory_limits())?;
         let batch = size.batch;
         let b = &self.backend;
         let s = Scratch {
             x: b.alloc(batch * d)?,
-            h: b.alloc(batch * d)?,
-            q: b.alloc(batch * d)?,
+            h: b.alloc(batch * wide)?,
+            q: b.alloc(batch * wide)?,
             k: b.alloc(batch * kv)?,
             v: b.alloc(batch * kv)?,
-            att: b.alloc(batch * d)?,
+            att: b.alloc(batch * qd)?,
             gate: b.alloc(batch * ff)?,
             up: b.alloc(batch * ff)?,
             act: b.alloc(batch * ff)?,
@@ -841,12 +926,9 @@ impl<B: Backend> Model<B> {
             return Err(full);
         }
         let discard = ((s.pos - keep) / 2).max(s.pos + n - s.n_ctx);
-        let c = &self.config;
         let rope_k = RopeShape {
-            n_head: c.n_head_kv,
-            head_dim: c.head_dim,
-            rope_dim: c.rope_dim,
-            base: c.rope_base,
+            n_head: self.config.n_head_kv,
+            ..self.rope_shape()
         };
         self.backend
             .shift_cache(&mut s.cache, keep, discard, s.pos, &rope_k);
@@ -903,12 +985,7 @@ impl<B: Backend> Model<B> {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
         };
-        let rope_q = RopeShape {
-            n_head: c.n_head,
-            head_dim: c.head_dim,
-            rope_dim: c.rope_dim,
-            base: c.rope_base,
-        };
+        let rope_q = self.rope_shape();
         let rope_k = RopeShape {
             n_head: c.n_head_kv,
             ..rope_q
@@ -933,6 +1010,11 @@ impl<B: Backend> Model<B> {
                 n,
                 &mut [&mut *q, &mut *k, &mut *v],
             );
+            if let Some([bq, bk, bv]) = &l.qkv_bias {
+                b.add_bias(q, bq, n);
+                b.add_bias(k, bk, n);
+                b.add_bias(v, bv, n);
+            }
             b.rope_attention(
                 &mut s.cache,
                 li,
@@ -946,12 +1028,39 @@ impl<B: Backend> Model<B> {
                 &attn,
                 att,
             );
-            b.rms_norm_for(att, &l.attn_sub_norm, n, c.eps, h, &l.wo);
-            b.matmul_add(&l.wo, h, n, c.n_embd, x, q);
+            // BitNet normalizes the attention output and the FFN activation once more before
+            // their products; other families multiply them as they are.
+            let wo_in = match &l.attn_sub_norm {
+                Some(g) => {
+                    b.rms_norm_for(att, g, n, c.eps, h, &l.wo);
+                    &*h
+                }
+                None => &*att,
+            };
+            b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q);
             b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.gate_up.first());
             b.gate_up(&l.gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
-            b.rms_norm_for(act, &l.ffn_sub_norm, n, c.eps, gate, &l.down);
-            b.matmul_add(&l.down, gate, n, c.n_embd, x, q);
+            let down_in = match &l.ffn_sub_norm {
+                Some(g) => {
+                    b.rms_norm_for(act, g, n, c.eps, gate, &l.down);
+                    &*gate
+                }
+                None => &*act,
+            };
+            b.matmul_add(&l.down, down_in, n, c.n_embd, x, q);
+        }
+    }
+
+    /// The RoPE of this model's query heads.
+    fn rope_shape(&self) -> RopeShape<'_> {
+        let c = &self.config;
+        RopeShape {
+            n_head: c.n_head,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+            base: c.rope_base,
+            scale: c.rope_scale,
+            freq_factors: self.rope_factors.as_deref(),
         }
     }
 }
@@ -1153,6 +1262,41 @@ impl<B: Backend, F: Fetch> Loader<'_, '_, B, F> {
         Ok(m)
     }
 
+    /// [`Loader::matrix`] of a product matrix whose rows are stored in `order` (row `i` of
+    /// the loaded matrix is row `order[i]` of the file's); as stored when `order` is `None`.
+    async fn matrix_in_order(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        order: Option<&[usize]>,
+    ) -> Result<B::Matrix, ModelError> {
+        let Some(order) = order else {
+            return self.matrix(name, rows, cols, MatrixUse::Product).await;
+        };
+        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
+        let rb = desc.row_bytes();
+        let stored = match &bytes {
+            None => &self.file.bytes()[desc.range.clone()],
+            Some(bytes) => &bytes[desc.range.clone()],
+        };
+        let mut data = Vec::with_capacity(stored.len());
+        for &r in order {
+            data.extend_from_slice(&stored[r * rb..(r + 1) * rb]);
+        }
+        drop(bytes);
+        self.matrix_bytes += data.len() as u64;
+        let desc = MatrixDesc {
+            range: 0..data.len(),
+            ..desc
+        };
+        let m = self
+            .backend
+            .load_owned_matrix(desc, data, scale, MatrixUse::Product)?;
+        self.tick();
+        Ok(m)
+    }
+
     async fn requantized(
         &mut self,
         name: &str,
@@ -1193,12 +1337,49 @@ impl<B: Backend, F: Fetch> Loader<'_, '_, B, F> {
         })
     }
 
+    /// [`Loader::vector`] with its values in `order` (as [`Loader::matrix_in_order`]).
+    async fn vector_in_order(
+        &mut self,
+        name: &str,
+        len: usize,
+        order: Option<&[usize]>,
+    ) -> Result<B::Vector, ModelError> {
+        let mut data = self.vector_data(name, len).await?;
+        if let Some(order) = order {
+            data = order.iter().map(|&i| data[i]).collect();
+        }
+        let v = self.backend.load_vector(data)?;
+        self.tick();
+        Ok(v)
+    }
+
     async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
         let data = self.vector_data(name, len).await?;
         let v = self.backend.load_vector(data)?;
         self.tick();
         Ok(v)
     }
+}
+
+/// The order of the `n_head` heads' rows of a Q or K projection that makes NeoX RoPE rotate
+/// what the file's pairing rotates (`None`: the file pairs as NeoX does). For adjacent pairs
+/// (`2i`, `2i + 1`), row `i` of a head becomes row `2i` of the file's and row `i + rope_dim/2`
+/// row `2i + 1`; dims past `rope_dim` stay.
+fn rope_row_order(c: &Config, n_head: usize) -> Option<Vec<usize>> {
+    if c.family.rope_pairs == RopePairs::Neox {
+        return None;
+    }
+    let half = c.rope_dim / 2;
+    let within = |j: usize| match j {
+        j if j < half => 2 * j,
+        j if j < c.rope_dim => 2 * (j - half) + 1,
+        j => j,
+    };
+    Some(
+        (0..n_head * c.head_dim)
+            .map(|r| r - r % c.head_dim + within(r % c.head_dim))
+            .collect(),
+    )
 }
 
 /// Locates weight matrix `name` (`rows × cols`) in `file`, with its optional `*.scale`

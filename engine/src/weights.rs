@@ -52,7 +52,7 @@ pub struct MatrixDesc {
 #[derive(Debug, Error, PartialEq)]
 pub enum WeightError {
     /// The tensor's type is not usable as a weight matrix.
-    #[error("tensor {name:?} has type {ty}, which hesper-rs cannot compute with")]
+    #[error("tensor {name:?} has type {ty}, which hesper-rs cannot compute with (it runs F32, F16, BF16, Q8_0, Q6_K, I2_S, TQ1_0 and TQ2_0)")]
     UnsupportedType {
         /// Tensor name.
         name: String,

@@ -28,8 +28,8 @@ pub use matrix::{GpuMatrix, HostRows, Kind};
 /// Most workgroups of the first argmax stage.
 const ARGMAX_GROUPS: usize = 256;
 
-/// Largest head the attention kernel handles (one thread per dimension).
-pub const MAX_HEAD_DIM: usize = 128;
+/// Largest head the attention kernel handles (a thread per two dimensions).
+pub const MAX_HEAD_DIM: usize = 256;
 
 /// Most globals of a sparse pattern the attention kernel takes (its scattered tile holds them
 /// and 32 log-stride positions).
@@ -77,6 +77,8 @@ pub struct GpuStats {
 struct RopeTable {
     rope_dim: usize,
     base: f32,
+    scale: f32,
+    freq_factors: Option<Vec<f32>>,
     positions: usize,
     cs: GpuBuffer<f32>,
 }
@@ -529,7 +531,11 @@ impl State {
     /// Makes the rotary table cover positions `0..positions` for `shape`.
     fn rope_table(&mut self, shape: &RopeShape, positions: usize) -> Result<(), GpuError> {
         let fits = self.rope.as_ref().is_some_and(|t| {
-            t.rope_dim == shape.rope_dim && t.base == shape.base && t.positions >= positions
+            t.rope_dim == shape.rope_dim
+                && t.base == shape.base
+                && t.scale == shape.scale
+                && t.freq_factors.as_deref() == shape.freq_factors
+                && t.positions >= positions
         });
         if !fits {
             let positions = positions.next_power_of_two().max(256);
@@ -538,6 +544,8 @@ impl State {
             self.rope = Some(RopeTable {
                 rope_dim: shape.rope_dim,
                 base: shape.base,
+                scale: shape.scale,
+                freq_factors: shape.freq_factors.map(<[f32]>::to_vec),
                 positions,
                 cs,
             });
@@ -1036,6 +1044,8 @@ impl Backend for GpuBackend {
         let fused = cache.sparse.is_none()
             && rope_q.rope_dim == rope_k.rope_dim
             && rope_q.base == rope_k.base
+            && rope_q.scale == rope_k.scale
+            && rope_q.freq_factors == rope_k.freq_factors
             && rope_q.head_dim == shape.head_dim
             && rope_k.head_dim == shape.head_dim
             && rope_q.rope_dim.is_multiple_of(2);
@@ -1153,6 +1163,22 @@ impl Backend for GpuBackend {
                     k::silu_mul::grid_for(n),
                 ),
             }
+        });
+    }
+
+    fn add_bias(&self, x: &mut GpuBuffer<f32>, bias: &GpuBuffer<f32>, n: usize) {
+        let len = (n * bias.len()) as u32;
+        self.record(|st| {
+            st.batch.run(
+                &mut st.gpu,
+                &k::add_bias::Args {
+                    x,
+                    b: bias,
+                    width: bias.len() as u32,
+                    n: len,
+                },
+                k::add_bias::grid_for(len),
+            )
         });
     }
 

@@ -11,6 +11,15 @@ pub fn add_assign(x: &mut [f32], y: &[f32], #[uniform] n: u32) {
     }
 }
 
+/// `x[i] += b[i % width]` over `n` values: a bias of `width` added to every row.
+#[kernel(workgroup = 256)]
+pub fn add_bias(x: &mut [f32], b: &[f32], #[uniform] width: u32, #[uniform] n: u32) {
+    let i = gid();
+    if i < n {
+        x[i] = x[i] + b[i % width];
+    }
+}
+
 /// `out = silu(gate) · up` (llama.cpp mainline's BitNet FFN).
 #[kernel(workgroup = 256)]
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] n: u32) {

@@ -11,8 +11,8 @@ use crate::reduce::tree_max;
 
 /// One workgroup per (query head, token): grid `[n_head, n]`. Token `i` sits at position
 /// `pos0 + i`; query head `h` reads kv head `h / (n_head / n_head_kv)` straight from the cache
-/// (GQA without repeating K/V). In a tile thread `t` scores key `t`, and owns output dimension
-/// `t`, so `head_dim ≤ 128`.
+/// (GQA without repeating K/V). In a tile thread `t` scores key `t`, and owns output dimensions
+/// `t` and `t + 128`, so `head_dim ≤ 256`.
 ///
 /// Cache words hold f32 bits, or two f16 when `f16` is set (see `kv_write`). `window == 0`
 /// means dense; otherwise the first `n_global` entries of `globals` (distinct, at most 96) and,
@@ -39,7 +39,7 @@ pub fn attention(
     #[uniform] log_stride: u32,
     #[uniform] landmarks: u32,
     #[uniform] block: u32,
-    #[shared] qs: &mut [f32; 128],
+    #[shared] qs: &mut [f32; 256],
     #[shared] ps: &mut [f32; 128],
     #[shared] rows: &mut [u32; 128],
     #[shared] acc: &mut [f32; 256],
@@ -50,10 +50,13 @@ pub fn attention(
     let kv_dim = n_head_kv * head_dim;
     let kv_off = (h / (n_head / n_head_kv)) * head_dim;
     let q_off = (i * n_head + h) * head_dim;
-    if t < head_dim {
-        qs[t] = q[q_off + t];
-    } else {
-        qs[t] = 0.0;
+    for part in 0u32..2u32 {
+        let dim = t + part * 128u32;
+        if dim < head_dim {
+            qs[dim] = q[q_off + dim];
+        } else {
+            qs[dim] = 0.0;
+        }
     }
     barrier();
     let pos = pos0 + i;
@@ -78,6 +81,7 @@ pub fn attention(
     let mut m: f32 = -3.4028235e38;
     let mut l: f32 = 0.0;
     let mut o: f32 = 0.0;
+    let mut o_hi: f32 = 0.0;
     for tile in 0u32..tiles {
         // The key thread `t` scores: a cached position, or (`mark`) a landmark's block; an
         // invalid slot reads row 0 and weighs 0.
@@ -156,33 +160,45 @@ pub fn attention(
         barrier();
         let mut tile_sum: f32 = 0.0;
         let mut tile_o: f32 = 0.0;
+        let mut tile_o_hi: f32 = 0.0;
         for j in 0u32..count {
             let w = ps[j];
             tile_sum += w;
-            if t < head_dim {
-                let at = rows[j] * kv_dim + kv_off + t;
-                let mut x: f32 = 0.0;
-                if mark {
-                    x = lv[at];
-                } else if f16 != 0u32 {
-                    let word = v_cache[at / 2u32];
-                    x = select(
-                        unpack_f16_lo(word),
-                        unpack_f16_hi(word),
-                        (at & 1u32) == 1u32,
-                    );
-                } else {
-                    x = f32_from_bits(v_cache[at]);
+            for part in 0u32..2u32 {
+                let dim = t + part * 128u32;
+                if dim < head_dim {
+                    let at = rows[j] * kv_dim + kv_off + dim;
+                    let mut x: f32 = 0.0;
+                    if mark {
+                        x = lv[at];
+                    } else if f16 != 0u32 {
+                        let word = v_cache[at / 2u32];
+                        x = select(
+                            unpack_f16_lo(word),
+                            unpack_f16_hi(word),
+                            (at & 1u32) == 1u32,
+                        );
+                    } else {
+                        x = f32_from_bits(v_cache[at]);
+                    }
+                    if part == 0u32 {
+                        tile_o += w * x;
+                    } else {
+                        tile_o_hi += w * x;
+                    }
                 }
-                tile_o += w * x;
             }
         }
         l = l * correction + tile_sum;
         o = o * correction + tile_o;
+        o_hi = o_hi * correction + tile_o_hi;
         m = m_new;
         barrier();
     }
     if t < head_dim {
         out[q_off + t] = o / l;
+    }
+    if t + 128u32 < head_dim {
+        out[q_off + t + 128u32] = o_hi / l;
     }
 }

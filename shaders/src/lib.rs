@@ -18,7 +18,7 @@ mod tile;
 
 pub use argmax::{argmax_final, argmax_partial, take_top};
 pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
-pub use elementwise::{add_assign, interleave_rows, relu2_mul, silu_mul};
+pub use elementwise::{add_assign, add_bias, interleave_rows, relu2_mul, silu_mul};
 pub use embed::{embed_f16, embed_f32};
 pub use flash_attention::attention;
 pub use geometry::{

@@ -79,8 +79,9 @@ pub fn quantize_q8k(
     }
 }
 
-/// ggml Q8_0 blocks (activations multiplied with Q8_0 weights), 8 blocks of 32 per workgroup:
-/// `d = amax/127` (kept rounded to f16), `q = x/d` rounded half away from zero.
+/// ggml Q8_0 blocks (activations multiplied with Q8_0 weights), 8 blocks of 32 per workgroup, as
+/// llama.cpp's x86 CPU backend quantizes them: `d = amax/127` (kept rounded to f16),
+/// `q = x · (127/amax)` rounded half to even.
 #[kernel(workgroup = 256)]
 pub fn quantize_q8_0(
     x: &[f32],
@@ -106,19 +107,17 @@ pub fn quantize_q8_0(
         barrier();
         stride = stride >> 1u32;
     }
-    let scale = acc[t - lane] / 127.0;
+    let amax = acc[t - lane];
     let mut inv: f32 = 0.0;
-    if scale != 0.0 {
-        inv = 1.0 / scale;
+    if amax != 0.0 {
+        inv = 127.0 / amax;
     }
-    let y = v * inv;
-    let whole = y.trunc();
-    let away = select(-1.0, 1.0, y > 0.0);
-    let r = select(whole, whole + away, (y - whole).abs() >= 0.5);
+    // WGSL's round() takes ties to even.
+    let r = (v * inv).round();
     if b < blocks {
         q[b * 32u32 + lane] = r as i32;
         if lane == 0u32 {
-            d[b] = round_to_f16(scale);
+            d[b] = round_to_f16(amax / 127.0);
         }
     }
 }

@@ -453,7 +453,7 @@ const ROPE_POS0: usize = 5;
 /// A rope kernel run by [`rope_run!`]: the geometry, the input, the angle table and the
 /// output.
 struct RopeRun {
-    shape: RopeShape,
+    shape: RopeShape<'static>,
     x: Vec<f32>,
     table: Vec<f32>,
     got: Vec<f32>,
@@ -473,6 +473,8 @@ macro_rules! rope_run {
             head_dim: 64,
             rope_dim: 48,
             base: $base,
+            scale: 1.0,
+            freq_factors: None,
         };
         let x = data(n * shape.n_head * shape.head_dim, $seed);
         let table = shape.angles(0, pos0 + n);

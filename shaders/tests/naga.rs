@@ -23,6 +23,7 @@ macro_rules! kernels {
 fn all() -> Vec<Kernel> {
     kernels!(
         add_assign,
+        add_bias,
         silu_mul,
         relu2_mul,
         interleave_rows,

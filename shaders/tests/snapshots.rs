@@ -12,6 +12,7 @@ macro_rules! snapshots {
 fn generated_wgsl_is_unchanged() {
     snapshots!(
         add_assign,
+        add_bias,
         silu_mul,
         relu2_mul,
         interleave_rows,

@@ -129,6 +129,14 @@ pub const ALL: &[&str] = &[
     "tiny-i2s",
 ];
 
+/// The golden models of the other families (`llama`, `qwen2`; golden-values/families.py).
+pub const FAMILIES: &[&str] = &[
+    "tiny-llama-f16",
+    "tiny-llama-q8_0",
+    "tiny-qwen2-f16",
+    "tiny-falcon3-f16",
+];
+
 /// The instruction sets to test on this machine: the scalar reference and the best SIMD one.
 pub fn isas() -> Vec<Isa> {
     let mut v = vec![Isa::Scalar];

@@ -114,6 +114,8 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
                     head_dim: c.head_dim,
                     rope_dim: c.rope_dim,
                     base: c.rope_base,
+                    scale: c.rope_scale,
+                    freq_factors: None,
                 },
             );
             cmp(

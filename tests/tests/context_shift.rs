@@ -25,6 +25,8 @@ const ROPE: RopeShape = RopeShape {
     head_dim: 64,
     rope_dim: 64,
     base: 10000.0,
+    scale: 1.0,
+    freq_factors: None,
 };
 
 /// Keys `raw` (un-rotated, `[n][kv_dim]`) rotated to positions `positions`.

@@ -295,6 +295,8 @@ fn rope_then_attention(
         head_dim: 16,
         rope_dim: 12,
         base: 10000.0,
+        scale: 1.0,
+        freq_factors: None,
     };
     let rope_k = RopeShape {
         n_head: 2,

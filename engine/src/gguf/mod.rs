@@ -265,7 +265,7 @@ impl Gguf {
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum TensorError {
     /// The tensor's type id is not one hesper-rs knows.
-    #[error("tensor {name:?} has ggml type id {id}, which hesper-rs does not support")]
+    #[error("tensor {name:?} has ggml type id {id}, which hesper-rs does not support{}", unknown_type_hint(*id))]
     UnknownType {
         /// Tensor name.
         name: String,
@@ -278,6 +278,14 @@ pub enum TensorError {
         /// Tensor name.
         name: String,
     },
+}
+
+/// What to do about a type id hesper-rs does not know, where something can be said.
+fn unknown_type_hint(id: u32) -> &'static str {
+    match id {
+        38 | 39 => " (bitnet.cpp's TL1/TL2 lookup-table layouts belong to the build that wrote them; convert the model to I2_S, which hesper-rs runs)",
+        _ => "",
+    }
 }
 
 fn read_value(c: &mut Cursor<'_>, key: &str, type_id: u32) -> Result<Value, GgufError> {
