@@ -14,9 +14,17 @@ Steps (positional; default both):
                                 attention.key_length (Q 512 wide over n_embd 256), GQA 2/1,
                                 theta 1000042, untied F16 output.weight; ternary values t*beta
                                 stored as F16 (what a 1.58-bit Falcon3 file holds as I2_S codes)
+             tiny-falcon3-i2s   the same codes with beta as f32 in bitnet.cpp's I2_S (a Falcon3
+                                1.58-bit file), untied F16 output.weight
   llama    Run llama.cpp (generate.py's LlamaCpp: CPU, flash attention off, F32 KV cache, one
-           ubatch) on each model and the three token sequences of generate.py; write
-           out/<stem>.json with logits and every layer's l_out, in generate.py's format.
+           ubatch) on each model but the I2_S one and the three token sequences of
+           generate.py; write out/<stem>.json with logits and every layer's l_out, in
+           generate.py's format.
+  bitnet   (not in the default run) Run tiny-falcon3-i2s through bitnet.cpp's `llama` graph
+           (bitnet-cpp/build.sh's dump-silu in --bitnet-cpp) into out/tiny-falcon3-i2s.json.
+  validate (not in the default run) Compare bitnet.cpp's golden of tiny-falcon3-i2s with the
+           exact model in float64 and with a known-wrong scheme (llama.cpp's f16 activations
+           on tiny-falcon3-f16) → out/families-validation.txt: what its test bound is set from.
 
 Every tensor draws from its own stream (generate.py's tensor_rng, seed 20261122), so the files
 are reproduced byte for byte. Requirements as generate.py (numpy, gguf==0.19.0; the llama step
@@ -27,17 +35,18 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from generate import (GGML_F16, GGML_F32, KV, MODELS_DIR, SEED, TINY, GGUFStreamWriter, HParams,
-                      LlamaCpp, TensorInfo, gen_norm, kv_str, kv_u32, kv_f32, tensor_rng,
-                      token_sequences, write_outputs)
+from generate import (GGML_F16, GGML_F32, GGML_I2_S, KV, MODELS_DIR, ROOT, SEED, TINY,
+                      GGUFStreamWriter, HParams, LlamaCpp, TensorInfo, gen_norm, kv_str, kv_u32,
+                      kv_f32, pack_i2s, tensor_rng, token_sequences, write_outputs)
 
 GGML_Q8_0 = 8
-LLAMA_FTYPE = {GGML_F16: 1, GGML_Q8_0: 7}
+LLAMA_FTYPE = {GGML_F16: 1, GGML_Q8_0: 7, GGML_I2_S: 40}
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class Family:
     arch: str
     hp: HParams
     head_dim: int               # attention.key_length when it differs from n_embd / n_head
-    weight_type: int            # GGML_F16 or GGML_Q8_0
+    weight_type: int            # GGML_F16, GGML_Q8_0 or GGML_I2_S
     untied: bool                # an output.weight of weight_type
     biases: bool                # Q/K/V biases (qwen2)
     rope_freqs: bool            # a rope_freqs.weight tensor (Llama 3.1)
@@ -62,7 +71,12 @@ class Family:
 
     @property
     def act_quant(self) -> str:
-        return {GGML_F16: "f16", GGML_Q8_0: "q8_0"}[self.weight_type]
+        return {GGML_F16: "f16", GGML_Q8_0: "q8_0", GGML_I2_S: "per_token_i8"}[self.weight_type]
+
+    @property
+    def head_type(self) -> int:
+        """An untied output.weight's type: F16 beside I2_S projections (as Falcon3's files)."""
+        return GGML_F16 if self.weight_type == GGML_I2_S else self.weight_type
 
     def projections(self) -> list[tuple[str, int, int]]:
         """(name, rows, cols) of a layer's projections."""
@@ -80,17 +94,27 @@ FAMILIES = [
     Family("tiny-qwen2-f16", "qwen2", TINY, 64, GGML_F16, False, True, False, False),
     Family("tiny-falcon3-f16", "llama", FALCON3, 256, GGML_F16, True, False, False, True),
 ]
+# The same codes as tiny-falcon3-f16 with beta as f32 in bitnet.cpp's I2_S: what a Falcon3
+# 1.58-bit file holds. llama.cpp cannot read I2_S; bitnet.cpp computes its golden (`bitnet` step).
+FALCON3_I2S = Family("tiny-falcon3-i2s", "llama", FALCON3, 256, GGML_I2_S, True, False, False,
+                     True)
+
+
+def ternary(seed: int, name: str, rows: int, cols: int) -> tuple[np.ndarray, float]:
+    """Ternary codes t in {-1, 0, 1} [rows, cols] and the scale beta (float64)."""
+    rng = tensor_rng(seed, name)
+    t = rng.integers(-1, 2, size=(rows, cols))
+    return t, rng.uniform(1.0, 2.0) * np.sqrt(1.5 / cols)
 
 
 def projection(seed: int, f: Family, name: str, rows: int, cols: int,
                dense: bool = False) -> np.ndarray:
     """A projection's values (f16-exact), scaled so that unit-RMS inputs give outputs of std ~1.
     Ternary families (unless `dense`): t*beta16 with t uniform in {-1, 0, 1}."""
-    rng = tensor_rng(seed, name)
     if f.ternary and not dense:
-        t = rng.integers(-1, 2, size=(rows, cols)).astype(np.float32)
-        beta = np.float16(rng.uniform(1.0, 2.0) * np.sqrt(1.5 / cols))
-        return (t * np.float32(beta)).astype(np.float16)
+        t, beta = ternary(seed, name, rows, cols)
+        return (t.astype(np.float32) * np.float32(np.float16(beta))).astype(np.float16)
+    rng = tensor_rng(seed, name)
     return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)
 
 
@@ -101,7 +125,8 @@ def rope_freqs(hp: HParams, head_dim: int) -> np.ndarray:
 
 
 def encode(f: Family, w: np.ndarray) -> bytes:
-    if f.weight_type == GGML_F16:
+    """A dense matrix in the family's type (its head's, for an I2_S family: F16)."""
+    if f.head_type == GGML_F16:
         return w.astype(np.float16).tobytes()
     from gguf import GGMLQuantizationType, quants
     return quants.quantize(w.astype(np.float32), GGMLQuantizationType.Q8_0).tobytes()
@@ -109,7 +134,8 @@ def encode(f: Family, w: np.ndarray) -> bytes:
 
 def nbytes(ggml_type: int, ne: tuple[int, ...]) -> int:
     n = int(np.prod(ne))
-    return {GGML_F32: 4 * n, GGML_F16: 2 * n, GGML_Q8_0: n // 32 * 34}[ggml_type]
+    return {GGML_F32: 4 * n, GGML_F16: 2 * n, GGML_Q8_0: n // 32 * 34,
+            GGML_I2_S: n // 4 + 32}[ggml_type]
 
 
 class Info(TensorInfo):
@@ -120,33 +146,59 @@ class Info(TensorInfo):
         return nbytes(self.ggml_type, self.ne)
 
 
-def tensors(f: Family, seed: int) -> list[tuple[Info, bytes]]:
+def tensors(f: Family, seed: int) -> list[tuple[Info, Callable[[], bytes]]]:
+    """Every tensor of `f` in file order, each with what makes its bytes (called once, when it is
+    written: a bench-sized model never sits in memory whole)."""
     hp, E = f.hp, f.hp.n_embd
-    emb = (hp.emb_std * tensor_rng(seed, "token_embd.0").standard_normal((hp.n_vocab, E)))
-    out = [(Info("token_embd.weight", (E, hp.n_vocab), GGML_F16), emb.astype(np.float16).tobytes()),
-           (Info("output_norm.weight", (E,), GGML_F32),
-            gen_norm(seed, "output_norm.weight", E).tobytes())]
+    out: list[tuple[Info, Callable[[], bytes]]] = []
+
+    def add(name: str, ne: tuple[int, ...], ty: int, make: Callable[[], bytes]) -> None:
+        out.append((Info(name, ne, ty), make))
+
+    add("token_embd.weight", (E, hp.n_vocab), GGML_F16, lambda: (
+        hp.emb_std * tensor_rng(seed, "token_embd.0").standard_normal((hp.n_vocab, E))
+    ).astype(np.float16).tobytes())
+    add("output_norm.weight", (E,), GGML_F32,
+        lambda: gen_norm(seed, "output_norm.weight", E).tobytes())
     if f.untied:
-        w = projection(seed, f, "output.weight", hp.n_vocab, E, dense=True) * np.float16(4.0)
-        out.append((Info("output.weight", (E, hp.n_vocab), f.weight_type), encode(f, w)))
+        add("output.weight", (E, hp.n_vocab), f.head_type, lambda: encode(
+            f, projection(seed, f, "output.weight", hp.n_vocab, E, dense=True) * np.float16(4.0)))
     if f.rope_freqs:
-        out.append((Info("rope_freqs.weight", (f.head_dim // 2,), GGML_F32),
-                    rope_freqs(hp, f.head_dim).tobytes()))
+        add("rope_freqs.weight", (f.head_dim // 2,), GGML_F32,
+            lambda: rope_freqs(hp, f.head_dim).tobytes())
     for il in range(hp.n_layer):
         p = f"blk.{il}."
-        out.append((Info(p + "attn_norm.weight", (E,), GGML_F32),
-                    gen_norm(seed, p + "attn_norm.weight", E).tobytes()))
+        add(p + "attn_norm.weight", (E,), GGML_F32,
+            lambda p=p: gen_norm(seed, p + "attn_norm.weight", E).tobytes())
         for name, rows, cols in f.projections():
-            w = projection(seed, f, p + name + ".weight", rows, cols)
-            out.append((Info(p + name + ".weight", (cols, rows), f.weight_type), encode(f, w)))
+            w = p + name + ".weight"
+            if f.weight_type == GGML_I2_S:
+                def make(w=w, rows=rows, cols=cols) -> bytes:
+                    t, beta = ternary(seed, w, rows, cols)
+                    return pack_i2s((t + 1).astype(np.uint8), float(np.float32(beta)))
+            else:
+                def make(w=w, rows=rows, cols=cols) -> bytes:
+                    return encode(f, projection(seed, f, w, rows, cols))
+            add(w, (cols, rows), f.weight_type, make)
             if f.biases and name in ("attn_q", "attn_k", "attn_v"):
-                b = 0.5 * tensor_rng(seed, p + name + ".bias").standard_normal(rows)
-                out.append((Info(p + name + ".bias", (rows,), GGML_F32),
-                            b.astype(np.float32).tobytes()))
+                bias = p + name + ".bias"
+                add(bias, (rows,), GGML_F32, lambda bias=bias, rows=rows: (
+                    0.5 * tensor_rng(seed, bias).standard_normal(rows)).astype(np.float32).tobytes())
             if name == "attn_output":
-                out.append((Info(p + "ffn_norm.weight", (E,), GGML_F32),
-                            gen_norm(seed, p + "ffn_norm.weight", E).tobytes()))
+                add(p + "ffn_norm.weight", (E,), GGML_F32,
+                    lambda p=p: gen_norm(seed, p + "ffn_norm.weight", E).tobytes())
     return out
+
+
+def write(f: Family, seed: int, path: Path) -> None:
+    ts = tensors(f, seed)
+    w = GGUFStreamWriter(path, kvs(f), [info for info, _ in ts])
+    for info, make in ts:
+        data = make()
+        assert len(data) == info.nbytes, info.name
+        w.write(info.name, data)
+    w.close()
+    print(f"wrote {path}  {path.stat().st_size:,d} B")
 
 
 def kvs(f: Family) -> list[KV]:
@@ -163,20 +215,35 @@ def kvs(f: Family) -> list[KV]:
     if f.head_dim != hp.n_embd // hp.n_head:
         keys += [kv_u32(f"{A}.attention.key_length", f.head_dim),
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]
+    # bitnet.cpp's llama.cpp fork spells the id-only vocabulary "no_vocab" (later ones "none")
+    vocab = "no_vocab" if f.weight_type == GGML_I2_S else "none"
     return keys + [kv_u32("general.file_type", LLAMA_FTYPE[f.weight_type]),
                    kv_u32("general.quantization_version", 2),
-                   kv_str("tokenizer.ggml.model", "none")]
+                   kv_str("tokenizer.ggml.model", vocab)]
 
 
 def step_models(seed: int) -> None:
-    for f in FAMILIES:
-        ts = tensors(f, seed)
-        w = GGUFStreamWriter(f.path, kvs(f), [info for info, _ in ts])
-        for info, data in ts:
-            assert len(data) == info.nbytes, info.name
-            w.write(info.name, data)
-        w.close()
-        print(f"wrote {f.path.relative_to(MODELS_DIR.parent)}  {f.path.stat().st_size:,d} B")
+    for f in FAMILIES + [FALCON3_I2S]:
+        write(f, seed, f.path)
+
+
+# Speed measurements (`--bench DIR`): Llama 3.2 1B's shape (tied embedding, rope_freqs) in F16
+# and Q8_0, and Falcon3-3B's as `llama` + I2_S with an untied F16 head.
+LLAMA_1B = HParams(n_vocab=128256, n_embd=2048, n_ff=8192, n_head=32, n_head_kv=8, n_layer=16,
+                   n_ctx=4096)
+FALCON3_3B = HParams(n_vocab=131072, n_embd=3072, n_ff=9216, n_head=12, n_head_kv=4, n_layer=22,
+                     n_ctx=4096, rope_base=1000042.0)
+BENCH = [
+    Family("bench-llama1b-f16", "llama", LLAMA_1B, 64, GGML_F16, False, False, True, False),
+    Family("bench-llama1b-q8_0", "llama", LLAMA_1B, 64, GGML_Q8_0, False, False, True, False),
+    Family("bench-falcon3b-i2s", "llama", FALCON3_3B, 256, GGML_I2_S, True, False, False, True),
+]
+
+
+def step_bench(out_dir: Path, seed: int) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in BENCH:
+        write(f, seed, out_dir / f"{f.stem}.gguf")
 
 
 def step_llama(threads: int) -> None:
@@ -190,19 +257,109 @@ def step_llama(threads: int) -> None:
         print(f"  {f.stem}: llama.cpp {time.time() - t0:.1f} s")
 
 
+def step_bitnet(work: Path) -> None:
+    """tiny-falcon3-i2s through bitnet.cpp's `llama` graph (bitnet-cpp/build.sh's dump-silu)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "bitnet-cpp"))
+    import run as bitnet                                       # bitnet-cpp/run.py
+    f, results = FALCON3_I2S, []
+    for toks in token_sequences(f.hp):
+        logits, t = bitnet.dump(work / "dump-silu", f.path, toks)
+        hidden = np.stack([bitnet.one(t, f"l_out-{il}", ("ADD",)) for il in range(f.hp.n_layer)])
+        results.append((toks, logits, hidden))
+    write_outputs(f, f.hp, bitnet.SOURCE.replace("KV cache F32 (a guard relaxed to admit F32 V)",
+                                                 "KV cache F32") + "; its `llama` graph",
+                  results)
+
+
+def reference_falcon3_i2s(f, toks: list[int]) -> np.ndarray:
+    """The exact model of tiny-falcon3-i2s in float64: llama graph, adjacent-pair RoPE, per-token
+    int8 activations (absmax, ties to even, as bitnet.cpp), SiLU, untied F16 head unrounded."""
+    hp, hd = FALCON3, FALCON3_I2S.head_dim
+    n, half = len(toks), hd // 2
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + hp.eps) * g
+
+    def lin(name, x):
+        t, beta = f.ternary_i2s(name)
+        s = 127.0 / np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-5)
+        return (np.clip(np.round(x * s), -128, 127) @ t.T.astype(np.float64)) * float(beta) / s
+
+    def rope(x, heads):
+        x = x.reshape(n, heads, hd).copy()
+        angle = np.arange(n)[:, None] * hp.rope_base ** (-np.arange(half) * 2 / hd)
+        c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+        a, b = x[..., 0::2].copy(), x[..., 1::2].copy()
+        x[..., 0::2], x[..., 1::2] = a * c - b * s, a * s + b * c
+        return x
+
+    x = f.array("token_embd.weight")[toks]
+    for il in range(hp.n_layer):
+        p = f"blk.{il}."
+        h = rms(x, f.array(p + "attn_norm.weight"))
+        q, k = rope(lin(p + "attn_q.weight", h), hp.n_head), rope(lin(p + "attn_k.weight", h), 1)
+        v = lin(p + "attn_v.weight", h)
+        att = np.zeros((n, hp.n_head, hd))
+        for head in range(hp.n_head):
+            scores = q[:, head] @ k[:, 0].T / np.sqrt(hd) + np.triu(np.full((n, n), -np.inf), 1)
+            w = np.exp(scores - scores.max(1, keepdims=True))
+            att[:, head] = (w / w.sum(1, keepdims=True)) @ v
+        x = x + lin(p + "attn_output.weight", att.reshape(n, -1))
+        h = rms(x, f.array(p + "ffn_norm.weight"))
+        g, u = lin(p + "ffn_gate.weight", h), lin(p + "ffn_up.weight", h)
+        x = x + lin(p + "ffn_down.weight", g / (1 + np.exp(-g)) * u)
+    return rms(x, f.array("output_norm.weight")) @ f.array("output.weight").T
+
+
+def step_validate() -> None:
+    """How far an exact computation and a known-wrong scheme are from bitnet.cpp's golden of
+    tiny-falcon3-i2s (what the tests' bound for it is set from) → out/families-validation.txt."""
+    import generate as G
+    f = G.GGUFFile(FALCON3_I2S.path)
+    _, gold = G.read_outputs(FALCON3_I2S.stem)
+    _, twin = G.read_outputs("tiny-falcon3-f16")
+
+    def agree(a, b):
+        c = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        same = int((a.argmax(1) == b.argmax(1)).sum())
+        return f"max|dlogit| {np.abs(a - b).max():.3e}, min cosine {c.min():.7f}, argmax {same}/{len(a)}"
+
+    lines = ["tiny-falcon3-i2s: bitnet.cpp's logits against", ""]
+    for i, toks in enumerate(token_sequences(FALCON3)):
+        lines.append(f"s{i} float64 exact model (int8, ties to even): "
+                     f"{agree(reference_falcon3_i2s(f, toks), gold[i][0])}")
+        lines.append(f"s{i} llama.cpp on tiny-falcon3-f16 (f16 activations, known wrong): "
+                     f"{agree(twin[i][0], gold[i][0])}")
+    (ROOT / "out" / "families-validation.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("steps", nargs="*", metavar="STEP", help="models, llama (default: both)")
+    ap.add_argument("steps", nargs="*", metavar="STEP",
+                    help="models, llama (default: both), bitnet, validate")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    ap.add_argument("--bench", metavar="DIR", type=Path,
+                    help="write the benchmark models (Llama-3.2-1B-shaped F16 and Q8_0, "
+                         "Falcon3-3B-shaped I2_S; 1.3-2.5 GB each) into DIR; alone, only this")
+    ap.add_argument("--bitnet-cpp", type=Path, default=Path("/tmp/hesper-bitnet-cpp"),
+                    help="bitnet-cpp/build.sh's work folder (default /tmp/hesper-bitnet-cpp)")
     a = ap.parse_args()
-    steps = a.steps or ["models", "llama"]
-    if set(steps) - {"models", "llama"}:
-        ap.error("steps are models and llama")
+    steps = a.steps or ([] if a.bench else ["models", "llama"])
+    if set(steps) - {"models", "llama", "bitnet", "validate"}:
+        ap.error("steps are models, llama, bitnet and validate")
     if "models" in steps:
         step_models(a.seed)
     if "llama" in steps:
         step_llama(a.threads)
+    if "bitnet" in steps:
+        step_bitnet(a.bitnet_cpp)
+    if "validate" in steps:
+        step_validate()
+    if a.bench:
+        step_bench(a.bench, a.seed)
 
 
 if __name__ == "__main__":

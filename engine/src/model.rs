@@ -1,11 +1,12 @@
-//! The BitNet b1.58 forward pass, written once over [`Backend`].
+//! The forward pass of every family (BitNet b1.58, `llama`, `qwen2`), written once over
+//! [`Backend`]; what differs between families is data in [`Config`].
 //!
 //! ```text
 //! x = E[tokens]
-//! per layer: h = norm(x)·g_attn; q,k,v = W·h; rope(q,k); o = attn(q,k,v)
-//!            x += Wo · (norm(o)·g_attn_sub)
+//! per layer: h = norm(x)·g_attn; q,k,v = W·h (+ b); rope(q,k); o = attn(q,k,v)
+//!            x += Wo · (norm(o)·g_attn_sub)           (BitNet; others: Wo · o)
 //!            h = norm(x)·g_ffn; a = act(Wgate·h) ⊙ (Wup·h)
-//!            x += Wdown · (norm(a)·g_ffn_sub)
+//!            x += Wdown · (norm(a)·g_ffn_sub)         (BitNet; others: Wdown · a)
 //! logits = E_out · (norm(x)·g_out)          (E_out = E when the head is tied)
 //! ```
 //! A [`Model`] may hold only a layer range `[start, end)` (a ring node's share); it then
@@ -342,7 +343,7 @@ impl<B: Backend> Model<B> {
         opts: LoadOptions<'_>,
     ) -> Result<Self, ModelError> {
         let g = file.header();
-        // The architecture is checked before any tensor, so a non-BitNet file says so.
+        // The architecture is checked before any tensor, so a file of another one says so.
         let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
         let config = Config::from_gguf(g, n_vocab)?;
         if g.tensors().is_empty() {

@@ -17,6 +17,7 @@ use hesper_engine::tokenizer::{PreTokenizer, TextStream, Tokenizer, TokenizerErr
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../golden-values/tokenizer/");
 const BPE_VOCAB: &str = "ggml-vocab-llama-bpe.gguf";
 const SPM_VOCAB: &str = "ggml-vocab-llama-spm.gguf";
+const QWEN2_VOCAB: &str = "ggml-vocab-qwen2.gguf";
 
 fn read(name: &str) -> Vec<u8> {
     std::fs::read(format!("{DIR}{name}")).unwrap_or_else(|e| panic!("cannot read {DIR}{name}: {e}"))
@@ -175,6 +176,13 @@ fn check_inp_out(t: &Tokenizer, vocab: &str) {
 fn llama_bpe_matches_llama_cpp_test_file() {
     assert_eq!(bpe().pre_tokenizer(), PreTokenizer::Llama3);
     check_inp_out(bpe(), BPE_VOCAB);
+}
+
+#[test]
+fn qwen2_matches_llama_cpp_test_file() {
+    let t = build(&read(QWEN2_VOCAB), None);
+    assert_eq!(t.pre_tokenizer(), PreTokenizer::Qwen2);
+    check_inp_out(&t, QWEN2_VOCAB);
 }
 
 #[test]

@@ -993,12 +993,25 @@ fn bits(x: &[f32]) -> Vec<u32> {
 
 #[test]
 fn attention_matches_the_cpu_across_a_tile_boundary() {
-    let mut g = gpu();
-    let s = AttentionShape {
+    attention_against_the_cpu(AttentionShape {
         n_head: 4,
         n_head_kv: 2,
         head_dim: 64,
-    };
+    });
+}
+
+/// Heads of 256 (Falcon3's): each thread owns two output dimensions.
+#[test]
+fn attention_of_heads_of_256_matches_the_cpu() {
+    attention_against_the_cpu(AttentionShape {
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 256,
+    });
+}
+
+fn attention_against_the_cpu(s: AttentionShape) {
+    let mut g = gpu();
     let (n, pos0, n_ctx) = (3usize, 130usize, 256usize);
     let (width, kv_dim) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
     let len = pos0 + n;
@@ -1070,7 +1083,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
         k::attention_grid(s.n_head as u32, n as u32),
     );
     let got = read!(g, &out);
-    // Scores (|q·k|/8 up to ~5) differ by summation order, a few 1e-7; exp adds WGSL's
+    // Scores (|q·k|/√head_dim up to ~5) differ by summation order, a few 1e-7; exp adds WGSL's
     // 3 + 2|x| ulp; the GPU's online softmax rescales per tile and sums in f32 where the
     // CPU normalises once with an f64 sum. Each weight is then within ~1e-5 relative, and
     // the output (a convex combination of values in [−2, 2)) within ~2e-5 absolute;

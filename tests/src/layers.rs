@@ -42,6 +42,18 @@ pub fn check_layers<B: Backend>(
     label: &str,
     load: impl Fn(Range<usize>) -> Model<B>,
 ) -> f32 {
+    check_layers_with(g, label, 0.9999, load)
+}
+
+/// [`check_layers`] with rows that a quantization flip moved held to cosine ≥ `flip_cosine`
+/// (instead of 0.9999): for a model whose un-normalized activations let one flip cascade
+/// into others inside the same layer (its test says what an exact computation reaches).
+pub fn check_layers_with<B: Backend>(
+    g: &Golden,
+    label: &str,
+    flip_cosine: f64,
+    load: impl Fn(Range<usize>) -> Model<B>,
+) -> f32 {
     let stem = g.model.file_stem().and_then(|s| s.to_str()).unwrap_or("?");
     let d = g.n_embd;
     let f16_head = g
@@ -79,7 +91,7 @@ pub fn check_layers<B: Backend>(
                     "{stem} {label} layer {l} token {t}: max |Δ| {diff}, cosine {c}: more than f16 steps of the input move"
                 );
                 assert!(
-                    c >= 0.9999,
+                    c >= flip_cosine,
                     "{stem} {label} layer {l} token {t}: cosine {c}"
                 );
             }

@@ -129,12 +129,14 @@ pub const ALL: &[&str] = &[
     "tiny-i2s",
 ];
 
-/// The golden models of the other families (`llama`, `qwen2`; golden-values/families.py).
+/// The golden models of the other families (`llama`, `qwen2`; golden-values/families.py):
+/// llama.cpp's, and bitnet.cpp's for the `llama` + I2_S one.
 pub const FAMILIES: &[&str] = &[
     "tiny-llama-f16",
     "tiny-llama-q8_0",
     "tiny-qwen2-f16",
     "tiny-falcon3-f16",
+    "tiny-falcon3-i2s",
 ];
 
 /// The instruction sets to test on this machine: the scalar reference and the best SIMD one.

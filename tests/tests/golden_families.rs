@@ -15,9 +15,10 @@
 
 use hesper_cpu::Isa;
 use hesper_engine::model::Logits;
-use hesper_tests::layers::check_layers;
+use hesper_tests::layers::check_layers_with;
 use hesper_tests::{
-    argmax, cosine, cpu_model, isas, max_abs_diff, Agreement, Golden, FAMILIES, TINY_BOUND,
+    argmax, cosine, cpu_model, isas, max_abs_diff, Agreement, Golden, QuantizedBound, FAMILIES,
+    TINY_BOUND,
 };
 
 fn logits_all<B: hesper_engine::backend::Backend>(
@@ -34,6 +35,41 @@ fn logits_all<B: hesper_engine::backend::Backend>(
 /// cosine ≥ 0.9999995; bound 2e-2 and 0.99999.
 const F16_MAX_ABS: f32 = 2e-2;
 
+/// `tiny-falcon3-i2s` against bitnet.cpp: without sub-norms the inputs of `attn_output` and
+/// `ffn_down` are not normalized, so one int8 code that lands on the other side of a rounding
+/// boundary moves the residual stream enough to flip codes of the next products too. On s2
+/// (position 27, a wo input at 2.49997 steps) bitnet.cpp and our CPU round one way, the exact
+/// model — families.py validate's float64 computation (out/families-validation.txt), and our
+/// GPU — the other: max |Δlogit|
+/// 0.506, min cosine 0.9991261 (GPU 0.9991267), every argmax equal. The bound admits the exact
+/// model and rejects the known-wrong scheme of f16-rounded activations (llama.cpp on the F16
+/// twin: min cosine 0.9939, 51 of 56 argmaxes; `i2s_bound_rejects_f16_activations`).
+const I2S_FAMILY_BOUND: QuantizedBound = QuantizedBound {
+    min_cosine: 0.999,
+    argmax_share: 1.0,
+};
+
+/// Per layer: the cascade above moves one row to cosine 0.99989 (the exact model's too).
+const I2S_FAMILY_FLIP_COSINE: f64 = 0.999;
+
+/// The end-to-end bound of `g`'s activation scheme.
+fn bound(g: &Golden) -> QuantizedBound {
+    if g.act_quant == "per_token_i8" {
+        I2S_FAMILY_BOUND
+    } else {
+        TINY_BOUND
+    }
+}
+
+/// The cosine a flipped row of a layer must keep.
+fn flip_cosine(g: &Golden) -> f64 {
+    if g.act_quant == "per_token_i8" {
+        I2S_FAMILY_FLIP_COSINE
+    } else {
+        0.9999
+    }
+}
+
 /// Holds `ours` (every sequence's logits) to the bound of `g`'s activation scheme.
 fn assert_bound(label: &str, g: &Golden, ours: &[Vec<f32>]) {
     let agreement = g
@@ -45,7 +81,7 @@ fn assert_bound(label: &str, g: &Golden, ours: &[Vec<f32>]) {
         .expect("a sequence");
     println!("{label}: {agreement}");
     if g.act_quant != "f16" {
-        assert!(agreement.within(TINY_BOUND), "{label}: {agreement}");
+        assert!(agreement.within(bound(g)), "{label}: {agreement}");
         return;
     }
     assert!(
@@ -92,7 +128,9 @@ fn families_match_every_layer_with_teacher_forcing() {
         let g = Golden::load(stem);
         let file = g.file();
         for isa in isas() {
-            let worst = check_layers(&g, &format!("{isa:?}"), |r| cpu_model(&file, isa, Some(r)));
+            let worst = check_layers_with(&g, &format!("{isa:?}"), flip_cosine(&g), |r| {
+                cpu_model(&file, isa, Some(r))
+            });
             println!("{stem} {isa:?}: worst teacher-forced layer max|Δ| {worst:.3e}");
         }
     }
@@ -144,6 +182,27 @@ fn families_decode_from_the_cache_as_they_prefill_and_split_like_a_ring() {
             max_abs_diff(&got, &prefill)
         );
     }
+}
+
+#[test]
+fn i2s_bound_rejects_f16_activations() {
+    // llama.cpp on the F16 twin (same codes, f16-rounded activations instead of int8).
+    let (i2s, f16) = (
+        Golden::load("tiny-falcon3-i2s"),
+        Golden::load("tiny-falcon3-f16"),
+    );
+    let agreement = f16
+        .sequences
+        .iter()
+        .zip(&i2s.sequences)
+        .map(|(w, s)| {
+            assert_eq!(w.tokens, s.tokens);
+            Agreement::of(&w.logits, &s.logits, i2s.n_vocab)
+        })
+        .reduce(Agreement::merge)
+        .expect("a sequence");
+    println!("f16 activations vs bitnet.cpp's int8: {agreement}");
+    assert!(!agreement.within(I2S_FAMILY_BOUND), "{agreement}");
 }
 
 /// `tiny-qwen2-f16` with one tensor renamed (same length, so the file stays valid).
@@ -219,7 +278,8 @@ mod gpu {
         for stem in FAMILIES {
             let g = Golden::load(stem);
             let file = g.file();
-            let worst = check_layers(&g, "gpu", |r| gpu_model(&file, Some(r)));
+            let worst =
+                check_layers_with(&g, "gpu", flip_cosine(&g), |r| gpu_model(&file, Some(r)));
             println!("{stem} gpu: worst teacher-forced layer max|Δ| {worst:.3e}");
         }
     }

@@ -15,6 +15,9 @@ pub enum PreTokenizer {
     /// llama.cpp's `default` split: four regexes applied one after another, merges always
     /// applied. llama.cpp uses it when `tokenizer.ggml.pre` is `default` or missing.
     LlamaCppDefault,
+    /// Qwen2's split: Llama 3's with digits one by one, merges always applied. llama.cpp uses it
+    /// for `tokenizer.ggml.pre` = `qwen2` or `deepseek-r1-qwen`.
+    Qwen2,
     /// llama's SentencePiece: no split; a space prefix and `▁` for spaces.
     Spm,
 }
@@ -25,16 +28,19 @@ impl PreTokenizer {
         match self {
             Self::Llama3 => "llama3",
             Self::LlamaCppDefault => "default",
+            Self::Qwen2 => "qwen2",
             Self::Spm => "spm",
         }
     }
 
     /// Parses a `--tokenizer-pre` value: a [`name`](Self::name) or a `tokenizer.ggml.pre`
-    /// value llama.cpp maps to the same split (`llama-bpe`, `llama-v3`).
+    /// value llama.cpp maps to the same split (`llama-bpe`, `llama-v3`, `falcon3`,
+    /// `deepseek-r1-qwen`).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
-            "llama3" | "llama-v3" | "llama-bpe" => Some(Self::Llama3),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => Some(Self::Llama3),
             "default" => Some(Self::LlamaCppDefault),
+            "qwen2" | "deepseek-r1-qwen" => Some(Self::Qwen2),
             "spm" => Some(Self::Spm),
             _ => None,
         }
@@ -48,6 +54,11 @@ impl PreTokenizer {
             Self::Llama3 => &[concat!(
                 r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])",
                 r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+            )],
+            // Llama 3's with `\p{N}` in place of `\p{N}{1,3}` (llama.cpp's spelling again).
+            Self::Qwen2 => &[concat!(
+                r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])",
+                r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
             )],
             Self::LlamaCppDefault => &[
                 r"[\p{P}\$\+<=>\^~\|]+",
@@ -70,6 +81,7 @@ impl fmt::Display for PreTokenizer {
         f.write_str(match self {
             Self::Llama3 => "Llama-3 split",
             Self::LlamaCppDefault => "llama.cpp 'default' split",
+            Self::Qwen2 => "Qwen2 split",
             Self::Spm => "SentencePiece",
         })
     }

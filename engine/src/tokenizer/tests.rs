@@ -242,6 +242,7 @@ fn pre_tokenizer_names() {
     for p in [
         PreTokenizer::Llama3,
         PreTokenizer::LlamaCppDefault,
+        PreTokenizer::Qwen2,
         PreTokenizer::Spm,
     ] {
         assert_eq!(PreTokenizer::from_name(p.name()), Some(p));
@@ -250,5 +251,9 @@ fn pre_tokenizer_names() {
         PreTokenizer::from_name("llama-bpe"),
         Some(PreTokenizer::Llama3)
     );
-    assert_eq!(PreTokenizer::from_name("qwen2"), None);
+    assert_eq!(
+        PreTokenizer::from_name("falcon3"),
+        Some(PreTokenizer::Llama3)
+    );
+    assert_eq!(PreTokenizer::from_name("falcon_e"), None);
 }
