@@ -83,9 +83,18 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 RopePairs::Neox => "NeoX",
                 RopePairs::Adjacent => "adjacent-pair",
             };
+            let extras: String = [
+                (g.tensor("blk.0.attn_q.bias").is_some(), ", Q/K/V biases"),
+                (g.tensor("rope_freqs.weight").is_some(), ", rope_freqs"),
+                (c.rope_scale != 1.0, ", linear RoPE scaling"),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, what)| *what)
+            .collect();
             writeln!(
                 out,
-                "numerics:  {} FFN{}, RMSNorm eps {}, {pairs} RoPE base {} over {} dims",
+                "numerics:  {} FFN{}, RMSNorm eps {}, {pairs} RoPE base {} over {} dims{extras}",
                 c.activation.name(),
                 if c.family.sub_norms {
                     ", BitNet sub-norms"

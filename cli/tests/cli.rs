@@ -147,6 +147,39 @@ fn logits_writes_every_position() {
 }
 
 #[test]
+fn info_names_what_each_family_computes() {
+    for (model, needles) in [
+        (
+            "models/tiny-llama-f16.gguf",
+            &[
+                "llama, 2 layers",
+                "SiLU FFN, RMSNorm",
+                "adjacent-pair RoPE",
+                "rope_freqs",
+            ][..],
+        ),
+        (
+            "models/tiny-qwen2-f16.gguf",
+            &["qwen2, 2 layers", "NeoX RoPE", "Q/K/V biases"][..],
+        ),
+        (
+            "models/tiny-falcon3-i2s.gguf",
+            &["heads 2/1 (head dim 256)"][..],
+        ),
+    ] {
+        let o = hesper(&["info", "-m", &golden(model)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        for needle in needles {
+            assert!(
+                text.contains(needle),
+                "{model}: info lacks {needle:?}:\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
 fn info_describes_model_and_tokenizer() {
     let o = hesper(&["info", "--gguf", &golden("models/tiny-i2s.gguf")]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -283,7 +283,8 @@ pub enum TensorError {
 /// What to do about a type id hesper-rs does not know, where something can be said.
 fn unknown_type_hint(id: u32) -> &'static str {
     match id {
-        38 | 39 => " (bitnet.cpp's TL1/TL2 lookup-table layouts belong to the build that wrote them; convert the model to I2_S, which hesper-rs runs)",
+        38 => " (bitnet.cpp's TL1 lookup-table layout, which belongs to the build that wrote it: convert the model to I2_S, which hesper-rs runs)",
+        39 => " (llama.cpp's MXFP4, or bitnet.cpp's TL2 lookup-table layout: convert a BitNet model to I2_S, which hesper-rs runs)",
         _ => "",
     }
 }

@@ -55,6 +55,21 @@ fn unknown_type_fails_only_when_used() {
 }
 
 #[test]
+fn bitnet_cpp_lookup_table_types_say_what_to_do() {
+    let message = |id| {
+        TensorError::UnknownType {
+            name: "w".into(),
+            id,
+        }
+        .to_string()
+    };
+    assert!(message(38).contains("TL1") && message(38).contains("convert the model to I2_S"));
+    // 39 is llama.cpp's MXFP4 as well as bitnet.cpp's TL2.
+    assert!(message(39).contains("MXFP4") && message(39).contains("TL2"));
+    assert!(!message(99).contains("I2_S"));
+}
+
+#[test]
 fn rejects_bad_magic_and_version() {
     let mut bytes = sample();
     bytes[0] = b'X';
