@@ -4,8 +4,8 @@
 //!   memory-mapped model file; [`source`]: a file read tensor by tensor (a streamed load);
 //! * [`weights`]: typed views of tensor data; [`formats`]: every weight layout, one file each,
 //!   with its reference decoder;
-//! * [`config`]: the model hyper-parameters and numeric flavour read from metadata;
-//! * [`backend`] and [`model`]: the BitNet b1.58 forward pass, written once over a backend trait;
+//! * [`config`]: the model hyper-parameters and the architecture's family read from metadata;
+//! * [`backend`] and [`model`]: the forward pass of every family, written once over a backend trait;
 //!   [`attention`]: the KV cache's element type and the sparse attention pattern;
 //!   [`memory`]: a session sized and checked before anything is allocated;
 //! * [`tokenizer`], [`sampler`], [`chat`]: text in, tokens out.
