@@ -41,11 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from generate import (GGML_F16, GGML_F32, GGML_I2_S, KV, MODELS_DIR, ROOT, SEED, TINY,
-                      GGUFStreamWriter, HParams, LlamaCpp, TensorInfo, gen_norm, kv_str, kv_u32,
-                      kv_f32, pack_i2s, tensor_rng, token_sequences, write_outputs)
+from generate import (GGML_F16, GGML_F32, GGML_I2_S, GGML_Q8_0, KV, MODELS_DIR, ROOT, SEED,
+                      TINY, GGUFStreamWriter, HParams, LlamaCpp, TensorInfo, gen_norm, kv_str,
+                      kv_u32, pack_i2s, shape_kvs, tensor_rng, token_sequences, write_outputs)
 
-GGML_Q8_0 = 8
 LLAMA_FTYPE = {GGML_F16: 1, GGML_Q8_0: 7, GGML_I2_S: 40}
 
 
@@ -132,28 +131,14 @@ def encode(f: Family, w: np.ndarray) -> bytes:
     return quants.quantize(w.astype(np.float32), GGMLQuantizationType.Q8_0).tobytes()
 
 
-def nbytes(ggml_type: int, ne: tuple[int, ...]) -> int:
-    n = int(np.prod(ne))
-    return {GGML_F32: 4 * n, GGML_F16: 2 * n, GGML_Q8_0: n // 32 * 34,
-            GGML_I2_S: n // 4 + 32}[ggml_type]
-
-
-class Info(TensorInfo):
-    """A tensor of any type this script writes (generate.py's covers the BitNet types)."""
-
-    @property
-    def nbytes(self) -> int:
-        return nbytes(self.ggml_type, self.ne)
-
-
-def tensors(f: Family, seed: int) -> list[tuple[Info, Callable[[], bytes]]]:
+def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]]:
     """Every tensor of `f` in file order, each with what makes its bytes (called once, when it is
     written: a bench-sized model never sits in memory whole)."""
     hp, E = f.hp, f.hp.n_embd
-    out: list[tuple[Info, Callable[[], bytes]]] = []
+    out: list[tuple[TensorInfo, Callable[[], bytes]]] = []
 
     def add(name: str, ne: tuple[int, ...], ty: int, make: Callable[[], bytes]) -> None:
-        out.append((Info(name, ne, ty), make))
+        out.append((TensorInfo(name, ne, ty), make))
 
     add("token_embd.weight", (E, hp.n_vocab), GGML_F16, lambda: (
         hp.emb_std * tensor_rng(seed, "token_embd.0").standard_normal((hp.n_vocab, E))
@@ -203,15 +188,7 @@ def write(f: Family, seed: int, path: Path) -> None:
 
 def kvs(f: Family) -> list[KV]:
     A, hp = f.arch, f.hp
-    keys = [kv_str("general.architecture", A), kv_str("general.name", f"hesper-rs {f.stem}"),
-            kv_u32(f"{A}.vocab_size", hp.n_vocab), kv_u32(f"{A}.context_length", hp.n_ctx),
-            kv_u32(f"{A}.embedding_length", hp.n_embd), kv_u32(f"{A}.block_count", hp.n_layer),
-            kv_u32(f"{A}.feed_forward_length", hp.n_ff),
-            kv_u32(f"{A}.attention.head_count", hp.n_head),
-            kv_u32(f"{A}.attention.head_count_kv", hp.n_head_kv),
-            kv_f32(f"{A}.attention.layer_norm_rms_epsilon", hp.eps),
-            kv_f32(f"{A}.rope.freq_base", hp.rope_base),
-            kv_u32(f"{A}.rope.dimension_count", f.head_dim)]
+    keys = shape_kvs(A, hp, f"hesper-rs {f.stem}", f.head_dim)
     if f.head_dim != hp.n_embd // hp.n_head:
         keys += [kv_u32(f"{A}.attention.key_length", f.head_dim),
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]

@@ -148,8 +148,9 @@ NORMS = ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")
 # Ternary block formats (packers work from codes c = t + 1 in {0, 1, 2})
 # ============================================================================================
 
-GGML_F32, GGML_F16, GGML_TQ1_0, GGML_TQ2_0, GGML_I2_S = 0, 1, 34, 35, 36
-TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_TQ1_0: "TQ1_0", GGML_TQ2_0: "TQ2_0",
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_TQ1_0, GGML_TQ2_0, GGML_I2_S = 0, 1, 8, 34, 35, 36
+TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_Q8_0: "Q8_0", GGML_TQ1_0: "TQ1_0",
+              GGML_TQ2_0: "TQ2_0",
               GGML_I2_S: "I2_S"}
 
 
@@ -160,6 +161,9 @@ def tensor_nbytes(ggml_type: int, ne: list[int]) -> int:
         return 4 * n
     if ggml_type == GGML_F16:
         return 2 * n
+    if ggml_type == GGML_Q8_0:          # blocks of 32: f16 scale + 32 int8
+        assert ne[0] % 32 == 0, "Q8_0 row length must be a multiple of 32"
+        return n // 32 * 34
     if ggml_type in (GGML_TQ1_0, GGML_TQ2_0):
         assert ne[0] % 256 == 0, "TQ row length must be a multiple of 256"
         return n // 256 * (54 if ggml_type == GGML_TQ1_0 else 66)
@@ -529,10 +533,9 @@ I2S_VARIANT = Variant("tiny-i2s", "bitnet-b1.58", GGML_I2_S, False, GGML_F16, "r
                       "per_token_i8")
 
 
-def mainline_kvs(hp: HParams, name: str, file_type: int) -> list[KV]:
-    """Keys of llama.cpp's `bitnet` arch (as gguf-py would write them); no text vocabulary:
-    tokenizer.ggml.model = "none" + bitnet.vocab_size, token ids are fed directly."""
-    A = "bitnet"
+def shape_kvs(arch: str, hp: HParams, name: str, rope_dim: int) -> list[KV]:
+    """`general.architecture`, `general.name` and the shape keys of `arch`, in gguf-py's order."""
+    A = arch
     return [kv_str("general.architecture", A), kv_str("general.name", name),
             kv_u32(f"{A}.vocab_size", hp.n_vocab), kv_u32(f"{A}.context_length", hp.n_ctx),
             kv_u32(f"{A}.embedding_length", hp.n_embd), kv_u32(f"{A}.block_count", hp.n_layer),
@@ -541,9 +544,15 @@ def mainline_kvs(hp: HParams, name: str, file_type: int) -> list[KV]:
             kv_u32(f"{A}.attention.head_count_kv", hp.n_head_kv),
             kv_f32(f"{A}.attention.layer_norm_rms_epsilon", hp.eps),
             kv_f32(f"{A}.rope.freq_base", hp.rope_base),
-            kv_u32(f"{A}.rope.dimension_count", hp.head_dim),
-            kv_u32("general.file_type", file_type), kv_u32("general.quantization_version", 2),
-            kv_str("tokenizer.ggml.model", "none")]
+            kv_u32(f"{A}.rope.dimension_count", rope_dim)]
+
+
+def mainline_kvs(hp: HParams, name: str, file_type: int) -> list[KV]:
+    """Keys of llama.cpp's `bitnet` arch (as gguf-py would write them); no text vocabulary:
+    tokenizer.ggml.model = "none" + bitnet.vocab_size, token ids are fed directly."""
+    return shape_kvs("bitnet", hp, name, hp.head_dim) + [
+        kv_u32("general.file_type", file_type), kv_u32("general.quantization_version", 2),
+        kv_str("tokenizer.ggml.model", "none")]
 
 
 def official_kvs(hp: HParams, name: str) -> list[KV]:
