@@ -1286,11 +1286,22 @@ impl<B: Backend, F: Fetch> Loader<'_, '_, B, F> {
             data.extend_from_slice(&stored[r * rb..(r + 1) * rb]);
         }
         drop(bytes);
-        self.matrix_bytes += data.len() as u64;
         let desc = MatrixDesc {
             range: 0..data.len(),
             ..desc
         };
+        self.owned_product(desc, data, scale)
+    }
+
+    /// A product matrix made here (rows reordered, re-quantized): its bytes count as read per
+    /// token, and the backend takes them over.
+    fn owned_product(
+        &mut self,
+        desc: MatrixDesc,
+        data: Vec<u8>,
+        scale: Option<f32>,
+    ) -> Result<B::Matrix, ModelError> {
+        self.matrix_bytes += data.len() as u64;
         let m = self
             .backend
             .load_owned_matrix(desc, data, scale, MatrixUse::Product)?;
@@ -1318,12 +1329,7 @@ impl<B: Backend, F: Fetch> Loader<'_, '_, B, F> {
             Some(bytes) => requantize(&desc, bytes, format)?,
         };
         drop(bytes);
-        self.matrix_bytes += data.len() as u64;
-        let m = self
-            .backend
-            .load_owned_matrix(requantized, data, scale, MatrixUse::Product)?;
-        self.tick();
-        Ok(m)
+        self.owned_product(requantized, data, scale)
     }
 
     async fn vector_data(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
@@ -1355,10 +1361,7 @@ impl<B: Backend, F: Fetch> Loader<'_, '_, B, F> {
     }
 
     async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
-        let data = self.vector_data(name, len).await?;
-        let v = self.backend.load_vector(data)?;
-        self.tick();
-        Ok(v)
+        self.vector_in_order(name, len, None).await
     }
 }
 

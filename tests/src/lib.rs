@@ -110,6 +110,25 @@ impl Golden {
         }
     }
 
+    /// How closely `ours` — each sequence's logits `[positions][n_vocab]`, in the manifest's
+    /// order — follow this golden's, over every position of every sequence.
+    pub fn agreement(&self, ours: impl IntoIterator<Item = impl AsRef<[f32]>>) -> Agreement {
+        self.sequences
+            .iter()
+            .zip(ours)
+            .map(|(s, o)| Agreement::of(o.as_ref(), &s.logits, self.n_vocab))
+            .reduce(Agreement::merge)
+            .expect("a sequence")
+    }
+
+    /// How closely `other` (a golden of the same token sequences: a control) follows this one.
+    pub fn agreement_with(&self, other: &Golden) -> Agreement {
+        for (a, b) in other.sequences.iter().zip(&self.sequences) {
+            assert_eq!(a.tokens, b.tokens, "the goldens hold other sequences");
+        }
+        self.agreement(other.sequences.iter().map(|s| &s.logits))
+    }
+
     /// Opens the model file (or builds the generated one).
     pub fn file(&self) -> Arc<ModelFile> {
         if let Some(sha) = &self.model_sha256 {

@@ -13,9 +13,7 @@
 
 use hesper_engine::model::Logits;
 use hesper_tests::layers::check_layers;
-use hesper_tests::{
-    argmax, cosine, cpu_model, isas, max_abs_diff, Agreement, Golden, ALL, TINY_BOUND,
-};
+use hesper_tests::{argmax, cosine, cpu_model, isas, max_abs_diff, Golden, ALL, TINY_BOUND};
 
 /// Our end-to-end logits for every sequence of `g`.
 fn end_to_end(g: &Golden, isa: hesper_cpu::Isa) -> Vec<Vec<f32>> {
@@ -64,13 +62,7 @@ fn quantized_models_match_end_to_end() {
         let g = Golden::load(stem);
         assert_ne!(g.act_quant, "none");
         for isa in isas() {
-            let agreement = g
-                .sequences
-                .iter()
-                .zip(end_to_end(&g, isa))
-                .map(|(s, ours)| Agreement::of(&ours, &s.logits, g.n_vocab))
-                .reduce(Agreement::merge)
-                .expect("a sequence");
+            let agreement = g.agreement(end_to_end(&g, isa));
             println!("{stem} {isa:?}: {agreement}");
             assert!(
                 agreement.within(TINY_BOUND),
@@ -86,16 +78,7 @@ fn the_quantized_bound_rejects_a_known_wrong_scheme() {
     // (generate.py control): close, but not what llama.cpp computes.
     let gold = Golden::load("tiny-tq2_0");
     let wrong = Golden::load("tiny-tq2_0.per-token-i8");
-    let agreement = wrong
-        .sequences
-        .iter()
-        .zip(&gold.sequences)
-        .map(|(w, s)| {
-            assert_eq!(w.tokens, s.tokens);
-            Agreement::of(&w.logits, &s.logits, gold.n_vocab)
-        })
-        .reduce(Agreement::merge)
-        .expect("a sequence");
+    let agreement = gold.agreement_with(&wrong);
     println!("known-wrong scheme vs llama.cpp: {agreement}");
     assert!(
         !agreement.within(TINY_BOUND),

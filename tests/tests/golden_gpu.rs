@@ -10,9 +10,7 @@
 use hesper_engine::model::Logits;
 use hesper_tests::layers::check_layers;
 use hesper_tests::ops::run_ops;
-use hesper_tests::{
-    argmax, cosine, cpu_model, gpu_model, max_abs_diff, Agreement, Golden, ALL, TINY_BOUND,
-};
+use hesper_tests::{argmax, cosine, cpu_model, gpu_model, max_abs_diff, Golden, ALL, TINY_BOUND};
 
 fn logits_all<B: hesper_engine::backend::Backend>(
     model: &hesper_engine::model::Model<B>,
@@ -28,12 +26,11 @@ fn gpu_matches_the_golden_values() {
     for stem in ALL {
         let g = Golden::load(stem);
         let model = gpu_model(&g.file(), None);
-        let agreement = g
-            .sequences
-            .iter()
-            .map(|s| Agreement::of(&logits_all(&model, &s.tokens, 64), &s.logits, g.n_vocab))
-            .reduce(Agreement::merge)
-            .expect("a sequence");
+        let agreement = g.agreement(
+            g.sequences
+                .iter()
+                .map(|s| logits_all(&model, &s.tokens, 64)),
+        );
         println!("{stem} gpu: {agreement}");
         if g.act_quant == "none" {
             assert!(agreement.max_abs <= 1e-3, "{stem}: {agreement}");
