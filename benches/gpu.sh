@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # The GPU's speed in one command, on a machine that has a GPU and nothing of hesper-rs installed.
 #
-#   bash benches/gpu.sh [OUT]          # the 2B4T shape: pp512 / tg128, about 3 minutes on a GPU
+#   bash benches/gpu.sh [OUT]          # the 2B4T shape, then Llama-3.2-1B-shaped F16/Q8_0 and
+#                                      # Falcon3-3B-shaped I2_S: pp512 / tg128, about 6 minutes
 #   bash benches/gpu.sh --smoke [OUT]  # the built-in model, a few tokens: checks the harness
 #                                      # end to end on any adapter (lavapipe too)
 #   bash benches/gpu.sh --fetch-debs   # run once where apt works: the Vulkan loader's Debian
 #                                      # packages into benches/gpu-debs, for machines without it
 #
 # It writes into OUT (default gpu-bench): machine.txt (GPU, driver, CPU, commit), adapter.txt
-# (`hesper-rs info --backend gpu`), hesper-i2s.json and hesper-tq2_0.json (`bench --backend gpu
+# (`hesper-rs info --backend gpu`), hesper-NAME.json for each model (`bench --backend gpu
 # --roofline --json`: t/s, dispatches per token, the device's copy bandwidth, the share of the
-# roofline, GPU time per kernel), llama-vulkan.json when llama.cpp's llama-bench is given, and
-# summary.md, the tables BENCHMARKS.md records.
+# roofline, GPU time per kernel), llama-vulkan-NAME.json for the files llama.cpp reads when its
+# llama-bench is given (each right after ours on the same file), and summary.md, the tables
+# BENCHMARKS.md records.
 #
 # Environment:
 #   HESPER_BIN   the hesper-rs binary; default: `cargo build --release -p hesper-cli` where cargo
 #                exists, else target/release/hesper-rs as it was brought along
-#   MODELS       where the 2B4T-shaped models are written (`golden-values/generate.py
-#                --bench-2b4t`, numpy needed) or found; default /tmp/hesper-bench-2b4t
+#   MODELS       where the models are written (`golden-values/generate.py --bench-2b4t` and
+#                `golden-values/families.py --bench`, numpy needed) or found; default
+#                /tmp/hesper-bench-gpu
+#   FAMILIES     0: the 2B4T shape only (about 3 minutes)
 #   GPU_DEBS     .deb packages unpacked (into a private folder, not /) when no Vulkan loader is
 #                installed; default benches/gpu-debs
-#   LLAMA_BENCH  llama.cpp's llama-bench built with -DGGML_VULKAN=ON: run on the same weights as
-#                TQ2_0 (`-ngl 99`), beside hesper-rs; default benches/llama-vulkan/llama-bench
+#   LLAMA_BENCH  llama.cpp's llama-bench built with -DGGML_VULKAN=ON (`-ngl 99`): run on the
+#                2B4T TQ2_0 file (the I2_S file's weights) and the F16/Q8_0 files, beside
+#                hesper-rs; default benches/llama-vulkan/llama-bench
 #   PP TG REPS   prompt tokens, generated tokens, repetitions (512, 128, 3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -90,31 +95,36 @@ fi
 "$bin" info --backend gpu >"$out/adapter.txt" 2>&1
 grep -m1 '^adapter' "$out/adapter.txt" || { cat "$out/adapter.txt"; exit 1; }
 
+llama=${LLAMA_BENCH:-$root/benches/llama-vulkan/llama-bench}
+# name, file, whether llama.cpp reads it (mainline llama.cpp has no I2_S)
+runs=()
 if $smoke; then
-  models=("$root/models/hesper-kjv.gguf")
-  names=(i2s)
+  runs+=("i2s|$root/models/hesper-kjv.gguf|no")
 else
-  step "2B4T-shaped models"
-  dir=${MODELS:-/tmp/hesper-bench-2b4t}
+  step "models"
+  dir=${MODELS:-/tmp/hesper-bench-gpu}
   if [ ! -s "$dir/bench-2b4t-i2s.gguf" ] || [ ! -s "$dir/bench-2b4t-tq2_0.gguf" ]; then
     python3 "$root/golden-values/generate.py" --bench-2b4t "$dir" | grep -v '^  layer'
   fi
-  models=("$dir/bench-2b4t-i2s.gguf" "$dir/bench-2b4t-tq2_0.gguf")
-  names=(i2s tq2_0)
+  runs+=("i2s|$dir/bench-2b4t-i2s.gguf|no" "tq2_0|$dir/bench-2b4t-tq2_0.gguf|yes")
+  if [ "${FAMILIES:-1}" != 0 ]; then
+    [ -s "$dir/bench-falcon3b-i2s.gguf" ] || python3 "$root/golden-values/families.py" --bench "$dir"
+    for m in llama1b-q8_0 llama1b-f16; do runs+=("$m|$dir/bench-$m.gguf|yes"); done
+    runs+=("falcon3b-i2s|$dir/bench-falcon3b-i2s.gguf|no")
+  fi
 fi
 
-for i in "${!models[@]}"; do
-  step "hesper-rs bench --backend gpu, ${names[$i]}"
-  "$bin" bench -m "${models[$i]}" --backend gpu -p "$pp" -n "$tg" -r "$reps" --roofline --json \
-    >"$out/hesper-${names[$i]}.json"
+for r in "${runs[@]}"; do
+  IFS='|' read -r name file theirs <<<"$r"
+  step "hesper-rs bench --backend gpu, $name"
+  "$bin" bench -m "$file" --backend gpu -p "$pp" -n "$tg" -r "$reps" --roofline --json \
+    >"$out/hesper-$name.json"
+  if ! $smoke && [ "$theirs" = yes ] && [ -x "$llama" ]; then
+    step "llama.cpp llama-bench (Vulkan), $name"
+    "$llama" -m "$file" -ngl 99 -p "$pp" -n "$tg" -r "$reps" -o json >"$out/llama-vulkan-$name.json" \
+      2>"$out/llama-vulkan-$name.log" || echo "llama-bench failed: see llama-vulkan-$name.log" >&2
+  fi
 done
-
-llama=${LLAMA_BENCH:-$root/benches/llama-vulkan/llama-bench}
-if ! $smoke && [ -x "$llama" ]; then
-  step "llama.cpp llama-bench (Vulkan), tq2_0"
-  "$llama" -m "${models[1]}" -ngl 99 -p "$pp" -n "$tg" -r "$reps" -o json >"$out/llama-vulkan.json" \
-    2>"$out/llama-vulkan.log" || echo "llama-bench failed: see llama-vulkan.log" >&2
-fi
 
 step "summary"
 python3 "$root/benches/gpu_summary.py" "$out" | tee "$out/summary.md"

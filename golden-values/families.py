@@ -43,7 +43,8 @@ import numpy as np
 
 from generate import (GGML_F16, GGML_F32, GGML_I2_S, GGML_Q8_0, KV, MODELS_DIR, ROOT, SEED,
                       TINY, GGUFStreamWriter, HParams, LlamaCpp, TensorInfo, gen_norm, kv_str,
-                      kv_u32, pack_i2s, shape_kvs, tensor_rng, token_sequences, write_outputs)
+                      kv_u32, pack_i2s, pack_q8_0, shape_kvs, tensor_rng, token_sequences,
+                      write_outputs)
 
 LLAMA_FTYPE = {GGML_F16: 1, GGML_Q8_0: 7, GGML_I2_S: 40}
 
@@ -127,8 +128,7 @@ def encode(f: Family, w: np.ndarray) -> bytes:
     """A dense matrix in the family's type (its head's, for an I2_S family: F16)."""
     if f.head_type == GGML_F16:
         return w.astype(np.float16).tobytes()
-    from gguf import GGMLQuantizationType, quants
-    return quants.quantize(w.astype(np.float32), GGMLQuantizationType.Q8_0).tobytes()
+    return pack_q8_0(w)
 
 
 def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]]:

@@ -211,6 +211,22 @@ def pack_i2s(codes: np.ndarray, beta: float) -> bytes:
     return packed.tobytes() + np.float32(beta).tobytes() + bytes(28)
 
 
+def pack_q8_0(w: np.ndarray) -> bytes:
+    """Q8_0 (34-byte blocks of 32): f16 d = amax / 127, then 32 int8 round(x / d), halves away
+    from zero as C's roundf (ggml's reference quantizer; computed in f32 as it is)."""
+    x = w.astype(np.float32).reshape(-1, 32)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    a = np.abs(x * inv)
+    whole = np.floor(a)
+    q = np.sign(x) * (whole + (a - whole >= np.float32(0.5)))
+    out = np.empty((x.shape[0], 34), np.uint8)
+    out[:, :2] = d.astype(np.float16).view(np.uint8)
+    out[:, 2:] = q.astype(np.int8).view(np.uint8)
+    return out.tobytes()
+
+
 def unpack_i2s(blob: bytes | np.ndarray, n: int) -> tuple[np.ndarray, np.float32]:
     """Inverse of pack_i2s: flat ternary values int8 in {-1,0,1} and the f32 beta."""
     b = np.frombuffer(blob, np.uint8, count=n // 4).reshape(-1, 32)
@@ -628,7 +644,7 @@ def write_variant(v: Variant, m: SyntheticModel) -> None:
 # ---------------------------------------------------------------------------- model checks
 
 def check_packers_against_gguf_py(m: SyntheticModel) -> None:
-    """Our TQ1_0/TQ2_0 packers must be byte-identical to gguf-py's reference quantizer."""
+    """Our TQ1_0/TQ2_0/Q8_0 packers must be byte-identical to gguf-py's reference quantizer."""
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import quantize
     for name, p in m.proj[0].items():
@@ -636,6 +652,8 @@ def check_packers_against_gguf_py(m: SyntheticModel) -> None:
         assert pack_tq2_0(p.codes, p.beta16) == quantize(t * np.float32(p.beta16), QT.TQ2_0).tobytes(), name
         assert pack_tq1_0(p.codes, 1.0) == quantize(t, QT.TQ1_0).tobytes(), name
         assert pack_tq1_0(p.codes, p.beta16) == quantize(t * np.float32(p.beta16), QT.TQ1_0).tobytes(), name
+        w = t * np.float32(p.beta16) + np.linspace(-0.02, 0.02, t.size, dtype=np.float32).reshape(t.shape)
+        assert pack_q8_0(w) == quantize(w, QT.Q8_0).tobytes(), name
 
 
 def check_mainline_file(v: Variant, m: SyntheticModel) -> None:
