@@ -3,11 +3,14 @@
 //! and prints.
 
 use std::io::{BufRead, Write};
+use std::path::PathBuf;
 use std::str::FromStr;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use hesper_engine::backend::Backend;
+use hesper_engine::chat::ChatTemplate;
+use hesper_engine::gguf::Gguf;
 use hesper_engine::model::Model;
 use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
@@ -42,6 +45,9 @@ pub struct GenerateArgs {
     /// System prompt for --chat.
     #[arg(long = "system-prompt", short = 's', value_name = "TEXT")]
     system_prompt: Option<String>,
+    /// A Jinja chat template for --chat instead of the file's `tokenizer.chat_template`.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    chat_template_file: Option<PathBuf>,
     /// Sampling temperature (0 or below = greedy).
     #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
     temp: f32,
@@ -120,6 +126,9 @@ impl GenerateArgs {
         if self.system_prompt.is_some() && !self.chat {
             bail!("-s/--system-prompt applies to --chat (a plain prompt has no chat template)");
         }
+        if self.chat_template_file.is_some() && !self.chat {
+            bail!("--chat-template-file applies to --chat (a plain prompt has no chat template)");
+        }
         self.ctx.attention.config()?;
         if self.context_shift == ContextShift::None && self.keep.is_some() {
             bail!("--keep applies to --context-shift sinks");
@@ -128,6 +137,20 @@ impl GenerateArgs {
             bail!("--context-shift applies to a plain prompt (--chat drops whole turns instead)");
         }
         Ok(())
+    }
+
+    /// The chat template: `--chat-template-file`, else the one [`ChatTemplate::from_gguf`]
+    /// picks for the file.
+    fn chat_template(&self, header: &Gguf, tok: &Tokenizer) -> Result<ChatTemplate> {
+        Ok(match &self.chat_template_file {
+            None => ChatTemplate::from_gguf(header, tok)?,
+            Some(path) => {
+                let source = std::fs::read_to_string(path).with_context(|| {
+                    format!("--chat-template-file {}: cannot read it", path.display())
+                })?;
+                ChatTemplate::from_source(source, path.display().to_string(), tok)?
+            }
+        })
     }
 
     /// Positions kept when the context shifts, `None` when it does not.
@@ -188,7 +211,13 @@ fn generate_on<B: Backend>(
         model,
         session: &mut session,
     };
-    let stats = drive(args, &mut local, tok, sampler, &label)?;
+    let stats = drive(
+        args,
+        &mut local,
+        (tok, model.file.header()),
+        sampler,
+        &label,
+    )?;
     if session.discarded() > 0 {
         note!(
             "hesper: the context shifted: {} positions discarded in all",
@@ -204,7 +233,7 @@ fn generate_on<B: Backend>(
 pub fn drive<E: Evaluator>(
     args: &GenerateArgs,
     eval: &mut E,
-    tok: &Tokenizer,
+    (tok, header): (&Tokenizer, &Gguf),
     mut sampler: Sampler,
     label: &str,
 ) -> Result<Stats> {
@@ -212,10 +241,13 @@ pub fn drive<E: Evaluator>(
     let banner = || note!("hesper: {label} | ctx {n_ctx}");
     let mut stats = Stats::default();
     if args.chat {
+        let template = args.chat_template(header, tok)?;
         banner();
+        note!("hesper: chat template: {}", template.origin());
         let mut cx = ChatContext {
             eval,
             tok,
+            template: &template,
             sampler: &mut sampler,
             n_predict: args.n_predict,
             stats: &mut stats,
@@ -304,6 +336,8 @@ fn chat<E: Evaluator>(args: &GenerateArgs, cx: &mut ChatContext<'_, E>) -> Resul
             Err(RuntimeError::Model(e)) => {
                 note!("\nhesper: this turn failed ({e}); the conversation starts over")
             }
+            // Nothing was evaluated: the conversation goes on without this message.
+            Err(RuntimeError::Chat(e)) => note!("hesper: {e}; not sent"),
             Err(e) => return Err(e.into()),
         }
     }

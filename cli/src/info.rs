@@ -5,6 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use clap::Args;
 use hesper_cpu::Isa;
+use hesper_engine::chat::ChatTemplate;
 use hesper_engine::config::{Config, RopePairs};
 use hesper_engine::gguf::{Array, Value};
 use hesper_runtime::load::gpu_backend;
@@ -120,6 +121,10 @@ pub fn run(args: InfoArgs) -> Result<()> {
             writeln!(out, "tokenizer: {}", t.describe())?;
             for w in t.warnings() {
                 writeln!(out, "  warning: {w}")?;
+            }
+            match ChatTemplate::from_gguf(g, &t) {
+                Ok(template) => writeln!(out, "chat:      {}", template.origin())?,
+                Err(e) => writeln!(out, "chat:      unusable: {e}")?,
             }
         }
         Ok(None) => writeln!(out, "tokenizer: none (feed token ids)")?,

@@ -352,7 +352,7 @@ fn master_on<B: Backend>(
         ring.nodes().len(),
         model.backend.name()
     );
-    let stats = drive(args, &mut ring, tok, sampler, &label)?;
+    let stats = drive(args, &mut ring, (tok, model.file.header()), sampler, &label)?;
     for link in ring.links() {
         let s = link.stats();
         let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);

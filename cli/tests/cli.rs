@@ -226,6 +226,65 @@ fn chat_answers_each_turn_until_eof() {
     assert!(err.contains("prompt eval time"), "{err}");
 }
 
+/// `--chat-template-file` replaces the file's template: `chat` names it, a message the template
+/// refuses is not sent and the chat goes on, a template that does not parse is one line.
+#[test]
+fn chat_template_file_frames_the_turns() {
+    let dir = std::env::temp_dir().join(format!("hesper-chat-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let good = dir.join("good.jinja");
+    std::fs::write(
+        &good,
+        "{% for m in messages %}{% if 'forbidden' in m.content %}\
+         {{ raise_exception('no forbidden words') }}{% endif %}\
+         {{ m.role | capitalize }}: {{ m.content }}<|eot_id|>{% endfor %}\
+         {% if add_generation_prompt %}Assistant: {% endif %}",
+    )
+    .expect("write");
+    let bad = dir.join("bad.jinja");
+    std::fs::write(&bad, "{% for m in messages %}").expect("write");
+    let args = [
+        "generate",
+        "--chat",
+        "-n",
+        "4",
+        "--seed",
+        "3",
+        "--chat-template-file",
+        good.to_str().expect("UTF-8 path"),
+    ];
+    let o = support::run(
+        &args,
+        Some(b"Hello there\na forbidden word\nHow are you?\n"),
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("chat template: {}", good.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains("refused this conversation: no forbidden words (line 1); not sent"),
+        "{err}"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.lines().count(), 2, "two answered turns: {out:?}");
+    let args = [
+        "generate",
+        "--chat",
+        "--chat-template-file",
+        bad.to_str().expect("UTF-8"),
+    ];
+    support::assert_one_line_error(&args, &hesper(&args), "cannot be read: ");
+    let args = [
+        "generate",
+        "--chat-template-file",
+        bad.to_str().expect("UTF-8"),
+    ];
+    support::assert_one_line_error(&args, &hesper(&args), "applies to --chat");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `--tokenizer-pre` switches the split; `info` says which one is in use.
 #[test]
 fn tokenizer_pre_override_is_reported() {

@@ -1,8 +1,41 @@
-//! Chat prompt formatting.
+//! Chat prompts: the model's own chat template (`tokenizer.chat_template`, Hugging Face Jinja)
+//! rendered as transformers renders it, through `minijinja`.
 //!
-//! The official BitNet b1.58 2B4T GGUF carries a placeholder template (`Human: …BITNETAssistant:`);
-//! the model was trained with `Role: content<|eot_id|>` turns and an `Assistant: ` generation
-//! prompt, so that is what hesper-rs uses for BitNet files.
+//! Which template a file gets ([`ChatTemplate::from_gguf`]):
+//!
+//! * the file's `tokenizer.chat_template`, except bitnet.cpp's placeholder: its converter writes
+//!   `Human: … BITNETAssistant:` into every BitNet file, while BitNet b1.58 2B4T was trained with
+//!   `Role: content<|eot_id|>` turns and an `Assistant: ` generation prompt;
+//! * without one (or with the placeholder): that trained BitNet format for a `bitnet*`
+//!   architecture, else ChatML, llama.cpp's default.
+//!
+//! The environment is transformers': blocks trimmed (`trim_blocks`, `lstrip_blocks`), `break` and
+//! `continue`, `raise_exception(message)`, `tojson`, Python's `str`/`dict` methods
+//! (`.strip()`, `.startswith()`, `.items()`, …), and the variables `messages`,
+//! `add_generation_prompt`, `bos_token` and `eos_token`. As llama.cpp does, a leading BOS the
+//! template writes is dropped when the tokenizer adds one itself.
+
+use std::collections::BTreeMap;
+
+use minijinja::{Environment, Error, ErrorKind, Value};
+
+use crate::gguf::Gguf;
+use crate::tokenizer::Tokenizer;
+
+/// The GGUF key holding the template.
+pub const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";
+
+/// The format BitNet b1.58 2B4T was trained with (its Hugging Face `tokenizer_config.json`).
+const BITNET_TEMPLATE: &str = "{% for message in messages %}{{ message.role | capitalize }}: \
+{{ message.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}Assistant: {% endif %}";
+
+/// ChatML, llama.cpp's template for a file that names none.
+const CHATML_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
+{{ message.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
+{% endif %}";
+
+/// The text bitnet.cpp's converter puts in every BitNet file's template.
+const BITNET_PLACEHOLDER: &str = "BITNETAssistant";
 
 /// Who said a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,48 +49,380 @@ pub enum Role {
 }
 
 impl Role {
-    fn label(self) -> &'static str {
+    /// The role's name in a template's `messages` (`"system"`, `"user"`, `"assistant"`).
+    pub fn as_str(self) -> &'static str {
         match self {
-            Self::System => "System",
-            Self::User => "User",
-            Self::Assistant => "Assistant",
+            Self::System => "system",
+            Self::User => "user",
+            Self::Assistant => "assistant",
         }
     }
 }
 
-/// Formats one turn, `"{Role}: {content}<|eot_id|>"`.
-pub fn format_turn(role: Role, content: &str) -> String {
-    format!("{}: {content}<|eot_id|>", role.label())
+/// A template that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// The template does not parse.
+    #[error("the chat template ({origin}) cannot be read: {detail}")]
+    Syntax {
+        /// Where it came from.
+        origin: String,
+        /// What the template engine says, with the line.
+        detail: String,
+    },
+    /// Rendering failed (the template raised an exception or used what is not there).
+    #[error("the chat template ({origin}) refused this conversation: {detail}")]
+    Render {
+        /// Where it came from.
+        origin: String,
+        /// What the template engine says.
+        detail: String,
+    },
 }
 
-/// The prompt the model answers after: every message, then `"Assistant: "`. BOS is added by
-/// the tokenizer, not here.
-pub fn format_prompt(messages: &[(Role, String)]) -> String {
-    let mut out: String = messages.iter().map(|(r, c)| format_turn(*r, c)).collect();
-    out.push_str("Assistant: ");
-    out
+/// Where a template came from, for messages and `info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateOrigin {
+    /// The file's `tokenizer.chat_template`.
+    File,
+    /// Given by the user (a path or a name).
+    User(String),
+    /// BitNet b1.58 2B4T's trained format (the file has none, or bitnet.cpp's placeholder).
+    BitNet,
+    /// ChatML (the file has none).
+    ChatMl,
+}
+
+impl std::fmt::Display for TemplateOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File => f.write_str("the file's tokenizer.chat_template"),
+            Self::User(name) => f.write_str(name),
+            Self::BitNet => f.write_str("BitNet b1.58's trained format"),
+            Self::ChatMl => f.write_str("ChatML, the file names none"),
+        }
+    }
+}
+
+/// The token texts a template refers to.
+#[derive(Debug, Clone, Default)]
+pub struct TemplateTokens {
+    /// `bos_token`.
+    pub bos: String,
+    /// `eos_token`.
+    pub eos: String,
+    /// Drop a leading `bos` from the text: the tokenizer adds BOS itself.
+    pub strip_bos: bool,
+}
+
+/// A compiled chat template with the tokens it refers to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    origin: TemplateOrigin,
+    tokens: TemplateTokens,
+}
+
+impl ChatTemplate {
+    /// The template for `g`'s chat (see the module docs for the choice), with `tok`'s BOS and
+    /// EOS text.
+    pub fn from_gguf(g: &Gguf, tok: &Tokenizer) -> Result<Self, ChatError> {
+        let bitnet = g
+            .get_str("general.architecture")
+            .is_some_and(|a| a.starts_with("bitnet"));
+        match g.get_str(KEY_CHAT_TEMPLATE) {
+            Some(src) if !src.contains(BITNET_PLACEHOLDER) => {
+                Self::new(src.to_string(), TemplateOrigin::File, tok)
+            }
+            _ if bitnet => Self::new(BITNET_TEMPLATE.into(), TemplateOrigin::BitNet, tok),
+            _ => Self::new(CHATML_TEMPLATE.into(), TemplateOrigin::ChatMl, tok),
+        }
+    }
+
+    /// A template given by the user (`origin` names it in messages), with `tok`'s BOS and EOS.
+    pub fn from_source(source: String, origin: String, tok: &Tokenizer) -> Result<Self, ChatError> {
+        Self::new(source, TemplateOrigin::User(origin), tok)
+    }
+
+    /// `source` with explicit token texts; `strftime_now` reads the local clock, or `clock`
+    /// when given (for goldens that must not depend on the date).
+    pub fn with_tokens(
+        source: String,
+        origin: TemplateOrigin,
+        tokens: TemplateTokens,
+        clock: Option<jiff::civil::DateTime>,
+    ) -> Result<Self, ChatError> {
+        let syntax_error = |e: Error| ChatError::Syntax {
+            origin: origin.to_string(),
+            detail: describe(&e),
+        };
+        let mut env = Environment::new();
+        let syntax = env
+            .syntax()
+            .to_builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(syntax_error)?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", move |format: String| {
+            strftime_now(&format, clock)
+        });
+        env.add_template_owned("chat", source)
+            .map_err(syntax_error)?;
+        let strip_bos = tokens.strip_bos && !tokens.bos.is_empty();
+        Ok(Self {
+            env,
+            origin,
+            tokens: TemplateTokens {
+                strip_bos,
+                ..tokens
+            },
+        })
+    }
+
+    fn new(source: String, origin: TemplateOrigin, tok: &Tokenizer) -> Result<Self, ChatError> {
+        let text = |id: Option<u32>| {
+            id.map(|t| String::from_utf8_lossy(&tok.token_piece(t, true)).into_owned())
+                .unwrap_or_default()
+        };
+        let tokens = TemplateTokens {
+            bos: text(tok.bos()),
+            eos: text(tok.eos()),
+            strip_bos: tok.add_bos(),
+        };
+        Self::with_tokens(source, origin, tokens, None)
+    }
+
+    /// Where the template came from.
+    pub fn origin(&self) -> &TemplateOrigin {
+        &self.origin
+    }
+
+    /// The conversation as the model reads it; with `add_generation_prompt`, ending where the
+    /// assistant's answer begins. A template that rejects a leading system message (several
+    /// do: "System role not supported") gets it prepended to the first user message instead,
+    /// as llama.cpp does.
+    pub fn render(
+        &self,
+        messages: &[(Role, String)],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        match self.render_exactly(messages, add_generation_prompt) {
+            Err(e) if matches!(messages, [(Role::System, _), (Role::User, _), ..]) => {
+                let mut merged = messages[1..].to_vec();
+                merged[0].1 = format!("{}\n\n{}", messages[0].1, messages[1].1);
+                self.render_exactly(&merged, add_generation_prompt)
+                    .map_err(|_| e)
+            }
+            other => other,
+        }
+    }
+
+    fn render_exactly(
+        &self,
+        messages: &[(Role, String)],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|(role, content)| {
+                Value::from(BTreeMap::from([
+                    ("role", Value::from(role.as_str())),
+                    ("content", Value::from(content.as_str())),
+                ]))
+            })
+            .collect();
+        let cx = BTreeMap::from([
+            ("messages", Value::from(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("bos_token", Value::from(self.tokens.bos.as_str())),
+            ("eos_token", Value::from(self.tokens.eos.as_str())),
+        ]);
+        let text = self
+            .env
+            .get_template("chat")
+            .and_then(|t| t.render(cx))
+            .map_err(|e| ChatError::Render {
+                origin: self.origin.to_string(),
+                detail: describe(&e),
+            })?;
+        Ok(match text.strip_prefix(self.tokens.bos.as_str()) {
+            Some(rest) if self.tokens.strip_bos => rest.to_string(),
+            _ => text,
+        })
+    }
+}
+
+/// `raise_exception(message)`, which Hugging Face templates call to refuse a conversation.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(format)`, which transformers gives templates: the local time (or `clock`)
+/// formatted as C's strftime does.
+fn strftime_now(format: &str, clock: Option<jiff::civil::DateTime>) -> Result<String, Error> {
+    let now = clock.unwrap_or_else(|| jiff::ZonedDateTime::now().datetime());
+    jiff::fmt::strtime::format(format, now)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}")))
+}
+
+/// The engine's message with its line, without the template's name (always "chat").
+fn describe(e: &Error) -> String {
+    let what = e
+        .detail()
+        .map_or_else(|| e.kind().to_string(), str::to_string);
+    match e.line() {
+        Some(line) => format!("{what} (line {line})"),
+        None => what,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn bitnet() -> ChatTemplate {
+        let tokens = TemplateTokens {
+            bos: "<|begin_of_text|>".into(),
+            eos: "<|end_of_text|>".into(),
+            strip_bos: true,
+        };
+        ChatTemplate::with_tokens(BITNET_TEMPLATE.into(), TemplateOrigin::BitNet, tokens, None)
+            .expect("compiles")
+    }
+
     #[test]
-    fn matches_the_trained_template() {
-        let p = format_prompt(&[(
-            Role::User,
-            "Hey, are you conscious? Can you talk to me?".into(),
-        )]);
+    fn bitnet_fallback_is_the_trained_format() {
+        let t = bitnet();
+        let p = t
+            .render(
+                &[(
+                    Role::User,
+                    "Hey, are you conscious? Can you talk to me?".into(),
+                )],
+                true,
+            )
+            .expect("renders");
         assert_eq!(
             p,
             "User: Hey, are you conscious? Can you talk to me?<|eot_id|>Assistant: "
         );
-        let p = format_prompt(&[
+        let turns = [
             (Role::System, "Be brief.".into()),
             (Role::User, "Hi".into()),
             (Role::Assistant, "Hello!".into()),
             (Role::User, "Bye".into()),
-        ]);
-        assert_eq!(p, "System: Be brief.<|eot_id|>User: Hi<|eot_id|>Assistant: Hello!<|eot_id|>User: Bye<|eot_id|>Assistant: ");
+        ];
+        assert_eq!(
+            t.render(&turns, true).expect("renders"),
+            "System: Be brief.<|eot_id|>User: Hi<|eot_id|>Assistant: Hello!<|eot_id|>User: Bye<|eot_id|>Assistant: "
+        );
+        assert_eq!(
+            t.render(&turns[..3], false).expect("renders"),
+            "System: Be brief.<|eot_id|>User: Hi<|eot_id|>Assistant: Hello!<|eot_id|>"
+        );
+    }
+
+    fn plain(src: &str) -> ChatTemplate {
+        ChatTemplate::with_tokens(
+            src.into(),
+            TemplateOrigin::File,
+            TemplateTokens::default(),
+            None,
+        )
+        .expect("compiles")
+    }
+
+    #[test]
+    fn a_leading_bos_is_dropped_only_when_the_tokenizer_adds_one() {
+        let src = "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{% endfor %}";
+        let turns = [(Role::User, "a".to_string())];
+        for (strip, want) in [(true, "[a]"), (false, "<s>[a]")] {
+            let tokens = TemplateTokens {
+                bos: "<s>".into(),
+                eos: "</s>".into(),
+                strip_bos: strip,
+            };
+            let t = ChatTemplate::with_tokens(src.into(), TemplateOrigin::File, tokens, None)
+                .expect("compiles");
+            assert_eq!(t.render(&turns, true).expect("renders"), want);
+        }
+    }
+
+    #[test]
+    fn python_methods_and_loop_controls_work_as_in_transformers() {
+        let src = "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}\
+                   {{ m.content.strip().upper() }}{% if m['content'].startswith(' x') %}!{% endif %}\
+                   {% endfor %}";
+        let t = plain(src);
+        let turns = [
+            (Role::User, " x1 ".to_string()),
+            (Role::Assistant, "y".to_string()),
+            (Role::User, "z".to_string()),
+        ];
+        assert_eq!(t.render(&turns, false).expect("renders"), "X1!Y");
+    }
+
+    #[test]
+    fn a_refusal_and_a_syntax_error_are_one_line_each() {
+        let t = plain(
+            "{% if messages[0].role == 'assistant' %}{{ raise_exception('Roles must alternate') }}{% endif %}ok",
+        );
+        let e = t
+            .render(&[(Role::Assistant, "a".into())], true)
+            .expect_err("raises")
+            .to_string();
+        assert!(
+            e.contains("refused this conversation: Roles must alternate"),
+            "{e}"
+        );
+        let e = ChatTemplate::with_tokens(
+            "{% for m in messages %}".into(),
+            TemplateOrigin::File,
+            TemplateTokens::default(),
+            None,
+        )
+        .expect_err("unclosed")
+        .to_string();
+        assert!(
+            e.starts_with("the chat template (the file's tokenizer.chat_template) cannot be read:"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn strftime_now_formats_the_clock_as_c_does() {
+        let clock = jiff::civil::date(2026, 1, 2).at(3, 4, 5, 0);
+        let t = ChatTemplate::with_tokens(
+            "{{ strftime_now('%d %b %Y %H:%M:%S') }}".into(),
+            TemplateOrigin::File,
+            TemplateTokens::default(),
+            Some(clock),
+        )
+        .expect("compiles");
+        assert_eq!(
+            t.render(&[], false).expect("renders"),
+            "02 Jan 2026 03:04:05"
+        );
+    }
+
+    #[test]
+    fn a_template_without_system_messages_gets_the_system_prompt_in_the_first_user_turn() {
+        let src = "{% for m in messages %}{% if m.role == 'system' %}\
+                   {{ raise_exception('System role not supported') }}{% endif %}\
+                   <{{ m.role }}>{{ m.content }}{% endfor %}";
+        let t = plain(src);
+        let turns = [
+            (Role::System, "Be brief.".to_string()),
+            (Role::User, "Hi".to_string()),
+        ];
+        assert_eq!(
+            t.render(&turns, true).expect("renders"),
+            "<user>Be brief.\n\nHi"
+        );
     }
 }

@@ -1,18 +1,15 @@
-//! A conversation kept in one context: each message is framed with the model's chat template
-//! and only the new tokens are evaluated. A message that does not fit after the history makes
+//! A conversation kept in one context: the model's chat template renders it, and only the text
+//! that a new message adds is evaluated. A message that does not fit after the history makes
 //! the conversation start over in a fresh context with as many recent turns as fit; one that
 //! does not fit even alone is refused. Either way the conversation goes on.
 
-use hesper_engine::chat::{format_prompt, Role};
+use hesper_engine::chat::{ChatTemplate, Role};
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
 
 use crate::evaluator::Evaluator;
 use crate::generation::{complete, Event, Flow, Stats};
 use crate::RuntimeError;
-
-/// The end-of-turn text of the template, for an answer that stopped without its token.
-const END_OF_TURN: &str = "<|eot_id|>";
 
 /// A conversation's text; the tokens live in the session it is used with.
 #[derive(Debug, Clone, Default)]
@@ -21,9 +18,12 @@ pub struct Conversation {
     pub system: Option<String>,
     /// The turns in the context, oldest first.
     history: Vec<(Role, String)>,
-    /// The token that ended the last answer, still to be fed back.
-    pending_end: Option<u32>,
+    /// The text the context holds: the rendered prompts and the answers.
+    context_text: String,
 }
+
+/// Tokens to evaluate, and the text the context holds once they are.
+type Framed = (Vec<u32>, String);
 
 /// What became of a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +40,8 @@ pub struct ChatContext<'a, E: Evaluator> {
     pub eval: &'a mut E,
     /// Its tokenizer.
     pub tok: &'a Tokenizer,
+    /// Its chat template.
+    pub template: &'a ChatTemplate,
     /// The sampler.
     pub sampler: &'a mut Sampler,
     /// Most tokens per answer (negative: no limit).
@@ -69,7 +71,7 @@ impl Conversation {
         message: &str,
         on_event: &mut dyn FnMut(Event<'_>) -> Result<Flow, RuntimeError>,
     ) -> Result<Turn, RuntimeError> {
-        let tokens = match self.continuation(cx, message)? {
+        let (tokens, text) = match self.continuation(cx, message)? {
             Some(t) => t,
             None => match self.restart_with(cx, message, on_event)? {
                 Some(t) => t,
@@ -91,58 +93,69 @@ impl Conversation {
             Err(e) => {
                 // The context may hold part of this turn: the next one starts afresh.
                 self.history.clear();
-                self.pending_end = None;
+                self.context_text.clear();
                 cx.eval.truncate(0);
                 return Err(e);
             }
         };
         self.history.push((Role::User, message.to_string()));
         self.history.push((Role::Assistant, done.text.clone()));
-        self.pending_end = done.end;
+        self.context_text = text + &done.text;
+        if done.stopped {
+            // The answer's last token was shown but never evaluated: the next message renders
+            // the conversation afresh.
+            cx.eval.truncate(0);
+        }
         Ok(Turn::Answered(done.text))
     }
 
-    /// The tokens that add `message` to the conversation in the context, if they fit with
-    /// room for an answer.
+    /// The tokens that add `message` to the conversation in the context, and the text the
+    /// context then holds, if they fit with room for an answer: the whole conversation
+    /// rendered, less the text the context holds already. `None` also when the rendering does
+    /// not begin with that text (a template that rewrites past answers, or moves the system
+    /// prompt to the latest message); the conversation is then evaluated afresh.
     fn continuation<E: Evaluator>(
         &self,
         cx: &ChatContext<'_, E>,
         message: &str,
-    ) -> Result<Option<Vec<u32>>, RuntimeError> {
+    ) -> Result<Option<Framed>, RuntimeError> {
         let pos = cx.eval.pos();
         if pos == 0 {
             return self.fresh(cx, message, 0);
         }
-        let mut input = Vec::new();
-        let mut text = String::new();
-        // The previous answer must end with its end-of-turn token.
-        match self.pending_end {
-            Some(t) => input.push(t),
-            None => text.push_str(END_OF_TURN),
-        }
-        text.push_str(&format_prompt(&[(Role::User, message.to_string())]));
-        input.extend(cx.tok.encode(&text, false, true)?);
-        Ok(fits(cx, pos, input))
+        let mut turns = self.turns(0);
+        turns.push((Role::User, message.to_string()));
+        let next = cx.template.render(&turns, true)?;
+        let Some(added) = next.strip_prefix(self.context_text.as_str()) else {
+            return Ok(None);
+        };
+        let tokens = cx.tok.encode(added, false, true)?;
+        Ok(fits(cx, pos, tokens).map(|t| (t, next)))
     }
 
-    /// `message` after the system prompt and the turns from `history[from..]`, as a new
-    /// context, if that fits.
-    fn fresh<E: Evaluator>(
-        &self,
-        cx: &ChatContext<'_, E>,
-        message: &str,
-        from: usize,
-    ) -> Result<Option<Vec<u32>>, RuntimeError> {
+    /// The system prompt and the turns from `history[from..]`.
+    fn turns(&self, from: usize) -> Vec<(Role, String)> {
         let mut turns = Vec::new();
         if let Some(sys) = &self.system {
             turns.push((Role::System, sys.clone()));
         }
         turns.extend(self.history[from..].iter().cloned());
+        turns
+    }
+
+    /// `message` after the system prompt and the turns from `history[from..]`, as a new
+    /// context, with its text, if that fits.
+    fn fresh<E: Evaluator>(
+        &self,
+        cx: &ChatContext<'_, E>,
+        message: &str,
+        from: usize,
+    ) -> Result<Option<Framed>, RuntimeError> {
+        let mut turns = self.turns(from);
         turns.push((Role::User, message.to_string()));
-        let tokens = cx
-            .tok
-            .encode(&format_prompt(&turns), cx.tok.add_bos(), true)?;
-        Ok(fits(cx, 0, tokens))
+        let text = cx.template.render(&turns, true)?;
+        let tokens = cx.tok.encode(&text, cx.tok.add_bos(), true)?;
+        Ok(fits(cx, 0, tokens).map(|t| (t, text)))
     }
 
     /// Starts the context over with as many recent turns as fit before `message`; `None`
@@ -152,19 +165,20 @@ impl Conversation {
         cx: &mut ChatContext<'_, E>,
         message: &str,
         on_event: &mut dyn FnMut(Event<'_>) -> Result<Flow, RuntimeError>,
-    ) -> Result<Option<Vec<u32>>, RuntimeError> {
+    ) -> Result<Option<Framed>, RuntimeError> {
         let n_ctx = cx.eval.n_ctx();
         // Whole exchanges (a message and its answer) are dropped, oldest first.
         for from in (0..=self.history.len()).step_by(2) {
-            if let Some(tokens) = self.fresh(cx, message, from)? {
+            if let Some(framed) = self.fresh(cx, message, from)? {
                 self.history.drain(..from);
-                self.pending_end = None;
                 cx.eval.truncate(0);
-                on_event(Event::Trimmed {
-                    kept: self.history.len(),
-                    n_ctx,
-                })?;
-                return Ok(Some(tokens));
+                if from > 0 {
+                    on_event(Event::Trimmed {
+                        kept: self.history.len(),
+                        n_ctx,
+                    })?;
+                }
+                return Ok(Some(framed));
             }
         }
         let tokens = cx.tok.encode(message, false, true)?.len();

@@ -21,6 +21,7 @@ pub mod settings;
 pub use evaluator::{Evaluator, Local};
 pub use generation::{complete, Completion, Event, Flow, Stats};
 
+use hesper_engine::chat::ChatError;
 use hesper_engine::model::ModelError;
 use hesper_engine::tokenizer::TokenizerError;
 use thiserror::Error;
@@ -34,6 +35,9 @@ pub enum RuntimeError {
     /// Text could not be tokenized.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// The chat template refused the conversation.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
     /// A setting that cannot mean anything.
     #[error(transparent)]
     Setting(#[from] settings::SettingError),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use hesper_cpu::CpuBackend;
-use hesper_engine::chat::Role;
+use hesper_engine::chat::{ChatTemplate, Role};
 use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Model};
 use hesper_engine::sampler::{Sampler, SamplerConfig};
@@ -116,9 +116,11 @@ fn a_conversation_trims_and_refuses_and_goes_on() {
         model: &model,
         session: &mut session,
     };
+    let template = ChatTemplate::from_gguf(model.file.header(), &tok).expect("template");
     let mut cx = ChatContext {
         eval: &mut local,
         tok: &tok,
+        template: &template,
         sampler: &mut sampler,
         n_predict: 24,
         stats: &mut stats,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hesper_cpu::CpuBackend;
+use hesper_engine::chat::ChatTemplate;
 use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Model};
 use hesper_engine::sampler::SamplerConfig;
@@ -49,7 +50,7 @@ fn node(model: &Model<CpuBackend>, listen: u16, next: u16) -> NodeSettings {
 }
 
 /// Every reply and event of a conversation that outgrows a 96-position context.
-fn converse(eval: &mut impl Evaluator, tok: &Tokenizer) -> Vec<String> {
+fn converse(eval: &mut impl Evaluator, tok: &Tokenizer, template: &ChatTemplate) -> Vec<String> {
     let mut sampler = settings::sampler(SamplerConfig {
         temperature: 0.0,
         ..Default::default()
@@ -59,6 +60,7 @@ fn converse(eval: &mut impl Evaluator, tok: &Tokenizer) -> Vec<String> {
     let mut cx = ChatContext {
         eval,
         tok,
+        template,
         sampler: &mut sampler,
         n_predict: 24,
         stats: &mut stats,
@@ -85,6 +87,7 @@ fn converse(eval: &mut impl Evaluator, tok: &Tokenizer) -> Vec<String> {
 #[test]
 fn a_conversation_on_a_ring_is_the_conversation_on_one_model() {
     let (whole, tok) = demo(None);
+    let template = ChatTemplate::from_gguf(whole.file.header(), &tok).expect("template");
     let mut session = whole.new_session(96, 32).expect("session");
     let expected = converse(
         &mut Local {
@@ -92,6 +95,7 @@ fn a_conversation_on_a_ring_is_the_conversation_on_one_model() {
             session: &mut session,
         },
         &tok,
+        &template,
     );
     assert!(
         expected.iter().any(|e| e.starts_with("Trimmed")),
@@ -113,7 +117,7 @@ fn a_conversation_on_a_ring_is_the_conversation_on_one_model() {
     let session = master.new_session(96, 32).expect("session");
     let mut ring =
         RingEvaluator::form(&master, session, &node(&master, p0, p1), None).expect("ring");
-    let got = converse(&mut ring, &tok);
+    let got = converse(&mut ring, &tok, &template);
     ring.close("");
     worker.join().expect("worker thread").expect("worker");
     assert_eq!(got, expected);

@@ -10,6 +10,7 @@ mod blob;
 mod options;
 
 use hesper_engine::backend::Backend;
+use hesper_engine::chat::ChatTemplate;
 use hesper_engine::model::{LoadOptions, Logits, Model, Session};
 use hesper_engine::source::{read_header, TensorSource};
 use hesper_engine::tokenizer::Tokenizer;
@@ -165,6 +166,9 @@ impl Engine {
     ) -> Result<JsValue, JsError> {
         let l = self.loaded_mut()?;
         let tok = l.tok.as_ref().ok_or_else(no_tokenizer)?;
+        // Compiled per message (microseconds): a template that does not parse fails the chat
+        // with its message, not the load.
+        let template = ChatTemplate::from_gguf(l.model.file.header(), tok).map_err(js_error)?;
         let mut sampler = hesper_engine::sampler::Sampler::new(options::sampler(&settings)?);
         let mut stats = Stats::default();
         let mut stopped = false;
@@ -178,6 +182,7 @@ impl Engine {
         let mut cx = ChatContext {
             eval: &mut local,
             tok,
+            template: &template,
             sampler: &mut sampler,
             n_predict: options::n_predict(&settings)?,
             stats: &mut stats,

@@ -59,6 +59,7 @@ pub struct Tokenizer {
     pre: PreTokenizer,
     specials: SpecialTokens,
     bos: Option<u32>,
+    eos: Option<u32>,
     add_bos: bool,
     /// End-of-generation flag per id.
     eog: Vec<bool>,
@@ -126,6 +127,7 @@ impl Tokenizer {
             pre,
             specials,
             bos,
+            eos,
             add_bos,
             eog,
             model_name: meta.model_name,
@@ -211,6 +213,11 @@ impl Tokenizer {
     /// The BOS token, if the vocabulary has one.
     pub fn bos(&self) -> Option<u32> {
         self.bos
+    }
+
+    /// The EOS token, if the vocabulary has one.
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
     }
 
     /// Whether prompts start with BOS: `tokenizer.ggml.add_bos_token`, else llama.cpp's default
