@@ -1,10 +1,11 @@
-//! `prefill_kernels`: how many multiply-adds per second the CPU backend's ternary matrix
-//! products reach on a batch of tokens (prompt processing is these products, compute-bound),
-//! for the I2_S layout as in the file and interleaved sixteen rows deep.
+//! `prefill_kernels`: how many multiply-adds per second the CPU backend's matrix products
+//! reach on a batch of tokens (prompt processing is these products, compute-bound): the I2_S
+//! layout as in the file and interleaved sixteen rows deep, or Q8_0 or F16.
 //!
-//! Usage: `cargo run --release -p hesper-benches --bin prefill_kernels -- [THREADS] [TOKENS]`
-//! For each 2B4T matrix shape (random codes), TOKENS tokens (default 512), best of 5 products,
-//! on THREADS threads (default: all cores), with every instruction set this CPU runs.
+//! Usage: `cargo run --release -p hesper-benches --bin prefill_kernels -- [THREADS] [TOKENS]
+//! [i2s|q8_0|f16]` For each 2B4T matrix shape (random weights), TOKENS tokens (default 512),
+//! best of 5 products, on THREADS threads (default: all cores), with every instruction set
+//! this CPU runs.
 
 use std::time::Instant;
 
@@ -25,6 +26,15 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(0);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(512);
+    let format = match args.next().as_deref() {
+        None | Some("i2s") => Format::I2S { beta: 1.0 },
+        Some("q8_0") => Format::Q8_0,
+        Some("f16") => Format::F16,
+        Some(other) => {
+            eprintln!("prefill_kernels: no format {other:?} (i2s, q8_0 or f16)");
+            std::process::exit(1);
+        }
+    };
     for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
         let backend = match CpuBackend::with_isa(threads, isa) {
             Ok(b) => b,
@@ -33,15 +43,16 @@ fn main() {
                 std::process::exit(1);
             }
         };
-        let layouts: &[bool] = if isa.interleaves_i2s() {
+        let i2s = matches!(format, Format::I2S { .. });
+        let layouts: &[bool] = if i2s && isa.interleaves_i2s() {
             &[false, true]
         } else {
             &[false]
         };
         for &tiled in layouts {
             for (name, rows, cols) in SHAPES {
-                let d = desc(Format::I2S { beta: 1.0 }, rows, cols);
-                let matrix = CpuMatrix::owned(random_bytes(d.range.end), d, None);
+                let d = desc(format, rows, cols);
+                let matrix = CpuMatrix::owned(weights(format, d.range.end), d, None);
                 let matrix = if tiled { matrix.interleaved() } else { matrix };
                 let x: Vec<f32> = (0..n * cols)
                     .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
@@ -61,11 +72,31 @@ fn main() {
                 println!(
                     "{:<12} {:<12} {name:<22} {n} tokens, {} threads: {gmacs:>6.1} GMAC/s ({:.1} per thread)",
                     isa.name(),
-                    if tiled { "interleaved" } else { "as in file" },
+                    match (format, tiled) {
+                        (_, true) => "interleaved",
+                        (Format::I2S { .. }, false) => "as in file",
+                        (Format::Q8_0, _) => "Q8_0",
+                        _ => "F16",
+                    },
                     backend.threads(),
                     gmacs / backend.threads() as f64
                 );
             }
         }
     }
+}
+
+/// `n` bytes of weights in `format`: random codes, with finite, normal halves where the format
+/// stores floats (a NaN or subnormal would time the CPU's slow paths, not the kernel).
+fn weights(format: Format, n: usize) -> Vec<u8> {
+    let mut bytes = random_bytes(n);
+    let normal_half = |b: &mut [u8]| b[1] = (b[1] & 0x83) | 0x30;
+    match format {
+        Format::F16 => bytes.chunks_exact_mut(2).for_each(normal_half),
+        Format::Q8_0 => bytes
+            .chunks_exact_mut(34)
+            .for_each(|b| normal_half(&mut b[..2])),
+        _ => {}
+    }
+    bytes
 }

@@ -85,3 +85,57 @@ fn the_interleaved_copy_multiplies_like_the_file() {
         assert_eq!(one, want[..rows], "{isa:?}, one token");
     }
 }
+
+/// Float and Q8_0 products of a batch (four-row, four-token tiles and four-token kernels, then
+/// the rows and tokens left over) equal the scalar kernel's one token at a time, up to the
+/// order of the float sums; a result in the wrong row or token would be off by far more.
+#[test]
+fn float_and_q8_0_batches_equal_the_scalar_tokens() {
+    // 301 rows: the last of each thread's chunk not a whole tile; 39 tokens: blocks of four
+    // and a rest of three; F16 rows of 200 columns (not a multiple of sixteen), Q8_0 rows of
+    // seven blocks.
+    let (rows, n) = (301usize, 39usize);
+    let pool = two_threads();
+    let f16 = |cols: usize| -> Vec<u8> {
+        activations(rows, cols)
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v / 4.0).to_le_bytes())
+            .collect()
+    };
+    let q8_0 = |cols: usize| -> Vec<u8> {
+        activations(rows, cols)
+            .chunks_exact(32)
+            .flat_map(|b| {
+                let (d, qs) = hesper_engine::formats::q8_0_block(b);
+                d.to_le_bytes().into_iter().chain(qs.map(|q| q as u8))
+            })
+            .collect()
+    };
+    for (format, cols, data) in [(Format::F16, 200, f16(200)), (Format::Q8_0, 224, q8_0(224))] {
+        let x = activations(n, cols);
+        let desc = MatrixDesc {
+            name: "w".into(),
+            rows,
+            cols,
+            format,
+            range: 0..data.len(),
+        };
+        let w = CpuMatrix::owned(data, desc, None);
+        let mut want = vec![0.0; n * rows];
+        for (t, xt) in x.chunks_exact(cols).enumerate() {
+            pool.install(|| w.matmul(Isa::Scalar, xt, 1, &mut want[t * rows..(t + 1) * rows]));
+        }
+        for isa in Isa::supported() {
+            let mut batched = vec![0.0; n * rows];
+            pool.install(|| w.matmul(isa, &x, n, &mut batched));
+            for (i, (a, b)) in batched.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                    "{format:?} {isa:?}: token {} row {}: {a} vs {b}",
+                    i / rows,
+                    i % rows
+                );
+            }
+        }
+    }
+}

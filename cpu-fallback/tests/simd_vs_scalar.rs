@@ -261,6 +261,52 @@ proptest! {
         }
     }
 
+    /// F16 × four tokens of any length: each equal to the scalar single dot up to summation
+    /// order.
+    #[test]
+    fn f16_x4_matches_scalar(n in 1usize..1100, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let w: Vec<f32> = (0..n).map(|_| g.float(-4.0, 8)).collect();
+        let row: Vec<u8> = w.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+        let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| g.float(-4.0, 8)).collect()).collect();
+        for isa in simds() {
+            let Some(got) = F16.dot_x4(isa, &row, [&xs[0], &xs[1], &xs[2], &xs[3]]) else {
+                continue;
+            };
+            for (t, x) in xs.iter().enumerate() {
+                let scale: f32 = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+                let want = scalar::f16_dot(&row, x);
+                prop_assert!(rel_close(got[t], want, scale), "{isa:?} token {t}: {} vs {want}", got[t]);
+            }
+        }
+    }
+
+    /// F16, four rows × four tokens in one tile: each equal to the scalar single dot up to
+    /// summation order.
+    #[test]
+    fn f16_rows4_x4_matches_scalar(n in 1usize..700, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| {
+            (0..n).flat_map(|_| half::f16::from_f32(g.float(-4.0, 8)).to_le_bytes()).collect()
+        }).collect();
+        let quad = rows.concat();
+        let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| g.float(-4.0, 8)).collect()).collect();
+        for isa in simds() {
+            let Some(got) = F16.dot_rows4_x4(isa, &quad, [&xs[0], &xs[1], &xs[2], &xs[3]]) else {
+                continue;
+            };
+            for (r, row) in rows.iter().enumerate() {
+                for (t, x) in xs.iter().enumerate() {
+                    let want = scalar::f16_dot(row, x);
+                    let scale: f32 = row.chunks_exact(2).zip(x)
+                        .map(|(w, x)| (half::f16::from_le_bytes([w[0], w[1]]).to_f32() * x).abs())
+                        .sum();
+                    prop_assert!(rel_close(got[r][t], want, scale), "{isa:?} row {r} token {t}: {} vs {want}", got[r][t]);
+                }
+            }
+        }
+    }
+
     /// The four-query attention kernels (query heads sharing a kv head) equal the one-query
     /// kernels of the same instruction set bit for bit, on every instruction set.
     #[test]
@@ -366,6 +412,30 @@ proptest! {
         for isa in simds() {
             let (a, b) = (Q8_0.dot(isa, &row, &act), scalar::q8_0_dot(&row, &act));
             prop_assert!(rel_close(a, b, scale), "{isa:?} {a} vs {b}");
+        }
+    }
+
+    /// Q8_0 × four tokens: each equal to the scalar single dot up to float summation order.
+    #[test]
+    fn q8_0_x4_matches_scalar(blocks in 1usize..70, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = 32 * blocks;
+        let w: Vec<f32> = (0..cols).map(|_| g.float(-3.0, 6)).collect();
+        let row: Vec<u8> = w.chunks_exact(32).flat_map(|b| {
+            let (d, qs) = q8_0_block(b);
+            d.to_le_bytes().into_iter().chain(qs.map(|q| q as u8))
+        }).collect();
+        let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..cols).map(|_| g.float(-3.0, 6)).collect()).collect();
+        let acts: Vec<_> = xs.iter().map(|x| quantize_q8_0(x)).collect();
+        for isa in simds() {
+            let Some(got) = Q8_0.dot_x4(isa, &row, [&acts[0], &acts[1], &acts[2], &acts[3]]) else {
+                continue;
+            };
+            for (t, x) in xs.iter().enumerate() {
+                let scale: f32 = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+                let want = scalar::q8_0_dot(&row, &acts[t]);
+                prop_assert!(rel_close(got[t], want, scale), "{isa:?} token {t}: {} vs {want}", got[t]);
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use super::{ActivationKind, CpuLayout};
 #[cfg(target_arch = "aarch64")]
 use crate::kernels::neon;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::{avx2, x86};
+use crate::kernels::{avx2, avx512, x86};
 use crate::kernels::{scalar, Isa};
 use crate::quant::{round_bf16, round_f16};
 
@@ -49,6 +49,47 @@ impl CpuLayout for F16 {
             #[cfg(target_arch = "aarch64")]
             Isa::Neon | Isa::NeonDot => neon::f16_dot(row, x),
             _ => scalar::f16_dot(row, x),
+        }
+    }
+
+    /// x86 only: each run of halves is converted once for four tokens (sixteen lanes on the
+    /// AVX-512 variants). Elsewhere one token at a time.
+    #[inline]
+    fn dot_x4(self, isa: Isa, row: &[u8], x: [&Vec<f32>; 4]) -> Option<[f32; 4]> {
+        let x = x.map(Vec::as_slice);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the AVX-512 variants have AVX-512 F and FMA; the row holds x[t].len()
+            // halves for every t (one matrix, one width).
+            Isa::Avx512Bw | Isa::Avx512Vnni => Some(unsafe { avx512::f16_dot_x4(row, x) }),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; every x86 variant has AVX2, FMA and F16C.
+            Isa::Avx2 | Isa::AvxVnni => Some(unsafe { avx2::f16_dot_x4(row, x) }),
+            _ => None,
+        }
+    }
+
+    /// x86 only: a tile of four rows and four tokens in registers (two tiles of two rows
+    /// with AVX2's sixteen registers).
+    #[inline]
+    fn dot_rows4_x4(self, isa: Isa, rows: &[u8], x: [&Vec<f32>; 4]) -> Option<[[f32; 4]; 4]> {
+        let x = x.map(Vec::as_slice);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for `dot_x4`; `rows` holds four rows of x[t].len() halves.
+            Isa::Avx512Bw | Isa::Avx512Vnni => {
+                Some(unsafe { avx512::f16_dot_rows_x4::<4>(rows, x) })
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::AvxVnni => {
+                let (front, back) = rows.split_at(rows.len() / 2);
+                // SAFETY: as above; each half holds two rows.
+                let [a, b] = unsafe { avx2::f16_dot_rows2_x4(front, x) };
+                // SAFETY: as above.
+                let [c, d] = unsafe { avx2::f16_dot_rows2_x4(back, x) };
+                Some([a, b, c, d])
+            }
+            _ => None,
         }
     }
 }

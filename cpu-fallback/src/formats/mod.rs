@@ -118,6 +118,13 @@ pub trait CpuLayout: Layout {
         None
     }
 
+    /// Four consecutive rows (`rows` holds all four) · four tokens, `[row][token]`, where a
+    /// kernel keeps the tile in registers: each token's activations are loaded once for
+    /// several rows (read from L2 once per four rows instead of once per row).
+    fn dot_rows4_x4(self, _isa: Isa, _rows: &[u8], _a: [&Self::Act; 4]) -> Option<[[f32; 4]; 4]> {
+        None
+    }
+
     /// Four consecutive rows (`rows` holds all four) · one token, where a kernel has them.
     fn dot_rows4(self, _isa: Isa, _rows: &[u8], _a: &Self::Act) -> Option<[f32; 4]> {
         None
@@ -202,23 +209,64 @@ impl<L: CpuLayout> RowKernels for L {
         let Some(row_bytes) = rows.len().checked_div(width) else {
             return;
         };
-        for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let mut put = |t: usize, i: usize, v: f32| out[t * width + i] = v * scale;
+        let mut i = 0;
+        // Four rows and four tokens per pass, where the layout has a tile kernel.
+        while i + 4 <= width {
+            let quad = &rows[i * row_bytes..(i + 4) * row_bytes];
             let mut t = tokens.start;
-            // Four tokens per pass where a kernel unpacks the row once for all four.
             while t + 4 <= tokens.end {
-                let Some(values) = self.dot_x4(isa, row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]])
-                else {
+                let four = [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]];
+                let Some(values) = self.dot_rows4_x4(isa, quad, four) else {
                     break;
                 };
-                for (k, v) in values.into_iter().enumerate() {
-                    out[(t + k) * width + i] = v * scale;
+                for (r, values) in values.into_iter().enumerate() {
+                    for (k, v) in values.into_iter().enumerate() {
+                        put(t + k, i + r, v);
+                    }
                 }
                 t += 4;
             }
-            for t in t..tokens.end {
-                out[t * width + i] = self.dot(isa, row, &a[t]) * scale;
+            if t == tokens.start && tokens.len() >= 4 {
+                // No tile kernel: one row at a time from here on.
+                break;
             }
+            for r in 0..4 {
+                let row = &quad[r * row_bytes..(r + 1) * row_bytes];
+                row_tokens(*self, isa, row, a, t..tokens.end, &mut |t, v| {
+                    put(t, i + r, v)
+                });
+            }
+            i += 4;
         }
+        for (i, row) in rows.chunks_exact(row_bytes).enumerate().skip(i) {
+            row_tokens(*self, isa, row, a, tokens.clone(), &mut |t, v| put(t, i, v));
+        }
+    }
+}
+
+/// One row of `layout` against a range of tokens: four per pass where a kernel unpacks the
+/// row once for all four, then one at a time. `put(token, value)` takes each result.
+fn row_tokens<L: CpuLayout>(
+    layout: L,
+    isa: Isa,
+    row: &[u8],
+    a: &[L::Act],
+    tokens: std::ops::Range<usize>,
+    put: &mut dyn FnMut(usize, f32),
+) {
+    let mut t = tokens.start;
+    while t + 4 <= tokens.end {
+        let Some(values) = layout.dot_x4(isa, row, [&a[t], &a[t + 1], &a[t + 2], &a[t + 3]]) else {
+            break;
+        };
+        for (k, v) in values.into_iter().enumerate() {
+            put(t + k, v);
+        }
+        t += 4;
+    }
+    for (t, a) in a.iter().enumerate().take(tokens.end).skip(t) {
+        put(t, layout.dot(isa, row, a));
     }
 }
 

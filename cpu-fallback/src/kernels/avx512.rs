@@ -1,4 +1,5 @@
-//! AVX-512 attention kernels (the AVX-512 variants' own; the AVX2 ones serve the others).
+//! AVX-512 kernels (the AVX-512 variants' own; the AVX2 ones serve the others): attention, and
+//! the four-token F16 product of prefill ([`f16_dot_x4`]).
 //!
 //! Scores: each (query, key) dot product is one sixteen-lane accumulator over the head, summed
 //! across lanes by one fixed pairing ([`hsum`]: lanes `i` and `i + 8`, then `+ 4`, `+ 2`,
@@ -201,3 +202,91 @@ pub unsafe fn weighted_sum_x4(p: [&[f32]; 4], v: &[f32], stride: usize, mut out:
         unsafe { super::avx2::weighted_sum_x4(p, &v[vec_end..], stride, rest) };
     }
 }
+
+/// [`crate::kernels::avx2::f16_dot`] of one row against four token rows (prefill): each
+/// sixteen halves are converted once for all four tokens, sixteen lanes per FMA. Two
+/// accumulators per token, summed by [`hsum`]; the rest of a row shorter than a multiple of
+/// sixteen by the scalar kernel.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and FMA; `row.len() == 2 * x[t].len()` for every `t`.
+#[target_feature(enable = "avx512f,fma")]
+pub unsafe fn f16_dot_x4(row: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
+    let n = x[0].len();
+    debug_assert!(x.iter().all(|x| row.len() == 2 * x.len()));
+    let w = row.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+    let mut i = 0;
+    // SAFETY: every load reads 16 halves / 16 floats inside [0, n) of the row and of each x;
+    // a prefetch hint never faults.
+    unsafe {
+        while i + 32 <= n {
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(2 * i + F16_PREFETCH_AHEAD).cast());
+            for h in 0..2 {
+                let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(2 * (i + 16 * h)).cast()));
+                for (acc, x) in acc.iter_mut().zip(x) {
+                    acc[h] =
+                        _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.as_ptr().add(i + 16 * h)), acc[h]);
+                }
+            }
+            i += 32;
+        }
+        if i + 16 <= n {
+            let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(2 * i).cast()));
+            for (acc, x) in acc.iter_mut().zip(x) {
+                acc[0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.as_ptr().add(i)), acc[0]);
+            }
+            i += 16;
+        }
+    }
+    let tail = &row[2 * i..];
+    std::array::from_fn(|t| {
+        // SAFETY: this function's contract (AVX-512 F).
+        let sum = unsafe { hsum(_mm512_add_ps(acc[t][0], acc[t][1])) };
+        sum + crate::kernels::scalar::f16_dot(tail, &x[t][i..])
+    })
+}
+
+/// [`f16_dot_x4`] of `R` consecutive rows (`rows` holds them all) against four token rows,
+/// as `[row][token]`: a tile of `4·R` accumulators, so each token's sixteen floats are loaded
+/// once for all `R` rows and each row's sixteen halves once for all four tokens (with one
+/// row, the loads and not the FMAs set the pace). One accumulator per row and token; the rest
+/// of a row shorter than a multiple of sixteen by the scalar kernel.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and FMA; `rows.len() == 2 * R * x[t].len()` for every `t`.
+#[target_feature(enable = "avx512f,fma")]
+pub unsafe fn f16_dot_rows_x4<const R: usize>(rows: &[u8], x: [&[f32]; 4]) -> [[f32; 4]; R] {
+    let n = x[0].len();
+    debug_assert!(x.iter().all(|x| rows.len() == 2 * R * x.len()));
+    let w: [*const u8; R] = std::array::from_fn(|r| rows.as_ptr().wrapping_add(2 * n * r));
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let mut i = 0;
+    // SAFETY: every load reads 16 halves / 16 floats inside [0, n) of each row and of each x;
+    // a prefetch hint never faults.
+    unsafe {
+        while i + 16 <= n {
+            let xv: [__m512; 4] = std::array::from_fn(|t| _mm512_loadu_ps(x[t].as_ptr().add(i)));
+            for (acc, w) in acc.iter_mut().zip(w) {
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(2 * i + F16_PREFETCH_AHEAD).cast());
+                let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(2 * i).cast()));
+                for (acc, xv) in acc.iter_mut().zip(xv) {
+                    *acc = _mm512_fmadd_ps(wv, xv, *acc);
+                }
+            }
+            i += 16;
+        }
+    }
+    std::array::from_fn(|r| {
+        let tail = &rows[r * 2 * n + 2 * i..(r + 1) * 2 * n];
+        std::array::from_fn(|t| {
+            // SAFETY: this function's contract (AVX-512 F).
+            let sum = unsafe { hsum(acc[r][t]) };
+            sum + crate::kernels::scalar::f16_dot(tail, &x[t][i..])
+        })
+    })
+}
+
+/// How far ahead of the halves being converted [`f16_dot_x4`] asks for more (the AVX2
+/// kernels' distance).
+const F16_PREFETCH_AHEAD: usize = 2048;

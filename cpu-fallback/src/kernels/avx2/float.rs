@@ -190,6 +190,83 @@ pub unsafe fn f16_dot(row: &[u8], x: &[f32]) -> f32 {
     hsum_f32(v) + crate::kernels::scalar::f16_dot(&row[2 * i..], &x[i..])
 }
 
+/// [`f16_dot`] of one row against four token rows (prefill): each eight halves are converted
+/// once for all four tokens. Two accumulators per token, so the order of the sum differs from
+/// [`f16_dot`]'s.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `row.len() == 2 * x[t].len()` for every `t`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_dot_x4(row: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
+    let n = x[0].len();
+    debug_assert!(x.iter().all(|x| row.len() == 2 * x.len()));
+    let w = row.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let mut i = 0;
+    // SAFETY: every load reads 8 halves / 8 floats inside [0, n) of the row and of each x.
+    unsafe {
+        while i + 16 <= n {
+            prefetch_ahead(w.wrapping_add(2 * i));
+            for h in 0..2 {
+                let wv = load_f16x8(w.add(2 * (i + 8 * h)));
+                for (acc, x) in acc.iter_mut().zip(x) {
+                    acc[h] =
+                        _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * h)), acc[h]);
+                }
+            }
+            i += 16;
+        }
+        if i + 8 <= n {
+            let wv = load_f16x8(w.add(2 * i));
+            for (acc, x) in acc.iter_mut().zip(x) {
+                acc[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), acc[0]);
+            }
+            i += 8;
+        }
+    }
+    let tail = &row[2 * i..];
+    std::array::from_fn(|t| {
+        hsum_f32(_mm256_add_ps(acc[t][0], acc[t][1]))
+            + crate::kernels::scalar::f16_dot(tail, &x[t][i..])
+    })
+}
+
+/// [`f16_dot_x4`] of two consecutive rows (`rows` holds both) against four token rows, as
+/// `[row][token]`: eight accumulators, so each token's eight floats are loaded once for both
+/// rows. One accumulator per row and token.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `rows.len() == 4 * x[t].len()` for every `t`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_dot_rows2_x4(rows: &[u8], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    let n = x[0].len();
+    debug_assert!(x.iter().all(|x| rows.len() == 4 * x.len()));
+    let w = [rows.as_ptr(), rows.as_ptr().wrapping_add(2 * n)];
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    let mut i = 0;
+    // SAFETY: every load reads 8 halves / 8 floats inside [0, n) of each row and of each x.
+    unsafe {
+        while i + 8 <= n {
+            for (acc, w) in acc.iter_mut().zip(w) {
+                if i % 32 == 0 {
+                    prefetch_ahead(w.wrapping_add(2 * i));
+                }
+                let wv = load_f16x8(w.add(2 * i));
+                for (acc, x) in acc.iter_mut().zip(x) {
+                    *acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), *acc);
+                }
+            }
+            i += 8;
+        }
+    }
+    std::array::from_fn(|r| {
+        let tail = &rows[r * 2 * n + 2 * i..(r + 1) * 2 * n];
+        std::array::from_fn(|t| {
+            hsum_f32(acc[r][t]) + crate::kernels::scalar::f16_dot(tail, &x[t][i..])
+        })
+    })
+}
+
 /// AVX2 version of [`crate::kernels::scalar::rms_norm_row`]: the same f32 squares and f32
 /// scaling, the f64 sum of squares in eight lanes instead of one (so it may round differently
 /// in its last bits).
