@@ -55,6 +55,8 @@ impl CpuLayout for F16 {
     /// x86 only: each run of halves is converted once for four tokens (sixteen lanes on the
     /// AVX-512 variants). Elsewhere one token at a time.
     #[inline]
+    // The kernels are x86 ones; elsewhere the arguments go unused.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_x4(self, isa: Isa, row: &[u8], x: [&Vec<f32>; 4]) -> Option<[f32; 4]> {
         let x = x.map(Vec::as_slice);
         match isa {
@@ -72,6 +74,8 @@ impl CpuLayout for F16 {
     /// x86 only: a tile of four rows and four tokens in registers (two tiles of two rows
     /// with AVX2's sixteen registers).
     #[inline]
+    // The kernels are x86 ones; elsewhere the arguments go unused.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_rows4_x4(self, isa: Isa, rows: &[u8], x: [&Vec<f32>; 4]) -> Option<[[f32; 4]; 4]> {
         let x = x.map(Vec::as_slice);
         match isa {

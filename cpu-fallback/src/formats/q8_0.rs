@@ -27,6 +27,8 @@ impl CpuLayout for Q8_0 {
 
     /// x86 only: each block's weights serve four tokens. Elsewhere one token at a time.
     #[inline]
+    // The kernels are x86 ones; elsewhere the arguments go unused.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_x4(self, isa: Isa, row: &[u8], act: [&Vec<Q8_0Block>; 4]) -> Option<[f32; 4]> {
         let act = act.map(Vec::as_slice);
         match isa {
