@@ -2,7 +2,8 @@
 # The GPU's speed in one command, on a machine that has a GPU and nothing of hesper-rs installed.
 #
 #   bash benches/gpu.sh [OUT]          # the 2B4T shape, then Llama-3.2-1B-shaped F16/Q8_0 and
-#                                      # Falcon3-3B-shaped I2_S: pp512 / tg128, about 6 minutes
+#                                      # Falcon3-3B-shaped I2_S: pp512 / tg128, about 4 minutes
+#                                      # on an H100 (2 1/4 of them writing the models)
 #   bash benches/gpu.sh --smoke [OUT]  # the built-in model, a few tokens: checks the harness
 #                                      # end to end on any adapter (lavapipe too)
 #   bash benches/gpu.sh --fetch-debs   # run once where apt works: the Vulkan loader's Debian

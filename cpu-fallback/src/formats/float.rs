@@ -7,7 +7,7 @@ use super::{ActivationKind, CpuLayout};
 #[cfg(target_arch = "aarch64")]
 use crate::kernels::neon;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::{avx2, avx512, x86};
+use crate::kernels::{avx2, x86};
 use crate::kernels::{scalar, Isa};
 use crate::quant::{round_bf16, round_f16};
 
@@ -52,37 +52,45 @@ impl CpuLayout for F16 {
         }
     }
 
-    /// x86 only: each run of halves is converted once for four tokens (sixteen lanes on the
-    /// AVX-512 variants). Elsewhere one token at a time.
+    // The tiles below are x86 ones, each summing a row and token as `dot` does; elsewhere
+    // one row and token at a time, and the arguments go unused.
+
+    /// Each run of halves converted once for four tokens.
     #[inline]
-    // The kernels are x86 ones; elsewhere the arguments go unused.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_x4(self, isa: Isa, row: &[u8], x: [&Vec<f32>; 4]) -> Option<[f32; 4]> {
-        let x = x.map(Vec::as_slice);
         match isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the AVX-512 variants have AVX-512 F and FMA; the row holds x[t].len()
-            // halves for every t (one matrix, one width).
-            Isa::Avx512Bw | Isa::Avx512Vnni => Some(unsafe { avx512::f16_dot_x4(row, x) }),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above; every x86 variant has AVX2, FMA and F16C.
-            Isa::Avx2 | Isa::AvxVnni => Some(unsafe { avx2::f16_dot_x4(row, x) }),
+            // SAFETY: as for `dot`; the row holds x[t].len() halves for every t.
+            x86!() => Some(unsafe { avx2::f16_dot_x4(row, x.map(Vec::as_slice)) }[0]),
             _ => None,
         }
     }
 
-    /// x86 only: a tile of four rows and four tokens in registers (two tiles of two rows
-    /// with AVX2's sixteen registers).
+    /// Four rows against one token (decode): four accumulator chains instead of one.
     #[inline]
-    // The kernels are x86 ones; elsewhere the arguments go unused.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn dot_rows4(self, isa: Isa, rows: &[u8], x: &Vec<f32>) -> Option<[f32; 4]> {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for `dot`; `rows` holds four rows of x.len() halves.
+            x86!() => Some(unsafe { avx2::f16_dot_rows4(rows, [x]) }.map(|[v]| v)),
+            _ => None,
+        }
+    }
+
+    /// A tile of four rows and four tokens in registers (two tiles of two rows with AVX2's
+    /// sixteen registers).
+    #[inline]
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_rows4_x4(self, isa: Isa, rows: &[u8], x: [&Vec<f32>; 4]) -> Option<[[f32; 4]; 4]> {
         let x = x.map(Vec::as_slice);
         match isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for `dot_x4`; `rows` holds four rows of x[t].len() halves.
+            // SAFETY: as for `dot`; the AVX-512 variants have AVX-512 F and VL; `rows` holds
+            // four rows of x[t].len() halves.
             Isa::Avx512Bw | Isa::Avx512Vnni => {
-                Some(unsafe { avx512::f16_dot_rows_x4::<4>(rows, x) })
+                Some(unsafe { avx2::f16_dot_rows4_x4_avx512(rows, x) })
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::AvxVnni => {

@@ -5,7 +5,6 @@ use std::arch::x86_64::*;
 use hesper_engine::formats::q6_k::{Q6_K_BLOCK_BYTES, Q6_K_D, Q6_K_QH, Q6_K_SCALES};
 use hesper_engine::formats::Q8_0_BLOCK_BYTES;
 
-use super::ternary::{AvxVnni, BytePairs, Maddubs, Vnni256};
 use super::{hsum_f32, hsum_i32, prefetch_ahead};
 use crate::quant::{Q8KBlock, Q8_0Block};
 
@@ -49,76 +48,6 @@ pub unsafe fn q8_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
         _mm256_add_ps(acc[2], acc[3]),
     ))
 }
-
-/// [`q8_0_dot`] of one row against four token rows (prefill): each block's weights are
-/// loaded and made unsigned once for all four tokens; `P` adds the byte products. Exact
-/// integer block sums; one f32 accumulator per token, so the order of the f32 sum differs
-/// from [`q8_0_dot`]'s.
-///
-/// # Safety
-/// As for [`q8_0_dot`], for each of the four activation rows; the CPU also runs `P`'s
-/// instructions.
-#[inline(always)]
-unsafe fn q8_0_dot_x4<P: BytePairs>(row: &[u8], act: [&[Q8_0Block]; 4]) -> [f32; 4] {
-    debug_assert!(act.iter().all(|a| row.len() == a.len() * Q8_0_BLOCK_BYTES));
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (b, blk) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
-        // SAFETY: a block is 2 scale bytes + 32 weights; each token's block `b` holds 32
-        // activations; a prefetch hint never faults.
-        unsafe {
-            prefetch_ahead(blk.as_ptr());
-            let w = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
-            // |w| · (x · sign w): the byte products need one unsigned operand (see
-            // `q8_0_block_fma`).
-            let abs_w = _mm256_sign_epi8(w, w);
-            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-                u16::from_le_bytes([blk[0], blk[1]]),
-            ))));
-            for (acc, a) in acc.iter_mut().zip(act) {
-                let a = &a[b];
-                let x = _mm256_loadu_si256(a.qs.as_ptr().cast());
-                let sum = P::dot::<1>(_mm256_setzero_si256(), &[abs_w], &[_mm256_sign_epi8(x, w)]);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), _mm256_cvtepi32_ps(sum), *acc);
-            }
-        }
-    }
-    acc.map(|v| hsum_f32(v))
-}
-
-/// The four-token Q8_0 kernel compiled for one way of adding byte products.
-macro_rules! q8_0_four_token_kernel {
-    ($name:ident, $pairs:ty, $features:literal, $what:literal) => {
-        #[doc = concat!("[`q8_0_dot`] of one row against four token rows, with ", $what, ".")]
-        ///
-        /// # Safety
-        /// As for [`q8_0_dot`], for each of the four activation rows, on a CPU with these
-        /// features.
-        #[target_feature(enable = $features)]
-        pub unsafe fn $name(row: &[u8], act: [&[Q8_0Block]; 4]) -> [f32; 4] {
-            // SAFETY: forwarded from the caller.
-            unsafe { q8_0_dot_x4::<$pairs>(row, act) }
-        }
-    };
-}
-
-q8_0_four_token_kernel!(
-    q8_0_dot_x4_avx2,
-    Maddubs,
-    "avx2,fma,f16c",
-    "AVX2's `vpmaddubsw`"
-);
-q8_0_four_token_kernel!(
-    q8_0_dot_x4_vnni,
-    Vnni256,
-    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    "AVX-512 VNNI's 256-bit `vpdpbusd`"
-);
-q8_0_four_token_kernel!(
-    q8_0_dot_x4_avxvnni,
-    AvxVnni,
-    "avx2,fma,f16c,avxvnni",
-    "AVX-VNNI's `vpdpbusd`"
-);
 
 /// `acc + d_w·d_a · (w · q)` lane-wise for one Q8_0 block pair.
 #[inline]

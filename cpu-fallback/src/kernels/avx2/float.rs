@@ -153,107 +153,50 @@ unsafe fn load_f16x8(p: *const u8) -> __m256 {
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
 }
 
-/// AVX2/FMA/F16C version of [`crate::kernels::scalar::f16_dot`].
+/// AVX2/FMA/F16C version of [`crate::kernels::scalar::f16_dot`]: one eight-lane accumulator
+/// over the row's runs of eight, in order, then [`hsum_f32`] and the scalar rest. Every F16
+/// kernel ([`f16_tile`]) sums each row and token in exactly this order, so a token's result
+/// does not depend on which kernel, batch or thread computed it.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `row.len() == 2 * x.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16_dot(row: &[u8], x: &[f32]) -> f32 {
-    debug_assert!(row.len() == 2 * x.len());
-    let n = x.len();
-    let w = row.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY: every load reads 8 halves / 8 floats inside [0, n).
-    unsafe {
-        while i + 32 <= n {
-            prefetch_ahead(w.wrapping_add(2 * i));
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(
-                    load_f16x8(w.add(2 * (i + 8 * j))),
-                    _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)),
-                    *a,
-                );
-            }
-            i += 32;
-        }
-        while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(
-                load_f16x8(w.add(2 * i)),
-                _mm256_loadu_ps(x.as_ptr().add(i)),
-                acc[0],
-            );
-            i += 8;
-        }
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    hsum_f32(v) + crate::kernels::scalar::f16_dot(&row[2 * i..], &x[i..])
+    // SAFETY: forwarded from the caller.
+    let [[sum]] = unsafe { f16_tile::<1, 1>(row, [x]) };
+    sum
 }
 
-/// [`f16_dot`] of one row against four token rows (prefill): each eight halves are converted
-/// once for all four tokens. Two accumulators per token, so the order of the sum differs from
-/// [`f16_dot`]'s.
+/// [`f16_dot`] of `R` consecutive rows (`rows` holds them all) against `T` token rows, as
+/// `[row][token]`: a tile of `R·T` accumulators in registers, so each run of halves is
+/// converted once for all `T` tokens and each token's floats are loaded once for all `R` rows.
+/// Each row and token is summed exactly as [`f16_dot`] sums it.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `row.len() == 2 * x[t].len()` for every `t`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn f16_dot_x4(row: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
+/// The CPU must support AVX2, FMA and F16C; `rows.len() == 2 * R * x[t].len()` for every `t`.
+#[inline(always)]
+pub unsafe fn f16_tile<const R: usize, const T: usize>(
+    rows: &[u8],
+    x: [&[f32]; T],
+) -> [[f32; T]; R] {
     let n = x[0].len();
-    debug_assert!(x.iter().all(|x| row.len() == 2 * x.len()));
-    let w = row.as_ptr();
-    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-    let mut i = 0;
-    // SAFETY: every load reads 8 halves / 8 floats inside [0, n) of the row and of each x.
-    unsafe {
-        while i + 16 <= n {
-            prefetch_ahead(w.wrapping_add(2 * i));
-            for h in 0..2 {
-                let wv = load_f16x8(w.add(2 * (i + 8 * h)));
-                for (acc, x) in acc.iter_mut().zip(x) {
-                    acc[h] =
-                        _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * h)), acc[h]);
-                }
-            }
-            i += 16;
-        }
-        if i + 8 <= n {
-            let wv = load_f16x8(w.add(2 * i));
-            for (acc, x) in acc.iter_mut().zip(x) {
-                acc[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), acc[0]);
-            }
-            i += 8;
-        }
-    }
-    let tail = &row[2 * i..];
-    std::array::from_fn(|t| {
-        hsum_f32(_mm256_add_ps(acc[t][0], acc[t][1]))
-            + crate::kernels::scalar::f16_dot(tail, &x[t][i..])
-    })
-}
-
-/// [`f16_dot_x4`] of two consecutive rows (`rows` holds both) against four token rows, as
-/// `[row][token]`: eight accumulators, so each token's eight floats are loaded once for both
-/// rows. One accumulator per row and token.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `rows.len() == 4 * x[t].len()` for every `t`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn f16_dot_rows2_x4(rows: &[u8], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    let n = x[0].len();
-    debug_assert!(x.iter().all(|x| rows.len() == 4 * x.len()));
-    let w = [rows.as_ptr(), rows.as_ptr().wrapping_add(2 * n)];
-    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    debug_assert!(x.iter().all(|x| rows.len() == 2 * R * x.len()));
+    let w: [*const u8; R] = std::array::from_fn(|r| rows.as_ptr().wrapping_add(2 * n * r));
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut i = 0;
     // SAFETY: every load reads 8 halves / 8 floats inside [0, n) of each row and of each x.
     unsafe {
         while i + 8 <= n {
-            for (acc, w) in acc.iter_mut().zip(w) {
-                if i % 32 == 0 {
+            if i % 32 == 0 {
+                for w in w {
                     prefetch_ahead(w.wrapping_add(2 * i));
                 }
+            }
+            let xv: [__m256; T] = std::array::from_fn(|t| _mm256_loadu_ps(x[t].as_ptr().add(i)));
+            for (acc, w) in acc.iter_mut().zip(w) {
                 let wv = load_f16x8(w.add(2 * i));
-                for (acc, x) in acc.iter_mut().zip(x) {
-                    *acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), *acc);
+                for (acc, xv) in acc.iter_mut().zip(xv) {
+                    *acc = _mm256_fmadd_ps(wv, xv, *acc);
                 }
             }
             i += 8;
@@ -262,10 +205,33 @@ pub unsafe fn f16_dot_rows2_x4(rows: &[u8], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
     std::array::from_fn(|r| {
         let tail = &rows[r * 2 * n + 2 * i..(r + 1) * 2 * n];
         std::array::from_fn(|t| {
-            hsum_f32(acc[r][t]) + crate::kernels::scalar::f16_dot(tail, &x[t][i..])
+            // SAFETY: this function's contract (AVX2).
+            let sum = unsafe { hsum_f32(acc[r][t]) };
+            sum + crate::kernels::scalar::f16_dot(tail, &x[t][i..])
         })
     })
 }
+
+/// The F16 tiles compiled for one register file: AVX2's sixteen registers, or AVX-512's
+/// thirty-two (the same eight-lane arithmetic, so the same sums).
+macro_rules! f16_tiles {
+    ($features:literal, $what:literal, $($name:ident: $r:literal x $t:literal),*) => {$(
+        #[doc = concat!("[`f16_tile`] of ", $r, " rows × ", $t, " tokens, ", $what, ".")]
+        ///
+        /// # Safety
+        /// As for [`f16_tile`], on a CPU with these features.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name(rows: &[u8], x: [&[f32]; $t]) -> [[f32; $t]; $r] {
+            // SAFETY: forwarded from the caller.
+            unsafe { f16_tile::<$r, $t>(rows, x) }
+        }
+    )*};
+}
+
+f16_tiles!("avx2,fma,f16c", "with AVX2's registers",
+    f16_dot_x4: 1 x 4, f16_dot_rows4: 4 x 1, f16_dot_rows2_x4: 2 x 4);
+f16_tiles!("avx2,fma,f16c,avx512f,avx512vl", "with AVX-512's thirty-two registers",
+    f16_dot_rows4_x4_avx512: 4 x 4);
 
 /// AVX2 version of [`crate::kernels::scalar::rms_norm_row`]: the same f32 squares and f32
 /// scaling, the f64 sum of squares in eight lanes instead of one (so it may round differently

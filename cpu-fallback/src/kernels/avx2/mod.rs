@@ -11,9 +11,10 @@ mod grouped;
 mod softmax;
 mod ternary;
 
-pub use blocks::{q6_k_dot, q8_0_dot, q8_0_dot_x4_avx2, q8_0_dot_x4_avxvnni, q8_0_dot_x4_vnni};
+pub use blocks::{q6_k_dot, q8_0_dot};
 pub use float::{
-    f16_dot, f16_dot_rows2_x4, f16_dot_x4, f32_dot, rms_norm_row, scores, weighted_sum,
+    f16_dot, f16_dot_rows2_x4, f16_dot_rows4, f16_dot_rows4_x4_avx512, f16_dot_x4, f32_dot,
+    rms_norm_row, scores, weighted_sum,
 };
 pub use grouped::{scores_x4, weighted_sum_x4};
 pub use softmax::softmax;
