@@ -10,9 +10,11 @@
 //!   architecture, else ChatML, llama.cpp's default.
 //!
 //! The environment is transformers': blocks trimmed (`trim_blocks`, `lstrip_blocks`), `break` and
-//! `continue`, `raise_exception(message)`, `tojson`, Python's `str`/`dict` methods
+//! `continue`, `raise_exception(message)`, `strftime_now(format)`, Python's `str`/`dict` methods
 //! (`.strip()`, `.startswith()`, `.items()`, …), and the variables `messages`,
-//! `add_generation_prompt`, `bos_token` and `eos_token`. As llama.cpp does, a leading BOS the
+//! `add_generation_prompt`, `bos_token` and `eos_token`. One difference: `tojson` is
+//! minijinja's, which escapes `<`, `>`, `&` and `'` as HTML does (transformers' does not); only
+//! tool definitions, which hesper-rs does not pass, go through it in the templates tested. As llama.cpp does, a leading BOS the
 //! template writes is dropped when the tokenizer adds one itself.
 
 use std::collections::BTreeMap;
