@@ -2,6 +2,7 @@
 //! (token blocks, four-token kernels, row chunks across threads) only reorders work.
 
 use hesper_cpu::{CpuMatrix, Isa};
+use hesper_engine::formats::{Encode, Layout, Q8_0};
 use hesper_engine::weights::{Format, MatrixDesc};
 
 /// An I2_S matrix of `rows` × `cols` with codes in 0..=2 from a fixed generator.
@@ -92,7 +93,7 @@ fn the_interleaved_copy_multiplies_like_the_file() {
 #[test]
 fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
     // 301 rows: the last of each thread's chunk not a whole tile; 39 tokens: blocks of four
-    // and a rest of three; F16 rows of 200 columns (not a multiple of eight), Q8_0 rows of
+    // and a rest of three; F16 rows of 203 columns (not a multiple of eight), Q8_0 rows of
     // seven blocks.
     let (rows, n) = (301usize, 39usize);
     let pool = two_threads();
@@ -103,13 +104,15 @@ fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
             .collect()
     };
     let q8_0 = |cols: usize| -> Vec<u8> {
-        activations(rows, cols)
-            .chunks_exact(32)
-            .flat_map(|b| {
-                let (d, qs) = hesper_engine::formats::q8_0_block(b);
-                d.to_le_bytes().into_iter().chain(qs.map(|q| q as u8))
-            })
-            .collect()
+        let values = activations(rows, cols);
+        let mut data = vec![0; values.len() / Q8_0::BLOCK * Q8_0::BLOCK_BYTES];
+        for (b, out) in values
+            .chunks_exact(Q8_0::BLOCK)
+            .zip(data.chunks_exact_mut(Q8_0::BLOCK_BYTES))
+        {
+            Q8_0::encode_block(b, out);
+        }
+        data
     };
     for (format, cols, data) in [(Format::F16, 203, f16(203)), (Format::Q8_0, 224, q8_0(224))] {
         let x = activations(n, cols);

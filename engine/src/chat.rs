@@ -14,8 +14,9 @@
 //! (`.strip()`, `.startswith()`, `.items()`, …), and the variables `messages`,
 //! `add_generation_prompt`, `bos_token` and `eos_token`. One difference: `tojson` is
 //! minijinja's, which escapes `<`, `>`, `&` and `'` as HTML does (transformers' does not); only
-//! tool definitions, which hesper-rs does not pass, go through it in the templates tested. As llama.cpp does, a leading BOS the
-//! template writes is dropped when the tokenizer adds one itself.
+//! tool definitions, which hesper-rs does not pass, go through it in the templates tested.
+//! As llama.cpp does, a leading BOS the template writes is dropped when the tokenizer adds one
+//! itself.
 
 use std::collections::BTreeMap;
 
@@ -174,14 +175,10 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat", source)
             .map_err(syntax_error)?;
-        let strip_bos = tokens.strip_bos && !tokens.bos.is_empty();
         Ok(Self {
             env,
             origin,
-            tokens: TemplateTokens {
-                strip_bos,
-                ..tokens
-            },
+            tokens,
         })
     }
 

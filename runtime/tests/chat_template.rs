@@ -63,11 +63,6 @@ impl Evaluator for Scripted {
     }
 }
 
-fn text_of(tok: &Tokenizer, ids: &[u32]) -> String {
-    let bytes: Vec<u8> = ids.iter().flat_map(|&t| tok.token_piece(t, true)).collect();
-    String::from_utf8(bytes).expect("UTF-8")
-}
-
 /// Three turns with `template_file`, answering `answer`; returns the restarts after the first.
 fn converse(template_file: &str, answer: &str) -> usize {
     let tok = llama3_vocab();
@@ -93,7 +88,7 @@ fn converse(template_file: &str, answer: &str) -> usize {
     .expect("greedy");
     let mut stats = Stats::default();
     let mut chat = Conversation::new(Some("Be brief.".into()));
-    let bos = text_of(&tok, &[tok.bos().expect("bos")]);
+    let bos = tok.decode(&[tok.bos().expect("bos")]);
     for (i, message) in ["Hi", "What is 2+2?", "  And 3+3?\n"]
         .into_iter()
         .enumerate()
@@ -117,7 +112,7 @@ fn converse(template_file: &str, answer: &str) -> usize {
         turns.extend(chat.history()[..chat.history().len() - 1].iter().cloned());
         let rendered = template.render(&turns, true).expect("renders");
         assert_eq!(
-            text_of(&tok, &eval.context),
+            tok.decode(&eval.context),
             format!("{bos}{rendered}{answer}"),
             "{template_file}, turn {i}"
         );
