@@ -14,12 +14,18 @@ Steps (positional; default both):
                                 attention.key_length (Q 512 wide over n_embd 256), GQA 2/1,
                                 theta 1000042, untied F16 output.weight; ternary values t*beta
                                 stored as F16 (what a 1.58-bit Falcon3 file holds as I2_S codes)
+             tiny-mistral-f32   arch llama in Mistral 7B's proportions (GQA 4/1, theta 1e6, no
+                                rope_freqs), F32 projections and an untied F32 output.weight,
+                                a SentencePiece vocabulary (SPM_VOCAB's first 512 pieces)
+             tiny-llama-tq1_0   tiny-llama-f16's geometry with ternary TQ1_0 projections
+             tiny-qwen2-tq2_0   tiny-qwen2-f16's with ternary TQ2_0 projections and an untied F16
+                                output.weight
              tiny-falcon3-i2s   the same codes with beta as f32 in bitnet.cpp's I2_S (a Falcon3
                                 1.58-bit file), untied F16 output.weight
   llama    Run llama.cpp (generate.py's LlamaCpp: CPU, flash attention off, F32 KV cache, one
            ubatch) on each model but the I2_S one and the three token sequences of
-           generate.py; write out/<stem>.json with logits and every layer's l_out, in
-           generate.py's format.
+           generate.py (a SentencePiece model also SPM_TEXT as llama.cpp tokenizes it); write
+           out/<stem>.json with logits and every layer's l_out, in generate.py's format.
   bitnet   (not in the default run) Run tiny-falcon3-i2s through bitnet.cpp's `llama` graph
            (bitnet-cpp/build.sh's dump-silu in --bitnet-cpp) into out/tiny-falcon3-i2s.json.
   validate (not in the default run) Compare bitnet.cpp's golden of tiny-falcon3-i2s with the
@@ -41,12 +47,25 @@ from pathlib import Path
 
 import numpy as np
 
-from generate import (GGML_F16, GGML_F32, GGML_I2_S, GGML_Q8_0, KV, MODELS_DIR, ROOT, SEED,
-                      TINY, GGUFStreamWriter, HParams, LlamaCpp, TensorInfo, gen_norm, kv_str,
-                      kv_u32, pack_i2s, pack_q8_0, shape_kvs, tensor_rng, token_sequences,
-                      write_outputs)
+from generate import (GGML_F16, GGML_F32, GGML_I2_S, GGML_Q8_0, GGML_TQ1_0, GGML_TQ2_0,
+                      GGUF_F32, GGUF_I32, GGUF_STR, KV, MODELS_DIR, ROOT, SEED, TINY, GGUFFile,
+                      GGUFStreamWriter, HParams, LlamaCpp, TensorInfo, gen_norm, kv_arr, kv_bool,
+                      kv_str, kv_u32, pack_i2s, pack_q8_0, pack_tq1_0, pack_tq2_0, shape_kvs,
+                      tensor_rng, token_sequences, write_outputs)
 
-LLAMA_FTYPE = {GGML_F16: 1, GGML_Q8_0: 7, GGML_I2_S: 40}
+# llama.cpp's llama_ftype of a file whose projections are of the type
+LLAMA_FTYPE = {GGML_F32: 0, GGML_F16: 1, GGML_Q8_0: 7, GGML_TQ1_0: 36, GGML_TQ2_0: 37,
+               GGML_I2_S: 40}
+# Types whose projections hold ternary codes and whose head is F16 (as the published files)
+TERNARY_TYPES = (GGML_TQ1_0, GGML_TQ2_0, GGML_I2_S)
+TQ_PACKERS = {GGML_TQ1_0: pack_tq1_0, GGML_TQ2_0: pack_tq2_0}
+# The SentencePiece vocabulary of the Mistral-shaped model: llama.cpp's llama-spm test
+# vocabulary (LLaMA 1/2's and Mistral 7B's 32000 pieces), its first 512 pieces (control tokens,
+# the 256 byte tokens, then the highest-scoring merges)
+SPM_VOCAB = ROOT / "tokenizer" / "ggml-vocab-llama-spm.gguf"
+# The text each SentencePiece model also runs, tokenized by llama.cpp (BOS added): spaces,
+# digits, punctuation, a newline and characters that only byte fallback can spell
+SPM_TEXT = "And it came to pass, in 1611: the naïve café's ☕ tea\nthen\tmore  spaces!"
 
 
 @dataclass(frozen=True)
@@ -61,6 +80,7 @@ class Family:
     biases: bool                # Q/K/V biases (qwen2)
     rope_freqs: bool            # a rope_freqs.weight tensor (Llama 3.1)
     ternary: bool               # projections hold t*beta (Falcon3's 1.58-bit values)
+    spm: bool = False           # a SentencePiece vocabulary (SPM_VOCAB) instead of ids only
 
     @property
     def path(self) -> Path:
@@ -71,12 +91,13 @@ class Family:
 
     @property
     def act_quant(self) -> str:
-        return {GGML_F16: "f16", GGML_Q8_0: "q8_0", GGML_I2_S: "per_token_i8"}[self.weight_type]
+        return {GGML_F32: "none", GGML_F16: "f16", GGML_Q8_0: "q8_0", GGML_TQ1_0: "q8_k",
+                GGML_TQ2_0: "q8_k", GGML_I2_S: "per_token_i8"}[self.weight_type]
 
     @property
     def head_type(self) -> int:
-        """An untied output.weight's type: F16 beside I2_S projections (as Falcon3's files)."""
-        return GGML_F16 if self.weight_type == GGML_I2_S else self.weight_type
+        """An untied output.weight's type: F16 beside ternary projections (as Falcon3's files)."""
+        return GGML_F16 if self.weight_type in TERNARY_TYPES else self.weight_type
 
     def projections(self) -> list[tuple[str, int, int]]:
         """(name, rows, cols) of a layer's projections."""
@@ -88,11 +109,18 @@ class Family:
 
 FALCON3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=2, n_head_kv=1, n_layer=2, n_ctx=256,
                   rope_base=1000042.0)
+# Mistral 7B's proportions: GQA 4/1, theta 1e6, an untied head, no rope_freqs
+MISTRAL = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_layer=2, n_ctx=256,
+                  rope_base=1e6)
 FAMILIES = [
     Family("tiny-llama-f16", "llama", TINY, 64, GGML_F16, False, False, True, False),
     Family("tiny-llama-q8_0", "llama", TINY, 64, GGML_Q8_0, True, False, True, False),
     Family("tiny-qwen2-f16", "qwen2", TINY, 64, GGML_F16, False, True, False, False),
     Family("tiny-falcon3-f16", "llama", FALCON3, 256, GGML_F16, True, False, False, True),
+    Family("tiny-mistral-f32", "llama", MISTRAL, 64, GGML_F32, True, False, False, False,
+           spm=True),
+    Family("tiny-llama-tq1_0", "llama", TINY, 64, GGML_TQ1_0, False, False, True, True),
+    Family("tiny-qwen2-tq2_0", "qwen2", TINY, 64, GGML_TQ2_0, True, True, False, True),
 ]
 # The same codes as tiny-falcon3-f16 with beta as f32 in bitnet.cpp's I2_S: what a Falcon3
 # 1.58-bit file holds. llama.cpp cannot read I2_S; bitnet.cpp computes its golden (`bitnet` step).
@@ -109,13 +137,14 @@ def ternary(seed: int, name: str, rows: int, cols: int) -> tuple[np.ndarray, flo
 
 def projection(seed: int, f: Family, name: str, rows: int, cols: int,
                dense: bool = False) -> np.ndarray:
-    """A projection's values (f16-exact), scaled so that unit-RMS inputs give outputs of std ~1.
-    Ternary families (unless `dense`): t*beta16 with t uniform in {-1, 0, 1}."""
+    """A projection's values (f16-exact but in F32 files), scaled so that unit-RMS inputs give
+    outputs of std ~1. Ternary families (unless `dense`): t*beta16 with t uniform in {-1, 0, 1}."""
     if f.ternary and not dense:
         t, beta = ternary(seed, name, rows, cols)
         return (t.astype(np.float32) * np.float32(np.float16(beta))).astype(np.float16)
     rng = tensor_rng(seed, name)
-    return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)
+    dtype = np.float32 if f.weight_type == GGML_F32 else np.float16
+    return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(dtype)
 
 
 def rope_freqs(hp: HParams, head_dim: int) -> np.ndarray:
@@ -125,7 +154,9 @@ def rope_freqs(hp: HParams, head_dim: int) -> np.ndarray:
 
 
 def encode(f: Family, w: np.ndarray) -> bytes:
-    """A dense matrix in the family's type (its head's, for an I2_S family: F16)."""
+    """A dense matrix in the family's type (its head's, for a ternary family: F16)."""
+    if f.head_type == GGML_F32:
+        return w.astype(np.float32).tobytes()
     if f.head_type == GGML_F16:
         return w.astype(np.float16).tobytes()
     return pack_q8_0(w)
@@ -161,6 +192,11 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
                 def make(w=w, rows=rows, cols=cols) -> bytes:
                     t, beta = ternary(seed, w, rows, cols)
                     return pack_i2s((t + 1).astype(np.uint8), float(np.float32(beta)))
+            elif f.weight_type in TQ_PACKERS:
+                def make(w=w, rows=rows, cols=cols) -> bytes:
+                    t, beta = ternary(seed, w, rows, cols)    # one f16 scale for every block
+                    return TQ_PACKERS[f.weight_type]((t + 1).astype(np.uint8),
+                                                     float(np.float16(beta)))
             else:
                 def make(w=w, rows=rows, cols=cols) -> bytes:
                     return encode(f, projection(seed, f, w, rows, cols))
@@ -192,11 +228,30 @@ def kvs(f: Family) -> list[KV]:
     if f.head_dim != hp.n_embd // hp.n_head:
         keys += [kv_u32(f"{A}.attention.key_length", f.head_dim),
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]
+    keys += [kv_u32("general.file_type", LLAMA_FTYPE[f.weight_type]),
+             kv_u32("general.quantization_version", 2)]
+    if f.spm:
+        return keys + spm_vocab_kvs(f.hp.n_vocab)
     # bitnet.cpp's llama.cpp fork spells the id-only vocabulary "no_vocab" (later ones "none")
     vocab = "no_vocab" if f.weight_type == GGML_I2_S else "none"
-    return keys + [kv_u32("general.file_type", LLAMA_FTYPE[f.weight_type]),
-                   kv_u32("general.quantization_version", 2),
-                   kv_str("tokenizer.ggml.model", vocab)]
+    return keys + [kv_str("tokenizer.ggml.model", vocab)]
+
+
+def spm_vocab_kvs(n_vocab: int) -> list[KV]:
+    """The first `n_vocab` pieces of SPM_VOCAB with their scores and types, its control tokens
+    (unknown 0, BOS 1, EOS 2) and BOS added before a prompt, as a Mistral GGUF has them."""
+    v = GGUFFile(SPM_VOCAB).kv
+    assert v["tokenizer.ggml.model"] == "llama" and (v["tokenizer.ggml.bos_token_id"],
+                                                     v["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    return [kv_str("tokenizer.ggml.model", "llama"),
+            kv_arr("tokenizer.ggml.tokens", GGUF_STR, v["tokenizer.ggml.tokens"][:n_vocab]),
+            kv_arr("tokenizer.ggml.scores", GGUF_F32, v["tokenizer.ggml.scores"][:n_vocab]),
+            kv_arr("tokenizer.ggml.token_type", GGUF_I32,
+                   v["tokenizer.ggml.token_type"][:n_vocab]),
+            kv_u32("tokenizer.ggml.bos_token_id", 1), kv_u32("tokenizer.ggml.eos_token_id", 2),
+            kv_u32("tokenizer.ggml.unknown_token_id", 0),
+            kv_bool("tokenizer.ggml.add_bos_token", True),
+            kv_bool("tokenizer.ggml.add_eos_token", False)]
 
 
 def step_models(seed: int) -> None:
@@ -228,9 +283,16 @@ def step_llama(threads: int) -> None:
     for f in FAMILIES:
         t0 = time.time()
         # llama.cpp sizes the context from hp.n_ctx and checks n_vocab; the residual stream is
-        # n_embd wide whatever the head width
-        results = [(toks, *llama.run(f.path, f.hp, toks)[:2]) for toks in token_sequences(f.hp)]
-        write_outputs(f, f.hp, llama.description(), results)
+        # n_embd wide whatever the head width. A SentencePiece model also runs SPM_TEXT as
+        # llama.cpp tokenizes it.
+        seqs = token_sequences(f.hp)
+        extras = [{} for _ in seqs]
+        if f.spm:
+            toks, detokenized = llama.tokenize(f.path, SPM_TEXT)
+            seqs.append(toks)
+            extras.append({"text": SPM_TEXT, "detokenized": detokenized})
+        results = [(toks, *llama.run(f.path, f.hp, toks)[:2]) for toks in seqs]
+        write_outputs(f, f.hp, llama.description(), results, extras)
         print(f"  {f.stem}: llama.cpp {time.time() - t0:.1f} s")
 
 

@@ -262,6 +262,11 @@ class KV:
         head = _gguf_str(self.key) + struct.pack("<I", self.vtype)
         if self.vtype == GGUF_STR:
             return head + _gguf_str(self.value)
+        if self.vtype == GGUF_ARR:              # value: (element type, list of values)
+            etype, items = self.value
+            body = (_gguf_str(x) if etype == GGUF_STR else struct.pack(_SCALAR_FMT[etype], x)
+                    for x in items)
+            return head + struct.pack("<IQ", etype, len(items)) + b"".join(body)
         return head + struct.pack(_SCALAR_FMT[self.vtype], self.value)
 
 
@@ -269,6 +274,7 @@ def kv_u32(k, v): return KV(k, GGUF_U32, int(v))
 def kv_f32(k, v): return KV(k, GGUF_F32, float(v))
 def kv_str(k, v): return KV(k, GGUF_STR, str(v))
 def kv_bool(k, v): return KV(k, GGUF_BOOL, bool(v))
+def kv_arr(k, etype, items): return KV(k, GGUF_ARR, (etype, list(items)))
 
 
 @dataclass(frozen=True)
@@ -366,7 +372,7 @@ class GGUFFile:
             nbytes = tensor_nbytes(ggml_type, list(ne))
             self.tensors[name] = GGUFTensor(name, ne, ggml_type, data_start + rel, nbytes)
             expected = rel + (nbytes + align - 1) // align * align
-        assert data_start + expected <= len(self.raw), "file truncated"
+        assert not infos or data_start + expected <= len(self.raw), "file truncated"
 
     def _unpack(self, fmt: str):
         vals = struct.unpack_from(fmt, self.raw, self.pos)
@@ -721,8 +727,10 @@ def token_sequences(hp: HParams) -> list[list[int]]:
 
 
 def write_outputs(v: Variant, hp: HParams, reference: str,
-                  results: list[tuple[list[int], np.ndarray, np.ndarray]]) -> None:
-    """results: (tokens, logits [n_tok, n_vocab], hidden [n_layer, n_tok, n_embd]) per sequence."""
+                  results: list[tuple[list[int], np.ndarray, np.ndarray]],
+                  extras: list[dict] | None = None) -> None:
+    """results: (tokens, logits [n_tok, n_vocab], hidden [n_layer, n_tok, n_embd]) per sequence;
+    extras: per sequence, keys recorded before its tokens (a text the reference tokenized)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     seqs = []
     for i, (tokens, logits, hidden) in enumerate(results):
@@ -732,7 +740,8 @@ def write_outputs(v: Variant, hp: HParams, reference: str,
         lf, hf = f"{v.stem}.s{i}.logits.f32", f"{v.stem}.s{i}.hidden.f32"
         np.ascontiguousarray(logits, "<f4").tofile(OUT_DIR / lf)
         np.ascontiguousarray(hidden, "<f4").tofile(OUT_DIR / hf)
-        seqs.append({"tokens": [int(t) for t in tokens], "logits": lf, "hidden": hf})
+        extra = extras[i] if extras else {}
+        seqs.append({**extra, "tokens": [int(t) for t in tokens], "logits": lf, "hidden": hf})
     manifest = {"model": f"models/{v.stem}.gguf", "reference": reference,
                 "activation": v.activation, "act_quant": v.act_quant, "n_vocab": hp.n_vocab,
                 "n_embd": hp.n_embd, "n_layer": hp.n_layer, "sequences": seqs}
@@ -864,6 +873,28 @@ class LlamaCpp:
         assert sorted(captured) == list(range(hp.n_layer)), sorted(captured)
         return (logits, np.stack([captured[il] for il in range(hp.n_layer)]),
                 op_tensors if capture_ops else None)
+
+    def tokenize(self, path: Path, text: str) -> tuple[list[int], str]:
+        """`text` as llama.cpp tokenizes a prompt with the vocabulary of `path` (BOS added as the
+        file says, special tokens not parsed), and what llama.cpp detokenizes the ids after BOS
+        into."""
+        C = self.C
+        mp = C.llama_model_default_params()
+        mp.n_gpu_layers, mp.vocab_only = 0, True
+        model = C.llama_model_load_from_file(str(path).encode(), mp)
+        assert model, f"llama.cpp refused {path}"
+        try:
+            vocab, raw = C.llama_model_get_vocab(model), text.encode()
+            ids = (C.llama_token * (len(raw) + 8))()
+            n = C.llama_tokenize(vocab, raw, len(raw), ids, len(ids), True, False)
+            assert n > 0, f"llama_tokenize returned {n}"
+            out = ctypes.create_string_buffer(4 * len(raw) + 64)
+            after_bos = (C.llama_token * (n - 1))(*ids[1:n])
+            m = C.llama_detokenize(vocab, after_bos, n - 1, out, len(out), False, False)
+            assert m >= 0, f"llama_detokenize returned {m}"
+            return [int(t) for t in ids[:n]], out.raw[:m].decode()
+        finally:
+            C.llama_model_free(model)
 
     def description(self) -> str:
         return (f"llama.cpp {LLAMA_CPP_COMMIT} via llama-cpp-python {self.version}, CPU, "

@@ -7,7 +7,7 @@ use clap::Args;
 use hesper_cpu::Isa;
 use hesper_engine::chat::ChatTemplate;
 use hesper_engine::config::{Config, RopePairs};
-use hesper_engine::gguf::{Array, Value};
+use hesper_engine::gguf::{Array, GgmlType, Value};
 use hesper_runtime::load::gpu_backend;
 
 use crate::args::{BackendChoice, ModelArgs};
@@ -130,24 +130,26 @@ pub fn run(args: InfoArgs) -> Result<()> {
         Ok(None) => writeln!(out, "tokenizer: none (feed token ids)")?,
         Err(e) => writeln!(out, "tokenizer: unusable: {e}")?,
     }
+    let i2s = g.tensors().iter().any(|t| t.ty == GgmlType::I2S);
     match args.model.backend {
-        BackendChoice::Cpu => writeln!(out, "\nbackend:   cpu: {}", cpu_kernels(&args.model))?,
+        BackendChoice::Cpu => writeln!(out, "\nbackend:   cpu: {}", cpu_kernels(&args.model, i2s))?,
         choice => match gpu_backend(choice.into())? {
             Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
             None => writeln!(
                 out,
                 "\nbackend:   cpu: {} (no hardware GPU adapter; --backend gpu uses any)",
-                cpu_kernels(&args.model)
+                cpu_kernels(&args.model, i2s)
             )?,
         },
     }
     Ok(())
 }
 
-/// The CPU kernels `args` would run and whether I2_S weights are repacked for them.
-fn cpu_kernels(args: &ModelArgs) -> String {
+/// The CPU kernels `args` would run and whether the model's I2_S weights (`i2s`: it has some)
+/// are repacked for them.
+fn cpu_kernels(args: &ModelArgs, i2s: bool) -> String {
     let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
-    let layout = if isa.interleaves_i2s() && !args.no_repack {
+    let layout = if i2s && isa.interleaves_i2s() && !args.no_repack {
         "I2_S repacked sixteen rows deep at load"
     } else {
         "weights as in the file"

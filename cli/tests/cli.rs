@@ -166,6 +166,14 @@ fn info_names_what_each_family_computes() {
             "models/tiny-falcon3-i2s.gguf",
             &["heads 2/1 (head dim 256)"][..],
         ),
+        (
+            "models/tiny-mistral-f32.gguf",
+            &[
+                "heads 4/1",
+                "RoPE base 1000000",
+                "llama SentencePiece (space prefix on), 512 tokens, BOS 1 added",
+            ][..],
+        ),
     ] {
         let o = hesper(&["info", "-m", &golden(model)]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -206,6 +214,11 @@ fn info_describes_model_and_tokenizer() {
         text.contains("backend:   cpu: scalar kernels, weights as in the file"),
         "{text}"
     );
+    // Only I2_S weights are repacked: a TQ2_0 file is read as it is by every kernel set.
+    let model = golden("models/tiny-qwen2-tq2_0.gguf");
+    let o = hesper(&["info", "-m", &model, "--backend", "cpu"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(" kernels, weights as in the file"), "{text}");
 }
 
 /// `--chat` reads turns from stdin, answers each, keeps the conversation in one context and

@@ -292,6 +292,40 @@ fn a_ring_of_three_processes_prints_what_generate_prints() {
     }
 }
 
+/// A `llama` model (Mistral's proportions, F32, a SentencePiece vocabulary: the golden model of
+/// golden-values/families.py) split across a GPU node and a CPU node prints what `generate`
+/// prints on the whole model.
+#[test]
+fn a_llama_model_splits_across_a_gpu_node_and_a_cpu_node() {
+    let model = PathBuf::from(support::golden("models/tiny-mistral-f32.gguf"));
+    let flags = ["-p", "And it came to pass", "-n", "24", "--temp", "0"];
+    let expected = generate(&model, &flags);
+    let parts = [
+        Part {
+            role: "master",
+            layers: "0..1",
+            backend: "gpu",
+            model: &model,
+        },
+        on_cpu("worker", "1..2", &model),
+    ];
+    let outs: Vec<Output> = start_ring(&parts, &["--transport", "tcp"], &flags)
+        .into_iter()
+        .map(Proc::wait)
+        .collect();
+    for o in &outs {
+        assert_no_crash(&[], o);
+        assert!(o.status.success(), "{}", stderr(o));
+    }
+    assert_eq!(
+        stdout(&outs[0]),
+        stdout(&expected),
+        "the ring printed other text than generate; master stderr: {}",
+        stderr(&outs[0])
+    );
+    assert!(stdout(&expected).starts_with("And it came to pass"));
+}
+
 /// The datagrams the master's report says were sent again.
 fn resent(stderr: &str) -> u64 {
     stderr

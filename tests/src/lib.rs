@@ -23,6 +23,11 @@ pub fn golden_dir() -> PathBuf {
 pub struct Sequence {
     /// Token ids fed (no BOS added).
     pub tokens: Vec<u32>,
+    /// The text the reference tokenized into `tokens`, where it recorded one (a model with a
+    /// text vocabulary).
+    pub text: Option<String>,
+    /// What the reference detokenizes `tokens` after BOS into, where it recorded `text`.
+    pub detokenized: Option<String>,
     /// Reference logits `[n_tokens][n_vocab]`.
     pub logits: Vec<f32>,
     /// Reference residual stream after each layer, `[n_layer][n_tokens][n_embd]`; empty where
@@ -91,6 +96,8 @@ impl Golden {
                     .filter_map(Value::as_u64)
                     .map(|t| t as u32)
                     .collect(),
+                text: s["text"].as_str().map(str::to_string),
+                detokenized: s["detokenized"].as_str().map(str::to_string),
                 logits: read_f32(&out.join(s["logits"].as_str().unwrap_or_default())),
                 hidden: s["hidden"]
                     .as_str()
@@ -156,6 +163,9 @@ pub const FAMILIES: &[&str] = &[
     "tiny-qwen2-f16",
     "tiny-falcon3-f16",
     "tiny-falcon3-i2s",
+    "tiny-mistral-f32",
+    "tiny-llama-tq1_0",
+    "tiny-qwen2-tq2_0",
 ];
 
 /// The instruction sets to test on this machine: the scalar reference and the best SIMD one.

@@ -12,7 +12,7 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Logits, Model};
 use hesper_engine::source::{read_header, FileSource, ReadError, TensorSource};
 use hesper_gpu_backend::GpuBackend;
-use hesper_tests::{Golden, ALL};
+use hesper_tests::{Golden, ALL, FAMILIES};
 
 /// A file source that records its reads.
 struct Counting {
@@ -79,7 +79,7 @@ fn check_reads(file: &Arc<ModelFile>, reads: &[(u64, usize)]) {
 
 #[test]
 fn a_streamed_load_equals_a_load_from_the_whole_file_on_the_cpu() {
-    for stem in ALL {
+    for stem in ALL.iter().chain(FAMILIES) {
         let g = Golden::load(stem);
         let tokens = &g.sequences.last().expect("a sequence").tokens;
         let file = g.file();
@@ -100,6 +100,7 @@ fn a_streamed_load_equals_a_load_from_the_whole_file_on_the_gpu() {
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/hesper-tiny.gguf");
     let mut cases: Vec<(String, std::path::PathBuf, Vec<u32>)> = ALL
         .iter()
+        .chain(FAMILIES)
         .map(|stem| {
             let g = Golden::load(stem);
             let tokens = g.sequences.last().expect("a sequence").tokens.clone();
