@@ -358,7 +358,7 @@ mod tests {
         for needle in [
             r"const TILE: u32 = 3u;\n",
             "var<workgroup> acc: array<f32, 192>;",
-            "var s: array<f32, 3>;",
+            "var s = array<f32, 3>();",
             "let j: u32 = 2u;",
             "let i: u32 = 0u;",
             "pub const TILE : u32 = 3u32",

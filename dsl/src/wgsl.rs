@@ -30,7 +30,12 @@ fn stmt(s: &Stmt, depth: usize) -> String {
             format!("{pad}{keyword} {name}{ty}{init};\n")
         }
         Stmt::LocalArray { name, elem, len } => {
-            format!("{pad}var {name}: array<{}, {len}>;\n", elem.wgsl())
+            // The zero value written out, so that an array declared in a loop starts at zero on
+            // every iteration in browsers too: Chromium 156's WGSL compiler (SwiftShader)
+            // zeroed `var s: array<i32, 4>;` in a loop only once, and the TQ and Q8_0 products,
+            // which declare their block sums there, came out wrong in the page.
+            let ty = format!("array<{}, {len}>", elem.wgsl());
+            format!("{pad}var {name} = {ty}();\n")
         }
         Stmt::Expr(e) => format!("{pad}{};\n", expr(e)),
         Stmt::Return(Some(e)) => format!("{pad}return {};\n", expr(e)),

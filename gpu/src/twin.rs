@@ -55,7 +55,7 @@ impl<T> IndexMut<u32> for Workgroup<T> {
     }
 }
 
-/// A kernel-local array (`let mut s = [0i32; TILE];` in the DSL, `var s: array<i32, N>` in
+/// A kernel-local array (`let mut s = [0i32; TILE];` in the DSL, `var s = array<i32, N>()` in
 /// WGSL), indexed by `u32`.
 pub struct Local<T>(PhantomData<T>);
 

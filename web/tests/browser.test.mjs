@@ -60,7 +60,26 @@ function goldenCase(stem) {
   const s = meta.sequences[meta.sequences.length - 1];
   const bytes = readFileSync(join(golden, 'out', s.logits));
   const logits = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
-  return { meta, tokens: s.tokens, logits };
+  return { meta, tokens: s.tokens, text: s.text, logits };
+}
+
+// The native tests' bounds on the GPU (tests/tests/golden_gpu.rs, golden_families.rs), by the
+// activation scheme: f32 products differ only by summation order (max |Δ| 1e-3); f16-rounded
+// inputs land across an f16 boundary now and then (2e-2, cosine 0.99999); quantized activations
+// may move a code by one step (cosine 0.9999); the Falcon3-shaped I2_S file, without sub-norms,
+// lets one moved code cascade (cosine 0.999). Quantized files keep every argmax; float files
+// every one whose reference's best two logits are further apart than the bound.
+// Q8_0 on SwiftShader: its f32 division is not correctly rounded (WGSL allows 2.5 ULP), so
+// more activation codes land one step away than on lavapipe, and a code moved in a block of
+// 32 weighs eight times one in Q8_K's 256; measured (the page, and native wgpu on Chromium's
+// SwiftShader alike): min cosine 0.99975, one argmax moved where llama.cpp's best two logits
+// are 0.017 apart (lavapipe: 0.99991, every argmax). Bound: cosine 0.9997, ties below 0.05.
+// `tie`: how close the reference's best two logits may be where the argmax may differ.
+function bound(stem, actQuant) {
+  if (actQuant === 'none') return { maxAbs: 1e-3, minCos: 0.99999, tie: 1e-3 };
+  if (actQuant === 'f16') return { maxAbs: 2e-2, minCos: 0.99999, tie: 2e-2 };
+  if (actQuant === 'q8_0') return { maxAbs: Infinity, minCos: 0.9997, tie: 0.05 };
+  return { maxAbs: Infinity, minCos: stem === 'tiny-falcon3-i2s' ? 0.999 : 0.9999, tie: 0 };
 }
 
 // A GGUF file whose token embedding alone is 4.8 GB: more than a wasm32 build can address.
@@ -183,7 +202,13 @@ test('stop ends a generation mid-way', async () => {
   assert(done.stopped && done.gen_tokens < 100, `not stopped: ${JSON.stringify(done)}`);
 });
 
-for (const stem of ['tiny-f32', 'tiny-i2s']) {
+// The BitNet files (float, TQ2_0, TQ1_0, I2_S), then the other families
+// (golden-values/families.py): llama (Llama 3.1's geometry with
+// Q8_0 and TQ1_0; Falcon3's geometry as I2_S; Mistral's with F32 and a SentencePiece
+// vocabulary) and qwen2 (F16, TQ2_0).
+const PAGE_GOLDENS = ['tiny-f32', 'tiny-tq2_0', 'tiny-tq1_0', 'tiny-i2s', 'tiny-llama-q8_0', 'tiny-llama-tq1_0', 'tiny-qwen2-f16',
+  'tiny-qwen2-tq2_0', 'tiny-falcon3-i2s', 'tiny-mistral-f32'];
+for (const stem of PAGE_GOLDENS) {
   test(`${stem} picked from disk: logits in the page equal the golden values`, async () => {
     const g = goldenCase(stem);
     await recordMessages();
@@ -191,14 +216,18 @@ for (const stem of ['tiny-f32', 'tiny-i2s']) {
     await input.uploadFile(join(golden, 'models', `${stem}.gguf`));
     await waitState(['ready', 'empty']);
     assert((await state()) === 'ready', `load failed: ${await text('#error')}`);
+    if (g.text !== undefined) {
+      // A text vocabulary: the page tokenizes the text as llama.cpp did.
+      const ids = (await request({ type: 'tokenize', text: g.text }, 'tokens')).tokens;
+      assert(JSON.stringify(ids) === JSON.stringify(g.tokens), `${stem}: tokens ${JSON.stringify(ids)}`);
+    }
     const got = await page.evaluate(async (tokens) => Array.from((await window.hesper.request({ type: 'logits', tokens }, 'logits')).data), g.tokens);
     assert(got.length === g.logits.length, `${got.length} logits, expected ${g.logits.length}`);
-    // The native GPU test's tolerances (tests/tests/golden_gpu.rs): float files differ only
-    // by summation order (1e-3); int8 activations may move a code by one step (cosine).
     const n = g.meta.n_vocab;
+    const b0 = bound(stem, g.meta.act_quant);
     let worst = 0;
     let minCos = 1;
-    let same = 0;
+    let wrong = [];
     for (let r = 0; r < got.length / n; r++) {
       const a = got.slice(r * n, (r + 1) * n);
       const b = g.logits.slice(r * n, (r + 1) * n);
@@ -210,16 +239,13 @@ for (const stem of ['tiny-f32', 'tiny-i2s']) {
         if (b[i] > b[ib]) ib = i;
       }
       minCos = Math.min(minCos, dot / Math.sqrt(na * nb));
-      same += ia === ib ? 1 : 0;
+      const margin = b[ib] - Math.max(...b.filter((_, i) => i !== ib));
+      if (ia !== ib && margin > b0.tie) wrong.push(r);
     }
-    const rows = got.length / n;
     figures[`${stem}_max_abs_diff`] = worst;
     figures[`${stem}_min_cosine`] = minCos;
-    if (g.meta.act_quant === 'none') {
-      assert(worst <= 1e-3 && same === rows, `${stem}: max |Δ| ${worst}, argmax ${same}/${rows}`);
-    } else {
-      assert(minCos >= 0.999 && same * 10 >= rows * 9, `${stem}: cosine ${minCos}, argmax ${same}/${rows}`);
-    }
+    assert(worst <= b0.maxAbs && minCos >= b0.minCos && wrong.length === 0,
+      `${stem}: max |Δ| ${worst}, min cosine ${minCos}, argmax differs at ${JSON.stringify(wrong)} (bound ${JSON.stringify(b0)})`);
   });
 }
 
