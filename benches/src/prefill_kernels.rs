@@ -43,8 +43,13 @@ fn main() {
                 std::process::exit(1);
             }
         };
-        let i2s = matches!(format, Format::I2S { .. });
-        let layouts: &[bool] = if i2s && isa.interleaves_i2s() {
+        let interleaves = match format {
+            Format::I2S { .. } => isa.interleaves_i2s(),
+            Format::Q8_0 => isa.interleaves_q8_0(),
+            Format::F16 => isa.interleaves_f16(),
+            _ => false,
+        };
+        let layouts: &[bool] = if interleaves {
             &[false, true]
         } else {
             &[false]
@@ -73,9 +78,11 @@ fn main() {
                     "{:<12} {:<12} {name:<22} {n} tokens, {} threads: {gmacs:>6.1} GMAC/s ({:.1} per thread)",
                     isa.name(),
                     match (format, tiled) {
-                        (_, true) => "interleaved",
+                        (Format::I2S { .. }, true) => "interleaved",
                         (Format::I2S { .. }, false) => "as in file",
+                        (Format::Q8_0, true) => "Q8_0 inter.",
                         (Format::Q8_0, _) => "Q8_0",
+                        (_, true) => "F16 inter.",
                         _ => "F16",
                     },
                     backend.threads(),

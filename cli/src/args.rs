@@ -95,8 +95,9 @@ pub struct ModelArgs {
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Option<usize>,
     /// Compute from the file's weights as they are: by default the CPU backend repacks I2_S
-    /// weights at load into rows interleaved sixteen deep where its kernels gain from it
-    /// (AVX-512 or AVX-VNNI: faster prompt processing, a few tenths of a second more load).
+    /// weights (AVX-512 or AVX-VNNI), Q8_0 weights (AVX-512 VNNI) and F16 weights (AVX-512)
+    /// at load into rows interleaved sixteen deep where its kernels gain from it (faster
+    /// prompt processing, a few tenths of a second more load).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// CPU kernels to use instead of the best this CPU runs: `scalar` (the reference), and on

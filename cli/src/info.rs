@@ -130,29 +130,51 @@ pub fn run(args: InfoArgs) -> Result<()> {
         Ok(None) => writeln!(out, "tokenizer: none (feed token ids)")?,
         Err(e) => writeln!(out, "tokenizer: unusable: {e}")?,
     }
-    let i2s = g.tensors().iter().any(|t| t.ty == GgmlType::I2S);
+    // The matrices' types: the embedding table is looked up, not interleaved (unless Q8_0).
+    let types: Vec<GgmlType> = g
+        .tensors()
+        .iter()
+        .filter(|t| t.name != "token_embd.weight" || t.ty != GgmlType::F16)
+        .map(|t| t.ty)
+        .collect();
     match args.model.backend {
-        BackendChoice::Cpu => writeln!(out, "\nbackend:   cpu: {}", cpu_kernels(&args.model, i2s))?,
+        BackendChoice::Cpu => writeln!(
+            out,
+            "\nbackend:   cpu: {}",
+            cpu_kernels(&args.model, &types)
+        )?,
         choice => match gpu_backend(choice.into())? {
             Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
             None => writeln!(
                 out,
                 "\nbackend:   cpu: {} (no hardware GPU adapter; --backend gpu uses any)",
-                cpu_kernels(&args.model, i2s)
+                cpu_kernels(&args.model, &types)
             )?,
         },
     }
     Ok(())
 }
 
-/// The CPU kernels `args` would run and whether the model's I2_S weights (`i2s`: it has some)
-/// are repacked for them.
-fn cpu_kernels(args: &ModelArgs, i2s: bool) -> String {
+/// The CPU kernels `args` would run and which of the model's weight types (`types`: its
+/// tensors') are repacked for them.
+fn cpu_kernels(args: &ModelArgs, types: &[GgmlType]) -> String {
     let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
-    let layout = if i2s && isa.interleaves_i2s() && !args.no_repack {
-        "I2_S repacked sixteen rows deep at load"
+    let repacked: Vec<&str> = [
+        (GgmlType::I2S, "I2_S", isa.interleaves_i2s()),
+        (GgmlType::Q8_0, "Q8_0", isa.interleaves_q8_0()),
+        (GgmlType::F16, "F16", isa.interleaves_f16()),
+    ]
+    .into_iter()
+    .filter(|&(ty, _, interleaves)| interleaves && !args.no_repack && types.contains(&ty))
+    .map(|(_, name, _)| name)
+    .collect();
+    let layout = if repacked.is_empty() {
+        "weights as in the file".to_string()
     } else {
-        "weights as in the file"
+        format!(
+            "{} repacked sixteen rows deep at load",
+            repacked.join(" and ")
+        )
     };
     let runs = if isa.is_supported() {
         ""

@@ -214,8 +214,8 @@ fn info_describes_model_and_tokenizer() {
         text.contains("backend:   cpu: scalar kernels, weights as in the file"),
         "{text}"
     );
-    // Only I2_S weights are repacked: a TQ2_0 file is read as it is by every kernel set.
-    let model = golden("models/tiny-qwen2-tq2_0.gguf");
+    // Only I2_S, Q8_0 and F16 weights are repacked: an F32 file is read as it is.
+    let model = golden("models/tiny-f32.gguf");
     let o = hesper(&["info", "-m", &model, "--backend", "cpu"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains(" kernels, weights as in the file"), "{text}");

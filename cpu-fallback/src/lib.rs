@@ -3,6 +3,8 @@
 pub mod attention;
 pub mod formats;
 pub mod interleave;
+pub mod interleave_f16;
+pub mod interleave_q8_0;
 pub mod kernels;
 pub mod matmul;
 pub mod membw;
@@ -65,8 +67,9 @@ impl CpuBackend {
     }
 
     /// Whether to repack weights at load into the layout this instruction set's kernels read
-    /// best (I2_S interleaved sixteen rows deep on AVX-512 and AVX-VNNI; see
-    /// [`interleave`]); on by default, off computes from the memory-mapped file as it is.
+    /// best (I2_S interleaved sixteen rows deep on AVX-512 and AVX-VNNI, Q8_0 on AVX-512 VNNI,
+    /// F16 on AVX-512; see [`interleave`], [`interleave_q8_0`] and [`interleave_f16`]); on by
+    /// default, off computes from the memory-mapped file as it is.
     pub fn with_repack(mut self, repack: bool) -> Self {
         self.repack = repack;
         self
@@ -82,9 +85,34 @@ impl CpuBackend {
         self.profile.times()
     }
 
+    /// Whether `desc`, loaded for `usage`, is interleaved at load (see
+    /// [`CpuBackend::with_repack`]). Not an F16 embedding table: its rows are looked up per
+    /// token, and as a tied LM head it is multiplied one token at a time, where the file's
+    /// layout reads as fast (decode of the 2B4T shape 3 % faster than from the copy).
+    fn interleaves(&self, desc: &MatrixDesc, usage: MatrixUse) -> bool {
+        self.repack
+            && match desc.format {
+                Format::I2S { .. } => {
+                    self.isa.interleaves_i2s() && interleave::fits(desc.rows, desc.cols)
+                }
+                Format::Q8_0 => {
+                    self.isa.interleaves_q8_0() && interleave_q8_0::fits(desc.rows, desc.cols)
+                }
+                Format::F16 => {
+                    usage == MatrixUse::Product
+                        && self.isa.interleaves_f16()
+                        && interleave_f16::fits(desc.rows, desc.cols)
+                }
+                _ => false,
+            }
+    }
+
     /// Whether weights are repacked at load (see [`CpuBackend::with_repack`]).
     pub fn repacks(&self) -> bool {
-        self.repack && self.isa.interleaves_i2s()
+        self.repack
+            && (self.isa.interleaves_i2s()
+                || self.isa.interleaves_q8_0()
+                || self.isa.interleaves_f16())
     }
 
     /// The instruction set in use.
@@ -120,11 +148,9 @@ impl Backend for CpuBackend {
         file: &Arc<ModelFile>,
         desc: MatrixDesc,
         scale: Option<f32>,
-        _usage: MatrixUse,
+        usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
-        let interleave = self.repacks()
-            && matches!(desc.format, Format::I2S { .. })
-            && interleave::fits(desc.rows, desc.cols);
+        let interleave = self.interleaves(&desc, usage);
         let matrix = CpuMatrix::new(file.clone(), desc, scale);
         Ok(if interleave {
             self.pool.install(|| matrix.interleaved())
@@ -138,7 +164,7 @@ impl Backend for CpuBackend {
         desc: MatrixDesc,
         data: Vec<u8>,
         scale: Option<f32>,
-        _usage: MatrixUse,
+        usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
         if data.len() < desc.range.end {
             return Err(BackendError::Unsupported {
@@ -147,7 +173,15 @@ impl Backend for CpuBackend {
                 why: "the data is shorter than the matrix".into(),
             });
         }
-        Ok(CpuMatrix::owned(data, desc, scale))
+        // Interleaved as from a file, so that a streamed load computes the same bits.
+        let interleave =
+            self.interleaves(&desc, usage) && matches!(desc.format, Format::Q8_0 | Format::F16);
+        let matrix = CpuMatrix::owned(data, desc, scale);
+        Ok(if interleave {
+            self.pool.install(|| matrix.interleaved())
+        } else {
+            matrix
+        })
     }
 
     fn load_vector(&self, data: Vec<f32>) -> Result<Vec<f32>, BackendError> {

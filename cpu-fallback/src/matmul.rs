@@ -7,10 +7,10 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::weights::{Format, MatrixDesc};
 use rayon::prelude::*;
 
-use crate::formats::{i2s, row_kernels, Activations, RowKernels};
+use crate::formats::{float, i2s, q8_0, row_kernels, Activations, RowKernels};
 use crate::interleave::ROWS;
 use crate::kernels::Isa;
-use crate::quant::I8Row;
+use crate::quant::{I8Row, Q8_0Block};
 
 /// Where a matrix's bytes live.
 enum Storage {
@@ -23,8 +23,9 @@ enum Storage {
 /// A weight matrix: usually borrowed from the memory-mapped file.
 pub struct CpuMatrix {
     storage: Storage,
-    /// The rows interleaved sixteen deep ([`crate::interleave`]), when the kernels read that
-    /// copy instead of `storage`.
+    /// The rows interleaved sixteen deep ([`crate::interleave`] for I2_S,
+    /// [`crate::interleave_q8_0`] for Q8_0, [`crate::interleave_f16`] for F16), when the
+    /// kernels read that copy instead of `storage`.
     tiles: Option<Vec<u8>>,
     /// Shape, layout and location.
     pub desc: MatrixDesc,
@@ -57,13 +58,26 @@ impl CpuMatrix {
         }
     }
 
-    /// The same matrix computing from an interleaved copy of its I2_S rows (see
-    /// [`crate::interleave::fits`] for the shapes that can be): the file's pages are given
-    /// back, so the resident size stays about the same.
+    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0 or F16 rows (see
+    /// the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`] and
+    /// [`crate::interleave_f16`] for the shapes that can be; other layouts stay as they are):
+    /// the file's pages are given back, so the resident size stays about the same. Owned Q8_0
+    /// and F16 bytes are dropped: their rows are then decoded from the copy.
     pub fn interleaved(mut self) -> Self {
-        let tiles = crate::interleave::interleave(self.data(), self.desc.row_bytes());
-        if let Storage::File(file) = &self.storage {
-            file.release(self.desc.range.clone());
+        let row_bytes = self.desc.row_bytes();
+        let tiles = match self.desc.format {
+            Format::I2S { .. } => crate::interleave::interleave(self.data(), row_bytes),
+            Format::Q8_0 => crate::interleave_q8_0::interleave(self.data(), row_bytes),
+            Format::F16 => crate::interleave_f16::interleave(self.data(), row_bytes),
+            _ => return self,
+        };
+        match &mut self.storage {
+            Storage::File(file) => file.release(self.desc.range.clone()),
+            Storage::Owned(bytes) if matches!(self.desc.format, Format::Q8_0 | Format::F16) => {
+                *bytes = Vec::new();
+                self.desc.range = 0..0;
+            }
+            Storage::Owned(_) => {}
         }
         self.tiles = Some(tiles);
         self
@@ -83,7 +97,19 @@ impl CpuMatrix {
 
     /// Decodes row `r` to f32.
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
-        self.desc.decode_row(self.storage_bytes(), r, out);
+        match (&self.tiles, &self.storage) {
+            (Some(tiles), Storage::Owned(bytes)) if bytes.is_empty() => {
+                // Owned Q8_0 and F16 rows live only in the interleaved copy.
+                let mut row = vec![0u8; self.desc.row_bytes()];
+                if self.desc.format == Format::F16 {
+                    crate::interleave_f16::row(tiles, row.len(), r, &mut row);
+                } else {
+                    crate::interleave_q8_0::row(tiles, row.len(), r, &mut row);
+                }
+                hesper_engine::weights::decode_row(self.desc.format, &row, out);
+            }
+            _ => self.desc.decode_row(self.storage_bytes(), r, out),
+        }
     }
 
     fn quantize(&self, x: &[f32], n: usize) -> Activations {
@@ -96,10 +122,23 @@ impl CpuMatrix {
             return matvec_many(isa, &[self], x, &mut [out]);
         }
         let act = self.quantize(x, n);
-        if let (Some(tiles), Activations::I8(a), Format::I2S { beta }) =
-            (&self.tiles, &act, self.desc.format)
-        {
-            return self.matmul_tiles(isa, tiles, a, beta, out);
+        if let Some(tiles) = &self.tiles {
+            let groups = token_groups(n);
+            match (&act, self.desc.format) {
+                (Activations::I8(a), Format::I2S { beta }) => {
+                    let dot = self.i2s_blocks(isa, a, beta, &groups);
+                    return self.matmul_tiles(tiles, n, out, &groups, &dot);
+                }
+                (Activations::Q8_0(a), Format::Q8_0) => {
+                    let dot = self.q8_0_blocks(isa, a, &groups);
+                    return self.matmul_tiles(tiles, n, out, &groups, &dot);
+                }
+                (Activations::Float(x), Format::F16) => {
+                    let dot = self.f16_blocks(isa, x, &groups);
+                    return self.matmul_tiles(tiles, n, out, &groups, &dot);
+                }
+                _ => {}
+            }
         }
         let rows = self.desc.rows;
         let row_bytes = self.desc.row_bytes();
@@ -144,45 +183,145 @@ fn chunk_rows(rows: usize) -> usize {
 /// busy, and eight tokens' activations (20 KiB at 2560 columns) stay in L1.
 const TILE_TOKENS: usize = 8;
 
+/// The tokens of a product over an interleaved copy in groups `(first, size)`: eight at a
+/// time, then four, then one.
+fn token_groups(n: usize) -> Vec<(usize, usize)> {
+    let mut groups = Vec::new();
+    let mut t = 0;
+    for size in [TILE_TOKENS, 4, 1] {
+        while t + size <= n {
+            groups.push((t, size));
+            t += size;
+        }
+    }
+    groups
+}
+
+/// One interleaved block of sixteen rows against token group `g` (of [`token_groups`]): appends
+/// the outputs, token by token, sixteen each.
+type BlockDot<'a> = dyn Fn(&[u8], usize, &mut Vec<f32>) + Sync + 'a;
+
+/// Appends sixteen rows' `values` of each token, times `scale`.
+fn put_scaled(local: &mut Vec<f32>, values: &[[f32; ROWS]], scale: f32) {
+    for v in values {
+        local.extend(v.iter().map(|v| v * scale));
+    }
+}
+
 impl CpuMatrix {
-    /// [`CpuMatrix::matmul`] over the interleaved copy: chunks of whole sixteen-row blocks in
-    /// parallel; in each, eight tokens at a time (then four, then one) meet every block of the
-    /// chunk. Each task appends its results in the order it makes them (no zeroed buffer),
-    /// then they are copied into place.
-    fn matmul_tiles(&self, isa: Isa, tiles: &[u8], a: &[I8Row], beta: f32, out: &mut [f32]) {
-        let (rows, n) = (self.desc.rows, a.len());
-        let block_bytes = ROWS * self.desc.row_bytes();
-        let chunk = chunk_rows(rows);
-        let mut groups = Vec::new();
-        let mut t = 0;
-        for size in [TILE_TOKENS, 4, 1] {
-            while t + size <= n {
-                groups.push((t, size));
-                t += size;
+    /// The I2_S kernel of [`CpuMatrix::matmul_tiles`]: integer sums, then each token's scale.
+    fn i2s_blocks<'a>(
+        &'a self,
+        isa: Isa,
+        a: &'a [I8Row],
+        beta: f32,
+        groups: &'a [(usize, usize)],
+    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync + 'a {
+        move |block, g, local| {
+            let (t, size) = groups[g];
+            let q = |k: usize| a[t + k].q.as_slice();
+            let mut put = |sums: &[[i32; ROWS]]| {
+                for (k, sums) in sums.iter().enumerate() {
+                    local.extend(i2s::outputs(sums, &a[t + k], beta, self.scale));
+                }
+            };
+            match size {
+                TILE_TOKENS => put(&i2s::rows16_dot::<TILE_TOKENS>(
+                    isa,
+                    block,
+                    std::array::from_fn(q),
+                )),
+                4 => put(&i2s::rows16_dot::<4>(isa, block, std::array::from_fn(q))),
+                _ => put(&i2s::rows16_dot::<1>(isa, block, [q(0)])),
             }
         }
+    }
+
+    /// The Q8_0 kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed once,
+    /// each row's sum as the single-row scalar kernel makes it, times the matrix's scale.
+    fn q8_0_blocks<'a>(
+        &'a self,
+        isa: Isa,
+        a: &[Vec<Q8_0Block>],
+        groups: &[(usize, usize)],
+    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync + 'a {
+        let scale = self.scale.unwrap_or(1.0);
+        let packed: Vec<(usize, q8_0::Packed)> = groups
+            .iter()
+            .map(|&(t, size)| {
+                let acts: Vec<&[Q8_0Block]> = a[t..t + size].iter().map(Vec::as_slice).collect();
+                (size, q8_0::Packed::new(&acts))
+            })
+            .collect();
+        move |block, g, local| {
+            let (size, p) = &packed[g];
+            match size {
+                &TILE_TOKENS => put_scaled(
+                    local,
+                    &q8_0::rows16_dot::<TILE_TOKENS>(isa, block, p),
+                    scale,
+                ),
+                4 => put_scaled(local, &q8_0::rows16_dot::<4>(isa, block, p), scale),
+                _ => put_scaled(local, &q8_0::rows16_dot::<1>(isa, block, p), scale),
+            }
+        }
+    }
+
+    /// The F16 kernel of [`CpuMatrix::matmul_tiles`] (`x` rounded through f16): each group's
+    /// activations packed once, each row's sum as the single-row scalar kernel makes it, times
+    /// the matrix's scale.
+    fn f16_blocks<'a>(
+        &'a self,
+        isa: Isa,
+        x: &[Vec<f32>],
+        groups: &[(usize, usize)],
+    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync + 'a {
+        let scale = self.scale.unwrap_or(1.0);
+        let packed: Vec<(usize, Vec<f32>)> = groups
+            .iter()
+            .map(|&(t, size)| {
+                let xs: Vec<&[f32]> = x[t..t + size].iter().map(Vec::as_slice).collect();
+                (size, float::pack_f16(&xs))
+            })
+            .collect();
+        move |block, g, local| {
+            let (size, x) = &packed[g];
+            match size {
+                &TILE_TOKENS => put_scaled(
+                    local,
+                    &float::f16_rows16_dot::<TILE_TOKENS>(isa, block, x),
+                    scale,
+                ),
+                4 => put_scaled(local, &float::f16_rows16_dot::<4>(isa, block, x), scale),
+                _ => put_scaled(local, &float::f16_rows16_dot::<1>(isa, block, x), scale),
+            }
+        }
+    }
+
+    /// [`CpuMatrix::matmul`] over the interleaved copy: chunks of whole sixteen-row blocks in
+    /// parallel; in each, every token group (`groups`, of [`token_groups`]) meets every block
+    /// of the chunk through `block_dot`. Each task appends its results in the order it makes
+    /// them (no zeroed buffer), then they are copied into place.
+    fn matmul_tiles(
+        &self,
+        tiles: &[u8],
+        n: usize,
+        out: &mut [f32],
+        groups: &[(usize, usize)],
+        block_dot: &BlockDot<'_>,
+    ) {
+        let rows = self.desc.rows;
+        let block_bytes = ROWS * self.desc.row_bytes();
+        let chunk = chunk_rows(rows);
         let parts: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(chunk))
             .into_par_iter()
             .map(|ci| {
                 let (r0, r1) = (ci * chunk, (ci * chunk + chunk).min(rows));
                 let mut local = Vec::with_capacity((r1 - r0) * n);
-                let mut put = |t: usize, sums: &[[i32; ROWS]]| {
-                    for (k, sums) in sums.iter().enumerate() {
-                        local.extend(i2s::outputs(sums, &a[t + k], beta, self.scale));
-                    }
-                };
-                for &(t, size) in &groups {
-                    let q = |k: usize| a[t + k].q.as_slice();
+                for g in 0..groups.len() {
                     for r in (r0..r1).step_by(ROWS) {
                         let block = &tiles[r / ROWS * block_bytes..][..block_bytes];
-                        match size {
-                            TILE_TOKENS => put(
-                                t,
-                                &i2s::rows16_dot::<TILE_TOKENS>(isa, block, std::array::from_fn(q)),
-                            ),
-                            4 => put(t, &i2s::rows16_dot::<4>(isa, block, std::array::from_fn(q))),
-                            _ => put(t, &i2s::rows16_dot::<1>(isa, block, [q(0)])),
-                        }
+                        block_dot(block, g, &mut local);
                     }
                 }
                 (r0, local)
@@ -192,7 +331,7 @@ impl CpuMatrix {
         for (r0, local) in parts {
             let blocks = local.len() / (n * ROWS);
             let mut at = local.chunks_exact(ROWS);
-            for &(t, size) in &groups {
+            for &(t, size) in groups {
                 for b in 0..blocks {
                     for k in 0..size {
                         let row0 = (t + k) * rows + r0 + b * ROWS;
@@ -258,6 +397,51 @@ impl CpuMatrix {
             for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
                 let [sums] = i2s::rows16_dot::<1>(isa, block, [&a[0].q]);
                 o.copy_from_slice(&i2s::outputs(&sums, &a[0], beta, self.scale));
+            }
+            return;
+        }
+        if let (Some(tiles), Format::Q8_0, Activations::Q8_0(a)) =
+            (&self.tiles, self.desc.format, act)
+        {
+            let (packed, scale) = (q8_0::Packed::new(&[&a[0]]), self.scale.unwrap_or(1.0));
+            let block_bytes = ROWS * row_bytes;
+            let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
+            for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
+                let [values] = q8_0::rows16_dot::<1>(isa, block, &packed);
+                for (o, v) in o.iter_mut().zip(values) {
+                    *o = v * scale;
+                }
+            }
+            return;
+        }
+        if let (Some(tiles), Format::F16, Activations::Float(x)) =
+            (&self.tiles, self.desc.format, act)
+        {
+            let scale = self.scale.unwrap_or(1.0);
+            let block_bytes = ROWS * row_bytes;
+            let tiles = &tiles[r0 / ROWS * block_bytes..][..out.len() * row_bytes];
+            // Four blocks at a time (four FMA chains), then one.
+            let (fours, rest) = tiles.split_at(tiles.len() / (4 * block_bytes) * 4 * block_bytes);
+            let (out4, out1) = out.split_at_mut(fours.len() / row_bytes);
+            for (o, four) in out4
+                .chunks_exact_mut(4 * ROWS)
+                .zip(fours.chunks_exact(4 * block_bytes))
+            {
+                let blocks: [&[u8]; 4] =
+                    std::array::from_fn(|i| &four[i * block_bytes..(i + 1) * block_bytes]);
+                let values = float::f16_rows64_dot(isa, blocks, &x[0]);
+                for (o, v) in o.iter_mut().zip(values.as_flattened()) {
+                    *o = v * scale;
+                }
+            }
+            for (o, block) in out1
+                .chunks_exact_mut(ROWS)
+                .zip(rest.chunks_exact(block_bytes))
+            {
+                let [values] = float::f16_rows16_dot::<1>(isa, block, &x[0]);
+                for (o, v) in o.iter_mut().zip(values) {
+                    *o = v * scale;
+                }
             }
             return;
         }

@@ -1,10 +1,12 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
-use hesper_cpu::formats::{i2s, CpuLayout};
-use hesper_cpu::interleave;
+use hesper_cpu::formats::{float, i2s, q8_0, CpuLayout};
 use hesper_cpu::kernels::{scalar, Isa};
-use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, Q8KBlock};
+use hesper_cpu::quant::{
+    quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, Q8KBlock, Q8_0Block,
+};
+use hesper_cpu::{interleave, interleave_f16, interleave_q8_0};
 use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
 use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q6K, Q8_0};
 use proptest::prelude::*;
@@ -406,6 +408,84 @@ proptest! {
         for isa in simds() {
             let (a, b) = (Q8_0.dot(isa, &row, &act), scalar::q8_0_dot(&row, &act));
             prop_assert!(rel_close(a, b, scale), "{isa:?} {a} vs {b}");
+        }
+    }
+
+    /// The interleaved F16 kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single scalar
+    /// dots bit for bit: f16 products are exact in f32, so its FMAs round as the scalar sum.
+    #[test]
+    fn f16_rows16_matches_scalar(cols in 1usize..300, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let rows: Vec<u8> = (0..16 * cols)
+            .flat_map(|_| half::f16::from_f32(g.float(-4.0, 8) * 1.37).to_le_bytes())
+            .collect();
+        let tiles = interleave_f16::interleave(&rows, 2 * cols);
+        let xs: Vec<Vec<f32>> = (0..8)
+            .map(|_| round_f16(&(0..cols).map(|_| g.float(-3.0, 6) * 0.731).collect::<Vec<_>>()))
+            .collect();
+        let want: Vec<Vec<u32>> = xs
+            .iter()
+            .map(|x| rows.chunks_exact(2 * cols).map(|r| scalar::f16_dot(r, x).to_bits()).collect())
+            .collect();
+        let x: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
+        let pack = |r: std::ops::Range<usize>| float::pack_f16(&x[r]);
+        for isa in Isa::supported() {
+            let got: Vec<[f32; 16]> = [
+                float::f16_rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                float::f16_rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
+                float::f16_rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+            ]
+            .concat();
+            let eight = float::f16_rows16_dot::<8>(isa, &tiles, &pack(0..8));
+            let four_blocks = float::f16_rows64_dot(isa, [&tiles[..]; 4], x[0]);
+            for block in four_blocks {
+                prop_assert_eq!(block.map(f32::to_bits).to_vec(), want[0].clone(), "{:?}, 64 rows", isa);
+            }
+            for t in 0..8 {
+                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
+                prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
+                prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+            }
+        }
+    }
+
+    /// The interleaved Q8_0 kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single scalar
+    /// dots bit for bit: weights over the whole i8 range (−128 too), any f16 scale.
+    #[test]
+    fn q8_0_rows16_matches_scalar(blocks in 1usize..40, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = blocks * 32;
+        let row_bytes = blocks * 34;
+        let rows: Vec<u8> = (0..16 * blocks)
+            .flat_map(|_| {
+                let d = half::f16::from_f32(g.float(-2.0, 4) / 64.0).to_le_bytes();
+                let qs: Vec<u8> = (0..32).map(|_| g.next() as u8).collect();
+                d.into_iter().chain(qs)
+            })
+            .collect();
+        let tiles = interleave_q8_0::interleave(&rows, row_bytes);
+        let acts: Vec<_> = (0..8)
+            .map(|_| quantize_q8_0(&(0..cols).map(|_| g.float(-3.0, 6)).collect::<Vec<_>>()))
+            .collect();
+        let want: Vec<Vec<u32>> = acts
+            .iter()
+            .map(|a| rows.chunks_exact(row_bytes).map(|r| scalar::q8_0_dot(r, a).to_bits()).collect())
+            .collect();
+        let a: Vec<&[Q8_0Block]> = acts.iter().map(Vec::as_slice).collect();
+        let pack = |r: std::ops::Range<usize>| q8_0::Packed::new(&a[r]);
+        for isa in Isa::supported() {
+            let got: Vec<[f32; 16]> = [
+                q8_0::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                q8_0::rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
+                q8_0::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+            ]
+            .concat();
+            let eight = q8_0::rows16_dot::<8>(isa, &tiles, &pack(0..8));
+            for t in 0..8 {
+                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
+                prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
+                prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+            }
         }
     }
 }

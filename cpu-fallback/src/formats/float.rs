@@ -1,13 +1,16 @@
 //! F32, F16 and BF16 rows: dotted with f32 activations rounded as the weights are (ggml's
-//! rule), so the CPU computes what llama.cpp computes.
+//! rule), so the CPU computes what llama.cpp computes. Where the instruction set has a kernel
+//! for it, F16 rows are also dotted sixteen at a time from their interleaved copy
+//! ([`crate::interleave_f16`], [`f16_rows16_dot`]).
 
 use hesper_engine::formats::{Bf16, F16, F32};
 
 use super::{ActivationKind, CpuLayout};
+use crate::interleave::ROWS;
 #[cfg(target_arch = "aarch64")]
 use crate::kernels::neon;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::{avx2, x86};
+use crate::kernels::{avx2, interleaved_f16, x86};
 use crate::kernels::{scalar, Isa};
 use crate::quant::{round_bf16, round_f16};
 
@@ -116,5 +119,61 @@ impl CpuLayout for Bf16 {
 
     fn dot(self, _isa: Isa, row: &[u8], x: &Vec<f32>) -> f32 {
         scalar::bf16_dot(row, x)
+    }
+}
+
+/// `T` tokens' f16-rounded activations packed column by column for [`f16_rows16_dot`]
+/// (`out[k·T + t]` is token `t`'s column `k`), so that its kernel reads them through one
+/// pointer. One token's activations are already packed.
+pub fn pack_f16(x: &[&[f32]]) -> Vec<f32> {
+    let cols = x.first().map_or(0, |x| x.len());
+    (0..cols)
+        .flat_map(|k| x.iter().map(move |x| x[k]))
+        .collect()
+}
+
+/// Sixteen F16 rows interleaved into one block (`block`, see [`crate::interleave_f16`]) against
+/// `T` tokens' f16-rounded activations packed by [`pack_f16`]: `out[t][l]` is row `l` · token
+/// `t`, equal bit for bit to [`scalar::f16_dot`] on the row.
+#[inline]
+pub fn f16_rows16_dot<const T: usize>(isa: Isa, block: &[u8], x: &[f32]) -> [[f32; ROWS]; T] {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: both AVX-512 variants are chosen only when the CPU reports AVX-512 F
+        // (`Isa::detect`; `CpuBackend::with_isa` refuses them otherwise); the kernel asserts
+        // the shapes before reading.
+        Isa::Avx512Bw | Isa::Avx512Vnni => unsafe {
+            interleaved_f16::f16_rows16_avx512::<T>(block, x)
+        },
+        _ => {
+            // The reference: each row taken back out of the block.
+            let row_bytes = block.len() / ROWS;
+            let mut row = vec![0u8; row_bytes];
+            let tokens: Vec<Vec<f32>> = (0..T)
+                .map(|t| x.iter().skip(t).step_by(T).copied().collect())
+                .collect();
+            let mut out = [[0.0f32; ROWS]; T];
+            for l in 0..ROWS {
+                crate::interleave_f16::row(block, row_bytes, l, &mut row);
+                for (o, x) in out.iter_mut().zip(&tokens) {
+                    o[l] = scalar::f16_dot(&row, x);
+                }
+            }
+            out
+        }
+    }
+}
+
+/// [`f16_rows16_dot`] for one token and four interleaved blocks (64 rows: decode), the same
+/// bits as four calls.
+#[inline]
+pub fn f16_rows64_dot(isa: Isa, blocks: [&[u8]; 4], x: &[f32]) -> [[f32; ROWS]; 4] {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `f16_rows16_dot`.
+        Isa::Avx512Bw | Isa::Avx512Vnni => unsafe {
+            interleaved_f16::f16_blocks4_avx512(blocks, x)
+        },
+        _ => blocks.map(|b| f16_rows16_dot::<1>(isa, b, x)[0]),
     }
 }

@@ -26,10 +26,10 @@ macro_rules! by_isa {
     };
 }
 
-mod float;
+pub mod float;
 pub mod i2s;
 mod q6_k;
-mod q8_0;
+pub mod q8_0;
 mod ternary;
 
 use hesper_engine::formats::Layout;

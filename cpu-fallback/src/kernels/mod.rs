@@ -8,6 +8,10 @@ pub mod avx2;
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod interleaved;
+#[cfg(target_arch = "x86_64")]
+pub mod interleaved_f16;
+#[cfg(target_arch = "x86_64")]
+pub mod interleaved_q8_0;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod scalar;
@@ -150,6 +154,20 @@ impl Isa {
     /// decode loses 5 % against the file layout's four-row kernel (BENCHMARKS.md).
     pub fn interleaves_i2s(self) -> bool {
         matches!(self, Self::Avx512Bw | Self::AvxVnni | Self::Avx512Vnni)
+    }
+
+    /// Whether Q8_0 weights are interleaved sixteen rows deep at load for this instruction set
+    /// ([`crate::interleave_q8_0`]): where [`crate::formats::q8_0::rows16_dot`] has a kernel
+    /// of its own (AVX-512 VNNI).
+    pub fn interleaves_q8_0(self) -> bool {
+        matches!(self, Self::Avx512Vnni)
+    }
+
+    /// Whether F16 weights are interleaved sixteen rows deep at load for this instruction set
+    /// ([`crate::interleave_f16`]): where [`crate::formats::float::f16_rows16_dot`] has a
+    /// kernel of its own (AVX-512).
+    pub fn interleaves_f16(self) -> bool {
+        matches!(self, Self::Avx512Bw | Self::Avx512Vnni)
     }
 
     /// Attention scores: `out[j] = q · k[j·stride ..][..q.len()]`.
