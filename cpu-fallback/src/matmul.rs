@@ -201,10 +201,32 @@ fn token_groups(n: usize) -> Vec<(usize, usize)> {
 /// the outputs, token by token, sixteen each.
 type BlockDot<'a> = dyn Fn(&[u8], usize, &mut Vec<f32>) + Sync + 'a;
 
-/// Appends sixteen rows' `values` of each token, times `scale`.
-fn put_scaled(local: &mut Vec<f32>, values: &[[f32; ROWS]], scale: f32) {
-    for v in values {
-        local.extend(v.iter().map(|v| v * scale));
+/// A float-result interleaved kernel (Q8_0, F16) at each tile size, over activations packed as
+/// `P` for one token group.
+struct FloatTiles<P> {
+    eight: fn(Isa, &[u8], &P) -> [[f32; ROWS]; TILE_TOKENS],
+    four: fn(Isa, &[u8], &P) -> [[f32; ROWS]; 4],
+    one: fn(Isa, &[u8], &P) -> [[f32; ROWS]; 1],
+}
+
+/// The [`BlockDot`] of a float-result kernel: `packed[g]` is group `g`'s size and activations;
+/// each row's sum times `scale` is appended.
+fn float_blocks<P: Sync>(
+    isa: Isa,
+    scale: f32,
+    packed: Vec<(usize, P)>,
+    kernels: FloatTiles<P>,
+) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
+    move |block, g, local| {
+        let (size, p) = &packed[g];
+        let values: &[[f32; ROWS]] = match size {
+            &TILE_TOKENS => &(kernels.eight)(isa, block, p),
+            4 => &(kernels.four)(isa, block, p),
+            _ => &(kernels.one)(isa, block, p),
+        };
+        for v in values {
+            local.extend(v.iter().map(|v| v * scale));
+        }
     }
 }
 
@@ -239,63 +261,49 @@ impl CpuMatrix {
 
     /// The Q8_0 kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed once,
     /// each row's sum as the single-row scalar kernel makes it, times the matrix's scale.
-    fn q8_0_blocks<'a>(
-        &'a self,
+    fn q8_0_blocks(
+        &self,
         isa: Isa,
         a: &[Vec<Q8_0Block>],
         groups: &[(usize, usize)],
-    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync + 'a {
-        let scale = self.scale.unwrap_or(1.0);
-        let packed: Vec<(usize, q8_0::Packed)> = groups
+    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
+        let packed = groups
             .iter()
             .map(|&(t, size)| {
                 let acts: Vec<&[Q8_0Block]> = a[t..t + size].iter().map(Vec::as_slice).collect();
                 (size, q8_0::Packed::new(&acts))
             })
             .collect();
-        move |block, g, local| {
-            let (size, p) = &packed[g];
-            match size {
-                &TILE_TOKENS => put_scaled(
-                    local,
-                    &q8_0::rows16_dot::<TILE_TOKENS>(isa, block, p),
-                    scale,
-                ),
-                4 => put_scaled(local, &q8_0::rows16_dot::<4>(isa, block, p), scale),
-                _ => put_scaled(local, &q8_0::rows16_dot::<1>(isa, block, p), scale),
-            }
-        }
+        let kernels = FloatTiles {
+            eight: q8_0::rows16_dot::<TILE_TOKENS>,
+            four: q8_0::rows16_dot::<4>,
+            one: q8_0::rows16_dot::<1>,
+        };
+        float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
     }
 
     /// The F16 kernel of [`CpuMatrix::matmul_tiles`] (`x` rounded through f16): each group's
     /// activations packed once, each row's sum as the single-row scalar kernel makes it, times
     /// the matrix's scale.
-    fn f16_blocks<'a>(
-        &'a self,
+    fn f16_blocks(
+        &self,
         isa: Isa,
         x: &[Vec<f32>],
         groups: &[(usize, usize)],
-    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync + 'a {
-        let scale = self.scale.unwrap_or(1.0);
-        let packed: Vec<(usize, Vec<f32>)> = groups
+    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
+        let packed = groups
             .iter()
             .map(|&(t, size)| {
                 let xs: Vec<&[f32]> = x[t..t + size].iter().map(Vec::as_slice).collect();
                 (size, float::pack_f16(&xs))
             })
             .collect();
-        move |block, g, local| {
-            let (size, x) = &packed[g];
-            match size {
-                &TILE_TOKENS => put_scaled(
-                    local,
-                    &float::f16_rows16_dot::<TILE_TOKENS>(isa, block, x),
-                    scale,
-                ),
-                4 => put_scaled(local, &float::f16_rows16_dot::<4>(isa, block, x), scale),
-                _ => put_scaled(local, &float::f16_rows16_dot::<1>(isa, block, x), scale),
-            }
-        }
+        let kernels = FloatTiles {
+            eight: |isa, block, x: &Vec<f32>| float::f16_rows16_dot::<TILE_TOKENS>(isa, block, x),
+            four: |isa, block, x: &Vec<f32>| float::f16_rows16_dot::<4>(isa, block, x),
+            one: |isa, block, x: &Vec<f32>| float::f16_rows16_dot::<1>(isa, block, x),
+        };
+        float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
     }
 
     /// [`CpuMatrix::matmul`] over the interleaved copy: chunks of whole sixteen-row blocks in
