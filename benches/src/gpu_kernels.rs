@@ -43,6 +43,8 @@ fn run() -> Result<(), GpuError> {
     println!("| --- | --- | ---: | ---: |");
     let x = g.upload("x", &pattern_f32(FF))?;
     let mut out = g.zeroed::<f32>("out", FF.max(HEAD_ROWS))?;
+    // The outputs only a joined Q/K/V matrix writes.
+    let mut unused = (g.zeroed::<f32>("unused", 1)?, g.zeroed::<f32>("unused", 1)?);
     let mut q = g.upload("q", &vec![3i32; FF])?;
     let mut scale = g.upload("scale", &[40.0f32])?;
 
@@ -92,6 +94,8 @@ fn run() -> Result<(), GpuError> {
                         q: &q,
                         scale: &scale,
                         out: &mut out,
+                        out_k: &mut unused.0,
+                        out_v: &mut unused.1,
                         cols: cols as u32,
                         rows: rows as u32,
                         row0: 0,
@@ -101,6 +105,9 @@ fn run() -> Result<(), GpuError> {
                         mode: k::STORE,
                         out_scale: 1.0,
                         out_scale_odd: 0.0,
+                        split_k: rows as u32,
+                        split_v: rows as u32,
+                        out_scale_v: 0.0,
                     },
                     k::matrix_grid(rows as u32, lanes_per_row(cols / 16), 1),
                 )
@@ -123,6 +130,8 @@ fn run() -> Result<(), GpuError> {
                     w: &head,
                     x: &x,
                     out: &mut out,
+                    out_k: &mut unused.0,
+                    out_v: &mut unused.1,
                     cols: D as u32,
                     rows: head_rows as u32,
                     row0: 0,
@@ -132,6 +141,9 @@ fn run() -> Result<(), GpuError> {
                     mode: k::STORE,
                     out_scale: 1.0,
                     out_scale_odd: 0.0,
+                    split_k: head_rows as u32,
+                    split_v: head_rows as u32,
+                    out_scale_v: 0.0,
                 },
                 k::matrix_grid(head_rows as u32, lanes_per_row(D / 2), 1),
             )

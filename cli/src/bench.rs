@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// operation timed, and print each kind's share of the time (matmul, attention, ...).
     #[arg(long = "profile")]
     profile: bool,
+    /// GPU backend: submit a step's recorded work each time it holds this many dispatches, so
+    /// the GPU starts while the host records the rest (0: one submit per step, with its
+    /// read-back).
+    #[arg(long = "gpu-flush", value_name = "DISPATCHES", default_value_t = hesper_gpu_backend::FLUSH_DISPATCHES)]
+    gpu_flush: usize,
     #[command(flatten)]
     attention: AttentionArgs,
 }
@@ -87,6 +92,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Ok(())
         }),
         AnyModel::Gpu(model) => {
+            model.backend.set_flush_dispatches(match args.gpu_flush {
+                0 => usize::MAX,
+                n => n,
+            });
             if args.profile {
                 note!("hesper: --profile times the CPU backend's operations; the GPU prints its per-kernel times after tg");
             }

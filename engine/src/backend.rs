@@ -152,6 +152,31 @@ impl<M> GateUp<M> {
     }
 }
 
+/// An attention block's Q, K and V projections, as [`Backend::join_qkv`] prepared them.
+pub enum Qkv<M> {
+    /// Three matrices that read the same input ([`Backend::matmul_many`]).
+    Apart {
+        /// The query projection.
+        q: M,
+        /// The key projection.
+        k: M,
+        /// The value projection.
+        v: M,
+    },
+    /// One matrix of all three (the backend's own layout), multiplied in one pass.
+    Joined(M),
+}
+
+impl<M> Qkv<M> {
+    /// The matrix that reads the input first (the query projection, or the joined matrix).
+    pub fn first(&self) -> &M {
+        match self {
+            Qkv::Apart { q, .. } => q,
+            Qkv::Joined(m) => m,
+        }
+    }
+}
+
 /// A compute backend.
 pub trait Backend {
     /// f32 activations `[n][width]`.
@@ -298,6 +323,29 @@ pub trait Backend {
         self.add(out, scratch, n * width);
     }
     /// The FFN's gate and up projections as this backend multiplies them in
+    /// Prepares an attention block's Q, K and V projections for [`Backend::qkv`]. By default
+    /// they stay apart; a backend that multiplies all three in one pass joins them here.
+    fn join_qkv(
+        &self,
+        q: Self::Matrix,
+        k: Self::Matrix,
+        v: Self::Matrix,
+    ) -> Result<Qkv<Self::Matrix>, BackendError> {
+        Ok(Qkv::Apart { q, k, v })
+    }
+    /// `outs = [Wq·x[i], Wk·x[i], Wv·x[i]]` for `n` rows. By default the three products of
+    /// [`Backend::matmul_many`]; a backend that joined them overrides this.
+    fn qkv(&self, w: &Qkv<Self::Matrix>, x: &Self::Buffer, n: usize, outs: [&mut Self::Buffer; 3]) {
+        match w {
+            Qkv::Apart { q, k, v } => {
+                let [oq, ok, ov] = outs;
+                self.matmul_many(&[q, k, v], x, n, &mut [oq, ok, ov]);
+            }
+            Qkv::Joined(_) => {
+                unreachable!("a backend that joins Q, K and V multiplies them itself")
+            }
+        }
+    }
     /// [`Backend::gate_up`]. By default they stay apart; a backend that fuses the pair (one
     /// pass over the activations, `act(g)·u` as it writes) joins them here.
     fn join_gate_up(

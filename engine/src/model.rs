@@ -21,7 +21,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, GateUp, MatrixUse, RopeShape};
+use crate::backend::{AttentionShape, Backend, BackendError, GateUp, MatrixUse, Qkv, RopeShape};
 use crate::config::{Config, ConfigError, RopePairs};
 use crate::file::ModelFile;
 use crate::gguf::{TensorError, TensorInfo};
@@ -198,9 +198,7 @@ pub struct LoadOptions<'a> {
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
-    wq: B::Matrix,
-    wk: B::Matrix,
-    wv: B::Matrix,
+    qkv: Qkv<B::Matrix>,
     /// Q, K and V biases (`qwen2`), all or none.
     qkv_bias: Option<[B::Vector; 3]>,
     /// BitNet's norm of the attention output (families with sub-norms).
@@ -417,15 +415,17 @@ impl<B: Backend> Model<B> {
         for il in layer_range.clone() {
             let p = |n: &str| format!("blk.{il}.{n}");
             let attn_norm = loader.vector(&p("attn_norm.weight"), d).await?;
-            let wq = loader
-                .matrix_in_order(&p("attn_q.weight"), qd, d, q_order.as_deref())
-                .await?;
-            let wk = loader
-                .matrix_in_order(&p("attn_k.weight"), kv, d, k_order.as_deref())
-                .await?;
-            let wv = loader
-                .matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product)
-                .await?;
+            let qkv = loader.backend.join_qkv(
+                loader
+                    .matrix_in_order(&p("attn_q.weight"), qd, d, q_order.as_deref())
+                    .await?,
+                loader
+                    .matrix_in_order(&p("attn_k.weight"), kv, d, k_order.as_deref())
+                    .await?,
+                loader
+                    .matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product)
+                    .await?,
+            )?;
             let qkv_bias = if has_bias(il) {
                 Some([
                     loader
@@ -466,9 +466,7 @@ impl<B: Backend> Model<B> {
                 .await?;
             layers.push(Layer {
                 attn_norm,
-                wq,
-                wk,
-                wv,
+                qkv,
                 qkv_bias,
                 attn_sub_norm,
                 wo,
@@ -1004,13 +1002,8 @@ impl<B: Backend> Model<B> {
             ..
         } = &mut s.s;
         for (li, l) in self.layers.iter().enumerate() {
-            b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, &l.wq);
-            b.matmul_many(
-                &[&l.wq, &l.wk, &l.wv],
-                h,
-                n,
-                &mut [&mut *q, &mut *k, &mut *v],
-            );
+            b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
+            b.qkv(&l.qkv, h, n, [&mut *q, &mut *k, &mut *v]);
             if let Some([bq, bk, bv]) = &l.qkv_bias {
                 b.add_bias(q, bq, n);
                 b.add_bias(k, bk, n);

@@ -1,9 +1,10 @@
 //! hesper-gpu-backend: the BitNet forward pass of `hesper-engine` on WebGPU.
 //!
-//! Every operation the model asks for is recorded into one pending batch; nothing reaches the
-//! GPU queue until a result is read back, so decoding a token is one queue submit (the logits
-//! read-back rides in the same command buffer). Errors raised while recording are kept and
-//! returned by that read.
+//! Every operation the model asks for is recorded into a pending batch, submitted when a
+//! result is read back (the read-back rides in the same command buffer) or, before that, each
+//! time it holds [`FLUSH_DISPATCHES`] dispatches ([`GpuBackend::set_flush_dispatches`]): the GPU then runs the first layers of a step
+//! while the host records the rest, instead of waiting for the whole step. Errors raised while
+//! recording are kept and returned by that read.
 
 mod formats;
 mod matrix;
@@ -14,7 +15,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
-use hesper_engine::backend::{AttentionShape, Backend, BackendError, GateUp, MatrixUse, RopeShape};
+use hesper_engine::backend::{
+    AttentionShape, Backend, BackendError, GateUp, MatrixUse, Qkv, RopeShape,
+};
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;
@@ -24,6 +27,10 @@ use hesper_shaders as k;
 
 pub use hesper_gpu::{hardware_gpu_possible, KernelTime};
 pub use matrix::{GpuMatrix, HostRows, Kind};
+
+/// Dispatches after which a pending batch is submitted without waiting for the step's
+/// read-back (a few layers of a model), so the host's recording and the GPU's work overlap.
+pub const FLUSH_DISPATCHES: usize = 32;
 
 /// Most workgroups of the first argmax stage.
 const ARGMAX_GROUPS: usize = 256;
@@ -86,6 +93,8 @@ struct RopeTable {
 struct State {
     gpu: Gpu,
     batch: Batch,
+    /// Dispatches after which a pending batch is submitted before its read-back.
+    flush: usize,
     /// The first error raised while recording; returned by the next read.
     error: Option<GpuError>,
     dispatches: u64,
@@ -95,6 +104,8 @@ struct State {
     packed: (GpuBuffer<u32>, GpuBuffer<i32>),
     /// Whether the I2_S path uses `dot4I8Packed`.
     packed_dot: bool,
+    /// Bound as the K and V outputs of the matrix kernels that write only one.
+    unused: (GpuBuffer<f32>, GpuBuffer<f32>),
     /// Whether RMSNorm sums with subgroup operations.
     subgroups: bool,
     /// Their scales (per token or per block).
@@ -188,6 +199,10 @@ impl GpuBackend {
             gpu.zeroed("activation sums", 1).map_err(device_error)?,
         );
         let packed_dot = supports_packed_dot(&gpu);
+        let unused = (
+            gpu.zeroed("unused outputs", 1).map_err(device_error)?,
+            gpu.zeroed("unused outputs", 1).map_err(device_error)?,
+        );
         let subgroups = gpu
             .device
             .features()
@@ -204,11 +219,13 @@ impl GpuBackend {
             state: RefCell::new(State {
                 gpu,
                 batch,
+                flush: FLUSH_DISPATCHES,
                 error: None,
                 dispatches: 0,
                 q,
                 packed,
                 packed_dot,
+                unused,
                 subgroups,
                 act_scale,
                 ids,
@@ -393,6 +410,13 @@ impl GpuBackend {
         self.state.borrow().packed_dot
     }
 
+    /// Submits a step's pending batch each time it holds `dispatches` dispatches (default
+    /// [`FLUSH_DISPATCHES`]; `usize::MAX`: only with the step's read-back). Results do not
+    /// change, only when the GPU starts.
+    pub fn set_flush_dispatches(&self, dispatches: usize) {
+        self.state.borrow_mut().flush = dispatches.max(1);
+    }
+
     /// Whether RMSNorm sums with subgroup operations (the device has `SUBGROUP`).
     pub fn uses_subgroups(&self) -> bool {
         self.state.borrow().subgroups
@@ -418,7 +442,7 @@ impl GpuBackend {
     fn record_product(&self, f: impl FnOnce(&mut State) -> Result<(), GpuError>) {
         let mut st = self.state.borrow_mut();
         if st.error.is_none() {
-            if let Err(e) = f(&mut st) {
+            if let Err(e) = f(&mut st).and_then(|()| st.flush_if_long()) {
                 st.error = Some(e);
             }
         }
@@ -466,6 +490,16 @@ fn put<T: bytemuck::Pod>(
 }
 
 impl State {
+    /// Submits the pending batch once it holds `self.flush` dispatches.
+    fn flush_if_long(&mut self) -> Result<(), GpuError> {
+        if self.batch.dispatches() < self.flush {
+            return Ok(());
+        }
+        let batch = std::mem::replace(&mut self.batch, self.gpu.batch());
+        self.dispatches += batch.dispatches() as u64;
+        self.gpu.submit(batch)
+    }
+
     /// Records RMSNorm of `n` rows of `x` into `out` (with subgroup sums where the device has
     /// subgroups).
     fn rms_norm(
@@ -921,6 +955,40 @@ impl Backend for GpuBackend {
             product::quantize(st, w, x, n)?;
             product::multiply(st, w, x, n, out, k::ADD)
         });
+    }
+
+    /// Puts the rows of Q, K and V one after the other so one pass of the matrix kernel
+    /// computes all three; matrices that do not fit one window stay apart.
+    fn join_qkv(
+        &self,
+        q: GpuMatrix,
+        k: GpuMatrix,
+        v: GpuMatrix,
+    ) -> Result<Qkv<GpuMatrix>, BackendError> {
+        let mut st = self.state.borrow_mut();
+        match GpuMatrix::join_qkv(&mut st.gpu, q, k, v).map_err(device_error)? {
+            Ok(joined) => Ok(Qkv::Joined(joined)),
+            Err((q, k, v)) => Ok(Qkv::Apart { q, k, v }),
+        }
+    }
+
+    fn qkv(
+        &self,
+        w: &Qkv<GpuMatrix>,
+        x: &GpuBuffer<f32>,
+        n: usize,
+        outs: [&mut GpuBuffer<f32>; 3],
+    ) {
+        match w {
+            Qkv::Joined(m) => self.record_product(|st| {
+                product::quantize(st, m, x, n)?;
+                product::multiply_into(st, m, x, n, product::Outputs::Qkv(outs))
+            }),
+            Qkv::Apart { q, k, v } => {
+                let [oq, ok, ov] = outs;
+                self.matmul_many(&[q, k, v], x, n, &mut [oq, ok, ov]);
+            }
+        }
     }
 
     /// Interleaves the rows of gate and up (gate row `i` at `2i`, up row `i` at `2i + 1`) so one

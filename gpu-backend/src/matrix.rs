@@ -79,6 +79,22 @@ pub struct GpuMatrix {
     /// A joined gate/up pair ([`GpuMatrix::join`]): the route and scale of the up rows (the
     /// odd ones; the gate's are `kind` and `scale`).
     pub odd: Option<(Kind, f32)>,
+    /// A joined Q/K/V matrix ([`GpuMatrix::join_qkv`]): where its K and V rows start.
+    pub qkv: Option<QkvParts>,
+}
+
+/// The K and V rows of a joined Q/K/V matrix (its Q rows come first, with the matrix's own
+/// `kind` and `scale`).
+#[derive(Debug, Clone, Copy)]
+pub struct QkvParts {
+    /// First K row.
+    pub k_row: usize,
+    /// First V row.
+    pub v_row: usize,
+    /// Route and scale of the K rows.
+    pub k: (Kind, f32),
+    /// Route and scale of the V rows.
+    pub v: (Kind, f32),
 }
 
 /// The bytes embedding rows are decoded from on the host; `desc.range` indexes them.
@@ -134,18 +150,21 @@ impl GpuMatrix {
             windows,
             host: None,
             odd: None,
+            qkv: None,
         })
     }
 
-    /// The output multipliers of the even and odd rows (odd: only for a joined pair): β times
-    /// the matrix scale for I2_S, the scale otherwise.
-    pub fn out_scales(&self) -> (f32, f32) {
-        let of = |kind: Kind, scale: f32| match kind {
+    /// The output multipliers: of the (even) rows, of the odd rows of a joined gate/up pair or
+    /// the K rows of a joined Q/K/V matrix, and of its V rows (0 where there are none): β
+    /// times the matrix scale for I2_S, the scale otherwise.
+    pub fn out_scales(&self) -> (f32, f32, f32) {
+        let of = |(kind, scale): (Kind, f32)| match kind {
             Kind::I2s { beta } => beta * scale,
             _ => scale,
         };
-        let odd = self.odd.map_or(0.0, |(kind, scale)| of(kind, scale));
-        (of(self.kind, self.scale), odd)
+        let second = self.odd.or(self.qkv.map(|p| p.k)).map_or(0.0, of);
+        let third = self.qkv.map_or(0.0, |p| of(p.v));
+        (of((self.kind, self.scale)), second, third)
     }
 
     /// Joins an FFN's gate and up into one matrix whose rows interleave them (gate row `i` at
@@ -163,8 +182,9 @@ impl GpuMatrix {
             && (up.desc.rows, up.desc.cols) == (rows, cols)
             && gate.windows.len() == 1
             && up.windows.len() == 1
-            && gate.odd.is_none()
-            && up.odd.is_none()
+            && [&gate, &up]
+                .iter()
+                .all(|m| m.odd.is_none() && m.qkv.is_none())
             && 2 * rows <= rows_per_window(gpu, gate.kind.row_bytes(cols))
             && (2 * rows * row_words)
                 .div_ceil(hesper_shaders::interleave_rows::WORKGROUP_SIZE as usize)
@@ -202,6 +222,76 @@ impl GpuMatrix {
             }],
             host: None,
             odd: Some((up.kind, up.scale)),
+            qkv: None,
+        }))
+    }
+
+    /// Joins an attention block's Q, K and V into one matrix of their rows one after the
+    /// other (copied on the GPU), for one pass that writes the three outputs
+    /// (`hesper_shaders::SPLIT_QKV`). Returns them untouched where they differ in layout or
+    /// width, or would not fit one window.
+    #[allow(clippy::type_complexity)]
+    pub fn join_qkv(
+        gpu: &mut Gpu,
+        q: Self,
+        k: Self,
+        v: Self,
+    ) -> Result<Result<Self, (Self, Self, Self)>, GpuError> {
+        let cols = q.desc.cols;
+        let rows = q.desc.rows + k.desc.rows + v.desc.rows;
+        let row_words = q.kind.row_bytes(cols) / 4;
+        let parts = [&q, &k, &v];
+        let fits = parts.iter().all(|m| {
+            std::mem::discriminant(&m.kind) == std::mem::discriminant(&q.kind)
+                && m.desc.cols == cols
+                && m.windows.len() == 1
+                && m.odd.is_none()
+                && m.qkv.is_none()
+                && m.windows[0].scales.is_some() == q.windows[0].scales.is_some()
+        }) && rows <= rows_per_window(gpu, q.kind.row_bytes(cols));
+        if !fits {
+            return Ok(Err((q, k, v)));
+        }
+        let mut batch = gpu.batch();
+        let mut data = gpu.zeroed("q+k+v", rows * row_words)?;
+        let mut scales = match &q.windows[0].scales {
+            Some(s) => Some((gpu.zeroed("q+k+v scales", s.len() / q.desc.rows * rows)?, 0)),
+            None => None,
+        };
+        let mut at = 0;
+        for m in parts {
+            let w = &m.windows[0];
+            batch.copy(&w.data, 0, &mut data, at, m.desc.rows * row_words)?;
+            at += m.desc.rows * row_words;
+            if let (Some((all, at)), Some(s)) = (scales.as_mut(), &w.scales) {
+                batch.copy(s, 0, all, *at, s.len())?;
+                *at += s.len();
+            }
+        }
+        gpu.submit(batch)?;
+        let desc = MatrixDesc {
+            name: format!("{}+{}+{}", q.desc.name, k.desc.name, v.desc.name),
+            rows,
+            ..q.desc.clone()
+        };
+        Ok(Ok(Self {
+            desc,
+            kind: q.kind,
+            scale: q.scale,
+            windows: vec![Window {
+                row0: 0,
+                rows,
+                data,
+                scales: scales.map(|(s, _)| s),
+            }],
+            host: None,
+            odd: None,
+            qkv: Some(QkvParts {
+                k_row: q.desc.rows,
+                v_row: q.desc.rows + k.desc.rows,
+                k: (k.kind, k.scale),
+                v: (v.kind, v.scale),
+            }),
         }))
     }
 }

@@ -118,6 +118,14 @@ pub fn quantize(
     }
 }
 
+/// Where a product's rows go.
+pub enum Outputs<'a> {
+    /// One buffer, written as the mode says ([`k::STORE`], [`k::ADD`], a gated pair's).
+    One(&'a mut GpuBuffer<f32>, u32),
+    /// The Q, K and V outputs of a joined matrix ([`GpuMatrix::join_qkv`]).
+    Qkv([&'a mut GpuBuffer<f32>; 3]),
+}
+
 /// Runs `w`'s kernel over each of its windows on the activations [`quantize`] left (or `x`
 /// for float layouts), writing `out` as `mode` says.
 pub fn multiply(
@@ -128,6 +136,17 @@ pub fn multiply(
     out: &mut GpuBuffer<f32>,
     mode: u32,
 ) -> Result<(), GpuError> {
+    multiply_into(st, w, x, n, Outputs::One(out, mode))
+}
+
+/// [`multiply`] into any [`Outputs`].
+pub fn multiply_into(
+    st: &mut State,
+    w: &GpuMatrix,
+    x: &GpuBuffer<f32>,
+    n: usize,
+    outputs: Outputs,
+) -> Result<(), GpuError> {
     let State {
         gpu,
         batch,
@@ -135,10 +154,18 @@ pub fn multiply(
         packed,
         packed_dot,
         act_scale,
+        unused,
         ..
     } = st;
+    let (out, out_k, out_v, mode) = match outputs {
+        Outputs::One(out, mode) => (out, &mut unused.0, &mut unused.1, mode),
+        Outputs::Qkv([out_q, out_k, out_v]) => (out_q, out_k, out_v, k::SPLIT_QKV),
+    };
     let (cols, rows, n32) = (w.desc.cols as u32, w.desc.rows as u32, n as u32);
-    let (out_scale, out_scale_odd) = w.out_scales();
+    let (out_scale, out_scale_odd, out_scale_v) = w.out_scales();
+    let (split_k, split_v) = w
+        .qkv
+        .map_or((rows, rows), |p| (p.k_row as u32, p.v_row as u32));
     let lanes = k::lanes_per_row(match w.kind {
         Kind::I2s { .. } => w.desc.cols / 16,
         Kind::Tq => w.desc.cols / 256,
@@ -156,7 +183,7 @@ pub fn multiply(
             + win.scales.as_ref().map_or(0, |s| s.bytes())
             + activations
             + match mode {
-                k::STORE => outputs,
+                k::STORE | k::SPLIT_QKV => outputs,
                 k::ADD => 2 * outputs,
                 _ => outputs / 2,
             };
@@ -169,6 +196,8 @@ pub fn multiply(
                     &k::$kernel::Args {
                         $($field: $value,)*
                         out: &mut *out,
+                        out_k: &mut *out_k,
+                        out_v: &mut *out_v,
                         cols,
                         rows,
                         row0,
@@ -178,6 +207,9 @@ pub fn multiply(
                         mode,
                         out_scale,
                         out_scale_odd,
+                        split_k,
+                        split_v,
+                        out_scale_v,
                     },
                     grid,
                     traffic,

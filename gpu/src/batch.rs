@@ -34,6 +34,7 @@ pub(crate) enum Command {
 /// submit and selected per dispatch by a dynamic offset.
 pub struct Batch {
     commands: Vec<Command>,
+    dispatches: usize,
     params: Vec<u8>,
     align: usize,
 }
@@ -42,6 +43,7 @@ impl Batch {
     pub(crate) fn new(align: u32) -> Self {
         Self {
             commands: Vec::new(),
+            dispatches: 0,
             params: Vec::new(),
             align: align.max(16) as usize,
         }
@@ -91,6 +93,7 @@ impl Batch {
             self.params.resize(end, 0);
             start as u64..end as u64
         });
+        self.dispatches += 1;
         self.commands.push(Command::Dispatch {
             pipeline,
             buffers: args.buffers().into_iter().cloned().collect(),
@@ -145,10 +148,7 @@ impl Batch {
 
     /// Dispatches recorded so far.
     pub fn dispatches(&self) -> usize {
-        self.commands
-            .iter()
-            .filter(|c| matches!(c, Command::Dispatch { .. }))
-            .count()
+        self.dispatches
     }
 
     /// Whether nothing was recorded.

@@ -75,6 +75,8 @@ pub struct Gpu {
     readback: Option<wgpu::Buffer>,
     buffers_created: std::cell::Cell<u64>,
     submits: u64,
+    /// Read-backs so far: a step of a model ends with one, and bind groups live by them.
+    reads: u64,
     errors: Arc<Mutex<Option<String>>>,
     /// Host time spent encoding and submitting batches, and waiting for read-backs (native).
     host: HostTimes,
@@ -171,6 +173,7 @@ impl Gpu {
             readback: None,
             buffers_created: Default::default(),
             submits: 0,
+            reads: 0,
             errors,
             host: HostTimes::default(),
         })
@@ -251,7 +254,7 @@ impl Gpu {
                 &mut self.params,
                 self.profiler.as_ref(),
                 batch,
-                self.submits,
+                self.reads,
             );
             self.queue.submit([commands]);
             timed
@@ -446,6 +449,7 @@ impl Gpu {
             unreachable!("made above");
         };
         batch.read_into(buffer.raw(), &staging, size);
+        self.reads += 1;
         self.submit(batch)?;
         Ok(PendingRead::start(
             &self.device,

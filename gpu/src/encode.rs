@@ -21,7 +21,8 @@ struct Entry {
 
 /// Bind groups by what they bind. Decoding token after token binds the same buffers in the
 /// same order, so after the first token every bind group comes from here; groups unused for
-/// two submits are dropped (so buffers of a finished session are freed).
+/// two read-backs (two steps of a model, however many submits each takes) are dropped, so
+/// buffers of a finished session are freed.
 #[derive(Default)]
 pub(crate) struct BindGroups {
     groups: HashMap<BindKey, Entry>,
@@ -117,16 +118,16 @@ impl BindGroups {
         group
     }
 
-    /// Drops the groups not used by the last two submits.
+    /// Drops the groups not used since the read-back before the last one.
     fn evict(&mut self, now: u64) {
         self.groups.retain(|_, e| e.last_used + 2 > now);
     }
 }
 
-/// Encodes `batch` (submit number `now`) into one command buffer: its uniforms written to the
-/// persistent buffer, runs of dispatches in one compute pass, copies between them. With a
-/// profiler every dispatch gets its own timed pass; the names and traffic of the timed
-/// kernels are returned in order.
+/// Encodes `batch` (recorded after read-back number `now`) into one command buffer: its
+/// uniforms written to the persistent buffer, runs of dispatches in one compute pass, copies
+/// between them. With a profiler every dispatch gets its own timed pass; the names and traffic
+/// of the timed kernels are returned in order.
 pub(crate) fn encode(
     device: &wgpu::Device,
     queue: &wgpu::Queue,

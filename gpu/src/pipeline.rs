@@ -1,4 +1,5 @@
-//! Compute pipelines cached by the SHA-256 of everything that defines them.
+//! Compute pipelines cached by the SHA-256 of everything that defines them, found again by
+//! the address of their kernel's static text.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,11 +30,47 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
-/// Pipelines keyed by SHA-256(WGSL ‖ entry point ‖ binding layout ‖ constants).
+/// Pipelines keyed by SHA-256(WGSL ‖ entry point ‖ binding layout ‖ constants), and found
+/// again without hashing the text: a kernel's WGSL, entry point and bindings are `'static`,
+/// so their addresses name it for the life of the process (a lookup per dispatch hashed
+/// kilobytes of WGSL before, several microseconds of host time each).
 #[derive(Default)]
 pub struct PipelineCache {
     pipelines: HashMap<[u8; 32], Arc<Pipeline>>,
+    by_address: HashMap<SourceAddress, Vec<Specialised>>,
     stats: CacheStats,
+}
+
+/// Where a kernel's static text lives: its WGSL (address, length), entry point and bindings.
+#[derive(Hash, PartialEq, Eq)]
+struct SourceAddress([usize; 4]);
+
+impl SourceAddress {
+    fn of(k: &KernelSource) -> Self {
+        Self([
+            k.wgsl.as_ptr() as usize,
+            k.wgsl.len(),
+            k.entry_point.as_ptr() as usize,
+            k.bindings.as_ptr() as usize,
+        ])
+    }
+}
+
+/// A pipeline of one kernel and the constants it was specialised with (names, value bits).
+struct Specialised {
+    constants: Vec<(String, u64)>,
+    pipeline: Arc<Pipeline>,
+}
+
+impl Specialised {
+    fn matches(&self, constants: &[(&str, f64)]) -> bool {
+        self.constants.len() == constants.len()
+            && self
+                .constants
+                .iter()
+                .zip(constants)
+                .all(|((name, bits), (n, v))| name == n && *bits == v.to_bits())
+    }
 }
 
 /// The cache key of `k` specialised with `constants`: SHA-256 of the WGSL, entry point,
@@ -68,15 +105,39 @@ impl PipelineCache {
         k: &KernelSource,
         constants: &[(&str, f64)],
     ) -> Result<Arc<Pipeline>, GpuError> {
-        let key = cache_key(k, constants)?;
-        if let Some(p) = self.pipelines.get(&key) {
+        let address = SourceAddress::of(k);
+        if let Some(found) = self
+            .by_address
+            .get(&address)
+            .and_then(|list| list.iter().find(|s| s.matches(constants)))
+        {
             self.stats.hits += 1;
-            return Ok(p.clone());
+            return Ok(found.pipeline.clone());
         }
-        self.stats.misses += 1;
-        let p = Arc::new(compile(device, k, constants, key)?);
-        self.pipelines.insert(key, p.clone());
-        Ok(p)
+        let key = cache_key(k, constants)?;
+        let pipeline = match self.pipelines.get(&key) {
+            Some(p) => {
+                self.stats.hits += 1;
+                p.clone()
+            }
+            None => {
+                self.stats.misses += 1;
+                let p = Arc::new(compile(device, k, constants, key)?);
+                self.pipelines.insert(key, p.clone());
+                p
+            }
+        };
+        self.by_address
+            .entry(address)
+            .or_default()
+            .push(Specialised {
+                constants: constants
+                    .iter()
+                    .map(|(name, value)| (name.to_string(), value.to_bits()))
+                    .collect(),
+                pipeline: pipeline.clone(),
+            });
+        Ok(pipeline)
     }
 
     /// Hit and miss counts so far.

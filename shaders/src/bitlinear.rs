@@ -28,6 +28,8 @@ pub fn bitlinear_i2s<const TILE: u32>(
     q: &[i32],
     scale: &[f32],
     out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
@@ -37,6 +39,9 @@ pub fn bitlinear_i2s<const TILE: u32>(
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
     #[shared] acc: &mut [i32; 64 * TILE],
     #[shared] res: &mut [f32; 64 * TILE],
 ) {
@@ -80,6 +85,8 @@ pub fn bitlinear_i2s<const TILE: u32>(
     store_rows(
         res,
         out,
+        out_k,
+        out_v,
         t,
         lane,
         lanes,
@@ -93,6 +100,9 @@ pub fn bitlinear_i2s<const TILE: u32>(
         mode,
         out_scale,
         out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
     );
 }
 
@@ -107,6 +117,8 @@ pub fn bitlinear_tq<const TILE: u32>(
     q: &[i32],
     d: &[f32],
     out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
@@ -116,6 +128,9 @@ pub fn bitlinear_tq<const TILE: u32>(
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -164,6 +179,8 @@ pub fn bitlinear_tq<const TILE: u32>(
     store_rows(
         acc,
         out,
+        out_k,
+        out_v,
         t,
         lane,
         lanes,
@@ -177,6 +194,9 @@ pub fn bitlinear_tq<const TILE: u32>(
         mode,
         out_scale,
         out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
     );
 }
 
@@ -192,6 +212,8 @@ pub fn bitlinear_i2s_dp4<const TILE: u32>(
     scale: &[f32],
     sum: &[i32],
     out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
@@ -201,6 +223,9 @@ pub fn bitlinear_i2s_dp4<const TILE: u32>(
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
     #[shared] acc: &mut [i32; 64 * TILE],
     #[shared] res: &mut [f32; 64 * TILE],
 ) {
@@ -246,6 +271,8 @@ pub fn bitlinear_i2s_dp4<const TILE: u32>(
     store_rows(
         res,
         out,
+        out_k,
+        out_v,
         t,
         lane,
         lanes,
@@ -259,5 +286,8 @@ pub fn bitlinear_i2s_dp4<const TILE: u32>(
         mode,
         out_scale,
         out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
     );
 }

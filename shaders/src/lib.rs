@@ -30,4 +30,4 @@ pub use matvec::{matvec_f16, matvec_f32, matvec_q8_0};
 pub use norm::{rms_norm, rms_norm_quantize_i8_packed_sg, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};
-pub use tile::{store_rows, ADD, GLU_RELU2, GLU_SILU, STORE};
+pub use tile::{store_rows, ADD, GLU_RELU2, GLU_SILU, SPLIT_QKV, STORE};

@@ -13,6 +13,8 @@ pub fn matvec_f32<const TILE: u32>(
     w: &[u32],
     x: &[f32],
     out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
@@ -22,6 +24,9 @@ pub fn matvec_f32<const TILE: u32>(
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -48,6 +53,8 @@ pub fn matvec_f32<const TILE: u32>(
     store_rows(
         acc,
         out,
+        out_k,
+        out_v,
         t,
         lane,
         lanes,
@@ -61,6 +68,9 @@ pub fn matvec_f32<const TILE: u32>(
         mode,
         out_scale,
         out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
     );
 }
 
@@ -71,6 +81,8 @@ pub fn matvec_f16<const TILE: u32>(
     w: &[u32],
     x: &[f32],
     out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
@@ -80,6 +92,9 @@ pub fn matvec_f16<const TILE: u32>(
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -110,6 +125,8 @@ pub fn matvec_f16<const TILE: u32>(
     store_rows(
         acc,
         out,
+        out_k,
+        out_v,
         t,
         lane,
         lanes,
@@ -123,6 +140,9 @@ pub fn matvec_f16<const TILE: u32>(
         mode,
         out_scale,
         out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
     );
 }
 
@@ -136,6 +156,8 @@ pub fn matvec_q8_0<const TILE: u32>(
     q: &[i32],
     d: &[f32],
     out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
     #[uniform] cols: u32,
     #[uniform] rows: u32,
     #[uniform] row0: u32,
@@ -145,6 +167,9 @@ pub fn matvec_q8_0<const TILE: u32>(
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -184,6 +209,8 @@ pub fn matvec_q8_0<const TILE: u32>(
     store_rows(
         acc,
         out,
+        out_k,
+        out_v,
         t,
         lane,
         lanes,
@@ -197,5 +224,8 @@ pub fn matvec_q8_0<const TILE: u32>(
         mode,
         out_scale,
         out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
     );
 }

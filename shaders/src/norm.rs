@@ -1,4 +1,12 @@
 //! RMSNorm.
+//!
+//! A row is one workgroup, so decoding one token is one workgroup on one core and its time is
+//! memory latency, not bandwidth. [`rms_norm`] and [`rms_norm_sg`] therefore load `AHEAD` of a
+//! thread's elements (256 apart) before using the first — an index past the row is clamped to
+//! its last element and that value is not used — and pay the latency once per `256·AHEAD`
+//! elements instead of once per 256 (on an H100, 15.2 → 11.3 µs a row of 2560); every sum adds
+//! the same values in the same order. The fused norm and quantizer gained nothing from it
+//! there (17.6 → 17.9 µs) and lost on lavapipe, so it keeps one element in flight.
 
 use hesper_dsl::kernel;
 
@@ -6,8 +14,8 @@ use crate::reduce::{tree_max, tree_sum};
 
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
 /// reduction in workgroup memory (correct for any subgroup size: no subgroup operations).
-#[kernel(workgroup = 256, uses(tree_sum))]
-pub fn rms_norm(
+#[kernel(workgroup = 256, uses(tree_sum), consts(AHEAD = 4))]
+pub fn rms_norm<const AHEAD: u32>(
     x: &[f32],
     w: &[f32],
     y: &mut [f32],
@@ -18,17 +26,37 @@ pub fn rms_norm(
     let row = wid();
     let t = lid();
     let base = row * width;
+    let last = width - 1u32;
     let mut sum: f32 = 0.0;
-    for i in (t..width).step_by(256) {
-        let v = x[base + i];
-        sum += v * v;
+    for i in (t..width).step_by(256 * AHEAD) {
+        let mut v = [0.0f32; AHEAD];
+        for k in 0..AHEAD {
+            v[k] = x[base + (i + 256u32 * k).min(last)];
+        }
+        for k in 0..AHEAD {
+            if i + 256u32 * k < width {
+                sum += v[k] * v[k];
+            }
+        }
     }
     acc[t] = sum;
     barrier();
     tree_sum(acc, t, 256u32);
     let scale = 1.0 / (acc[0] / (width as f32) + eps).sqrt();
-    for i in (t..width).step_by(256) {
-        y[base + i] = x[base + i] * scale * w[i];
+    for i in (t..width).step_by(256 * AHEAD) {
+        let mut v = [0.0f32; AHEAD];
+        for k in 0..AHEAD {
+            v[k] = x[base + (i + 256u32 * k).min(last)];
+        }
+        let mut g = [0.0f32; AHEAD];
+        for k in 0..AHEAD {
+            g[k] = w[(i + 256u32 * k).min(last)];
+        }
+        for k in 0..AHEAD {
+            if i + 256u32 * k < width {
+                y[base + i + 256u32 * k] = v[k] * scale * g[k];
+            }
+        }
     }
 }
 
@@ -37,8 +65,8 @@ pub fn rms_norm(
 /// `acc[subgroup_index]`, and every thread adds the `subgroup_count` partials. That holds
 /// whatever the subgroup size (4 to 128) and however threads are grouped, and takes one barrier
 /// instead of eight.
-#[kernel(workgroup = 256, features(subgroups))]
-pub fn rms_norm_sg(
+#[kernel(workgroup = 256, features(subgroups), consts(AHEAD = 4))]
+pub fn rms_norm_sg<const AHEAD: u32>(
     x: &[f32],
     w: &[f32],
     y: &mut [f32],
@@ -49,10 +77,18 @@ pub fn rms_norm_sg(
     let row = wid();
     let t = lid();
     let base = row * width;
+    let last = width - 1u32;
     let mut sum: f32 = 0.0;
-    for i in (t..width).step_by(256) {
-        let v = x[base + i];
-        sum += v * v;
+    for i in (t..width).step_by(256 * AHEAD) {
+        let mut v = [0.0f32; AHEAD];
+        for k in 0..AHEAD {
+            v[k] = x[base + (i + 256u32 * k).min(last)];
+        }
+        for k in 0..AHEAD {
+            if i + 256u32 * k < width {
+                sum += v[k] * v[k];
+            }
+        }
     }
     let part = subgroup_add(sum);
     if subgroup_invocation() == 0u32 {
@@ -64,8 +100,20 @@ pub fn rms_norm_sg(
         total += acc[s];
     }
     let scale = 1.0 / (total / (width as f32) + eps).sqrt();
-    for i in (t..width).step_by(256) {
-        y[base + i] = x[base + i] * scale * w[i];
+    for i in (t..width).step_by(256 * AHEAD) {
+        let mut v = [0.0f32; AHEAD];
+        for k in 0..AHEAD {
+            v[k] = x[base + (i + 256u32 * k).min(last)];
+        }
+        let mut g = [0.0f32; AHEAD];
+        for k in 0..AHEAD {
+            g[k] = w[(i + 256u32 * k).min(last)];
+        }
+        for k in 0..AHEAD {
+            if i + 256u32 * k < width {
+                y[base + i + 256u32 * k] = v[k] * scale * g[k];
+            }
+        }
     }
 }
 

@@ -12,10 +12,12 @@
 //! | [`ADD`] | `out[tok·rows + row] += v·scale` (the residual add, fused) |
 //! | [`GLU_RELU2`] | rows interleave gate (even) and up (odd): `out[tok·rows/2 + row/2] = relu(g)²·u` |
 //! | [`GLU_SILU`] | as above with `silu(g)·u` |
+//! | [`SPLIT_QKV`] | rows of Q, then K from `split_k`, then V from `split_v` (a joined matrix): `out`, `out_k`, `out_v[tok·width + row − start] = v·scale`, `v·scale_odd`, `v·scale_v` |
 //!
 //! with `g = v_even·scale`, `u = v_odd·scale_odd`: the same arithmetic, in the same order, as
-//! a plain product followed by `add_assign`, `relu2_mul` or `silu_mul`, so fusing them changes
-//! no bit.
+//! a plain product followed by `add_assign`, `relu2_mul` or `silu_mul` (or three products of
+//! their own), so fusing them changes no bit. `out_k` and `out_v` are written only by
+//! [`SPLIT_QKV`].
 
 use hesper_dsl::kernel_fn;
 
@@ -27,6 +29,8 @@ pub const ADD: u32 = 1;
 pub const GLU_RELU2: u32 = 2;
 /// `out = silu(g)·u` over interleaved gate/up rows.
 pub const GLU_SILU: u32 = 3;
+/// Q, K and V rows of one joined matrix into three outputs.
+pub const SPLIT_QKV: u32 = 4;
 
 /// Writes the tile's row totals `res[64·j + t]` (held by each row's first thread) to `out` as
 /// `mode` says (see the module docs); every thread of the workgroup calls it.
@@ -34,6 +38,8 @@ pub const GLU_SILU: u32 = 3;
 pub fn store_rows(
     res: &mut [f32; _],
     out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
     t: u32,
     lane: u32,
     lanes: u32,
@@ -47,6 +53,9 @@ pub fn store_rows(
     mode: u32,
     scale: f32,
     scale_odd: f32,
+    split_k: u32,
+    split_v: u32,
+    scale_v: f32,
 ) {
     barrier();
     let row = row0 + r;
@@ -61,6 +70,14 @@ pub fn store_rows(
             } else if mode == 1u32 {
                 let i = (t0 + j) * rows + row;
                 out[i] = out[i] + res[at] * scale;
+            } else if mode == 4u32 {
+                if row < split_k {
+                    out[(t0 + j) * split_k + row] = res[at] * scale;
+                } else if row < split_v {
+                    out_k[(t0 + j) * (split_v - split_k) + row - split_k] = res[at] * scale_odd;
+                } else {
+                    out_v[(t0 + j) * (rows - split_v) + row - split_v] = res[at] * scale_v;
+                }
             } else if row % 2u32 == 0u32 {
                 let g = res[at] * scale;
                 let u = res[at + lanes] * scale_odd;

@@ -225,11 +225,18 @@ macro_rules! launch_matrix {
     ($g:expr, $out:expr, $p:expr, $out_scale:expr;
      $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
         let p: Placement = $p;
+        // Written only by joined Q/K/V matrices (`k::SPLIT_QKV`).
+        let (mut unused_k, mut unused_v) = (
+            $g.zeroed("unused", 1).expect("buffer"),
+            $g.zeroed("unused", 1).expect("buffer"),
+        );
         launch(
             $g,
             &k::$kernel::Args {
                 $($field: $value,)*
                 out: $out,
+                out_k: &mut unused_k,
+                out_v: &mut unused_v,
                 cols: p.m.cols as u32,
                 rows: p.width as u32,
                 row0: p.row0 as u32,
@@ -239,6 +246,9 @@ macro_rules! launch_matrix {
                 mode: k::STORE,
                 out_scale: $out_scale,
                 out_scale_odd: 0.0,
+                split_k: p.width as u32,
+                split_v: p.width as u32,
+                out_scale_v: 0.0,
             },
             k::matrix_grid(p.m.rows as u32, p.lanes, p.m.n as u32),
         )

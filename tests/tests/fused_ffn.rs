@@ -1,14 +1,15 @@
 //! The GPU's fused output stages against the unfused ops, in every weight layout the GPU runs:
 //! gate and up joined into one pass with `act(g)·u` as it writes, and the residual add fused
-//! into the down/output projection; RMSNorm fused with the activation quantization of the I2_S
-//! product that follows it; and the rotations of Q and K fused with the KV-cache write. Both do the same arithmetic in the same order as the
-//! product followed by `glu`/`add`, so they must agree bit for bit; the unfused GPU path is
-//! held to the CPU by the golden tests, and the fused pair is held to the CPU here too.
+//! into the down/output projection; Q, K and V joined into one pass that writes three outputs;
+//! RMSNorm fused with the activation quantization of the I2_S product that follows it; and the
+//! rotations of Q and K fused with the KV-cache write. Each does the same arithmetic in the
+//! same order as the ops it replaces, so they must agree bit for bit; the unfused GPU path is
+//! held to the CPU by the golden tests, and the fused FFN is held to the CPU here too.
 
 use half::f16;
 use hesper_cpu::CpuBackend;
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
-use hesper_engine::backend::{AttentionShape, Backend, GateUp, MatrixUse, RopeShape};
+use hesper_engine::backend::{AttentionShape, Backend, GateUp, MatrixUse, Qkv, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{Format, MatrixDesc};
 use hesper_gpu_backend::GpuBackend;
@@ -200,6 +201,77 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Widths of the Q and of the K and V projections (GQA 4/1 over heads of 32).
+const QD: usize = 128;
+const KVD: usize = 32;
+
+/// Q, K and V of `n` rows through [`Backend::qkv`], joined (as the backend joins them) or
+/// apart, with their own scales (I2_S: their own β too). Returns the three outputs and the
+/// dispatches recorded.
+fn qkv(b: &GpuBackend, format: Format, join: bool, n: usize) -> ([Vec<f32>; 3], u64) {
+    let scaled = |beta: f32| match format {
+        Format::I2S { .. } => Format::I2S { beta },
+        other => other,
+    };
+    let (q, k, v) = (
+        load(b, "wq", scaled(0.5), QD, D, 7),
+        load(b, "wk", scaled(0.25), KVD, D, 8),
+        load(b, "wv", scaled(2.0), KVD, D, 9),
+    );
+    let w = if join {
+        let joined = b.join_qkv(q, k, v).expect("join");
+        assert!(matches!(joined, Qkv::Joined(_)), "{format:?}: not joined");
+        joined
+    } else {
+        Qkv::Apart { q, k, v }
+    };
+    let mut rng = Rng::new(10);
+    let input: Vec<f32> = (0..n * D).map(|_| rng.unit()).collect();
+    let mut x = b.alloc(n * D).expect("alloc");
+    b.write(&mut x, &input).expect("write");
+    let (mut oq, mut ok, mut ov) = (
+        b.alloc(n * QD).unwrap(),
+        b.alloc(n * KVD).unwrap(),
+        b.alloc(n * KVD).unwrap(),
+    );
+    let d0 = b.stats().dispatches;
+    b.qkv(&w, &x, n, [&mut oq, &mut ok, &mut ov]);
+    let out = [
+        read(b, &oq, n * QD),
+        read(b, &ok, n * KVD),
+        read(b, &ov, n * KVD),
+    ];
+    (out, b.stats().dispatches - d0)
+}
+
+#[test]
+fn joined_qkv_equals_three_products_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for packed in [false, true] {
+        let packed = gpu.set_packed_dot(packed);
+        for format in FORMATS {
+            for n in [1, 5] {
+                let what = format!("{format:?} n={n} packed_dot={packed}");
+                let (joined, d_joined) = qkv(&gpu, format, true, n);
+                let (apart, d_apart) = qkv(&gpu, format, false, n);
+                for (name, (a, b)) in ["Q", "K", "V"].iter().zip(joined.iter().zip(&apart)) {
+                    assert!(
+                        a.iter().any(|&x| x != 0.0),
+                        "{what} {name}: nothing written"
+                    );
+                    assert_eq!(bits(a), bits(b), "{what} {name}");
+                }
+                // The input quantized once (float layouts: not at all), then one product
+                // instead of three.
+                let quantizer = u64::from(!matches!(format, Format::F32 | Format::F16));
+                assert_eq!(d_apart, quantizer + 3, "{what}: dispatches apart");
+                assert_eq!(d_joined, quantizer + 1, "{what}: dispatches joined");
             }
         }
     }

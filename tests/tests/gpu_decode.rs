@@ -1,7 +1,7 @@
 //! Decoding on the WebGPU backend: the shipped demo model generates the same greedy tokens on
-//! the GPU as on the CPU, one queue submit per decoded token, every pipeline, bind group and
-//! buffer reused from the first token on,
-//! and a model split into layer ranges (a ring's GPU nodes) equals the whole.
+//! the GPU as on the CPU, a step submitted in parts while it is recorded (the same logits as
+//! in one submit), every pipeline, bind group and buffer reused from the first token on, and a
+//! model split into layer ranges (a ring's GPU nodes) equals the whole.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use hesper_engine::backend::Backend;
 use hesper_engine::file::ModelFile;
 use hesper_engine::model::{Logits, Model};
+use hesper_gpu_backend::FLUSH_DISPATCHES;
 use hesper_tests::{cosine, cpu_model, gpu_model, Golden};
 
 fn shipped_model() -> Arc<ModelFile> {
@@ -42,7 +43,7 @@ fn gpu_and_cpu_generate_the_same_64_greedy_tokens() {
 }
 
 #[test]
-fn one_submit_per_token_and_nothing_created_after_the_first() {
+fn nothing_is_created_after_the_first_token() {
     let file = shipped_model();
     let model = gpu_model(&file, None);
     let mut s = model.new_session(32, 8).expect("session");
@@ -60,7 +61,13 @@ fn one_submit_per_token_and_nothing_created_after_the_first() {
     // Logits read back are one submit too.
     model.eval(&mut s, &[next], Logits::Last).expect("decode");
     let after = model.backend.stats();
-    assert_eq!(after.submits - before.submits, steps + 1, "queue submits");
+    let per_step =
+        1 + (after.dispatches - before.dispatches) / (steps + 1) / FLUSH_DISPATCHES as u64;
+    assert_eq!(
+        after.submits - before.submits,
+        (steps + 1) * per_step,
+        "queue submits"
+    );
     assert_eq!(
         after.cache.misses, before.cache.misses,
         "pipelines compiled after the first token"
@@ -79,17 +86,18 @@ fn one_submit_per_token_and_nothing_created_after_the_first() {
         after.buffers, after.bind_groups
     );
     let per_token = (after.dispatches - before.dispatches) / (steps + 1);
-    println!("{per_token} dispatches per token in one submit");
-    // A token whose logits are read back: the embedding; per layer 12 dispatches (RMSNorm
-    // with the activation quantization after it four times, the Q, K and V products, RoPE of
-    // Q and K with the cache write, attention, the output, gate/up and down products); the
-    // output norm; the LM head (the F16 embedding, tied: one product, no quantizer).
+    println!("{per_token} dispatches per token");
+    // A token whose logits are read back: the embedding; per layer 10 dispatches (RMSNorm
+    // with the activation quantization after it four times, one product of the joined Q, K
+    // and V, RoPE of Q and K with the cache write, attention, the output, gate/up and down
+    // products); the output norm; the LM head (the F16 embedding, tied: one product, no
+    // quantizer).
     let d0 = model.backend.stats().dispatches;
     model.eval(&mut s, &[next], Logits::Last).expect("decode");
     let n_layer = model.config.n_layer as u64;
     assert_eq!(
         model.backend.stats().dispatches - d0,
-        1 + 12 * n_layer + 2,
+        1 + 10 * n_layer + 2,
         "dispatches of a token"
     );
 }
@@ -176,6 +184,48 @@ fn gpu_top_k_equals_the_top_of_the_logits_it_would_read_back() {
             top2,
             hesper_engine::sampler::top_candidates(&row2, k),
             "k = {k}, step 2"
+        );
+    }
+}
+
+#[test]
+fn a_step_submitted_in_parts_gives_the_logits_of_one_submit() {
+    let file = shipped_model();
+    let prompt = [1u32, 9038, 2501, 263, 931];
+    let run = |flush: usize| {
+        let model = gpu_model(&file, None);
+        model.backend.set_flush_dispatches(flush);
+        let mut s = model.new_session(16, 8).expect("session");
+        let mut logits = model.eval(&mut s, &prompt, Logits::All).expect("prefill");
+        let mut submits = Vec::new();
+        let mut next = 0;
+        for _ in 0..4 {
+            let at = model.backend.stats();
+            next = model.eval_greedy(&mut s, &[next]).expect("decode");
+            let now = model.backend.stats();
+            submits.push((now.submits - at.submits, now.dispatches - at.dispatches));
+        }
+        logits.extend(model.eval(&mut s, &[next], Logits::Last).expect("decode"));
+        (logits, submits)
+    };
+    let (whole, whole_submits) = run(usize::MAX);
+    assert!(
+        whole_submits.iter().all(|&(s, _)| s == 1),
+        "{whole_submits:?}"
+    );
+    for flush in [1, 5, 8] {
+        let (parts, submits) = run(flush);
+        for &(s, d) in &submits {
+            // A part ends after the first op that brings it to `flush` dispatches.
+            assert!(s >= 2, "{d} dispatches in {s} submit");
+            assert!(s <= 1 + d / flush as u64, "{d} dispatches in {s} submits");
+        }
+        assert!(
+            parts
+                .iter()
+                .map(|v| v.to_bits())
+                .eq(whole.iter().map(|v| v.to_bits())),
+            "submitted every {flush} dispatches, the logits differ"
         );
     }
 }
