@@ -68,6 +68,10 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
     for w in tokenizer.iter().flat_map(Tokenizer::warnings) {
         note!("hesper: tokenizer metadata: {w}");
     }
+    let (sampled, rows) = (model.sampled_vocab(), model.config().n_vocab);
+    if sampled < rows {
+        note!("hesper: the tokenizer has {sampled} tokens and the LM head {rows} rows: ids {sampled} and above have no text and are never picked");
+    }
     Ok(Loaded {
         model,
         tokenizer,

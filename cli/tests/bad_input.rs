@@ -612,3 +612,85 @@ fn every_numeric_flag_at_its_extremes() {
         }
     }
 }
+
+/// A copy of the demo model whose embedding row of `token` (tied: its LM-head row too) holds
+/// `bits` (an f16 NaN or infinity) in every column.
+fn with_poisoned_row(name: &str, token: usize, bits: u16) -> std::path::PathBuf {
+    let model = format!("{}/../models/hesper-kjv.gguf", env!("CARGO_MANIFEST_DIR"));
+    let mut bytes = std::fs::read(&model).expect("model");
+    let g = Gguf::parse(&bytes).expect("gguf");
+    let t = g.tensor("token_embd.weight").expect("embedding");
+    assert_eq!(t.ty.id(), 1, "the demo model's embedding is F16");
+    let cols = t.ne[0] as usize;
+    let start = t.start as usize + token * cols * 2;
+    for c in 0..cols {
+        bytes[start + 2 * c..start + 2 * c + 2].copy_from_slice(&bits.to_le_bytes());
+    }
+    let path = scratch(name);
+    std::fs::write(&path, bytes).expect("write the copy");
+    path
+}
+
+/// A run that failed with one error line containing `needle` after its banner or progress
+/// lines (`hesper: …`, `perplexity: …`).
+fn one_error_after_progress(args: &[&str], o: &std::process::Output, needle: &str) {
+    assert_no_crash(args, o);
+    let err = stderr(o);
+    assert!(!o.status.success(), "{args:?} succeeded: {err}");
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.starts_with("hesper: ") && !l.starts_with("perplexity: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "{args:?}: {err}");
+    assert!(errors[0].contains(needle), "{args:?}: {err}");
+}
+
+#[test]
+fn non_finite_logits_are_refused_never_sampled() {
+    // Token 1000's logit is NaN (or ±inf) at every position: every way of choosing a token —
+    // greedy (the argmax), default sampling (top-k on the backend), sampling from the whole
+    // row — must stop with the position and the token instead of picking one; `logits` and
+    // `perplexity` too, writing nothing.
+    for (name, bits) in [("nan.gguf", 0x7e00u16), ("inf.gguf", 0x7c00)] {
+        let file = with_poisoned_row(name, 1000, bits);
+        let m = file.to_str().unwrap();
+        let out = scratch("nan-logits.f32");
+        std::fs::remove_file(&out).ok();
+        for backend in BACKENDS {
+            let generate = ["generate", "-m", m, "-p", "And it came to pass", "-n", "8"];
+            for sampling in [
+                &["--temp", "0"][..],
+                &["--seed", "1"][..],
+                &["--seed", "1", "--top-k", "0"][..],
+            ] {
+                let mut args = on(backend, &generate);
+                args.extend_from_slice(sampling);
+                let o = hesper(&args);
+                one_error_after_progress(&args, &o, "are not finite (NaN for token 1000)");
+                // The prompt is echoed; no token follows it.
+                assert_eq!(stdout(&o).trim_end(), "And it came to pass", "{args:?}");
+            }
+            let o_str = out.to_str().unwrap();
+            let args = on(
+                backend,
+                &["logits", "-m", m, "--tokens", "1,2,3", "--out", o_str],
+            );
+            assert_one_line_error(&args, &hesper(&args), "logits at position 0 are not finite");
+            assert!(!out.exists(), "{args:?} wrote {o_str}");
+        }
+        let text = format!("{}/../models/kjv-valid.txt", env!("CARGO_MANIFEST_DIR"));
+        let args = [
+            "perplexity",
+            "-m",
+            m,
+            "-f",
+            &text,
+            "-c",
+            "64",
+            "--chunks",
+            "1",
+        ];
+        one_error_after_progress(&args, &hesper(&args), "logits at position 0 are not finite");
+        std::fs::remove_file(&file).ok();
+    }
+}

@@ -555,27 +555,32 @@ fn a_ring_key_lets_the_ring_form_and_keeps_others_out() {
     let flags = ["-p", "hi", "-n", "8", "--temp", "0"];
     let expected = generate(&model, &flags);
     for transport in ["tcp", "udp", "uring"] {
-        let ring = |master_key: &str, worker_key: Option<&str>| {
+        let ring = |master_key: Option<&str>, worker_key: Option<&str>| {
             let ports = free_ports(2);
             let part = |role, layers| on_cpu(role, layers, &model);
             let mut w = vec!["--transport", transport, "--form-timeout", "5"];
             w.extend(worker_key.map(|k| ["--ring-key", k]).iter().flatten());
             let worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &w));
             let mut m = vec!["--transport", transport, "--form-timeout", "5"];
-            m.extend(["--ring-key", master_key]);
+            m.extend(master_key.map(|k| ["--ring-key", k]).iter().flatten());
             m.extend(flags);
             let m = node_args(&part("master", "0..2"), ports[0], ports[1], &m);
             (Proc::spawn(&m).wait(), worker.wait())
         };
-        let (master, worker) = ring("s3cret", Some("s3cret"));
+        let (master, worker) = ring(Some("s3cret"), Some("s3cret"));
         assert!(master.status.success(), "{transport}: {}", stderr(&master));
         assert!(worker.status.success(), "{transport}: {}", stderr(&worker));
         assert_eq!(stdout(&master), stdout(&expected), "{transport}");
-        for (worker_key, reason) in [
-            (Some("other"), "holds another --ring-key"),
-            (None, "did not answer the key handshake"),
+        for (master_key, worker_key, reason) in [
+            (Some("s3cret"), Some("other"), "holds another --ring-key"),
+            (Some("s3cret"), None, "did not answer the key handshake"),
+            (
+                None,
+                Some("s3cret"),
+                "does every node have the same --ring-key, or none?",
+            ),
         ] {
-            let (master, worker) = ring("s3cret", worker_key);
+            let (master, worker) = ring(master_key, worker_key);
             for o in [&master, &worker] {
                 assert_no_crash(&[], o);
                 assert!(
@@ -592,4 +597,91 @@ fn a_ring_key_lets_the_ring_form_and_keeps_others_out() {
             assert_eq!(stdout(&master), "");
         }
     }
+}
+
+/// Connects to `port` on 127.0.0.1 as a stranger (waiting for it to listen) and writes
+/// `bytes`; the connection stays open while the stream lives.
+fn stranger(port: u16, bytes: &[u8]) -> TcpStream {
+    let start = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if start.elapsed() < TIME_LIMIT => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("nothing listened on {port}: {e}"),
+        }
+    };
+    s.write_all(bytes).expect("write");
+    s
+}
+
+/// A well-formed frame of `kind` whose payload is `payload`.
+fn frame(kind: hesper_ring::Kind, payload: Vec<u8>) -> Vec<u8> {
+    hesper_ring::Frame::new(hesper_ring::Header::new(kind), payload).encode()
+}
+
+#[test]
+fn well_formed_frames_from_strangers_never_reach_a_keyless_ring() {
+    use hesper_ring::Kind;
+    let model = four_layer_model("same");
+    let flags = ["-p", "hi", "-n", "200", "--temp", "0"];
+    let expected = generate(&model, &flags);
+    let part = |role, layers| on_cpu(role, layers, &model);
+    // Before the master: a Hello with bytes past its records and a Forward frame reach the
+    // waiting worker first; it closes both and takes the master's link. Mid-run, more
+    // strangers (a malformed Hello, an empty one) are refused and never read.
+    let ports = free_ports(2);
+    let worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &[]));
+    let early = [
+        stranger(ports[1], &frame(Kind::Hello, vec![7; 90])),
+        stranger(ports[1], &frame(Kind::Forward, vec![0; 16])),
+    ];
+    std::thread::sleep(Duration::from_millis(300));
+    let master = Proc::spawn(&node_args(
+        &part("master", "0..2"),
+        ports[0],
+        ports[1],
+        &flags,
+    ));
+    let start = Instant::now();
+    while master.stdout_len() < 16 {
+        assert!(start.elapsed() < TIME_LIMIT, "the ring never generated");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let late = [
+        stranger(ports[1], &frame(Kind::Hello, vec![7; 90])),
+        stranger(ports[1], &frame(Kind::Hello, 0u16.to_le_bytes().to_vec())),
+        stranger(ports[0], &frame(Kind::Prediction, vec![0; 8])),
+    ];
+    let (master, worker) = (master.wait(), worker.wait());
+    drop((early, late));
+    assert!(master.status.success(), "{}", stderr(&master));
+    assert_eq!(stdout(&master), stdout(&expected), "{}", stderr(&worker));
+    let err = stderr(&worker);
+    assert!(worker.status.success(), "{err}");
+    for reason in [
+        "a malformed Hello",
+        "it opened with a Forward frame, not a Hello",
+        "this node already has a predecessor",
+    ] {
+        assert!(err.contains(reason), "{reason}: {err}");
+    }
+    // A master whose listening port gets a bare 40-byte header before its last node: the
+    // stranger does not take the last node's slot.
+    let ports = free_ports(2);
+    let flags = ["-p", "hi", "-n", "8", "--temp", "0"];
+    let expected = generate(&model, &flags);
+    let more = ["--form-timeout", "20"];
+    let mut args = node_args(&part("master", "0..2"), ports[0], ports[1], &flags);
+    args.extend(more.iter().map(|s| s.to_string()));
+    let master = Proc::spawn(&args);
+    let header = stranger(ports[0], &frame(Kind::Hello, Vec::new())[..40]);
+    std::thread::sleep(Duration::from_millis(300));
+    let worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &[]));
+    let (master, worker) = (master.wait(), worker.wait());
+    drop(header);
+    let err = stderr(&master);
+    assert!(master.status.success(), "{err}");
+    assert!(worker.status.success(), "{}", stderr(&worker));
+    assert_eq!(stdout(&master), stdout(&expected));
+    assert!(err.contains("closed a connection from"), "{err}");
 }

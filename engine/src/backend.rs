@@ -152,6 +152,10 @@ impl<M> GateUp<M> {
     }
 }
 
+/// Set in the index [`Backend::argmax`] returns when the value there is NaN or infinite (a
+/// row that must not be sampled).
+pub const NON_FINITE: u32 = 1 << 31;
+
 /// An attention block's Q, K and V projections, as [`Backend::join_qkv`] prepared them.
 pub enum Qkv<M> {
     /// Three matrices that read the same input ([`Backend::matmul_many`]).
@@ -236,7 +240,8 @@ pub trait Backend {
         src: &Self::Buffer,
         out: &mut [f32],
     ) -> impl Future<Output = Result<(), BackendError>>;
-    /// The index of the largest of the first `len` values of `x` (the first on ties).
+    /// The index of the largest of the first `len` values of `x` (the first on ties); where
+    /// any is NaN or infinite, the index of the first such value with [`NON_FINITE`] set.
     /// Backends that can find it without reading `x` back (a GPU reads back 4 bytes)
     /// override this.
     fn argmax(
@@ -247,13 +252,17 @@ pub trait Backend {
         async move {
             let mut v = vec![0.0; len];
             self.read(x, &mut v).await?;
-            Ok(crate::sampler::argmax(v))
+            Ok(match v.iter().position(|x| !x.is_finite()) {
+                Some(i) => i as u32 | NON_FINITE,
+                None => crate::sampler::argmax(v),
+            })
         }
     }
     /// The `k` largest of the first `len` values of `x` as `(index, value)`, largest first,
-    /// equal values by lower index (as [`crate::sampler::top_candidates`] orders them).
-    /// Backends that can find them without reading `x` back override this (a GPU reads back
-    /// 8 bytes per candidate instead of the row); they may overwrite `x` doing so.
+    /// equal values by lower index (as [`crate::sampler::top_candidates`] orders them); where
+    /// any is NaN or infinite, the first such value comes first. Backends that can find them
+    /// without reading `x` back override this (a GPU reads back 8 bytes per candidate instead
+    /// of the row); they may overwrite `x` doing so.
     fn top_k(
         &self,
         x: &mut Self::Buffer,
@@ -263,7 +272,10 @@ pub trait Backend {
         async move {
             let mut v = vec![0.0; len];
             self.read(&*x, &mut v).await?;
-            Ok(crate::sampler::top_candidates(&v, k))
+            Ok(match v.iter().position(|x| !x.is_finite()) {
+                Some(i) => vec![(i as u32, v[i])],
+                None => crate::sampler::top_candidates(&v, k),
+            })
         }
     }
     /// `out[i] = table[tokens[i]]` as f32 (ids are checked by the caller).

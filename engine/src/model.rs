@@ -21,7 +21,9 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, GateUp, MatrixUse, Qkv, RopeShape};
+use crate::backend::{
+    AttentionShape, Backend, BackendError, GateUp, MatrixUse, Qkv, RopeShape, NON_FINITE,
+};
 use crate::config::{Config, ConfigError, RopePairs};
 use crate::file::ModelFile;
 use crate::gguf::{TensorError, TensorInfo};
@@ -68,6 +70,32 @@ pub enum ModelError {
     /// Nothing to evaluate.
     #[error("no tokens to evaluate")]
     Empty,
+    /// A layer's tensor past the layer count the metadata gives.
+    #[error("tensor {name:?} belongs to a layer past the file's block_count ({n_layer}): the metadata and the tensors disagree")]
+    LayerPastCount {
+        /// The tensor.
+        name: String,
+        /// The layer count of the metadata.
+        n_layer: usize,
+    },
+    /// Two tensors whose data overlap.
+    #[error("tensor {first:?}'s data runs into tensor {second:?}'s: their declared sizes overlap")]
+    OverlappingTensors {
+        /// The tensor that starts first.
+        first: String,
+        /// The tensor it runs into.
+        second: String,
+    },
+    /// A logit that is NaN or infinite: the row is not sampled.
+    #[error("the logits at position {pos} are not finite ({value} for token {token}): the model's weights or activations hold NaN or overflowed")]
+    NonFiniteLogits {
+        /// Position of the row in the context.
+        pos: usize,
+        /// The first token whose logit is not finite.
+        token: u32,
+        /// Its logit.
+        value: f32,
+    },
     /// A layer range outside the model.
     #[error(
         "layer range {start}..{end} is not inside this model's layers {have_start}..{have_end}"
@@ -227,6 +255,9 @@ pub struct Model<B: Backend> {
     /// `rope_freqs.weight`, when the file has one.
     rope_factors: Option<Vec<f32>>,
     bytes_per_token: u64,
+    /// Ids a prediction may pick: the file's token list, where it is shorter than the LM
+    /// head (rows past it have no text).
+    n_sampled: usize,
 }
 
 /// Per-conversation state: KV cache, position and scratch buffers.
@@ -344,6 +375,11 @@ impl<B: Backend> Model<B> {
         // The architecture is checked before any tensor, so a file of another one says so.
         let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
         let config = Config::from_gguf(g, n_vocab)?;
+        let n_sampled = g
+            .get_array("tokenizer.ggml.tokens")
+            .map_or(config.n_vocab, |tokens| {
+                tokens.len().clamp(1, config.n_vocab.max(1))
+            });
         if g.tensors().is_empty() {
             return Err(ModelError::NoTensors);
         }
@@ -355,6 +391,31 @@ impl<B: Backend> Model<B> {
                 end: layer_range.end,
                 have_start: 0,
                 have_end: config.n_layer,
+            });
+        }
+        // Layers past block_count would be silently left out (llama.cpp refuses such a file
+        // too: "wrong number of tensors").
+        let layer_of = |name: &str| {
+            name.strip_prefix("blk.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        };
+        if let Some(t) = g
+            .tensors()
+            .iter()
+            .find(|t| layer_of(&t.name).is_some_and(|il| il >= config.n_layer))
+        {
+            return Err(ModelError::LayerPastCount {
+                name: t.name.clone(),
+                n_layer: config.n_layer,
+            });
+        }
+        if let Some((a, b)) = g.first_overlap() {
+            return Err(ModelError::OverlappingTensors {
+                first: a.name.clone(),
+                second: b.name.clone(),
             });
         }
         // Biases are read on Q, K and V only; another would be silently left out.
@@ -521,7 +582,15 @@ impl<B: Backend> Model<B> {
             output_norm,
             rope_factors,
             bytes_per_token,
+            n_sampled,
         })
+    }
+
+    /// Ids a prediction ([`Model::predict`], greedy or top-k decoding) may pick: the LM head's
+    /// rows, or fewer where the file's token list is shorter (the rows past it have no text;
+    /// their logits are still in [`Model::eval`]'s rows).
+    pub fn sampled_vocab(&self) -> usize {
+        self.n_sampled
     }
 
     /// Weight bytes read for one decoded token (every matrix, the LM head included; the
@@ -642,8 +711,10 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
     ) -> Result<u32, ModelError> {
         self.eval_last(s, tokens)?;
-        let n_vocab = self.config.n_vocab;
-        Ok(self.backend.argmax(&s.s.logits, n_vocab).await?)
+        match self.read_prediction(s, Readout::Argmax).await? {
+            Prediction::Token(t) => Ok(t),
+            _ => unreachable!("an argmax readout"),
+        }
     }
 
     /// Evaluates `tokens` like [`Model::eval_async`] and returns the `k` most likely next
@@ -656,11 +727,10 @@ impl<B: Backend> Model<B> {
         k: usize,
     ) -> Result<Vec<(u32, f32)>, ModelError> {
         self.eval_last(s, tokens)?;
-        let n_vocab = self.config.n_vocab;
-        Ok(self
-            .backend
-            .top_k(&mut s.s.logits, n_vocab, k.min(n_vocab))
-            .await?)
+        match self.read_prediction(s, Readout::Top(k)).await? {
+            Prediction::Top(top) => Ok(top),
+            _ => unreachable!("a top-k readout"),
+        }
     }
 
     /// Evaluates `tokens` like [`Model::eval_async`] and hands back what `readout` asks of
@@ -714,16 +784,34 @@ impl<B: Backend> Model<B> {
         s: &mut Session<B>,
         readout: Readout,
     ) -> Result<Prediction, ModelError> {
-        let n_vocab = self.config.n_vocab;
+        let n = self.n_sampled;
         let b = &self.backend;
+        // The row of the last position evaluated.
+        let pos = s.pos.saturating_sub(1);
         Ok(match readout {
-            Readout::Argmax => Prediction::Token(b.argmax(&s.s.logits, n_vocab).await?),
+            Readout::Argmax => {
+                let t = b.argmax(&s.s.logits, n).await?;
+                if t & NON_FINITE != 0 {
+                    let mut row = vec![0.0; n];
+                    b.read(&s.s.logits, &mut row).await?;
+                    self.check_finite(&row, pos)?;
+                    let token = t & !NON_FINITE;
+                    let value = row.get(token as usize).copied().unwrap_or(f32::NAN);
+                    return Err(ModelError::NonFiniteLogits { pos, token, value });
+                }
+                Prediction::Token(t)
+            }
             Readout::Top(k) => {
-                Prediction::Top(b.top_k(&mut s.s.logits, n_vocab, k.min(n_vocab)).await?)
+                let top = b.top_k(&mut s.s.logits, n, k.min(n)).await?;
+                if let Some(&(token, value)) = top.iter().find(|(_, v)| !v.is_finite()) {
+                    return Err(ModelError::NonFiniteLogits { pos, token, value });
+                }
+                Prediction::Top(top)
             }
             Readout::Logits => {
-                let mut row = vec![0.0; n_vocab];
+                let mut row = vec![0.0; n];
                 b.read(&s.s.logits, &mut row).await?;
+                self.check_finite(&row, pos)?;
                 Prediction::Logits(row)
             }
         })
@@ -955,7 +1043,22 @@ impl<B: Backend> Model<B> {
         self.record_head(s, n, row0)?;
         let mut out = vec![0.0; n * self.config.n_vocab];
         self.backend.read(&s.s.logits, &mut out).await?;
+        self.check_finite(&out, s.pos + row0)?;
         Ok(out)
+    }
+
+    /// The first NaN or infinite value of `rows` (logit rows, the first at position `pos0`) as
+    /// an error: such a row is never sampled or handed on.
+    fn check_finite(&self, rows: &[f32], pos0: usize) -> Result<(), ModelError> {
+        let n_vocab = self.config.n_vocab.max(1);
+        match rows.iter().position(|v| !v.is_finite()) {
+            None => Ok(()),
+            Some(i) => Err(ModelError::NonFiniteLogits {
+                pos: pos0 + i / n_vocab,
+                token: (i % n_vocab) as u32,
+                value: rows[i],
+            }),
+        }
     }
 
     /// Computes the logits of `n` rows from row `row0` into the session's logits buffer.

@@ -28,6 +28,9 @@ use hesper_shaders as k;
 pub use hesper_gpu::{hardware_gpu_possible, KernelTime};
 pub use matrix::{GpuMatrix, HostRows, Kind};
 
+// The argmax kernels flag a non-finite logit as the engine reads it.
+const _: () = assert!(k::NON_FINITE == hesper_engine::backend::NON_FINITE);
+
 /// Dispatches after which a pending batch is submitted without waiting for the step's
 /// read-back (a few layers of a model), so the host's recording and the GPU's work overlap.
 pub const FLUSH_DISPATCHES: usize = 32;

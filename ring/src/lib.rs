@@ -9,6 +9,7 @@ mod auth;
 pub mod frame;
 pub mod link;
 mod tcp;
+mod throttle;
 mod udp;
 #[cfg(target_os = "linux")]
 mod uring;
@@ -224,11 +225,22 @@ impl Net {
         // Each predecessor gets its own socket on the listening address, connected to it (the
         // kernel hands a connected socket its peer's datagrams); a fresh one waits for the next.
         self.rt.spawn(async move {
+            // A flood of stray datagrams is one line a second, with a count.
+            let throttle = std::sync::Mutex::new(throttle::Throttle::new(Duration::from_secs(1)));
             loop {
                 let stats = Arc::new(LinkStats::default());
                 let refuse = |peer: SocketAddr, why: &str| {
+                    let admitted = throttle
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .admit(Instant::now());
+                    let more = match admitted {
+                        None => return,
+                        Some(0) => String::new(),
+                        Some(n) => format!(" ({n} more refused since the last report)"),
+                    };
                     let _ = cx.inbox.send(Incoming::Note(format!(
-                        "refused a datagram from {peer}: {why}"
+                        "refused a datagram from {peer}: {why}{more}"
                     )));
                 };
                 match udp::accept(bound, Arc::clone(&stats), chaos, max, refuse).await {

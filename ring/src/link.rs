@@ -157,6 +157,12 @@ pub(crate) struct LinkContext {
     pub timing: Timing,
 }
 
+/// Why a peer that never sent a frame most likely went quiet: a node refuses a link whose
+/// key setting differs from its own (closing it at once over TCP, ignoring it over UDP) and
+/// says so only on its side.
+const REFUSED: &str =
+    ": it may have refused this link (does every node have the same --ring-key, or none?)";
+
 /// Starts the reader and writer tasks of a connection on `rt` and returns its link.
 pub(crate) fn spawn_link(
     rt: &tokio::runtime::Handle,
@@ -174,25 +180,37 @@ pub(crate) fn spawn_link(
     let lost = inbox.clone();
     let who = peer.clone();
     rt.spawn(async move {
+        // Whether the peer sent anything: a peer that admitted the link sends heartbeats.
+        let mut heard = false;
         loop {
             let frame = match tokio::time::timeout(timing.dead_after, reader.read_frame()).await {
-                Ok(Ok(f)) if f.header.kind == Kind::Heartbeat => continue,
+                Ok(Ok(f)) if f.header.kind == Kind::Heartbeat => {
+                    heard = true;
+                    continue;
+                }
                 Ok(Ok(f)) => f,
                 Ok(Err(e)) => {
-                    let _ = lost.send(Incoming::Lost(from, format!("{who}: {e}")));
+                    let hint = if matches!(e, LinkError::Closed) && !heard {
+                        format!(" before it sent anything{REFUSED}")
+                    } else {
+                        String::new()
+                    };
+                    let _ = lost.send(Incoming::Lost(from, format!("{who}: {e}{hint}")));
                     return;
                 }
                 Err(_) => {
                     let _ = lost.send(Incoming::Lost(
                         from,
                         format!(
-                            "{who}: nothing received for {:.1} s (not even a heartbeat)",
-                            timing.dead_after.as_secs_f64()
+                            "{who}: nothing received for {:.1} s (not even a heartbeat){}",
+                            timing.dead_after.as_secs_f64(),
+                            if heard { "" } else { REFUSED }
                         ),
                     ));
                     return;
                 }
             };
+            heard = true;
             if inbox.send(Incoming::Frame(from, frame)).is_err() {
                 return;
             }

@@ -89,3 +89,37 @@ fn frames_cross_every_transport_whole_and_in_order() {
         }
     }
 }
+
+#[test]
+fn a_flood_of_stray_datagrams_is_reported_once_a_second_with_a_count() {
+    let mut net = Net::new(config(TransportKind::Udp, None, None)).unwrap();
+    let addr = net.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let junk = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for _ in 0..2000 {
+        junk.send_to(b"not a ring datagram", addr).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    junk.send_to(b"one more", addr).unwrap();
+    let mut notes = Vec::new();
+    while let Some(event) = net.recv(Duration::from_millis(500)) {
+        if let Incoming::Note(n) = event {
+            notes.push(n);
+        }
+    }
+    // The first datagram, then one line for everything since (a full socket buffer may drop
+    // some of the 2000, never add any).
+    assert_eq!(notes.len(), 2, "{notes:#?}");
+    assert!(
+        notes
+            .iter()
+            .all(|n| n.contains("not a hesper ring datagram")),
+        "{notes:#?}"
+    );
+    let held: u64 = notes[1]
+        .split(" (")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {:?}", notes[1]));
+    assert!((1..=1999).contains(&held), "{held} held back: {notes:#?}");
+}

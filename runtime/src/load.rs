@@ -43,6 +43,11 @@ impl AnyModel {
     pub fn config(&self) -> &Config {
         crate::with_model!(self, |m| &m.config)
     }
+
+    /// Ids a prediction may pick ([`hesper_engine::model::Model::sampled_vocab`]).
+    pub fn sampled_vocab(&self) -> usize {
+        crate::with_model!(self, |m| m.sampled_vocab())
+    }
 }
 
 /// Runs `$body` with `$m` bound to the model inside an [`AnyModel`], whatever its backend.

@@ -16,7 +16,7 @@ mod reduce;
 mod rope;
 mod tile;
 
-pub use argmax::{argmax_final, argmax_partial, take_top};
+pub use argmax::{argmax_final, argmax_partial, take_top, NON_FINITE};
 pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
 pub use elementwise::{add_assign, add_bias, interleave_rows, relu2_mul, silu_mul};
 pub use embed::{embed_f16, embed_f32};

@@ -229,6 +229,40 @@ fn renamed(from: &str, to: &str) -> std::sync::Arc<hesper_engine::file::ModelFil
     hesper_engine::file::ModelFile::from_bytes(bytes, "renamed").expect("a valid file")
 }
 
+/// `tiny-qwen2-f16` with `ne[0]` of tensor `name` set to `ne0` in the tensor table.
+fn resized(name: &str, ne0: u64) -> std::sync::Arc<hesper_engine::file::ModelFile> {
+    let mut bytes = std::fs::read(Golden::load("tiny-qwen2-f16").model).expect("model");
+    let record = [&(name.len() as u64).to_le_bytes()[..], name.as_bytes()].concat();
+    let at = bytes
+        .windows(record.len())
+        .position(|w| w == record)
+        .expect("the tensor record")
+        + record.len()
+        + 4;
+    bytes[at..at + 8].copy_from_slice(&ne0.to_le_bytes());
+    hesper_engine::file::ModelFile::from_bytes(bytes, "resized").expect("a valid file")
+}
+
+/// `tiny-qwen2-f16` whose metadata says `n_layer` layers, with every tensor it has.
+fn with_block_count(n_layer: u32) -> std::sync::Arc<hesper_engine::file::ModelFile> {
+    use hesper_engine::gguf::{GgufBuilder, Value};
+    let file =
+        hesper_engine::file::ModelFile::open(&Golden::load("tiny-qwen2-f16").model).expect("model");
+    let g = file.header();
+    let mut b = GgufBuilder::new();
+    for (k, v) in g.metadata() {
+        b = match k.as_str() {
+            "qwen2.block_count" => b.kv(k, Value::U32(n_layer)),
+            _ => b.kv(k, v.clone()),
+        };
+    }
+    for t in g.tensors() {
+        let data = file.tensor_bytes(t).expect("tensor").to_vec();
+        b = b.tensor(&t.name, t.dims(), t.ty.id(), data);
+    }
+    hesper_engine::file::ModelFile::from_bytes(b.build(), "fewer layers").expect("a valid file")
+}
+
 #[test]
 fn what_the_graph_would_leave_out_is_refused() {
     let load = |file| {
@@ -247,6 +281,18 @@ fn what_the_graph_would_leave_out_is_refused() {
     // Q without K and V biases: the loader takes the three together.
     let e = load(renamed("blk.0.attn_k.bias", "blk.0.attn_k.bia2"));
     assert!(e.contains("\"blk.0.attn_k.bias\" is missing"), "{e}");
+    // Layers past the metadata's count (they ran as a shorter model, silently).
+    let e = load(with_block_count(1));
+    assert!(
+        e.contains("\"blk.1.") && e.contains("past the file's block_count (1)"),
+        "{e}"
+    );
+    // A declared size that runs into the next tensor's data (it computed from both).
+    let e = load(resized("blk.0.attn_norm.weight", 512));
+    assert!(
+        e.contains("\"blk.0.attn_norm.weight\"'s data runs into tensor"),
+        "{e}"
+    );
     // An architecture hesper-rs does not run names the ones it does.
     let e = load(renamed("qwen2", "gemma"));
     assert!(

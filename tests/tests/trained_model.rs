@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use hesper_engine::file::ModelFile;
-use hesper_engine::model::Logits;
+use hesper_engine::model::{Logits, Model, Prediction, Readout};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_tests::{argmax, cosine, cpu_model, gpu_model, isas, max_abs_diff};
 use serde_json::Value;
@@ -110,4 +110,120 @@ fn gpu_computes_the_trained_network() {
     let mut s = model.new_session(tokens.len(), 8).unwrap();
     let ours = model.eval(&mut s, &tokens, Logits::All).unwrap();
     compare(&ours, &theirs, n_vocab, "gpu");
+}
+
+/// The shipped model with its token list cut to `keep` entries and the LM-head (tied
+/// embedding) row `row` replaced by twice row `from`: row `row` then has twice `from`'s logit.
+fn cut_vocabulary(keep: usize, row: usize, from: usize) -> std::sync::Arc<ModelFile> {
+    use hesper_engine::gguf::{Array, GgufBuilder, Value};
+    let file = file();
+    let g = file.header();
+    let mut b = GgufBuilder::new();
+    for (k, v) in g.metadata() {
+        let cut = match v {
+            Value::Array(Array::String(a)) if k.starts_with("tokenizer.ggml.") => {
+                Value::Array(Array::String(a[..keep].to_vec()))
+            }
+            Value::Array(Array::F32(a)) if k.starts_with("tokenizer.ggml.") => {
+                Value::Array(Array::F32(a[..keep].to_vec()))
+            }
+            Value::Array(Array::I32(a)) if k.starts_with("tokenizer.ggml.") => {
+                Value::Array(Array::I32(a[..keep].to_vec()))
+            }
+            other => other.clone(),
+        };
+        b = b.kv(k, cut);
+    }
+    for t in g.tensors() {
+        let mut data = file.tensor_bytes(t).expect("tensor").to_vec();
+        if t.name == "token_embd.weight" {
+            assert_eq!(t.ty.id(), 1, "an F16 embedding");
+            let width = 2 * t.ne[0] as usize;
+            let doubled: Vec<u8> = data[from * width..(from + 1) * width]
+                .chunks_exact(2)
+                .flat_map(|h| {
+                    let v = half::f16::from_le_bytes([h[0], h[1]]);
+                    half::f16::from_f32(2.0 * v.to_f32()).to_le_bytes()
+                })
+                .collect();
+            data[row * width..(row + 1) * width].copy_from_slice(&doubled);
+        }
+        b = b.tensor(&t.name, t.dims(), t.ty.id(), data);
+    }
+    ModelFile::from_bytes(b.build(), "cut vocabulary").expect("a valid file")
+}
+
+#[test]
+fn ids_past_the_token_list_are_never_picked() {
+    let prompt = ids(&reference()["prompt"]["ids"]);
+    // The shipped model's choice after the prompt, then a copy where a row past a shortened
+    // token list scores twice as high: the full row's argmax moves there, a prediction may not.
+    let shipped = cpu_model(&file(), hesper_cpu::Isa::Scalar, None);
+    let mut s = shipped.new_session(prompt.len(), 8).unwrap();
+    let row = shipped.eval(&mut s, &prompt, Logits::Last).unwrap();
+    let best = argmax(&row);
+    assert!(
+        row[best] > 0.0,
+        "the best logit {} is not positive",
+        row[best]
+    );
+    let n_vocab = shipped.config.n_vocab;
+    let (keep, planted) = (n_vocab - 96, n_vocab - 1);
+    assert!(best < keep, "the shipped choice {best} is past {keep}");
+    let cut = cut_vocabulary(keep, planted, best);
+    let picks = Picks {
+        prompt: &prompt,
+        keep,
+        planted,
+        best: best as u32,
+    };
+    picks.check("cpu", &cpu_model(&cut, hesper_cpu::Isa::Scalar, None));
+    picks.check("gpu", &gpu_model(&cut, None));
+}
+
+/// What a model with a planted row past its token list must and must not pick.
+struct Picks<'a> {
+    prompt: &'a [u32],
+    keep: usize,
+    planted: usize,
+    best: u32,
+}
+
+impl Picks<'_> {
+    fn check<B: hesper_engine::backend::Backend>(&self, name: &str, model: &Model<B>) {
+        let (prompt, keep) = (self.prompt, self.keep);
+        assert_eq!(model.sampled_vocab(), keep, "{name}");
+        let session = || model.new_session(prompt.len() + 1, 8).unwrap();
+        let full = model.eval(&mut session(), prompt, Logits::Last).unwrap();
+        assert_eq!(
+            full.len(),
+            model.config.n_vocab,
+            "{name}: eval returns every row"
+        );
+        assert_eq!(
+            argmax(&full),
+            self.planted,
+            "{name}: the planted row does not lead"
+        );
+        let greedy = model.eval_greedy(&mut session(), prompt).unwrap();
+        assert_eq!(greedy, self.best, "{name}: greedy");
+        let Prediction::Top(top) = model
+            .predict(&mut session(), prompt, Readout::Top(40))
+            .unwrap()
+        else {
+            panic!("{name}: not a top-k prediction");
+        };
+        assert_eq!(top[0].0, self.best, "{name}: top-k");
+        assert!(
+            top.iter().all(|&(t, _)| (t as usize) < keep),
+            "{name}: {top:?}"
+        );
+        let Prediction::Logits(row) = model
+            .predict(&mut session(), prompt, Readout::Logits)
+            .unwrap()
+        else {
+            panic!("{name}: not a logits prediction");
+        };
+        assert_eq!(row.len(), keep, "{name}: the row a sampler draws from");
+    }
 }

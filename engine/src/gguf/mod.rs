@@ -181,6 +181,22 @@ impl Gguf {
         })
     }
 
+    /// The first two tensors whose data ranges overlap, the one starting first first (empty
+    /// and unsized tensors take no room). The format allows it (views may alias); a model
+    /// whose declared sizes run into each other refuses it ([`crate::model::Model::load`]).
+    pub fn first_overlap(&self) -> Option<(&TensorInfo, &TensorInfo)> {
+        let mut sized: Vec<&TensorInfo> = self
+            .tensors
+            .iter()
+            .filter(|t| t.nbytes.is_some_and(|n| n > 0))
+            .collect();
+        sized.sort_unstable_by_key(|t| t.start);
+        sized
+            .windows(2)
+            .find(|w| w[0].start + w[0].nbytes.unwrap_or(0) > w[1].start)
+            .map(|w| (w[0], w[1]))
+    }
+
     /// All metadata in file order.
     pub fn metadata(&self) -> &[(String, Value)] {
         &self.metadata

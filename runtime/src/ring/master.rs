@@ -154,7 +154,7 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
                             && f.header.session == self.run
                             && f.header.seq == self.seq =>
                     {
-                        return decode_prediction(readout, &f.payload, self.model.config.n_vocab)
+                        return decode_prediction(readout, &f.payload, self.model.sampled_vocab())
                             .map_err(RingError::Protocol);
                     }
                     Kind::Fault if from.id == l.prev.id() || from.id == l.next.id() => {
@@ -301,34 +301,45 @@ fn join(
     h.aux = u32::try_from(n_ctx).unwrap_or(u32::MAX);
     next.send(Frame::new(h, hello::encode(std::slice::from_ref(me))));
     let deadline = Instant::now() + wait;
-    let mut prev: Option<Link> = None;
-    let records = loop {
+    // Connections that may be the last node: the one whose Hello of this run comes back
+    // readable takes the slot; one that opens with anything else is closed.
+    let mut candidates: Vec<Link> = Vec::new();
+    let mut closed: Option<String> = None;
+    let (prev, records) = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(RingError::Config(format!(
-                "the Hello frame did not come back round the ring within {:.0} s",
-                wait.as_secs_f64()
+                "the Hello frame did not come back round the ring within {:.0} s{}",
+                wait.as_secs_f64(),
+                closed.map(|c| format!("; {c}")).unwrap_or_default()
             )));
         }
+        let candidate =
+            |from: &hesper_ring::From| candidates.iter().position(|c| c.id() == from.id);
         match net.recv(left.min(Duration::from_millis(100))) {
-            Some(Incoming::Joined(link)) if prev.is_none() => prev = Some(link),
-            Some(Incoming::Joined(extra)) => log(&format!(
-                "refused a connection from {}: the ring has its last node",
-                extra.peer()
-            )),
+            Some(Incoming::Joined(link)) => candidates.push(link),
             Some(Incoming::Frame(from, f))
-                if f.header.kind == Kind::Hello
-                    && f.header.session == run
-                    && prev.as_ref().is_some_and(|p| p.id() == from.id) =>
-            {
-                break hello::decode(&f.payload).map_err(RingError::Protocol)?
-            }
-            Some(Incoming::Frame(from, f))
-                if f.header.kind == Kind::Fault
-                    && (from.id == next.id()
-                        || prev.as_ref().is_some_and(|p| p.id() == from.id)) =>
+                if from.id == next.id() && f.header.kind == Kind::Fault =>
             {
                 return Err(RingError::Fault(f.message()))
+            }
+            Some(Incoming::Frame(from, f)) => {
+                let Some(i) = candidate(&from) else { continue };
+                let link = candidates.swap_remove(i);
+                // Not yet the last node: even a fault is only reported (a stranger's would
+                // end the ring otherwise).
+                let why = match f.header.kind {
+                    Kind::Fault => format!("it reported: {}", f.message()),
+                    Kind::Hello if f.header.session == run => match hello::decode(&f.payload) {
+                        Ok(records) => break (link, records),
+                        Err(e) => format!("a malformed Hello ({e})"),
+                    },
+                    Kind::Hello => "a Hello of another run".to_string(),
+                    kind => format!("it opened with a {kind:?} frame, not the returning Hello"),
+                };
+                let line = format!("closed a connection from {}: {why}", link.peer());
+                log(&line);
+                closed = Some(line);
             }
             Some(Incoming::Lost(from, why)) if from.id == next.id() => {
                 return Err(RingError::Lost {
@@ -336,13 +347,17 @@ fn join(
                     why,
                 })
             }
+            Some(Incoming::Lost(from, _)) => candidates.retain(|c| c.id() != from.id),
             Some(Incoming::Note(n)) => log(&n),
             _ => {}
         }
     };
-    let Some(prev) = prev else {
-        unreachable!("the Hello came back over the predecessor's link")
-    };
+    for extra in candidates {
+        log(&format!(
+            "refused a connection from {}: the ring has its last node",
+            extra.peer()
+        ));
+    }
     if let Err(why) = hello::check(&records) {
         next.send(Frame::text(Kind::Shutdown, &why));
         std::thread::sleep(FLUSH);

@@ -5,7 +5,7 @@ use hesper_engine::backend::Backend;
 use hesper_engine::model::{Model, Session};
 use std::time::Duration;
 
-use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, Side};
+use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, NetError, Side};
 
 use super::hello::{self, NodeRecord};
 use super::protocol::{encode_prediction, readout_of};
@@ -29,7 +29,14 @@ pub fn serve<B: Backend>(
     } else {
         settings.form_wait
     };
-    let prev = net.accept(wait)?;
+    let (prev, hello) = accept_predecessor(&mut net, bound, wait, settings.log)?;
+    let mut pending = Some(Incoming::Frame(
+        hesper_ring::From {
+            id: prev.id(),
+            side: Side::Prev,
+        },
+        hello,
+    ));
     let mut next: Option<Link> = None;
     let me = NodeRecord::of(model, bound);
     let mut node = Worker {
@@ -41,7 +48,7 @@ pub fn serve<B: Backend>(
         log: settings.log,
     };
     loop {
-        let Some(event) = net.recv(Duration::from_secs(1)) else {
+        let Some(event) = pending.take().or_else(|| net.recv(Duration::from_secs(1))) else {
             continue;
         };
         match event {
@@ -69,6 +76,9 @@ pub fn serve<B: Backend>(
                 });
             }
             Incoming::Lost(..) => {}
+            // A connection that is neither neighbour (one refused above) is never read.
+            Incoming::Frame(from, _)
+                if from.id != prev.id() && next.as_ref().is_none_or(|n| n.id() != from.id) => {}
             Incoming::Frame(from, frame) => {
                 // Faults travel toward the master whichever way they came; every other frame
                 // comes from the previous node.
@@ -112,6 +122,69 @@ pub fn serve<B: Backend>(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Waits at most `wait` for the predecessor: the first connection whose first frame is a
+/// Hello this node can read. Connections that open with anything else (a stranger's bytes, a
+/// malformed Hello) are closed with a log line, and the node goes on waiting; the others are
+/// refused once one is chosen. Returns the link and its Hello.
+fn accept_predecessor(
+    net: &mut Net,
+    bound: std::net::SocketAddr,
+    wait: Duration,
+    log: fn(&str),
+) -> Result<(Link, Frame), RingError> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut candidates: Vec<Link> = Vec::new();
+    let mut refused: Option<String> = None;
+    let say = |refused: &mut Option<String>, line: String| {
+        log(&line);
+        *refused = Some(line);
+    };
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(RingError::Net(NetError::Accept {
+                addr: bound.to_string(),
+                secs: wait.as_secs_f64(),
+                refused: refused.map(|r| format!("; {r}")).unwrap_or_default(),
+            }));
+        }
+        match net.recv(left.min(Duration::from_secs(1))) {
+            Some(Incoming::Joined(link)) => candidates.push(link),
+            Some(Incoming::Frame(from, frame)) => {
+                let Some(i) = candidates.iter().position(|c| c.id() == from.id) else {
+                    continue;
+                };
+                let link = candidates.swap_remove(i);
+                let why = match frame.header.kind {
+                    Kind::Hello => match hello::decode(&frame.payload) {
+                        Ok(records) if records.is_empty() => {
+                            "a Hello without the master's record".into()
+                        }
+                        Ok(_) => {
+                            for other in candidates {
+                                log(&format!(
+                                    "refused a connection from {}: this node already has a predecessor",
+                                    other.peer()
+                                ));
+                            }
+                            return Ok((link, frame));
+                        }
+                        Err(e) => format!("a malformed Hello ({e})"),
+                    },
+                    kind => format!("it opened with a {kind:?} frame, not a Hello"),
+                };
+                say(
+                    &mut refused,
+                    format!("closed a connection from {}: {why}", link.peer()),
+                );
+            }
+            Some(Incoming::Lost(from, _)) => candidates.retain(|c| c.id() != from.id),
+            Some(Incoming::Note(n)) => say(&mut refused, n),
+            None => {}
         }
     }
 }
