@@ -79,7 +79,11 @@ fn write_logits<B: Backend>(
     tokens: &[u32],
     out: &mut impl Write,
 ) -> Result<usize> {
-    let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train).max(tokens.len());
+    let asked = args.ctx.n_ctx(model.config.n_ctx_train);
+    let n_ctx = asked.max(tokens.len());
+    if n_ctx > asked {
+        note!("hesper: the context is raised from {asked} to {n_ctx} positions to hold every token id given");
+    }
     let attention = args.ctx.attention.config()?;
     let mut session = model.new_session_with(n_ctx, args.ctx.batch_size, &attention)?;
     ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);

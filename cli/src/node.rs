@@ -294,13 +294,13 @@ pub fn run(args: NodeArgs) -> Result<()> {
             let batch = g.ctx.batch_size;
             let standby = args.role == Role::Standby;
             run_model!(&loaded.model, |model| {
+                // The address it listens on is said once bound (a port 0 becomes a real one).
                 note!(
-                    "hesper: {} for layers {:?} of {} on {}, listening on {}",
+                    "hesper: {} for layers {:?} of {} on {}",
                     if standby { "standby" } else { "worker" },
                     model.layer_range(),
                     model.file.source,
                     model.backend.name(),
-                    settings.listen
                 );
                 serve(model, &settings, batch, standby)
             })?;

@@ -13,6 +13,7 @@ use hesper_engine::backend::Backend;
 use hesper_engine::model::Model;
 use hesper_runtime::perplexity::base_file::{self, Header};
 use hesper_runtime::perplexity::kl::{Divergence, Report, Spread};
+use hesper_runtime::perplexity::text::tokenize_for;
 use hesper_runtime::perplexity::{score_chunk, targets, Accumulator, Chunks};
 use hesper_runtime::run_model;
 
@@ -129,11 +130,21 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
                 bail!("this model has no tokenizer to read the text with");
             };
             let start = Instant::now();
-            let tokens = tok.encode(text, tok.add_bos(), false)?;
             let n_ctx = args.ctx.n_ctx(loaded.model.config().n_ctx_train);
-            let chunks = Chunks::new(tokens.len(), n_ctx, args.chunks.map(|m| m as usize))?;
+            let max_chunks = args.chunks.map(|m| m as usize);
+            let needed = max_chunks.map(|m| m.saturating_mul(n_ctx));
+            let (tokens, bytes) = tokenize_for(tok, text, needed)?;
+            let chunks = Chunks::new(tokens.len(), n_ctx, max_chunks)?;
+            let of = if bytes < text.len() {
+                format!(
+                    " (the first {bytes} of {} bytes, enough for the chunks)",
+                    text.len()
+                )
+            } else {
+                String::new()
+            };
             note!(
-                "perplexity: {} tokens, tokenized in {:.0} ms",
+                "perplexity: {} tokens{of}, tokenized in {:.0} ms",
                 tokens.len(),
                 start.elapsed().as_secs_f64() * 1e3
             );

@@ -658,7 +658,9 @@ fn well_formed_frames_from_strangers_never_reach_a_keyless_ring() {
     assert_eq!(stdout(&master), stdout(&expected), "{}", stderr(&worker));
     let err = stderr(&worker);
     assert!(worker.status.success(), "{err}");
+    let listening = format!("listening on 127.0.0.1:{}", ports[1]);
     for reason in [
+        listening.as_str(),
         "a malformed Hello",
         "it opened with a Forward frame, not a Hello",
         "this node already has a predecessor",

@@ -1,9 +1,10 @@
 //! Argmax over a logit vector in two stages (greedy sampling reads back 4 bytes).
 //!
-//! A NaN or infinite logit outranks every finite one (it counts as +inf, told apart by its
-//! bits, which no fast-math assumption can fold away), and its index carries
-//! [`NON_FINITE`]: the stages find the first non-finite logit when there is one, so greedy
-//! decoding refuses the row instead of picking a token from it.
+//! A NaN or infinite logit (told apart by its bits, which no fast-math assumption can fold
+//! away) counts as the largest finite value, and its index carries [`NON_FINITE`]: the stages
+//! find the first non-finite logit when there is one, so greedy decoding refuses the row
+//! instead of picking a token from it. (Only a logit of exactly `f32::MAX` would outrank it; an
+//! infinity cannot be the key itself: WGSL refuses a constant expression that makes one.)
 
 use hesper_dsl::kernel;
 
@@ -14,8 +15,8 @@ use crate::reduce::tree_argmax;
 pub const NON_FINITE: u32 = 1 << 31;
 
 /// First stage: each workgroup reduces 256 × `per_thread` logits to its largest value and the
-/// first index holding it, written to `best[wid]` / `best_index[wid]` (non-finite: +inf and
-/// the index with [`NON_FINITE`]).
+/// first index holding it, written to `best[wid]` / `best_index[wid]` (non-finite: `f32::MAX`
+/// and the index with [`NON_FINITE`]).
 #[kernel(workgroup = 256, uses(tree_argmax))]
 pub fn argmax_partial(
     logits: &[f32],
@@ -28,7 +29,6 @@ pub fn argmax_partial(
 ) {
     let t = lid();
     let start = wid() * 256u32 * per_thread;
-    let infinity = f32_from_bits(2139095040u32);
     let mut v: f32 = -3.4028235e38;
     let mut k: u32 = 0u32;
     for j in 0..per_thread {
@@ -36,7 +36,7 @@ pub fn argmax_partial(
         if i < n {
             let x = logits[i];
             let finite = (f32_to_bits(x) & 2139095040u32) != 2139095040u32;
-            let key = select(infinity, x, finite);
+            let key = select(3.4028235e38, x, finite);
             if key > v {
                 v = key;
                 k = select(i | 2147483648u32, i, finite);

@@ -1,12 +1,13 @@
 //! RMSNorm.
 //!
 //! A row is one workgroup, so decoding one token is one workgroup on one core and its time is
-//! memory latency, not bandwidth. [`rms_norm`] and [`rms_norm_sg`] therefore load `AHEAD` of a
-//! thread's elements (256 apart) before using the first — an index past the row is clamped to
-//! its last element and that value is not used — and pay the latency once per `256·AHEAD`
-//! elements instead of once per 256 (on an H100, 15.2 → 11.3 µs a row of 2560); every sum adds
-//! the same values in the same order. The fused norm and quantizer gained nothing from it
-//! there (17.6 → 17.9 µs) and lost on lavapipe, so it keeps one element in flight.
+//! memory latency, not bandwidth. [`rms_norm_sg`] therefore loads `AHEAD` of a thread's
+//! elements (256 apart) before using the first — an index past the row is clamped to its last
+//! element and that value is not used — and pays the latency once per `256·AHEAD` elements
+//! instead of once per 256 (on an H100, 15.2 → 11.3 µs a row of 2560); every sum adds the same
+//! values in the same order. The fused norm and quantizer gained nothing from it there
+//! (17.6 → 17.9 µs) and lost on lavapipe, so it keeps one element in flight, as does the plain
+//! [`rms_norm`] of devices without subgroups (not measured on one).
 
 use hesper_dsl::kernel;
 
@@ -14,8 +15,8 @@ use crate::reduce::{tree_max, tree_sum};
 
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
 /// reduction in workgroup memory (correct for any subgroup size: no subgroup operations).
-#[kernel(workgroup = 256, uses(tree_sum), consts(AHEAD = 4))]
-pub fn rms_norm<const AHEAD: u32>(
+#[kernel(workgroup = 256, uses(tree_sum))]
+pub fn rms_norm(
     x: &[f32],
     w: &[f32],
     y: &mut [f32],
@@ -26,37 +27,17 @@ pub fn rms_norm<const AHEAD: u32>(
     let row = wid();
     let t = lid();
     let base = row * width;
-    let last = width - 1u32;
     let mut sum: f32 = 0.0;
-    for i in (t..width).step_by(256 * AHEAD) {
-        let mut v = [0.0f32; AHEAD];
-        for k in 0..AHEAD {
-            v[k] = x[base + (i + 256u32 * k).min(last)];
-        }
-        for k in 0..AHEAD {
-            if i + 256u32 * k < width {
-                sum += v[k] * v[k];
-            }
-        }
+    for i in (t..width).step_by(256) {
+        let v = x[base + i];
+        sum += v * v;
     }
     acc[t] = sum;
     barrier();
     tree_sum(acc, t, 256u32);
     let scale = 1.0 / (acc[0] / (width as f32) + eps).sqrt();
-    for i in (t..width).step_by(256 * AHEAD) {
-        let mut v = [0.0f32; AHEAD];
-        for k in 0..AHEAD {
-            v[k] = x[base + (i + 256u32 * k).min(last)];
-        }
-        let mut g = [0.0f32; AHEAD];
-        for k in 0..AHEAD {
-            g[k] = w[(i + 256u32 * k).min(last)];
-        }
-        for k in 0..AHEAD {
-            if i + 256u32 * k < width {
-                y[base + i + 256u32 * k] = v[k] * scale * g[k];
-            }
-        }
+    for i in (t..width).step_by(256) {
+        y[base + i] = x[base + i] * scale * w[i];
     }
 }
 

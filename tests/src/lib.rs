@@ -390,3 +390,14 @@ impl std::fmt::Display for Agreement {
         )
     }
 }
+
+/// Where `ne[0]` of tensor `name` is stored in a GGUF file's bytes: after its tensor-table
+/// record's name (length, then bytes) and dimension count.
+pub fn dim0_offset(gguf: &[u8], name: &str) -> usize {
+    let record = [&(name.len() as u64).to_le_bytes()[..], name.as_bytes()].concat();
+    gguf.windows(record.len())
+        .position(|w| w == record)
+        .unwrap_or_else(|| panic!("no tensor record {name:?}"))
+        + record.len()
+        + 4
+}

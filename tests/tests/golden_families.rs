@@ -232,13 +232,7 @@ fn renamed(from: &str, to: &str) -> std::sync::Arc<hesper_engine::file::ModelFil
 /// `tiny-qwen2-f16` with `ne[0]` of tensor `name` set to `ne0` in the tensor table.
 fn resized(name: &str, ne0: u64) -> std::sync::Arc<hesper_engine::file::ModelFile> {
     let mut bytes = std::fs::read(Golden::load("tiny-qwen2-f16").model).expect("model");
-    let record = [&(name.len() as u64).to_le_bytes()[..], name.as_bytes()].concat();
-    let at = bytes
-        .windows(record.len())
-        .position(|w| w == record)
-        .expect("the tensor record")
-        + record.len()
-        + 4;
+    let at = hesper_tests::dim0_offset(&bytes, name);
     bytes[at..at + 8].copy_from_slice(&ne0.to_le_bytes());
     hesper_engine::file::ModelFile::from_bytes(bytes, "resized").expect("a valid file")
 }

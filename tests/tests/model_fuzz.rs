@@ -51,13 +51,7 @@ fn mutate(base: &[u8], g: &Gguf, rng: &mut Rng) -> Mutation {
         }
         // A dimension declared larger: the tensor runs into the next one, or out of the file.
         2 => {
-            let record = [&(t.name.len() as u64).to_le_bytes()[..], t.name.as_bytes()].concat();
-            let at = bytes
-                .windows(record.len())
-                .position(|w| w == record)
-                .expect("the tensor record")
-                + record.len()
-                + 4;
+            let at = hesper_tests::dim0_offset(&bytes, &t.name);
             let grown = t.ne[0] * (2 + pick(rng, 3) as u64);
             bytes[at..at + 8].copy_from_slice(&grown.to_le_bytes());
             format!("{} ne[0] {} → {grown}", t.name, t.ne[0])

@@ -11,10 +11,12 @@
 //! * [`score_chunk`] evaluates one chunk and hands back the log-probabilities of its scored
 //!   positions;
 //! * [`Accumulator`] gathers NLLs into a [`Estimate`];
-//! * [`kl::Divergence`] compares log-probabilities with a base model's, [`base_file`] keeps them.
+//! * [`kl::Divergence`] compares log-probabilities with a base model's, [`base_file`] keeps them;
+//! * [`text::tokenize_for`] tokenizes as much of a text as the chunks need.
 
 pub mod base_file;
 pub mod kl;
+pub mod text;
 
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Logits, Model, ModelError, Session};

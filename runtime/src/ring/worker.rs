@@ -24,6 +24,7 @@ pub fn serve<B: Backend>(
 ) -> Result<(), RingError> {
     let mut net = Net::new(settings.net.clone())?;
     let bound = net.listen(settings.listen)?;
+    (settings.log)(&format!("listening on {bound}"));
     let wait = if standby {
         Duration::from_secs(u32::MAX.into())
     } else {
