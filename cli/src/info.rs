@@ -80,6 +80,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
     match Config::from_gguf(g, n_vocab) {
         Ok(c) => {
             writeln!(out, "\nmodel:     {}, {} layers, n_embd {}, n_ff {}, heads {}/{} (head dim {}), vocab {}, ctx {}", c.arch, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim, c.n_vocab, c.n_ctx_train)?;
+            if let Err(e) = hesper_engine::model::check_tensor_table(g, &c) {
+                writeln!(out, "refused:   {e} (hesper-rs does not load this file)")?;
+            }
             let pairs = match c.family.rope_pairs {
                 RopePairs::Neox => "NeoX",
                 RopePairs::Adjacent => "adjacent-pair",

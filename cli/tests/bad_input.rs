@@ -694,3 +694,34 @@ fn non_finite_logits_are_refused_never_sampled() {
         std::fs::remove_file(&file).ok();
     }
 }
+
+#[test]
+fn a_layer_count_the_tensors_disagree_with_is_named_by_info_and_refused_by_a_run() {
+    // The demo model with block_count one short: its last layer would be silently left out.
+    let model = format!("{}/../models/hesper-kjv.gguf", env!("CARGO_MANIFEST_DIR"));
+    let bytes = std::fs::read(&model).expect("model");
+    let g = Gguf::parse(&bytes).expect("gguf");
+    let mut b = GgufBuilder::new();
+    for (k, v) in g.metadata() {
+        b = match (k.as_str(), v) {
+            (k, Value::U32(n)) if k.ends_with(".block_count") => b.kv(k, Value::U32(n - 1)),
+            _ => b.kv(k, v.clone()),
+        };
+    }
+    for t in g.tensors() {
+        let data = g.tensor_bytes(&bytes, t).expect("tensor").to_vec();
+        b = b.tensor(&t.name, t.dims(), t.ty.id(), data);
+    }
+    let path = scratch("short-count.gguf");
+    std::fs::write(&path, b.build()).expect("write");
+    let p = path.to_str().unwrap();
+    let needle = "belongs to a layer past the file's block_count (3)";
+    let o = hesper(&["info", "-m", p]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(needle), "{}", stdout(&o));
+    for backend in BACKENDS {
+        let args = on(backend, &["generate", "-m", p, "-p", "hi", "-n", "4"]);
+        assert_one_line_error(&args, &hesper(&args), needle);
+    }
+    std::fs::remove_file(&path).ok();
+}

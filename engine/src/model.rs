@@ -337,6 +337,49 @@ impl<B: Backend> Session<B> {
     }
 }
 
+/// What [`Model::load`] refuses in a file's tensor table before reading any tensor: tensors
+/// of layers past the metadata's count (llama.cpp refuses them too: "wrong number of
+/// tensors"), data ranges that overlap, and biases the graph does not read — each would be
+/// silently left out or read wrong. `info` reports it without loading.
+pub fn check_tensor_table(g: &crate::gguf::Gguf, config: &Config) -> Result<(), ModelError> {
+    let layer_of = |name: &str| {
+        name.strip_prefix("blk.")?
+            .split('.')
+            .next()?
+            .parse::<usize>()
+            .ok()
+    };
+    if let Some(t) = g
+        .tensors()
+        .iter()
+        .find(|t| layer_of(&t.name).is_some_and(|il| il >= config.n_layer))
+    {
+        return Err(ModelError::LayerPastCount {
+            name: t.name.clone(),
+            n_layer: config.n_layer,
+        });
+    }
+    if let Some((a, b)) = g.first_overlap() {
+        return Err(ModelError::OverlappingTensors {
+            first: a.name.clone(),
+            second: b.name.clone(),
+        });
+    }
+    // Biases are read on Q, K and V only.
+    if let Some(t) = g.tensors().iter().find(|t| {
+        t.name.ends_with(".bias")
+            && !["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+                .iter()
+                .any(|b| t.name.starts_with("blk.") && t.name.ends_with(b))
+    }) {
+        return Err(ModelError::UnreadTensor {
+            name: t.name.clone(),
+            arch: config.arch.clone(),
+        });
+    }
+    Ok(())
+}
+
 impl<B: Backend> Model<B> {
     /// Loads the model held in `file` onto `backend`.
     pub fn load(
@@ -393,43 +436,7 @@ impl<B: Backend> Model<B> {
                 have_end: config.n_layer,
             });
         }
-        // Layers past block_count would be silently left out (llama.cpp refuses such a file
-        // too: "wrong number of tensors").
-        let layer_of = |name: &str| {
-            name.strip_prefix("blk.")?
-                .split('.')
-                .next()?
-                .parse::<usize>()
-                .ok()
-        };
-        if let Some(t) = g
-            .tensors()
-            .iter()
-            .find(|t| layer_of(&t.name).is_some_and(|il| il >= config.n_layer))
-        {
-            return Err(ModelError::LayerPastCount {
-                name: t.name.clone(),
-                n_layer: config.n_layer,
-            });
-        }
-        if let Some((a, b)) = g.first_overlap() {
-            return Err(ModelError::OverlappingTensors {
-                first: a.name.clone(),
-                second: b.name.clone(),
-            });
-        }
-        // Biases are read on Q, K and V only; another would be silently left out.
-        if let Some(t) = g.tensors().iter().find(|t| {
-            t.name.ends_with(".bias")
-                && !["attn_q.bias", "attn_k.bias", "attn_v.bias"]
-                    .iter()
-                    .any(|b| t.name.starts_with("blk.") && t.name.ends_with(b))
-        }) {
-            return Err(ModelError::UnreadTensor {
-                name: t.name.clone(),
-                arch: config.arch.clone(),
-            });
-        }
+        check_tensor_table(g, &config)?;
         let first = layer_range.start == 0;
         let last = layer_range.end == config.n_layer;
         let tied = g.tensor("output.weight").is_none();

@@ -2,9 +2,10 @@
 //!
 //! Every operation the model asks for is recorded into a pending batch, submitted when a
 //! result is read back (the read-back rides in the same command buffer) or, before that, each
-//! time it holds [`FLUSH_DISPATCHES`] dispatches ([`GpuBackend::set_flush_dispatches`]): the GPU then runs the first layers of a step
-//! while the host records the rest, instead of waiting for the whole step. Errors raised while
-//! recording are kept and returned by that read.
+//! time it holds [`FLUSH_DISPATCHES`] dispatches ([`GpuBackend::set_flush_dispatches`]): the
+//! GPU then runs the first layers of a step while the host records the rest, instead of
+//! waiting for the whole step. Errors raised while recording are kept and returned by that
+//! read.
 
 mod formats;
 mod matrix;
