@@ -76,6 +76,8 @@ pub struct GpuStats {
     pub cache: CacheStats,
     /// Bind groups created (reused while the same buffers are bound).
     pub bind_groups: u64,
+    /// Bind groups held now (each keeps the buffers it binds alive).
+    pub bind_groups_held: usize,
     /// Buffers created (weights, sessions, staging of host data, read-back space).
     pub buffers: u64,
     /// Host nanoseconds spent encoding and submitting steps (native; zero in a browser).
@@ -380,6 +382,7 @@ impl GpuBackend {
             dispatches: st.dispatches,
             cache: st.gpu.cache_stats(),
             bind_groups: st.gpu.bind_groups_created(),
+            bind_groups_held: st.gpu.bind_groups_held(),
             buffers: st.gpu.buffers_created(),
             submit_ns,
             wait_ns,
@@ -501,7 +504,7 @@ impl State {
         }
         let batch = std::mem::replace(&mut self.batch, self.gpu.batch());
         self.dispatches += batch.dispatches() as u64;
-        self.gpu.submit(batch)
+        self.gpu.submit_part(batch)
     }
 
     /// Records RMSNorm of `n` rows of `x` into `out` (with subgroup sums where the device has

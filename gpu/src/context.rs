@@ -75,8 +75,9 @@ pub struct Gpu {
     readback: Option<wgpu::Buffer>,
     buffers_created: std::cell::Cell<u64>,
     submits: u64,
-    /// Read-backs so far: a step of a model ends with one, and bind groups live by them.
-    reads: u64,
+    /// Submits that end a piece of work (a step's read-back, a batch at load): bind groups
+    /// live by them; the parts a step is submitted in ([`Gpu::submit_part`]) do not count.
+    ticks: u64,
     errors: Arc<Mutex<Option<String>>>,
     /// Host time spent encoding and submitting batches, and waiting for read-backs (native).
     host: HostTimes,
@@ -173,7 +174,7 @@ impl Gpu {
             readback: None,
             buffers_created: Default::default(),
             submits: 0,
-            reads: 0,
+            ticks: 0,
             errors,
             host: HostTimes::default(),
         })
@@ -197,6 +198,11 @@ impl Gpu {
     /// Bind groups created so far (they are reused while the same buffers are bound).
     pub fn bind_groups_created(&self) -> u64 {
         self.bind_groups.created
+    }
+
+    /// Bind groups held in the cache now (each keeps the buffers it binds alive).
+    pub fn bind_groups_held(&self) -> usize {
+        self.bind_groups.held()
     }
 
     /// Turns per-kernel GPU timing on or off; returns whether the device can time kernels
@@ -245,6 +251,14 @@ impl Gpu {
 
     /// Submits a batch: one queue submit for all its commands.
     pub fn submit(&mut self, batch: Batch) -> Result<(), GpuError> {
+        self.ticks += 1;
+        self.submit_part(batch)
+    }
+
+    /// Submits a batch that is one part of a larger piece of work (the first layers of a step,
+    /// while the rest is recorded): bind groups its work shares with the other parts stay
+    /// cached as for one submit.
+    pub fn submit_part(&mut self, batch: Batch) -> Result<(), GpuError> {
         self.submits += 1;
         let timed = HostTimes::time(&self.host.submit_ns, || {
             let (commands, timed) = encode(
@@ -254,7 +268,7 @@ impl Gpu {
                 &mut self.params,
                 self.profiler.as_ref(),
                 batch,
-                self.reads,
+                self.ticks,
             );
             self.queue.submit([commands]);
             timed
@@ -449,7 +463,6 @@ impl Gpu {
             unreachable!("made above");
         };
         batch.read_into(buffer.raw(), &staging, size);
-        self.reads += 1;
         self.submit(batch)?;
         Ok(PendingRead::start(
             &self.device,

@@ -20,9 +20,10 @@ struct Entry {
 }
 
 /// Bind groups by what they bind. Decoding token after token binds the same buffers in the
-/// same order, so after the first token every bind group comes from here; groups unused for
-/// two read-backs (two steps of a model, however many submits each takes) are dropped, so
-/// buffers of a finished session are freed.
+/// same order, so after the first token every bind group comes from here; groups unused by
+/// the last two whole submits (a step's, however many parts it was submitted in, or a batch
+/// at load) are dropped, so the buffers they hold — a finished session's, or weights a load
+/// replaced — are freed.
 #[derive(Default)]
 pub(crate) struct BindGroups {
     groups: HashMap<BindKey, Entry>,
@@ -66,6 +67,11 @@ impl ParamBuffer {
 }
 
 impl BindGroups {
+    /// Bind groups held now (each keeps the buffers it binds alive).
+    pub fn held(&self) -> usize {
+        self.groups.len()
+    }
+
     fn get(
         &mut self,
         device: &wgpu::Device,
@@ -118,13 +124,13 @@ impl BindGroups {
         group
     }
 
-    /// Drops the groups not used since the read-back before the last one.
+    /// Drops the groups not used by the last two whole submits.
     fn evict(&mut self, now: u64) {
         self.groups.retain(|_, e| e.last_used + 2 > now);
     }
 }
 
-/// Encodes `batch` (recorded after read-back number `now`) into one command buffer: its
+/// Encodes `batch` (part of whole submit number `now`) into one command buffer: its
 /// uniforms written to the persistent buffer, runs of dispatches in one compute pass, copies
 /// between them. With a profiler every dispatch gets its own timed pass; the names and traffic
 /// of the timed kernels are returned in order.

@@ -229,3 +229,17 @@ fn a_step_submitted_in_parts_gives_the_logits_of_one_submit() {
         );
     }
 }
+
+#[test]
+fn a_load_does_not_keep_the_weights_it_replaced() {
+    // Each layer's gate and up are interleaved into a new matrix by a kernel at load; the
+    // bind group of that launch holds the two originals, so it must go with the next loads'
+    // batches, not live until the first tokens (every layer's FFN weights twice over).
+    let model = gpu_model(&shipped_model(), None);
+    let held = model.backend.stats().bind_groups_held;
+    assert!(
+        held < model.config.n_layer,
+        "{held} bind groups held after loading {} layers",
+        model.config.n_layer
+    );
+}
