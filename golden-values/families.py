@@ -22,6 +22,12 @@ Steps (positional; default both):
                                 output.weight
              tiny-falcon3-i2s   the same codes with beta as f32 in bitnet.cpp's I2_S (a Falcon3
                                 1.58-bit file), untied F16 output.weight
+           then tiny-llama-f16 through llama.cpp's own quantizer (llama_model_quantize, what
+           llama-quantize runs; no importance matrix) into the types people download:
+             tiny-llama-q4_0, -q4_k_m, -q5_k_m, -q6_k, -bf16 (the file types of those names,
+             with llama.cpp's choice of type per tensor: Q6_K for the tied embedding, Q6_K
+             for some attn_v and ffn_down tensors of a _M mix), and tiny-mistral-f32 into
+             tiny-mistral-q4_k_m (untied: a Q4_K token_embd, a Q6_K output.weight)
   llama    Run llama.cpp (generate.py's LlamaCpp: CPU, flash attention off, F32 KV cache, one
            ubatch) on each model but the I2_S one and the three token sequences of
            generate.py (a SentencePiece model also SPM_TEXT as llama.cpp tokenizes it); write
@@ -122,6 +128,53 @@ FAMILIES = [
     Family("tiny-llama-tq1_0", "llama", TINY, 64, GGML_TQ1_0, False, False, True, True),
     Family("tiny-qwen2-tq2_0", "qwen2", TINY, 64, GGML_TQ2_0, True, True, False, True),
 ]
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A file llama.cpp's quantizer makes from a Family's file."""
+    stem: str
+    source: Family
+    ftype: int                  # llama_ftype (LLAMA_FTYPE_MOSTLY_*)
+    act_quant: str              # how llama.cpp quantizes the inputs of most of its products
+
+    @property
+    def path(self) -> Path:
+        return MODELS_DIR / f"{self.stem}.gguf"
+
+    @property
+    def hp(self) -> HParams:
+        return self.source.hp
+
+    activation = "silu"
+    spm = False
+
+
+QUANTIZED = [
+    Quantized("tiny-llama-q4_0", FAMILIES[0], 2, "q8_0"),
+    Quantized("tiny-llama-q4_k_m", FAMILIES[0], 15, "q8_k"),
+    Quantized("tiny-llama-q5_k_m", FAMILIES[0], 17, "q8_k"),
+    Quantized("tiny-llama-q6_k", FAMILIES[0], 18, "q8_k"),
+    Quantized("tiny-llama-bf16", FAMILIES[0], 32, "bf16"),
+    # Untied, as Llama 3.1 8B's Q4_K_M: a Q4_K token_embd beside a Q6_K output.weight
+    Quantized("tiny-mistral-q4_k_m", FAMILIES[4], 15, "q8_k"),
+]
+
+
+def quantize(q: Quantized, threads: int, src: Path | None = None, dst: Path | None = None
+             ) -> None:
+    """q.source's file (or src) through llama_model_quantize into q.path (or dst)."""
+    import ctypes
+    import llama_cpp
+    src, dst = src or q.source.path, dst or q.path
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = q.ftype, threads
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize failed on {q.stem}: {rc}")
+    print(f"wrote {dst} ({dst.stat().st_size} B)")
+
+
 # The same codes as tiny-falcon3-f16 with beta as f32 in bitnet.cpp's I2_S: what a Falcon3
 # 1.58-bit file holds. llama.cpp cannot read I2_S; bitnet.cpp computes its golden (`bitnet` step).
 FALCON3_I2S = Family("tiny-falcon3-i2s", "llama", FALCON3, 256, GGML_I2_S, True, False, False,
@@ -254,9 +307,11 @@ def spm_vocab_kvs(n_vocab: int) -> list[KV]:
             kv_bool("tokenizer.ggml.add_eos_token", False)]
 
 
-def step_models(seed: int) -> None:
+def step_models(seed: int, threads: int) -> None:
     for f in FAMILIES + [FALCON3_I2S]:
         write(f, seed, f.path)
+    for q in QUANTIZED:
+        quantize(q, threads)
 
 
 # Speed measurements (`--bench DIR`): Llama 3.2 1B's shape (tied embedding, rope_freqs) in F16
@@ -272,15 +327,21 @@ BENCH = [
 ]
 
 
-def step_bench(out_dir: Path, seed: int) -> None:
+def step_bench(out_dir: Path, seed: int, threads: int) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for f in BENCH:
         write(f, seed, out_dir / f"{f.stem}.gguf")
+    # The Llama-1B-shaped F16 file through llama.cpp's quantizer into the types people download
+    source = Family("bench-llama1b-f16", "llama", LLAMA_1B, 64, GGML_F16, False, False, True,
+                    False)
+    for name, ftype in (("q4_0", 2), ("q4_k_m", 15), ("q6_k", 18)):
+        quantize(Quantized(f"bench-llama1b-{name}", source, ftype, ""), threads,
+                 src=out_dir / "bench-llama1b-f16.gguf", dst=out_dir / f"bench-llama1b-{name}.gguf")
 
 
 def step_llama(threads: int) -> None:
     llama = LlamaCpp(threads)
-    for f in FAMILIES:
+    for f in FAMILIES + QUANTIZED:
         t0 = time.time()
         # llama.cpp sizes the context from hp.n_ctx and checks n_vocab; the residual stream is
         # n_embd wide whatever the head width. A SentencePiece model also runs SPM_TEXT as
@@ -381,8 +442,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
     ap.add_argument("--bench", metavar="DIR", type=Path,
-                    help="write the benchmark models (Llama-3.2-1B-shaped F16 and Q8_0, "
-                         "Falcon3-3B-shaped I2_S; 1.3-2.5 GB each) into DIR; alone, only this")
+                    help="write the benchmark models (Llama-3.2-1B-shaped F16 and Q8_0, then "
+                         "llama.cpp's Q4_0, Q4_K_M and Q6_K of the F16 one, Falcon3-3B-shaped "
+                         "I2_S; 0.7-2.5 GB each) into DIR; alone, only this")
     ap.add_argument("--bitnet-cpp", type=Path, default=Path("/tmp/hesper-bitnet-cpp"),
                     help="bitnet-cpp/build.sh's work folder (default /tmp/hesper-bitnet-cpp)")
     a = ap.parse_args()
@@ -390,7 +452,7 @@ def main() -> None:
     if set(steps) - {"models", "llama", "bitnet", "validate"}:
         ap.error("steps are models, llama, bitnet and validate")
     if "models" in steps:
-        step_models(a.seed)
+        step_models(a.seed, a.threads)
     if "llama" in steps:
         step_llama(a.threads)
     if "bitnet" in steps:
@@ -398,7 +460,7 @@ def main() -> None:
     if "validate" in steps:
         step_validate()
     if a.bench:
-        step_bench(a.bench, a.seed)
+        step_bench(a.bench, a.seed, a.threads)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ use hesper_engine::weights::Format;
 mod common;
 use common::{desc, random_bytes};
 
-/// The layouts decode streams, with the row width each has in the 2B4T model.
-const CASES: [(&str, Format, usize); 7] = [
+/// The layouts decode streams, with the row width each has in the 2B4T model (Llama 3.2 1B's
+/// for the types of llama.cpp's quantized files).
+const CASES: [(&str, Format, usize); 10] = [
     ("i2_s (attn/up, 2560 cols)", Format::I2S { beta: 1.0 }, 2560),
     ("i2_s (down, 6912 cols)", Format::I2S { beta: 1.0 }, 6912),
     ("tq2_0 (attn/up, 2560 cols)", Format::TQ2_0, 2560),
@@ -23,6 +24,9 @@ const CASES: [(&str, Format, usize); 7] = [
     ("f16 (LM head)", Format::F16, 2560),
     ("q8_0 (LM head)", Format::Q8_0, 2560),
     ("q6_k (LM head)", Format::Q6K, 2560),
+    ("q4_0 (Llama 1B, 2048 cols)", Format::Q4_0, 2048),
+    ("q4_k (Llama 1B, 2048 cols)", Format::Q4K, 2048),
+    ("q5_k (Llama 1B, 2048 cols)", Format::Q5K, 2048),
 ];
 
 fn main() {

@@ -8,7 +8,7 @@ use hesper_cpu::quant::{
 };
 use hesper_cpu::{interleave, interleave_f16, interleave_q8_0};
 use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
-use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q6K, Q8_0};
+use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 use proptest::prelude::*;
 
 /// Every SIMD instruction set this CPU runs, each forced in turn rather than only the one
@@ -89,6 +89,23 @@ impl Lcg {
                 half::f16::from_f32(self.float(-0.01, 0) + (self.next() % 100) as f32 / 5000.0)
                     .to_le_bytes(),
             );
+        }
+        row
+    }
+
+    /// `blocks` blocks of `block_bytes` random bytes whose f16 numbers at `halves` (byte
+    /// offsets) are small scales of either sign: every code, sub-block scale and minimum the
+    /// layout can hold.
+    fn blocks(&mut self, blocks: usize, block_bytes: usize, halves: &[usize]) -> Vec<u8> {
+        let mut row: Vec<u8> = (0..blocks * block_bytes)
+            .map(|_| self.next() as u8)
+            .collect();
+        for blk in row.chunks_exact_mut(block_bytes) {
+            for &at in halves {
+                let d =
+                    half::f16::from_f32(self.float(-0.01, 0) + (self.next() % 100) as f32 / 5000.0);
+                blk[at..at + 2].copy_from_slice(&d.to_le_bytes());
+            }
         }
         row
     }
@@ -245,6 +262,47 @@ proptest! {
         let act = g.q8_k(blocks * 256);
         for isa in simds() {
             prop_assert_eq!(Q6K.dot(isa, &row, &act).to_bits(), scalar::q6_k_dot(&row, &act).to_bits(), "{:?}", isa);
+        }
+    }
+
+    /// Q4_0 × Q8_0, Q4_K and Q5_K × Q8_K: bit-identical (exact integer block sums, the same
+    /// float order), with every code, scale and minimum the formats can hold.
+    #[test]
+    fn q4_0_and_k_quants_match_scalar(blocks in 1usize..20, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let q4_0 = g.blocks(8 * blocks + blocks % 4, 18, &[0]);
+        let q4_0_act = quantize_q8_0(&(0..(8 * blocks + blocks % 4) * 32).map(|_| g.float(-10.0, 20)).collect::<Vec<_>>());
+        let (q4_k, q5_k) = (g.blocks(blocks, 144, &[0, 2]), g.blocks(blocks, 176, &[0, 2]));
+        let act = g.q8_k(blocks * 256);
+        for isa in simds() {
+            prop_assert_eq!(Q4_0.dot(isa, &q4_0, &q4_0_act).to_bits(), scalar::q4_0_dot(&q4_0, &q4_0_act).to_bits(), "{:?}", isa);
+            prop_assert_eq!(Q4K.dot(isa, &q4_k, &act).to_bits(), scalar::q4_k_dot(&q4_k, &act).to_bits(), "{:?}", isa);
+            prop_assert_eq!(Q5K.dot(isa, &q5_k, &act).to_bits(), scalar::q5_k_dot(&q5_k, &act).to_bits(), "{:?}", isa);
+        }
+    }
+
+    /// The four-token and four-row Q4_K and Q5_K kernels: every token and row bit for bit the
+    /// scalar dot.
+    #[test]
+    fn k_quant_tiles_match_scalar(blocks in 1usize..8, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let q4_k: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(blocks, 144, &[0, 2])).collect();
+        let q5_k: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(blocks, 176, &[0, 2])).collect();
+        let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
+        let four = [&acts[0], &acts[1], &acts[2], &acts[3]];
+        for isa in simds() {
+            let x4 = [Q4K.dot_x4(isa, &q4_k[0], four), Q5K.dot_x4(isa, &q5_k[0], four)];
+            let rows4 = [Q4K.dot_rows4(isa, &q4_k.concat(), &acts[0]), Q5K.dot_rows4(isa, &q5_k.concat(), &acts[0])];
+            let tiled = x4.iter().chain(&rows4).all(Option::is_some);
+            prop_assert!(tiled || !cfg!(target_arch = "x86_64"), "{:?}: no K-quant tile", isa);
+            for k in 0..4 {
+                if let ([Some(q4), Some(q5)], [Some(q4_rows), Some(q5_rows)]) = (x4, rows4) {
+                    prop_assert_eq!(q4[k].to_bits(), scalar::q4_k_dot(&q4_k[0], &acts[k]).to_bits(), "{:?} Q4_K token {}", isa, k);
+                    prop_assert_eq!(q5[k].to_bits(), scalar::q5_k_dot(&q5_k[0], &acts[k]).to_bits(), "{:?} Q5_K token {}", isa, k);
+                    prop_assert_eq!(q4_rows[k].to_bits(), scalar::q4_k_dot(&q4_k[k], &acts[0]).to_bits(), "{:?} Q4_K row {}", isa, k);
+                    prop_assert_eq!(q5_rows[k].to_bits(), scalar::q5_k_dot(&q5_k[k], &acts[0]).to_bits(), "{:?} Q5_K row {}", isa, k);
+                }
+            }
         }
     }
 
@@ -516,4 +574,44 @@ fn q6_k_dot_agrees_with_the_decoder() {
             "{isa:?}: {got} vs {want}"
         );
     }
+}
+
+/// The Q4_0, Q4_K and Q5_K dots mean what their decoders say: Σ decode(w)·(d·q), up to f32
+/// rounding (the dots sum exact integers per block, the oracle sums products in f64). A dot
+/// that dropped the minimums, the fifth bit or a sub-block's scale would be off by far more.
+#[test]
+fn q4_0_and_k_quant_dots_agree_with_their_decoders() {
+    fn check<L: CpuLayout>(layout: L, row: &[u8], act: &L::Act, q: &[(f32, &[i8])]) {
+        let mut decoded = vec![0.0f32; L::BLOCK];
+        let (mut want, mut scale) = (0.0f64, 0.0f64);
+        for (blk, &(d, qs)) in row.chunks_exact(L::BLOCK_BYTES).zip(q) {
+            layout.decode_block(blk, &mut decoded);
+            for (wv, &q) in decoded.iter().zip(qs) {
+                let term = f64::from(*wv) * f64::from(d) * f64::from(q);
+                want += term;
+                scale += term.abs();
+            }
+        }
+        for isa in Isa::supported() {
+            let got = f64::from(layout.dot(isa, row, act));
+            assert!(
+                (got - want).abs() <= 1e-6 * scale,
+                "{} {isa:?}: {got} vs {want}",
+                L::NAME
+            );
+        }
+    }
+    let mut g = Lcg(11);
+    let blocks = 6;
+    let act = g.q8_k(blocks * 256);
+    let q: Vec<(f32, &[i8])> = act.iter().map(|a| (a.d, &a.qs[..])).collect();
+    check(Q4K, &g.blocks(blocks, 144, &[0, 2]), &act, &q);
+    check(Q5K, &g.blocks(blocks, 176, &[0, 2]), &act, &q);
+    let act = quantize_q8_0(
+        &(0..blocks * 256)
+            .map(|_| g.float(-10.0, 20))
+            .collect::<Vec<_>>(),
+    );
+    let q: Vec<(f32, &[i8])> = act.iter().map(|a| (a.d, &a.qs[..])).collect();
+    check(Q4_0, &g.blocks(8 * blocks, 18, &[0]), &act, &q);
 }

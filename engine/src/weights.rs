@@ -20,6 +20,12 @@ pub enum Format {
     BF16,
     /// ggml Q8_0 blocks.
     Q8_0,
+    /// ggml Q4_0 blocks (see [`crate::formats::Q4_0`]).
+    Q4_0,
+    /// ggml Q4_K blocks (see [`crate::formats::q4_k`]).
+    Q4K,
+    /// ggml Q5_K blocks (see [`crate::formats::q5_k`]).
+    Q5K,
     /// ggml Q6_K blocks (see [`crate::formats::q6_k`]).
     Q6K,
     /// ggml TQ1_0 blocks.
@@ -52,7 +58,7 @@ pub struct MatrixDesc {
 #[derive(Debug, Error, PartialEq)]
 pub enum WeightError {
     /// The tensor's type is not usable as a weight matrix.
-    #[error("tensor {name:?} has type {ty}, which hesper-rs cannot compute with (it runs F32, F16, BF16, Q8_0, Q6_K, I2_S, TQ1_0 and TQ2_0)")]
+    #[error("tensor {name:?} has type {ty}, which hesper-rs cannot compute with (it runs F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, I2_S, TQ1_0 and TQ2_0)")]
     UnsupportedType {
         /// Tensor name.
         name: String,
@@ -127,6 +133,9 @@ impl MatrixDesc {
             GgmlType::F16 => Format::F16,
             GgmlType::BF16 => Format::BF16,
             GgmlType::Q8_0 => Format::Q8_0,
+            GgmlType::Q4_0 => Format::Q4_0,
+            GgmlType::Q4K => Format::Q4K,
+            GgmlType::Q5K => Format::Q5K,
             GgmlType::Q6K => Format::Q6K,
             GgmlType::TQ1_0 => Format::TQ1_0,
             GgmlType::TQ2_0 => Format::TQ2_0,

@@ -168,6 +168,18 @@ pub const FAMILIES: &[&str] = &[
     "tiny-qwen2-tq2_0",
 ];
 
+/// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16` and `tiny-mistral-f32`
+/// (golden-values/families.py): the file types people download — Q4_0, Q4_K_M, Q5_K_M, Q6_K,
+/// BF16, and an untied Q4_K_M (a Q4_K embedding) — with llama.cpp's logits for them.
+pub const QUANTS: &[&str] = &[
+    "tiny-llama-q4_0",
+    "tiny-llama-q4_k_m",
+    "tiny-llama-q5_k_m",
+    "tiny-llama-q6_k",
+    "tiny-llama-bf16",
+    "tiny-mistral-q4_k_m",
+];
+
 /// The instruction sets to test on this machine: the scalar reference and the best SIMD one.
 pub fn isas() -> Vec<Isa> {
     let mut v = vec![Isa::Scalar];

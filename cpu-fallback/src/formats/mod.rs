@@ -28,6 +28,9 @@ macro_rules! by_isa {
 
 pub mod float;
 pub mod i2s;
+mod q4_0;
+mod q4_k;
+mod q5_k;
 mod q6_k;
 pub mod q8_0;
 mod ternary;
@@ -44,9 +47,9 @@ use crate::quant::{I8Row, Q8KBlock, Q8_0Block};
 pub enum ActivationKind {
     /// Per-row int8 with one scale (bitnet.cpp's I2_S activations).
     I8Row,
-    /// ggml Q8_K blocks (TQ1_0, TQ2_0, Q6_K).
+    /// ggml Q8_K blocks (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K).
     Q8K,
-    /// ggml Q8_0 blocks.
+    /// ggml Q8_0 blocks (Q8_0, Q4_0).
     Q8_0,
     /// f32 rounded through f16.
     F16,

@@ -4,11 +4,14 @@
 //! order ggml's generic kernels use.
 
 use half::{bf16, f16};
+use hesper_engine::formats::q4_k::{k_d_dmin, k_scales_mins, q4_k_code, Q4_K_BLOCK_BYTES};
+use hesper_engine::formats::q5_k::{q5_k_code, Q5_K_BLOCK_BYTES};
 use hesper_engine::formats::q6_k::{
     q6_k_code, q6_k_d, q6_k_scale_index, Q6_K_BLOCK_BYTES, Q6_K_SCALES,
 };
 use hesper_engine::formats::{
-    i2s_code, tq1_0_code, tq2_0_code, Q8_0_BLOCK_BYTES, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
+    i2s_code, q4_0_code, tq1_0_code, tq2_0_code, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES,
+    TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
 };
 
 use crate::quant::{Q8KBlock, Q8_0Block, QK_K};
@@ -63,6 +66,67 @@ pub fn q8_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
         acc += sumi as f32 * (f16::from_le_bytes([blk[0], blk[1]]).to_f32() * a.d);
     }
     acc
+}
+
+/// One Q4_0 row · Q8_0 activations: per block the exact integer Σ(code − 8)·q, then
+/// `acc += sumi · (d_weight · d_act)` in f32, block after block.
+pub fn q4_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(Q4_0_BLOCK_BYTES).zip(act) {
+        let sumi: i32 = (0..32)
+            .map(|e| (i32::from(q4_0_code(blk, e)) - 8) * i32::from(a.qs[e]))
+            .sum();
+        acc += sumi as f32 * (f16::from_le_bytes([blk[0], blk[1]]).to_f32() * a.d);
+    }
+    acc
+}
+
+/// One Q4_K row · Q8_K activations (see [`k_quant_dot`]).
+pub fn q4_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    k_quant_dot(row, act, Q4_K_BLOCK_BYTES, q4_k_code)
+}
+
+/// One Q5_K row · Q8_K activations (see [`k_quant_dot`]).
+pub fn q5_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
+    k_quant_dot(row, act, Q5_K_BLOCK_BYTES, q5_k_code)
+}
+
+/// Shared body of the Q4_K and Q5_K dots (blocks of `block_bytes`, element `e`'s code given by
+/// `code(block, e)`): per block the exact integers `sumi = Σ_s scale_s · Σ code·q` and
+/// `summ = Σ_s min_s · Σ q` over the eight sub-blocks, then
+/// `acc += (d·d_act)·sumi − (dmin·d_act)·summ` in f32, block after block.
+pub fn k_quant_dot(
+    row: &[u8],
+    act: &[Q8KBlock],
+    block_bytes: usize,
+    code: fn(&[u8], usize) -> u8,
+) -> f32 {
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(block_bytes).zip(act) {
+        let (scales, mins) = k_scales_mins(blk);
+        let sumi: i32 = (0..8)
+            .map(|s| {
+                let sub: i32 = (32 * s..32 * s + 32)
+                    .map(|e| i32::from(code(blk, e)) * i32::from(a.qs[e]))
+                    .sum();
+                i32::from(scales[s]) * sub
+            })
+            .sum();
+        let summ = k_mins_sum(&mins, a);
+        let (d, dmin) = k_d_dmin(blk);
+        acc += (d * a.d) * sumi as f32 - (dmin * a.d) * summ as f32;
+    }
+    acc
+}
+
+/// `Σ_s min_s · Σ q` over the eight 32-value sub-blocks of a K-quant block: what the block's
+/// minimums take off its dot product (before `dmin · d_act`), from the activations' partial sums.
+#[inline]
+pub fn k_mins_sum(mins: &[u8; 8], a: &Q8KBlock) -> i32 {
+    mins.iter()
+        .enumerate()
+        .map(|(s, &m)| i32::from(m) * (i32::from(a.bsums[2 * s]) + i32::from(a.bsums[2 * s + 1])))
+        .sum()
 }
 
 /// One Q6_K row · Q8_K activations: per block the exact integer

@@ -8,6 +8,9 @@
 
 mod float;
 mod i2s;
+mod q4_0;
+pub mod q4_k;
+pub mod q5_k;
 pub mod q6_k;
 mod q8_0;
 mod tq1_0;
@@ -15,6 +18,9 @@ mod tq2_0;
 
 pub use float::{Bf16, F16, F32};
 pub use i2s::{i2s_code, I2s, I2S_GROUP};
+pub use q4_0::{q4_0_code, Q4_0, Q4_0_BLOCK_BYTES};
+pub use q4_k::Q4K;
+pub use q5_k::Q5K;
 pub use q6_k::Q6K;
 pub use q8_0::{q8_0_block, Q8_0, Q8_0_BLOCK_BYTES};
 pub use tq1_0::{tq1_0_code, Tq1_0, TQ1_0_BLOCK_BYTES};
@@ -63,7 +69,8 @@ pub trait Encode: Layout {
 macro_rules! with_layout {
     ($format:expr, |$layout:ident| $body:expr) => {
         $crate::with_layout!(@table $format, $layout, $body;
-            F32 => F32, F16 => F16, BF16 => Bf16, Q8_0 => Q8_0, Q6K => Q6K,
+            F32 => F32, F16 => F16, BF16 => Bf16, Q8_0 => Q8_0, Q4_0 => Q4_0, Q4K => Q4K,
+            Q5K => Q5K, Q6K => Q6K,
             TQ1_0 => Tq1_0, TQ2_0 => Tq2_0, I2S { beta } => I2s { beta })
     };
     (@table $format:expr, $layout:ident, $body:expr;
@@ -113,6 +120,9 @@ mod tests {
             (Format::F16, 2 * 256),
             (Format::BF16, 2 * 256),
             (Format::Q8_0, 8 * 34),
+            (Format::Q4_0, 8 * 18),
+            (Format::Q4K, 144),
+            (Format::Q5K, 176),
             (Format::Q6K, 210),
             (Format::TQ1_0, 54),
             (Format::TQ2_0, 66),

@@ -16,6 +16,13 @@ pub enum GgmlType {
     BF16,
     /// 32-element blocks: f16 scale + 32 × i8.
     Q8_0,
+    /// 32-element blocks: f16 scale + 32 four-bit values.
+    Q4_0,
+    /// 256-element k-quant blocks of 4-bit values with eight 6-bit sub-block scales and
+    /// minimums.
+    Q4K,
+    /// Q4_K with a fifth bit per value.
+    Q5K,
     /// 256-element k-quant blocks of 6-bit values with 16 int8 sub-block scales.
     Q6K,
     /// 256-element ternary blocks, 5 trits per byte (1.6875 bits per weight).
@@ -41,12 +48,6 @@ pub struct KnownOther {
 }
 
 const OTHERS: &[KnownOther] = &[
-    KnownOther {
-        id: 2,
-        name: "Q4_0",
-        block: 32,
-        block_bytes: 18,
-    },
     KnownOther {
         id: 3,
         name: "Q4_1",
@@ -82,18 +83,6 @@ const OTHERS: &[KnownOther] = &[
         name: "Q3_K",
         block: 256,
         block_bytes: 110,
-    },
-    KnownOther {
-        id: 12,
-        name: "Q4_K",
-        block: 256,
-        block_bytes: 144,
-    },
-    KnownOther {
-        id: 13,
-        name: "Q5_K",
-        block: 256,
-        block_bytes: 176,
     },
     KnownOther {
         id: 15,
@@ -139,7 +128,10 @@ impl GgmlType {
         match id {
             0 => Self::F32,
             1 => Self::F16,
+            2 => Self::Q4_0,
             8 => Self::Q8_0,
+            12 => Self::Q4K,
+            13 => Self::Q5K,
             14 => Self::Q6K,
             30 => Self::BF16,
             34 => Self::TQ1_0,
@@ -157,7 +149,10 @@ impl GgmlType {
         match self {
             Self::F32 => 0,
             Self::F16 => 1,
+            Self::Q4_0 => 2,
             Self::Q8_0 => 8,
+            Self::Q4K => 12,
+            Self::Q5K => 13,
             Self::Q6K => 14,
             Self::BF16 => 30,
             Self::TQ1_0 => 34,
@@ -174,7 +169,10 @@ impl GgmlType {
         match self {
             Self::F32 => Some((1, 4)),
             Self::F16 | Self::BF16 => Some((1, 2)),
+            Self::Q4_0 => Some((32, 18)),
             Self::Q8_0 => Some((32, 34)),
+            Self::Q4K => Some((256, 144)),
+            Self::Q5K => Some((256, 176)),
             Self::Q6K => Some((256, 210)),
             Self::TQ1_0 => Some((256, 54)),
             Self::TQ2_0 => Some((256, 66)),
@@ -208,6 +206,9 @@ impl fmt::Display for GgmlType {
             Self::F16 => f.write_str("F16"),
             Self::BF16 => f.write_str("BF16"),
             Self::Q8_0 => f.write_str("Q8_0"),
+            Self::Q4_0 => f.write_str("Q4_0"),
+            Self::Q4K => f.write_str("Q4_K"),
+            Self::Q5K => f.write_str("Q5_K"),
             Self::Q6K => f.write_str("Q6_K"),
             Self::TQ1_0 => f.write_str("TQ1_0"),
             Self::TQ2_0 => f.write_str("TQ2_0"),

@@ -4,6 +4,9 @@
 
 mod float;
 mod i2s;
+mod q4_0;
+mod q4_k;
+mod q5_k;
 mod q6_k;
 mod q8_0;
 mod ternary;
@@ -27,5 +30,5 @@ pub trait GpuLayout: Layout {
     }
 }
 
-/// Why BF16 and Q6_K matrices stay off the GPU, and what to do instead.
-const NO_KERNEL: &str = "no GPU kernel for BF16 or Q6_K weights yet (F32, F16, Q8_0, I2_S, TQ1_0 and TQ2_0 have one); use --backend cpu (or --lm-head q8_0 for a re-quantized head)";
+/// Why BF16, Q4_0 and K-quant matrices stay off the GPU, and what to do instead.
+const NO_KERNEL: &str = "no GPU kernel for BF16, Q4_0, Q4_K, Q5_K or Q6_K weights yet (F32, F16, Q8_0, I2_S, TQ1_0 and TQ2_0 have one); use --backend cpu (or --lm-head q8_0 for a re-quantized head)";

@@ -3,11 +3,13 @@
 //!
 //! * `ternary` — I2_S, TQ2_0 and TQ1_0 rows against int8 and Q8_K activations;
 //! * `blocks` — Q8_0 and Q6_K rows;
+//! * `k_quants` — Q4_0, Q4_K and Q5_K rows;
 //! * `float` — F32 and F16 rows, and the attention's dot products and weighted sums.
 
 mod blocks;
 mod float;
 mod grouped;
+mod k_quants;
 mod softmax;
 mod ternary;
 
@@ -17,6 +19,9 @@ pub use float::{
     rms_norm_row, scores, weighted_sum,
 };
 pub use grouped::{scores_x4, weighted_sum_x4};
+pub use k_quants::{
+    q4_0_dot, q4_k_dot, q4_k_dot_rows4, q4_k_dot_x4, q5_k_dot, q5_k_dot_rows4, q5_k_dot_x4,
+};
 pub use softmax::softmax;
 pub use ternary::{
     i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4_avx2, i2s_code_dot_x4_avxvnni,
@@ -67,4 +72,22 @@ unsafe fn hsum_f32(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+/// The totals of four vectors of eight i32 lanes, as one vector `[Σv0, Σv1, Σv2, Σv3]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn totals4(v: [__m256i; 4]) -> __m128i {
+    // Pairwise sums within each 128-bit half: lanes end as [Σv0, Σv1, Σv2, Σv3] per half.
+    let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
+}
+
+/// The totals of four vectors of eight i32 lanes.
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_i32_x4(v: [__m256i; 4]) -> [i32; 4] {
+    let mut out = [0i32; 4];
+    // SAFETY: `out` holds exactly 16 bytes; storeu has no alignment needs.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), totals4(v)) };
+    out
 }

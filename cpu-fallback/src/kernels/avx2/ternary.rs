@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use hesper_engine::formats::{I2S_GROUP, TQ1_0_BLOCK_BYTES};
 
-use super::{hsum_i32, prefetch, prefetch_ahead, ROWS4_PREFETCH_AHEAD};
+use super::{hsum_i32, hsum_i32_x4, prefetch, prefetch_ahead, ROWS4_PREFETCH_AHEAD};
 use crate::quant::Q8KBlock;
 
 /// The four 2-bit planes of 32 code bytes: plane `s` holds bits `2s..2s + 2` of every byte.
@@ -106,18 +106,6 @@ impl BytePairs for AvxVnni {
     unsafe fn dot<const N: usize>(acc: __m256i, codes: &[__m256i; N], q: &[__m256i; N]) -> __m256i {
         two_chains!(acc, codes, q, _mm256_dpbusd_avx_epi32)
     }
-}
-
-/// The horizontal sums of four vectors of eight i32 lanes.
-#[target_feature(enable = "avx2")]
-unsafe fn hsum_i32_x4(v: [__m256i; 4]) -> [i32; 4] {
-    // Pairwise sums within each 128-bit half: lanes end as [Σv0, Σv1, Σv2, Σv3] per half.
-    let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-    let mut out = [0i32; 4];
-    // SAFETY: `out` holds exactly 16 bytes; storeu has no alignment needs.
-    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), s) };
-    out
 }
 
 /// AVX2 version of [`crate::kernels::scalar::i2s_code_dot`].

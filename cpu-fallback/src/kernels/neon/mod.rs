@@ -6,6 +6,7 @@
 //!
 //! * `ternary` — I2_S, TQ2_0 and TQ1_0 rows against int8 and Q8_K activations;
 //! * `blocks` — Q8_0 and Q6_K rows;
+//! * `k_quants` — Q4_0, Q4_K and Q5_K rows;
 //! * `float` — F32 and F16 rows, and the attention's dot products and weighted sums (no
 //!   integer products, so both variants run the same code).
 //!
@@ -18,6 +19,7 @@
 
 mod blocks;
 mod float;
+mod k_quants;
 mod ternary;
 
 pub use float::{f16_dot, f32_dot, scores, weighted_sum};
@@ -311,4 +313,10 @@ variants! {
     fn q8_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 = blocks::q8_0_dot;
     /// Q6_K row · Q8_K activations, bit-identical to [`crate::kernels::scalar::q6_k_dot`].
     fn q6_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 = blocks::q6_k_dot;
+    /// Q4_0 row · Q8_0 activations, bit-identical to [`crate::kernels::scalar::q4_0_dot`].
+    fn q4_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 = k_quants::q4_0_dot;
+    /// Q4_K row · Q8_K activations, bit-identical to [`crate::kernels::scalar::q4_k_dot`].
+    fn q4_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 = k_quants::q4_k_dot;
+    /// Q5_K row · Q8_K activations, bit-identical to [`crate::kernels::scalar::q5_k_dot`].
+    fn q5_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 = k_quants::q5_k_dot;
 }

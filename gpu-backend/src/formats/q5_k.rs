@@ -1,0 +1,12 @@
+//! Q5_K has no GPU kernel yet: the load stops with [`NO_KERNEL`]'s line.
+
+use hesper_engine::formats::Q5K;
+
+use super::{GpuLayout, NO_KERNEL};
+use crate::matrix::Kind;
+
+impl GpuLayout for Q5K {
+    fn route(self, _cols: usize) -> Result<Kind, &'static str> {
+        Err(NO_KERNEL)
+    }
+}
