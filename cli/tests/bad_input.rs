@@ -88,8 +88,7 @@ fn inputs_the_model_cannot_use_give_one_clear_line() {
             assert_one_line_error(&args, &hesper(&args), needle);
         }
     }
-    // Q6_K needs whole 256-value rows (the random demo model is 128 wide), and exists on the
-    // CPU only.
+    // Q6_K needs whole 256-value rows (the random demo model is 128 wide).
     let tiny = format!("{}/../models/hesper-tiny.gguf", env!("CARGO_MANIFEST_DIR"));
     let args = [
         "generate",

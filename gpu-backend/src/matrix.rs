@@ -52,11 +52,28 @@ pub enum Kind {
     },
     /// Ternary codes with f32 scales per 256-block (from TQ1_0 / TQ2_0).
     Tq,
-    /// int8 with f32 scales per 32-block (from Q8_0).
+    /// int8 with f32 scales per 32-block (from Q8_0, and Q4_0 widened to it).
     Q8_0,
+    /// bf16 weights.
+    Bf16,
+    /// K-quant codes as int8 with each sub-block's integer scale and minimum, and `d`, `dmin`
+    /// per 256-block (from Q4_K, Q5_K, Q6_K: `crate::formats::k_quants`).
+    Kq {
+        /// Values per sub-block: 32 (Q4_K, Q5_K) or 16 (Q6_K).
+        sub: u32,
+    },
 }
 
 impl Kind {
+    /// Whether matrices of `self` and `other` can become one (their rows read by one kernel
+    /// launch): the same route, and for K-quants the same sub-blocks.
+    pub fn joins(self, other: Self) -> bool {
+        match (self, other) {
+            (Self::Kq { sub: a }, Self::Kq { sub: b }) => a == b,
+            _ => std::mem::discriminant(&self) == std::mem::discriminant(&other),
+        }
+    }
+
     /// Whether a GPU kernel fetches embedding rows of this layout (the others are decoded on
     /// the host).
     pub fn fetched_on_gpu(self) -> bool {
@@ -178,7 +195,7 @@ impl GpuMatrix {
     ) -> Result<Result<Self, (Self, Self)>, GpuError> {
         let (rows, cols) = (gate.desc.rows, gate.desc.cols);
         let row_words = gate.kind.row_bytes(cols) / 4;
-        let fits = std::mem::discriminant(&gate.kind) == std::mem::discriminant(&up.kind)
+        let fits = gate.kind.joins(up.kind)
             && (up.desc.rows, up.desc.cols) == (rows, cols)
             && gate.windows.len() == 1
             && up.windows.len() == 1
@@ -242,7 +259,7 @@ impl GpuMatrix {
         let row_words = q.kind.row_bytes(cols) / 4;
         let parts = [&q, &k, &v];
         let fits = parts.iter().all(|m| {
-            std::mem::discriminant(&m.kind) == std::mem::discriminant(&q.kind)
+            m.kind.joins(q.kind)
                 && m.desc.cols == cols
                 && m.windows.len() == 1
                 && m.odd.is_none()
@@ -297,13 +314,15 @@ impl GpuMatrix {
 }
 
 impl Kind {
-    /// Bytes of one row as uploaded (TQ becomes 2-bit codes: cols/4).
+    /// Bytes of one row as uploaded (TQ becomes 2-bit codes: cols/4; a K-quant row its int8
+    /// codes, then a word per sub-block).
     fn row_bytes(self, cols: usize) -> usize {
         match self {
             Kind::F32 => cols * 4,
-            Kind::F16 => cols * 2,
+            Kind::F16 | Kind::Bf16 => cols * 2,
             Kind::I2s { .. } | Kind::Tq => cols / 4,
             Kind::Q8_0 => cols,
+            Kind::Kq { sub } => cols + 4 * cols / sub as usize,
         }
     }
 }

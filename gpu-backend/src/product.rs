@@ -25,9 +25,9 @@ pub fn activation_bytes(kind: Kind, packed_dot: bool, n: usize, cols: usize) -> 
     match kind {
         Kind::I2s { .. } if packed_dot => n * cols + 8 * n,
         Kind::I2s { .. } => 4 * n * cols + 4 * n,
-        Kind::Tq => 4 * n * cols + 4 * n * cols / 256,
+        Kind::Tq | Kind::Kq { .. } => 4 * n * cols + 4 * n * cols / 256,
         Kind::Q8_0 => 4 * n * cols + 4 * n * cols / 32,
-        Kind::F32 | Kind::F16 => 4 * n * cols,
+        Kind::F32 | Kind::F16 | Kind::Bf16 => 4 * n * cols,
     }
 }
 
@@ -58,9 +58,9 @@ pub fn quantize(
     }
     let (blocks, per_block) = match w.kind {
         Kind::I2s { .. } => (n, cols),
-        Kind::Tq => (n * cols / 256, 256),
+        Kind::Tq | Kind::Kq { .. } => (n * cols / 256, 256),
         Kind::Q8_0 => (n * cols / 32, 32),
-        Kind::F32 | Kind::F16 => return Ok(()),
+        Kind::F32 | Kind::F16 | Kind::Bf16 => return Ok(()),
     };
     st.reserve(blocks * per_block, blocks)?;
     let State {
@@ -98,7 +98,7 @@ pub fn quantize(
             k::row_grid(n as u32),
             traffic,
         ),
-        Kind::Tq => batch.run_moving(
+        Kind::Tq | Kind::Kq { .. } => batch.run_moving(
             gpu,
             &k::quantize_q8k::Args { x, q, d: act_scale },
             k::row_grid(blocks as u32),
@@ -168,9 +168,9 @@ pub fn multiply_into(
         .map_or((rows, rows), |p| (p.k_row as u32, p.v_row as u32));
     let lanes = k::lanes_per_row(match w.kind {
         Kind::I2s { .. } => w.desc.cols / 16,
-        Kind::Tq => w.desc.cols / 256,
+        Kind::Tq | Kind::Kq { .. } => w.desc.cols / 256,
         Kind::Q8_0 => w.desc.cols / 32,
-        Kind::F16 => w.desc.cols / 2,
+        Kind::F16 | Kind::Bf16 => w.desc.cols / 2,
         Kind::F32 => w.desc.cols,
     });
     let activations = activation_bytes(w.kind, *packed_dot, n, w.desc.cols);
@@ -240,8 +240,16 @@ pub fn multiply_into(
                 q: q,
                 d: act_scale,
             }),
+            Kind::Kq { sub } => launch!(matvec_kq {
+                w: &win.data,
+                wd: win.scales(&w.desc.name)?,
+                q: q,
+                d: act_scale,
+                sub: sub,
+            }),
             Kind::F32 => launch!(matvec_f32 { w: &win.data, x: x }),
             Kind::F16 => launch!(matvec_f16 { w: &win.data, x: x }),
+            Kind::Bf16 => launch!(matvec_bf16 { w: &win.data, x: x }),
         }
     }
     Ok(())

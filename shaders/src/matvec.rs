@@ -1,4 +1,4 @@
-//! Float and Q8_0 weight matrices times activations, with the launch geometry and output stage
+//! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry and output stage
 //! of `bitlinear.rs`: `lanes` threads per output row, `64 / lanes` rows per workgroup, a tile of
 //! up to `TILE` tokens per weight pass, [`row_sums`] then [`store_rows`].
 
@@ -114,6 +114,82 @@ pub fn matvec_f16<const TILE: u32>(
             if t0 + j < n {
                 let a = (t0 + j) * cols + 2u32 * i;
                 f[j] += lo * round_to_f16(x[a]) + hi * round_to_f16(x[a + 1u32]);
+            }
+        }
+    }
+    for j in 0..TILE {
+        acc[64u32 * j + t] = f[j];
+    }
+    barrier();
+    row_sums(acc, t, lane, lanes, TILE);
+    store_rows(
+        acc,
+        out,
+        out_k,
+        out_v,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
+    );
+}
+
+/// BF16 weights (two per word, the lower first; `cols` even); the activations are rounded
+/// through bf16 first (to nearest, ties to even), as ggml does for BF16 matrices.
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn matvec_bf16<const TILE: u32>(
+    w: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[comptime] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] acc: &mut [f32; 64 * TILE],
+) {
+    let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let t0 = wid_y() * TILE;
+    let half = cols / 2u32;
+    let mut f = [0.0f32; TILE];
+    for i in (lane..half).step_by(lanes) {
+        if r >= window_rows {
+            break;
+        }
+        let word = w[r * half + i];
+        let lo = f32_from_bits(word << 16u32);
+        let hi = f32_from_bits(word & 4294901760u32);
+        for j in 0..TILE {
+            if t0 + j < n {
+                let a = (t0 + j) * cols + 2u32 * i;
+                let xa = f32_to_bits(x[a]);
+                let xb = f32_to_bits(x[a + 1u32]);
+                let ra = f32_from_bits((xa + 32767u32 + ((xa >> 16u32) & 1u32)) & 4294901760u32);
+                let rb = f32_from_bits((xb + 32767u32 + ((xb >> 16u32) & 1u32)) & 4294901760u32);
+                f[j] += lo * ra + hi * rb;
             }
         }
     }

@@ -48,6 +48,8 @@ fn all() -> Vec<Kernel> {
         matvec_f32,
         matvec_f16,
         matvec_q8_0,
+        matvec_bf16,
+        matvec_kq,
         quantize_q8_0,
         embed_f32,
         embed_f16,
@@ -126,8 +128,8 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
             }
         }
     }
-    // Six matrix kernels × seven lane counts × two capability sets.
-    assert_eq!(specialised, 6 * 7 * 2);
+    // Eight matrix kernels × seven lane counts × two capability sets.
+    assert_eq!(specialised, 8 * 7 * 2);
 }
 
 #[test]

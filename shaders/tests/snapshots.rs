@@ -38,6 +38,8 @@ fn generated_wgsl_is_unchanged() {
         matvec_f32,
         matvec_f16,
         matvec_q8_0,
+        matvec_bf16,
+        matvec_kq,
         embed_f32,
         embed_f16,
         attention,

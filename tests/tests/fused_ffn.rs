@@ -67,6 +67,31 @@ fn weights(format: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
                 b
             })
             .collect(),
+        Format::BF16 => (0..n)
+            .flat_map(|_| half::bf16::from_f32(rng.unit() * 0.1).to_le_bytes())
+            .collect(),
+        Format::Q4_0 => (0..n / 32)
+            .flat_map(|_| {
+                let mut b = rng.f16(0.01).to_vec();
+                b.extend((0..16).map(|_| rng.next_u64() as u8));
+                b
+            })
+            .collect(),
+        // d and dmin, then random sub-block scales, minimums and codes.
+        Format::Q4K => (0..n / 256)
+            .flat_map(|_| {
+                let mut b = [rng.f16(0.01), rng.f16(0.002)].concat();
+                b.extend((0..140).map(|_| rng.next_u64() as u8));
+                b
+            })
+            .collect(),
+        Format::Q6K => (0..n / 256)
+            .flat_map(|_| {
+                let mut b: Vec<u8> = (0..208).map(|_| rng.next_u64() as u8).collect();
+                b.extend(rng.f16(0.001));
+                b
+            })
+            .collect(),
         other => unreachable!("no GPU kernel for {other:?}"),
     }
 }
@@ -140,10 +165,14 @@ fn ffn<B: Backend>(
     (hidden, read(b, &y, n * D))
 }
 
-const FORMATS: [Format; 6] = [
+const FORMATS: [Format; 10] = [
     Format::F32,
     Format::F16,
+    Format::BF16,
     Format::Q8_0,
+    Format::Q4_0,
+    Format::Q4K,
+    Format::Q6K,
     Format::I2S { beta: 0.5 },
     Format::TQ1_0,
     Format::TQ2_0,
@@ -168,7 +197,8 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                     // layouts skip the quantizers; the join at load is not in the counters, which
                     // count the backend's recorded work). Apart: the input quantized once for
                     // gate and up, two products, glu; then quantize, product and add.
-                    let quantizers = u64::from(!matches!(format, Format::F32 | Format::F16));
+                    let quantizers =
+                        u64::from(!matches!(format, Format::F32 | Format::F16 | Format::BF16));
                     assert_eq!(d1 - d0, 2 + 2 * quantizers, "{what}: fused dispatches");
                     assert_eq!(d2 - d1, 5 + 2 * quantizers, "{what}: unfused dispatches");
                     let same = |a: &[f32], b: &[f32]| {
@@ -269,7 +299,8 @@ fn joined_qkv_equals_three_products_bit_for_bit() {
                 }
                 // The input quantized once (float layouts: not at all), then one product
                 // instead of three.
-                let quantizer = u64::from(!matches!(format, Format::F32 | Format::F16));
+                let quantizer =
+                    u64::from(!matches!(format, Format::F32 | Format::F16 | Format::BF16));
                 assert_eq!(d_apart, quantizer + 3, "{what}: dispatches apart");
                 assert_eq!(d_joined, quantizer + 1, "{what}: dispatches joined");
             }
@@ -335,7 +366,8 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
                     // quantizer of the packed path is the norm's own pass unless the rows
                     // changed in between.
                     let i2s = matches!(format, Format::I2S { .. }) && packed;
-                    let quantizer = u64::from(!matches!(format, Format::F32 | Format::F16));
+                    let quantizer =
+                        u64::from(!matches!(format, Format::F32 | Format::F16 | Format::BF16));
                     let add = u64::from(touch);
                     assert_eq!(d_apart, 2 + quantizer + add, "{what}: unfused dispatches");
                     let saved = u64::from(i2s && !touch);

@@ -1,8 +1,8 @@
-//! F32 and F16 rows go to the GPU as stored (`matvec_f32`, `matvec_f16`); BF16 has no kernel.
+//! F32, F16 and BF16 rows go to the GPU as stored (`matvec_f32`, `matvec_f16`, `matvec_bf16`).
 
 use hesper_engine::formats::{Bf16, F16, F32};
 
-use super::{GpuLayout, NO_KERNEL};
+use super::GpuLayout;
 use crate::matrix::Kind;
 
 impl GpuLayout for F32 {
@@ -23,7 +23,12 @@ impl GpuLayout for F16 {
 }
 
 impl GpuLayout for Bf16 {
-    fn route(self, _cols: usize) -> Result<Kind, &'static str> {
-        Err(NO_KERNEL)
+    fn route(self, cols: usize) -> Result<Kind, &'static str> {
+        // The kernel reads pairs of bf16 as one word.
+        if cols.is_multiple_of(2) {
+            Ok(Kind::Bf16)
+        } else {
+            Err("BF16 rows must have an even length")
+        }
     }
 }

@@ -1,9 +1,11 @@
 //! The GPU side of every weight layout, one file each: which kernel route its rows take
 //! ([`Kind`], run by `crate::product`) and how they are repacked for it at upload
-//! ([`GpuLayout`]). A layout without a GPU kernel says why, and the load stops with that line.
+//! ([`GpuLayout`]). A layout without a GPU kernel for some shape says why, and the load stops
+//! with that line.
 
 mod float;
 mod i2s;
+mod k_quants;
 mod q4_0;
 mod q4_k;
 mod q5_k;
@@ -29,6 +31,3 @@ pub trait GpuLayout: Layout {
         (Cow::Borrowed(src), None)
     }
 }
-
-/// Why BF16, Q4_0 and K-quant matrices stay off the GPU, and what to do instead.
-const NO_KERNEL: &str = "no GPU kernel for BF16, Q4_0, Q4_K, Q5_K or Q6_K weights yet (F32, F16, Q8_0, I2_S, TQ1_0 and TQ2_0 have one); use --backend cpu (or --lm-head q8_0 for a re-quantized head)";

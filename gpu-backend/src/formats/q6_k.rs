@@ -1,12 +1,33 @@
-//! Q6_K has no GPU kernel yet; a re-quantized head (`--lm-head q8_0`) takes the Q8_0 route.
+//! Q6_K rows: the shared K-quant upload (`k_quants`), codes less their offset of 32 with
+//! sixteen signed sub-block scales of 16 values and no minimums.
 
+use std::borrow::Cow;
+
+use hesper_engine::formats::q6_k::{q6_k_code, q6_k_d, Q6_K_SCALES};
 use hesper_engine::formats::Q6K;
 
-use super::{GpuLayout, NO_KERNEL};
+use super::k_quants::{repack, KBlock};
+use super::GpuLayout;
 use crate::matrix::Kind;
 
 impl GpuLayout for Q6K {
     fn route(self, _cols: usize) -> Result<Kind, &'static str> {
-        Err(NO_KERNEL)
+        Ok(Kind::Kq { sub: 16 })
+    }
+
+    fn repack(src: &[u8], cols: usize) -> (Cow<'_, [u8]>, Option<Vec<f32>>) {
+        let block = KBlock {
+            sub: 16,
+            code: |blk, e| q6_k_code(blk, e) as i8 - 32,
+            // Sub-block s (elements 16s..16s + 16) uses scale s.
+            scales_mins: |blk| {
+                blk[Q6_K_SCALES..Q6_K_SCALES + 16]
+                    .iter()
+                    .map(|&s| (i16::from(s as i8), 0))
+                    .collect()
+            },
+            d_dmin: |blk| (q6_k_d(blk), 0.0),
+        };
+        repack::<Self>(src, cols, &block)
     }
 }

@@ -1,0 +1,106 @@
+//! The upload every K-quant layout shares (`Kind::Kq`, `matvec_kq`): each row's codes as signed
+//! int8 (four to a word), then one word per sub-block holding its integer scale (low 16 bits,
+//! signed) and minimum (high 16 bits); `d` and `dmin` of every block as f32. Codes of up to six
+//! bits take a byte each here (Q4_K rows upload at 1.8 times their file size), so that one
+//! kernel reads all three types.
+
+use std::borrow::Cow;
+
+use hesper_engine::formats::Layout;
+
+/// How a K-quant layout's block reads, for [`repack`].
+pub(super) struct KBlock {
+    /// Values per sub-block.
+    pub sub: usize,
+    /// The signed code of element `e` (what multiplies the sub-block's scale).
+    pub code: fn(&[u8], usize) -> i8,
+    /// The integer scale and minimum of every sub-block (`256 / sub` of them).
+    pub scales_mins: fn(&[u8]) -> Vec<(i16, u16)>,
+    /// `d` and `dmin`.
+    pub d_dmin: fn(&[u8]) -> (f32, f32),
+}
+
+/// Whole rows `src` (of `cols` values) of layout `L`, read as `k` says, in the upload layout.
+pub(super) fn repack<L: Layout>(
+    src: &[u8],
+    cols: usize,
+    k: &KBlock,
+) -> (Cow<'static, [u8]>, Option<Vec<f32>>) {
+    let blocks = cols / L::BLOCK;
+    let subs = L::BLOCK / k.sub;
+    let rows = src.len() / L::row_bytes(cols);
+    let mut bytes = Vec::with_capacity(rows * (cols + 4 * blocks * subs));
+    let mut scales = Vec::with_capacity(2 * rows * blocks);
+    for row in src.chunks_exact(L::row_bytes(cols)) {
+        for blk in row.chunks_exact(L::BLOCK_BYTES) {
+            bytes.extend((0..L::BLOCK).map(|e| (k.code)(blk, e) as u8));
+        }
+        for blk in row.chunks_exact(L::BLOCK_BYTES) {
+            for (scale, min) in (k.scales_mins)(blk) {
+                let word = u32::from(scale as u16) | (u32::from(min) << 16);
+                bytes.extend(word.to_le_bytes());
+            }
+            let (d, dmin) = (k.d_dmin)(blk);
+            scales.extend([d, dmin]);
+        }
+    }
+    (Cow::Owned(bytes), Some(scales))
+}
+
+#[cfg(test)]
+mod tests {
+    use hesper_engine::formats::{Q4K, Q5K, Q6K};
+
+    use super::super::GpuLayout;
+
+    /// Every value the upload layout gives (`d·scale·code − dmin·min`, in that order) equals the
+    /// layout's own decoder bit for bit, for every type and every byte pattern tried.
+    #[test]
+    fn the_upload_decodes_as_the_file() {
+        fn check<L: GpuLayout>(layout: L, sub: usize) {
+            let cols = 512;
+            let bytes: Vec<u8> = (0..2 * L::row_bytes(cols))
+                .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(7) as u8)
+                .collect();
+            let mut src = bytes.clone();
+            // Small finite d and dmin (random bytes may make NaN).
+            for blk in src.chunks_exact_mut(L::BLOCK_BYTES) {
+                let at = if L::NAME == "Q6_K" {
+                    L::BLOCK_BYTES - 2
+                } else {
+                    0
+                };
+                blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.013).to_le_bytes());
+                if L::NAME != "Q6_K" {
+                    blk[2..4].copy_from_slice(&half::f16::from_f32(-0.002).to_le_bytes());
+                }
+            }
+            let (up, scales) = L::repack(&src, cols);
+            let scales = scales.expect("block scales");
+            let subs = 256 / sub;
+            let row_len = cols + 4 * (cols / 256) * subs;
+            let mut want = vec![0.0f32; cols];
+            for (r, row) in src.chunks_exact(L::row_bytes(cols)).enumerate() {
+                layout.decode_row(row, &mut want);
+                let up = &up[r * row_len..(r + 1) * row_len];
+                for (e, &w) in want.iter().enumerate() {
+                    let (b, s) = (e / 256, (e % 256) / sub);
+                    let at = cols + 4 * (b * subs + s);
+                    let word = u32::from_le_bytes([up[at], up[at + 1], up[at + 2], up[at + 3]]);
+                    let (scale, min) = (f32::from(word as u16 as i16), (word >> 16) as f32);
+                    let (d, dmin) = (scales[2 * (r * 2 + b)], scales[2 * (r * 2 + b) + 1]);
+                    let got = (d * scale) * f32::from(up[e] as i8) - dmin * min;
+                    assert_eq!(
+                        got.to_bits(),
+                        w.to_bits(),
+                        "{} row {r} element {e}",
+                        L::NAME
+                    );
+                }
+            }
+        }
+        check(Q4K, 32);
+        check(Q5K, 32);
+        check(Q6K, 16);
+    }
+}

@@ -1,0 +1,118 @@
+//! K-quant weight matrices (Q4_K, Q5_K, Q6_K) times Q8_K activations, with the launch geometry
+//! and output stage of `bitlinear.rs`: `lanes` threads per output row, `64 / lanes` rows per
+//! workgroup, a tile of up to `TILE` tokens per weight pass, [`row_sums`] then [`store_rows`].
+
+use hesper_dsl::kernel;
+
+use crate::reduce::row_sums;
+use crate::tile::store_rows;
+
+/// K-quant weights, repacked at upload into one layout for the three types: each row its signed
+/// int8 codes, four to a word (`cols / 4` words; Q6_K's codes less their offset of 32), then
+/// one word per sub-block holding the sub-block's integer scale (low 16 bits, signed) and
+/// minimum (high 16 bits); `wd` holds `d` and `dmin` of every (row, block).
+/// `sub` is the sub-block length: 32 (Q4_K, Q5_K) or 16 (Q6_K, whose minimums are 0). Q8_K
+/// activations from [`crate::quantize_q8k`]. Per block the exact integers
+/// `sumi = Σ_s scale_s · Σ code·q` and `summ = Σ_s min_s · Σ q`, then
+/// `acc += (d·d_act)·sumi − (dmin·d_act)·summ`, as the CPU's scalar kernels do.
+#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
+pub fn matvec_kq<const TILE: u32>(
+    w: &[u32],
+    wd: &[f32],
+    q: &[i32],
+    d: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[comptime] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[uniform] sub: u32,
+    #[shared] acc: &mut [f32; 64 * TILE],
+) {
+    let t = lid();
+    let lane = t % lanes;
+    let r = wid() * (64u32 / lanes) + t / lanes;
+    let t0 = wid_y() * TILE;
+    let words = cols / 4u32;
+    let blocks = cols / 256u32;
+    let subs = 256u32 / sub;
+    let stride = words + blocks * subs;
+    let mut f = [0.0f32; TILE];
+    for blk in (lane..blocks).step_by(lanes) {
+        if r >= window_rows {
+            break;
+        }
+        let mut si = [0i32; TILE];
+        let mut sm = [0i32; TILE];
+        for s in 0..subs {
+            let packed = w[r * stride + words + blk * subs + s];
+            let scale = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
+            let min = (packed >> 16u32) as i32;
+            let e0 = blk * 256u32 + s * sub;
+            let mut sd = [0i32; TILE];
+            let mut sq = [0i32; TILE];
+            for i in 0..sub / 4u32 {
+                let word = w[r * stride + e0 / 4u32 + i];
+                for b in 0..4u32 {
+                    let wv = (((word >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
+                    for j in 0..TILE {
+                        if t0 + j < n {
+                            let qv = q[(t0 + j) * cols + e0 + 4u32 * i + b];
+                            sd[j] += wv * qv;
+                            sq[j] += qv;
+                        }
+                    }
+                }
+            }
+            for j in 0..TILE {
+                si[j] += scale * sd[j];
+                sm[j] += min * sq[j];
+            }
+        }
+        let dw = wd[2u32 * (r * blocks + blk)];
+        let dm = wd[2u32 * (r * blocks + blk) + 1u32];
+        for j in 0..TILE {
+            if t0 + j < n {
+                let da = d[(t0 + j) * blocks + blk];
+                f[j] += (dw * da) * (si[j] as f32) - (dm * da) * (sm[j] as f32);
+            }
+        }
+    }
+    for j in 0..TILE {
+        acc[64u32 * j + t] = f[j];
+    }
+    barrier();
+    row_sums(acc, t, lane, lanes, TILE);
+    store_rows(
+        acc,
+        out,
+        out_k,
+        out_v,
+        t,
+        lane,
+        lanes,
+        r,
+        window_rows,
+        row0,
+        rows,
+        t0,
+        n,
+        TILE,
+        mode,
+        out_scale,
+        out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
+    );
+}
