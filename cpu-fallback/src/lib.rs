@@ -4,6 +4,7 @@ pub mod attention;
 pub mod formats;
 pub mod interleave;
 pub mod interleave_f16;
+pub mod interleave_q4_k;
 pub mod interleave_q8_0;
 pub mod kernels;
 pub mod matmul;
@@ -98,6 +99,9 @@ impl CpuBackend {
                 Format::Q8_0 => {
                     self.isa.interleaves_q8_0() && interleave_q8_0::fits(desc.rows, desc.cols)
                 }
+                Format::Q4K => {
+                    self.isa.interleaves_q4_k() && interleave_q4_k::fits(desc.rows, desc.cols)
+                }
                 Format::F16 => {
                     usage == MatrixUse::Product
                         && self.isa.interleaves_f16()
@@ -174,8 +178,8 @@ impl Backend for CpuBackend {
             });
         }
         // Interleaved as from a file, so that a streamed load computes the same bits.
-        let interleave =
-            self.interleaves(&desc, usage) && matches!(desc.format, Format::Q8_0 | Format::F16);
+        let interleave = self.interleaves(&desc, usage)
+            && matches!(desc.format, Format::Q8_0 | Format::Q4K | Format::F16);
         let matrix = CpuMatrix::owned(data, desc, scale);
         Ok(if interleave {
             self.pool.install(|| matrix.interleaved())

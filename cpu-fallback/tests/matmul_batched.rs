@@ -135,3 +135,74 @@ fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
         }
     }
 }
+
+/// Rows of random Q4_0, Q4_K, Q5_K or Q6_K blocks with small scales of either sign (every code,
+/// sub-block scale and minimum), from a fixed generator.
+fn block_rows(format: Format, rows: usize, cols: usize) -> Vec<u8> {
+    let (block, bytes, halves): (usize, usize, &[usize]) = match format {
+        Format::Q4_0 => (32, 18, &[0]),
+        Format::Q4K => (256, 144, &[0, 2]),
+        Format::Q5K => (256, 176, &[0, 2]),
+        _ => (256, 210, &[208]),
+    };
+    let mut s = 11u64;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    let mut data: Vec<u8> = (0..rows * cols / block * bytes)
+        .map(|_| next() as u8)
+        .collect();
+    for blk in data.chunks_exact_mut(bytes) {
+        for &at in halves {
+            let d = half::f16::from_f32((next() % 200) as f32 / 10000.0 - 0.01);
+            blk[at..at + 2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    data
+}
+
+/// Q4_0 and K-quant products of a batch (four-row and four-token kernels, the interleaved copy
+/// of Q4_K, row chunks across threads) equal the same tokens one at a time bit for bit, and the
+/// scalar kernels' results, on every instruction set.
+#[test]
+fn q4_0_and_k_quant_batches_equal_their_tokens_one_at_a_time() {
+    // 320 rows: twenty blocks of sixteen; 37 tokens: four-token kernels, then a rest of one,
+    // and the interleaved kernel's passes of eight, four and one.
+    let (rows, cols, n) = (320usize, 512usize, 37usize);
+    let pool = two_threads();
+    let x = activations(n, cols);
+    for format in [Format::Q4_0, Format::Q4K, Format::Q5K, Format::Q6K] {
+        let data = block_rows(format, rows, cols);
+        let desc = MatrixDesc {
+            name: "w".into(),
+            rows,
+            cols,
+            format,
+            range: 0..data.len(),
+        };
+        let plain = CpuMatrix::owned(data.clone(), desc.clone(), None);
+        let mut want = vec![0.0; n * rows];
+        pool.install(|| plain.matmul(Isa::Scalar, &x, n, &mut want));
+        let tiled = CpuMatrix::owned(data, desc, None).interleaved();
+        for w in [&plain, &tiled] {
+            for isa in Isa::supported() {
+                let mut batched = vec![0.0; n * rows];
+                pool.install(|| w.matmul(isa, &x, n, &mut batched));
+                let mut single = vec![0.0; n * rows];
+                for (t, xt) in x.chunks_exact(cols).enumerate() {
+                    pool.install(|| w.matmul(isa, xt, 1, &mut single[t * rows..(t + 1) * rows]));
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&batched), bits(&want), "{format:?} {isa:?}: batch");
+                assert_eq!(
+                    bits(&single),
+                    bits(&want),
+                    "{format:?} {isa:?}: one at a time"
+                );
+            }
+        }
+    }
+}

@@ -1,12 +1,12 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
-use hesper_cpu::formats::{float, i2s, q8_0, CpuLayout};
+use hesper_cpu::formats::{float, i2s, q4_k, q8_0, CpuLayout};
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{
     quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, Q8KBlock, Q8_0Block,
 };
-use hesper_cpu::{interleave, interleave_f16, interleave_q8_0};
+use hesper_cpu::{interleave, interleave_f16, interleave_q4_k, interleave_q8_0};
 use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
 use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 use proptest::prelude::*;
@@ -281,16 +281,24 @@ proptest! {
         }
     }
 
-    /// The four-token and four-row Q4_K and Q5_K kernels: every token and row bit for bit the
-    /// scalar dot.
+    /// The four-token Q4_K, Q5_K and Q6_K kernels and the four-row Q4_K and Q5_K ones: every
+    /// token and row bit for bit the scalar dot.
     #[test]
     fn k_quant_tiles_match_scalar(blocks in 1usize..8, seed in any::<u64>()) {
         let mut g = Lcg(seed);
         let q4_k: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(blocks, 144, &[0, 2])).collect();
         let q5_k: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(blocks, 176, &[0, 2])).collect();
+        let q6_k = g.q6_k_row(blocks);
         let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
         let four = [&acts[0], &acts[1], &acts[2], &acts[3]];
         for isa in simds() {
+            if let Some(q6) = Q6K.dot_x4(isa, &q6_k, four) {
+                for (t, a) in acts.iter().enumerate() {
+                    prop_assert_eq!(q6[t].to_bits(), scalar::q6_k_dot(&q6_k, a).to_bits(), "{:?} Q6_K token {}", isa, t);
+                }
+            } else {
+                prop_assert!(!cfg!(target_arch = "x86_64"), "{:?}: no Q6_K four-token kernel", isa);
+            }
             let x4 = [Q4K.dot_x4(isa, &q4_k[0], four), Q5K.dot_x4(isa, &q5_k[0], four)];
             let rows4 = [Q4K.dot_rows4(isa, &q4_k.concat(), &acts[0]), Q5K.dot_rows4(isa, &q5_k.concat(), &acts[0])];
             let tiled = x4.iter().chain(&rows4).all(Option::is_some);
@@ -539,6 +547,38 @@ proptest! {
             ]
             .concat();
             let eight = q8_0::rows16_dot::<8>(isa, &tiles, &pack(0..8));
+            for t in 0..8 {
+                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
+                prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
+                prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+            }
+        }
+    }
+
+    /// The interleaved Q4_K kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single scalar
+    /// dots bit for bit: every code, scale, minimum and sign of d and dmin.
+    #[test]
+    fn q4_k_rows16_matches_scalar(blocks in 1usize..6, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = blocks * 256;
+        let row_bytes = blocks * 144;
+        let rows = g.blocks(16 * blocks, 144, &[0, 2]);
+        let tiles = interleave_q4_k::interleave(&rows, row_bytes);
+        let acts: Vec<_> = (0..8).map(|_| g.q8_k(cols)).collect();
+        let want: Vec<Vec<u32>> = acts
+            .iter()
+            .map(|a| rows.chunks_exact(row_bytes).map(|r| scalar::q4_k_dot(r, a).to_bits()).collect())
+            .collect();
+        let a: Vec<&[Q8KBlock]> = acts.iter().map(Vec::as_slice).collect();
+        let pack = |r: std::ops::Range<usize>| q4_k::Packed::new(&a[r]);
+        for isa in Isa::supported() {
+            let got: Vec<[f32; 16]> = [
+                q4_k::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                q4_k::rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
+                q4_k::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+            ]
+            .concat();
+            let eight = q4_k::rows16_dot::<8>(isa, &tiles, &pack(0..8));
             for t in 0..8 {
                 let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
                 prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);

@@ -12,7 +12,7 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Logits, Model};
 use hesper_engine::source::{read_header, FileSource, ReadError, TensorSource};
 use hesper_gpu_backend::GpuBackend;
-use hesper_tests::{Golden, ALL, FAMILIES};
+use hesper_tests::{Golden, ALL, FAMILIES, QUANTS};
 
 /// A file source that records its reads.
 struct Counting {
@@ -79,7 +79,7 @@ fn check_reads(file: &Arc<ModelFile>, reads: &[(u64, usize)]) {
 
 #[test]
 fn a_streamed_load_equals_a_load_from_the_whole_file_on_the_cpu() {
-    for stem in ALL.iter().chain(FAMILIES) {
+    for stem in ALL.iter().chain(FAMILIES).chain(QUANTS) {
         let g = Golden::load(stem);
         let tokens = &g.sequences.last().expect("a sequence").tokens;
         let file = g.file();
@@ -101,6 +101,7 @@ fn a_streamed_load_equals_a_load_from_the_whole_file_on_the_gpu() {
     let mut cases: Vec<(String, std::path::PathBuf, Vec<u32>)> = ALL
         .iter()
         .chain(FAMILIES)
+        .chain(QUANTS)
         .map(|stem| {
             let g = Golden::load(stem);
             let tokens = g.sequences.last().expect("a sequence").tokens.clone();

@@ -29,7 +29,7 @@ macro_rules! by_isa {
 pub mod float;
 pub mod i2s;
 mod q4_0;
-mod q4_k;
+pub mod q4_k;
 mod q5_k;
 mod q6_k;
 pub mod q8_0;

@@ -1,10 +1,13 @@
-//! Q4_K rows: dotted with Q8_K-quantized activations, block by block.
+//! Q4_K rows: dotted with Q8_K-quantized activations, block by block; where the instruction
+//! set has a kernel for it, sixteen rows at a time from their interleaved copy
+//! ([`crate::interleave_q4_k`], [`rows16_dot`]).
 
-use hesper_engine::formats::Q4K;
+use hesper_engine::formats::{Layout, Q4K};
 
 use super::{ActivationKind, CpuLayout};
+use crate::interleave::ROWS;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::avx2;
+use crate::kernels::{avx2, interleaved_q4_k};
 use crate::kernels::{scalar, Isa};
 use crate::quant::{quantize_q8_k, Q8KBlock};
 
@@ -46,6 +49,103 @@ impl CpuLayout for Q4K {
             // SAFETY: as for `dot_x4`; `rows` holds four whole rows.
             crate::kernels::x86!() => Some(unsafe { avx2::q4_k_dot_rows4(rows, act) }),
             _ => None,
+        }
+    }
+}
+
+/// Several tokens' Q8_K activations packed for [`rows16_dot`], so that its kernel reads them
+/// through one pointer: block by block, each of the 64 activation dwords of every token side by
+/// side, then every token's eight sub-block sums `Σq`, then every token's scale.
+pub struct Packed {
+    tokens: usize,
+    xq: Vec<i32>,
+    bsum: Vec<i32>,
+    d: Vec<f32>,
+}
+
+impl Packed {
+    /// `acts` (one entry per token, as many blocks each) packed.
+    pub fn new(acts: &[&[Q8KBlock]]) -> Self {
+        let (tokens, blocks) = (acts.len(), acts.first().map_or(0, |a| a.len()));
+        let mut p = Self {
+            tokens,
+            xq: Vec::with_capacity(64 * tokens * blocks),
+            bsum: Vec::with_capacity(8 * tokens * blocks),
+            d: Vec::with_capacity(tokens * blocks),
+        };
+        for b in 0..blocks {
+            for g in 0..64 {
+                p.xq.extend(acts.iter().map(|a| {
+                    let q = &a[b].qs[4 * g..4 * g + 4];
+                    i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
+                }));
+            }
+            for s in 0..8 {
+                p.bsum.extend(
+                    acts.iter()
+                        .map(|a| i32::from(a[b].bsums[2 * s]) + i32::from(a[b].bsums[2 * s + 1])),
+                );
+            }
+            p.d.extend(acts.iter().map(|a| a[b].d));
+        }
+        p
+    }
+
+    /// Token `t`'s activations taken back out, as far as a Q4_K dot reads them: each
+    /// sub-block's `Σq` is kept as the first of its two partial sums.
+    fn token(&self, t: usize) -> Vec<Q8KBlock> {
+        let at = |b: usize| b * self.tokens + t;
+        (0..self.d.len() / self.tokens)
+            .map(|b| {
+                let mut blk = Q8KBlock {
+                    d: self.d[at(b)],
+                    qs: [0; 256],
+                    sum: 0,
+                    bsums: [0; 16],
+                };
+                for (g, q) in blk.qs.chunks_exact_mut(4).enumerate() {
+                    let word = self.xq[(64 * b + g) * self.tokens + t].to_le_bytes();
+                    for (q, byte) in q.iter_mut().zip(word) {
+                        *q = byte as i8;
+                    }
+                }
+                for s in 0..8 {
+                    blk.bsums[2 * s] = self.bsum[(8 * b + s) * self.tokens + t] as i16;
+                }
+                blk.sum = blk.qs.iter().map(|&q| i32::from(q)).sum();
+                blk
+            })
+            .collect()
+    }
+}
+
+/// Sixteen Q4_K rows interleaved into one block (`block`, see [`crate::interleave_q4_k`])
+/// against the `T` tokens of `p`: `out[t][l]` is row `l` · token `t`, equal bit for bit to
+/// [`scalar::q4_k_dot`] on the row.
+#[inline]
+pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; ROWS]; T] {
+    assert_eq!(p.tokens, T, "the activations packed for another tile");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx512Vnni` is chosen only when the CPU reports AVX-512 F, BW, VL and VNNI
+        // (`Isa::detect`; `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the
+        // shapes before reading.
+        Isa::Avx512Vnni => unsafe {
+            interleaved_q4_k::q4_k_rows16_vnni512::<T>(block, &p.xq, &p.bsum, &p.d)
+        },
+        _ => {
+            // The reference: each row taken back out of the block.
+            let cols = block.len() / crate::interleave_q4_k::BLOCK_BYTES * 256;
+            let mut row = vec![0u8; Q4K::row_bytes(cols)];
+            let acts: Vec<Vec<Q8KBlock>> = (0..T).map(|t| p.token(t)).collect();
+            let mut out = [[0.0f32; ROWS]; T];
+            for l in 0..ROWS {
+                crate::interleave_q4_k::row(block, cols, l, &mut row);
+                for (o, a) in out.iter_mut().zip(&acts) {
+                    o[l] = scalar::q4_k_dot(&row, a);
+                }
+            }
+            out
         }
     }
 }

@@ -80,6 +80,18 @@ pub fn k_scales_mins(blk: &[u8]) -> ([u8; 8], [u8; 8]) {
     (bytes(scales), bytes(mins))
 }
 
+/// The twelve scale bytes of a Q4_K or Q5_K block holding `scales` and `mins` (each below 64):
+/// the inverse of [`k_scale_min`].
+pub fn k_pack_scales_mins(scales: &[u8; 8], mins: &[u8; 8]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for s in 0..4 {
+        packed[s] = scales[s] | ((scales[s + 4] >> 4) << 6);
+        packed[s + 4] = mins[s] | ((mins[s + 4] >> 4) << 6);
+        packed[s + 8] = (scales[s + 4] & 0xF) | ((mins[s + 4] & 0xF) << 4);
+    }
+    packed
+}
+
 /// The four-bit code of element `e` (0..256) of a Q4_K block.
 #[inline]
 pub fn q4_k_code(blk: &[u8], e: usize) -> u8 {
@@ -115,12 +127,7 @@ mod tests {
     fn scales_and_minimums_unpack_as_packed() {
         let sc: [u8; 8] = [1, 63, 17, 40, 5, 62, 33, 48];
         let m: [u8; 8] = [60, 2, 45, 9, 63, 0, 21, 38];
-        let mut packed = [0u8; 12];
-        for s in 0..4 {
-            packed[s] = sc[s] | ((sc[s + 4] >> 4) << 6);
-            packed[s + 4] = m[s] | ((m[s + 4] >> 4) << 6);
-            packed[s + 8] = (sc[s + 4] & 0xF) | ((m[s + 4] & 0xF) << 4);
-        }
+        let packed = k_pack_scales_mins(&sc, &m);
         for s in 0..8 {
             assert_eq!(k_scale_min(&packed, s), (sc[s], m[s]), "sub-block {s}");
         }

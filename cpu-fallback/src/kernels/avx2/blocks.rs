@@ -92,62 +92,89 @@ const Q6_K_SCALE_SPREAD: [[i8; 16]; 8] = {
 /// The CPU must support AVX2 and F16C; `row` holds `act.len()` Q6_K blocks.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn q6_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 {
-    debug_assert!(row.len() == act.len() * Q6_K_BLOCK_BYTES);
+    // SAFETY: this function's contract.
+    unsafe { q6_k_dot_tokens::<1>(row, [act])[0] }
+}
+
+/// [`q6_k_dot`] of one row against four tokens (prefill), each block unpacked once; each
+/// result bit-identical to [`q6_k_dot`]'s.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `row` holds as many Q6_K blocks as each token.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn q6_k_dot_x4(row: &[u8], act: [&[Q8KBlock]; 4]) -> [f32; 4] {
+    // SAFETY: this function's contract.
+    unsafe { q6_k_dot_tokens::<4>(row, act) }
+}
+
+/// One Q6_K row against `T` tokens: each block's codes and scales unpacked once.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `row` holds as many Q6_K blocks as each token.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q6_k_dot_tokens<const T: usize>(row: &[u8], act: [&[Q8KBlock]; T]) -> [f32; T] {
+    assert!(act.iter().all(|a| row.len() == a.len() * Q6_K_BLOCK_BYTES));
     let low4 = _mm256_set1_epi8(0x0F);
     let high2 = _mm256_set1_epi8(0x30);
-    let mut acc = 0.0f32;
-    for (blk, a) in row.chunks_exact(Q6_K_BLOCK_BYTES).zip(act) {
+    let mut acc = [0.0f32; T];
+    for (b, blk) in row.chunks_exact(Q6_K_BLOCK_BYTES).enumerate() {
         // SAFETY: a block is 210 bytes (ql 0..128, qh 128..192, scales 192..208, d 208..210)
-        // and `a` holds 256 activations and 16 partial sums.
+        // and each token's block holds 256 activations and 16 partial sums.
         unsafe {
             let p = blk.as_ptr();
             for line in (0..Q6_K_BLOCK_BYTES).step_by(64) {
                 prefetch_ahead(p.wrapping_add(line));
             }
-            let q = a.qs.as_ptr();
             let scales = _mm_loadu_si128(p.add(Q6_K_SCALES).cast());
-            let mut sum = _mm256_setzero_si256();
+            // Quadrant 4h + k: its 32 codes and its two sub-blocks' scales over the lanes.
+            let mut codes = [_mm256_setzero_si256(); 8];
+            let mut spread = [_mm256_setzero_si256(); 8];
             for h in 0..2 {
                 let ql0 = _mm256_loadu_si256(p.add(64 * h).cast());
                 let ql1 = _mm256_loadu_si256(p.add(64 * h + 32).cast());
                 let qh = _mm256_loadu_si256(p.add(Q6_K_QH + 32 * h).cast());
                 // Quadrant k: low nibbles of ql0, ql1, then high nibbles; qh bits 2k, 2k+1
                 // moved to bits 4-5.
-                let codes = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql0, low4),
-                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), high2),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql1, low4),
-                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), high2),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
-                        _mm256_and_si256(qh, high2),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
-                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), high2),
-                    ),
-                ];
-                for (k, c) in codes.into_iter().enumerate() {
-                    let x = _mm256_loadu_si256(q.add(128 * h + 32 * k).cast());
-                    // codes 0..63 × |q| ≤ 127: pair sums ≤ 16 002, inside i16.
-                    let p16 = _mm256_maddubs_epi16(c, x);
-                    let ctrl = _mm_loadu_si128(Q6_K_SCALE_SPREAD[4 * h + k].as_ptr().cast());
-                    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, ctrl));
-                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, sc));
-                }
+                codes[4 * h] = _mm256_or_si256(
+                    _mm256_and_si256(ql0, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), high2),
+                );
+                codes[4 * h + 1] = _mm256_or_si256(
+                    _mm256_and_si256(ql1, low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), high2),
+                );
+                codes[4 * h + 2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4),
+                    _mm256_and_si256(qh, high2),
+                );
+                codes[4 * h + 3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), high2),
+                );
             }
-            // Σ (code − 32)·q·scale = Σ code·q·scale − 32 · Σ_sub-blocks scale · Σq.
-            let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
-            let offset = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums);
-            let sumi = hsum_i32(_mm256_sub_epi32(sum, _mm256_slli_epi32::<5>(offset)));
+            for (quadrant, sc) in spread.iter_mut().enumerate() {
+                let ctrl = _mm_loadu_si128(Q6_K_SCALE_SPREAD[quadrant].as_ptr().cast());
+                *sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, ctrl));
+            }
+            let scales16 = _mm256_cvtepi8_epi16(scales);
             let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
                 u16::from_le_bytes([blk[Q6_K_D], blk[Q6_K_D + 1]]),
             ))));
-            acc += sumi as f32 * (d * a.d);
+            for (acc, a) in acc.iter_mut().zip(act.map(|a| &a[b])) {
+                let q = a.qs.as_ptr();
+                let mut sum = _mm256_setzero_si256();
+                for (quadrant, (&c, &sc)) in codes.iter().zip(&spread).enumerate() {
+                    let x = _mm256_loadu_si256(q.add(32 * quadrant).cast());
+                    // codes 0..63 × |q| ≤ 127: pair sums ≤ 16 002, inside i16.
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(c, x), sc));
+                }
+                // Σ (code − 32)·q·scale = Σ code·q·scale − 32 · Σ_sub-blocks scale · Σq.
+                let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
+                let offset = _mm256_madd_epi16(scales16, bsums);
+                let sumi = hsum_i32(_mm256_sub_epi32(sum, _mm256_slli_epi32::<5>(offset)));
+                *acc += sumi as f32 * (d * a.d);
+            }
         }
     }
     acc

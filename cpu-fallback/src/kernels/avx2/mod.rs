@@ -13,7 +13,7 @@ mod k_quants;
 mod softmax;
 mod ternary;
 
-pub use blocks::{q6_k_dot, q8_0_dot};
+pub use blocks::{q6_k_dot, q6_k_dot_x4, q8_0_dot};
 pub use float::{
     f16_dot, f16_dot_rows2_x4, f16_dot_rows4, f16_dot_rows4_x4_avx512, f16_dot_x4, f32_dot,
     rms_norm_row, scores, weighted_sum,
