@@ -4,6 +4,7 @@ pub mod attention;
 pub mod formats;
 pub mod interleave;
 pub mod interleave_f16;
+pub mod interleave_q4_0;
 pub mod interleave_q4_k;
 pub mod interleave_q8_0;
 pub mod kernels;
@@ -98,6 +99,9 @@ impl CpuBackend {
                 }
                 Format::Q8_0 => {
                     self.isa.interleaves_q8_0() && interleave_q8_0::fits(desc.rows, desc.cols)
+                }
+                Format::Q4_0 => {
+                    self.isa.interleaves_q4_0() && interleave_q4_0::fits(desc.rows, desc.cols)
                 }
                 Format::Q4K => {
                     self.isa.interleaves_q4_k() && interleave_q4_k::fits(desc.rows, desc.cols)

@@ -7,7 +7,7 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::weights::{Format, MatrixDesc};
 use rayon::prelude::*;
 
-use crate::formats::{float, i2s, q4_k, q8_0, row_kernels, Activations, RowKernels};
+use crate::formats::{float, i2s, q4_0, q4_k, q8_0, row_kernels, Activations, RowKernels};
 use crate::interleave::ROWS;
 use crate::kernels::Isa;
 use crate::quant::{I8Row, Q8KBlock, Q8_0Block};
@@ -24,7 +24,8 @@ enum Storage {
 pub struct CpuMatrix {
     storage: Storage,
     /// The rows interleaved sixteen deep ([`crate::interleave`] for I2_S,
-    /// [`crate::interleave_q8_0`] for Q8_0, [`crate::interleave_q4_k`] for Q4_K,
+    /// [`crate::interleave_q8_0`] for Q8_0, [`crate::interleave_q4_0`] for Q4_0,
+    /// [`crate::interleave_q4_k`] for Q4_K,
     /// [`crate::interleave_f16`] for F16), when the kernels read that copy instead of
     /// `storage`.
     tiles: Option<Vec<u8>>,
@@ -59,26 +60,25 @@ impl CpuMatrix {
         }
     }
 
-    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_K or F16 rows
-    /// (see the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`],
-    /// [`crate::interleave_q4_k`] and [`crate::interleave_f16`] for the shapes that can be;
-    /// other layouts stay as they are): the file's pages are given back, so the resident size
-    /// stays about the same. Owned Q8_0, Q4_K and F16 bytes are dropped: their rows are then
-    /// decoded from the copy.
+    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_0, Q4_K or F16
+    /// rows (see the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`],
+    /// [`crate::interleave_q4_0`], [`crate::interleave_q4_k`] and [`crate::interleave_f16`] for
+    /// the shapes that can be; other layouts stay as they are): the file's pages are given back,
+    /// so the resident size stays about the same. Owned bytes of the layouts but I2_S are
+    /// dropped: their rows are then decoded from the copy.
     pub fn interleaved(mut self) -> Self {
         let row_bytes = self.desc.row_bytes();
         let tiles = match self.desc.format {
             Format::I2S { .. } => crate::interleave::interleave(self.data(), row_bytes),
             Format::Q8_0 => crate::interleave_q8_0::interleave(self.data(), row_bytes),
+            Format::Q4_0 => crate::interleave_q4_0::interleave(self.data(), row_bytes),
             Format::Q4K => crate::interleave_q4_k::interleave(self.data(), row_bytes),
             Format::F16 => crate::interleave_f16::interleave(self.data(), row_bytes),
             _ => return self,
         };
         match &mut self.storage {
             Storage::File(file) => file.release(self.desc.range.clone()),
-            Storage::Owned(bytes)
-                if matches!(self.desc.format, Format::Q8_0 | Format::Q4K | Format::F16) =>
-            {
+            Storage::Owned(bytes) if !matches!(self.desc.format, Format::I2S { .. }) => {
                 *bytes = Vec::new();
                 self.desc.range = 0..0;
             }
@@ -104,10 +104,11 @@ impl CpuMatrix {
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
         match (&self.tiles, &self.storage) {
             (Some(tiles), Storage::Owned(bytes)) if bytes.is_empty() => {
-                // Owned Q8_0, Q4_K and F16 rows live only in the interleaved copy.
+                // Owned Q8_0, Q4_0, Q4_K and F16 rows live only in the interleaved copy.
                 let mut row = vec![0u8; self.desc.row_bytes()];
                 match self.desc.format {
                     Format::F16 => crate::interleave_f16::row(tiles, row.len(), r, &mut row),
+                    Format::Q4_0 => crate::interleave_q4_0::row(tiles, row.len(), r, &mut row),
                     Format::Q4K => crate::interleave_q4_k::row(tiles, self.desc.cols, r, &mut row),
                     _ => crate::interleave_q8_0::row(tiles, row.len(), r, &mut row),
                 }
@@ -136,6 +137,10 @@ impl CpuMatrix {
                 }
                 (Activations::Q8_0(a), Format::Q8_0) => {
                     let dot = self.q8_0_blocks(isa, a, &groups);
+                    return self.matmul_tiles(tiles, n, out, &groups, &dot);
+                }
+                (Activations::Q8_0(a), Format::Q4_0) => {
+                    let dot = self.q4_0_blocks(isa, a, &groups);
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
                 (Activations::Q8K(a), Format::Q4K) => {
@@ -287,6 +292,30 @@ impl CpuMatrix {
             eight: q8_0::rows16_dot::<TILE_TOKENS>,
             four: q8_0::rows16_dot::<4>,
             one: q8_0::rows16_dot::<1>,
+        };
+        float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
+    }
+
+    /// The Q4_0 kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed once
+    /// (as for Q8_0), each row's sum as the single-row scalar kernel makes it, times the
+    /// matrix's scale.
+    fn q4_0_blocks(
+        &self,
+        isa: Isa,
+        a: &[Vec<Q8_0Block>],
+        groups: &[(usize, usize)],
+    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
+        let packed = groups
+            .iter()
+            .map(|&(t, size)| {
+                let acts: Vec<&[Q8_0Block]> = a[t..t + size].iter().map(Vec::as_slice).collect();
+                (size, q8_0::Packed::new(&acts))
+            })
+            .collect();
+        let kernels = FloatTiles {
+            eight: q4_0::rows16_dot::<TILE_TOKENS>,
+            four: q4_0::rows16_dot::<4>,
+            one: q4_0::rows16_dot::<1>,
         };
         float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
     }
@@ -457,6 +486,20 @@ impl CpuMatrix {
             let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
             for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
                 let [values] = q8_0::rows16_dot::<1>(isa, block, &packed);
+                for (o, v) in o.iter_mut().zip(values) {
+                    *o = v * scale;
+                }
+            }
+            return;
+        }
+        if let (Some(tiles), Format::Q4_0, Activations::Q8_0(a)) =
+            (&self.tiles, self.desc.format, act)
+        {
+            let (packed, scale) = (q8_0::Packed::new(&[&a[0]]), self.scale.unwrap_or(1.0));
+            let block_bytes = ROWS * row_bytes;
+            let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
+            for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
+                let [values] = q4_0::rows16_dot::<1>(isa, block, &packed);
                 for (o, v) in o.iter_mut().zip(values) {
                     *o = v * scale;
                 }

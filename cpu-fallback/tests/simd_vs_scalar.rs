@@ -1,12 +1,12 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
-use hesper_cpu::formats::{float, i2s, q4_k, q8_0, CpuLayout};
+use hesper_cpu::formats::{float, i2s, q4_0, q4_k, q8_0, CpuLayout};
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{
     quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, Q8KBlock, Q8_0Block,
 };
-use hesper_cpu::{interleave, interleave_f16, interleave_q4_k, interleave_q8_0};
+use hesper_cpu::{interleave, interleave_f16, interleave_q4_0, interleave_q4_k, interleave_q8_0};
 use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
 use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 use proptest::prelude::*;
@@ -547,6 +547,40 @@ proptest! {
             ]
             .concat();
             let eight = q8_0::rows16_dot::<8>(isa, &tiles, &pack(0..8));
+            for t in 0..8 {
+                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
+                prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
+                prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+            }
+        }
+    }
+
+    /// The interleaved Q4_0 kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single scalar
+    /// dots bit for bit: every code, any f16 scale.
+    #[test]
+    fn q4_0_rows16_matches_scalar(blocks in 1usize..40, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = blocks * 32;
+        let row_bytes = blocks * 18;
+        let rows = g.blocks(16 * blocks, 18, &[0]);
+        let tiles = interleave_q4_0::interleave(&rows, row_bytes);
+        let acts: Vec<_> = (0..8)
+            .map(|_| quantize_q8_0(&(0..cols).map(|_| g.float(-3.0, 6)).collect::<Vec<_>>()))
+            .collect();
+        let want: Vec<Vec<u32>> = acts
+            .iter()
+            .map(|a| rows.chunks_exact(row_bytes).map(|r| scalar::q4_0_dot(r, a).to_bits()).collect())
+            .collect();
+        let a: Vec<&[Q8_0Block]> = acts.iter().map(Vec::as_slice).collect();
+        let pack = |r: std::ops::Range<usize>| q8_0::Packed::new(&a[r]);
+        for isa in Isa::supported() {
+            let got: Vec<[f32; 16]> = [
+                q4_0::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                q4_0::rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
+                q4_0::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+            ]
+            .concat();
+            let eight = q4_0::rows16_dot::<8>(isa, &tiles, &pack(0..8));
             for t in 0..8 {
                 let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
                 prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);

@@ -28,7 +28,7 @@ macro_rules! by_isa {
 
 pub mod float;
 pub mod i2s;
-mod q4_0;
+pub mod q4_0;
 pub mod q4_k;
 mod q5_k;
 mod q6_k;

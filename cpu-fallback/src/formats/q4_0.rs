@@ -1,10 +1,14 @@
-//! Q4_0 rows: dotted with Q8_0-quantized activations, block by block.
+//! Q4_0 rows: dotted with Q8_0-quantized activations, block by block; where the instruction
+//! set has a kernel for it, sixteen rows at a time from their interleaved copy
+//! ([`crate::interleave_q4_0`], [`rows16_dot`]).
 
 use hesper_engine::formats::Q4_0;
 
+use super::q8_0::Packed;
 use super::{ActivationKind, CpuLayout};
+use crate::interleave::ROWS;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::avx2;
+use crate::kernels::{avx2, interleaved_q4_0};
 use crate::kernels::{scalar, Isa};
 use crate::quant::{quantize_q8_0, Q8_0Block};
 
@@ -23,5 +27,36 @@ impl CpuLayout for Q4_0 {
             neon: q4_0_dot(row, act),
             scalar: scalar::q4_0_dot(row, act),
         )
+    }
+}
+
+/// Sixteen Q4_0 rows interleaved into one block (`block`, see [`crate::interleave_q4_0`])
+/// against the `T` tokens of `p` (packed as for Q8_0 rows): `out[t][l]` is row `l` · token `t`,
+/// equal bit for bit to [`scalar::q4_0_dot`] on the row.
+#[inline]
+pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; ROWS]; T] {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx512Vnni` is chosen only when the CPU reports AVX-512 F, BW, VL and VNNI
+        // (`Isa::detect`; `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the
+        // shapes before reading.
+        Isa::Avx512Vnni => unsafe {
+            let (xq, d, bias) = p.parts::<T>();
+            interleaved_q4_0::q4_0_rows16_vnni512::<T>(block, xq, d, bias)
+        },
+        _ => {
+            // The reference: each row taken back out of the block.
+            let row_bytes = block.len() / ROWS;
+            let mut row = vec![0u8; row_bytes];
+            let acts: Vec<Vec<Q8_0Block>> = (0..T).map(|t| p.token(t)).collect();
+            let mut out = [[0.0f32; ROWS]; T];
+            for l in 0..ROWS {
+                crate::interleave_q4_0::row(block, row_bytes, l, &mut row);
+                for (o, a) in out.iter_mut().zip(&acts) {
+                    o[l] = scalar::q4_0_dot(&row, a);
+                }
+            }
+            out
+        }
     }
 }

@@ -66,8 +66,15 @@ impl Packed {
         p
     }
 
+    /// The packed dwords, scales and `128 · Σq`, checked to hold `T` tokens.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn parts<const T: usize>(&self) -> (&[i32], &[f32], &[i32]) {
+        assert_eq!(self.tokens, T, "the activations packed for another tile");
+        (&self.xq, &self.d, &self.bias)
+    }
+
     /// Token `t`'s activations taken back out.
-    fn token(&self, t: usize) -> Vec<Q8_0Block> {
+    pub(crate) fn token(&self, t: usize) -> Vec<Q8_0Block> {
         (0..self.d.len() / self.tokens)
             .map(|b| {
                 let mut qs = [0i8; 32];

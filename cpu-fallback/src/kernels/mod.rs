@@ -11,6 +11,8 @@ pub mod interleaved;
 #[cfg(target_arch = "x86_64")]
 pub mod interleaved_f16;
 #[cfg(target_arch = "x86_64")]
+pub mod interleaved_q4_0;
+#[cfg(target_arch = "x86_64")]
 pub mod interleaved_q4_k;
 #[cfg(target_arch = "x86_64")]
 pub mod interleaved_q8_0;
@@ -162,6 +164,13 @@ impl Isa {
     /// ([`crate::interleave_q8_0`]): where [`crate::formats::q8_0::rows16_dot`] has a kernel
     /// of its own (AVX-512 VNNI).
     pub fn interleaves_q8_0(self) -> bool {
+        matches!(self, Self::Avx512Vnni)
+    }
+
+    /// Whether Q4_0 weights are interleaved sixteen rows deep at load for this instruction set
+    /// ([`crate::interleave_q4_0`]): where [`crate::formats::q4_0::rows16_dot`] has a kernel
+    /// of its own (AVX-512 VNNI).
+    pub fn interleaves_q4_0(self) -> bool {
         matches!(self, Self::Avx512Vnni)
     }
 

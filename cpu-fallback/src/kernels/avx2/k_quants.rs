@@ -30,8 +30,15 @@ pub unsafe fn q4_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
         unsafe {
             prefetch_ahead(blks.as_ptr());
             prefetch_ahead(blks.as_ptr().wrapping_add(64));
-            let p: [__m256i; 4] =
-                std::array::from_fn(|k| q4_0_block_pairs(&blks[k * Q4_0_BLOCK_BYTES..], &acts[k]));
+            // Plain calls, not a closure: a closure does not inherit the target features, and
+            // each block's sum would be a call.
+            let blk = |k: usize| &blks[k * Q4_0_BLOCK_BYTES..];
+            let p = [
+                q4_0_block_pairs(blk(0), &acts[0]),
+                q4_0_block_pairs(blk(1), &acts[1]),
+                q4_0_block_pairs(blk(2), &acts[2]),
+                q4_0_block_pairs(blk(3), &acts[3]),
+            ];
             let mut sumi = [0i32; 4];
             _mm_storeu_si128(sumi.as_mut_ptr().cast(), totals4(p));
             for (k, s) in sumi.into_iter().enumerate() {
