@@ -6,6 +6,7 @@ pub mod interleave;
 pub mod interleave_f16;
 pub mod interleave_q4_0;
 pub mod interleave_q4_k;
+pub mod interleave_q6_k;
 pub mod interleave_q8_0;
 pub mod kernels;
 pub mod matmul;
@@ -105,6 +106,9 @@ impl CpuBackend {
                 }
                 Format::Q4K => {
                     self.isa.interleaves_q4_k() && interleave_q4_k::fits(desc.rows, desc.cols)
+                }
+                Format::Q6K => {
+                    self.isa.interleaves_q6_k() && interleave_q6_k::fits(desc.rows, desc.cols)
                 }
                 Format::F16 => {
                     usage == MatrixUse::Product

@@ -7,7 +7,7 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::weights::{Format, MatrixDesc};
 use rayon::prelude::*;
 
-use crate::formats::{float, i2s, q4_0, q4_k, q8_0, row_kernels, Activations, RowKernels};
+use crate::formats::{float, i2s, q4_0, q4_k, q6_k, q8_0, row_kernels, Activations, RowKernels};
 use crate::interleave::ROWS;
 use crate::kernels::Isa;
 use crate::quant::{I8Row, Q8KBlock, Q8_0Block};
@@ -25,7 +25,7 @@ pub struct CpuMatrix {
     storage: Storage,
     /// The rows interleaved sixteen deep ([`crate::interleave`] for I2_S,
     /// [`crate::interleave_q8_0`] for Q8_0, [`crate::interleave_q4_0`] for Q4_0,
-    /// [`crate::interleave_q4_k`] for Q4_K,
+    /// [`crate::interleave_q4_k`] for Q4_K, [`crate::interleave_q6_k`] for Q6_K,
     /// [`crate::interleave_f16`] for F16), when the kernels read that copy instead of
     /// `storage`.
     tiles: Option<Vec<u8>>,
@@ -60,10 +60,10 @@ impl CpuMatrix {
         }
     }
 
-    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_0, Q4_K or F16
-    /// rows (see the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`],
-    /// [`crate::interleave_q4_0`], [`crate::interleave_q4_k`] and [`crate::interleave_f16`] for
-    /// the shapes that can be; other layouts stay as they are): the file's pages are given back,
+    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_0, Q4_K, Q6_K or
+    /// F16 rows (see the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`],
+    /// [`crate::interleave_q4_0`], [`crate::interleave_q4_k`], [`crate::interleave_q6_k`] and
+    /// [`crate::interleave_f16`] for the shapes that can be; other layouts stay as they are): the file's pages are given back,
     /// so the resident size stays about the same. Owned bytes of the layouts but I2_S are
     /// dropped: their rows are then decoded from the copy.
     pub fn interleaved(mut self) -> Self {
@@ -73,6 +73,7 @@ impl CpuMatrix {
             Format::Q8_0 => crate::interleave_q8_0::interleave(self.data(), row_bytes),
             Format::Q4_0 => crate::interleave_q4_0::interleave(self.data(), row_bytes),
             Format::Q4K => crate::interleave_q4_k::interleave(self.data(), row_bytes),
+            Format::Q6K => crate::interleave_q6_k::interleave(self.data(), row_bytes),
             Format::F16 => crate::interleave_f16::interleave(self.data(), row_bytes),
             _ => return self,
         };
@@ -104,12 +105,13 @@ impl CpuMatrix {
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
         match (&self.tiles, &self.storage) {
             (Some(tiles), Storage::Owned(bytes)) if bytes.is_empty() => {
-                // Owned Q8_0, Q4_0, Q4_K and F16 rows live only in the interleaved copy.
+                // Owned rows of the interleaved layouts but I2_S live only in the copy.
                 let mut row = vec![0u8; self.desc.row_bytes()];
                 match self.desc.format {
                     Format::F16 => crate::interleave_f16::row(tiles, row.len(), r, &mut row),
                     Format::Q4_0 => crate::interleave_q4_0::row(tiles, row.len(), r, &mut row),
                     Format::Q4K => crate::interleave_q4_k::row(tiles, self.desc.cols, r, &mut row),
+                    Format::Q6K => crate::interleave_q6_k::row(tiles, row.len(), r, &mut row),
                     _ => crate::interleave_q8_0::row(tiles, row.len(), r, &mut row),
                 }
                 hesper_engine::weights::decode_row(self.desc.format, &row, out);
@@ -143,8 +145,8 @@ impl CpuMatrix {
                     let dot = self.q4_0_blocks(isa, a, &groups);
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
-                (Activations::Q8K(a), Format::Q4K) => {
-                    let dot = self.q4_k_blocks(isa, a, &groups);
+                (Activations::Q8K(a), Format::Q4K | Format::Q6K) => {
+                    let dot = self.q8_k_blocks(isa, a, &groups);
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
                 (Activations::Float(x), Format::F16) => {
@@ -320,9 +322,9 @@ impl CpuMatrix {
         float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
     }
 
-    /// The Q4_K kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed once,
-    /// each row's sum as the single-row scalar kernel makes it, times the matrix's scale.
-    fn q4_k_blocks(
+    /// The Q4_K or Q6_K kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed
+    /// once, each row's sum as the single-row scalar kernel makes it, times the matrix's scale.
+    fn q8_k_blocks(
         &self,
         isa: Isa,
         a: &[Vec<Q8KBlock>],
@@ -335,10 +337,18 @@ impl CpuMatrix {
                 (size, q4_k::Packed::new(&acts))
             })
             .collect();
-        let kernels = FloatTiles {
-            eight: q4_k::rows16_dot::<TILE_TOKENS>,
-            four: q4_k::rows16_dot::<4>,
-            one: q4_k::rows16_dot::<1>,
+        let kernels = if self.desc.format == Format::Q6K {
+            FloatTiles {
+                eight: q6_k::rows16_dot::<TILE_TOKENS>,
+                four: q6_k::rows16_dot::<4>,
+                one: q6_k::rows16_dot::<1>,
+            }
+        } else {
+            FloatTiles {
+                eight: q4_k::rows16_dot::<TILE_TOKENS>,
+                four: q4_k::rows16_dot::<4>,
+                one: q4_k::rows16_dot::<1>,
+            }
         };
         float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
     }
@@ -506,14 +516,19 @@ impl CpuMatrix {
             }
             return;
         }
-        if let (Some(tiles), Format::Q4K, Activations::Q8K(a)) =
+        if let (Some(tiles), Format::Q4K | Format::Q6K, Activations::Q8K(a)) =
             (&self.tiles, self.desc.format, act)
         {
             let (packed, scale) = (q4_k::Packed::new(&[&a[0]]), self.scale.unwrap_or(1.0));
             let block_bytes = ROWS * self.tile_row_bytes();
             let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
+            let dot = if self.desc.format == Format::Q6K {
+                q6_k::rows16_dot::<1>
+            } else {
+                q4_k::rows16_dot::<1>
+            };
             for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
-                let [values] = q4_k::rows16_dot::<1>(isa, block, &packed);
+                let [values] = dot(isa, block, &packed);
                 for (o, v) in o.iter_mut().zip(values) {
                     *o = v * scale;
                 }

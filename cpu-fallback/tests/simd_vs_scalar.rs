@@ -1,12 +1,14 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
-use hesper_cpu::formats::{float, i2s, q4_0, q4_k, q8_0, CpuLayout};
+use hesper_cpu::formats::{float, i2s, q4_0, q4_k, q6_k, q8_0, CpuLayout};
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{
     quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, Q8KBlock, Q8_0Block,
 };
-use hesper_cpu::{interleave, interleave_f16, interleave_q4_0, interleave_q4_k, interleave_q8_0};
+use hesper_cpu::{
+    interleave, interleave_f16, interleave_q4_0, interleave_q4_k, interleave_q6_k, interleave_q8_0,
+};
 use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
 use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 use proptest::prelude::*;
@@ -581,6 +583,38 @@ proptest! {
             ]
             .concat();
             let eight = q4_0::rows16_dot::<8>(isa, &tiles, &pack(0..8));
+            for t in 0..8 {
+                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
+                prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
+                prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+            }
+        }
+    }
+
+    /// The interleaved Q6_K kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single scalar
+    /// dots bit for bit: every code, scale and sign.
+    #[test]
+    fn q6_k_rows16_matches_scalar(blocks in 1usize..6, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = blocks * 256;
+        let row_bytes = blocks * 210;
+        let rows = g.q6_k_row(16 * blocks);
+        let tiles = interleave_q6_k::interleave(&rows, row_bytes);
+        let acts: Vec<_> = (0..8).map(|_| g.q8_k(cols)).collect();
+        let want: Vec<Vec<u32>> = acts
+            .iter()
+            .map(|a| rows.chunks_exact(row_bytes).map(|r| scalar::q6_k_dot(r, a).to_bits()).collect())
+            .collect();
+        let a: Vec<&[Q8KBlock]> = acts.iter().map(Vec::as_slice).collect();
+        let pack = |r: std::ops::Range<usize>| q4_k::Packed::new(&a[r]);
+        for isa in Isa::supported() {
+            let got: Vec<[f32; 16]> = [
+                q6_k::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                q6_k::rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
+                q6_k::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+            ]
+            .concat();
+            let eight = q6_k::rows16_dot::<8>(isa, &tiles, &pack(0..8));
             for t in 0..8 {
                 let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
                 prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);

@@ -31,7 +31,7 @@ pub mod i2s;
 pub mod q4_0;
 pub mod q4_k;
 mod q5_k;
-mod q6_k;
+pub mod q6_k;
 pub mod q8_0;
 mod ternary;
 

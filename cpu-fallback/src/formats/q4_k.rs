@@ -53,9 +53,10 @@ impl CpuLayout for Q4K {
     }
 }
 
-/// Several tokens' Q8_K activations packed for [`rows16_dot`], so that its kernel reads them
-/// through one pointer: block by block, each of the 64 activation dwords of every token side by
-/// side, then every token's eight sub-block sums `Σq`, then every token's scale.
+/// Several tokens' Q8_K activations packed for the interleaved kernels ([`rows16_dot`], and
+/// Q6_K's), so that a kernel reads them through one pointer: block by block, each of the 64
+/// activation dwords of every token side by side, then every token's sixteen partial sums `Σq`
+/// (of sixteen values each), then every token's scale.
 pub struct Packed {
     tokens: usize,
     xq: Vec<i32>,
@@ -70,7 +71,7 @@ impl Packed {
         let mut p = Self {
             tokens,
             xq: Vec::with_capacity(64 * tokens * blocks),
-            bsum: Vec::with_capacity(8 * tokens * blocks),
+            bsum: Vec::with_capacity(16 * tokens * blocks),
             d: Vec::with_capacity(tokens * blocks),
         };
         for b in 0..blocks {
@@ -80,20 +81,23 @@ impl Packed {
                     i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
                 }));
             }
-            for s in 0..8 {
-                p.bsum.extend(
-                    acts.iter()
-                        .map(|a| i32::from(a[b].bsums[2 * s]) + i32::from(a[b].bsums[2 * s + 1])),
-                );
+            for s in 0..16 {
+                p.bsum.extend(acts.iter().map(|a| i32::from(a[b].bsums[s])));
             }
             p.d.extend(acts.iter().map(|a| a[b].d));
         }
         p
     }
 
-    /// Token `t`'s activations taken back out, as far as a Q4_K dot reads them: each
-    /// sub-block's `Σq` is kept as the first of its two partial sums.
-    fn token(&self, t: usize) -> Vec<Q8KBlock> {
+    /// The packed dwords, partial sums and scales, checked to hold `T` tokens.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn parts<const T: usize>(&self) -> (&[i32], &[i32], &[f32]) {
+        assert_eq!(self.tokens, T, "the activations packed for another tile");
+        (&self.xq, &self.bsum, &self.d)
+    }
+
+    /// Token `t`'s activations taken back out.
+    pub(crate) fn token(&self, t: usize) -> Vec<Q8KBlock> {
         let at = |b: usize| b * self.tokens + t;
         (0..self.d.len() / self.tokens)
             .map(|b| {
@@ -109,8 +113,8 @@ impl Packed {
                         *q = byte as i8;
                     }
                 }
-                for s in 0..8 {
-                    blk.bsums[2 * s] = self.bsum[(8 * b + s) * self.tokens + t] as i16;
+                for s in 0..16 {
+                    blk.bsums[s] = self.bsum[(16 * b + s) * self.tokens + t] as i16;
                 }
                 blk.sum = blk.qs.iter().map(|&q| i32::from(q)).sum();
                 blk
@@ -124,14 +128,14 @@ impl Packed {
 /// [`scalar::q4_k_dot`] on the row.
 #[inline]
 pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; ROWS]; T] {
-    assert_eq!(p.tokens, T, "the activations packed for another tile");
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512Vnni` is chosen only when the CPU reports AVX-512 F, BW, VL and VNNI
         // (`Isa::detect`; `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the
         // shapes before reading.
         Isa::Avx512Vnni => unsafe {
-            interleaved_q4_k::q4_k_rows16_vnni512::<T>(block, &p.xq, &p.bsum, &p.d)
+            let (xq, bsum, d) = p.parts::<T>();
+            interleaved_q4_k::q4_k_rows16_vnni512::<T>(block, xq, bsum, d)
         },
         _ => {
             // The reference: each row taken back out of the block.

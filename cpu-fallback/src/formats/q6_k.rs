@@ -1,11 +1,14 @@
 //! Q6_K rows (LM heads, and the larger tensors of llama.cpp's `_M` mixes): dotted with Q8_K
-//! activations, block by block.
+//! activations, block by block; where the instruction set has a kernel for it, sixteen rows at
+//! a time from their interleaved copy ([`crate::interleave_q6_k`], [`rows16_dot`]).
 
 use hesper_engine::formats::Q6K;
 
+use super::q4_k::Packed;
 use super::{ActivationKind, CpuLayout};
+use crate::interleave::ROWS;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::avx2;
+use crate::kernels::{avx2, interleaved_q6_k};
 use crate::kernels::{scalar, Isa};
 use crate::quant::{quantize_q8_k, Q8KBlock};
 
@@ -37,6 +40,37 @@ impl CpuLayout for Q6K {
                 Some(unsafe { avx2::q6_k_dot_x4(row, act.map(Vec::as_slice)) })
             }
             _ => None,
+        }
+    }
+}
+
+/// Sixteen Q6_K rows interleaved into one block (`block`, see [`crate::interleave_q6_k`])
+/// against the `T` tokens of `p` (packed as for Q4_K rows): `out[t][l]` is row `l` · token `t`,
+/// equal bit for bit to [`scalar::q6_k_dot`] on the row.
+#[inline]
+pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; ROWS]; T] {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx512Vnni` is chosen only when the CPU reports AVX-512 F, BW, VL and VNNI
+        // (`Isa::detect`; `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the
+        // shapes before reading.
+        Isa::Avx512Vnni => unsafe {
+            let (xq, bsum, d) = p.parts::<T>();
+            interleaved_q6_k::q6_k_rows16_vnni512::<T>(block, xq, bsum, d)
+        },
+        _ => {
+            // The reference: each row taken back out of the block.
+            let row_bytes = block.len() / ROWS;
+            let mut row = vec![0u8; row_bytes];
+            let acts: Vec<Vec<Q8KBlock>> = (0..T).map(|t| p.token(t)).collect();
+            let mut out = [[0.0f32; ROWS]; T];
+            for l in 0..ROWS {
+                crate::interleave_q6_k::row(block, row_bytes, l, &mut row);
+                for (o, a) in out.iter_mut().zip(&acts) {
+                    o[l] = scalar::q6_k_dot(&row, a);
+                }
+            }
+            out
         }
     }
 }

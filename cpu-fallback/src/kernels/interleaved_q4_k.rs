@@ -18,12 +18,12 @@ pub type Rows16 = [f32; ROWS];
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
 /// `T` tokens packed as [`crate::formats::q4_k::Packed`] holds them: `xq[(64b + g)·T + t]` is
-/// activation dword `g` of token `t`'s block `b`, `bsum[(8b + s)·T + t]` its sub-block `s`'s
-/// `Σq`, `d[b·T + t]` its scale.
+/// activation dword `g` of token `t`'s block `b`, `bsum[(16b + i)·T + t]` its `Σq` of values
+/// `16i..16i + 16`, `d[b·T + t]` its scale.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL and VNNI; `block` holds `d.len() / T` interleaved
-/// blocks, `xq` 64 dwords and `bsum` eight sums for each of the `d.len()` scales.
+/// blocks, `xq` 64 dwords and `bsum` sixteen sums for each of the `d.len()` scales.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 pub unsafe fn q4_k_rows16_vnni512<const T: usize>(
     block: &[u8],
@@ -33,13 +33,13 @@ pub unsafe fn q4_k_rows16_vnni512<const T: usize>(
 ) -> [Rows16; T] {
     let blocks = d.len() / T;
     assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
-    assert!(xq.len() == 64 * d.len() && bsum.len() == 8 * d.len());
+    assert!(xq.len() == 64 * d.len() && bsum.len() == 16 * d.len());
     let (xq, bsum, d) = (xq.as_ptr(), bsum.as_ptr(), d.as_ptr());
     let low4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..blocks {
         // SAFETY: the asserts above bound every read: the block's bytes, its 64·T dwords,
-        // 8·T sums and T scales.
+        // 16·T sums and T scales.
         unsafe {
             let base = block.as_ptr().add(b * BLOCK_BYTES);
             // Decode streams the weights once: ask for the block after next (a hint, never
@@ -78,7 +78,8 @@ pub unsafe fn q4_k_rows16_vnni512<const T: usize>(
                 for t in 0..T {
                     let sub = _mm512_add_epi32(lo[t], hi[t]);
                     isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(sub, sc));
-                    let q = _mm512_set1_epi32(*bsum.add((8 * b + s) * T + t));
+                    let pair = (16 * b + 2 * s) * T + t;
+                    let q = _mm512_set1_epi32(*bsum.add(pair) + *bsum.add(pair + T));
                     msum[t] = _mm512_add_epi32(msum[t], _mm512_mullo_epi32(mn, q));
                 }
             }

@@ -15,6 +15,8 @@ pub mod interleaved_q4_0;
 #[cfg(target_arch = "x86_64")]
 pub mod interleaved_q4_k;
 #[cfg(target_arch = "x86_64")]
+pub mod interleaved_q6_k;
+#[cfg(target_arch = "x86_64")]
 pub mod interleaved_q8_0;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
@@ -178,6 +180,13 @@ impl Isa {
     /// ([`crate::interleave_q4_k`]): where [`crate::formats::q4_k::rows16_dot`] has a kernel
     /// of its own (AVX-512 VNNI).
     pub fn interleaves_q4_k(self) -> bool {
+        matches!(self, Self::Avx512Vnni)
+    }
+
+    /// Whether Q6_K weights are interleaved sixteen rows deep at load for this instruction set
+    /// ([`crate::interleave_q6_k`]): where [`crate::formats::q6_k::rows16_dot`] has a kernel
+    /// of its own (AVX-512 VNNI).
+    pub fn interleaves_q6_k(self) -> bool {
         matches!(self, Self::Avx512Vnni)
     }
 
