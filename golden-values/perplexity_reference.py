@@ -1,7 +1,8 @@
 """Perplexity as llama.cpp's `llama-perplexity` computes it, from llama.cpp's own logits.
 
-For every golden model whose reference is llama.cpp, the committed logits of its longest sequence
-(s2: BOS + 32 tokens, llama.cpp 0c1e57098, all positions) are scored the way
+For every golden model whose reference is llama.cpp (generate.py's BitNet files, families.py's
+other families and llama.cpp's quantized files), the committed logits of its sequence s2
+(BOS + 32 tokens, llama.cpp 0c1e57098, all positions) are scored the way
 `tools/perplexity/perplexity.cpp` scores one chunk of `n_ctx` = 32 tokens: positions
 first = n_ctx/2 .. n_ctx-2 predict the next token, NLL per token from `log_softmax` (max logit,
 sum of exp in double), PPL = exp(mean NLL), error = sqrt(var / (count-1)) * PPL. The chunk's first
@@ -39,7 +40,8 @@ def main():
     models = {}
     for manifest in sorted(OUT.glob("*.json")):
         d = json.loads(manifest.read_text())
-        if "sequences" not in d or not d["reference"].startswith("llama.cpp"):
+        if ("sequences" not in d or not d["reference"].startswith("llama.cpp")
+                or len(d["sequences"]) <= SEQUENCE):
             continue
         seq = d["sequences"][SEQUENCE]
         tokens = seq["tokens"]

@@ -58,6 +58,55 @@ pub fn row(tiles: &[u8], row_bytes: usize, r: usize, out: &mut [u8]) {
     }
 }
 
+/// The interleaved copy of a matrix of block-quantized rows (`data`: whole blocks of sixteen
+/// rows of `row_bytes`, each row's blocks `src_block` bytes), made block by block: for each
+/// block of sixteen rows and each block column `b`, `put(block b of row l, l, copy)` writes row
+/// `l`'s part of the `dst_block` bytes the copy gives those sixteen blocks. Blocks of rows are
+/// split between the threads.
+pub fn by_blocks(
+    data: &[u8],
+    row_bytes: usize,
+    src_block: usize,
+    dst_block: usize,
+    put: impl Fn(&[u8], usize, &mut [u8]) + Sync,
+) -> Vec<u8> {
+    debug_assert!(
+        row_bytes.is_multiple_of(src_block) && data.len().is_multiple_of(ROWS * row_bytes)
+    );
+    let blocks = row_bytes / src_block;
+    let mut out = vec![0u8; data.len() / (ROWS * row_bytes) * blocks * dst_block];
+    data.par_chunks_exact(ROWS * row_bytes)
+        .zip(out.par_chunks_exact_mut(blocks * dst_block))
+        .for_each(|(src, dst)| {
+            for (b, copy) in dst.chunks_exact_mut(dst_block).enumerate() {
+                for l in 0..ROWS {
+                    put(&src[l * row_bytes + b * src_block..][..src_block], l, copy);
+                }
+            }
+        });
+    out
+}
+
+/// Row `r` of a copy made by [`by_blocks`] with blocks of `src_block` bytes in `dst_block`:
+/// `take(copy, l, block)` writes row `l`'s block from its part of the copy's block; `out` holds
+/// the row (`blocks` blocks).
+pub fn row_by_blocks(
+    tiles: &[u8],
+    (src_block, dst_block): (usize, usize),
+    r: usize,
+    out: &mut [u8],
+    take: impl Fn(&[u8], usize, &mut [u8]),
+) {
+    let blocks = out.len() / src_block;
+    let copy = &tiles[r / ROWS * blocks * dst_block..][..blocks * dst_block];
+    for (src, blk) in copy
+        .chunks_exact(dst_block)
+        .zip(out.chunks_exact_mut(src_block))
+    {
+        take(src, r % ROWS, blk);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,6 @@
 //! high ones, the codes unsigned (the kernel subtracts `8 · Σq` of the activation block).
 
 use hesper_engine::formats::Q4_0_BLOCK_BYTES;
-use rayon::prelude::*;
 
 use crate::interleave::ROWS;
 
@@ -31,40 +30,29 @@ pub fn fits(rows: usize, cols: usize) -> bool {
 /// The interleaved copy of a Q4_0 matrix whose rows are `row_bytes` long (`data` holds whole
 /// blocks of sixteen rows; see [`fits`]), row blocks split between the threads.
 pub fn interleave(data: &[u8], row_bytes: usize) -> Vec<u8> {
-    debug_assert!(
-        row_bytes.is_multiple_of(Q4_0_BLOCK_BYTES) && data.len().is_multiple_of(ROWS * row_bytes)
-    );
-    let mut out = vec![0u8; data.len()];
-    data.par_chunks_exact(ROWS * row_bytes)
-        .zip(out.par_chunks_exact_mut(ROWS * row_bytes))
-        .for_each(|(src, dst)| {
-            for (b, block) in dst.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-                let (scales, tiles) = block.split_at_mut(SCALE_BYTES);
-                for l in 0..ROWS {
-                    let blk = &src[l * row_bytes + b * Q4_0_BLOCK_BYTES..][..Q4_0_BLOCK_BYTES];
-                    scales[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
-                    for (k, tile) in tiles.chunks_exact_mut(4 * ROWS).enumerate() {
-                        tile[4 * l..4 * l + 4].copy_from_slice(&blk[2 + 4 * k..6 + 4 * k]);
-                    }
-                }
+    crate::interleave::by_blocks(
+        data,
+        row_bytes,
+        Q4_0_BLOCK_BYTES,
+        BLOCK_BYTES,
+        |blk, l, copy| {
+            copy[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
+            for (k, tile) in copy[SCALE_BYTES..].chunks_exact_mut(4 * ROWS).enumerate() {
+                tile[4 * l..4 * l + 4].copy_from_slice(&blk[2 + 4 * k..6 + 4 * k]);
             }
-        });
-    out
+        },
+    )
 }
 
 /// Row `r` of an interleaved matrix whose rows are `row_bytes` long, in the Q4_0 layout.
 pub fn row(tiles: &[u8], row_bytes: usize, r: usize, out: &mut [u8]) {
-    let block = &tiles[r / ROWS * ROWS * row_bytes..][..ROWS * row_bytes];
-    let l = r % ROWS;
-    for (src, blk) in block
-        .chunks_exact(BLOCK_BYTES)
-        .zip(out[..row_bytes].chunks_exact_mut(Q4_0_BLOCK_BYTES))
-    {
-        blk[..2].copy_from_slice(&src[2 * l..2 * l + 2]);
-        for (k, tile) in src[SCALE_BYTES..].chunks_exact(4 * ROWS).enumerate() {
+    let sizes = (Q4_0_BLOCK_BYTES, BLOCK_BYTES);
+    crate::interleave::row_by_blocks(tiles, sizes, r, &mut out[..row_bytes], |copy, l, blk| {
+        blk[..2].copy_from_slice(&copy[2 * l..2 * l + 2]);
+        for (k, tile) in copy[SCALE_BYTES..].chunks_exact(4 * ROWS).enumerate() {
             blk[2 + 4 * k..6 + 4 * k].copy_from_slice(&tile[4 * l..4 * l + 4]);
         }
-    }
+    });
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@
 use hesper_engine::formats::q4_k::{
     k_pack_scales_mins, k_scales_mins, q4_k_code, K_SCALES, Q4_K_BLOCK_BYTES, Q4_K_QS, QK_K,
 };
-use rayon::prelude::*;
 
 use crate::interleave::ROWS;
 
@@ -46,52 +45,40 @@ pub fn fits(rows: usize, cols: usize) -> bool {
 /// The interleaved copy of a Q4_K matrix whose rows are `row_bytes` long (`data` holds whole
 /// blocks of sixteen rows; see [`fits`]), row blocks split between the threads.
 pub fn interleave(data: &[u8], row_bytes: usize) -> Vec<u8> {
-    debug_assert!(
-        row_bytes.is_multiple_of(Q4_K_BLOCK_BYTES) && data.len().is_multiple_of(ROWS * row_bytes)
-    );
-    let blocks = row_bytes / Q4_K_BLOCK_BYTES;
-    let mut out = vec![0u8; data.len() / row_bytes * blocks * ROW_BLOCK_BYTES];
-    data.par_chunks_exact(ROWS * row_bytes)
-        .zip(out.par_chunks_exact_mut(blocks * BLOCK_BYTES))
-        .for_each(|(src, dst)| {
-            for (b, block) in dst.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-                for l in 0..ROWS {
-                    let blk = &src[l * row_bytes + b * Q4_K_BLOCK_BYTES..][..Q4_K_BLOCK_BYTES];
-                    block[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
-                    block[DMIN + 2 * l..DMIN + 2 * l + 2].copy_from_slice(&blk[2..4]);
-                    let (scales, mins) = k_scales_mins(blk);
-                    for s in 0..8 {
-                        block[SCALES + ROWS * s + l] = scales[s];
-                        block[MINS + ROWS * s + l] = mins[s];
-                    }
-                    for (t, tile) in block[TILES..].chunks_exact_mut(4 * ROWS).enumerate() {
-                        let col = 8 * t;
-                        for (k, byte) in tile[4 * l..4 * l + 4].iter_mut().enumerate() {
-                            *byte = q4_k_code(blk, col + k) | (q4_k_code(blk, col + 4 + k) << 4);
-                        }
-                    }
+    crate::interleave::by_blocks(
+        data,
+        row_bytes,
+        Q4_K_BLOCK_BYTES,
+        BLOCK_BYTES,
+        |blk, l, copy| {
+            copy[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
+            copy[DMIN + 2 * l..DMIN + 2 * l + 2].copy_from_slice(&blk[2..4]);
+            let (scales, mins) = k_scales_mins(blk);
+            for s in 0..8 {
+                copy[SCALES + ROWS * s + l] = scales[s];
+                copy[MINS + ROWS * s + l] = mins[s];
+            }
+            for (t, tile) in copy[TILES..].chunks_exact_mut(4 * ROWS).enumerate() {
+                for (k, byte) in tile[4 * l..4 * l + 4].iter_mut().enumerate() {
+                    *byte = q4_k_code(blk, 8 * t + k) | (q4_k_code(blk, 8 * t + 4 + k) << 4);
                 }
             }
-        });
-    out
+        },
+    )
 }
 
 /// Row `r` of an interleaved matrix of `cols` columns, in the Q4_K layout (`out` holds a row).
 pub fn row(tiles: &[u8], cols: usize, r: usize, out: &mut [u8]) {
-    let blocks = cols / QK_K;
-    let block = &tiles[r / ROWS * blocks * BLOCK_BYTES..][..blocks * BLOCK_BYTES];
-    let l = r % ROWS;
-    for (src, blk) in block
-        .chunks_exact(BLOCK_BYTES)
-        .zip(out.chunks_exact_mut(Q4_K_BLOCK_BYTES))
-    {
-        blk[..2].copy_from_slice(&src[2 * l..2 * l + 2]);
-        blk[2..4].copy_from_slice(&src[DMIN + 2 * l..DMIN + 2 * l + 2]);
-        let scales = std::array::from_fn(|s| src[SCALES + ROWS * s + l]);
-        let mins = std::array::from_fn(|s| src[MINS + ROWS * s + l]);
+    let row_bytes = cols / QK_K * Q4_K_BLOCK_BYTES;
+    let sizes = (Q4_K_BLOCK_BYTES, BLOCK_BYTES);
+    crate::interleave::row_by_blocks(tiles, sizes, r, &mut out[..row_bytes], |copy, l, blk| {
+        blk[..2].copy_from_slice(&copy[2 * l..2 * l + 2]);
+        blk[2..4].copy_from_slice(&copy[DMIN + 2 * l..DMIN + 2 * l + 2]);
+        let scales = std::array::from_fn(|s| copy[SCALES + ROWS * s + l]);
+        let mins = std::array::from_fn(|s| copy[MINS + ROWS * s + l]);
         blk[K_SCALES..K_SCALES + 12].copy_from_slice(&k_pack_scales_mins(&scales, &mins));
         let mut codes = [0u8; QK_K];
-        for (t, tile) in src[TILES..].chunks_exact(4 * ROWS).enumerate() {
+        for (t, tile) in copy[TILES..].chunks_exact(4 * ROWS).enumerate() {
             for k in 0..4 {
                 let byte = tile[4 * l + k];
                 codes[8 * t + k] = byte & 0xF;
@@ -103,7 +90,7 @@ pub fn row(tiles: &[u8], cols: usize, r: usize, out: &mut [u8]) {
                 blk[Q4_K_QS + 32 * j + i] = codes[64 * j + i] | (codes[64 * j + 32 + i] << 4);
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@
 
 use hesper_engine::formats::q6_k::{q6_k_code, Q6_K_BLOCK_BYTES, Q6_K_D, Q6_K_SCALES};
 use hesper_engine::formats::q6_k::{Q6_K_BLOCK, Q6_K_QH};
-use rayon::prelude::*;
 
 use crate::interleave::ROWS;
 
@@ -36,62 +35,47 @@ pub fn fits(rows: usize, cols: usize) -> bool {
 /// The interleaved copy of a Q6_K matrix whose rows are `row_bytes` long (`data` holds whole
 /// blocks of sixteen rows; see [`fits`]), row blocks split between the threads.
 pub fn interleave(data: &[u8], row_bytes: usize) -> Vec<u8> {
-    debug_assert!(
-        row_bytes.is_multiple_of(Q6_K_BLOCK_BYTES) && data.len().is_multiple_of(ROWS * row_bytes)
-    );
-    let mut out = vec![0u8; data.len()];
-    data.par_chunks_exact(ROWS * row_bytes)
-        .zip(out.par_chunks_exact_mut(ROWS * row_bytes))
-        .for_each(|(src, dst)| {
-            for (b, block) in dst.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-                for l in 0..ROWS {
-                    let blk = &src[l * row_bytes + b * Q6_K_BLOCK_BYTES..][..Q6_K_BLOCK_BYTES];
-                    block[2 * l..2 * l + 2].copy_from_slice(&blk[Q6_K_D..Q6_K_D + 2]);
-                    for s in 0..16 {
-                        block[SCALES + ROWS * s + l] = blk[Q6_K_SCALES + s];
-                    }
-                    let code = |c: usize| q6_k_code(blk, c);
-                    for z in 0..32 {
-                        let tile = &mut block[NIBBLES + 64 * z..][..64];
-                        for k in 0..4 {
-                            tile[4 * l + k] =
-                                (code(8 * z + k) & 0xF) | ((code(8 * z + 4 + k) & 0xF) << 4);
-                        }
-                    }
-                    for s in 0..16 {
-                        let tile = &mut block[CRUMBS + 64 * s..][..64];
-                        for k in 0..4 {
-                            tile[4 * l + k] = (0..4).fold(0, |byte, j| {
-                                byte | ((code(16 * s + 4 * j + k) >> 4) << (2 * j))
-                            });
-                        }
-                    }
+    crate::interleave::by_blocks(
+        data,
+        row_bytes,
+        Q6_K_BLOCK_BYTES,
+        BLOCK_BYTES,
+        |blk, l, copy| {
+            copy[2 * l..2 * l + 2].copy_from_slice(&blk[Q6_K_D..Q6_K_D + 2]);
+            for s in 0..16 {
+                copy[SCALES + ROWS * s + l] = blk[Q6_K_SCALES + s];
+            }
+            let code = |c: usize| q6_k_code(blk, c);
+            for (z, tile) in copy[NIBBLES..CRUMBS].chunks_exact_mut(4 * ROWS).enumerate() {
+                for (k, byte) in tile[4 * l..4 * l + 4].iter_mut().enumerate() {
+                    *byte = (code(8 * z + k) & 0xF) | ((code(8 * z + 4 + k) & 0xF) << 4);
                 }
             }
-        });
-    out
+            for (s, tile) in copy[CRUMBS..].chunks_exact_mut(4 * ROWS).enumerate() {
+                for (k, byte) in tile[4 * l..4 * l + 4].iter_mut().enumerate() {
+                    *byte = (0..4).fold(0, |b, j| b | ((code(16 * s + 4 * j + k) >> 4) << (2 * j)));
+                }
+            }
+        },
+    )
 }
 
 /// Row `r` of an interleaved matrix whose rows are `row_bytes` long, in the Q6_K layout.
 pub fn row(tiles: &[u8], row_bytes: usize, r: usize, out: &mut [u8]) {
-    let block = &tiles[r / ROWS * ROWS * row_bytes..][..ROWS * row_bytes];
-    let l = r % ROWS;
-    for (src, blk) in block
-        .chunks_exact(BLOCK_BYTES)
-        .zip(out[..row_bytes].chunks_exact_mut(Q6_K_BLOCK_BYTES))
-    {
-        blk[Q6_K_D..Q6_K_D + 2].copy_from_slice(&src[2 * l..2 * l + 2]);
+    let sizes = (Q6_K_BLOCK_BYTES, BLOCK_BYTES);
+    crate::interleave::row_by_blocks(tiles, sizes, r, &mut out[..row_bytes], |copy, l, blk| {
+        blk[Q6_K_D..Q6_K_D + 2].copy_from_slice(&copy[2 * l..2 * l + 2]);
         for s in 0..16 {
-            blk[Q6_K_SCALES + s] = src[SCALES + ROWS * s + l];
+            blk[Q6_K_SCALES + s] = copy[SCALES + ROWS * s + l];
         }
         let code = |c: usize| {
-            let nibbles = src[NIBBLES + 64 * (c / 8) + 4 * l + c % 4];
+            let nibbles = copy[NIBBLES + 64 * (c / 8) + 4 * l + c % 4];
             let low = if c % 8 < 4 {
                 nibbles & 0xF
             } else {
                 nibbles >> 4
             };
-            let crumbs = src[CRUMBS + 64 * (c / 16) + 4 * l + c % 4];
+            let crumbs = copy[CRUMBS + 64 * (c / 16) + 4 * l + c % 4];
             low | (((crumbs >> (2 * ((c % 16) / 4))) & 3) << 4)
         };
         // The file's layout (`q6_k_code`): element e of half h, quadrant k, lane i.
@@ -104,7 +88,7 @@ pub fn row(tiles: &[u8], row_bytes: usize, r: usize, out: &mut [u8]) {
                     (q[0] >> 4) | ((q[1] >> 4) << 2) | ((q[2] >> 4) << 4) | ((q[3] >> 4) << 6);
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]

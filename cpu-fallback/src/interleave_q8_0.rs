@@ -10,7 +10,6 @@
 //! operand `vpdpbusd` takes unsigned; the kernel subtracts `128 · Σq` of the activation block.
 
 use hesper_engine::formats::Q8_0_BLOCK_BYTES;
-use rayon::prelude::*;
 
 use crate::interleave::ROWS;
 
@@ -31,44 +30,33 @@ pub fn fits(rows: usize, cols: usize) -> bool {
 /// The interleaved copy of a Q8_0 matrix whose rows are `row_bytes` long (`data` holds whole
 /// blocks of sixteen rows; see [`fits`]), row blocks split between the threads.
 pub fn interleave(data: &[u8], row_bytes: usize) -> Vec<u8> {
-    debug_assert!(
-        row_bytes.is_multiple_of(Q8_0_BLOCK_BYTES) && data.len().is_multiple_of(ROWS * row_bytes)
-    );
-    let mut out = vec![0u8; data.len()];
-    data.par_chunks_exact(ROWS * row_bytes)
-        .zip(out.par_chunks_exact_mut(ROWS * row_bytes))
-        .for_each(|(src, dst)| {
-            for (b, block) in dst.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-                let (scales, tiles) = block.split_at_mut(SCALE_BYTES);
-                for l in 0..ROWS {
-                    let blk = &src[l * row_bytes + b * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
-                    scales[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
-                    for (g, tile) in tiles.chunks_exact_mut(4 * ROWS).enumerate() {
-                        for (k, byte) in tile[4 * l..4 * l + 4].iter_mut().enumerate() {
-                            *byte = blk[2 + 4 * g + k] ^ 0x80;
-                        }
-                    }
+    crate::interleave::by_blocks(
+        data,
+        row_bytes,
+        Q8_0_BLOCK_BYTES,
+        BLOCK_BYTES,
+        |blk, l, copy| {
+            copy[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
+            for (g, tile) in copy[SCALE_BYTES..].chunks_exact_mut(4 * ROWS).enumerate() {
+                for (k, byte) in tile[4 * l..4 * l + 4].iter_mut().enumerate() {
+                    *byte = blk[2 + 4 * g + k] ^ 0x80;
                 }
             }
-        });
-    out
+        },
+    )
 }
 
 /// Row `r` of an interleaved matrix whose rows are `row_bytes` long, in the Q8_0 layout.
 pub fn row(tiles: &[u8], row_bytes: usize, r: usize, out: &mut [u8]) {
-    let block = &tiles[r / ROWS * ROWS * row_bytes..][..ROWS * row_bytes];
-    let l = r % ROWS;
-    for (src, blk) in block
-        .chunks_exact(BLOCK_BYTES)
-        .zip(out[..row_bytes].chunks_exact_mut(Q8_0_BLOCK_BYTES))
-    {
-        blk[..2].copy_from_slice(&src[2 * l..2 * l + 2]);
-        for (g, tile) in src[SCALE_BYTES..].chunks_exact(4 * ROWS).enumerate() {
+    let sizes = (Q8_0_BLOCK_BYTES, BLOCK_BYTES);
+    crate::interleave::row_by_blocks(tiles, sizes, r, &mut out[..row_bytes], |copy, l, blk| {
+        blk[..2].copy_from_slice(&copy[2 * l..2 * l + 2]);
+        for (g, tile) in copy[SCALE_BYTES..].chunks_exact(4 * ROWS).enumerate() {
             for k in 0..4 {
                 blk[2 + 4 * g + k] = tile[4 * l + k] ^ 0x80;
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]

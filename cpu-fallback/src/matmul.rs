@@ -138,15 +138,19 @@ impl CpuMatrix {
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
                 (Activations::Q8_0(a), Format::Q8_0) => {
-                    let dot = self.q8_0_blocks(isa, a, &groups);
+                    let dot = self.packed_blocks(isa, a, &groups, q8_0::Packed::new, tiles!(q8_0));
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
                 (Activations::Q8_0(a), Format::Q4_0) => {
-                    let dot = self.q4_0_blocks(isa, a, &groups);
+                    let dot = self.packed_blocks(isa, a, &groups, q8_0::Packed::new, tiles!(q4_0));
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
-                (Activations::Q8K(a), Format::Q4K | Format::Q6K) => {
-                    let dot = self.q8_k_blocks(isa, a, &groups);
+                (Activations::Q8K(a), Format::Q4K) => {
+                    let dot = self.packed_blocks(isa, a, &groups, q4_k::Packed::new, tiles!(q4_k));
+                    return self.matmul_tiles(tiles, n, out, &groups, &dot);
+                }
+                (Activations::Q8K(a), Format::Q6K) => {
+                    let dot = self.packed_blocks(isa, a, &groups, q4_k::Packed::new, tiles!(q6_k));
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
                 (Activations::Float(x), Format::F16) => {
@@ -225,6 +229,18 @@ struct FloatTiles<P> {
     one: fn(Isa, &[u8], &P) -> [[f32; ROWS]; 1],
 }
 
+/// The [`FloatTiles`] of a layout module's `rows16_dot`.
+macro_rules! tiles {
+    ($layout:ident) => {
+        FloatTiles {
+            eight: $layout::rows16_dot::<TILE_TOKENS>,
+            four: $layout::rows16_dot::<4>,
+            one: $layout::rows16_dot::<1>,
+        }
+    };
+}
+use tiles;
+
 /// The [`BlockDot`] of a float-result kernel: `packed[g]` is group `g`'s size and activations;
 /// each row's sum times `scale` is appended.
 fn float_blocks<P: Sync>(
@@ -275,81 +291,25 @@ impl CpuMatrix {
         }
     }
 
-    /// The Q8_0 kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed once,
-    /// each row's sum as the single-row scalar kernel makes it, times the matrix's scale.
-    fn q8_0_blocks(
+    /// The kernel of [`CpuMatrix::matmul_tiles`] for a layout whose interleaved kernels
+    /// (`kernels`) read activations of blocks `T` packed by `pack`: each group's activations
+    /// packed once, each row's sum as the single-row scalar kernel makes it, times the matrix's
+    /// scale.
+    fn packed_blocks<T, P: Sync>(
         &self,
         isa: Isa,
-        a: &[Vec<Q8_0Block>],
+        a: &[Vec<T>],
         groups: &[(usize, usize)],
+        pack: fn(&[&[T]]) -> P,
+        kernels: FloatTiles<P>,
     ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
         let packed = groups
             .iter()
             .map(|&(t, size)| {
-                let acts: Vec<&[Q8_0Block]> = a[t..t + size].iter().map(Vec::as_slice).collect();
-                (size, q8_0::Packed::new(&acts))
+                let acts: Vec<&[T]> = a[t..t + size].iter().map(Vec::as_slice).collect();
+                (size, pack(&acts))
             })
             .collect();
-        let kernels = FloatTiles {
-            eight: q8_0::rows16_dot::<TILE_TOKENS>,
-            four: q8_0::rows16_dot::<4>,
-            one: q8_0::rows16_dot::<1>,
-        };
-        float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
-    }
-
-    /// The Q4_0 kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed once
-    /// (as for Q8_0), each row's sum as the single-row scalar kernel makes it, times the
-    /// matrix's scale.
-    fn q4_0_blocks(
-        &self,
-        isa: Isa,
-        a: &[Vec<Q8_0Block>],
-        groups: &[(usize, usize)],
-    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
-        let packed = groups
-            .iter()
-            .map(|&(t, size)| {
-                let acts: Vec<&[Q8_0Block]> = a[t..t + size].iter().map(Vec::as_slice).collect();
-                (size, q8_0::Packed::new(&acts))
-            })
-            .collect();
-        let kernels = FloatTiles {
-            eight: q4_0::rows16_dot::<TILE_TOKENS>,
-            four: q4_0::rows16_dot::<4>,
-            one: q4_0::rows16_dot::<1>,
-        };
-        float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
-    }
-
-    /// The Q4_K or Q6_K kernel of [`CpuMatrix::matmul_tiles`]: each group's activations packed
-    /// once, each row's sum as the single-row scalar kernel makes it, times the matrix's scale.
-    fn q8_k_blocks(
-        &self,
-        isa: Isa,
-        a: &[Vec<Q8KBlock>],
-        groups: &[(usize, usize)],
-    ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
-        let packed = groups
-            .iter()
-            .map(|&(t, size)| {
-                let acts: Vec<&[Q8KBlock]> = a[t..t + size].iter().map(Vec::as_slice).collect();
-                (size, q4_k::Packed::new(&acts))
-            })
-            .collect();
-        let kernels = if self.desc.format == Format::Q6K {
-            FloatTiles {
-                eight: q6_k::rows16_dot::<TILE_TOKENS>,
-                four: q6_k::rows16_dot::<4>,
-                one: q6_k::rows16_dot::<1>,
-            }
-        } else {
-            FloatTiles {
-                eight: q4_k::rows16_dot::<TILE_TOKENS>,
-                four: q4_k::rows16_dot::<4>,
-                one: q4_k::rows16_dot::<1>,
-            }
-        };
         float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
     }
 
@@ -473,6 +433,28 @@ pub fn matvec_many(isa: Isa, ws: &[&CpuMatrix], x: &[f32], outs: &mut [&mut [f32
 }
 
 impl CpuMatrix {
+    /// `out` (whole blocks of sixteen rows from row `r0`) for one token of activations packed
+    /// as `packed`, from the interleaved copy `tiles` through `dot`, times the matrix's scale.
+    fn rows16_one<P>(
+        &self,
+        isa: Isa,
+        tiles: &[u8],
+        r0: usize,
+        out: &mut [f32],
+        packed: &P,
+        dot: fn(Isa, &[u8], &P) -> [[f32; ROWS]; 1],
+    ) {
+        let scale = self.scale.unwrap_or(1.0);
+        let block_bytes = ROWS * self.tile_row_bytes();
+        let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
+        for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
+            let [values] = dot(isa, block, packed);
+            for (o, v) in o.iter_mut().zip(values) {
+                *o = v * scale;
+            }
+        }
+    }
+
     /// `out[i] = W[r0 + i] · x` for token 0 of `act`.
     fn rows_dot(&self, isa: Isa, act: &Activations, r0: usize, out: &mut [f32]) {
         let row_bytes = self.desc.row_bytes();
@@ -488,52 +470,28 @@ impl CpuMatrix {
             }
             return;
         }
-        if let (Some(tiles), Format::Q8_0, Activations::Q8_0(a)) =
-            (&self.tiles, self.desc.format, act)
-        {
-            let (packed, scale) = (q8_0::Packed::new(&[&a[0]]), self.scale.unwrap_or(1.0));
-            let block_bytes = ROWS * row_bytes;
-            let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
-            for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
-                let [values] = q8_0::rows16_dot::<1>(isa, block, &packed);
-                for (o, v) in o.iter_mut().zip(values) {
-                    *o = v * scale;
+        if let Some(tiles) = &self.tiles {
+            let one = |a: &[Q8_0Block]| q8_0::Packed::new(&[a]);
+            let one_k = |a: &[Q8KBlock]| q4_k::Packed::new(&[a]);
+            match (self.desc.format, act) {
+                (Format::Q8_0, Activations::Q8_0(a)) => {
+                    let packed = one(&a[0]);
+                    return self.rows16_one(isa, tiles, r0, out, &packed, q8_0::rows16_dot::<1>);
                 }
-            }
-            return;
-        }
-        if let (Some(tiles), Format::Q4_0, Activations::Q8_0(a)) =
-            (&self.tiles, self.desc.format, act)
-        {
-            let (packed, scale) = (q8_0::Packed::new(&[&a[0]]), self.scale.unwrap_or(1.0));
-            let block_bytes = ROWS * row_bytes;
-            let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
-            for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
-                let [values] = q4_0::rows16_dot::<1>(isa, block, &packed);
-                for (o, v) in o.iter_mut().zip(values) {
-                    *o = v * scale;
+                (Format::Q4_0, Activations::Q8_0(a)) => {
+                    let packed = one(&a[0]);
+                    return self.rows16_one(isa, tiles, r0, out, &packed, q4_0::rows16_dot::<1>);
                 }
-            }
-            return;
-        }
-        if let (Some(tiles), Format::Q4K | Format::Q6K, Activations::Q8K(a)) =
-            (&self.tiles, self.desc.format, act)
-        {
-            let (packed, scale) = (q4_k::Packed::new(&[&a[0]]), self.scale.unwrap_or(1.0));
-            let block_bytes = ROWS * self.tile_row_bytes();
-            let blocks = tiles[r0 / ROWS * block_bytes..].chunks_exact(block_bytes);
-            let dot = if self.desc.format == Format::Q6K {
-                q6_k::rows16_dot::<1>
-            } else {
-                q4_k::rows16_dot::<1>
-            };
-            for (o, block) in out.chunks_exact_mut(ROWS).zip(blocks) {
-                let [values] = dot(isa, block, &packed);
-                for (o, v) in o.iter_mut().zip(values) {
-                    *o = v * scale;
+                (Format::Q4K, Activations::Q8K(a)) => {
+                    let packed = one_k(&a[0]);
+                    return self.rows16_one(isa, tiles, r0, out, &packed, q4_k::rows16_dot::<1>);
                 }
+                (Format::Q6K, Activations::Q8K(a)) => {
+                    let packed = one_k(&a[0]);
+                    return self.rows16_one(isa, tiles, r0, out, &packed, q6_k::rows16_dot::<1>);
+                }
+                _ => {}
             }
-            return;
         }
         if let (Some(tiles), Format::F16, Activations::Float(x)) =
             (&self.tiles, self.desc.format, act)

@@ -5,15 +5,20 @@
 //! Tolerance: a token's NLL is `ln Σ exp(l) − l[t]`, which moves by at most 2·max|Δlogit| when the
 //! logits move. Float weights: only summation order differs from llama.cpp; measured |Δ ln PPL|
 //! 6.6e-8 … 1.04e-6 (CPU, every instruction set, and GPU) → bound 1e-5. Ternary files: the int8
-//! activation codes are discontinuous in their input, so a last-bit difference can move a code
-//! and a logit by ~0.15 (`golden_cpu.rs`); measured 9e-9 … 5.4e-6, and 3.0e-3 for TQ1_0 on the
-//! scalar kernels (one such step) → bound 5e-3. Known-wrong schemes fail on every model: scoring
-//! each position against its own token instead of the next (off by > 1); for float weights also
-//! scoring the whole chunk instead of its second half (off by 9.4e-4).
+//! activation codes are discontinuous in their input, so a last-bit difference can move a code and
+//! a logit by ~0.15 (`golden_cpu.rs`); measured 9e-9 … 5.4e-6, and 3.0e-3 for TQ1_0 on the scalar
+//! kernels (one such step) → bound 5e-3; the other families' float and ternary files measure at
+//! most 1.5e-3 (BF16 on the GPU) and are held to it too. Dense weights with quantized activations
+//! (the Q8_0 family file and llama.cpp's quantized files, `hesper_tests::QUANTS`): one code moved
+//! by summation order moves the logits of every later position by up to 0.30 (`golden_families.rs`,
+//! `tiny-llama-q4_k_m`), so the NLLs by up to 0.61; measured 3.0e-2 on that file (CPU and GPU),
+//! 1.2e-2 on the Q8_0 one (GPU), the others below 4e-3 → bound 5e-2. Known-wrong schemes fail on
+//! every model: scoring each position against its own token instead of the next (off by > 1); for
+//! float weights also scoring the whole chunk instead of its second half (off by 9.4e-4).
 
 use hesper_engine::model::Logits;
 use hesper_runtime::perplexity::{log_softmax, score_chunk, targets, Accumulator, Chunks};
-use hesper_tests::{cpu_model, golden_dir, gpu_model, isas};
+use hesper_tests::{cpu_model, golden_dir, gpu_model, isas, QUANTS};
 use serde_json::Value;
 
 /// One model's reference figures.
@@ -54,6 +59,9 @@ fn reference() -> (Vec<Reference>, usize, usize) {
 fn bound(stem: &str) -> f64 {
     if stem.starts_with("tiny-f32") {
         1e-5
+    } else if QUANTS.contains(&stem) || stem == "tiny-llama-q8_0" {
+        // Dense weights with quantized activations.
+        5e-2
     } else {
         5e-3
     }

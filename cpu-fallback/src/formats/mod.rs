@@ -26,6 +26,21 @@ macro_rules! by_isa {
     };
 }
 
+/// `Some` of an x86 kernel's result on every x86 variant (the AVX2 kernel of a shape only x86
+/// has), `None` elsewhere.
+macro_rules! x86_only {
+    ($isa:expr, $call:expr) => {
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: every x86 variant has AVX2, FMA and F16C (`Isa::detect`;
+            // `CpuBackend::with_isa` refuses the others); the matrix driver passes whole rows of
+            // whole blocks, as many as each token's activations have.
+            $crate::kernels::x86!() => Some(unsafe { $call }),
+            _ => None,
+        }
+    };
+}
+
 pub mod float;
 pub mod i2s;
 pub mod q4_0;
@@ -39,6 +54,7 @@ use hesper_engine::formats::Layout;
 use hesper_engine::weights::Format;
 use rayon::prelude::*;
 
+use crate::interleave::ROWS;
 use crate::kernels::Isa;
 use crate::quant::{I8Row, Q8KBlock, Q8_0Block};
 
@@ -276,6 +292,26 @@ fn row_tokens<L: CpuLayout>(
 /// The kernels of `format`'s layout.
 pub fn row_kernels(format: Format) -> Box<dyn RowKernels> {
     hesper_engine::with_layout!(format, |layout| Box::new(layout))
+}
+
+/// The reference an interleaved kernel is tested against: each of the sixteen rows of an
+/// interleaved block taken back out (`row(l, out)` writes row `l`, `row_bytes` long) and dotted
+/// with each of the `T` tokens `acts` by the scalar kernel `dot`.
+fn rows16_reference<A, const T: usize>(
+    row_bytes: usize,
+    acts: &[A],
+    row: impl Fn(usize, &mut [u8]),
+    dot: impl Fn(&[u8], &A) -> f32,
+) -> [[f32; ROWS]; T] {
+    let mut bytes = vec![0u8; row_bytes];
+    let mut out = [[0.0f32; ROWS]; T];
+    for l in 0..ROWS {
+        row(l, &mut bytes);
+        for (o, a) in out.iter_mut().zip(acts) {
+            o[l] = dot(&bytes, a);
+        }
+    }
+    out
 }
 
 /// `f` of each of the four equal rows `rows` holds (the scalar side of the four-row kernels).

@@ -30,26 +30,12 @@ impl CpuLayout for Q4K {
 
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_x4(self, isa: Isa, row: &[u8], act: [&Vec<Q8KBlock>; 4]) -> Option<[f32; 4]> {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and F16C (`Isa::detect`; `CpuBackend::with_isa`
-            // refuses the others); the matrix driver passes whole rows of whole blocks, as many
-            // as each token's activations have.
-            crate::kernels::x86!() => {
-                Some(unsafe { avx2::q4_k_dot_x4(row, act.map(Vec::as_slice)) })
-            }
-            _ => None,
-        }
+        x86_only!(isa, avx2::q4_k_dot_x4(row, act.map(Vec::as_slice)))
     }
 
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_rows4(self, isa: Isa, rows: &[u8], act: &Vec<Q8KBlock>) -> Option<[f32; 4]> {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for `dot_x4`; `rows` holds four whole rows.
-            crate::kernels::x86!() => Some(unsafe { avx2::q4_k_dot_rows4(rows, act) }),
-            _ => None,
-        }
+        x86_only!(isa, avx2::q4_k_dot_rows4(rows, act))
     }
 }
 
@@ -140,16 +126,12 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
         _ => {
             // The reference: each row taken back out of the block.
             let cols = block.len() / crate::interleave_q4_k::BLOCK_BYTES * 256;
-            let mut row = vec![0u8; Q4K::row_bytes(cols)];
-            let acts: Vec<Vec<Q8KBlock>> = (0..T).map(|t| p.token(t)).collect();
-            let mut out = [[0.0f32; ROWS]; T];
-            for l in 0..ROWS {
-                crate::interleave_q4_k::row(block, cols, l, &mut row);
-                for (o, a) in out.iter_mut().zip(&acts) {
-                    o[l] = scalar::q4_k_dot(&row, a);
-                }
-            }
-            out
+            let row_bytes = Q4K::row_bytes(cols);
+            let acts: Vec<_> = (0..T).map(|t| p.token(t)).collect();
+            let row = |l, row: &mut [u8]| crate::interleave_q4_k::row(block, cols, l, row);
+            super::rows16_reference::<_, T>(row_bytes, &acts, row, |row, a| {
+                scalar::q4_k_dot(row, a)
+            })
         }
     }
 }

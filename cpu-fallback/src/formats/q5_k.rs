@@ -27,25 +27,11 @@ impl CpuLayout for Q5K {
 
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_x4(self, isa: Isa, row: &[u8], act: [&Vec<Q8KBlock>; 4]) -> Option<[f32; 4]> {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: every x86 variant has AVX2 and F16C (`Isa::detect`; `CpuBackend::with_isa`
-            // refuses the others); the matrix driver passes whole rows of whole blocks, as many
-            // as each token's activations have.
-            crate::kernels::x86!() => {
-                Some(unsafe { avx2::q5_k_dot_x4(row, act.map(Vec::as_slice)) })
-            }
-            _ => None,
-        }
+        x86_only!(isa, avx2::q5_k_dot_x4(row, act.map(Vec::as_slice)))
     }
 
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn dot_rows4(self, isa: Isa, rows: &[u8], act: &Vec<Q8KBlock>) -> Option<[f32; 4]> {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for `dot_x4`; `rows` holds four whole rows.
-            crate::kernels::x86!() => Some(unsafe { avx2::q5_k_dot_rows4(rows, act) }),
-            _ => None,
-        }
+        x86_only!(isa, avx2::q5_k_dot_rows4(rows, act))
     }
 }

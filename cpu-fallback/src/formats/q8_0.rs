@@ -110,16 +110,11 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
         _ => {
             // The reference: each row taken back out of the block.
             let row_bytes = block.len() / ROWS;
-            let mut row = vec![0u8; row_bytes];
-            let acts: Vec<Vec<Q8_0Block>> = (0..T).map(|t| p.token(t)).collect();
-            let mut out = [[0.0f32; ROWS]; T];
-            for l in 0..ROWS {
-                crate::interleave_q8_0::row(block, row_bytes, l, &mut row);
-                for (o, a) in out.iter_mut().zip(&acts) {
-                    o[l] = scalar::q8_0_dot(&row, a);
-                }
-            }
-            out
+            let acts: Vec<_> = (0..T).map(|t| p.token(t)).collect();
+            let row = |l, row: &mut [u8]| crate::interleave_q8_0::row(block, row_bytes, l, row);
+            super::rows16_reference::<_, T>(row_bytes, &acts, row, |row, a| {
+                scalar::q8_0_dot(row, a)
+            })
         }
     }
 }

@@ -10,11 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::interleave::ROWS;
+use super::interleaved_q8_0::{rows16_out, Rows16};
 use crate::interleave_q4_0::{BLOCK_BYTES, SCALE_BYTES};
-
-/// Row sums of one token in a pass: sixteen rows' results.
-pub type Rows16 = [f32; ROWS];
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
 /// `T` tokens packed as [`crate::formats::q8_0::Packed`] holds them: `xq[(8b + g)·T + t]` is
@@ -78,10 +75,5 @@ pub unsafe fn q4_0_rows16_vnni512<const T: usize>(
             }
         }
     }
-    let mut out = [[0.0f32; ROWS]; T];
-    for (o, a) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` holds sixteen floats.
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
-    }
-    out
+    rows16_out(acc)
 }

@@ -10,11 +10,9 @@
 
 use std::arch::x86_64::*;
 
+use super::interleaved_q8_0::{rows16_out, Rows16};
 use crate::interleave::ROWS;
 use crate::interleave_q4_k::{BLOCK_BYTES, DMIN, MINS, SCALES, TILES};
-
-/// Row sums of one token in a pass: sixteen rows' results.
-pub type Rows16 = [f32; ROWS];
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
 /// `T` tokens packed as [`crate::formats::q4_k::Packed`] holds them: `xq[(64b + g)·T + t]` is
@@ -91,10 +89,5 @@ pub unsafe fn q4_k_rows16_vnni512<const T: usize>(
             }
         }
     }
-    let mut out = [[0.0f32; ROWS]; T];
-    for (o, a) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` holds sixteen floats.
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
-    }
-    out
+    rows16_out(acc)
 }

@@ -10,11 +10,9 @@
 
 use std::arch::x86_64::*;
 
+use super::interleaved_q8_0::{rows16_out, Rows16};
 use crate::interleave::ROWS;
 use crate::interleave_q6_k::{BLOCK_BYTES, CRUMBS, NIBBLES, SCALES};
-
-/// Row sums of one token in a pass: sixteen rows' results.
-pub type Rows16 = [f32; ROWS];
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
 /// `T` tokens packed as [`crate::formats::q4_k::Packed`] holds them (see
@@ -91,10 +89,5 @@ pub unsafe fn q6_k_rows16_vnni512<const T: usize>(
             }
         }
     }
-    let mut out = [[0.0f32; ROWS]; T];
-    for (o, a) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` holds sixteen floats.
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
-    }
-    out
+    rows16_out(acc)
 }

@@ -71,6 +71,13 @@ pub unsafe fn q8_0_rows16_vnni512<const T: usize>(
             }
         }
     }
+    rows16_out(acc)
+}
+
+/// The sixteen lanes of each of `T` accumulators: the rows' results of an interleaved kernel.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn rows16_out<const T: usize>(acc: [__m512; T]) -> [Rows16; T] {
     let mut out = [[0.0f32; ROWS]; T];
     for (o, a) in out.iter_mut().zip(acc) {
         // SAFETY: `o` holds sixteen floats.
