@@ -283,14 +283,18 @@ proptest! {
         }
     }
 
-    /// The four-token Q4_K, Q5_K and Q6_K kernels and the four-row Q4_K and Q5_K ones: every
-    /// token and row bit for bit the scalar dot.
+    /// The four-token Q4_0, Q4_K, Q5_K and Q6_K kernels and the four-row Q4_0, Q4_K and Q5_K
+    /// ones: every token and row bit for bit the scalar dot.
     #[test]
     fn k_quant_tiles_match_scalar(blocks in 1usize..8, seed in any::<u64>()) {
         let mut g = Lcg(seed);
         let q4_k: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(blocks, 144, &[0, 2])).collect();
         let q5_k: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(blocks, 176, &[0, 2])).collect();
         let q6_k = g.q6_k_row(blocks);
+        let q4_0: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(8 * blocks, 18, &[0])).collect();
+        let q4_0_acts: Vec<_> = (0..4)
+            .map(|_| quantize_q8_0(&(0..blocks * 256).map(|_| g.float(-10.0, 20)).collect::<Vec<_>>()))
+            .collect();
         let acts: Vec<Vec<Q8KBlock>> = (0..4).map(|_| g.q8_k(blocks * 256)).collect();
         let four = [&acts[0], &acts[1], &acts[2], &acts[3]];
         for isa in simds() {
@@ -300,6 +304,16 @@ proptest! {
                 }
             } else {
                 prop_assert!(!cfg!(target_arch = "x86_64"), "{:?}: no Q6_K four-token kernel", isa);
+            }
+            let q4_0_four = [&q4_0_acts[0], &q4_0_acts[1], &q4_0_acts[2], &q4_0_acts[3]];
+            let q4_0_tiles = (Q4_0.dot_x4(isa, &q4_0[0], q4_0_four), Q4_0.dot_rows4(isa, &q4_0.concat(), &q4_0_acts[0]));
+            if let (Some(x4), Some(rows4)) = q4_0_tiles {
+                for k in 0..4 {
+                    prop_assert_eq!(x4[k].to_bits(), scalar::q4_0_dot(&q4_0[0], &q4_0_acts[k]).to_bits(), "{:?} Q4_0 token {}", isa, k);
+                    prop_assert_eq!(rows4[k].to_bits(), scalar::q4_0_dot(&q4_0[k], &q4_0_acts[0]).to_bits(), "{:?} Q4_0 row {}", isa, k);
+                }
+            } else {
+                prop_assert!(!cfg!(target_arch = "x86_64"), "{:?}: no Q4_0 tile", isa);
             }
             let x4 = [Q4K.dot_x4(isa, &q4_k[0], four), Q5K.dot_x4(isa, &q5_k[0], four)];
             let rows4 = [Q4K.dot_rows4(isa, &q4_k.concat(), &acts[0]), Q5K.dot_rows4(isa, &q5_k.concat(), &acts[0])];

@@ -28,6 +28,16 @@ impl CpuLayout for Q4_0 {
             scalar: scalar::q4_0_dot(row, act),
         )
     }
+
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn dot_x4(self, isa: Isa, row: &[u8], act: [&Vec<Q8_0Block>; 4]) -> Option<[f32; 4]> {
+        x86_only!(isa, avx2::q4_0_dot_x4(row, act.map(Vec::as_slice)))
+    }
+
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn dot_rows4(self, isa: Isa, rows: &[u8], act: &Vec<Q8_0Block>) -> Option<[f32; 4]> {
+        x86_only!(isa, avx2::q4_0_dot_rows4(rows, act))
+    }
 }
 
 /// Sixteen Q4_0 rows interleaved into one block (`block`, see [`crate::interleave_q4_0`])

@@ -78,21 +78,111 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q4_0_block_pairs(blk: &[u8], a: &Q8_0Block) -> __m256i {
+    // SAFETY: the caller's contract.
+    unsafe { q4_0_pairs(q4_0_weights(blk), a) }
+}
+
+/// The 32 signed weights (code − 8) of a Q4_0 block: elements 0..16 (low nibbles) in the low
+/// half, 16..32 (high nibbles) in the high one.
+///
+/// # Safety
+/// `blk` holds a whole block (18 bytes).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_0_weights(blk: &[u8]) -> __m256i {
     debug_assert!(blk.len() >= Q4_0_BLOCK_BYTES);
-    // SAFETY: the 16 nibble bytes follow the 2 scale bytes; `a.qs` holds 32 activations.
-    unsafe {
-        let b = _mm_loadu_si128(blk.as_ptr().add(2).cast());
-        // Elements 0..16 (low nibbles) in the low half, 16..32 (high nibbles) in the high.
-        let codes = _mm256_and_si256(
-            _mm256_set_m128i(_mm_srli_epi16::<4>(b), b),
-            _mm256_set1_epi8(0x0F),
-        );
-        let w = _mm256_sub_epi8(codes, _mm256_set1_epi8(8));
-        let x = _mm256_loadu_si256(a.qs.as_ptr().cast());
-        // |w| · (x · sign w): maddubs needs one unsigned operand; |w| ≤ 8.
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-        _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+    // SAFETY: the 16 nibble bytes follow the 2 scale bytes.
+    let b = unsafe { _mm_loadu_si128(blk.as_ptr().add(2).cast()) };
+    let codes = _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(b), b),
+        _mm256_set1_epi8(0x0F),
+    );
+    _mm256_sub_epi8(codes, _mm256_set1_epi8(8))
+}
+
+/// Eight i32 lanes whose total is Σ w·q over one block's weights `w` (|w| ≤ 8) and activations.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_0_pairs(w: __m256i, a: &Q8_0Block) -> __m256i {
+    // SAFETY: `a.qs` holds 32 activations.
+    let x = unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) };
+    // |w| · (x · sign w): maddubs needs one unsigned operand.
+    let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+}
+
+/// [`q4_0_dot`] of one row against four tokens (prefill), each block unpacked once; each
+/// result bit-identical to [`q4_0_dot`]'s.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `row` holds as many Q4_0 blocks as each token.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0_dot_x4(row: &[u8], act: [&[Q8_0Block]; 4]) -> [f32; 4] {
+    assert!(act.iter().all(|a| row.len() == a.len() * Q4_0_BLOCK_BYTES));
+    let mut acc = [0.0f32; 4];
+    for (b, blk) in row.chunks_exact(Q4_0_BLOCK_BYTES).enumerate() {
+        // SAFETY: a whole block; each token's block holds 32 activations.
+        unsafe {
+            let w = q4_0_weights(blk);
+            let p = [
+                q4_0_pairs(w, &act[0][b]),
+                q4_0_pairs(w, &act[1][b]),
+                q4_0_pairs(w, &act[2][b]),
+                q4_0_pairs(w, &act[3][b]),
+            ];
+            let mut sumi = [0i32; 4];
+            _mm_storeu_si128(sumi.as_mut_ptr().cast(), totals4(p));
+            let d = f16_at(blk.as_ptr());
+            for ((acc, s), a) in acc.iter_mut().zip(sumi).zip(act) {
+                *acc += s as f32 * (d * a[b].d);
+            }
+        }
     }
+    acc
+}
+
+/// [`q4_0_dot`] of four consecutive rows (`rows` holds all four) against one token (decode),
+/// read as one stream; each row's float steps in its own lane, so each result is bit-identical
+/// to [`q4_0_dot`]'s.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `rows` holds four rows of `act.len()` Q4_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0_dot_rows4(rows: &[u8], act: &[Q8_0Block]) -> [f32; 4] {
+    assert!(rows.len() == 4 * act.len() * Q4_0_BLOCK_BYTES);
+    let row_bytes = rows.len() / 4;
+    let p = rows.as_ptr();
+    let mut acc = _mm_setzero_ps();
+    for (b, a) in act.iter().enumerate() {
+        let at = b * Q4_0_BLOCK_BYTES;
+        // The four rows' region swept four times as fast as one row's blocks advance.
+        let ahead = p.wrapping_add(ROWS4_PREFETCH_AHEAD + 4 * at);
+        // SAFETY: a prefetch hint never faults; block b of row k is the 18 bytes at
+        // k·row_bytes + at, and `a` holds 32 activations.
+        unsafe {
+            prefetch(ahead);
+            prefetch(ahead.wrapping_add(64));
+            let blk = |k: usize| &rows[k * row_bytes + at..];
+            let sums = [
+                q4_0_block_pairs(blk(0), a),
+                q4_0_block_pairs(blk(1), a),
+                q4_0_block_pairs(blk(2), a),
+                q4_0_block_pairs(blk(3), a),
+            ];
+            let d = [
+                f16_at(p.add(at)),
+                f16_at(p.add(row_bytes + at)),
+                f16_at(p.add(2 * row_bytes + at)),
+                f16_at(p.add(3 * row_bytes + at)),
+            ];
+            let scale = _mm_mul_ps(_mm_loadu_ps(d.as_ptr()), _mm_set1_ps(a.d));
+            acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(totals4(sums)), scale));
+        }
+    }
+    let mut out = [0.0f32; 4];
+    // SAFETY: `out` holds exactly four floats.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    out
 }
 
 /// Declares the public Q4_K and Q5_K kernels over the generic bodies below.
