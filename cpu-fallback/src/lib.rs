@@ -104,7 +104,7 @@ impl CpuBackend {
                 Format::Q4_0 => {
                     self.isa.interleaves_q4_0() && interleave_q4_0::fits(desc.rows, desc.cols)
                 }
-                Format::Q4K => {
+                Format::Q4K | Format::Q5K => {
                     self.isa.interleaves_q4_k() && interleave_q4_k::fits(desc.rows, desc.cols)
                 }
                 Format::Q6K => {

@@ -7,7 +7,9 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::weights::{Format, MatrixDesc};
 use rayon::prelude::*;
 
-use crate::formats::{float, i2s, q4_0, q4_k, q6_k, q8_0, row_kernels, Activations, RowKernels};
+use crate::formats::{
+    float, i2s, q4_0, q4_k, q5_k, q6_k, q8_0, row_kernels, Activations, RowKernels,
+};
 use crate::interleave::ROWS;
 use crate::kernels::Isa;
 use crate::quant::{I8Row, Q8KBlock, Q8_0Block};
@@ -72,7 +74,8 @@ impl CpuMatrix {
             Format::I2S { .. } => crate::interleave::interleave(self.data(), row_bytes),
             Format::Q8_0 => crate::interleave_q8_0::interleave(self.data(), row_bytes),
             Format::Q4_0 => crate::interleave_q4_0::interleave(self.data(), row_bytes),
-            Format::Q4K => crate::interleave_q4_k::interleave(self.data(), row_bytes),
+            Format::Q4K => crate::interleave_q4_k::interleave::<false>(self.data(), row_bytes),
+            Format::Q5K => crate::interleave_q4_k::interleave::<true>(self.data(), row_bytes),
             Format::Q6K => crate::interleave_q6_k::interleave(self.data(), row_bytes),
             Format::F16 => crate::interleave_f16::interleave(self.data(), row_bytes),
             _ => return self,
@@ -110,7 +113,12 @@ impl CpuMatrix {
                 match self.desc.format {
                     Format::F16 => crate::interleave_f16::row(tiles, row.len(), r, &mut row),
                     Format::Q4_0 => crate::interleave_q4_0::row(tiles, row.len(), r, &mut row),
-                    Format::Q4K => crate::interleave_q4_k::row(tiles, self.desc.cols, r, &mut row),
+                    Format::Q4K => {
+                        crate::interleave_q4_k::row::<false>(tiles, self.desc.cols, r, &mut row)
+                    }
+                    Format::Q5K => {
+                        crate::interleave_q4_k::row::<true>(tiles, self.desc.cols, r, &mut row)
+                    }
                     Format::Q6K => crate::interleave_q6_k::row(tiles, row.len(), r, &mut row),
                     _ => crate::interleave_q8_0::row(tiles, row.len(), r, &mut row),
                 }
@@ -147,6 +155,10 @@ impl CpuMatrix {
                 }
                 (Activations::Q8K(a), Format::Q4K) => {
                     let dot = self.packed_blocks(isa, a, &groups, q4_k::Packed::new, tiles!(q4_k));
+                    return self.matmul_tiles(tiles, n, out, &groups, &dot);
+                }
+                (Activations::Q8K(a), Format::Q5K) => {
+                    let dot = self.packed_blocks(isa, a, &groups, q4_k::Packed::new, tiles!(q5_k));
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
                 (Activations::Q8K(a), Format::Q6K) => {
@@ -317,7 +329,8 @@ impl CpuMatrix {
     /// there; the other layouts keep their size).
     fn tile_row_bytes(&self) -> usize {
         match self.desc.format {
-            Format::Q4K => crate::interleave_q4_k::interleaved_row_bytes(self.desc.cols),
+            Format::Q4K => crate::interleave_q4_k::interleaved_row_bytes(self.desc.cols, false),
+            Format::Q5K => crate::interleave_q4_k::interleaved_row_bytes(self.desc.cols, true),
             _ => self.desc.row_bytes(),
         }
     }
@@ -485,6 +498,10 @@ impl CpuMatrix {
                 (Format::Q4K, Activations::Q8K(a)) => {
                     let packed = one_k(&a[0]);
                     return self.rows16_one(isa, tiles, r0, out, &packed, q4_k::rows16_dot::<1>);
+                }
+                (Format::Q5K, Activations::Q8K(a)) => {
+                    let packed = one_k(&a[0]);
+                    return self.rows16_one(isa, tiles, r0, out, &packed, q5_k::rows16_dot::<1>);
                 }
                 (Format::Q6K, Activations::Q8K(a)) => {
                     let packed = one_k(&a[0]);

@@ -1,7 +1,7 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
-use hesper_cpu::formats::{float, i2s, q4_0, q4_k, q6_k, q8_0, CpuLayout};
+use hesper_cpu::formats::{float, i2s, q4_0, q4_k, q5_k, q6_k, q8_0, CpuLayout};
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{
     quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, Q8KBlock, Q8_0Block,
@@ -637,34 +637,50 @@ proptest! {
         }
     }
 
-    /// The interleaved Q4_K kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single scalar
-    /// dots bit for bit: every code, scale, minimum and sign of d and dmin.
+    /// The interleaved Q4_K and Q5_K kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single
+    /// scalar dots bit for bit: every code, scale, minimum and sign of d and dmin.
     #[test]
-    fn q4_k_rows16_matches_scalar(blocks in 1usize..6, seed in any::<u64>()) {
+    fn q4_k_and_q5_k_rows16_match_scalar(blocks in 1usize..6, seed in any::<u64>()) {
         let mut g = Lcg(seed);
         let cols = blocks * 256;
-        let row_bytes = blocks * 144;
-        let rows = g.blocks(16 * blocks, 144, &[0, 2]);
-        let tiles = interleave_q4_k::interleave(&rows, row_bytes);
         let acts: Vec<_> = (0..8).map(|_| g.q8_k(cols)).collect();
-        let want: Vec<Vec<u32>> = acts
-            .iter()
-            .map(|a| rows.chunks_exact(row_bytes).map(|r| scalar::q4_k_dot(r, a).to_bits()).collect())
-            .collect();
         let a: Vec<&[Q8KBlock]> = acts.iter().map(Vec::as_slice).collect();
         let pack = |r: std::ops::Range<usize>| q4_k::Packed::new(&a[r]);
-        for isa in Isa::supported() {
-            let got: Vec<[f32; 16]> = [
-                q4_k::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
-                q4_k::rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
-                q4_k::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
-            ]
-            .concat();
-            let eight = q4_k::rows16_dot::<8>(isa, &tiles, &pack(0..8));
-            for t in 0..8 {
-                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
-                prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
-                prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+        for five in [false, true] {
+            let block_bytes = if five { 176 } else { 144 };
+            let row_bytes = blocks * block_bytes;
+            let rows = g.blocks(16 * blocks, block_bytes, &[0, 2]);
+            let tiles = if five {
+                interleave_q4_k::interleave::<true>(&rows, row_bytes)
+            } else {
+                interleave_q4_k::interleave::<false>(&rows, row_bytes)
+            };
+            let dot = if five { scalar::q5_k_dot } else { scalar::q4_k_dot };
+            let want: Vec<Vec<u32>> = acts
+                .iter()
+                .map(|a| rows.chunks_exact(row_bytes).map(|r| dot(r, a).to_bits()).collect())
+                .collect();
+            for isa in Isa::supported() {
+                let (got, all): (Vec<[f32; 16]>, [[f32; 16]; 8]) = if five {
+                    let got = [
+                        q5_k::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                        q5_k::rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
+                        q5_k::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+                    ];
+                    (got.concat(), q5_k::rows16_dot::<8>(isa, &tiles, &pack(0..8)))
+                } else {
+                    let got = [
+                        q4_k::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                        q4_k::rows16_dot::<3>(isa, &tiles, &pack(1..4)).to_vec(),
+                        q4_k::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+                    ];
+                    (got.concat(), q4_k::rows16_dot::<8>(isa, &tiles, &pack(0..8)))
+                };
+                for t in 0..8 {
+                    let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
+                    prop_assert_eq!(&bits(&got[t]), &want[t], "five {} {:?}, token {}", five, isa, t);
+                    prop_assert_eq!(&bits(&all[t]), &want[t], "five {} {:?}, token {} of 8", five, isa, t);
+                }
             }
         }
     }

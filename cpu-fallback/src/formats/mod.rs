@@ -45,7 +45,7 @@ pub mod float;
 pub mod i2s;
 pub mod q4_0;
 pub mod q4_k;
-mod q5_k;
+pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 mod ternary;

@@ -121,14 +121,14 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
         // shapes before reading.
         Isa::Avx512Vnni => unsafe {
             let (xq, bsum, d) = p.parts::<T>();
-            interleaved_q4_k::q4_k_rows16_vnni512::<T>(block, xq, bsum, d)
+            interleaved_q4_k::k_rows16_vnni512::<false, T>(block, xq, bsum, d)
         },
         _ => {
             // The reference: each row taken back out of the block.
-            let cols = block.len() / crate::interleave_q4_k::BLOCK_BYTES * 256;
+            let cols = block.len() / crate::interleave_q4_k::block_bytes(false) * 256;
             let row_bytes = Q4K::row_bytes(cols);
             let acts: Vec<_> = (0..T).map(|t| p.token(t)).collect();
-            let row = |l, row: &mut [u8]| crate::interleave_q4_k::row(block, cols, l, row);
+            let row = |l, row: &mut [u8]| crate::interleave_q4_k::row::<false>(block, cols, l, row);
             super::rows16_reference::<_, T>(row_bytes, &acts, row, |row, a| {
                 scalar::q4_k_dot(row, a)
             })

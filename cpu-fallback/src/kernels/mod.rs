@@ -176,9 +176,9 @@ impl Isa {
         matches!(self, Self::Avx512Vnni)
     }
 
-    /// Whether Q4_K weights are interleaved sixteen rows deep at load for this instruction set
-    /// ([`crate::interleave_q4_k`]): where [`crate::formats::q4_k::rows16_dot`] has a kernel
-    /// of its own (AVX-512 VNNI).
+    /// Whether Q4_K and Q5_K weights are interleaved sixteen rows deep at load for this
+    /// instruction set ([`crate::interleave_q4_k`]): where [`crate::formats::q4_k::rows16_dot`]
+    /// and its Q5_K twin have a kernel of their own (AVX-512 VNNI).
     pub fn interleaves_q4_k(self) -> bool {
         matches!(self, Self::Avx512Vnni)
     }
