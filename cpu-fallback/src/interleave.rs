@@ -58,6 +58,12 @@ pub fn row(tiles: &[u8], row_bytes: usize, r: usize, out: &mut [u8]) {
     }
 }
 
+/// Whether a `rows × cols` matrix of blocks of `block_cols` values can be interleaved by
+/// [`by_blocks`]: whole blocks of sixteen rows, whole blocks in a row.
+pub fn fits_blocks(rows: usize, cols: usize, block_cols: usize) -> bool {
+    rows.is_multiple_of(ROWS) && cols.is_multiple_of(block_cols) && rows > 0 && cols > 0
+}
+
 /// The interleaved copy of a matrix of block-quantized rows (`data`: whole blocks of sixteen
 /// rows of `row_bytes`, each row's blocks `src_block` bytes), made block by block: for each
 /// block of sixteen rows and each block column `b`, `put(block b of row l, l, copy)` writes row

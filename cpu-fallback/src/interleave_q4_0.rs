@@ -24,7 +24,7 @@ pub const SCALE_BYTES: usize = 2 * ROWS;
 
 /// Whether a `rows × cols` Q4_0 matrix can be interleaved: whole blocks of sixteen rows.
 pub fn fits(rows: usize, cols: usize) -> bool {
-    rows.is_multiple_of(ROWS) && cols.is_multiple_of(BLOCK_COLS) && rows > 0 && cols > 0
+    crate::interleave::fits_blocks(rows, cols, BLOCK_COLS)
 }
 
 /// The interleaved copy of a Q4_0 matrix whose rows are `row_bytes` long (`data` holds whole

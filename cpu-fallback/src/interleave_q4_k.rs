@@ -58,7 +58,7 @@ pub fn interleaved_row_bytes(cols: usize, five: bool) -> usize {
 
 /// Whether a `rows × cols` Q4_K or Q5_K matrix can be interleaved: whole blocks of sixteen rows.
 pub fn fits(rows: usize, cols: usize) -> bool {
-    rows.is_multiple_of(ROWS) && cols.is_multiple_of(QK_K) && rows > 0 && cols > 0
+    crate::interleave::fits_blocks(rows, cols, QK_K)
 }
 
 /// The interleaved copy of a Q4_K matrix (Q5_K with `FIVE`) whose rows are `row_bytes` long

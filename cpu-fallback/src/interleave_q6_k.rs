@@ -29,7 +29,7 @@ pub const CRUMBS: usize = NIBBLES + 32 * 4 * ROWS;
 
 /// Whether a `rows × cols` Q6_K matrix can be interleaved: whole blocks of sixteen rows.
 pub fn fits(rows: usize, cols: usize) -> bool {
-    rows.is_multiple_of(ROWS) && cols.is_multiple_of(Q6_K_BLOCK) && rows > 0 && cols > 0
+    crate::interleave::fits_blocks(rows, cols, Q6_K_BLOCK)
 }
 
 /// The interleaved copy of a Q6_K matrix whose rows are `row_bytes` long (`data` holds whole

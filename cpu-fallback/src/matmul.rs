@@ -27,7 +27,7 @@ pub struct CpuMatrix {
     storage: Storage,
     /// The rows interleaved sixteen deep ([`crate::interleave`] for I2_S,
     /// [`crate::interleave_q8_0`] for Q8_0, [`crate::interleave_q4_0`] for Q4_0,
-    /// [`crate::interleave_q4_k`] for Q4_K, [`crate::interleave_q6_k`] for Q6_K,
+    /// [`crate::interleave_q4_k`] for Q4_K and Q5_K, [`crate::interleave_q6_k`] for Q6_K,
     /// [`crate::interleave_f16`] for F16), when the kernels read that copy instead of
     /// `storage`.
     tiles: Option<Vec<u8>>,
@@ -62,12 +62,12 @@ impl CpuMatrix {
         }
     }
 
-    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_0, Q4_K, Q6_K or
-    /// F16 rows (see the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`],
+    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_0, Q4_K, Q5_K,
+    /// Q6_K or F16 rows (see the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`],
     /// [`crate::interleave_q4_0`], [`crate::interleave_q4_k`], [`crate::interleave_q6_k`] and
-    /// [`crate::interleave_f16`] for the shapes that can be; other layouts stay as they are): the file's pages are given back,
-    /// so the resident size stays about the same. Owned bytes of the layouts but I2_S are
-    /// dropped: their rows are then decoded from the copy.
+    /// [`crate::interleave_f16`] for the shapes that can be; other layouts stay as they are):
+    /// the file's pages are given back, so the resident size stays about the same. Owned bytes
+    /// of the layouts but I2_S are dropped: their rows are then decoded from the copy.
     pub fn interleaved(mut self) -> Self {
         let row_bytes = self.desc.row_bytes();
         let tiles = match self.desc.format {
@@ -325,8 +325,8 @@ impl CpuMatrix {
         float_blocks(isa, self.scale.unwrap_or(1.0), packed, kernels)
     }
 
-    /// Bytes of a row in the interleaved copy (a Q4_K row holds its scales as whole bytes
-    /// there; the other layouts keep their size).
+    /// Bytes of a row in the interleaved copy (a Q4_K or Q5_K row holds its scales as whole
+    /// bytes there; the other layouts keep their size).
     fn tile_row_bytes(&self) -> usize {
         match self.desc.format {
             Format::Q4K => crate::interleave_q4_k::interleaved_row_bytes(self.desc.cols, false),

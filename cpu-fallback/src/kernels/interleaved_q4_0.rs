@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved_q8_0::{rows16_out, Rows16};
+use super::interleaved_q8_0::{prefetch_block, rows16_out, Rows16};
 use crate::interleave_q4_0::{BLOCK_BYTES, SCALE_BYTES};
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
@@ -39,12 +39,8 @@ pub unsafe fn q4_0_rows16_vnni512<const T: usize>(
         // T scales and T sums.
         unsafe {
             let base = block.as_ptr().add(b * BLOCK_BYTES);
-            // Decode streams the weights once: ask for the blocks after next (a hint, never
-            // faults past the end).
             if T == 1 {
-                for line in (0..BLOCK_BYTES).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(8 * BLOCK_BYTES + line).cast());
-                }
+                prefetch_block(base, BLOCK_BYTES, 8);
             }
             let x = xq.add(8 * T * b);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved_q8_0::{rows16_out, Rows16};
+use super::interleaved_q8_0::{prefetch_block, rows16_out, Rows16};
 use crate::interleave::ROWS;
 use crate::interleave_q4_k::{block_bytes, DMIN, HIGH, MINS, SCALES, TILES};
 
@@ -43,12 +43,8 @@ pub unsafe fn k_rows16_vnni512<const FIVE: bool, const T: usize>(
         // 16·T sums and T scales.
         unsafe {
             let base = block.as_ptr().add(b * block_size);
-            // Decode streams the weights once: ask for the block after next (a hint, never
-            // faults past the end).
             if T == 1 {
-                for line in (0..block_size).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(2 * block_size + line).cast());
-                }
+                prefetch_block(base, block_size, 2);
             }
             let x = xq.add(64 * T * b);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));

@@ -74,6 +74,17 @@ pub unsafe fn q8_0_rows16_vnni512<const T: usize>(
     rows16_out(acc)
 }
 
+/// Asks for the `bytes` of the interleaved block `ahead` blocks of `bytes` after `base`: decode
+/// streams the weights once, and the hardware prefetcher alone leaves the kernels waiting (a
+/// hint, never faults past the end).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn prefetch_block(base: *const u8, bytes: usize, ahead: usize) {
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(ahead * bytes + line).cast());
+    }
+}
+
 /// The sixteen lanes of each of `T` accumulators: the rows' results of an interleaved kernel.
 #[inline]
 #[target_feature(enable = "avx512f")]
