@@ -191,3 +191,21 @@ impl ContextArgs {
         }
     }
 }
+
+/// llama.cpp's flags of several letters after one dash, which clap would read as short flags
+/// with a value (`-np 4` as `-n p`), in their long spelling.
+const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-np", "--parallel")];
+
+/// The command line with llama.cpp's several-letter flags ([`LLAMA_SPELLINGS`]) rewritten.
+pub fn llama_spellings(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    args.into_iter()
+        .map(
+            |a| match LLAMA_SPELLINGS.iter().find(|(short, _)| a == *short) {
+                Some((_, long)) => long.into(),
+                None => a,
+            },
+        )
+        .collect()
+}

@@ -63,9 +63,23 @@ pub struct GenerateArgs {
     /// Penalise repeats of the last --repeat-last-n tokens (1.0 = off).
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     repeat_penalty: f32,
-    /// Tokens the repeat penalty looks back over.
+    /// Tokens the penalties look back over.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     repeat_last_n: usize,
+    /// Subtract this from a recent token's logit per time it occurs (0.0 = off).
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    frequency_penalty: f32,
+    /// Subtract this from a recent token's logit once if it occurs (0.0 = off).
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    presence_penalty: f32,
     /// Random seed (default or -1: from the clock); the same seed gives the same text.
     #[arg(long = "seed", short = 'S', allow_negative_numbers = true)]
     seed: Option<Seed>,
@@ -167,6 +181,9 @@ impl GenerateArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: Vec::new(),
             seed: self
                 .seed
                 .and_then(|s| s.0)

@@ -11,6 +11,7 @@ mod node;
 mod output;
 mod perplexity;
 mod report;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -40,10 +41,13 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run as one node of a ring that splits a model layer-wise across processes or machines.
     Node(Box<node::NodeArgs>),
+    /// Serve the model over HTTP: OpenAI's chat and completion API (llama-server's endpoints),
+    /// many requests batched together.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(args::llama_spellings(std::env::args_os())) {
         Ok(cli) => cli,
         Err(e) => return report::usage_error(e),
     };
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Node(a) => node::run(*a),
+        Command::Serve(a) => serve::run(*a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -355,9 +355,11 @@ impl Backend for CpuBackend {
         n_rows: usize,
         width: usize,
         dst: &mut Vec<f32>,
+        dst_row0: usize,
     ) {
         self.profile.time(Op::Copy, || {
-            dst[..n_rows * width].copy_from_slice(&src[row0 * width..(row0 + n_rows) * width])
+            dst[dst_row0 * width..(dst_row0 + n_rows) * width]
+                .copy_from_slice(&src[row0 * width..(row0 + n_rows) * width])
         });
     }
 }

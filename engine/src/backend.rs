@@ -458,7 +458,8 @@ pub trait Backend {
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize);
     /// `x[i] += bias` for each of `n` rows of `bias`'s length (a projection's bias).
     fn add_bias(&self, x: &mut Self::Buffer, bias: &Self::Vector, n: usize);
-    /// Copies `n_rows` rows of `width` floats starting at row `row0` of `src` to the front of `dst`.
+    /// Copies `n_rows` rows of `width` floats starting at row `row0` of `src` to `dst` from
+    /// its row `dst_row0`.
     fn copy_rows(
         &self,
         src: &Self::Buffer,
@@ -466,6 +467,7 @@ pub trait Backend {
         n_rows: usize,
         width: usize,
         dst: &mut Self::Buffer,
+        dst_row0: usize,
     );
 }
 

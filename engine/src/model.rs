@@ -31,6 +31,9 @@ use crate::memory::{SessionShape, SizeError};
 use crate::source::{ReadError, TensorSource};
 use crate::weights::{read_f32_vector, requantize, Format, MatrixDesc, WeightError};
 
+mod batch;
+pub use batch::{BatchScratch, SeqStep};
+
 /// Errors raised while loading or running a model.
 #[derive(Debug, Error)]
 pub enum ModelError {
@@ -70,6 +73,18 @@ pub enum ModelError {
     /// Nothing to evaluate.
     #[error("no tokens to evaluate")]
     Empty,
+    /// A batched step holds more rows or sessions than its scratch was made for.
+    #[error("a step of {tokens} tokens over {seqs} sessions exceeds its scratch ({max_tokens} tokens, {max_seqs} sessions)")]
+    BatchTooLarge {
+        /// Rows asked for.
+        tokens: usize,
+        /// Sessions whose logits are asked for.
+        seqs: usize,
+        /// Rows the scratch holds.
+        max_tokens: usize,
+        /// Logit rows the scratch holds.
+        max_seqs: usize,
+    },
     /// A layer's tensor past the layer count the metadata gives.
     #[error("tensor {name:?} belongs to a layer past the file's block_count ({n_layer}): the metadata and the tensors disagree")]
     LayerPastCount {
@@ -273,6 +288,11 @@ pub struct Session<B: Backend> {
     discarded: usize,
     s: Scratch<B>,
 }
+
+/// A layer's attention over one session or a batch's ([`Model::layers_over`]): the backend,
+/// the layer, its queries, keys, values and output, the RoPE of queries and keys, the heads.
+type Attend<'a, B> = dyn FnMut(&B, usize, [&mut <B as Backend>::Buffer; 4], &[RopeShape<'_>; 2], &AttentionShape)
+    + 'a;
 
 struct Scratch<B: Backend> {
     x: B::Buffer,
@@ -627,36 +647,17 @@ impl<B: Backend> Model<B> {
         batch: usize,
         attention: &AttentionConfig,
     ) -> Result<Session<B>, ModelError> {
-        let c = &self.config;
-        let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
-        // `h` and `q` also hold rows of the other width (a sub-norm's output, a product's).
-        let (qd, wide) = (c.q_dim(), c.q_dim().max(c.n_embd));
-        let logits = if self.output_norm.is_some() {
-            c.n_vocab
-        } else {
-            0
-        };
+        let kv = self.config.kv_dim();
         let shape = SessionShape {
             n_layer: self.layers.len(),
             kv_dim: kv,
             kv_bytes: attention.kv_type.bytes(),
-            row_widths: [d, wide, wide, kv, kv, qd, ff, ff, ff, logits],
+            row_widths: self.row_widths(),
         };
         let size = shape.size(n_ctx, batch, self.backend.memory_limits())?;
         let batch = size.batch;
+        let s = self.scratch(batch, batch)?;
         let b = &self.backend;
-        let s = Scratch {
-            x: b.alloc(batch * d)?,
-            h: b.alloc(batch * wide)?,
-            q: b.alloc(batch * wide)?,
-            k: b.alloc(batch * kv)?,
-            v: b.alloc(batch * kv)?,
-            att: b.alloc(batch * qd)?,
-            gate: b.alloc(batch * ff)?,
-            up: b.alloc(batch * ff)?,
-            act: b.alloc(batch * ff)?,
-            logits: b.alloc((batch * logits).max(1))?,
-        };
         let cache = b.new_cache(self.layers.len(), n_ctx, kv, attention)?;
         Ok(Session {
             cache,
@@ -667,6 +668,39 @@ impl<B: Backend> Model<B> {
             shift_keep: None,
             discarded: 0,
             s,
+        })
+    }
+
+    /// The width of one token's row in each scratch buffer, in [`Scratch`]'s order.
+    fn row_widths(&self) -> [usize; 10] {
+        let c = &self.config;
+        let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
+        // `h` and `q` also hold rows of the other width (a sub-norm's output, a product's).
+        let (qd, wide) = (c.q_dim(), c.q_dim().max(c.n_embd));
+        let logits = if self.output_norm.is_some() {
+            c.n_vocab
+        } else {
+            0
+        };
+        [d, wide, wide, kv, kv, qd, ff, ff, ff, logits]
+    }
+
+    /// Scratch buffers for steps of up to `batch` tokens whose logits are computed for up to
+    /// `logit_rows` of them.
+    fn scratch(&self, batch: usize, logit_rows: usize) -> Result<Scratch<B>, ModelError> {
+        let [d, wide, _, kv, _, qd, ff, _, _, logits] = self.row_widths();
+        let b = &self.backend;
+        Ok(Scratch {
+            x: b.alloc(batch * d)?,
+            h: b.alloc(batch * wide)?,
+            q: b.alloc(batch * wide)?,
+            k: b.alloc(batch * kv)?,
+            v: b.alloc(batch * kv)?,
+            att: b.alloc(batch * qd)?,
+            gate: b.alloc(batch * ff)?,
+            up: b.alloc(batch * ff)?,
+            act: b.alloc(batch * ff)?,
+            logits: b.alloc((logit_rows * logits).max(1))?,
         })
     }
 
@@ -1079,26 +1113,39 @@ impl<B: Backend> Model<B> {
             return Err(self.range_error(c.n_layer - 1..c.n_layer));
         };
         let sc = &mut s.s;
-        b.copy_rows(&sc.x, row0, n, c.n_embd, &mut sc.att);
+        b.copy_rows(&sc.x, row0, n, c.n_embd, &mut sc.att, 0);
         b.rms_norm(&sc.att, norm, n, c.eps, &mut sc.h);
         b.matmul(head, &sc.h, n, &mut sc.logits);
         Ok(())
     }
 
     fn run_layers(&self, s: &mut Session<B>, n: usize) {
+        let pos0 = s.pos;
+        let cache = &mut s.cache;
+        self.layers_over(&mut s.s, n, &mut |b, li, [q, k, v, att], rope, attn| {
+            b.rope_attention(cache, li, q, k, v, n, pos0, &rope[0], &rope[1], attn, att);
+        });
+    }
+
+    /// Runs this instance's layers on the `n` rows of `sc.x`; `attend` does each layer's
+    /// attention (RoPE, the cache, softmax) on its queries, keys and values into `att`, given
+    /// the RoPE of the queries and of the keys: over one session, or over each of a batch's.
+    fn layers_over(&self, sc: &mut Scratch<B>, n: usize, attend: &mut Attend<'_, B>) {
         let c = &self.config;
         let b = &self.backend;
-        let pos0 = s.pos;
         let attn = AttentionShape {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
         };
         let rope_q = self.rope_shape();
-        let rope_k = RopeShape {
-            n_head: c.n_head_kv,
-            ..rope_q
-        };
+        let rope = [
+            rope_q,
+            RopeShape {
+                n_head: c.n_head_kv,
+                ..rope_q
+            },
+        ];
         let Scratch {
             x,
             h,
@@ -1110,7 +1157,7 @@ impl<B: Backend> Model<B> {
             up,
             act,
             ..
-        } = &mut s.s;
+        } = sc;
         for (li, l) in self.layers.iter().enumerate() {
             b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
             b.qkv(&l.qkv, h, n, [&mut *q, &mut *k, &mut *v]);
@@ -1119,19 +1166,7 @@ impl<B: Backend> Model<B> {
                 b.add_bias(k, bk, n);
                 b.add_bias(v, bv, n);
             }
-            b.rope_attention(
-                &mut s.cache,
-                li,
-                q,
-                k,
-                v,
-                n,
-                pos0,
-                &rope_q,
-                &rope_k,
-                &attn,
-                att,
-            );
+            attend(b, li, [&mut *q, &mut *k, &mut *v, &mut *att], &rope, &attn);
             // BitNet normalizes the attention output and the FFN activation once more before
             // their products; other families multiply them as they are.
             let wo_in = match &l.attn_sub_norm {
@@ -1182,6 +1217,15 @@ impl<B: Backend> Model<B> {
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
         pollster::block_on(self.eval_async(s, tokens, want))
+    }
+
+    /// [`Model::step_async`], waited for.
+    pub fn step(
+        &self,
+        scratch: &mut BatchScratch<B>,
+        steps: &mut [SeqStep<'_, B>],
+    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        pollster::block_on(self.step_async(scratch, steps))
     }
 
     /// [`Model::eval_greedy_async`], waited for.

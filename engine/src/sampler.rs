@@ -1,5 +1,6 @@
 //! Token sampling with llama.cpp's options, defaults and order:
-//! repeat penalty → top-k → top-p → min-p → temperature → draw.
+//! logit bias → penalties (repeat, frequency, presence) → top-k → top-p → min-p → temperature
+//! → draw.
 
 /// Sampling settings; `Default` gives llama.cpp's defaults.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,8 +15,17 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Penalty for tokens among the last `repeat_last_n` (1 = off).
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtracted from a recent token's logit once per time it occurs (OpenAI's
+    /// `frequency_penalty`; 0 = off).
+    pub frequency_penalty: f32,
+    /// Subtracted from a recent token's logit once if it occurs (OpenAI's `presence_penalty`;
+    /// 0 = off).
+    pub presence_penalty: f32,
+    /// Added to the named tokens' logits before anything else (OpenAI's `logit_bias`;
+    /// `-inf` bans a token).
+    pub logit_bias: Vec<(u32, f32)>,
     /// Random seed; the same seed gives the same tokens.
     pub seed: u64,
 }
@@ -29,6 +39,9 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0x5EED,
         }
     }
@@ -52,10 +65,20 @@ impl Sampler {
         }
     }
 
-    /// Whether this sampler always picks the most likely token (temperature ≤ 0, no repeat
-    /// penalty): then only the argmax of the logits is needed.
+    /// Whether this sampler always picks the most likely token (temperature ≤ 0, nothing that
+    /// changes logits): then only the argmax of the logits is needed.
     pub fn is_greedy(&self) -> bool {
-        self.config.temperature <= 0.0 && self.config.repeat_penalty == 1.0
+        self.config.temperature <= 0.0 && !self.changes_logits()
+    }
+
+    /// Whether a penalty or a logit bias changes the logits before the draw (then the whole
+    /// row is needed).
+    fn changes_logits(&self) -> bool {
+        let c = &self.config;
+        c.repeat_penalty != 1.0
+            || c.frequency_penalty != 0.0
+            || c.presence_penalty != 0.0
+            || !c.logit_bias.is_empty()
     }
 
     /// Records a token (prompt or generated) for the repeat penalty.
@@ -69,10 +92,10 @@ impl Sampler {
 
     /// The `k` of top-k when the backend can pick the candidates itself and hand back only
     /// them ([`Sampler::sample_top`]): sampling (temperature > 0) with top-k on and no repeat
-    /// penalty, which would need the penalized tokens' logits.
+    /// penalty or logit bias, which would need other tokens' logits.
     pub fn backend_top_k(&self) -> Option<usize> {
         let c = &self.config;
-        (c.temperature > 0.0 && c.repeat_penalty == 1.0 && c.top_k > 0).then_some(c.top_k)
+        (c.temperature > 0.0 && !self.changes_logits() && c.top_k > 0).then_some(c.top_k)
     }
 
     /// Picks the next token from `logits`.
@@ -83,22 +106,44 @@ impl Sampler {
             .enumerate()
             .map(|(i, &l)| (i as u32, l))
             .collect();
-        if c.repeat_penalty != 1.0 {
-            for &t in &self.recent {
-                if let Some(cand) = cands.get_mut(t as usize) {
-                    cand.1 = if cand.1 > 0.0 {
-                        cand.1 / c.repeat_penalty
-                    } else {
-                        cand.1 * c.repeat_penalty
-                    };
-                }
+        for &(t, bias) in &c.logit_bias {
+            if let Some(cand) = cands.get_mut(t as usize) {
+                cand.1 += bias;
             }
         }
+        self.penalize(&mut cands);
         if c.temperature <= 0.0 {
             return argmax(cands.iter().map(|c| c.1));
         }
-        sort_candidates(&mut cands);
+        keep_top(&mut cands, c.top_k);
         self.draw(cands)
+    }
+
+    /// llama.cpp's penalties over the recent tokens, each distinct token once: the repeat
+    /// penalty divides a positive logit (multiplies a negative one), then the frequency
+    /// penalty times its count and the presence penalty are subtracted.
+    fn penalize(&self, cands: &mut [(u32, f32)]) {
+        let c = &self.config;
+        if c.repeat_penalty == 1.0 && c.frequency_penalty == 0.0 && c.presence_penalty == 0.0 {
+            return;
+        }
+        let mut counts: Vec<(u32, usize)> = Vec::new();
+        for &t in &self.recent {
+            match counts.iter_mut().find(|(id, _)| *id == t) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((t, 1)),
+            }
+        }
+        for (t, n) in counts {
+            if let Some(cand) = cands.get_mut(t as usize) {
+                if cand.1 > 0.0 {
+                    cand.1 /= c.repeat_penalty;
+                } else {
+                    cand.1 *= c.repeat_penalty;
+                }
+                cand.1 -= n as f32 * c.frequency_penalty + c.presence_penalty;
+            }
+        }
     }
 
     /// Picks the next token from the `k` most likely candidates (`k` from
@@ -148,7 +193,24 @@ impl Sampler {
 
 /// Most likely first; equal values by lower id.
 fn sort_candidates(cands: &mut [(u32, f32)]) {
-    cands.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cands.sort_by(by_likelihood);
+}
+
+/// The order of [`sort_candidates`]: a total order (ids differ), so a selection and a sort
+/// agree.
+fn by_likelihood(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Keeps the `k` most likely candidates (all when `k` is 0), sorted as [`sort_candidates`]
+/// sorts: a selection in linear time, then a sort of the `k` (a vocabulary of 128 000 is not
+/// sorted for top-40).
+fn keep_top(cands: &mut Vec<(u32, f32)>, k: usize) {
+    if k > 0 && k < cands.len() {
+        cands.select_nth_unstable_by(k - 1, by_likelihood);
+        cands.truncate(k);
+    }
+    sort_candidates(cands);
 }
 
 /// The `k` largest of `logits` as `(id, value)`, most likely first, equal values by lower id
@@ -159,7 +221,7 @@ pub fn top_candidates(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         .enumerate()
         .map(|(i, &l)| (i as u32, l))
         .collect();
-    sort_candidates(&mut cands);
+    keep_top(&mut cands, k.max(1));
     cands.truncate(k);
     cands
 }
@@ -330,5 +392,50 @@ mod tests {
         });
         s.accept(2);
         assert_eq!(s.sample(&l), 5);
+    }
+
+    #[test]
+    fn penalties_count_each_recent_token_as_llama_cpp_does() {
+        // Token 2 occurs twice: the repeat penalty divides once (2.0 / 1.5 = 1.33, above 1.3),
+        // the frequency penalty takes 2 × 0.1, the presence penalty 0.05 once: 1.08 < 1.3.
+        let mut l = vec![0.0; 10];
+        l[2] = 2.0;
+        l[5] = 1.3;
+        let pick = |repeat, frequency, presence| {
+            let mut s = Sampler::new(SamplerConfig {
+                temperature: 0.0,
+                repeat_penalty: repeat,
+                frequency_penalty: frequency,
+                presence_penalty: presence,
+                ..Default::default()
+            });
+            s.accept(2);
+            s.accept(2);
+            assert!(!s.is_greedy() || repeat == 1.0 && frequency == 0.0 && presence == 0.0);
+            s.sample(&l)
+        };
+        assert_eq!(pick(1.0, 0.0, 0.0), 2);
+        assert_eq!(pick(1.5, 0.0, 0.0), 2);
+        assert_eq!(pick(1.5, 0.1, 0.0), 5);
+        assert_eq!(pick(1.0, 0.0, 0.8), 5);
+        assert_eq!(pick(1.0, 0.3, 0.0), 2);
+    }
+
+    #[test]
+    fn logit_bias_shifts_and_bans_tokens() {
+        let l = logits();
+        let greedy = argmax(l.iter().copied());
+        let with = |bias: Vec<(u32, f32)>| {
+            let mut s = Sampler::new(SamplerConfig {
+                temperature: 0.0,
+                logit_bias: bias,
+                ..Default::default()
+            });
+            assert_eq!(s.backend_top_k(), None);
+            s.sample(&l)
+        };
+        assert_eq!(with(vec![]), greedy);
+        assert_eq!(with(vec![(7, 100.0)]), 7);
+        assert_ne!(with(vec![(greedy, f32::NEG_INFINITY)]), greedy);
     }
 }

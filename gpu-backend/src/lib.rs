@@ -1278,8 +1278,12 @@ impl Backend for GpuBackend {
         n_rows: usize,
         width: usize,
         dst: &mut GpuBuffer<f32>,
+        dst_row0: usize,
     ) {
-        self.record(|st| st.batch.copy(src, row0 * width, dst, 0, n_rows * width));
+        self.record(|st| {
+            st.batch
+                .copy(src, row0 * width, dst, dst_row0 * width, n_rows * width)
+        });
     }
 }
 

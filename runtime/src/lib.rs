@@ -6,6 +6,7 @@
 //! * [`generation`]: one streamed completion, its [`Event`]s and [`Stats`];
 //! * [`chat`]: a conversation in one context, trimmed when it outgrows it;
 //! * [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` computes them;
+//! * `scheduler` (native only): many sequences batched over one model, for a server;
 //! * `ring` (feature `ring`, native only): a model split layer-wise over processes.
 
 pub mod chat;
@@ -16,6 +17,8 @@ pub mod load;
 pub mod perplexity;
 #[cfg(feature = "ring")]
 pub mod ring;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod scheduler;
 pub mod settings;
 
 pub use evaluator::{Evaluator, Local};

@@ -45,6 +45,14 @@ pub fn check(c: &SamplerConfig) -> Result<(), SettingError> {
             "must be a finite number above 0 (1 = off)",
         );
     }
+    for (flag, v) in [
+        ("--frequency-penalty", c.frequency_penalty),
+        ("--presence-penalty", c.presence_penalty),
+    ] {
+        if !v.is_finite() {
+            return bad(flag, v, "must be a finite number (0 = off)");
+        }
+    }
     Ok(())
 }
 
@@ -89,6 +97,8 @@ mod tests {
         assert!(with(|c| c.repeat_penalty = 0.0).is_err());
         assert!(with(|c| c.top_p = f32::NAN).is_err());
         assert!(with(|c| c.min_p = 1.5).is_err());
+        assert!(with(|c| c.presence_penalty = f32::NAN).is_err());
+        assert!(with(|c| c.frequency_penalty = f32::INFINITY).is_err());
     }
 
     #[test]

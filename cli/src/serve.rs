@@ -1,0 +1,214 @@
+//! `hesper-rs serve`: the OpenAI-compatible server (`hesper-server`) with llama-server's flags.
+//! The listener opens first and `/health` answers 503 while the model loads; then this thread
+//! runs the scheduler that every request's sequence joins.
+
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hesper_engine::backend::Backend;
+use hesper_engine::chat::ChatTemplate;
+use hesper_runtime::run_model;
+use hesper_runtime::scheduler::{self, SchedulerConfig};
+use hesper_server::{Ready, ServerConfig, State};
+use serde_json::json;
+
+use crate::args::{ContextArgs, ModelArgs};
+use crate::load::{load, BUILTIN_LABEL};
+use crate::report::note;
+
+/// Largest request body.
+const MAX_BODY: usize = 8 << 20;
+/// Longest wait for a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Flags of `serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Context per sequence (-c) and tokens per step (-b: prompt chunks of all sequences and
+    /// one token of each generating one share it).
+    #[command(flatten)]
+    pub ctx: ContextArgs,
+    /// Address to listen on (0.0.0.0: every interface; give --api-key then).
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0: any free port; the one chosen is printed).
+    #[arg(long = "port", default_value_t = 8080)]
+    port: u16,
+    /// Sequences generated at once (also -np); each may use the whole context.
+    #[arg(long = "parallel", value_name = "N", default_value_t = 4)]
+    parallel: usize,
+    /// Requests waiting for a sequence beyond which the server answers 503.
+    #[arg(long = "queue", value_name = "N", default_value_t = 64)]
+    queue: usize,
+    /// Finished sequences' KV caches kept for requests that share their prefix [default: --parallel].
+    #[arg(long = "cache-idle", value_name = "N")]
+    cache_idle: Option<usize>,
+    /// API key clients must send (Authorization: Bearer KEY or X-Api-Key); repeat or separate
+    /// with commas for several.
+    #[arg(long = "api-key", value_name = "KEY", value_delimiter = ',')]
+    api_key: Vec<String>,
+    /// A file of API keys, one per line.
+    #[arg(long = "api-key-file", value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Answer GET /metrics (Prometheus' text format).
+    #[arg(long = "metrics")]
+    metrics: bool,
+    /// The model's name in answers and /v1/models [default: the file's name].
+    #[arg(short = 'a', long = "alias", value_name = "NAME")]
+    alias: Option<String>,
+    /// Seconds a request body may take to arrive.
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 600)]
+    timeout: u64,
+    /// Connections served at once (more wait to be accepted).
+    #[arg(long = "max-connections", value_name = "N", default_value_t = 256)]
+    max_connections: usize,
+    /// An origin allowed to call the API from a browser (CORS); repeat for several.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origin: Vec<String>,
+}
+
+impl ServeArgs {
+    /// Keys from --api-key and --api-key-file.
+    fn api_keys(&self) -> Result<Vec<String>> {
+        let mut keys: Vec<String> = self.api_key.iter().map(|k| k.trim().to_string()).collect();
+        if let Some(path) = &self.api_key_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--api-key-file {}: cannot read it", path.display()))?;
+            keys.extend(text.lines().map(|l| l.trim().to_string()));
+        }
+        keys.retain(|k| !k.is_empty());
+        if (!self.api_key.is_empty() || self.api_key_file.is_some()) && keys.is_empty() {
+            bail!("--api-key/--api-key-file: no key given (empty)");
+        }
+        Ok(keys)
+    }
+
+    fn check(&self) -> Result<()> {
+        for (flag, v) in [
+            ("-np/--parallel", self.parallel),
+            ("--queue", self.queue),
+            ("--max-connections", self.max_connections),
+            ("--timeout", self.timeout as usize),
+        ] {
+            if v == 0 {
+                bail!("{flag} 0: give at least 1");
+            }
+        }
+        if self.ctx.batch_size < self.parallel {
+            bail!(
+                "-b/--batch-size {} is below -np/--parallel {}: a step holds one token of every running sequence",
+                self.ctx.batch_size,
+                self.parallel
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Runs `serve`.
+pub fn run(args: ServeArgs) -> Result<()> {
+    args.check()?;
+    let attention = args.ctx.attention.config()?;
+    let api_keys = args.api_keys()?;
+    let addr = SocketAddr::new(args.host, args.port);
+    let listener = TcpListener::bind(addr)
+        .with_context(|| format!("--host/--port: cannot listen on {addr}"))?;
+    let addr = listener.local_addr()?;
+    if !args.host.is_loopback() && api_keys.is_empty() {
+        note!("hesper: warning: listening on {} without --api-key: anyone who can reach it can use the model", args.host);
+    }
+    let alias = args
+        .alias
+        .clone()
+        .unwrap_or_else(|| match &args.model.gguf {
+            Some(p) => p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            None => "hesper-kjv".into(),
+        });
+    let state = State::new(ServerConfig {
+        api_keys,
+        alias: alias.clone(),
+        metrics: args.metrics,
+        timeout: Duration::from_secs(args.timeout),
+        header_timeout: HEADER_TIMEOUT.min(Duration::from_secs(args.timeout)),
+        max_body: MAX_BODY,
+        max_connections: args.max_connections,
+        cors_origins: args.cors_origin.clone(),
+    });
+    let server = state.clone();
+    std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            if let Err(e) = hesper_server::serve(listener, server) {
+                note!("error: the HTTP server stopped: {e}");
+                std::process::exit(1);
+            }
+        })?;
+    note!("hesper: listening on http://{addr} (loading the model; /health answers 503 until it is ready)");
+    let loaded = load(&args.model, None)?;
+    let Some(tok) = loaded.tokenizer else {
+        bail!(
+            "{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); a server needs one",
+            loaded.model.file().source
+        );
+    };
+    let template = ChatTemplate::from_gguf(loaded.model.file().header(), &tok)?;
+    let config = loaded.model.config().clone();
+    let n_ctx = args.ctx.n_ctx(config.n_ctx_train);
+    ContextArgs::note_past_training(n_ctx, config.n_ctx_train);
+    let parallel = args.parallel;
+    let sched = SchedulerConfig {
+        n_ctx,
+        parallel,
+        batch: args.ctx.batch_size,
+        keep_idle: args.cache_idle.unwrap_or(parallel),
+        attention,
+    };
+    let (submitter, jobs) = scheduler::queue(args.queue);
+    let gauges = submitter.gauges().clone();
+    let tok = Arc::new(tok);
+    let backend = hesper_runtime::with_model!(&loaded.model, |m| m.backend.name());
+    let source = loaded.model.file().source.clone();
+    let model_label = if args.model.gguf.is_none() {
+        BUILTIN_LABEL.to_string()
+    } else {
+        source
+    };
+    note!(
+        "hesper: serving {model_label} as {alias:?} | {backend} | ctx {n_ctx} per sequence | {parallel} sequences, {} tokens per step | chat template: {}",
+        args.ctx.batch_size,
+        template.origin()
+    );
+    state.set_ready(Ready {
+        n_vocab: loaded.model.sampled_vocab(),
+        props: json!({
+            "model_path": model_label,
+            "backend": backend,
+            "chat_template": template.origin().to_string(),
+            "n_ctx_train": config.n_ctx_train,
+        }),
+        meta: json!({
+            "n_vocab": config.n_vocab,
+            "n_ctx_train": config.n_ctx_train,
+            "n_embd": config.n_embd,
+            "n_layer": config.n_layer,
+        }),
+        tok: tok.clone(),
+        template,
+        submitter,
+        n_ctx,
+        parallel,
+    });
+    run_model!(&loaded.model, |m| scheduler::run(
+        m, &tok, &sched, jobs, &gauges
+    ))?;
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! Continuous batching: one scheduler owns the model and runs many sequences (a server's
+//! requests) in steps. Each step evaluates one token of every generating sequence plus chunks
+//! of prompts up to a token budget (so a long prompt does not stall the others), all in one
+//! pass over the weights ([`Model::step_async`]); attention runs per sequence over its own KV
+//! cache. Sequences join and leave between steps; a sequence whose receiver is gone (a client
+//! that disconnected) is dropped at the next step. Finished sequences leave their KV cache to
+//! the [`pool`]'s prefix cache.
+//!
+//! Each sequence has its own seeded sampler, and on the CPU a row's logits do not depend on
+//! the rows beside it, so a request's tokens are the same alone or among others.
+
+mod pool;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+
+use hesper_engine::attention::AttentionConfig;
+use hesper_engine::backend::Backend;
+use hesper_engine::model::{Model, ModelError, SeqStep, Session};
+use hesper_engine::sampler::{top_candidates, Sampler, SamplerConfig};
+use hesper_engine::tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use pool::Pool;
+
+/// How a scheduler runs.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Positions a sequence may use (prompt and answer).
+    pub n_ctx: usize,
+    /// Sequences that run at once.
+    pub parallel: usize,
+    /// Most tokens one step evaluates (at least `parallel`).
+    pub batch: usize,
+    /// Finished sequences' sessions kept for their prefixes.
+    pub keep_idle: usize,
+    /// How KV caches are stored.
+    pub attention: AttentionConfig,
+}
+
+/// One request's sequence.
+pub struct Job {
+    /// Prompt tokens (at least one, fewer than the context).
+    pub prompt: Vec<u32>,
+    /// Its sampler's settings (seed included).
+    pub sampling: SamplerConfig,
+    /// Most tokens to generate (clamped to the context).
+    pub max_tokens: usize,
+    /// With `Some(k)`, each token comes with its log-probability and the `k` most likely.
+    pub top_logprobs: Option<usize>,
+    /// Whether cached prefixes may be reused (llama-server's `cache_prompt`).
+    pub cache_prompt: bool,
+    /// Whether end-of-generation tokens are sampled as any other (llama-server's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// Where the sequence's events go; dropping the receiver cancels the sequence.
+    pub events: UnboundedSender<JobEvent>,
+}
+
+/// What a sequence reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobEvent {
+    /// Admitted: `cached_tokens` of the prompt came from the prefix cache.
+    Started {
+        /// Prompt tokens not evaluated again.
+        cached_tokens: usize,
+    },
+    /// A generated token (end-of-generation tokens are not sent).
+    Token {
+        /// Its id.
+        id: u32,
+        /// Its log-probability and the most likely alternatives, when asked for.
+        logprobs: Option<Logprobs>,
+    },
+    /// The sequence ended.
+    Done(Finish),
+    /// The model failed on this sequence.
+    Failed(String),
+}
+
+/// Log-probabilities of the model's distribution at one position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    /// The chosen token's.
+    pub logprob: f32,
+    /// The most likely tokens with theirs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token.
+    Stop,
+    /// Its token limit or a full context.
+    Length,
+}
+
+/// What a scheduler shows while it runs (for `/metrics`).
+#[derive(Debug, Default)]
+pub struct Gauges {
+    /// Jobs submitted and not yet admitted.
+    pub queued: AtomicUsize,
+    /// Sequences running.
+    pub running: AtomicUsize,
+    /// KV positions held by running sequences and the prefix cache.
+    pub kv_positions: AtomicUsize,
+    /// KV positions the sessions could hold at most.
+    pub kv_capacity: AtomicUsize,
+    /// Steps run.
+    pub steps: AtomicU64,
+    /// Prompt tokens evaluated.
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens taken from the prefix cache.
+    pub cached_tokens: AtomicU64,
+    /// Tokens generated.
+    pub generated_tokens: AtomicU64,
+}
+
+/// Why a job was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The admission queue is full.
+    Full,
+    /// The scheduler has stopped.
+    Closed,
+}
+
+/// Hands jobs to a scheduler through a bounded admission queue.
+#[derive(Clone)]
+pub struct Submitter {
+    tx: SyncSender<Job>,
+    gauges: Arc<Gauges>,
+}
+
+impl Submitter {
+    /// Queues `job`, or says why not (never waits).
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        self.gauges.queued.fetch_add(1, Ordering::Relaxed);
+        self.tx.try_send(job).map_err(|e| {
+            self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                TrySendError::Full(_) => SubmitError::Full,
+                TrySendError::Disconnected(_) => SubmitError::Closed,
+            }
+        })
+    }
+
+    /// The scheduler's gauges.
+    pub fn gauges(&self) -> &Arc<Gauges> {
+        &self.gauges
+    }
+}
+
+/// An admission queue of `queue` jobs: the submitting end, and the end [`run`] takes.
+pub fn queue(queue: usize) -> (Submitter, Receiver<Job>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(queue);
+    let gauges = Arc::new(Gauges::default());
+    (Submitter { tx, gauges }, rx)
+}
+
+/// A running sequence.
+struct Seq<B: Backend> {
+    session: Session<B>,
+    /// Every token its KV cache holds or will hold: prompt, then generated; those from the
+    /// session's position on are still to be evaluated.
+    history: Vec<u32>,
+    sampler: Sampler,
+    produced: usize,
+    job: Job,
+}
+
+/// Runs jobs from `jobs` on `model` until every [`Submitter`] is dropped and nothing runs.
+/// `gauges` is the submitters' ([`Submitter::gauges`]). On the CPU, call it on one of the
+/// backend's threads (`run_model!`).
+pub fn run<B: Backend>(
+    model: &Model<B>,
+    tok: &Tokenizer,
+    config: &SchedulerConfig,
+    jobs: Receiver<Job>,
+    gauges: &Gauges,
+) -> Result<(), ModelError> {
+    let parallel = config.parallel.max(1);
+    let batch = config.batch.max(parallel);
+    let mut scratch = model.new_batch_scratch(batch, parallel)?;
+    let max_sessions = parallel + config.keep_idle;
+    let mut pool = Pool::new(model, max_sessions, config.n_ctx, config.attention.clone())?;
+    gauges
+        .kv_capacity
+        .store(max_sessions * config.n_ctx, Ordering::Relaxed);
+    let mut running: Vec<Seq<B>> = Vec::new();
+    loop {
+        // Admit jobs while sequences are free; wait for one when nothing runs.
+        while running.len() < parallel {
+            let job = if running.is_empty() {
+                match jobs.recv() {
+                    Ok(job) => job,
+                    Err(_) => return Ok(()),
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            };
+            gauges.queued.fetch_sub(1, Ordering::Relaxed);
+            if let Some(seq) = admit(model, &mut pool, config, job, gauges)? {
+                running.push(seq);
+            }
+        }
+        // Clients that went away free their sequences (their caches stay for later prefixes).
+        for i in (0..running.len()).rev() {
+            if running[i].job.events.is_closed() {
+                finish(&mut pool, running.remove(i));
+            }
+        }
+        if running.is_empty() {
+            continue;
+        }
+        let (ended, failed) = step(model, tok, &mut scratch, &mut running, batch, gauges);
+        for i in ended.into_iter().rev() {
+            let seq = running.remove(i);
+            if failed {
+                pool.forget(seq.session);
+            } else {
+                finish(&mut pool, seq);
+            }
+        }
+        pool.evict_to(config.keep_idle);
+        gauges.running.store(running.len(), Ordering::Relaxed);
+        let held: usize = running.iter().map(|s| s.session.pos()).sum();
+        gauges
+            .kv_positions
+            .store(held + pool.cached_positions(), Ordering::Relaxed);
+    }
+}
+
+/// Starts `job`'s sequence in a session from the pool, or refuses it with an event.
+fn admit<B: Backend>(
+    model: &Model<B>,
+    pool: &mut Pool<B>,
+    config: &SchedulerConfig,
+    job: Job,
+    gauges: &Gauges,
+) -> Result<Option<Seq<B>>, ModelError> {
+    if job.events.is_closed() {
+        return Ok(None);
+    }
+    if job.prompt.is_empty() || job.prompt.len() >= config.n_ctx {
+        let why = format!(
+            "the prompt is {} tokens; it must hold 1 to {} (the context is {})",
+            job.prompt.len(),
+            config.n_ctx - 1,
+            config.n_ctx
+        );
+        let _ = job.events.send(JobEvent::Failed(why));
+        return Ok(None);
+    }
+    let Some((session, cached)) = pool.take(model, &job.prompt, job.cache_prompt)? else {
+        unreachable!("fewer sequences run than the pool holds sessions");
+    };
+    let mut sampler = Sampler::new(job.sampling.clone());
+    for &t in &job.prompt {
+        sampler.accept(t);
+    }
+    gauges
+        .cached_tokens
+        .fetch_add(cached as u64, Ordering::Relaxed);
+    let _ = job.events.send(JobEvent::Started {
+        cached_tokens: cached,
+    });
+    Ok(Some(Seq {
+        session,
+        history: job.prompt.clone(),
+        sampler,
+        produced: 0,
+        job,
+    }))
+}
+
+/// Runs one step over `running`: one token of each generating sequence first, then prompt
+/// chunks within `batch` tokens. Samples where a sequence's input is all evaluated and sends
+/// its token. Returns the indices of sequences that ended, in order, and whether they ended
+/// because the step failed (their caches are then not reused).
+fn step<B: Backend>(
+    model: &Model<B>,
+    tok: &Tokenizer,
+    scratch: &mut hesper_engine::model::BatchScratch<B>,
+    running: &mut [Seq<B>],
+    batch: usize,
+    gauges: &Gauges,
+) -> (Vec<usize>, bool) {
+    // Tokens each sequence evaluates now: generating ones first, then prompts in order.
+    let mut take = vec![0; running.len()];
+    let mut budget = batch;
+    for (i, s) in running.iter().enumerate() {
+        if s.history.len() - s.session.pos() == 1 {
+            take[i] = 1;
+            budget -= 1;
+        }
+    }
+    for (i, s) in running.iter().enumerate() {
+        let want = s.history.len() - s.session.pos();
+        if want > 1 && budget > 0 {
+            take[i] = want.min(budget);
+            budget -= take[i];
+        }
+    }
+    let mut steps = Vec::new();
+    let mut which = Vec::new();
+    for (i, s) in running.iter_mut().enumerate() {
+        if take[i] == 0 {
+            continue;
+        }
+        let pos = s.session.pos();
+        let logits = pos + take[i] == s.history.len();
+        if s.produced == 0 {
+            gauges
+                .prompt_tokens
+                .fetch_add(take[i] as u64, Ordering::Relaxed);
+        }
+        steps.push(SeqStep {
+            session: &mut s.session,
+            tokens: &s.history[pos..pos + take[i]],
+            logits,
+        });
+        which.push(i);
+    }
+    gauges.steps.fetch_add(1, Ordering::Relaxed);
+    let rows = match model.step(scratch, &mut steps) {
+        Ok(rows) => rows,
+        Err(e) => {
+            drop(steps);
+            for &i in &which {
+                let _ = running[i].job.events.send(JobEvent::Failed(e.to_string()));
+            }
+            return (which, true);
+        }
+    };
+    drop(steps);
+    let mut ended = Vec::new();
+    for (&i, row) in which.iter().zip(rows) {
+        let Some(row) = row else { continue };
+        let s = &mut running[i];
+        if let Some(finish) = sample(s, tok, &row, gauges) {
+            let _ = s.job.events.send(JobEvent::Done(finish));
+            ended.push(i);
+        }
+    }
+    (ended, false)
+}
+
+/// Samples `s`'s next token from `row`, sends it, and says whether the sequence ended.
+fn sample<B: Backend>(
+    s: &mut Seq<B>,
+    tok: &Tokenizer,
+    row: &[f32],
+    gauges: &Gauges,
+) -> Option<Finish> {
+    let id = s.sampler.sample(row);
+    if tok.is_end_of_generation(id) && !s.job.ignore_eos {
+        return Some(Finish::Stop);
+    }
+    let logprobs = s.job.top_logprobs.map(|k| logprobs(row, id, k));
+    s.sampler.accept(id);
+    s.history.push(id);
+    s.produced += 1;
+    gauges.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    if s.job.events.send(JobEvent::Token { id, logprobs }).is_err() {
+        return Some(Finish::Stop);
+    }
+    let full = s.history.len() >= s.session.n_ctx();
+    (s.produced >= s.job.max_tokens || full).then_some(Finish::Length)
+}
+
+/// The log-probability of `id` and of the `k` most likely tokens under `row`'s softmax.
+fn logprobs(row: &[f32], id: u32, k: usize) -> Logprobs {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    Logprobs {
+        logprob: row[id as usize] - lse,
+        top: top_candidates(row, k)
+            .into_iter()
+            .map(|(t, l)| (t, l - lse))
+            .collect(),
+    }
+}
+
+/// Gives a finished sequence's session back to the pool with the tokens its cache holds.
+fn finish<B: Backend>(pool: &mut Pool<B>, seq: Seq<B>) {
+    let mut history = seq.history;
+    history.truncate(seq.session.pos());
+    pool.give_back(seq.session, history);
+}

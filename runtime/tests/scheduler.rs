@@ -1,0 +1,261 @@
+//! The continuous-batching scheduler on the built-in trained model (CPU): a sequence's tokens
+//! do not depend on what runs beside it, a shared prefix is reused bit for bit, a client that
+//! goes away frees its sequence, and a full queue refuses.
+
+use std::sync::atomic::Ordering;
+
+use hesper_cpu::CpuBackend;
+use hesper_engine::attention::AttentionConfig;
+use hesper_engine::file::ModelFile;
+use hesper_engine::model::{LoadOptions, Logits, Model, SeqStep};
+use hesper_engine::sampler::SamplerConfig;
+use hesper_engine::tokenizer::Tokenizer;
+use hesper_runtime::scheduler::{
+    self, Finish, Job, JobEvent, SchedulerConfig, SubmitError, Submitter,
+};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+fn kjv() -> (Model<CpuBackend>, Tokenizer) {
+    let path = format!("{}/../models/hesper-kjv.gguf", env!("CARGO_MANIFEST_DIR"));
+    let file = ModelFile::from_bytes(std::fs::read(path).expect("model"), "kjv").expect("parse");
+    let tok = Tokenizer::from_gguf(file.header())
+        .expect("tokenizer")
+        .expect("has one");
+    let model = Model::load(
+        CpuBackend::new(2).expect("cpu"),
+        file,
+        LoadOptions::default(),
+    )
+    .expect("load");
+    (model, tok)
+}
+
+const PROMPTS: [&str; 8] = [
+    "In the beginning",
+    "And it came to pass, when the king heard the words of the book of the law",
+    "The LORD is my shepherd",
+    "Then answered Jesus and said unto them",
+    "And God said",
+    "Blessed are the poor in spirit: for theirs is the kingdom of heaven. Blessed are they that mourn",
+    "Hear, O Israel",
+    "And the earth was without form, and void",
+];
+
+/// Runs a scheduler over `model` on a thread of its own while `f` submits jobs.
+fn with_scheduler<R>(config: SchedulerConfig, queue: usize, f: impl FnOnce(&Submitter) -> R) -> R {
+    let (model, tok) = kjv();
+    let (submitter, jobs) = scheduler::queue(queue);
+    let gauges = submitter.gauges().clone();
+    std::thread::scope(|s| {
+        s.spawn(|| scheduler::run(&model, &tok, &config, jobs, &gauges).expect("scheduler"));
+        let r = f(&submitter);
+        drop(submitter);
+        r
+    })
+}
+
+fn config(parallel: usize, batch: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        n_ctx: 256,
+        parallel,
+        batch,
+        keep_idle: parallel,
+        attention: AttentionConfig::default(),
+    }
+}
+
+fn job(
+    tok: &Tokenizer,
+    prompt: &str,
+    seed: u64,
+    max_tokens: usize,
+) -> (Job, UnboundedReceiver<JobEvent>) {
+    let (events, rx) = unbounded_channel();
+    let job = Job {
+        prompt: tok.encode(prompt, tok.add_bos(), true).expect("encode"),
+        sampling: SamplerConfig {
+            seed,
+            ..Default::default()
+        },
+        max_tokens,
+        top_logprobs: None,
+        cache_prompt: true,
+        ignore_eos: false,
+        events,
+    };
+    (job, rx)
+}
+
+/// The tokens of a finished sequence, its cached prefix and how it ended.
+fn drain(rx: &mut UnboundedReceiver<JobEvent>) -> (Vec<u32>, usize, Finish) {
+    let (mut tokens, mut cached) = (Vec::new(), usize::MAX);
+    loop {
+        match rx.blocking_recv().expect("the sequence ends with an event") {
+            JobEvent::Started { cached_tokens } => cached = cached_tokens,
+            JobEvent::Token { id, .. } => tokens.push(id),
+            JobEvent::Done(f) => return (tokens, cached, f),
+            JobEvent::Failed(e) => panic!("sequence failed: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_batched_step_gives_each_session_its_logits_alone_bit_for_bit() {
+    let (model, tok) = kjv();
+    let prompts: Vec<Vec<u32>> = PROMPTS[..3]
+        .iter()
+        .map(|p| tok.encode(p, true, true).unwrap())
+        .collect();
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = model.new_session(64, 64).unwrap();
+            model.eval(&mut s, p, Logits::Last).unwrap()
+        })
+        .collect();
+    // The first two prompts in chunks of 3 tokens, the third whole; then one decode step.
+    let mut sessions: Vec<_> = (0..3).map(|_| model.new_session(64, 1).unwrap()).collect();
+    let mut scratch = model.new_batch_scratch(32, 3).unwrap();
+    let mut last: Vec<Option<Vec<f32>>> = vec![None; 3];
+    let mut done = [0usize; 3];
+    while done.iter().zip(&prompts).any(|(d, p)| d < &p.len()) {
+        let mut steps = Vec::new();
+        let mut which = Vec::new();
+        for (i, s) in sessions.iter_mut().enumerate() {
+            let p = &prompts[i];
+            if done[i] == p.len() {
+                continue;
+            }
+            let n = if i == 2 {
+                p.len()
+            } else {
+                3.min(p.len() - done[i])
+            };
+            steps.push(SeqStep {
+                session: s,
+                tokens: &p[done[i]..done[i] + n],
+                logits: done[i] + n == p.len(),
+            });
+            which.push(i);
+            done[i] += n;
+        }
+        let rows = model.step(&mut scratch, &mut steps).unwrap();
+        for (i, r) in which.into_iter().zip(rows) {
+            if r.is_some() {
+                last[i] = r;
+            }
+        }
+    }
+    for (i, l) in last.iter().enumerate() {
+        let l = l.as_ref().expect("logits of every prompt");
+        assert_eq!(l.len(), model.sampled_vocab());
+        assert!(
+            l.iter()
+                .zip(&alone[i])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "prompt {i}"
+        );
+    }
+    // A step over more rows than the scratch holds is refused before anything runs.
+    let mut s = model.new_session(64, 1).unwrap();
+    let long = vec![1u32; 33];
+    let err = model
+        .step(
+            &mut scratch,
+            &mut [SeqStep {
+                session: &mut s,
+                tokens: &long,
+                logits: true,
+            }],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("exceeds its scratch"), "{err}");
+    assert_eq!(s.pos(), 0);
+}
+
+#[test]
+fn a_sequence_gets_the_same_tokens_alone_or_beside_seven_others() {
+    let (_, tok) = kjv();
+    // Alone: one sequence at a time.
+    let alone: Vec<Vec<u32>> = with_scheduler(config(8, 16), 8, |sub| {
+        (0..8)
+            .map(|i| {
+                let (j, mut rx) = job(&tok, PROMPTS[i], 100 + i as u64, 24);
+                sub.submit(j).unwrap();
+                drain(&mut rx).0
+            })
+            .collect()
+    });
+    // Together, with a step budget of 16 tokens: prompts go in chunks beside other sequences'
+    // decoding. The prefix cache is off so every prompt is evaluated the same way twice.
+    let together: Vec<Vec<u32>> = with_scheduler(config(8, 16), 8, |sub| {
+        let mut rxs: Vec<_> = (0..8)
+            .map(|i| {
+                let (mut j, rx) = job(&tok, PROMPTS[i], 100 + i as u64, 24);
+                j.cache_prompt = false;
+                sub.submit(j).unwrap();
+                rx
+            })
+            .collect();
+        let tokens = rxs.iter_mut().map(|rx| drain(rx).0).collect();
+        assert!(
+            sub.gauges().steps.load(Ordering::Relaxed) < 8 * 24,
+            "the sequences shared steps"
+        );
+        tokens
+    });
+    assert!(alone.iter().all(|t| t.len() == 24));
+    assert_eq!(alone, together);
+    assert_ne!(alone[0], alone[4], "different prompts and seeds differ");
+}
+
+#[test]
+fn a_shared_prefix_is_reused_and_gives_the_same_tokens() {
+    let (_, tok) = kjv();
+    let system = "Hear, O Israel: The LORD our God is one LORD. ";
+    let first = format!("{system}And thou shalt love the LORD thy God");
+    let second = format!("{system}And these words, which I command thee this day");
+    let prefix = tok.encode(system, tok.add_bos(), true).unwrap().len();
+    let (cached, reused, fresh) = with_scheduler(config(2, 64), 4, |sub| {
+        let (j, mut rx) = job(&tok, &first, 1, 8);
+        sub.submit(j).unwrap();
+        drain(&mut rx);
+        let (j, mut rx) = job(&tok, &second, 2, 8);
+        sub.submit(j).unwrap();
+        let (reused, cached, _) = drain(&mut rx);
+        let (mut j, mut rx) = job(&tok, &second, 2, 8);
+        j.cache_prompt = false;
+        sub.submit(j).unwrap();
+        let (fresh, not_cached, _) = drain(&mut rx);
+        assert_eq!(not_cached, 0);
+        (cached, reused, fresh)
+    });
+    assert!(
+        cached >= prefix - 1 && cached < prefix + 4,
+        "{cached} cached of a {prefix}-token prefix"
+    );
+    assert_eq!(reused, fresh);
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_sequence_and_a_full_queue_refuses() {
+    let (_, tok) = kjv();
+    with_scheduler(config(1, 16), 1, |sub| {
+        let (j, mut rx) = job(&tok, PROMPTS[0], 1, 200);
+        sub.submit(j).unwrap();
+        assert!(matches!(rx.blocking_recv(), Some(JobEvent::Started { .. })));
+        // One sequence runs and one job waits: the next is refused.
+        let (waiting, mut waiting_rx) = job(&tok, PROMPTS[1], 2, 4);
+        sub.submit(waiting).unwrap();
+        let (refused, _) = job(&tok, PROMPTS[2], 3, 4);
+        assert_eq!(sub.submit(refused).err(), Some(SubmitError::Full));
+        // The first client goes away: its sequence ends and the waiting one runs to its end.
+        drop(rx);
+        let (tokens, _, finish) = drain(&mut waiting_rx);
+        assert_eq!((tokens.len(), finish), (4, Finish::Length));
+        let g = sub.gauges();
+        assert_eq!(g.running.load(Ordering::Relaxed), 0);
+        assert_eq!(g.queued.load(Ordering::Relaxed), 0);
+        assert!(g.generated_tokens.load(Ordering::Relaxed) < 200);
+    });
+}

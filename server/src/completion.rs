@@ -1,0 +1,731 @@
+//! `/v1/chat/completions` and `/v1/completions`: a request becomes one scheduler job per answer
+//! (`n` per prompt), each answer's tokens become text (stop strings held back and cut), and the
+//! answers go out as one JSON object or as server-sent events exactly as OpenAI streams them.
+//! Everything a request can get wrong is answered before the first byte of a stream; a client
+//! that goes away drops its receivers, which cancels its sequences at the next step.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State as Ext;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hesper_engine::chat::Role;
+use hesper_engine::sampler::SamplerConfig;
+use hesper_engine::tokenizer::TextStream;
+use hesper_runtime::scheduler::{Finish, Job, JobEvent, Logprobs, SubmitError};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::error::ApiError;
+use crate::request::{parse, CompletionBody, Content, Prompt};
+use crate::routes::read_body;
+use crate::stop::StopText;
+use crate::{Ready, State};
+
+/// Which endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
+    handle(state, body, Kind::Chat).await
+}
+
+/// `POST /v1/completions`.
+pub async fn text(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
+    handle(state, body, Kind::Text).await
+}
+
+/// Seconds since the Unix epoch (`created`).
+pub fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn handle(state: Arc<State>, body: Body, kind: Kind) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let arrived = Instant::now();
+    let plan = match prepare(&state, body, kind).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            state.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            return e.into_response();
+        }
+    };
+    let updates = match start(&state, &plan) {
+        Ok(u) => u,
+        Err(e) => {
+            state.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            return e.into_response();
+        }
+    };
+    let answer = Answer::new(plan, state, arrived);
+    if answer.plan.stream {
+        stream(answer, updates).into_response()
+    } else {
+        collect(answer, updates).await
+    }
+}
+
+/// A request read and checked.
+struct Plan {
+    ready: Arc<Ready>,
+    kind: Kind,
+    id: String,
+    model: String,
+    /// Each prompt's tokens; answers `n` per prompt, prompt-major.
+    prompts: Vec<Vec<u32>>,
+    n: usize,
+    stops: Vec<String>,
+    sampling: SamplerConfig,
+    max_tokens: Option<usize>,
+    top_logprobs: Option<usize>,
+    cache_prompt: bool,
+    ignore_eos: bool,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Reads and checks a request: every error it can have is found here.
+async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError> {
+    let ready = state.ready()?;
+    let b: CompletionBody = parse(&read_body(state, body).await?)?;
+    let tok = &ready.tok;
+    let prompts = match kind {
+        Kind::Chat => vec![chat_prompt(&ready, &b)?],
+        Kind::Text => text_prompts(&ready, &b)?,
+    };
+    for p in &prompts {
+        if p.is_empty() {
+            return Err(ApiError::bad_param("prompt", "the prompt is empty"));
+        }
+        if p.len() >= ready.n_ctx {
+            let mut e = ApiError::bad_request(format!(
+                "the request has {} prompt tokens; the context holds {} (an answer needs at least one more)",
+                p.len(),
+                ready.n_ctx
+            ));
+            e.extra.insert("n_prompt_tokens".into(), json!(p.len()));
+            e.extra.insert("n_ctx".into(), json!(ready.n_ctx));
+            return Err(e);
+        }
+    }
+    let max_tokens = b.max_tokens()?;
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            "max_tokens 0: ask for at least 1 token",
+        ));
+    }
+    let stream = b.stream.unwrap_or(false);
+    if b.stream_options.is_some() && !stream {
+        return Err(ApiError::bad_param(
+            "stream_options",
+            "stream_options needs stream: true",
+        ));
+    }
+    static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+    let prefix = if kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    let id = format!(
+        "{prefix}-{:x}{:06x}",
+        unix_time(),
+        NEXT_ID.fetch_add(1, Ordering::Relaxed)
+    );
+    let _ = tok;
+    Ok(Plan {
+        kind,
+        id,
+        model: b
+            .model
+            .clone()
+            .unwrap_or_else(|| state.config.alias.clone()),
+        n: b.n()?,
+        stops: b.stops()?,
+        sampling: b.sampling(ready.n_vocab)?,
+        max_tokens,
+        top_logprobs: b.top_logprobs(kind == Kind::Chat)?,
+        cache_prompt: b.cache_prompt.unwrap_or(true),
+        ignore_eos: b.ignore_eos.unwrap_or(false),
+        include_usage: b
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        stream,
+        prompts,
+        ready,
+    })
+}
+
+/// The chat's messages rendered by the model's template, as tokens.
+fn chat_prompt(ready: &Ready, b: &CompletionBody) -> Result<Vec<u32>, ApiError> {
+    let Some(messages) = &b.messages else {
+        return Err(ApiError::bad_param("messages", "messages is required"));
+    };
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "messages is empty"));
+    }
+    let mut turns = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            r => {
+                return Err(ApiError::bad_param(
+                    &format!("messages[{i}].role"),
+                    format!("role {r:?}: system, developer, user or assistant"),
+                ))
+            }
+        };
+        let text = match &m.content {
+            None => String::new(),
+            Some(Content::Text(s)) => s.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (k, _) => {
+                            return Err(ApiError::bad_param(
+                                &format!("messages[{i}].content[{j}]"),
+                                format!(
+                                    "content part of type {k:?}: this model reads text parts only"
+                                ),
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        };
+        turns.push((role, text));
+    }
+    let text = ready
+        .template
+        .render(&turns, true)
+        .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+    ready
+        .tok
+        .encode(&text, ready.tok.add_bos(), true)
+        .map_err(|e| ApiError::bad_param("messages", e.to_string()))
+}
+
+/// A completion's prompts as tokens.
+fn text_prompts(ready: &Ready, b: &CompletionBody) -> Result<Vec<Vec<u32>>, ApiError> {
+    let tok = &ready.tok;
+    let encode = |s: &str| {
+        tok.encode(s, tok.add_bos(), true)
+            .map_err(|e| ApiError::bad_param("prompt", e.to_string()))
+    };
+    let ids = |v: &Vec<u32>| match v.iter().find(|&&t| t as usize >= ready.n_vocab) {
+        Some(t) => Err(ApiError::bad_param(
+            "prompt",
+            format!("token {t} is not an id below {}", ready.n_vocab),
+        )),
+        None => Ok(v.clone()),
+    };
+    let prompts = match &b.prompt {
+        None => return Err(ApiError::bad_param("prompt", "prompt is required")),
+        Some(Prompt::Text(s)) => vec![encode(s)?],
+        Some(Prompt::Texts(v)) => v.iter().map(|s| encode(s)).collect::<Result<_, _>>()?,
+        Some(Prompt::Tokens(v)) => vec![ids(v)?],
+        Some(Prompt::TokenLists(v)) => v.iter().map(ids).collect::<Result<_, _>>()?,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_param("prompt", "prompt is an empty list"));
+    }
+    Ok(prompts)
+}
+
+/// One token's log-probabilities as text.
+#[derive(Debug, Clone)]
+struct TokenLogprob {
+    token: String,
+    bytes: Vec<u8>,
+    logprob: f32,
+    top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// What one answer reports as it goes.
+#[derive(Debug)]
+enum Update {
+    Started {
+        cached: usize,
+    },
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Finish {
+        reason: &'static str,
+        tokens: usize,
+    },
+    Failed(String),
+}
+
+/// Queues one job per answer and starts turning each answer's events into updates, tagged
+/// with the answer's index. A full queue refuses the whole request (503).
+fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)>, ApiError> {
+    let ready = &plan.ready;
+    let (tx, rx) = unbounded_channel();
+    let mut events = Vec::new();
+    for prompt in &plan.prompts {
+        for j in 0..plan.n {
+            let (etx, erx) = unbounded_channel();
+            let job = Job {
+                prompt: prompt.clone(),
+                sampling: SamplerConfig {
+                    seed: plan.sampling.seed.wrapping_add(j as u64),
+                    ..plan.sampling.clone()
+                },
+                max_tokens: plan
+                    .max_tokens
+                    .unwrap_or(usize::MAX)
+                    .min(ready.n_ctx - prompt.len()),
+                top_logprobs: plan.top_logprobs,
+                cache_prompt: plan.cache_prompt,
+                ignore_eos: plan.ignore_eos,
+                events: etx,
+            };
+            match ready.submitter.submit(job) {
+                Ok(()) => events.push(erx),
+                Err(SubmitError::Full) => {
+                    state.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+                    return Err(ApiError::unavailable(
+                        "the server is busy (its admission queue is full); try again",
+                        1,
+                    ));
+                }
+                Err(SubmitError::Closed) => {
+                    return Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the model's scheduler has stopped",
+                    ))
+                }
+            }
+        }
+    }
+    for (index, erx) in events.into_iter().enumerate() {
+        let task = Answering {
+            ready: ready.clone(),
+            stops: plan.stops.clone(),
+            index,
+            out: tx.clone(),
+        };
+        tokio::spawn(task.run(erx));
+    }
+    Ok(rx)
+}
+
+/// Turns one answer's scheduler events into text updates.
+struct Answering {
+    ready: Arc<Ready>,
+    stops: Vec<String>,
+    index: usize,
+    out: UnboundedSender<(usize, Update)>,
+}
+
+impl Answering {
+    /// Runs until the answer ends, fails, or nobody listens (dropping `events` cancels it).
+    async fn run(self, mut events: UnboundedReceiver<JobEvent>) {
+        let tok = &self.ready.tok;
+        let mut text = TextStream::for_display(tok);
+        let mut stop = StopText::new(self.stops.clone());
+        let mut tokens = 0;
+        let send = |u: Update| self.out.send((self.index, u)).is_ok();
+        while let Some(event) = events.recv().await {
+            let (piece, logprobs, end) = match event {
+                JobEvent::Started { cached_tokens } => {
+                    if !send(Update::Started {
+                        cached: cached_tokens,
+                    }) {
+                        return;
+                    }
+                    continue;
+                }
+                JobEvent::Token { id, logprobs } => {
+                    tokens += 1;
+                    let lp = logprobs.map(|l| self.describe(id, &l));
+                    (text.push(id), lp, None)
+                }
+                JobEvent::Done(finish) => (String::new(), None, Some(finish)),
+                JobEvent::Failed(why) => {
+                    send(Update::Failed(why));
+                    return;
+                }
+            };
+            let (mut out, stopped) = stop.push(&piece);
+            let reason = match end {
+                _ if stopped => Some("stop"),
+                Some(finish) => {
+                    // What the stream still held ends the answer.
+                    let rest = std::mem::replace(&mut text, TextStream::for_display(tok)).finish();
+                    let (more, stopped) = stop.push(&rest);
+                    out.push_str(&more);
+                    if !stopped {
+                        out.push_str(&stop.finish());
+                    }
+                    Some(match finish {
+                        _ if stopped => "stop",
+                        Finish::Stop => "stop",
+                        Finish::Length => "length",
+                    })
+                }
+                None => None,
+            };
+            if (!out.is_empty() || logprobs.is_some())
+                && !send(Update::Text {
+                    text: out,
+                    logprobs: logprobs.into_iter().collect(),
+                })
+            {
+                return;
+            }
+            if let Some(reason) = reason {
+                send(Update::Finish { reason, tokens });
+                return;
+            }
+        }
+        send(Update::Failed("the model's scheduler stopped".into()));
+    }
+
+    /// A token's log-probabilities with the text of each token.
+    fn describe(&self, id: u32, l: &Logprobs) -> TokenLogprob {
+        let piece = |t: u32| {
+            let bytes = self.ready.tok.token_piece(t, true);
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        };
+        let (token, bytes) = piece(id);
+        TokenLogprob {
+            token,
+            bytes,
+            logprob: l.logprob,
+            top: l
+                .top
+                .iter()
+                .map(|&(t, lp)| {
+                    let (s, b) = piece(t);
+                    (s, b, lp)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One answer as it accumulates.
+#[derive(Debug, Default)]
+struct Choice {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<&'static str>,
+    tokens: usize,
+    cached: usize,
+    /// Bytes of token text before each token (completions' `text_offset`).
+    offsets: Vec<usize>,
+    pieces_len: usize,
+}
+
+/// A request's answers and timings, for either kind of response.
+struct Answer {
+    plan: Plan,
+    state: Arc<State>,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    choices: Vec<Choice>,
+    created: u64,
+}
+
+impl Answer {
+    fn new(plan: Plan, state: Arc<State>, arrived: Instant) -> Self {
+        let total = plan.prompts.len() * plan.n;
+        Self {
+            choices: (0..total).map(|_| Choice::default()).collect(),
+            plan,
+            state,
+            arrived,
+            first_token: None,
+            created: unix_time(),
+        }
+    }
+
+    /// Applies an update; a failure is returned as the error to send.
+    fn apply(&mut self, i: usize, u: &Update) -> Result<(), ApiError> {
+        let c = &mut self.choices[i];
+        match u {
+            Update::Started { cached } => c.cached = *cached,
+            Update::Text { text, logprobs } => {
+                self.first_token.get_or_insert_with(Instant::now);
+                c.text.push_str(text);
+                for lp in logprobs {
+                    c.offsets.push(c.pieces_len);
+                    c.pieces_len += lp.token.len();
+                }
+                c.logprobs.extend(logprobs.iter().cloned());
+            }
+            Update::Finish { reason, tokens } => {
+                c.finish = Some(reason);
+                c.tokens = *tokens;
+                if self.choices.iter().all(|c| c.finish.is_some()) {
+                    self.record();
+                }
+            }
+            Update::Failed(why) => {
+                self.state.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("generation failed: {why}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the finished request's timings.
+    fn record(&self) {
+        let m = &self.state.metrics;
+        let end = Instant::now();
+        m.latency.observe((end - self.arrived).as_secs_f64());
+        if let Some(first) = self.first_token {
+            m.ttft.observe((first - self.arrived).as_secs_f64());
+            let tokens: usize = self.choices.iter().map(|c| c.tokens).sum();
+            if tokens > 1 {
+                m.tpot
+                    .observe((end - first).as_secs_f64() / (tokens - 1) as f64);
+            }
+        }
+    }
+
+    /// OpenAI's `usage`: prompt tokens once per prompt, cached ones as its best answer saw.
+    fn usage(&self) -> Value {
+        let n = self.plan.n;
+        let prompt: usize = self.plan.prompts.iter().map(Vec::len).sum();
+        let cached: usize = self
+            .choices
+            .chunks(n)
+            .map(|c| c.iter().map(|c| c.cached).max().unwrap_or(0))
+            .sum();
+        let completion: usize = self.choices.iter().map(|c| c.tokens).sum();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": { "cached_tokens": cached },
+        })
+    }
+
+    /// A chunk or completion object around `choices`.
+    fn object(&self, object: &str, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.plan.id,
+            "object": object,
+            "created": self.created,
+            "model": self.plan.model,
+            "system_fingerprint": concat!("hesper-rs-", env!("CARGO_PKG_VERSION")),
+            "choices": choices,
+        })
+    }
+
+    /// Log-probabilities of `lps` as the endpoint writes them (`offsets` for completions).
+    fn logprobs_json(&self, lps: &[TokenLogprob], offsets: &[usize]) -> Value {
+        if self.plan.top_logprobs.is_none() {
+            return Value::Null;
+        }
+        match self.plan.kind {
+            Kind::Chat => {
+                let entry =
+                    |t: &str, b: &[u8], lp: f32| json!({"token": t, "logprob": lp, "bytes": b});
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|l| {
+                        let mut e = entry(&l.token, &l.bytes, l.logprob);
+                        e["top_logprobs"] =
+                            l.top.iter().map(|(t, b, lp)| entry(t, b, *lp)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Text => json!({
+                "tokens": lps.iter().map(|l| l.token.clone()).collect::<Vec<_>>(),
+                "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                "top_logprobs": lps.iter().map(|l| {
+                    l.top.iter().map(|(t, _, lp)| (t.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
+                }).collect::<Vec<_>>(),
+                "text_offset": offsets,
+            }),
+        }
+    }
+}
+
+/// Waits for every answer and sends one JSON object.
+async fn collect(mut a: Answer, mut updates: UnboundedReceiver<(usize, Update)>) -> Response {
+    while let Some((i, u)) = updates.recv().await {
+        if let Err(e) = a.apply(i, &u) {
+            return e.into_response();
+        }
+        if a.choices.iter().all(|c| c.finish.is_some()) {
+            break;
+        }
+    }
+    if a.choices.iter().any(|c| c.finish.is_none()) {
+        return ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "an answer did not finish",
+        )
+        .into_response();
+    }
+    let choices: Vec<Value> = a
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let logprobs = a.logprobs_json(&c.logprobs, &c.offsets);
+            match a.plan.kind {
+                Kind::Chat => json!({
+                    "index": i,
+                    "message": { "role": "assistant", "content": c.text },
+                    "logprobs": logprobs,
+                    "finish_reason": c.finish,
+                }),
+                Kind::Text => json!({
+                    "index": i,
+                    "text": c.text,
+                    "logprobs": logprobs,
+                    "finish_reason": c.finish,
+                }),
+            }
+        })
+        .collect();
+    let object = if a.plan.kind == Kind::Chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
+    let mut body = a.object(object, choices);
+    body["usage"] = a.usage();
+    Json(body).into_response()
+}
+
+/// Streams the answers as server-sent events: chat's role chunk first, then content deltas,
+/// a chunk with each answer's `finish_reason`, the `usage` chunk when asked, `[DONE]`.
+fn stream(a: Answer, updates: UnboundedReceiver<(usize, Update)>) -> impl IntoResponse {
+    struct St {
+        a: Answer,
+        updates: UnboundedReceiver<(usize, Update)>,
+        queued: VecDeque<Event>,
+        done: bool,
+    }
+    let st = St {
+        a,
+        updates,
+        queued: VecDeque::new(),
+        done: false,
+    };
+    let events = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(e) = st.queued.pop_front() {
+                return Some((Ok::<_, Infallible>(e), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.updates.recv().await {
+                Some((i, u)) => {
+                    if let Err(e) = st.a.apply(i, &u) {
+                        st.queued.push_back(data(&e.body()));
+                        st.done = true;
+                        continue;
+                    }
+                    if let Some(v) = st.a.chunk(i, &u) {
+                        st.queued.push_back(data(&v));
+                    }
+                    if st.a.choices.iter().all(|c| c.finish.is_some()) {
+                        if st.a.plan.include_usage {
+                            let mut v = st.a.object(st.a.chunk_object(), vec![]);
+                            v["usage"] = st.a.usage();
+                            st.queued.push_back(data(&v));
+                        }
+                        st.queued.push_back(Event::default().data("[DONE]"));
+                        st.done = true;
+                    }
+                }
+                None => {
+                    let e = ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "an answer did not finish",
+                    );
+                    st.queued.push_back(data(&e.body()));
+                    st.done = true;
+                }
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(2)))
+}
+
+/// One SSE `data:` event of `v`.
+fn data(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+impl Answer {
+    fn chunk_object(&self) -> &'static str {
+        match self.plan.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        }
+    }
+
+    /// The stream chunk an update makes, if any.
+    fn chunk(&self, i: usize, u: &Update) -> Option<Value> {
+        let chat = self.plan.kind == Kind::Chat;
+        let choice = match u {
+            Update::Started { .. } if chat => json!({
+                "index": i,
+                "delta": { "role": "assistant", "content": "" },
+                "logprobs": null,
+                "finish_reason": null,
+            }),
+            Update::Started { .. } => return None,
+            Update::Text { text, logprobs } => {
+                let c = &self.choices[i];
+                let offsets = &c.offsets[c.offsets.len() - logprobs.len()..];
+                let lp = self.logprobs_json(logprobs, offsets);
+                if chat {
+                    json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+                } else {
+                    json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
+                }
+            }
+            Update::Finish { reason, .. } => {
+                if chat {
+                    json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason})
+                } else {
+                    json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason})
+                }
+            }
+            Update::Failed(_) => return None,
+        };
+        let mut v = self.object(self.chunk_object(), vec![choice]);
+        if self.plan.include_usage {
+            v["usage"] = Value::Null;
+        }
+        Some(v)
+    }
+}

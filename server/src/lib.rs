@@ -1,0 +1,113 @@
+//! hesper-server: `hesper-rs serve`, an OpenAI-compatible HTTP server with llama-server's
+//! endpoints, in front of the runtime's continuous-batching scheduler (see the crate README).
+//!
+//! * [`routes`]: the router, its small endpoints and the API-key check;
+//! * [`completion`]: `/v1/chat/completions` and `/v1/completions`, streamed or not;
+//! * [`request`]: request bodies; [`error`]: OpenAI's error answers;
+//! * [`stop`]: stop strings across token boundaries; [`metrics`]: `/metrics`;
+//! * [`conn`]: the accept loop (connection limit, header timeout).
+
+pub mod completion;
+pub mod conn;
+pub mod error;
+pub mod metrics;
+pub mod request;
+pub mod routes;
+pub mod stop;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use hesper_engine::chat::ChatTemplate;
+use hesper_engine::tokenizer::Tokenizer;
+use hesper_runtime::scheduler::Submitter;
+use serde_json::Value;
+
+/// How the server behaves (its flags).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Keys a request must carry (`Authorization: Bearer` or `X-Api-Key`); none: open.
+    pub api_keys: Vec<String>,
+    /// The model's name in answers and `/v1/models`.
+    pub alias: String,
+    /// Whether `/metrics` answers.
+    pub metrics: bool,
+    /// How long a request body may take to arrive.
+    pub timeout: Duration,
+    /// How long a request's headers may take to arrive (a slow client is dropped).
+    pub header_timeout: Duration,
+    /// Largest request body, bytes.
+    pub max_body: usize,
+    /// Most connections served at once (more wait to be accepted).
+    pub max_connections: usize,
+    /// Origins allowed to call from a browser (CORS); none: no CORS headers.
+    pub cors_origins: Vec<String>,
+}
+
+/// What a loaded model gives the server.
+pub struct Ready {
+    /// The tokenizer.
+    pub tok: Arc<Tokenizer>,
+    /// The chat template.
+    pub template: ChatTemplate,
+    /// Where requests go.
+    pub submitter: Submitter,
+    /// Positions one sequence may use.
+    pub n_ctx: usize,
+    /// Ids a prediction may pick.
+    pub n_vocab: usize,
+    /// Sequences run at once.
+    pub parallel: usize,
+    /// `/props`' model facts (path, backend, sizes).
+    pub props: Value,
+    /// `/v1/models`' `meta`.
+    pub meta: Value,
+}
+
+/// The server's shared state: its flags, the model once loaded, its metrics.
+pub struct State {
+    /// The flags.
+    pub config: ServerConfig,
+    ready: OnceLock<Arc<Ready>>,
+    /// Request counters and histograms.
+    pub metrics: metrics::Metrics,
+}
+
+impl State {
+    /// A server with no model yet (`/health` answers 503 until [`State::set_ready`]).
+    pub fn new(config: ServerConfig) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            ready: OnceLock::new(),
+            metrics: metrics::Metrics::default(),
+        })
+    }
+
+    /// The model has loaded.
+    pub fn set_ready(&self, ready: Ready) {
+        let _ = self.ready.set(Arc::new(ready));
+    }
+
+    /// The model, or a 503 while it loads.
+    pub fn ready(&self) -> Result<Arc<Ready>, error::ApiError> {
+        self.ready
+            .get()
+            .cloned()
+            .ok_or_else(|| error::ApiError::unavailable("Loading model", 1))
+    }
+}
+
+/// Serves `listener` with `state` until the process ends (blocks; runs its own I/O runtime).
+pub fn serve(listener: std::net::TcpListener, state: Arc<State>) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let app = routes::router(state.clone());
+        conn::accept_loop(listener, app, &state.config).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,239 @@
+//! The router: llama-server's and OpenAI's paths, the API-key check, CORS when asked, JSON
+//! errors for unknown paths and methods, and the small endpoints (`/health`, `/v1/models`,
+//! `/props`, `/tokenize`, `/detokenize`, `/metrics`).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State as Ext};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+use crate::completion;
+use crate::error::ApiError;
+use crate::request::parse;
+use crate::State;
+
+/// Paths that answer without a key.
+const PUBLIC: &[&str] = &["/health", "/v1/health"];
+
+/// Every endpoint over `state`.
+pub fn router(state: Arc<State>) -> Router {
+    let mut app = Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/v1/chat/completions", post(completion::chat))
+        .route("/chat/completions", post(completion::chat))
+        .route("/v1/completions", post(completion::text))
+        .route("/completions", post(completion::text))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/props", get(props))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(RequestBodyTimeoutLayer::new(state.config.timeout));
+    if !state.config.cors_origins.is_empty() {
+        let origins: Vec<HeaderValue> = state
+            .config
+            .cors_origins
+            .iter()
+            .filter_map(|o| HeaderValue::from_str(o).ok())
+            .collect();
+        app = app.layer(
+            CorsLayer::new()
+                .allow_origin(AllowOrigin::list(origins))
+                .allow_methods([Method::GET, Method::POST])
+                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
+        );
+    }
+    app.with_state(state)
+}
+
+/// Refuses a request without a valid key (when keys are set), comparing in constant time.
+async fn authorize(Ext(state): Ext<Arc<State>>, req: Request, next: Next) -> Response {
+    let keys = &state.config.api_keys;
+    if keys.is_empty() || PUBLIC.contains(&req.uri().path()) || req.method() == Method::OPTIONS {
+        return next.run(req).await;
+    }
+    let given = key_of(req.headers());
+    let valid = given.is_some_and(|g| {
+        keys.iter().fold(false, |ok, k| {
+            ok | bool::from(k.as_bytes().ct_eq(g.as_bytes()))
+        })
+    });
+    if valid {
+        next.run(req).await
+    } else {
+        ApiError::new(StatusCode::UNAUTHORIZED, "Invalid API Key").into_response()
+    }
+}
+
+/// The key a request carries: `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
+fn key_of(h: &HeaderMap) -> Option<&str> {
+    if let Some(v) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        return v.strip_prefix("Bearer ").map(str::trim);
+    }
+    h.get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+/// Reads a request body of at most `--max-body` bytes: 413 past it, 408 when it does not
+/// arrive within `--timeout`.
+pub async fn read_body(state: &State, body: Body) -> Result<Bytes, ApiError> {
+    let limit = state.config.max_body;
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let e = e.into_inner();
+        // The cause may sit under layers of boxes (axum's, hyper's): look down the chain.
+        let chain = || std::iter::successors(Some(&*e as &dyn std::error::Error), |e| e.source());
+        if chain().any(|e| e.is::<http_body_util::LengthLimitError>()) {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body is over {limit} bytes"),
+            )
+        } else if chain().any(|e| e.is::<tower_http::timeout::TimeoutError>()) {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive within --timeout",
+            )
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {e}"))
+        }
+    })
+}
+
+async fn health(Ext(state): Ext<Arc<State>>) -> Response {
+    match state.ready() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(Ext(state): Ext<Arc<State>>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.alias,
+            "object": "model",
+            "created": completion::unix_time(),
+            "owned_by": "hesper-rs",
+            "meta": ready.meta,
+        }],
+    })))
+}
+
+async fn props(Ext(state): Ext<Arc<State>>) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    let mut props = ready.props.clone();
+    props["total_slots"] = json!(ready.parallel);
+    props["default_generation_settings"] = json!({ "n_ctx": ready.n_ctx });
+    props["model_alias"] = json!(state.config.alias);
+    props["build_info"] = json!(concat!("hesper-rs ", env!("CARGO_PKG_VERSION")));
+    Ok(Json(props))
+}
+
+#[derive(Deserialize)]
+struct TokenizeBody {
+    content: String,
+    #[serde(default)]
+    add_special: bool,
+    #[serde(default)]
+    parse_special: Option<bool>,
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+async fn tokenize(Ext(state): Ext<Arc<State>>, body: Body) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    let b: TokenizeBody = parse(&read_body(&state, body).await?)?;
+    let tok = &ready.tok;
+    let ids = tok
+        .encode(
+            &b.content,
+            b.add_special && tok.add_bos(),
+            b.parse_special.unwrap_or(true),
+        )
+        .map_err(|e| ApiError::bad_param("content", e.to_string()))?;
+    let tokens: Vec<Value> = if b.with_pieces {
+        ids.iter()
+            .map(|&id| {
+                let piece = tok.token_piece(id, true);
+                let piece = match String::from_utf8(piece) {
+                    Ok(s) => json!(s),
+                    Err(e) => json!(e.into_bytes()),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeBody {
+    tokens: Vec<i64>,
+}
+
+async fn detokenize(Ext(state): Ext<Arc<State>>, body: Body) -> Result<Json<Value>, ApiError> {
+    let ready = state.ready()?;
+    let b: DetokenizeBody = parse(&read_body(&state, body).await?)?;
+    let n = ready.tok.vocab_size();
+    let mut ids = Vec::with_capacity(b.tokens.len());
+    for t in b.tokens {
+        match u32::try_from(t).ok().filter(|&t| (t as usize) < n) {
+            Some(t) => ids.push(t),
+            None => {
+                return Err(ApiError::bad_param(
+                    "tokens",
+                    format!("token {t} is not an id below {n}"),
+                ))
+            }
+        }
+    }
+    Ok(Json(json!({ "content": ready.tok.decode(&ids) })))
+}
+
+async fn metrics(Ext(state): Ext<Arc<State>>) -> Response {
+    if !state.config.metrics {
+        return ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "metrics are off; start the server with --metrics",
+        )
+        .into_response();
+    }
+    let ready = match state.ready() {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let text = state.metrics.render(ready.submitter.gauges());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no endpoint {} {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not answer {}", req.uri().path(), req.method()),
+    )
+}

@@ -1,0 +1,409 @@
+"""`hesper-rs serve` driven by the official `openai` Python client and by raw HTTP.
+
+Usage: python server/tests/openai_api.py PATH/TO/hesper-rs
+
+Starts servers on free 127.0.0.1 ports with the built-in model and checks every endpoint and
+field the README lists: streamed text equals non-streamed, the chunk sequence and `usage` as
+OpenAI defines them, each error with its status and JSON, 16 concurrent clients getting what
+each gets alone, a disconnect freeing its sequence, a full queue answering 503, a shared system
+prompt served from the prefix cache, a slow client dropped while others are served, and a
+bounded load test (no error, no lost or duplicated token, memory back to its level).
+"""
+
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from openai import OpenAI, APIStatusError
+
+BIN = sys.argv[1]
+KEY = "test-key"
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print(f"FAIL: {what}", flush=True)
+
+
+class Server:
+    """A `hesper-rs serve` process on a free port."""
+
+    def __init__(self, *flags):
+        # A GPU server runs on whatever Vulkan driver there is (lavapipe in CI).
+        env = {"WGPU_BACKEND": "vulkan", **os.environ}
+        env.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp())
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "--port", "0", *flags],
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        self.port = None
+        self.log = []
+        for line in self.proc.stderr:
+            self.log.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        assert self.port, "".join(self.log)
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.time() + 60
+        while self.get("/health")[0] != 200:
+            assert time.time() < deadline, "the model never loaded"
+            time.sleep(0.05)
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        h = {"Content-Type": "application/json", **(headers or {})}
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data, headers=h)
+        r = c.getresponse()
+        text = r.read().decode()
+        c.close()
+        return r.status, text, r
+
+    def get(self, path, key=KEY):
+        s, t, _ = self.request("GET", path, headers={"Authorization": f"Bearer {key}"})
+        return s, t
+
+    def post(self, path, body, key=KEY, **kw):
+        return self.request("POST", path, body, {"Authorization": f"Bearer {key}"}, **kw)
+
+    def client(self):
+        return OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=KEY, max_retries=0)
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+    def metric(self, name):
+        _, text = self.get("/metrics")
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def error_of(status_text, status, param=None):
+    status_got, text = status_text[0], status_text[1]
+    check(status_got == status, f"status {status_got} (want {status}): {text[:200]}")
+    try:
+        e = json.loads(text)["error"]
+    except (ValueError, KeyError):
+        check(False, f"not an OpenAI error body: {text[:200]}")
+        return {}
+    check(all(k in e for k in ("message", "type", "param", "code")), f"error fields: {e}")
+    if param is not None:
+        check(e["param"] == param, f"param {e['param']!r} (want {param!r})")
+    return e
+
+
+def chat(c, content, **kw):
+    return c.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": content}], **kw)
+
+
+def streamed_chat(c, content, **kw):
+    chunks = list(chat(c, content, stream=True, **kw))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    return text, chunks
+
+
+def main():
+    srv = Server("--api-key", KEY, "--metrics", "-np", "8", "--timeout", "2", "-c", "256")
+    c = srv.client()
+    try:
+        api(srv, c)
+        errors(srv)
+        concurrency(srv, c)
+        slow_client(srv)
+        load(srv, c)
+    finally:
+        srv.stop()
+    busy = Server("-np", "1", "--queue", "1", "-c", "4096", "--metrics", "--api-key", KEY)
+    try:
+        full_queue_and_disconnect(busy)
+    finally:
+        busy.stop()
+    gpu = Server("--backend", "gpu", "-np", "4", "--api-key", KEY)
+    try:
+        on_the_gpu(gpu)
+    finally:
+        gpu.stop()
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed")
+        sys.exit(1)
+    print("all server checks passed")
+
+
+def api(srv, c):
+    # Not streamed and streamed give the same text (greedy, then seeded sampling).
+    r = chat(c, "Who is the LORD?", max_tokens=12, temperature=0)
+    text, chunks = streamed_chat(c, "Who is the LORD?", max_tokens=12, temperature=0,
+                                 stream_options={"include_usage": True})
+    check(r.choices[0].message.content == text, f"stream {text!r} vs {r.choices[0].message.content!r}")
+    check(r.choices[0].message.role == "assistant", "role")
+    check(r.choices[0].finish_reason == "length", f"finish {r.choices[0].finish_reason}")
+    check(r.usage.completion_tokens == 12, f"usage {r.usage}")
+    check(r.usage.total_tokens == r.usage.prompt_tokens + 12, "total tokens")
+    check(r.object == "chat.completion" and r.id.startswith("chatcmpl-"), "object and id")
+    # The chunk sequence: role first, content deltas, finish_reason, then usage with no choices.
+    check(chunks[0].choices[0].delta.role == "assistant", "first chunk has the role")
+    check(chunks[-2].choices[0].finish_reason == "length", "finish chunk")
+    check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12, "usage chunk")
+    check(all(ch.usage is None for ch in chunks[:-1]), "usage null before the last chunk")
+    check(all(ch.object == "chat.completion.chunk" for ch in chunks), "chunk objects")
+    check(len({ch.id for ch in chunks}) == 1, "one id per stream")
+    a = chat(c, "Hear, O Israel", max_tokens=16, temperature=0.9, seed=7).choices[0].message.content
+    b, _ = streamed_chat(c, "Hear, O Israel", max_tokens=16, temperature=0.9, seed=7)
+    d = chat(c, "Hear, O Israel", max_tokens=16, temperature=0.9, seed=8).choices[0].message.content
+    check(a == b, f"seeded stream {a!r} vs {b!r}")
+    check(a != d, "another seed differs")
+    # Raw SSE: the last event is [DONE].
+    s, body, resp = srv.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True})
+    check(resp.getheader("Content-Type", "").startswith("text/event-stream"), "SSE type")
+    check(body.rstrip().endswith("data: [DONE]"), f"ends with [DONE]: {body[-80:]!r}")
+    # Text completion: a list of prompts with n answers each, indexed prompt-major.
+    r = c.completions.create(model="x", prompt=["And God said", "In the beginning"], n=2,
+                             max_tokens=5, temperature=0.8, seed=3)
+    check([ch.index for ch in r.choices] == [0, 1, 2, 3], "choice indices")
+    check(r.usage.completion_tokens == 20, f"n x prompts tokens {r.usage}")
+    one = c.completions.create(model="x", prompt="And God said", max_tokens=5, temperature=0.8, seed=3)
+    check(one.choices[0].text == r.choices[0].text, "answer 0 of a list equals the prompt alone")
+    # Stop strings, across token boundaries, never sent.
+    full = c.completions.create(model="x", prompt="And it came to pass", max_tokens=24, temperature=0).choices[0].text
+    stop = full[5:9]
+    cut = c.completions.create(model="x", prompt="And it came to pass", max_tokens=24, temperature=0, stop=[stop, "zzz"])
+    check(cut.choices[0].text == full[:full.index(stop)], f"stop {stop!r}: {cut.choices[0].text!r} of {full!r}")
+    check(cut.choices[0].finish_reason == "stop", "stop's finish_reason")
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="x", prompt="And it came to pass", max_tokens=24, temperature=0, stop=stop, stream=True) if ch.choices)
+    check(streamed == cut.choices[0].text, "streamed stop")
+    # Log-probabilities.
+    r = chat(c, "Hi", max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    lp = r.choices[0].logprobs.content
+    check(len(lp) == 4 and all(len(t.top_logprobs) == 3 for t in lp), "chat logprobs shape")
+    check(all(t.logprob <= 0 and abs(t.logprob - t.top_logprobs[0].logprob) < 1e-6 for t in lp),
+          "greedy tokens are the most likely")
+    r = c.completions.create(model="x", prompt="And", max_tokens=3, temperature=0, logprobs=2)
+    check(len(r.choices[0].logprobs.tokens) == 3 and len(r.choices[0].logprobs.top_logprobs[0]) == 2,
+          "completion logprobs shape")
+    # logit_bias: +100 makes a token the greedy choice, -100 bans it.
+    tokens = json.loads(srv.post("/tokenize", {"content": full[:8]})[1])["tokens"]
+    lord = json.loads(srv.post("/tokenize", {"content": " LORD"})[1])["tokens"][-1]
+    lord_text = json.loads(srv.post("/detokenize", {"tokens": [lord]})[1])["content"]
+    forced = c.completions.create(model="x", prompt="And it came to pass", max_tokens=2, temperature=0,
+                                  logit_bias={str(lord): 100}).choices[0].text
+    check(forced.split() == [lord_text] * 2, f"logit_bias +100: {forced!r}, {lord_text!r}")
+    banned = c.completions.create(model="x", prompt="And it came to pass", max_tokens=2, temperature=0,
+                                  logit_bias={str(lord): -100, "0": 5}).choices[0].text
+    check(lord_text not in banned, f"logit_bias -100: {banned!r}")
+    r = c.completions.create(model="x", prompt="And", max_tokens=4, presence_penalty=0.5,
+                             frequency_penalty=0.5, extra_body={"top_k": 5, "min_p": 0.1,
+                             "repeat_penalty": 1.1, "cache_prompt": False, "unknown_field": 1})
+    check(r.usage.completion_tokens == 4, "extras accepted")
+    # /tokenize and /detokenize round-trip; /v1/models; /props; /metrics.
+    check(json.loads(srv.post("/detokenize", {"tokens": tokens})[1])["content"] == full[:8], "detokenize")
+    pieces = json.loads(srv.post("/tokenize", {"content": "And", "with_pieces": True})[1])["tokens"]
+    check("id" in pieces[0] and "piece" in pieces[0], "with_pieces")
+    check(c.models.list().data[0].id == "hesper-kjv", "models")
+    props = json.loads(srv.get("/props")[1])
+    check(props["total_slots"] == 8 and props["default_generation_settings"]["n_ctx"] == 256, f"props {props}")
+    # A shared system prompt is a cache hit for the next request.
+    sysmsg = {"role": "system", "content": "Thou art a scribe of the house of David, and thou answerest in the words of the prophets."}
+    c.chat.completions.create(model="x", messages=[sysmsg, {"role": "user", "content": "Who made the heaven?"}], max_tokens=2)
+    r = c.chat.completions.create(model="x", messages=[sysmsg, {"role": "user", "content": "Who is the king?"}], max_tokens=2)
+    check(r.usage.prompt_tokens_details.cached_tokens > 10, f"cached tokens {r.usage}")
+    check(srv.metric("hesper_prompt_tokens_cached_total") > 10, "cached tokens counted")
+    check(srv.metric("hesper_time_to_first_token_seconds_count") > 0, "ttft histogram")
+
+
+def errors(srv):
+    ok = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    error_of(srv.post("/v1/chat/completions", ok, key="wrong"), 401)
+    error_of(srv.request("POST", "/v1/chat/completions", ok), 401)
+    s, _, _ = srv.request("POST", "/v1/chat/completions", ok, {"X-Api-Key": KEY})
+    check(s == 200, "X-Api-Key")
+    check(srv.request("GET", "/health")[0] == 200, "health is public")
+    error_of(srv.post("/v1/chat/completions", None, raw="{not json"), 400)
+    error_of(srv.post("/v1/chat/completions", {**ok, "temperature": "hot"}), 400, "temperature")
+    error_of(srv.post("/v1/chat/completions", {**ok, "messages": [{"role": "wizard", "content": "x"}]}), 400, "messages[0].role")
+    error_of(srv.post("/v1/chat/completions", {"max_tokens": 1}), 400, "messages")
+    error_of(srv.post("/v1/completions", {"prompt": "x", "max_tokens": -5}), 400, "max_tokens")
+    error_of(srv.post("/v1/completions", {"prompt": "x", "n": 0}), 400, "n")
+    error_of(srv.post("/v1/completions", {"prompt": "x", "top_p": 2}), 400, "top_p")
+    error_of(srv.post("/v1/completions", {"prompt": "x", "logit_bias": {"999999": 1}}), 400, "logit_bias")
+    error_of(srv.post("/v1/completions", {"prompt": [99999999]}), 400, "prompt")
+    error_of(srv.post("/detokenize", {"tokens": [-1]}), 400, "tokens")
+    e = error_of(srv.post("/v1/completions", {"prompt": "And the LORD said " * 100}), 400)
+    check(e.get("n_ctx") == 256 and e.get("n_prompt_tokens", 0) > 256, f"context error {e}")
+    error_of(srv.get("/v1/nothing"), 404)
+    error_of(srv.request("DELETE", "/v1/models", headers={"Authorization": f"Bearer {KEY}"})[:2], 405)
+    error_of(srv.post("/v1/completions", None, raw="x" * (9 << 20)), 413)
+    # The official client sees the same errors as exceptions with the status.
+    try:
+        srv.client().completions.create(model="x", prompt="x", temperature=float("nan"))
+        check(False, "NaN temperature accepted")
+    except (APIStatusError, ValueError) as e:
+        check(getattr(e, "status_code", 400) == 400, f"NaN temperature: {e}")
+    check(srv.proc.poll() is None, "the server survived every bad request")
+
+
+def concurrency(srv, c):
+    # 16 streaming clients with different seeds get exactly what each gets alone.
+    prompts = ["In the beginning", "The LORD is my shepherd", "And God said", "Hear, O Israel"]
+    args = [(prompts[i % 4], 100 + i) for i in range(16)]
+    run = lambda a: streamed_chat(c, a[0], max_tokens=20, temperature=0.9, seed=a[1])[0]
+    alone = [run(a) for a in args]
+    with ThreadPoolExecutor(16) as ex:
+        together = list(ex.map(run, args))
+    check(alone == together, "16 concurrent clients get what each gets alone")
+    check(len(set(alone)) > 8, "seeds differ")
+
+
+def slow_client(srv):
+    # A client sending its headers one byte at a time is dropped; others are served meanwhile.
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    start = time.time()
+    dropped = False
+    served = False
+    for ch in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40:
+        try:
+            s.send(bytes([ch]))
+        except OSError:
+            dropped = True
+            break
+        if not served:
+            served = srv.get("/health")[0] == 200
+        time.sleep(0.25)
+        s.settimeout(0.01)
+        try:
+            if s.recv(1024) == b"":
+                dropped = True
+                break
+        except socket.timeout:
+            pass
+        except OSError:
+            dropped = True
+            break
+    s.close()
+    check(dropped and time.time() - start < 8, f"slow client dropped after {time.time() - start:.1f} s")
+    check(served, "others served meanwhile")
+    # A body that stops arriving is answered 408 once --timeout (2 s) has passed.
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+              + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+    s.settimeout(10)
+    start = time.time()
+    answer = b""
+    try:
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:
+        pass
+    s.close()
+    check(answer.startswith(b"HTTP/1.1 408") and b'"error"' in answer and time.time() - start < 6,
+          f"stalled body: {answer[:120]!r} after {time.time() - start:.1f} s")
+
+
+def load(srv, c):
+    # 64 clients x 4 requests of mixed lengths: no error, every answer as the same request alone.
+    prompts = ["And God said", "In the beginning God created", "Hear, O Israel: The LORD our God"]
+    reqs = [(prompts[i % 3], 4 + i % 13, i) for i in range(64)]
+    expect = {}
+    for p, n, seed in reqs[:13 * 3]:
+        expect[(p, n, seed % 5)] = None
+
+    def one(r):
+        p, n, seed = r
+        out = c.completions.create(model="x", prompt=p, max_tokens=n, temperature=0.7, seed=seed % 5)
+        return (p, n, seed % 5), out.choices[0].text, out.usage.completion_tokens
+
+    for r in reqs:
+        key, text, _ = one(r)
+        expect[key] = text
+    rss0 = srv.rss_kib()
+    errors_seen = []
+
+    def client(i):
+        got = []
+        for k in range(4):
+            try:
+                got.append(one(reqs[(i + k) % 64]))
+            except Exception as e:  # noqa: BLE001 - any error fails the check below
+                errors_seen.append(repr(e))
+        return got
+
+    with ThreadPoolExecutor(64) as ex:
+        results = [r for rs in ex.map(client, range(64)) for r in rs]
+    check(not errors_seen, f"load errors: {errors_seen[:3]}")
+    check(len(results) == 256, f"{len(results)} answers of 256")
+    check(all(expect[k] == t for k, t, _ in results), "answers under load equal them alone")
+    check(all(n == k[1] for k, _, n in results), "token counts")
+    time.sleep(0.3)
+    check(srv.metric("hesper_sequences_running") == 0, "nothing runs after the load")
+    rss1 = srv.rss_kib()
+    check(rss1 - rss0 < 16 * 1024, f"memory after the load {rss1} KiB, before {rss0} KiB")
+
+
+def on_the_gpu(srv):
+    # The GPU backend batches sequences too: four concurrent clients get what each gets alone.
+    c = srv.client()
+    args = [("In the beginning", 1), ("And God said", 2), ("Hear, O Israel", 3), ("The LORD is", 4)]
+    run = lambda a: streamed_chat(c, a[0], max_tokens=12, temperature=0.9, seed=a[1])[0]
+    alone = [run(a) for a in args]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(run, args))
+    check(alone == together, f"GPU: concurrent {together} vs alone {alone}")
+    check(any("gpu" in line for line in srv.log), "the GPU server runs on the GPU")
+
+
+def full_queue_and_disconnect(srv):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    long = {"prompt": "And", "max_tokens": 4000, "stream": True, "temperature": 1.0}
+    # A streaming client reads two chunks and goes away: its sequence is freed.
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port)
+    conn.request("POST", "/v1/completions", json.dumps(long), {**auth, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.fp.readline()
+    resp.fp.readline()
+    check(srv.metric("hesper_sequences_running") == 1, "one sequence runs")
+    # With it running and one request waiting, the next is refused with 503 and Retry-After.
+    waiting = threading.Thread(target=lambda: srv.post("/v1/completions", {"prompt": "And", "max_tokens": 2}))
+    waiting.start()
+    deadline = time.time() + 5
+    while srv.metric("hesper_requests_queued") != 1 and time.time() < deadline:
+        time.sleep(0.01)
+    s, text, r = srv.post("/v1/completions", {"prompt": "And", "max_tokens": 2})
+    error_of((s, text), 503)
+    check(r.getheader("Retry-After") == "1", "Retry-After")
+    conn.close()
+    waiting.join(30)
+    check(not waiting.is_alive(), "the waiting request was served once the first client left")
+    deadline = time.time() + 5
+    while srv.metric("hesper_sequences_running") != 0 and time.time() < deadline:
+        time.sleep(0.01)
+    check(srv.metric("hesper_sequences_running") == 0, "a disconnect frees its sequence")
+    check(srv.metric("hesper_tokens_generated_total") < 4000, "the abandoned sequence stopped early")
+
+
+if __name__ == "__main__":
+    main()
