@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// Finished sequences' KV caches kept for requests that share their prefix [default: --parallel].
     #[arg(long = "cache-idle", value_name = "N")]
     cache_idle: Option<usize>,
+    /// KV positions of all sequences together [default: -c × -np]: a sequence takes what its
+    /// prompt and max_tokens need (up to -c), and requests wait while the pool is full.
+    #[arg(long = "kv-pool", value_name = "N")]
+    kv_pool: Option<usize>,
     /// API key clients must send (Authorization: Bearer KEY or X-Api-Key); repeat or separate
     /// with commas for several.
     #[arg(long = "api-key", value_name = "KEY", value_delimiter = ',')]
@@ -164,12 +168,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let config = loaded.model.config().clone();
     let n_ctx = args.ctx.n_ctx(config.n_ctx_train);
     ContextArgs::note_past_training(n_ctx, config.n_ctx_train);
+    if let Some(pool) = args.kv_pool.filter(|&p| p < n_ctx) {
+        bail!("--kv-pool {pool} is smaller than the context ({n_ctx}): one sequence could not use it all");
+    }
     let parallel = args.parallel;
     let sched = SchedulerConfig {
         n_ctx,
         parallel,
         batch: args.ctx.batch_size,
         keep_idle: args.cache_idle.unwrap_or(parallel),
+        kv_pool: args.kv_pool,
         attention,
     };
     let (submitter, jobs) = scheduler::queue(args.queue);

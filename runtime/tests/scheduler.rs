@@ -1,6 +1,7 @@
 //! The continuous-batching scheduler on the built-in trained model (CPU): a sequence's tokens
 //! do not depend on what runs beside it, a shared prefix is reused bit for bit, a client that
-//! goes away frees its sequence, and a full queue refuses.
+//! goes away frees its sequence, a full queue refuses, and a sequence waits for room in the KV
+//! pool.
 
 use std::sync::atomic::Ordering;
 
@@ -60,6 +61,7 @@ fn config(parallel: usize, batch: usize) -> SchedulerConfig {
         parallel,
         batch,
         keep_idle: parallel,
+        kv_pool: None,
         attention: AttentionConfig::default(),
     }
 }
@@ -177,14 +179,15 @@ fn a_batched_step_gives_each_session_its_logits_alone_bit_for_bit() {
 fn a_sequence_gets_the_same_tokens_alone_or_beside_seven_others() {
     let (_, tok) = kjv();
     // Alone: one sequence at a time.
-    let alone: Vec<Vec<u32>> = with_scheduler(config(8, 16), 8, |sub| {
-        (0..8)
+    let (alone, alone_steps) = with_scheduler(config(8, 16), 8, |sub| {
+        let tokens: Vec<Vec<u32>> = (0..8)
             .map(|i| {
                 let (j, mut rx) = job(&tok, PROMPTS[i], 100 + i as u64, 24);
                 sub.submit(j).unwrap();
                 drain(&mut rx).0
             })
-            .collect()
+            .collect();
+        (tokens, sub.gauges().steps.load(Ordering::Relaxed))
     });
     // Together, with a step budget of 16 tokens: prompts go in chunks beside other sequences'
     // decoding. The prefix cache is off so every prompt is evaluated the same way twice.
@@ -198,9 +201,10 @@ fn a_sequence_gets_the_same_tokens_alone_or_beside_seven_others() {
             })
             .collect();
         let tokens = rxs.iter_mut().map(|rx| drain(rx).0).collect();
+        let steps = sub.gauges().steps.load(Ordering::Relaxed);
         assert!(
-            sub.gauges().steps.load(Ordering::Relaxed) < 8 * 24,
-            "the sequences shared steps"
+            steps < alone_steps,
+            "the sequences shared steps: {steps} of {alone_steps}"
         );
         tokens
     });
@@ -253,9 +257,48 @@ fn a_client_that_goes_away_frees_its_sequence_and_a_full_queue_refuses() {
         drop(rx);
         let (tokens, _, finish) = drain(&mut waiting_rx);
         assert_eq!((tokens.len(), finish), (4, Finish::Length));
+        // The gauges are set once the step that ended it is done.
         let g = sub.gauges();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while g.running.load(Ordering::Relaxed) != 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(g.running.load(Ordering::Relaxed), 0);
         assert_eq!(g.queued.load(Ordering::Relaxed), 0);
         assert!(g.generated_tokens.load(Ordering::Relaxed) < 200);
+    });
+}
+
+#[test]
+fn a_sequence_waits_for_room_in_the_kv_pool() {
+    let (_, tok) = kjv();
+    // Two contexts of 256 positions: two long answers hold all of it, a third request waits.
+    let pool = SchedulerConfig {
+        kv_pool: Some(512),
+        ..config(3, 16)
+    };
+    with_scheduler(pool, 4, |sub| {
+        let (a, mut a_rx) = job(&tok, PROMPTS[0], 1, 200);
+        let (b, mut b_rx) = job(&tok, PROMPTS[2], 2, 200);
+        let (c, mut c_rx) = job(&tok, PROMPTS[4], 3, 4);
+        for j in [a, b, c] {
+            sub.submit(j).unwrap();
+        }
+        for rx in [&mut a_rx, &mut b_rx] {
+            assert!(matches!(rx.blocking_recv(), Some(JobEvent::Started { .. })));
+        }
+        // The first two are 200 tokens from their end; the third has not started.
+        assert!(c_rx.try_recv().is_err());
+        let g = sub.gauges();
+        assert_eq!(g.kv_capacity.load(Ordering::Relaxed), 512);
+        assert_eq!(g.queued.load(Ordering::Relaxed), 1);
+        let (a_tokens, _, _) = drain(&mut a_rx);
+        let (c_tokens, _, finish) = drain(&mut c_rx);
+        drain(&mut b_rx);
+        assert_eq!(
+            (a_tokens.len(), c_tokens.len(), finish),
+            (200, 4, Finish::Length)
+        );
+        assert!(g.kv_positions.load(Ordering::Relaxed) <= 512);
     });
 }

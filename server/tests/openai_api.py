@@ -93,6 +93,13 @@ class Server:
         m = re.search(rf"^{name} (\S+)$", text, re.M)
         return float(m.group(1)) if m else None
 
+    def metric_becomes(self, name, value, seconds=10):
+        """Whether metric `name` reads `value` within `seconds` (gauges change at step ends)."""
+        deadline = time.time() + seconds
+        while self.metric(name) != value and time.time() < deadline:
+            time.sleep(0.01)
+        return self.metric(name) == value
+
     def stop(self):
         self.proc.kill()
         self.proc.wait()
@@ -358,8 +365,7 @@ def load(srv, c):
     check(len(results) == 256, f"{len(results)} answers of 256")
     check(all(expect[k] == t for k, t, _ in results), "answers under load equal them alone")
     check(all(n == k[1] for k, _, n in results), "token counts")
-    time.sleep(0.3)
-    check(srv.metric("hesper_sequences_running") == 0, "nothing runs after the load")
+    check(srv.metric_becomes("hesper_sequences_running", 0), "nothing runs after the load")
     rss1 = srv.rss_kib()
     check(rss1 - rss0 < 16 * 1024, f"memory after the load {rss1} KiB, before {rss0} KiB")
 
@@ -389,19 +395,14 @@ def full_queue_and_disconnect(srv):
     # With it running and one request waiting, the next is refused with 503 and Retry-After.
     waiting = threading.Thread(target=lambda: srv.post("/v1/completions", {"prompt": "And", "max_tokens": 2}))
     waiting.start()
-    deadline = time.time() + 5
-    while srv.metric("hesper_requests_queued") != 1 and time.time() < deadline:
-        time.sleep(0.01)
+    srv.metric_becomes("hesper_requests_queued", 1)
     s, text, r = srv.post("/v1/completions", {"prompt": "And", "max_tokens": 2})
     error_of((s, text), 503)
     check(r.getheader("Retry-After") == "1", "Retry-After")
     conn.close()
     waiting.join(30)
     check(not waiting.is_alive(), "the waiting request was served once the first client left")
-    deadline = time.time() + 5
-    while srv.metric("hesper_sequences_running") != 0 and time.time() < deadline:
-        time.sleep(0.01)
-    check(srv.metric("hesper_sequences_running") == 0, "a disconnect frees its sequence")
+    check(srv.metric_becomes("hesper_sequences_running", 0), "a disconnect frees its sequence")
     check(srv.metric("hesper_tokens_generated_total") < 4000, "the abandoned sequence stopped early")
 
 

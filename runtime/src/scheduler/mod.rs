@@ -3,8 +3,9 @@
 //! of prompts up to a token budget (so a long prompt does not stall the others), all in one
 //! pass over the weights ([`Model::step_async`]); attention runs per sequence over its own KV
 //! cache. Sequences join and leave between steps; a sequence whose receiver is gone (a client
-//! that disconnected) is dropped at the next step. Finished sequences leave their KV cache to
-//! the [`pool`]'s prefix cache.
+//! that disconnected) is dropped at the next step. KV memory is one pool of positions (`pool`): a
+//! sequence gets a session sized to what it needs, admission waits while the pool is full, and
+//! finished sequences leave their KV caches to its prefix cache.
 //!
 //! Each sequence has its own seeded sampler, and on the CPU a row's logits do not depend on
 //! the rows beside it, so a request's tokens are the same alone or among others.
@@ -35,6 +36,9 @@ pub struct SchedulerConfig {
     pub batch: usize,
     /// Finished sequences' sessions kept for their prefixes.
     pub keep_idle: usize,
+    /// KV positions of all sessions together (`None`: `n_ctx × parallel`); a sequence takes
+    /// what its prompt and token limit need, and admission waits while the pool lacks room.
+    pub kv_pool: Option<usize>,
     /// How KV caches are stored.
     pub attention: AttentionConfig,
 }
@@ -103,9 +107,9 @@ pub struct Gauges {
     pub queued: AtomicUsize,
     /// Sequences running.
     pub running: AtomicUsize,
-    /// KV positions held by running sequences and the prefix cache.
+    /// KV positions allocated to sessions: running sequences and the prefix cache.
     pub kv_positions: AtomicUsize,
-    /// KV positions the sessions could hold at most.
+    /// KV positions of the pool.
     pub kv_capacity: AtomicUsize,
     /// Steps run.
     pub steps: AtomicU64,
@@ -183,29 +187,35 @@ pub fn run<B: Backend>(
     let parallel = config.parallel.max(1);
     let batch = config.batch.max(parallel);
     let mut scratch = model.new_batch_scratch(batch, parallel)?;
-    let max_sessions = parallel + config.keep_idle;
-    let mut pool = Pool::new(model, max_sessions, config.n_ctx, config.attention.clone())?;
-    gauges
-        .kv_capacity
-        .store(max_sessions * config.n_ctx, Ordering::Relaxed);
+    let budget = config
+        .kv_pool
+        .unwrap_or(config.n_ctx.saturating_mul(parallel));
+    let mut pool = Pool::new(model, budget, config.n_ctx, config.attention.clone())?;
+    gauges.kv_capacity.store(pool.budget(), Ordering::Relaxed);
     let mut running: Vec<Seq<B>> = Vec::new();
+    // A job taken from the queue that waits for room in the pool (the queue stays in order).
+    let mut waiting: Option<Job> = None;
     loop {
         // Admit jobs while sequences are free; wait for one when nothing runs.
         while running.len() < parallel {
-            let job = if running.is_empty() {
-                match jobs.recv() {
+            let job = match waiting.take() {
+                Some(job) => job,
+                None if running.is_empty() => match jobs.recv() {
                     Ok(job) => job,
                     Err(_) => return Ok(()),
-                }
-            } else {
-                match jobs.try_recv() {
+                },
+                None => match jobs.try_recv() {
                     Ok(job) => job,
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
+                },
             };
-            gauges.queued.fetch_sub(1, Ordering::Relaxed);
-            if let Some(seq) = admit(model, &mut pool, config, job, gauges)? {
-                running.push(seq);
+            match admit(model, &mut pool, config, job, gauges)? {
+                Admission::Running(seq) => running.push(*seq),
+                Admission::Ended => {}
+                Admission::Wait(job) => {
+                    waiting = Some(job);
+                    break;
+                }
             }
         }
         // Clients that went away free their sequences (their caches stay for later prefixes).
@@ -228,23 +238,32 @@ pub fn run<B: Backend>(
         }
         pool.evict_to(config.keep_idle);
         gauges.running.store(running.len(), Ordering::Relaxed);
-        let held: usize = running.iter().map(|s| s.session.pos()).sum();
-        gauges
-            .kv_positions
-            .store(held + pool.cached_positions(), Ordering::Relaxed);
+        gauges.kv_positions.store(pool.held(), Ordering::Relaxed);
     }
 }
 
-/// Starts `job`'s sequence in a session from the pool, or refuses it with an event.
+/// What became of a job taken from the queue.
+enum Admission<B: Backend> {
+    /// Its sequence runs.
+    Running(Box<Seq<B>>),
+    /// It ended before running (refused, or its client went away).
+    Ended,
+    /// The pool lacks room until a running sequence finishes.
+    Wait(Job),
+}
+
+/// Starts `job`'s sequence in a session from the pool, refuses it with an event, or hands it
+/// back to wait for room.
 fn admit<B: Backend>(
     model: &Model<B>,
     pool: &mut Pool<B>,
     config: &SchedulerConfig,
     job: Job,
     gauges: &Gauges,
-) -> Result<Option<Seq<B>>, ModelError> {
+) -> Result<Admission<B>, ModelError> {
     if job.events.is_closed() {
-        return Ok(None);
+        gauges.queued.fetch_sub(1, Ordering::Relaxed);
+        return Ok(Admission::Ended);
     }
     if job.prompt.is_empty() || job.prompt.len() >= config.n_ctx {
         let why = format!(
@@ -254,11 +273,18 @@ fn admit<B: Backend>(
             config.n_ctx
         );
         let _ = job.events.send(JobEvent::Failed(why));
-        return Ok(None);
+        gauges.queued.fetch_sub(1, Ordering::Relaxed);
+        return Ok(Admission::Ended);
     }
-    let Some((session, cached)) = pool.take(model, &job.prompt, job.cache_prompt)? else {
-        unreachable!("fewer sequences run than the pool holds sessions");
+    let need = job
+        .prompt
+        .len()
+        .saturating_add(job.max_tokens)
+        .min(config.n_ctx);
+    let Some((session, cached)) = pool.take(model, &job.prompt, need, job.cache_prompt)? else {
+        return Ok(Admission::Wait(job));
     };
+    gauges.queued.fetch_sub(1, Ordering::Relaxed);
     let mut sampler = Sampler::new(job.sampling.clone());
     for &t in &job.prompt {
         sampler.accept(t);
@@ -269,13 +295,13 @@ fn admit<B: Backend>(
     let _ = job.events.send(JobEvent::Started {
         cached_tokens: cached,
     });
-    Ok(Some(Seq {
+    Ok(Admission::Running(Box::new(Seq {
         session,
         history: job.prompt.clone(),
         sampler,
         produced: 0,
         job,
-    }))
+    })))
 }
 
 /// Runs one step over `running`: one token of each generating sequence first, then prompt

@@ -1,11 +1,17 @@
-//! The sessions a scheduler runs sequences in, and the prefix cache they make: a finished
-//! sequence's session goes back to the pool with the tokens its KV cache holds, and a later
-//! request that starts with some of those tokens takes it and evaluates only the rest, whichever
-//! sequence computed them. Idle sessions are evicted least recently used first.
+//! The KV memory of a scheduler's sequences as one pool of positions, and the prefix cache it
+//! makes. A sequence gets a session sized to what it needs (its prompt and token limit, rounded
+//! up, at most the context), not a fixed share; sessions are made until the pool's positions are
+//! spent, and admission waits beyond that. A finished sequence's session goes back with the
+//! tokens its KV cache holds, and a later request that starts with some of those tokens takes
+//! it and evaluates only the rest, whichever sequence computed them. Idle sessions are evicted
+//! least recently used first, when their memory is needed or beyond a count.
 
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Model, ModelError, Session};
+
+/// Sessions are sized in steps of this many positions (so that they can be reused).
+const GRAIN: usize = 256;
 
 /// An idle session and the tokens its KV cache holds.
 struct Idle<B: Backend> {
@@ -13,22 +19,24 @@ struct Idle<B: Backend> {
     tokens: Vec<u32>,
 }
 
-/// Sessions for a scheduler's sequences: at most `max` alive, idle ones kept for their prefix.
+/// Sessions for a scheduler's sequences, within `budget` positions in all.
 pub(crate) struct Pool<B: Backend> {
+    /// Least recently used first.
     idle: Vec<Idle<B>>,
-    /// Sessions alive (running and idle).
-    alive: usize,
-    max: usize,
+    /// Positions of the sessions alive (running and idle).
+    held: usize,
+    budget: usize,
     n_ctx: usize,
     attention: AttentionConfig,
 }
 
 impl<B: Backend> Pool<B> {
-    /// A pool of at most `max` sessions of `n_ctx` positions each, holding one already (so a
-    /// context or KV type that cannot be held is refused before any request).
+    /// A pool of `budget` positions (at least one context's) for sessions of at most `n_ctx`
+    /// positions. One session of `n_ctx` is made now, so a context or KV type that cannot be
+    /// held is refused before any request.
     pub(crate) fn new(
         model: &Model<B>,
-        max: usize,
+        budget: usize,
         n_ctx: usize,
         attention: AttentionConfig,
     ) -> Result<Self, ModelError> {
@@ -38,50 +46,65 @@ impl<B: Backend> Pool<B> {
                 session: first,
                 tokens: Vec::new(),
             }],
-            alive: 1,
-            max: max.max(1),
+            held: n_ctx,
+            budget: budget.max(n_ctx),
             n_ctx,
             attention,
         })
     }
 
-    /// A session for `prompt`, and how many of its first tokens the session holds already
-    /// (never all: the last one is evaluated for its logits). With `reuse` off nothing is
-    /// reused. The idle session sharing the longest prefix is taken; without one, an idle
-    /// session holding nothing, a new session while fewer than `max` are alive, else the least
-    /// recently used idle one.
-    /// `None` when every session is running.
+    /// The positions a sequence of `need` positions is given.
+    pub(crate) fn size_for(&self, need: usize) -> usize {
+        need.div_ceil(GRAIN)
+            .saturating_mul(GRAIN)
+            .clamp(1, self.n_ctx)
+    }
+
+    /// A session of at least `need` positions for `prompt`, and how many of its first tokens
+    /// it holds already (never all: the last one is evaluated for its logits; none with `reuse`
+    /// off). In order: the idle session large enough that shares the longest prefix; one
+    /// large enough that holds nothing, or the least recently used large enough; a new one,
+    /// evicting idle sessions while the pool lacks room. `None`: the running sessions hold too
+    /// much of the pool; wait for one to finish.
     pub(crate) fn take(
         &mut self,
         model: &Model<B>,
         prompt: &[u32],
+        need: usize,
         reuse: bool,
     ) -> Result<Option<(Session<B>, usize)>, ModelError> {
+        let fits = |s: &Idle<B>| s.session.n_ctx() >= need;
         let best = self
             .idle
             .iter()
             .enumerate()
+            .filter(|(_, s)| reuse && fits(s))
             .map(|(i, s)| (i, common_prefix(&s.tokens, prompt).min(prompt.len() - 1)))
-            .filter(|&(_, n)| reuse && n > 0)
+            .filter(|&(_, n)| n > 0)
             .max_by_key(|&(i, n)| (n, i));
         if let Some((i, n)) = best {
             let mut s = self.idle.remove(i).session;
             s.truncate(n);
             return Ok(Some((s, n)));
         }
-        if let Some(i) = self.idle.iter().position(|s| s.tokens.is_empty()) {
-            return Ok(Some((self.idle.remove(i).session, 0)));
-        }
-        if self.alive < self.max {
-            let s = model.new_session_with(self.n_ctx, 1, &self.attention)?;
-            self.alive += 1;
+        let empty = self
+            .idle
+            .iter()
+            .position(|s| fits(s) && s.tokens.is_empty());
+        if let Some(i) = empty.or_else(|| self.idle.iter().position(fits)) {
+            let mut s = self.idle.remove(i).session;
+            s.truncate(0);
             return Ok(Some((s, 0)));
         }
-        if self.idle.is_empty() {
+        let size = self.size_for(need);
+        while self.held + size > self.budget && !self.idle.is_empty() {
+            self.evict_oldest();
+        }
+        if self.held + size > self.budget {
             return Ok(None);
         }
-        let mut s = self.idle.remove(0).session;
-        s.truncate(0);
+        let s = model.new_session_with(size, 1, &self.attention)?;
+        self.held += size;
         Ok(Some((s, 0)))
     }
 
@@ -92,21 +115,29 @@ impl<B: Backend> Pool<B> {
 
     /// Drops a session that must not be reused (its step failed).
     pub(crate) fn forget(&mut self, session: Session<B>) {
-        drop(session);
-        self.alive -= 1;
+        self.held -= session.n_ctx();
     }
 
     /// Drops idle sessions beyond `keep`, least recently used first (their memory is freed).
     pub(crate) fn evict_to(&mut self, keep: usize) {
         while self.idle.len() > keep {
-            self.idle.remove(0);
-            self.alive -= 1;
+            self.evict_oldest();
         }
     }
 
-    /// Positions the idle sessions hold.
-    pub(crate) fn cached_positions(&self) -> usize {
-        self.idle.iter().map(|s| s.tokens.len()).sum()
+    fn evict_oldest(&mut self) {
+        let s = self.idle.remove(0);
+        self.held -= s.session.n_ctx();
+    }
+
+    /// Positions allocated to sessions, running and idle.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The pool's positions.
+    pub(crate) fn budget(&self) -> usize {
+        self.budget
     }
 }
 
