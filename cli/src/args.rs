@@ -56,6 +56,17 @@ pub enum BackendChoice {
     Gpu,
 }
 
+impl BackendChoice {
+    /// The flag's spelling of this choice.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Cpu => "cpu",
+            Self::Gpu => "gpu",
+        }
+    }
+}
+
 impl From<BackendChoice> for hesper_runtime::load::BackendChoice {
     fn from(b: BackendChoice) -> Self {
         match b {
@@ -105,6 +116,19 @@ pub struct ModelArgs {
     /// `neon-dotprod` (to compare them, or to work around one).
     #[arg(long = "cpu-kernels", value_name = "NAME", value_parser = parse_isa)]
     pub cpu_kernels: Option<Isa>,
+    /// llama.cpp's layer offload count (also -ngl): accepted for its scripts; every layer runs
+    /// on the backend --backend picks (a ring, `hesper-rs node`, splits layers).
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "gpu-layers",
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
+    pub n_gpu_layers: Option<i64>,
+    /// llama.cpp's flash attention switch (also -fa): accepted for its scripts; each backend has
+    /// one attention implementation, so it changes nothing.
+    #[arg(long = "flash-attn", value_name = "on|off|auto", num_args = 0..=1, default_missing_value = "on")]
+    pub flash_attn: Option<String>,
 }
 
 /// `--cpu-kernels NAME`, naming the choices on a typo.
@@ -137,6 +161,16 @@ impl ModelArgs {
         match self.threads {
             None | Some(0) => cores,
             Some(t) => t.min(cores * MAX_THREADS_PER_CORE),
+        }
+    }
+
+    /// Says on stderr what llama.cpp's -ngl and -fa mean here, when given.
+    pub fn note_llama_flags(&self) {
+        if let Some(n) = self.n_gpu_layers {
+            note!("hesper: -ngl {n}: every layer runs on the backend --backend picks (now {}); to split layers use a ring (`hesper-rs node`)", self.backend.flag());
+        }
+        if let Some(fa) = &self.flash_attn {
+            note!("hesper: -fa {fa}: hesper-rs has one attention implementation per backend; this changes nothing");
         }
     }
 
@@ -194,7 +228,15 @@ impl ContextArgs {
 
 /// llama.cpp's flags of several letters after one dash, which clap would read as short flags
 /// with a value (`-np 4` as `-n p`), in their long spelling.
-const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-np", "--parallel")];
+const LLAMA_SPELLINGS: &[(&str, &str)] = &[
+    ("-np", "--parallel"),
+    ("-sys", "--system-prompt"),
+    ("-cnv", "--conversation"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-ngl", "--n-gpu-layers"),
+    ("-fa", "--flash-attn"),
+];
 
 /// The command line with llama.cpp's several-letter flags ([`LLAMA_SPELLINGS`]) rewritten.
 pub fn llama_spellings(

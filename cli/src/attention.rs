@@ -16,6 +16,16 @@ pub enum KvTypeArg {
     F16,
 }
 
+impl KvTypeArg {
+    /// The value's spelling.
+    fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        }
+    }
+}
+
 /// `--attn` values.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnMode {
@@ -38,9 +48,15 @@ pub enum Switch {
 /// Flags of the KV cache and of attention.
 #[derive(Args, Debug, Clone)]
 pub struct AttentionArgs {
-    /// KV cache element type (like llama.cpp's -ctk/-ctv, for both): f16 halves KV memory.
-    #[arg(long = "kv-type", value_enum, default_value = "f32")]
-    pub kv_type: KvTypeArg,
+    /// KV cache element type (keys and values): f16 halves KV memory [default: f32].
+    #[arg(long = "kv-type", value_enum)]
+    pub kv_type: Option<KvTypeArg>,
+    /// llama.cpp's key cache type (also -ctk); keys and values share one type here.
+    #[arg(long = "cache-type-k", value_enum, value_name = "TYPE")]
+    pub cache_type_k: Option<KvTypeArg>,
+    /// llama.cpp's value cache type (also -ctv); keys and values share one type here.
+    #[arg(long = "cache-type-v", value_enum, value_name = "TYPE")]
+    pub cache_type_v: Option<KvTypeArg>,
     /// Attention: dense (every earlier position) or sparse (opt-in approximation).
     #[arg(long = "attn", value_enum, default_value = "dense")]
     pub attn: AttnMode,
@@ -62,10 +78,31 @@ pub struct AttentionArgs {
 }
 
 impl AttentionArgs {
+    /// The one KV type that --kv-type, -ctk and -ctv name (f32 when none does).
+    fn kv_type(&self) -> Result<KvTypeArg> {
+        let given = [
+            ("--kv-type", self.kv_type),
+            ("-ctk/--cache-type-k", self.cache_type_k),
+            ("-ctv/--cache-type-v", self.cache_type_v),
+        ];
+        let mut named = given.iter().filter_map(|(flag, t)| t.map(|t| (flag, t)));
+        let Some((first_flag, first)) = named.next() else {
+            return Ok(KvTypeArg::F32);
+        };
+        if let Some((flag, other)) = named.find(|(_, t)| *t != first) {
+            bail!(
+                "{first_flag} {} and {flag} {}: keys and values share one cache type here",
+                first.name(),
+                other.name()
+            );
+        }
+        Ok(first)
+    }
+
     /// The configuration the flags name; a sparse-only flag without `--attn sparse`, a zero
     /// window or block, or an unreadable list of globals is an error naming the flag.
     pub fn config(&self) -> Result<AttentionConfig> {
-        let kv_type = match self.kv_type {
+        let kv_type = match self.kv_type()? {
             KvTypeArg::F32 => KvType::F32,
             KvTypeArg::F16 => KvType::F16,
         };

@@ -35,6 +35,14 @@ pub struct GenerateArgs {
     /// Prompt text (default "Once upon a time"); with --chat, the first message.
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
+    /// Read the prompt from a file instead of -p.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "prompt"
+    )]
+    pub file: Option<PathBuf>,
     /// Tokens to generate (-1 = until end of text or a full context that does not shift; -2 =
     /// until end of text or a full context, shifting or not).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
@@ -42,8 +50,8 @@ pub struct GenerateArgs {
     /// Interactive chat using the model's chat template (also `hesper-rs chat`).
     #[arg(long = "chat", visible_alias = "conversation", short_alias = 'i')]
     pub chat: bool,
-    /// System prompt for --chat.
-    #[arg(long = "system-prompt", short = 's', value_name = "TEXT")]
+    /// System prompt for --chat (also -sys).
+    #[arg(long = "system-prompt", value_name = "TEXT")]
     system_prompt: Option<String>,
     /// A Jinja chat template for --chat instead of the file's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file", value_name = "FILE")]
@@ -81,7 +89,12 @@ pub struct GenerateArgs {
     )]
     presence_penalty: f32,
     /// Random seed (default or -1: from the clock); the same seed gives the same text.
-    #[arg(long = "seed", short = 'S', allow_negative_numbers = true)]
+    #[arg(
+        long = "seed",
+        short = 's',
+        short_alias = 'S',
+        allow_negative_numbers = true
+    )]
     seed: Option<Seed>,
     /// When the context is full: stop (`none`), or shift it (`sinks`): keep the first --keep
     /// positions, discard half of the rest and go on, later keys rotated to their new
@@ -124,6 +137,16 @@ impl FromStr for Seed {
 }
 
 impl GenerateArgs {
+    /// Reads `-f FILE` into the prompt (as -p would give it).
+    pub fn read_prompt_file(&mut self) -> Result<()> {
+        if let Some(path) = &self.file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("-f/--file {}: cannot read it as text", path.display()))?;
+            self.prompt = Some(text);
+        }
+        Ok(())
+    }
+
     /// These flags with `--chat` on (`hesper-rs chat`).
     pub fn into_chat(self) -> Self {
         Self { chat: true, ..self }
@@ -138,7 +161,7 @@ impl GenerateArgs {
             );
         }
         if self.system_prompt.is_some() && !self.chat {
-            bail!("-s/--system-prompt applies to --chat (a plain prompt has no chat template)");
+            bail!("-sys/--system-prompt applies to --chat (a plain prompt has no chat template)");
         }
         if self.chat_template_file.is_some() && !self.chat {
             bail!("--chat-template-file applies to --chat (a plain prompt has no chat template)");
@@ -193,8 +216,9 @@ impl GenerateArgs {
 }
 
 /// Runs `generate`.
-pub fn run(args: GenerateArgs) -> Result<()> {
+pub fn run(mut args: GenerateArgs) -> Result<()> {
     args.check()?;
+    args.read_prompt_file()?;
     // Bad sampling flags fail before a model is loaded.
     let sampler = settings::sampler(args.sampling())?;
     let loaded = load(&args.model, None)?;

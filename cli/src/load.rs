@@ -48,6 +48,7 @@ pub fn open_file(args: &ModelArgs) -> Result<Arc<ModelFile>> {
 pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
     let start = Instant::now();
     args.note_thread_cap();
+    args.note_llama_flags();
     let file = open_file(args)?;
     let tokenizer = args
         .tokenizer(file.header())

@@ -31,7 +31,7 @@ pub struct LogitsArgs {
     /// Text to tokenize instead of --tokens (BOS added as the model asks).
     #[arg(short = 'p', long = "prompt", conflicts_with = "tokens")]
     prompt: Option<String>,
-    /// Output file: float32 little-endian, [n_tokens][n_vocab]; written whole or not at all
+    /// Output file (`-`: standard output): float32 little-endian, [n_tokens][n_vocab]; written whole or not at all
     /// (a failed run leaves an existing file as it was), never over the model.
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     out: PathBuf,

@@ -23,6 +23,9 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print no notes on stderr (loading, timings, warnings); errors still print.
+    #[arg(long = "log-disable", global = true)]
+    log_disable: bool,
 }
 
 #[derive(Subcommand)]
@@ -51,6 +54,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return report::usage_error(e),
     };
+    if cli.log_disable {
+        report::QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => generate::run(a.into_chat()),

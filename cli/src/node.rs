@@ -257,11 +257,15 @@ fn resolve(flag: &str, addr: &str) -> Result<SocketAddr> {
 }
 
 /// Runs `node`.
-pub fn run(args: NodeArgs) -> Result<()> {
+pub fn run(mut args: NodeArgs) -> Result<()> {
     let layers = args.layers()?;
     // Address and flag mistakes fail before a model is loaded.
     args.listen()?;
     args.next()?;
+    if args.role != Role::Master && args.generate.file.is_some() {
+        bail!("-f/--file applies to --role master (a worker only runs its layers)");
+    }
+    args.generate.read_prompt_file()?;
     let g = &args.generate;
     if args.role != Role::Master {
         if g.prompt.is_some() || g.chat {

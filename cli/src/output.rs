@@ -21,9 +21,33 @@ pub struct OutputFile {
 }
 
 impl OutputFile {
+    /// Standard output (`-o -`), written directly.
+    #[cfg(unix)]
+    fn stdout() -> Result<Self> {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("cannot write to standard output")?;
+        Ok(Self {
+            dest: PathBuf::from("-"),
+            tmp: None,
+            writer: Some(BufWriter::with_capacity(1 << 20, File::from(fd))),
+        })
+    }
+
+    /// Standard output (`-o -`): not on this platform.
+    #[cfg(not(unix))]
+    fn stdout() -> Result<Self> {
+        bail!("-o -: writing to standard output needs a Unix system here; name a file")
+    }
+
     /// Starts writing `dest` (refused where it is the same file as one of `inputs`, or a
     /// folder).
     pub fn create(dest: &Path, inputs: &[&Path]) -> Result<Self> {
+        if dest == Path::new("-") {
+            return Self::stdout();
+        }
         if let Some(input) = inputs.iter().find(|i| same_file(dest, i)) {
             if *input == dest {
                 bail!("refusing to write {}: this run reads it", dest.display());

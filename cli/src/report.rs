@@ -4,16 +4,23 @@
 
 use std::io::ErrorKind;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+
+/// Whether notes are off (`--log-disable`); errors are printed all the same.
+pub static QUIET: AtomicBool = AtomicBool::new(false);
 
 /// Exit code of a process whose output pipe was closed by its reader (128 + SIGPIPE), as
 /// `yes | head -1` leaves it.
 const BROKEN_PIPE_EXIT: u8 = 141;
 
-/// Prints a line on stderr; a closed or failing stderr is ignored (notes are not results).
+/// Prints a line on stderr unless `--log-disable` turned notes off; a closed or failing
+/// stderr is ignored (notes are not results).
 macro_rules! note {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        if !$crate::report::QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = writeln!(std::io::stderr(), $($arg)*);
+        }
     }};
 }
 pub(crate) use note;
@@ -22,9 +29,11 @@ pub(crate) use note;
 macro_rules! note_inline {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let mut err = std::io::stderr();
-        let _ = write!(err, $($arg)*);
-        let _ = err.flush();
+        if !$crate::report::QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut err = std::io::stderr();
+            let _ = write!(err, $($arg)*);
+            let _ = err.flush();
+        }
     }};
 }
 pub(crate) use note_inline;
@@ -35,7 +44,8 @@ pub fn failure(e: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(e) {
         return ExitCode::from(BROKEN_PIPE_EXIT);
     }
-    note!("error: {}", one_line(e));
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "error: {}", one_line(e));
     ExitCode::FAILURE
 }
 

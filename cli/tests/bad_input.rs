@@ -277,7 +277,7 @@ fn odd_but_valid_flags_give_the_same_answer() {
 
 #[test]
 fn meaningless_values_are_refused() {
-    let rows: [(&[&str], &str); 16] = [
+    let rows: [(&[&str], &str); 18] = [
         (&["generate", "--attn-window", "8"], "add --attn sparse"),
         (
             &["generate", "--attn", "sparse", "--attn-block", "0"],
@@ -324,7 +324,12 @@ fn meaningless_values_are_refused() {
         (&["generate", "--temp", "nan"], "--temp NaN"),
         (&["generate", "--top-p", "2"], "--top-p 2"),
         (&["generate", "-n", "-3"], "-n/--n-predict -3"),
-        (&["generate", "-s", "Be brief"], "applies to --chat"),
+        (&["generate", "-sys", "Be brief"], "applies to --chat"),
+        (&["generate", "-s", "Be brief"], "--seed"),
+        (
+            &["generate", "-ctk", "f16", "-ctv", "f32"],
+            "share one cache type",
+        ),
         (
             &["logits", "--tokens", "1,,2", "-o", "/dev/null"],
             "item 2 is empty",

@@ -384,3 +384,70 @@ fn gpu_bench_reports_its_roofline_and_kernels() {
         assert!((share - expect).abs() <= 1e-12, "{k:?}");
     }
 }
+
+/// llama.cpp's spellings mean what they mean there: `-s` the seed (`-S` too), `-sys` the system
+/// prompt, `-f` a prompt file, `-ctk`/`-ctv` the KV type, `-ngl` and `-fa` accepted with a
+/// note, `--log-disable` silences notes, `logits -o -` writes to standard output.
+#[test]
+fn llama_cpp_spellings_mean_what_they_mean_there() {
+    let gen = |extra: &[&str]| {
+        let mut args = vec!["generate", "--backend", "cpu", "-n", "8"];
+        args.extend(extra);
+        hesper(&args)
+    };
+    let seeded = gen(&["-p", "Once upon a time", "--seed", "7"]);
+    assert!(seeded.status.success(), "{}", stderr(&seeded));
+    assert_eq!(
+        gen(&["-p", "Once upon a time", "-s", "7"]).stdout,
+        seeded.stdout
+    );
+    assert_eq!(
+        gen(&["-p", "Once upon a time", "-S", "7"]).stdout,
+        seeded.stdout
+    );
+    let prompt = std::env::temp_dir().join(format!("hesper-prompt-{}.txt", std::process::id()));
+    std::fs::write(&prompt, "Once upon a time").unwrap();
+    let from_file = gen(&["-f", prompt.to_str().unwrap(), "-s", "7"]);
+    std::fs::remove_file(&prompt).unwrap();
+    assert_eq!(from_file.stdout, seeded.stdout, "{}", stderr(&from_file));
+
+    let greedy = |extra: &[&str]| {
+        let mut args = vec!["-p", "And it came to pass", "--temp", "0"];
+        args.extend(extra);
+        gen(&args)
+    };
+    let f16 = greedy(&["--kv-type", "f16"]);
+    assert_eq!(greedy(&["-ctk", "f16", "-ctv", "f16"]).stdout, f16.stdout);
+    let noted = greedy(&["-ngl", "99", "-fa"]);
+    assert_eq!(noted.stdout, greedy(&[]).stdout, "{}", stderr(&noted));
+    let err = stderr(&noted);
+    assert!(
+        err.contains("-ngl 99: every layer runs on the backend") && err.contains("-fa on"),
+        "{err}"
+    );
+    let quiet = greedy(&["--log-disable"]);
+    assert_eq!(quiet.stdout, greedy(&[]).stdout);
+    assert_eq!(stderr(&quiet), "", "--log-disable prints no notes");
+
+    let chat = hesper(&[
+        "chat",
+        "--backend",
+        "cpu",
+        "-sys",
+        "Be brief",
+        "-p",
+        "Hi",
+        "-n",
+        "2",
+    ]);
+    assert!(chat.status.success(), "{}", stderr(&chat));
+
+    let file = std::env::temp_dir().join(format!("hesper-logits-o-{}.f32", std::process::id()));
+    let logits = |out: &str| hesper(&["logits", "--backend", "cpu", "-p", "Hello", "-o", out]);
+    let to_file = logits(file.to_str().unwrap());
+    assert!(to_file.status.success(), "{}", stderr(&to_file));
+    let to_stdout = logits("-");
+    assert!(to_stdout.status.success(), "{}", stderr(&to_stdout));
+    assert_eq!(to_stdout.stdout, std::fs::read(&file).unwrap());
+    std::fs::remove_file(&file).unwrap();
+}
