@@ -101,7 +101,6 @@ struct Plan {
 async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError> {
     let ready = state.ready()?;
     let b: CompletionBody = parse(&read_body(state, body).await?)?;
-    let tok = &ready.tok;
     let prompts = match kind {
         Kind::Chat => vec![chat_prompt(&ready, &b)?],
         Kind::Text => text_prompts(&ready, &b)?,
@@ -146,7 +145,6 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
         unix_time(),
         NEXT_ID.fetch_add(1, Ordering::Relaxed)
     );
-    let _ = tok;
     Ok(Plan {
         kind,
         id,

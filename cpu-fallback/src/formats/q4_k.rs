@@ -114,6 +114,20 @@ impl Packed {
 /// [`scalar::q4_k_dot`] on the row.
 #[inline]
 pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; ROWS]; T] {
+    k_rows16_dot::<false, T>(isa, block, p, Q4K::row_bytes, scalar::q4_k_dot)
+}
+
+/// [`rows16_dot`] of Q4_K (`FIVE` false) or Q5_K (`FIVE` true), which share one interleaved
+/// layout and kernel; `row_bytes` and `dot` are the type's row size and scalar kernel (the
+/// reference where the instruction set has no interleaved kernel).
+#[inline]
+pub(super) fn k_rows16_dot<const FIVE: bool, const T: usize>(
+    isa: Isa,
+    block: &[u8],
+    p: &Packed,
+    row_bytes: fn(usize) -> usize,
+    dot: fn(&[u8], &[Q8KBlock]) -> f32,
+) -> [[f32; ROWS]; T] {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512Vnni` is chosen only when the CPU reports AVX-512 F, BW, VL and VNNI
@@ -121,17 +135,14 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
         // shapes before reading.
         Isa::Avx512Vnni => unsafe {
             let (xq, bsum, d) = p.parts::<T>();
-            interleaved_q4_k::k_rows16_vnni512::<false, T>(block, xq, bsum, d)
+            interleaved_q4_k::k_rows16_vnni512::<FIVE, T>(block, xq, bsum, d)
         },
         _ => {
             // The reference: each row taken back out of the block.
-            let cols = block.len() / crate::interleave_q4_k::block_bytes(false) * 256;
-            let row_bytes = Q4K::row_bytes(cols);
+            let cols = block.len() / crate::interleave_q4_k::block_bytes(FIVE) * 256;
             let acts: Vec<_> = (0..T).map(|t| p.token(t)).collect();
-            let row = |l, row: &mut [u8]| crate::interleave_q4_k::row::<false>(block, cols, l, row);
-            super::rows16_reference::<_, T>(row_bytes, &acts, row, |row, a| {
-                scalar::q4_k_dot(row, a)
-            })
+            let row = |l, row: &mut [u8]| crate::interleave_q4_k::row::<FIVE>(block, cols, l, row);
+            super::rows16_reference::<_, T>(row_bytes(cols), &acts, row, |row, a| dot(row, a))
         }
     }
 }

@@ -8,7 +8,7 @@ use super::q4_k::Packed;
 use super::{ActivationKind, CpuLayout};
 use crate::interleave::ROWS;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::{avx2, interleaved_q4_k};
+use crate::kernels::avx2;
 use crate::kernels::{scalar, Isa};
 use crate::quant::{quantize_q8_k, Q8KBlock};
 
@@ -45,24 +45,5 @@ impl CpuLayout for Q5K {
 /// equal bit for bit to [`scalar::q5_k_dot`] on the row.
 #[inline]
 pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; ROWS]; T] {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx512Vnni` is chosen only when the CPU reports AVX-512 F, BW, VL and VNNI
-        // (`Isa::detect`; `CpuBackend::with_isa` refuses it otherwise); the kernel asserts the
-        // shapes before reading.
-        Isa::Avx512Vnni => unsafe {
-            let (xq, bsum, d) = p.parts::<T>();
-            interleaved_q4_k::k_rows16_vnni512::<true, T>(block, xq, bsum, d)
-        },
-        _ => {
-            // The reference: each row taken back out of the block.
-            let cols = block.len() / crate::interleave_q4_k::block_bytes(true) * 256;
-            let row_bytes = Q5K::row_bytes(cols);
-            let acts: Vec<_> = (0..T).map(|t| p.token(t)).collect();
-            let row = |l, row: &mut [u8]| crate::interleave_q4_k::row::<true>(block, cols, l, row);
-            super::rows16_reference::<_, T>(row_bytes, &acts, row, |row, a| {
-                scalar::q5_k_dot(row, a)
-            })
-        }
-    }
+    super::q4_k::k_rows16_dot::<true, T>(isa, block, p, Q5K::row_bytes, scalar::q5_k_dot)
 }
