@@ -88,6 +88,14 @@ pub struct ModelArgs {
         value_name = "FILE"
     )]
     pub gguf: Option<PathBuf>,
+    /// A model on the Hugging Face Hub (also -hf, -hfr), downloaded into its cache on first
+    /// use: `owner/name` (its only GGUF file, else the Q4_K_M one), `owner/name:QUANT` or
+    /// `owner/name:FILE.gguf` (as `hesper-rs pull`).
+    #[arg(long = "hf-repo", value_name = "REPO[:QUANT]", conflicts_with = "gguf")]
+    pub hf_repo: Option<String>,
+    /// The file of --hf-repo to use (also -hff), instead of :QUANT.
+    #[arg(long = "hf-file", value_name = "FILE", requires = "hf_repo")]
+    pub hf_file: Option<String>,
     /// LM head storage: `exact` (as in the file), `q8_0` or `q6_k` (re-quantized at load: 53 % or
     /// 41 % of an F16 head's bytes per token, at a small quality cost measured in BENCHMARKS.md;
     /// q6_k runs on the CPU backend only).
@@ -236,6 +244,9 @@ const LLAMA_SPELLINGS: &[(&str, &str)] = &[
     ("-ctv", "--cache-type-v"),
     ("-ngl", "--n-gpu-layers"),
     ("-fa", "--flash-attn"),
+    ("-hf", "--hf-repo"),
+    ("-hfr", "--hf-repo"),
+    ("-hff", "--hf-file"),
 ];
 
 /// The command line with llama.cpp's several-letter flags ([`LLAMA_SPELLINGS`]) rewritten.

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use hesper_engine::backend::Backend;
-use hesper_engine::chat::ChatTemplate;
+use hesper_engine::chat::{ChatTemplate, TemplateOrigin};
 use hesper_engine::gguf::Gguf;
 use hesper_engine::model::Model;
 use hesper_engine::sampler::{Sampler, SamplerConfig};
@@ -21,6 +21,9 @@ use hesper_runtime::{complete, run_model, Evaluator, Event, Flow, Local, Runtime
 use crate::args::{ContextArgs, ModelArgs};
 use crate::load::load;
 use crate::report::{note, note_inline};
+
+/// Most tokens of a chat reply when `-n` is not given.
+const CHAT_REPLY_TOKENS: usize = 512;
 
 /// The prompt when `-p` is not given (and `--chat` is off).
 const DEFAULT_PROMPT: &str = "Once upon a time";
@@ -43,8 +46,9 @@ pub struct GenerateArgs {
         conflicts_with = "prompt"
     )]
     pub file: Option<PathBuf>,
-    /// Tokens to generate (-1 = until end of text or a full context that does not shift; -2 =
-    /// until end of text or a full context, shifting or not).
+    /// Tokens to generate (-1 = until end of text or a full context that does not shift, and
+    /// in chat until the end of the turn or 512 tokens, a quarter of the context at most;
+    /// -2 = until end of text or a full context, shifting or not).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
     /// Interactive chat using the model's chat template (also `hesper-rs chat`).
@@ -190,6 +194,15 @@ impl GenerateArgs {
         })
     }
 
+    /// Most tokens per chat reply: `-n`, or for -1 [`CHAT_REPLY_TOKENS`] (a quarter of the
+    /// context at most), so a model that never ends its turn hands it back.
+    fn chat_reply_limit(&self, n_ctx: usize) -> i64 {
+        match self.n_predict {
+            -1 => CHAT_REPLY_TOKENS.min(n_ctx / 4).max(1) as i64,
+            n => n,
+        }
+    }
+
     /// Positions kept when the context shifts, `None` when it does not.
     pub fn shift_keep(&self) -> Option<usize> {
         (self.context_shift == ContextShift::Sinks).then(|| self.keep.unwrap_or(4))
@@ -284,13 +297,17 @@ pub fn drive<E: Evaluator>(
     if args.chat {
         let template = args.chat_template(header, tok)?;
         banner();
-        note!("hesper: chat template: {}", template.origin());
+        if *template.origin() != TemplateOrigin::PlainText {
+            note!("hesper: chat template: {}", template.origin());
+        } else {
+            note!("hesper: this model names no chat format, so none is forced on it: each line you type goes on from the text so far, and the model goes on from it (--chat-template-file gives one)");
+        }
         let mut cx = ChatContext {
             eval,
             tok,
             template: &template,
             sampler: &mut sampler,
-            n_predict: args.n_predict,
+            n_predict: args.chat_reply_limit(n_ctx),
             stats: &mut stats,
         };
         chat(args, &mut cx)?;
@@ -330,8 +347,11 @@ fn print_event(e: Event<'_>) -> Result<Flow, RuntimeError> {
             out.flush()?;
         }
         Event::ContextFull { n_ctx } => note!("\nhesper: context full ({n_ctx} tokens)"),
+        Event::Trimmed { kept: 0, n_ctx } => note!(
+            "hesper: the conversation outgrew the context ({n_ctx} tokens); it starts over from this message"
+        ),
         Event::Trimmed { kept, n_ctx } => note!(
-            "hesper: the conversation outgrew the context ({n_ctx} tokens); it goes on from its {kept} latest turn(s)"
+            "hesper: the conversation outgrew the context ({n_ctx} tokens); it goes on from its {kept} latest turns"
         ),
         Event::Refused { tokens, n_ctx } => note!(
             "hesper: this message is {tokens} tokens, too long for the context ({n_ctx} tokens, an answer needs room too); not sent (raise -c/--ctx-size)"

@@ -34,6 +34,10 @@ pub struct Loaded {
 
 /// Opens the file named by `args` (or the built-in model) without building a model.
 pub fn open_file(args: &ModelArgs) -> Result<Arc<ModelFile>> {
+    if let Some(repo) = &args.hf_repo {
+        let path = crate::pull::model_path(repo, args.hf_file.as_deref())?;
+        return Ok(ModelFile::open(&path)?);
+    }
     match &args.gguf {
         Some(path) => Ok(ModelFile::open(path)?),
         None => Ok(ModelFile::from_bytes(

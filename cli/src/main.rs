@@ -10,6 +10,7 @@ mod logits;
 mod node;
 mod output;
 mod perplexity;
+mod pull;
 mod report;
 mod serve;
 
@@ -44,6 +45,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run as one node of a ring that splits a model layer-wise across processes or machines.
     Node(Box<node::NodeArgs>),
+    /// Download a GGUF model from the Hugging Face Hub into its cache and print its path.
+    Pull(pull::PullArgs),
     /// Serve the model over HTTP: OpenAI's chat and completion API (llama-server's endpoints),
     /// many requests batched together.
     Serve(Box<serve::ServeArgs>),
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Node(a) => node::run(*a),
         Command::Serve(a) => serve::run(*a),
+        Command::Pull(a) => pull::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -239,6 +239,27 @@ fn chat_answers_each_turn_until_eof() {
     assert!(err.contains("prompt eval time"), "{err}");
 }
 
+/// A model that names no chat format (the built-in one) is not forced into one: `chat` says so,
+/// each reply goes on from the message as `generate` would (in whole words, not the middle of
+/// a word after a `User: …Assistant: ` frame it never saw), and without -n a reply ends within
+/// a quarter of the context.
+#[test]
+fn the_built_in_model_chats_in_plain_text() {
+    let message = "Who is the LORD?";
+    let chat = support::run(&["chat", "--temp", "0"], Some(format!("{message}\n").as_bytes()));
+    let err = stderr(&chat);
+    assert!(chat.status.success(), "{err}");
+    assert!(err.contains("names no chat format"), "{err}");
+    assert!(!err.contains("outgrew"), "{err}");
+    // The built-in model's context is 256 tokens: a reply of 64 at most.
+    let gen = hesper(&["generate", "--temp", "0", "-n", "64", "-p", message]);
+    let continued = String::from_utf8_lossy(&gen.stdout);
+    let reply = String::from_utf8_lossy(&chat.stdout);
+    assert_eq!(reply.as_ref(), continued.strip_prefix(message).unwrap());
+    let first = reply.chars().next().expect("a reply");
+    assert!(!first.is_alphanumeric(), "the reply glues onto the message: {reply:?}");
+}
+
 /// `--chat-template-file` replaces the file's template: `chat` names it, a message the template
 /// refuses is not sent and the chat goes on, a template that does not parse is one line.
 #[test]

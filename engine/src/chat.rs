@@ -4,10 +4,12 @@
 //! Which template a file gets ([`ChatTemplate::from_gguf`]):
 //!
 //! * the file's `tokenizer.chat_template`, except bitnet.cpp's placeholder: its converter writes
-//!   `Human: … BITNETAssistant:` into every BitNet file, while BitNet b1.58 2B4T was trained with
-//!   `Role: content<|eot_id|>` turns and an `Assistant: ` generation prompt;
-//! * without one (or with the placeholder): that trained BitNet format for a `bitnet*`
-//!   architecture, else ChatML, llama.cpp's default.
+//!   `Human: … BITNETAssistant:` into every BitNet file (the official 2B4T GGUF among them),
+//!   while BitNet b1.58 2B4T was trained with `Role: content<|eot_id|>` turns and an
+//!   `Assistant: ` generation prompt, so the placeholder stands for that trained format;
+//! * without one: no chat format is forced on a model that was never taught one (a base model,
+//!   the built-in one): the turns are plain text, each message going on from the text before
+//!   on a new line and each answer going on from the message.
 //!
 //! The environment is transformers': blocks trimmed (`trim_blocks`, `lstrip_blocks`), `break` and
 //! `continue`, `raise_exception(message)`, `strftime_now(format)`, Python's `str`/`dict` methods
@@ -32,10 +34,10 @@ pub const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 const BITNET_TEMPLATE: &str = "{% for message in messages %}{{ message.role | capitalize }}: \
 {{ message.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}Assistant: {% endif %}";
 
-/// ChatML, llama.cpp's template for a file that names none.
-const CHATML_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
-{{ message.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
-{% endif %}";
+/// Plain text for a file that names no template: the messages one after another, each
+/// message on a new line and each answer going on from its message.
+const PLAIN_TEXT_TEMPLATE: &str = "{% for message in messages %}{% if not loop.first and \
+message.role != 'assistant' %}{{ '\\n' }}{% endif %}{{ message.content }}{% endfor %}";
 
 /// The text bitnet.cpp's converter puts in every BitNet file's template.
 const BITNET_PLACEHOLDER: &str = "BITNETAssistant";
@@ -90,10 +92,10 @@ pub enum TemplateOrigin {
     File,
     /// Given by the user (a path or a name).
     User(String),
-    /// BitNet b1.58 2B4T's trained format (the file has none, or bitnet.cpp's placeholder).
+    /// BitNet b1.58 2B4T's trained format (the file holds bitnet.cpp's placeholder).
     BitNet,
-    /// ChatML (the file has none).
-    ChatMl,
+    /// None: the file names no template, and turns are plain text.
+    PlainText,
 }
 
 impl std::fmt::Display for TemplateOrigin {
@@ -102,7 +104,7 @@ impl std::fmt::Display for TemplateOrigin {
             Self::File => f.write_str("the file's tokenizer.chat_template"),
             Self::User(name) => f.write_str(name),
             Self::BitNet => f.write_str("BitNet b1.58's trained format"),
-            Self::ChatMl => f.write_str("ChatML, the file names none"),
+            Self::PlainText => f.write_str("none in the file: turns are plain text"),
         }
     }
 }
@@ -130,15 +132,12 @@ impl ChatTemplate {
     /// The template for `g`'s chat (see the module docs for the choice), with `tok`'s BOS and
     /// EOS text.
     pub fn from_gguf(g: &Gguf, tok: &Tokenizer) -> Result<Self, ChatError> {
-        let bitnet = g
-            .get_str("general.architecture")
-            .is_some_and(|a| a.starts_with("bitnet"));
         match g.get_str(KEY_CHAT_TEMPLATE) {
-            Some(src) if !src.contains(BITNET_PLACEHOLDER) => {
-                Self::new(src.to_string(), TemplateOrigin::File, tok)
+            Some(src) if src.contains(BITNET_PLACEHOLDER) => {
+                Self::new(BITNET_TEMPLATE.into(), TemplateOrigin::BitNet, tok)
             }
-            _ if bitnet => Self::new(BITNET_TEMPLATE.into(), TemplateOrigin::BitNet, tok),
-            _ => Self::new(CHATML_TEMPLATE.into(), TemplateOrigin::ChatMl, tok),
+            Some(src) => Self::new(src.to_string(), TemplateOrigin::File, tok),
+            None => Self::new(PLAIN_TEXT_TEMPLATE.into(), TemplateOrigin::PlainText, tok),
         }
     }
 
@@ -291,6 +290,33 @@ mod tests {
         };
         ChatTemplate::with_tokens(BITNET_TEMPLATE.into(), TemplateOrigin::BitNet, tokens, None)
             .expect("compiles")
+    }
+
+    #[test]
+    fn a_file_without_a_template_chats_in_plain_text() {
+        let t = ChatTemplate::with_tokens(
+            PLAIN_TEXT_TEMPLATE.into(),
+            TemplateOrigin::PlainText,
+            TemplateTokens::default(),
+            None,
+        )
+        .expect("compiles");
+        let turns = [
+            (Role::System, "In the beginning".into()),
+            (Role::User, "Who is the LORD?".into()),
+            (Role::Assistant, " I am the LORD.".into()),
+            (Role::User, "And Moses said".into()),
+        ];
+        // Each message on a new line, each answer right after its message: what the context
+        // holds before a message is a prefix of the rendering with it.
+        assert_eq!(
+            t.render(&turns, true).expect("renders"),
+            "In the beginning\nWho is the LORD? I am the LORD.\nAnd Moses said"
+        );
+        assert_eq!(
+            t.render(&turns[1..2], true).expect("renders"),
+            "Who is the LORD?"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod blob;
 mod options;
 
 use hesper_engine::backend::Backend;
-use hesper_engine::chat::ChatTemplate;
+use hesper_engine::chat::{ChatTemplate, KEY_CHAT_TEMPLATE};
 use hesper_engine::model::{LoadOptions, Logits, Model, Session};
 use hesper_engine::source::{read_header, TensorSource};
 use hesper_engine::tokenizer::Tokenizer;
@@ -118,19 +118,16 @@ impl Engine {
     }
 
     /// What is loaded and where it runs: `{model, name, adapter, backend, kernels, n_ctx,
-    /// n_vocab, n_layer, n_embd, bytes_per_token, wasm_memory}` (`null` before a load).
+    /// n_vocab, n_layer, n_embd, bytes_per_token, wasm_memory, chat_template}` (`null` before a
+    /// load); `chat_template` is whether the file names a chat format (without one, the page
+    /// starts in completion mode and chat turns are plain text).
     pub fn info(&self) -> JsValue {
         let Some(l) = &self.loaded else {
             return JsValue::NULL;
         };
         let c = &l.model.config;
-        let name = l
-            .model
-            .file
-            .header()
-            .get_str("general.name")
-            .unwrap_or("")
-            .to_string();
+        let header = l.model.file.header();
+        let name = header.get_str("general.name").unwrap_or("").to_string();
         options::object(&[
             ("model", l.source.clone().into()),
             ("name", name.into()),
@@ -143,6 +140,10 @@ impl Engine {
             ("n_embd", (c.n_embd as f64).into()),
             ("bytes_per_token", (l.model.bytes_per_token() as f64).into()),
             ("wasm_memory", wasm_memory().into()),
+            (
+                "chat_template",
+                header.get_str(KEY_CHAT_TEMPLATE).is_some().into(),
+            ),
         ])
     }
 

@@ -150,6 +150,9 @@ test('the demo model loads by URL with one click, progress reaching 100 %', asyn
   assert((await page.$eval('#progress-label', (e) => e.dataset.percent)) === '100', 'the bar did not reach 100 %');
   const info = msgs.find((m) => m.type === 'loaded').info;
   assert(info.model === 'hesper-kjv.gguf' && info.n_vocab === 4096, JSON.stringify(info));
+  // The demo model names no chat format: the page starts in completion mode.
+  assert(info.chat_template === false, JSON.stringify(info));
+  assert((await page.$eval('#mode', (e) => e.value)) === 'complete', 'the demo model did not start in completion mode');
   assert(/adapter: /.test(info.adapter) && /storage binding/.test(info.adapter_name), `no adapter shown: ${JSON.stringify(info)}`);
   // SwiftShader has no shader-f16 and wgpu passes no subgroups: the portable kernels run.
   assert(/RMSNorm sums: workgroup tree/.test(info.kernels), info.kernels);

@@ -113,6 +113,8 @@ worker.onmessage = (event) => {
       $('adapter').textContent = `${i.adapter_name} · kernels: ${i.kernels}`;
       $('adapter').title = i.adapter;
       $('model-info').textContent = `${i.model}${i.name ? ` — ${i.name}` : ''}: ${i.n_layer} layers, ${i.n_embd} wide, ${i.n_vocab} tokens, context ${i.n_ctx}; loaded in ${(i.load_ms / 1000).toFixed(2)} s${i.from_cache ? ' from the cache' : ''}; wasm memory ${mib(i.wasm_memory)}`;
+      // A model that names no chat format starts in completion mode (its chat is plain text).
+      $('mode').value = i.chat_template ? 'chat' : 'complete';
       $('log').textContent = '';
       setState('ready');
       break;
