@@ -19,10 +19,10 @@ echo "commit $(git -C "$root" rev-parse --short HEAD), $(date -u +%F), $(nproc) 
 "$python" "$root/benches/llama_cpp_bench.py" "$dir/bench-2b4t-tq2_0.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" 2>/dev/null
 for head in exact q8_0 q6_k; do
   "$bin/hesper-rs" bench -m "$dir/bench-2b4t-i2s.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu \
-    --lm-head "$head" --roofline | grep -E '^\| bitnet|roofline'
+    --lm-head "$head" --roofline | grep -E '^\| bench-2b4t|roofline'
 done
 for tq in tq2_0 tq1_0; do
   [ "$tq" = tq2_0 ] || "$python" "$root/benches/llama_cpp_bench.py" "$dir/bench-2b4t-$tq.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" 2>/dev/null
-  "$bin/hesper-rs" bench -m "$dir/bench-2b4t-$tq.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu | grep '^| bitnet'
+  "$bin/hesper-rs" bench -m "$dir/bench-2b4t-$tq.gguf" -p "$pp" -n "$tg" -r "$reps" -t "$threads" --backend cpu | grep '^| bench-2b4t'
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

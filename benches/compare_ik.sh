@@ -44,8 +44,8 @@ hesper_row() {
   local label=$1; shift
   local out pp_ts tg_ts
   out=$("$bin" bench -m "$i2s" -p "$pp" -n "$tg" -r 1 -t "$threads" --backend cpu "$@" 2>/dev/null)
-  pp_ts=$(echo "$out" | grep "| pp$pp |" | awk -F'|' '{print $7}' | awk '{print $1}')
-  tg_ts=$(echo "$out" | grep "| tg$tg |" | awk -F'|' '{print $7}' | awk '{print $1}')
+  pp_ts=$(echo "$out" | grep "| pp$pp |" | awk -F'|' '{print $9}' | awk '{print $1}')
+  tg_ts=$(echo "$out" | grep "| tg$tg |" | awk -F'|' '{print $9}' | awk '{print $1}')
   printf '| %s | %s | %.2f | %.2f |\n' "$round" "$label" "$pp_ts" "$tg_ts"
 }
 llama_row() {

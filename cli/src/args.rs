@@ -9,6 +9,7 @@ use hesper_engine::model::HeadFormat;
 use hesper_engine::tokenizer::{PreTokenizer, Tokenizer};
 
 use crate::attention::AttentionArgs;
+use crate::list::{parse_list, List};
 use crate::report::note;
 
 /// `--lm-head` values.
@@ -110,9 +111,10 @@ pub struct ModelArgs {
     /// restricts the choice).
     #[arg(long = "backend", value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
-    /// CPU threads (default: all cores; at most 4 per core).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
+    /// CPU threads (default or 0: all cores; at most 4 per core); `bench` also takes a list
+    /// or range (`1,2,4`, `1-8*2`) and loads the model once per count.
+    #[arg(short = 't', long = "threads", value_name = "N", value_parser = parse_list)]
+    pub threads: Option<List>,
     /// Compute from the file's weights as they are: by default the CPU backend repacks I2_S
     /// weights (AVX-512 or AVX-VNNI), Q8_0 weights (AVX-512 VNNI) and F16 weights (AVX-512)
     /// at load into rows interleaved sixteen deep where its kernels gain from it (faster
@@ -166,9 +168,27 @@ impl ModelArgs {
     /// to start and then only contend).
     pub fn threads(&self) -> usize {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        match self.threads {
+        match self.threads.as_ref().and_then(List::single) {
             None | Some(0) => cores,
             Some(t) => t.min(cores * MAX_THREADS_PER_CORE),
+        }
+    }
+
+    /// These flags with `-t` set to one count (`bench`'s lists run each).
+    pub fn with_threads(&self, threads: Option<usize>) -> Self {
+        Self {
+            threads: threads.map(|t| List(vec![t])),
+            ..self.clone()
+        }
+    }
+
+    /// Refuses a list of thread counts where one is run.
+    pub fn check_threads(&self) -> anyhow::Result<()> {
+        match &self.threads {
+            Some(list) if list.single().is_none() => {
+                anyhow::bail!("-t/--threads: give one count here (lists and ranges are for bench)")
+            }
+            _ => Ok(()),
         }
     }
 
@@ -184,7 +204,12 @@ impl ModelArgs {
 
     /// Says on stderr when `-t` was capped.
     pub fn note_thread_cap(&self) {
-        if let Some(t) = self.threads.filter(|&t| t > self.threads()) {
+        if let Some(t) = self
+            .threads
+            .as_ref()
+            .and_then(List::single)
+            .filter(|&t| t > self.threads())
+        {
             note!(
                 "hesper: -t {t}: more than {MAX_THREADS_PER_CORE} threads per core; using {}",
                 self.threads()
@@ -247,6 +272,7 @@ const LLAMA_SPELLINGS: &[(&str, &str)] = &[
     ("-hf", "--hf-repo"),
     ("-hfr", "--hf-repo"),
     ("-hff", "--hf-file"),
+    ("-pg", "--prompt-gen"),
 ];
 
 /// The command line with llama.cpp's several-letter flags ([`LLAMA_SPELLINGS`]) rewritten.

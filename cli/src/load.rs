@@ -17,6 +17,8 @@ use crate::report::note;
 /// The default model built into the binary: tiny, trained on the King James Bible
 /// (models/README.md).
 const BUILTIN_MODEL: &[u8] = include_bytes!("../../models/hesper-kjv.gguf");
+/// The built-in model's file name.
+pub const BUILTIN_FILE: &str = "hesper-kjv.gguf";
 /// Label shown for the built-in model.
 pub const BUILTIN_LABEL: &str = "built-in hesper-kjv.gguf (4 M parameters, King James Bible)";
 /// Files above this size get a progress bar while they are paged in or uploaded.
@@ -51,6 +53,7 @@ pub fn open_file(args: &ModelArgs) -> Result<Arc<ModelFile>> {
 /// (all when `None`).
 pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
     let start = Instant::now();
+    args.check_threads()?;
     args.note_thread_cap();
     args.note_llama_flags();
     let file = open_file(args)?;

@@ -5,6 +5,7 @@ mod attention;
 mod bench;
 mod generate;
 mod info;
+mod list;
 mod load;
 mod logits;
 mod node;

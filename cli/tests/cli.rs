@@ -2,7 +2,7 @@
 
 mod support;
 
-use support::{golden, hesper, stderr};
+use support::{golden, hesper, stderr, stdout};
 
 #[test]
 fn generate_runs_the_builtin_model_and_the_seed_fixes_the_text() {
@@ -246,7 +246,10 @@ fn chat_answers_each_turn_until_eof() {
 #[test]
 fn the_built_in_model_chats_in_plain_text() {
     let message = "Who is the LORD?";
-    let chat = support::run(&["chat", "--temp", "0"], Some(format!("{message}\n").as_bytes()));
+    let chat = support::run(
+        &["chat", "--temp", "0"],
+        Some(format!("{message}\n").as_bytes()),
+    );
     let err = stderr(&chat);
     assert!(chat.status.success(), "{err}");
     assert!(err.contains("names no chat format"), "{err}");
@@ -257,7 +260,10 @@ fn the_built_in_model_chats_in_plain_text() {
     let reply = String::from_utf8_lossy(&chat.stdout);
     assert_eq!(reply.as_ref(), continued.strip_prefix(message).unwrap());
     let first = reply.chars().next().expect("a reply");
-    assert!(!first.is_alphanumeric(), "the reply glues onto the message: {reply:?}");
+    assert!(
+        !first.is_alphanumeric(),
+        "the reply glues onto the message: {reply:?}"
+    );
 }
 
 /// `--chat-template-file` replaces the file's template: `chat` names it, a message the template
@@ -404,6 +410,108 @@ fn gpu_bench_reports_its_roofline_and_kernels() {
         let expect = num(&k["gb_per_s"]) / copy;
         assert!((share - expect).abs() <= 1e-12, "{k:?}");
     }
+}
+
+/// `bench` as llama-bench: lists, ranges and -pg give a row per test, batch and thread count;
+/// `-o json`, `jsonl` and `csv` hold nothing but their format whatever else is asked; the
+/// model column names the file and its weight type, with `info`'s size; the defaults fit the
+/// model's context.
+#[test]
+fn bench_speaks_llama_bench() {
+    let info = hesper(&["info"]);
+    let size_mib = stdout(&info)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("tensors (")?
+                .split(", ")
+                .nth(1)?
+                .strip_suffix(" MiB):")
+        })
+        .expect("info's tensor size")
+        .to_string();
+    let grid = [
+        "bench",
+        "--backend",
+        "cpu",
+        "-r",
+        "1",
+        "-p",
+        "8,16",
+        "-n",
+        "4",
+        "-pg",
+        "8,4",
+        "-b",
+        "4-8*2",
+        "-t",
+        "1-2",
+    ];
+    let names = ["pp8", "pp8", "pp16", "pp16", "tg4", "pp8+tg4", "pp8+tg4"];
+    for format in ["json", "jsonl", "csv"] {
+        for extra in [&[][..], &["--profile"]] {
+            let args = [&grid[..], &["-o", format], extra].concat();
+            let o = hesper(&args);
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+            let text = stdout(&o);
+            let rows: Vec<serde_json::Value> = match format {
+                "json" => serde_json::from_str::<Vec<_>>(&text).expect("one JSON array"),
+                "jsonl" => text
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("a JSON line"))
+                    .collect(),
+                _ => {
+                    let lines: Vec<&str> = text.lines().collect();
+                    let header: Vec<&str> = lines[0].split(',').collect();
+                    lines[1..]
+                        .iter()
+                        .map(|l| {
+                            let cells: Vec<&str> =
+                                l.split("\",\"").map(|c| c.trim_matches('"')).collect();
+                            assert_eq!(cells.len(), header.len(), "{l}");
+                            header
+                                .iter()
+                                .zip(cells)
+                                .map(|(h, c)| (h.to_string(), serde_json::Value::from(c)))
+                                .collect()
+                        })
+                        .collect()
+                }
+            };
+            assert_eq!(rows.len(), 2 * names.len(), "{args:?}: {text}");
+            for (i, row) in rows.iter().enumerate() {
+                let field = |k: &str| match &row[k] {
+                    serde_json::Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                };
+                assert_eq!(field("test"), names[i % names.len()], "{row}");
+                assert_eq!(field("n_threads"), if i < names.len() { "1" } else { "2" });
+                assert_eq!(field("model_filename"), "hesper-kjv.gguf (built-in)");
+                assert_eq!(field("model_type"), "I2_S");
+                let size: f64 = field("model_size").parse().unwrap();
+                assert_eq!(format!("{:.2}", size / (1 << 20) as f64), size_mib);
+                let ts: f64 = field("avg_ts").parse().unwrap();
+                assert!(ts > 0.0 && ts.is_finite(), "{row}");
+                if format != "csv" {
+                    assert_eq!(row["profile"].is_array(), !extra.is_empty(), "{row}");
+                }
+            }
+        }
+    }
+    // The defaults shrink to the built-in model's 256-token context.
+    let o = hesper(&["bench", "--backend", "cpu", "-r", "1", "-o", "jsonl"]);
+    let tests: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["test"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(tests, ["pp256", "tg128"], "{}", stderr(&o));
+    // A list of thread counts is for bench alone.
+    let args = ["generate", "-t", "1,2"];
+    support::assert_one_line_error(&args, &hesper(&args), "lists and ranges are for bench");
 }
 
 /// llama.cpp's spellings mean what they mean there: `-s` the seed (`-S` too), `-sys` the system
