@@ -80,6 +80,7 @@ impl From<BackendChoice> for hesper_runtime::load::BackendChoice {
 
 /// Which model to load and how to run it.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Model and backend")]
 pub struct ModelArgs {
     /// GGUF model file (default: hesper-kjv, the tiny model built into hesper-rs).
     #[arg(
@@ -89,6 +90,8 @@ pub struct ModelArgs {
         value_name = "FILE"
     )]
     pub gguf: Option<PathBuf>,
+    /// A model on the Hugging Face Hub (also -hf), downloaded on first use.
+    ///
     /// A model on the Hugging Face Hub (also -hf, -hfr), downloaded into its cache on first
     /// use: `owner/name` (its only GGUF file, else the Q4_K_M one), `owner/name:QUANT` or
     /// `owner/name:FILE.gguf` (as `hesper-rs pull`).
@@ -97,35 +100,49 @@ pub struct ModelArgs {
     /// The file of --hf-repo to use (also -hff), instead of :QUANT.
     #[arg(long = "hf-file", value_name = "FILE", requires = "hf_repo")]
     pub hf_file: Option<String>,
+    /// LM head storage: exact, q8_0 or q6_k.
+    ///
     /// LM head storage: `exact` (as in the file), `q8_0` or `q6_k` (re-quantized at load: 53 % or
     /// 41 % of an F16 head's bytes per token, at a small quality cost measured in BENCHMARKS.md;
     /// q6_k runs on the CPU backend only).
     #[arg(long = "lm-head", value_enum, default_value_t = LmHead::Exact)]
     pub lm_head: LmHead,
+    /// Override the tokenizer's pre-tokenizer split (llama3, default).
+    ///
     /// Override the tokenizer's pre-tokenizer split: `llama3` (Llama-3, what the 2B4T model was
     /// trained with), `default` (llama.cpp's fallback when tokenizer.ggml.pre is missing).
     #[arg(long = "tokenizer-pre", value_name = "NAME")]
     pub tokenizer_pre: Option<String>,
+    /// Where to run: auto, cpu or gpu.
+    ///
     /// Where to run: `auto` (a hardware GPU if there is one, else the CPU; says which on
     /// stderr), `cpu`, or `gpu` (WebGPU on any adapter: Vulkan, Metal, DX12; `WGPU_BACKEND`
     /// restricts the choice).
     #[arg(long = "backend", value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
+    /// CPU threads (default: all cores).
+    ///
     /// CPU threads (default or 0: all cores; at most 4 per core); `bench` also takes a list
     /// or range (`1,2,4`, `1-8*2`) and loads the model once per count.
     #[arg(short = 't', long = "threads", value_name = "N", value_parser = parse_list)]
     pub threads: Option<List>,
+    /// Compute from the file's weights as they are (no repacking at load).
+    ///
     /// Compute from the file's weights as they are: by default the CPU backend repacks I2_S
     /// weights (AVX-512 or AVX-VNNI), Q8_0 weights (AVX-512 VNNI) and F16 weights (AVX-512)
     /// at load into rows interleaved sixteen deep where its kernels gain from it (faster
     /// prompt processing, a few tenths of a second more load).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// CPU kernels instead of the best this CPU runs (scalar, avx2, …).
+    ///
     /// CPU kernels to use instead of the best this CPU runs: `scalar` (the reference), and on
     /// x86_64 `avx2`, `avx512bw`, `avx-vnni`, `avx512-vnni`, on aarch64 `neon`,
     /// `neon-dotprod` (to compare them, or to work around one).
     #[arg(long = "cpu-kernels", value_name = "NAME", value_parser = parse_isa)]
     pub cpu_kernels: Option<Isa>,
+    /// llama.cpp's -ngl: accepted; every layer runs on --backend.
+    ///
     /// llama.cpp's layer offload count (also -ngl): accepted for its scripts; every layer runs
     /// on the backend --backend picks (a ring, `hesper-rs node`, splits layers).
     #[arg(
@@ -135,6 +152,8 @@ pub struct ModelArgs {
         allow_negative_numbers = true
     )]
     pub n_gpu_layers: Option<i64>,
+    /// llama.cpp's -fa: accepted; changes nothing here.
+    ///
     /// llama.cpp's flash attention switch (also -fa): accepted for its scripts; each backend has
     /// one attention implementation, so it changes nothing.
     #[arg(long = "flash-attn", value_name = "on|off|auto", num_args = 0..=1, default_missing_value = "on")]
@@ -224,6 +243,7 @@ pub const MAX_THREADS_PER_CORE: usize = 4;
 
 /// Context and batching.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Context and attention")]
 pub struct ContextArgs {
     /// Context size in tokens (default or 0: the model's training context).
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]

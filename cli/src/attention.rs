@@ -47,6 +47,7 @@ pub enum Switch {
 
 /// Flags of the KV cache and of attention.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Context and attention")]
 pub struct AttentionArgs {
     /// KV cache element type (keys and values): f16 halves KV memory [default: f32].
     #[arg(long = "kv-type", value_enum)]

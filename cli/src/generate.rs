@@ -36,80 +36,145 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub ctx: ContextArgs,
     /// Prompt text (default "Once upon a time"); with --chat, the first message.
-    #[arg(short = 'p', long = "prompt")]
+    #[arg(
+        help_heading = "Prompt",
+        short = 'p',
+        long = "prompt",
+        value_name = "TEXT"
+    )]
     pub prompt: Option<String>,
     /// Read the prompt from a file instead of -p.
     #[arg(
+        help_heading = "Prompt",
         short = 'f',
         long = "file",
         value_name = "FILE",
         conflicts_with = "prompt"
     )]
     pub file: Option<PathBuf>,
-    /// Tokens to generate (-1 = until end of text or a full context that does not shift, and
+    /// Tokens to generate (default: until end of text).
+    ///
+    /// -1 = until end of text or a full context that does not shift, and
     /// in chat until the end of the turn or 512 tokens, a quarter of the context at most;
     /// -2 = until end of text or a full context, shifting or not).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    #[arg(help_heading = "Prompt", short = 'n', long = "n-predict", value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
     /// Interactive chat using the model's chat template (also `hesper-rs chat`).
-    #[arg(long = "chat", visible_alias = "conversation", short_alias = 'i')]
+    #[arg(
+        help_heading = "Prompt",
+        long = "chat",
+        visible_alias = "conversation",
+        short_alias = 'i'
+    )]
     pub chat: bool,
     /// System prompt for --chat (also -sys).
-    #[arg(long = "system-prompt", value_name = "TEXT")]
+    #[arg(help_heading = "Prompt", long = "system-prompt", value_name = "TEXT")]
     system_prompt: Option<String>,
     /// A Jinja chat template for --chat instead of the file's `tokenizer.chat_template`.
-    #[arg(long = "chat-template-file", value_name = "FILE")]
+    #[arg(
+        help_heading = "Prompt",
+        long = "chat-template-file",
+        value_name = "FILE"
+    )]
     chat_template_file: Option<PathBuf>,
     /// Sampling temperature (0 or below = greedy).
-    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
+    #[arg(
+        help_heading = "Sampling",
+        long = "temp",
+        value_name = "T",
+        default_value_t = 0.8,
+        allow_negative_numbers = true
+    )]
     temp: f32,
     /// Top-k sampling (0 = off).
-    #[arg(long = "top-k", default_value_t = 40)]
+    #[arg(
+        help_heading = "Sampling",
+        long = "top-k",
+        value_name = "N",
+        default_value_t = 40
+    )]
     top_k: usize,
     /// Top-p (nucleus) sampling (1.0 = off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(
+        help_heading = "Sampling",
+        long = "top-p",
+        value_name = "P",
+        default_value_t = 0.95
+    )]
     top_p: f32,
     /// Min-p sampling (0.0 = off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(
+        help_heading = "Sampling",
+        long = "min-p",
+        value_name = "P",
+        default_value_t = 0.05
+    )]
     min_p: f32,
     /// Penalise repeats of the last --repeat-last-n tokens (1.0 = off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(
+        help_heading = "Sampling",
+        long = "repeat-penalty",
+        value_name = "F",
+        default_value_t = 1.0
+    )]
     repeat_penalty: f32,
     /// Tokens the penalties look back over.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    #[arg(
+        help_heading = "Sampling",
+        long = "repeat-last-n",
+        value_name = "N",
+        default_value_t = 64
+    )]
     repeat_last_n: usize,
     /// Subtract this from a recent token's logit per time it occurs (0.0 = off).
     #[arg(
+        help_heading = "Sampling",
         long = "frequency-penalty",
+        value_name = "F",
         default_value_t = 0.0,
         allow_negative_numbers = true
     )]
     frequency_penalty: f32,
     /// Subtract this from a recent token's logit once if it occurs (0.0 = off).
     #[arg(
+        help_heading = "Sampling",
         long = "presence-penalty",
+        value_name = "F",
         default_value_t = 0.0,
         allow_negative_numbers = true
     )]
     presence_penalty: f32,
     /// Random seed (default or -1: from the clock); the same seed gives the same text.
     #[arg(
+        help_heading = "Sampling",
         long = "seed",
+        value_name = "N",
         short = 's',
         short_alias = 'S',
         allow_negative_numbers = true
     )]
     seed: Option<Seed>,
-    /// When the context is full: stop (`none`), or shift it (`sinks`): keep the first --keep
+    /// When the context is full: stop (`none`), or shift it (`sinks`).
+    ///
+    /// With `sinks`: keep the first --keep
     /// positions, discard half of the rest and go on, later keys rotated to their new
     /// positions (llama.cpp's context shift). Text after a shift no longer sees what was
     /// discarded: on the built-in model (-c 256, 7 935 held-out tokens) PPL 24.40 shifting,
     /// 24.63 with --keep 0, 26.23 restarting empty when full, 84.70 holding all 8 192 positions
     /// (past its training context; BENCHMARKS.md). Dense attention; not over a ring or in --chat.
-    #[arg(long = "context-shift", value_enum, default_value = "none")]
+    #[arg(
+        help_heading = "Context and attention",
+        long = "context-shift",
+        value_enum,
+        default_value = "none"
+    )]
     context_shift: ContextShift,
     /// Positions kept at the start when the context shifts (attention sinks) [default: 4].
-    #[arg(long = "keep", value_name = "N")]
+    #[arg(
+        help_heading = "Context and attention",
+        long = "keep",
+        value_name = "N"
+    )]
     keep: Option<usize>,
 }
 
@@ -292,7 +357,10 @@ pub fn drive<E: Evaluator>(
     label: &str,
 ) -> Result<Stats> {
     let n_ctx = eval.n_ctx();
-    let banner = || note!("hesper: {label} | ctx {n_ctx}");
+    let banner = || {
+        note!("hesper: {label} | ctx {n_ctx}");
+        crate::report::flush_later();
+    };
     let mut stats = Stats::default();
     if args.chat {
         let template = args.chat_template(header, tok)?;

@@ -72,6 +72,9 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
     let model = load_model(&file, &settings, &mut |p| bars.show(p), &mut |n| {
         note!("hesper: {n}")
     })?;
+    if model.on_software_adapter() {
+        crate::report::later(format!("hesper: {} is a software adapter, running on the CPU far slower than the CPU backend: use --backend cpu here", model.backend_name()));
+    }
     // Said once the model loaded, so a file that cannot run gets only its error line.
     for w in tokenizer.iter().flat_map(Tokenizer::warnings) {
         note!("hesper: tokenizer metadata: {w}");

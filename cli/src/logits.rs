@@ -63,10 +63,11 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     ))?;
     out.commit()?;
     note!(
-        "hesper: wrote {} × {} logits (float32 LE) to {}",
+        "hesper: wrote {} × {} logits (float32 LE) to {}, computed on {}",
         tokens.len(),
         n_vocab,
-        args.out.display()
+        args.out.display(),
+        loaded.model.backend_name()
     );
     Ok(())
 }

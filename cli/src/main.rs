@@ -14,10 +14,11 @@ mod perplexity;
 mod pull;
 mod report;
 mod serve;
+mod tokenize;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Run ternary BitNet b1.58 GGUF models on WebGPU (any Vulkan/Metal/DX12 adapter) or the CPU.
 #[derive(Parser)]
@@ -35,6 +36,11 @@ enum Command {
     /// Generate text from a prompt (`--chat`: chat interactively).
     Generate(generate::GenerateArgs),
     /// Chat interactively with the model's chat template (`generate --chat`).
+    #[command(
+        mut_arg("chat", |a| a.hide(true)),
+        mut_arg("context_shift", |a| a.hide(true)),
+        mut_arg("keep", |a| a.hide(true))
+    )]
     Chat(generate::GenerateArgs),
     /// Print a model's metadata, tensor table, config and tokenizer.
     Info(info::InfoArgs),
@@ -46,6 +52,16 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run as one node of a ring that splits a model layer-wise across processes or machines.
     Node(Box<node::NodeArgs>),
+    /// Print the tokens of a text (llama-tokenize's `ID -> 'piece'`, or `--ids`).
+    Tokenize(tokenize::TokenizeArgs),
+    /// Print the text of token ids.
+    Detokenize(tokenize::DetokenizeArgs),
+    /// Print a shell completion script: `hesper-rs completions bash > /etc/bash_completion.d/hesper-rs`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Download a GGUF model from the Hugging Face Hub into its cache and print its path.
     Pull(pull::PullArgs),
     /// Serve the model over HTTP: OpenAI's chat and completion API (llama-server's endpoints),
@@ -54,7 +70,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse_from(args::llama_spellings(std::env::args_os())) {
+    quiet_mesa();
+    let parsed = Cli::command()
+        .long_version(long_version())
+        .try_get_matches_from(args::llama_spellings(std::env::args_os()))
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => return report::usage_error(e),
     };
@@ -71,9 +92,74 @@ fn main() -> ExitCode {
         Command::Node(a) => node::run(*a),
         Command::Serve(a) => serve::run(*a),
         Command::Pull(a) => pull::run(a),
+        Command::Tokenize(a) => tokenize::tokenize(a),
+        Command::Detokenize(a) => tokenize::detokenize(a),
+        Command::Completions { shell } => completions(shell),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            report::flush_later();
+            ExitCode::SUCCESS
+        }
         Err(e) => report::failure(&e),
     }
+}
+
+/// Mesa's Vulkan drivers print `error: XDG_RUNTIME_DIR is invalid or not set in the
+/// environment` twice on every GPU run where it is unset (a container, a cron job, ssh without
+/// a login session); a private directory for this user keeps them quiet. Set before any
+/// thread starts.
+fn quiet_mesa() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let valid =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir());
+    if valid {
+        return;
+    }
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+            })
+        })
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("hesper-runtime-{uid}"));
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    if builder.create(&dir).is_ok() || dir.is_dir() {
+        std::env::set_var("XDG_RUNTIME_DIR", dir);
+    }
+}
+
+/// `--version`: the version, the commit it was built from, and the CPU kernels this machine
+/// runs.
+fn long_version() -> String {
+    let best = hesper_cpu::Isa::detect();
+    let runs: Vec<&str> = hesper_cpu::Isa::supported()
+        .into_iter()
+        .map(hesper_cpu::Isa::name)
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "{} (commit {})\nCPU kernels: {} (this CPU runs {}), {cores} cores\nGPU: WebGPU through wgpu; `hesper-rs info --backend gpu` names the adapter",
+        env!("CARGO_PKG_VERSION"),
+        env!("HESPER_COMMIT"),
+        best.name(),
+        runs.join(", ")
+    )
+}
+
+/// Writes `shell`'s completion script on stdout (built in memory first: a closed pipe is an
+/// error value, not a panic).
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "hesper-rs", &mut script);
+    std::io::stdout().write_all(&script)?;
+    Ok(())
 }

@@ -360,8 +360,13 @@ fn master_on<B: Backend>(
     for link in ring.links() {
         let s = link.stats();
         let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        // Only UDP resends: the other transports' bytes arrive or the link fails.
+        let resent = match settings.net.transport {
+            TransportKind::Udp => format!(", {} datagrams sent again", n(&s.retransmits)),
+            _ => String::new(),
+        };
         note!(
-            "hesper: ring link {} {}: {} frames, {} bytes sent, {} datagrams sent again",
+            "hesper: ring link {} {}: {} frames, {} bytes sent{resent}",
             if link.side() == hesper_ring::Side::Next {
                 "to"
             } else {
@@ -370,7 +375,6 @@ fn master_on<B: Backend>(
             link.peer(),
             n(&s.frames),
             n(&s.bytes),
-            n(&s.retransmits)
         );
     }
     ring.close("");

@@ -169,6 +169,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         }
         None => None,
     };
+    note!("perplexity: backend: {}", loaded.model.backend_name());
     note!(
         "perplexity: calculating perplexity over {} chunks, n_ctx={}, batch_size={}",
         chunks.n_chunk,

@@ -9,6 +9,28 @@ use std::sync::atomic::AtomicBool;
 /// Whether notes are off (`--log-disable`); errors are printed all the same.
 pub static QUIET: AtomicBool = AtomicBool::new(false);
 
+/// Notes held back until the work has begun ([`later`]).
+static LATER: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Holds a note until [`flush_later`]: one that is only worth saying once the run is under way
+/// (a run that fails right after loading prints its error line alone).
+pub fn later(line: String) {
+    if let Ok(mut held) = LATER.lock() {
+        held.push(line);
+    }
+}
+
+/// Prints the notes [`later`] held (a banner calls it; `main` once a command succeeded).
+pub fn flush_later() {
+    let held = LATER
+        .lock()
+        .map(|mut h| std::mem::take(&mut *h))
+        .unwrap_or_default();
+    for line in held {
+        note!("{line}");
+    }
+}
+
 /// Exit code of a process whose output pipe was closed by its reader (128 + SIGPIPE), as
 /// `yes | head -1` leaves it.
 const BROKEN_PIPE_EXIT: u8 = 141;

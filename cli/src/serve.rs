@@ -195,6 +195,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.ctx.batch_size,
         template.origin()
     );
+    crate::report::flush_later();
     state.set_ready(Ready {
         n_vocab: loaded.model.sampled_vocab(),
         props: json!({

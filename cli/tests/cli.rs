@@ -580,3 +580,94 @@ fn llama_cpp_spellings_mean_what_they_mean_there() {
     assert_eq!(to_stdout.stdout, std::fs::read(&file).unwrap());
     std::fs::remove_file(&file).unwrap();
 }
+
+/// `tokenize` prints llama-tokenize's `ID -> 'piece'` lines (or `--ids`), `detokenize` turns
+/// the ids back into the text, and an id past the vocabulary is one line.
+#[test]
+fn tokenize_and_detokenize_round_trip() {
+    let text = "In the beginning God created the heaven";
+    let lines = hesper(&["tokenize", "-p", text]);
+    assert!(lines.status.success(), "{}", stderr(&lines));
+    let out = stdout(&lines);
+    assert!(out.lines().next().unwrap().ends_with("-> '<s>'"), "{out}");
+    assert!(out.contains(" -> ' beginning'"), "{out}");
+    let ids = hesper(&["tokenize", "-p", text, "--ids", "--no-bos"]);
+    let list = stdout(&ids);
+    assert!(
+        list.starts_with('[') && list.trim_end().ends_with(']'),
+        "{list}"
+    );
+    assert_eq!(
+        list.matches(',').count() + 1,
+        out.lines().count() - 1,
+        "{list} vs {out}"
+    );
+    let back = hesper(&["detokenize", list.trim()]);
+    assert!(back.status.success(), "{}", stderr(&back));
+    assert_eq!(stdout(&back), format!("{text}\n"));
+    let args = ["detokenize", "1,4096"];
+    support::assert_one_line_error(&args, &hesper(&args), "past the vocabulary (4096 tokens)");
+}
+
+/// `completions` writes a script for bash, zsh and fish naming every command; `--version`
+/// names the commit and the CPU kernels.
+#[test]
+fn completions_and_version() {
+    for shell in ["bash", "zsh", "fish"] {
+        let o = hesper(&["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        for command in ["generate", "chat", "serve", "pull", "bench", "tokenize"] {
+            assert!(script.contains(command), "{shell} lacks {command}");
+        }
+    }
+    let bash = hesper(&["completions", "bash"]);
+    let check = std::process::Command::new("bash")
+        .args(["-n", "-c", &stdout(&bash)])
+        .status()
+        .expect("bash");
+    assert!(check.success(), "the bash script does not parse");
+    let v = stdout(&hesper(&["--version"]));
+    assert!(v.starts_with("hesper-rs 0.1.0 (commit "), "{v}");
+    assert!(
+        v.contains("CPU kernels: ") && v.contains("this CPU runs scalar"),
+        "{v}"
+    );
+}
+
+/// On a GPU run: no Mesa noise about XDG_RUNTIME_DIR when it is unset, a software adapter is
+/// called one, and `info` describes the adapter in words (not Rust's debug dump).
+#[test]
+fn gpu_runs_speak_plainly() {
+    let run = |args: &[&str]| {
+        support::command(args)
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .expect("run hesper-rs")
+    };
+    let o = run(&["generate", "--backend", "gpu", "-n", "2", "--seed", "1"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+    // CI's adapter is lavapipe, a software one.
+    assert!(
+        err.contains("is a software adapter, running on the CPU"),
+        "{err}"
+    );
+    let info = run(&["info", "--backend", "gpu"]);
+    let text = stdout(&info);
+    assert!(
+        text.contains("a software adapter running on the CPU"),
+        "{text}"
+    );
+    assert!(text.contains("features: shader-f16 "), "{text}");
+    assert!(
+        !text.contains("Features {") && !text.contains("WgslLanguageFeatures"),
+        "{text}"
+    );
+    assert!(
+        !stderr(&info).contains("XDG_RUNTIME_DIR"),
+        "{}",
+        stderr(&info)
+    );
+}

@@ -282,6 +282,13 @@ fn a_ring_of_three_processes_prints_what_generate_prints() {
             "{what}: {}",
             stderr(&outs[0])
         );
+        // Only UDP counts datagrams sent again.
+        assert_eq!(
+            stderr(&outs[0]).contains("datagrams sent again"),
+            transport.contains(&"udp"),
+            "{what}: {}",
+            stderr(&outs[0])
+        );
         if transport.contains(&"--udp-chaos") {
             assert!(
                 resent(&stderr(&outs[0])) > 0,

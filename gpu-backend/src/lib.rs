@@ -342,23 +342,31 @@ impl GpuBackend {
         self.state.borrow().gpu.info.device_type != hesper_gpu::wgpu::DeviceType::Cpu
     }
 
-    /// The adapter, its limits and features, for `hesper-rs info --backend gpu`.
+    /// The adapter, its limits and the features hesper-rs uses, in words, for
+    /// `hesper-rs info --backend gpu`.
     pub fn describe(&self) -> String {
+        use hesper_gpu::wgpu::{DeviceType, Features};
         let st = self.state.borrow();
         let g = &st.gpu;
         let l = &g.limits;
+        let kind = match g.info.device_type {
+            DeviceType::DiscreteGpu => "a discrete GPU",
+            DeviceType::IntegratedGpu => "an integrated GPU",
+            DeviceType::VirtualGpu => "a virtual GPU",
+            DeviceType::Cpu => "a software adapter running on the CPU (the CPU backend is faster)",
+            DeviceType::Other => "an adapter of unknown kind",
+        };
+        let yes_no = |f: Features| if g.features.contains(f) { "yes" } else { "no" };
         format!(
-            "adapter: {} ({:?}, {:?}, driver {} {})\nmax buffer: {} MiB, max storage binding: {} MiB, workgroup invocations: {}, workgroup memory: {} KiB\nWGSL extensions: {:?} (I2_S kernels use {}; RMSNorm sums {})\nfeatures: {:?}",
+            "adapter: {} through {:?}, {kind}; driver {} {}\nlimits: buffers up to {} MiB, storage bindings up to {} MiB, {} invocations and {} KiB of shared memory per workgroup\nkernels: I2_S dot products with {}; RMSNorm sums {}\nfeatures: shader-f16 {}, subgroups {}, timestamp queries {}",
             g.info.name,
             g.info.backend,
-            g.info.device_type,
             g.info.driver,
             g.info.driver_info,
             l.max_buffer_size >> 20,
             l.max_storage_buffer_binding_size >> 20,
             l.max_compute_invocations_per_workgroup,
             l.max_compute_workgroup_storage_size >> 10,
-            g.wgsl_features,
             if st.packed_dot {
                 "dot4I8Packed"
             } else {
@@ -369,7 +377,9 @@ impl GpuBackend {
             } else {
                 "by a workgroup tree"
             },
-            g.features
+            yes_no(Features::SHADER_F16),
+            yes_no(Features::SUBGROUP),
+            yes_no(Features::TIMESTAMP_QUERY),
         )
     }
 

@@ -44,6 +44,21 @@ impl AnyModel {
         crate::with_model!(self, |m| &m.config)
     }
 
+    /// The backend, with its adapter or kernels and threads.
+    pub fn backend_name(&self) -> String {
+        crate::with_model!(self, |m| m.backend.name())
+    }
+
+    /// Whether the model runs on a software GPU adapter (lavapipe, llvmpipe, SwiftShader):
+    /// far slower than the CPU backend on the same cores.
+    pub fn on_software_adapter(&self) -> bool {
+        match self {
+            Self::Gpu(m) => !m.backend.is_hardware(),
+            #[cfg(feature = "cpu")]
+            Self::Cpu(_) => false,
+        }
+    }
+
     /// Ids a prediction may pick ([`hesper_engine::model::Model::sampled_vocab`]).
     pub fn sampled_vocab(&self) -> usize {
         crate::with_model!(self, |m| m.sampled_vocab())
