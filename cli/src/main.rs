@@ -51,6 +51,19 @@ enum Command {
     /// Measure prompt processing (pp) and text generation (tg) speed.
     Bench(bench::BenchArgs),
     /// Run as one node of a ring that splits a model layer-wise across processes or machines.
+    #[command(
+        mut_arg("context_shift", |a| a.hide(true)),
+        mut_arg("keep", |a| a.hide(true)),
+        mut_arg("kv_type", |a| a.hide(true)),
+        mut_arg("cache_type_k", |a| a.hide(true)),
+        mut_arg("cache_type_v", |a| a.hide(true)),
+        mut_arg("attn", |a| a.hide(true)),
+        mut_arg("window", |a| a.hide(true)),
+        mut_arg("globals", |a| a.hide(true)),
+        mut_arg("block", |a| a.hide(true)),
+        mut_arg("log_stride", |a| a.hide(true)),
+        mut_arg("landmarks", |a| a.hide(true))
+    )]
     Node(Box<node::NodeArgs>),
     /// Print the tokens of a text (llama-tokenize's `ID -> 'piece'`, or `--ids`).
     Tokenize(tokenize::TokenizeArgs),
