@@ -12,6 +12,7 @@ mod node;
 mod output;
 mod perplexity;
 mod pull;
+mod quantize;
 mod report;
 mod serve;
 mod tokenize;
@@ -65,6 +66,8 @@ enum Command {
         mut_arg("landmarks", |a| a.hide(true))
     )]
     Node(Box<node::NodeArgs>),
+    /// Write a model with its weight matrices in another type (llama-quantize's choices).
+    Quantize(quantize::QuantizeArgs),
     /// Print the tokens of a text (llama-tokenize's `ID -> 'piece'`, or `--ids`).
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids.
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
         Command::Node(a) => node::run(*a),
         Command::Serve(a) => serve::run(*a),
         Command::Pull(a) => pull::run(a),
+        Command::Quantize(a) => quantize::run(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
         Command::Detokenize(a) => tokenize::detokenize(a),
         Command::Completions { shell } => completions(shell),

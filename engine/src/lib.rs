@@ -19,6 +19,7 @@ pub mod formats;
 pub mod gguf;
 pub mod memory;
 pub mod model;
+pub mod quantize;
 pub mod sampler;
 pub mod source;
 pub mod tokenizer;

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use thiserror::Error;
 
-use crate::formats::{Encode, Layout, Q6K, Q8_0};
+use crate::formats::{Bf16, Encode, Layout, F16, F32, Q6K, Q8_0};
 use crate::gguf::{GgmlType, TensorError, TensorInfo};
 
 /// How a matrix's elements are stored.
@@ -213,9 +213,9 @@ pub fn decode_row(format: Format, row: &[u8], out: &mut [f32]) {
     crate::with_layout!(format, |l| l.decode_row(row, out));
 }
 
-/// Re-encodes a matrix as `format` — Q8_0 or Q6_K — (e.g. an F16 LM head, to cut the bytes
-/// read per token). Returns the new description (its range covers the returned bytes) and
-/// the bytes.
+/// Re-encodes a matrix as `format` — Q8_0, Q6_K, F32, F16 or BF16 — (an F16 LM head, to cut
+/// the bytes read per token; `hesper-rs quantize`). Returns the new description (its range
+/// covers the returned bytes) and the bytes.
 pub fn requantize(
     desc: &MatrixDesc,
     file: &[u8],
@@ -224,6 +224,9 @@ pub fn requantize(
     match format {
         Format::Q8_0 => encode::<Q8_0>(desc, file, format),
         Format::Q6K => encode::<Q6K>(desc, file, format),
+        Format::F32 => encode::<F32>(desc, file, format),
+        Format::F16 => encode::<F16>(desc, file, format),
+        Format::BF16 => encode::<Bf16>(desc, file, format),
         _ => Err(WeightError::UnsupportedType {
             name: desc.name.clone(),
             ty: format!("{format:?} (as a re-quantization target)"),

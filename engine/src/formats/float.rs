@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 
-use super::Layout;
+use super::{Encode, Layout};
 
 /// f32 values.
 #[derive(Debug, Clone, Copy)]
@@ -43,5 +43,26 @@ impl Layout for Bf16 {
 
     fn decode_block(&self, b: &[u8], out: &mut [f32]) {
         out[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+}
+
+impl Encode for F32 {
+    fn encode_block(values: &[f32], out: &mut [u8]) {
+        out.copy_from_slice(&values[0].to_le_bytes());
+    }
+}
+
+/// Rounded to nearest, ties to even, as ggml's F16C conversion does.
+impl Encode for F16 {
+    fn encode_block(values: &[f32], out: &mut [u8]) {
+        out.copy_from_slice(&f16::from_f32(values[0]).to_le_bytes());
+    }
+}
+
+/// Rounded to nearest, ties to even, as ggml's `ggml_compute_fp32_to_bf16` does (a NaN stays
+/// a quiet NaN).
+impl Encode for Bf16 {
+    fn encode_block(values: &[f32], out: &mut [u8]) {
+        out.copy_from_slice(&bf16::from_f32(values[0]).to_le_bytes());
     }
 }

@@ -22,7 +22,7 @@ use thiserror::Error;
 pub use error::GgufError;
 pub use types::{GgmlType, KnownOther};
 pub use value::{Array, Value};
-pub use write::GgufBuilder;
+pub use write::{header, GgufBuilder, TensorEntry};
 
 use reader::Cursor;
 

@@ -1,4 +1,5 @@
-//! A minimal GGUF writer, used to build test models and corrupt files in tests.
+//! A minimal GGUF writer: test models and corrupt files in tests, and `hesper-rs quantize`'s
+//! header.
 
 use super::{Array, Value, DEFAULT_ALIGNMENT};
 
@@ -38,32 +39,62 @@ impl GgufBuilder {
     /// Serialises the file.
     pub fn build(&self) -> Vec<u8> {
         let align = DEFAULT_ALIGNMENT as usize;
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend((self.metadata.len() as u64).to_le_bytes());
-        for (key, value) in &self.metadata {
-            put_str(&mut out, key);
-            put_value(&mut out, value, true);
-        }
-        let mut offset = 0usize;
-        for (name, ne, ty, data) in &self.tensors {
-            put_str(&mut out, name);
-            out.extend((ne.len() as u32).to_le_bytes());
-            for d in ne {
-                out.extend(d.to_le_bytes());
-            }
-            out.extend(ty.to_le_bytes());
-            out.extend((offset as u64).to_le_bytes());
-            offset += data.len().div_ceil(align) * align;
-        }
-        out.resize(out.len().div_ceil(align) * align, 0);
+        let entries: Vec<TensorEntry> = self
+            .tensors
+            .iter()
+            .map(|(name, ne, ty, data)| TensorEntry {
+                name: name.clone(),
+                ne: ne.clone(),
+                type_id: *ty,
+                nbytes: data.len() as u64,
+            })
+            .collect();
+        let mut out = header(&self.metadata, &entries, align);
         for (_, _, _, data) in &self.tensors {
             out.extend(data);
             out.resize(out.len().div_ceil(align) * align, 0);
         }
         out
     }
+}
+
+/// One tensor's entry in a file's tensor table.
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    /// Its name.
+    pub name: String,
+    /// Its dims, innermost first.
+    pub ne: Vec<u64>,
+    /// Its ggml type id.
+    pub type_id: u32,
+    /// Bytes of its data.
+    pub nbytes: u64,
+}
+
+/// A GGUF v3 file's header — magic, counts, metadata, tensor table — padded to `align`: the
+/// tensors' data follows, each padded to `align` as ggml requires.
+pub fn header(metadata: &[(String, Value)], tensors: &[TensorEntry], align: usize) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        put_str(&mut out, key);
+        put_value(&mut out, value, true);
+    }
+    let mut offset = 0u64;
+    for t in tensors {
+        put_str(&mut out, &t.name);
+        out.extend((t.ne.len() as u32).to_le_bytes());
+        for d in &t.ne {
+            out.extend(d.to_le_bytes());
+        }
+        out.extend(t.type_id.to_le_bytes());
+        out.extend(offset.to_le_bytes());
+        offset += t.nbytes.div_ceil(align as u64) * align as u64;
+    }
+    out.resize(out.len().div_ceil(align) * align, 0);
+    out
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {

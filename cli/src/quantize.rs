@@ -1,0 +1,120 @@
+//! `hesper-rs quantize IN OUT TYPE`: a model written in another weight type (llama-quantize's
+//! arguments and choices, no importance matrix), one line per tensor as it prints them.
+
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hesper_engine::file::ModelFile;
+use hesper_engine::quantize::{plan, write, QuantType};
+
+use crate::report::note;
+
+/// Flags of `quantize`.
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// The model to read (any type hesper-rs runs).
+    #[arg(value_name = "IN")]
+    input: PathBuf,
+    /// The file to write (written beside it first, then renamed: never half-written).
+    #[arg(value_name = "OUT")]
+    output: PathBuf,
+    /// The type of every weight matrix: Q8_0, Q6_K, F16, BF16 or F32 (norms and other
+    /// vectors stay as they are; rows that are not whole blocks of it get llama.cpp's
+    /// fallback: Q8_0 for Q6_K, else F16).
+    #[arg(value_name = "TYPE", value_parser = parse_type)]
+    ty: QuantType,
+    /// Another type for the tensors a pattern names (`attn_v=q8_0`, `blk.*.ffn_down.weight=f16`;
+    /// `*` matches anything, a plain word any name holding it); repeatable, the last match
+    /// wins.
+    #[arg(long = "tensor-type", value_name = "PATTERN=TYPE", value_parser = parse_override)]
+    tensor_type: Vec<(String, QuantType)>,
+}
+
+/// A `TYPE` argument.
+fn parse_type(name: &str) -> Result<QuantType, String> {
+    QuantType::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = QuantType::ALL.iter().map(|t| t.name()).collect();
+        format!("expected one of {}", names.join(", "))
+    })
+}
+
+/// A `--tensor-type PATTERN=TYPE` argument.
+fn parse_override(text: &str) -> Result<(String, QuantType), String> {
+    let (pattern, ty) = text
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{text:?}: expected PATTERN=TYPE"))?;
+    if pattern.is_empty() {
+        return Err(format!("{text:?}: the pattern is empty"));
+    }
+    Ok((pattern.to_string(), parse_type(ty)?))
+}
+
+/// Runs `quantize`.
+pub fn run(args: QuantizeArgs) -> Result<()> {
+    let start = Instant::now();
+    let same = match (args.input.canonicalize(), args.output.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same {
+        bail!(
+            "{}: the output is the input; write another file",
+            args.output.display()
+        );
+    }
+    let file = ModelFile::open(&args.input)?;
+    let plans = plan(file.header().tensors(), args.ty, &args.tensor_type);
+    let partial = args
+        .output
+        .with_extension(format!("part-{}", std::process::id()));
+    let out = std::fs::File::create(&partial)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
+    let mut out = BufWriter::new(out);
+    let n = plans.len();
+    let result = write(&file, &plans, args.ty, &mut out, &mut |done, total| {
+        let p = &plans[done - 1];
+        let dims: Vec<String> = p.info.dims().iter().map(u64::to_string).collect();
+        let what = match p.to {
+            Some(to) => format!("{} -> {}", p.info.ty, to.name()),
+            None => format!("{} kept", p.info.ty),
+        };
+        let why = p
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        note!(
+            "[{done:>w$}/{total}] {:<40} [{}] {what}{why}",
+            p.info.name,
+            dims.join(", "),
+            w = total.to_string().len()
+        );
+    });
+    drop(out);
+    let written = match result {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e.into());
+        }
+    };
+    std::fs::rename(&partial, &args.output).with_context(|| {
+        format!(
+            "cannot move {} to {}",
+            partial.display(),
+            args.output.display()
+        )
+    })?;
+    let converted = plans.iter().filter(|p| p.to.is_some()).count();
+    note!(
+        "hesper: wrote {} ({n} tensors, {converted} converted): {:.2} MB -> {:.2} MB in {:.2} s",
+        args.output.display(),
+        file.len() as f64 / 1e6,
+        written as f64 / 1e6,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
