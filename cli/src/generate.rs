@@ -11,15 +11,17 @@ use clap::{Args, ValueEnum};
 use hesper_engine::backend::Backend;
 use hesper_engine::chat::{ChatTemplate, TemplateOrigin};
 use hesper_engine::gguf::Gguf;
-use hesper_engine::model::Model;
+use hesper_engine::model::Reload;
 use hesper_engine::sampler::{Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::chat::{ChatContext, Conversation, Turn};
 use hesper_runtime::settings;
-use hesper_runtime::{complete, run_model, Evaluator, Event, Flow, Local, RuntimeError, Stats};
+use hesper_runtime::{
+    complete, run_model, with_model, Evaluator, Event, Flow, Local, ModelRef, RuntimeError, Stats,
+};
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::load;
+use crate::load::{load, load_hot_swap};
 use crate::report::{note, note_inline};
 
 /// Most tokens of a chat reply when `-n` is not given.
@@ -77,6 +79,11 @@ pub struct GenerateArgs {
         value_name = "FILE"
     )]
     chat_template_file: Option<PathBuf>,
+    /// With --chat: before each message, swap in the tensors that changed in the model file
+    /// and evaluate the conversation again with them, as if they had always been there. The
+    /// model is read into memory instead of mapped.
+    #[arg(long = "hot-swap")]
+    pub hot_swap: bool,
     /// Sampling temperature (0 or below = greedy).
     #[arg(
         help_heading = "Sampling",
@@ -235,6 +242,9 @@ impl GenerateArgs {
         if self.chat_template_file.is_some() && !self.chat {
             bail!("--chat-template-file applies to --chat (a plain prompt has no chat template)");
         }
+        if self.hot_swap && !self.chat {
+            bail!("--hot-swap applies to --chat (checked between turns), perplexity and serve");
+        }
         self.ctx.attention.config()?;
         if self.context_shift == ContextShift::None && self.keep.is_some() {
             bail!("--keep applies to --context-shift sinks");
@@ -299,44 +309,49 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     args.read_prompt_file()?;
     // Bad sampling flags fail before a model is loaded.
     let sampler = settings::sampler(args.sampling())?;
-    let loaded = load(&args.model, None)?;
+    let loaded = match args.hot_swap {
+        true => load_hot_swap(&args.model)?,
+        false => load(&args.model, None)?,
+    };
     let Some(tok) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); use `hesper-rs logits --tokens`", loaded.model.file().source);
     };
+    let load_ms = loaded.load_ms;
+    if args.hot_swap {
+        // The model is lent mutably to the chat, which swaps tensors in between turns: the
+        // CPU's operations are then handed to its threads one by one.
+        let mut model = loaded.model;
+        return with_model!(&mut model, |model| generate_on(
+            &args, model, tok, sampler, load_ms
+        ));
+    }
     run_model!(&loaded.model, |model| generate_on(
-        &args,
-        model,
-        tok,
-        sampler,
-        loaded.load_ms
+        &args, model, tok, sampler, load_ms
     ))
 }
 
-/// `generate` on a model loaded on any backend.
-fn generate_on<B: Backend>(
+/// `generate` on a model loaded on any backend, shared or lent for hot-swap.
+fn generate_on<B: Backend, M: ModelRef<B>>(
     args: &GenerateArgs,
-    model: &Model<B>,
+    model: M,
     tok: &Tokenizer,
     sampler: Sampler,
     load_ms: f64,
 ) -> Result<()> {
-    let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
+    let m = model.get();
+    let n_ctx = args.ctx.n_ctx(m.config.n_ctx_train);
     let attention = args.ctx.attention.config()?;
-    let mut session = model.new_session_with(n_ctx, args.ctx.batch_size, &attention)?;
+    let mut session = m.new_session_with(n_ctx, args.ctx.batch_size, &attention)?;
     session.set_context_shift(args.shift_keep())?;
-    ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
-    let label = format!("{} | {}", model.file.source, model.backend.name());
+    ContextArgs::note_past_training(n_ctx, m.config.n_ctx_train);
+    let label = format!("{} | {}", m.file.source, m.backend.name());
+    // The header is read before the chat may swap the model's file for a newer one.
+    let header = m.file.clone();
     let mut local = Local {
         model,
         session: &mut session,
     };
-    let stats = drive(
-        args,
-        &mut local,
-        (tok, model.file.header()),
-        sampler,
-        &label,
-    )?;
+    let stats = drive(args, &mut local, (tok, header.header()), sampler, &label)?;
     if session.discarded() > 0 {
         note!(
             "hesper: the context shifted: {} positions discarded in all",
@@ -458,6 +473,9 @@ fn chat<E: Evaluator>(args: &GenerateArgs, cx: &mut ChatContext<'_, E>) -> Resul
         if line.trim().is_empty() {
             continue;
         }
+        if args.hot_swap {
+            swap_between_turns(cx.eval);
+        }
         match pollster::block_on(conversation.send(cx, &line, &mut print_event)) {
             Ok(Turn::Answered(_)) => writeln!(std::io::stdout())?,
             Ok(Turn::Refused) => {}
@@ -471,6 +489,26 @@ fn chat<E: Evaluator>(args: &GenerateArgs, cx: &mut ChatContext<'_, E>) -> Resul
         }
     }
     Ok(())
+}
+
+/// Swaps in what changed in the model file; the conversation is then evaluated again (its
+/// context forgotten), so that it goes on as if the new weights had always been there. A file
+/// the swap refuses keeps the weights loaded before, and is looked at again before the next
+/// message.
+fn swap_between_turns<E: Evaluator>(eval: &mut E) {
+    let start = std::time::Instant::now();
+    match eval.reload() {
+        Ok(Reload::Unchanged) => {}
+        Ok(Reload::Swapped(swap)) => {
+            eval.truncate(0);
+            note!(
+                "hesper: hot-swap: {} swapped in ({:.1} ms); the conversation is evaluated again with them",
+                swap.describe(),
+                start.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Err(e) => note!("hesper: hot-swap: {e}; the weights loaded before stay (looked at again before the next message)"),
+    }
 }
 
 /// One line of stdin.

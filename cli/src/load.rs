@@ -2,11 +2,13 @@
 //! (`hesper-runtime`), a progress bar on long work, and the tokenizer.
 
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use hesper_engine::file::ModelFile;
+use hesper_engine::source::{read_header, FileSource};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::load::{load as load_model, AnyModel, LoadSettings, Progress};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -36,12 +38,8 @@ pub struct Loaded {
 
 /// Opens the file named by `args` (or the built-in model) without building a model.
 pub fn open_file(args: &ModelArgs) -> Result<Arc<ModelFile>> {
-    if let Some(repo) = &args.hf_repo {
-        let path = crate::pull::model_path(repo, args.hf_file.as_deref())?;
-        return Ok(ModelFile::open(&path)?);
-    }
-    match &args.gguf {
-        Some(path) => Ok(ModelFile::open(path)?),
+    match model_path(args)? {
+        Some(path) => Ok(ModelFile::open(&path)?),
         None => Ok(ModelFile::from_bytes(
             BUILTIN_MODEL.to_vec(),
             BUILTIN_LABEL,
@@ -49,14 +47,42 @@ pub fn open_file(args: &ModelArgs) -> Result<Arc<ModelFile>> {
     }
 }
 
+/// The path of the model file `args` names (after a download for `-hf`); `None` for the
+/// built-in model.
+fn model_path(args: &ModelArgs) -> Result<Option<PathBuf>> {
+    Ok(match (&args.hf_repo, &args.gguf) {
+        (Some(repo), _) => Some(crate::pull::model_path(repo, args.hf_file.as_deref())?),
+        (None, path) => path.clone(),
+    })
+}
+
 /// Loads the model named by `args` onto the backend `--backend` picks, holding `layers`
 /// (all when `None`).
 pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
+    load_with(args, layers, false)
+}
+
+/// Loads the model named by `args` for hot-swap: read into memory with every tensor hashed,
+/// so that [`AnyModel::reload_changed`] can swap in what changes on disk.
+pub fn load_hot_swap(args: &ModelArgs) -> Result<Loaded> {
+    load_with(args, None, true)
+}
+
+fn load_with(args: &ModelArgs, layers: Option<Range<usize>>, hot_swap: bool) -> Result<Loaded> {
     let start = Instant::now();
     args.check_threads()?;
     args.note_thread_cap();
     args.note_llama_flags();
-    let file = open_file(args)?;
+    let (file, hot_swap) = if hot_swap {
+        let Some(path) = model_path(args)? else {
+            bail!("--hot-swap watches a model file: name one with -m FILE (the built-in model has none)");
+        };
+        // Only the header is read here; the load reads each tensor into memory.
+        let mut source = FileSource::open(&path)?;
+        (pollster::block_on(read_header(&mut source))?, Some(path))
+    } else {
+        (open_file(args)?, None)
+    };
     let tokenizer = args
         .tokenizer(file.header())
         .with_context(|| format!("{}: cannot build the tokenizer", file.source))?;
@@ -67,6 +93,7 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
         layers,
         repack: !args.no_repack,
         cpu_isa: args.cpu_kernels,
+        hot_swap,
     };
     let mut bars = Bars::new(&file);
     let model = load_model(&file, &settings, &mut |p| bars.show(p), &mut |n| {

@@ -287,6 +287,11 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
     if g.shift_keep().is_some() {
         bail!("--context-shift does not cross a ring yet: its nodes stop at a full context");
     }
+    if g.hot_swap {
+        bail!(
+            "--hot-swap does not cross a ring yet: restart the ring's nodes to load a changed file"
+        );
+    }
     if g.ctx.attention.config()? != AttentionConfig::default() {
         bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
     }

@@ -10,7 +10,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
-use hesper_engine::model::Model;
+use hesper_engine::model::{Model, Reload};
+use hesper_runtime::load::AnyModel;
 use hesper_runtime::perplexity::base_file::{self, Header};
 use hesper_runtime::perplexity::kl::{Divergence, Report, Spread};
 use hesper_runtime::perplexity::text::tokenize_for;
@@ -18,7 +19,7 @@ use hesper_runtime::perplexity::{score_chunk, targets, Accumulator, Chunks};
 use hesper_runtime::run_model;
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::load;
+use crate::load::{load, load_hot_swap};
 use crate::output::OutputFile;
 use crate::report::note;
 use hesper_engine::attention::AttentionConfig;
@@ -52,6 +53,15 @@ pub struct PerplexityArgs {
     /// context: KL divergence, Δp of the right token, same top token, both perplexities.
     #[arg(long = "kl-divergence", requires = "kl_base")]
     kl_divergence: bool,
+    /// Loop as ik_llama.cpp's hot-swap does: after each pass, run --pre-reload-script, swap in
+    /// the tensors that changed in the model file, and measure again; the loop ends when a
+    /// check finds nothing changed. The model is read into memory instead of mapped.
+    #[arg(long = "hot-swap", conflicts_with_all = ["kl_base", "kl_divergence"])]
+    hot_swap: bool,
+    /// A program run before each --hot-swap check (it edits the model file, e.g. with
+    /// `hesper-rs quantize`); its failure ends the loop.
+    #[arg(long = "pre-reload-script", value_name = "PATH", requires = "hot_swap")]
+    pre_reload_script: Option<PathBuf>,
 }
 
 /// Runs `perplexity`.
@@ -93,7 +103,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", path.display()))?,
         );
     }
-    let loaded = load(&args.model, None)?;
+    let mut loaded = match args.hot_swap {
+        true => load_hot_swap(&args.model)?,
+        false => load(&args.model, None)?,
+    };
     let n_vocab = loaded.model.config().n_vocab;
     let bos = loaded
         .tokenizer
@@ -176,7 +189,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         chunks.n_ctx,
         args.ctx.batch_size.min(chunks.n_ctx)
     );
-    let job = Job {
+    let mut job = Job {
         chunks,
         tokens: &tokens,
         bos,
@@ -186,8 +199,53 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         base_out: base_out.as_mut().map(|w| w as &mut (dyn Write + Send)),
     };
     run_model!(&loaded.model, |model| job.run(model))?;
+    if args.hot_swap {
+        hot_swap_loop(
+            &mut loaded.model,
+            args.pre_reload_script.as_deref(),
+            &mut job,
+        )?;
+    }
     if let Some(w) = base_out {
         w.commit()?;
+    }
+    Ok(())
+}
+
+/// ik_llama.cpp's hot-swap loop: run the script, swap in what changed, measure again, until
+/// a check finds nothing changed. A file the swap refuses ends the loop with its reason.
+fn hot_swap_loop(model: &mut AnyModel, script: Option<&Path>, job: &mut Job<'_>) -> Result<()> {
+    for pass in 2.. {
+        if let Some(script) = script {
+            let status = std::process::Command::new(script)
+                .status()
+                .with_context(|| {
+                    format!("--pre-reload-script {}: cannot run it", script.display())
+                })?;
+            if !status.success() {
+                bail!(
+                    "--pre-reload-script {}: {status}; the hot-swap loop ends",
+                    script.display()
+                );
+            }
+        }
+        let start = Instant::now();
+        let swap = match model.reload_changed() {
+            Ok(Reload::Swapped(swap)) => swap,
+            Ok(Reload::Unchanged) => {
+                note!("perplexity: hot-swap: no tensor changed; done");
+                return Ok(());
+            }
+            Err(e) => bail!("hot-swap: {e}; the loop ends with the weights loaded before"),
+        };
+        note!(
+            "perplexity: hot-swap pass {pass}: {} tensor(s) swapped in in {:.1} ms ({:.1} MB read): {}",
+            swap.tensors.len(),
+            start.elapsed().as_secs_f64() * 1e3,
+            swap.bytes_read as f64 / 1e6,
+            swap.describe()
+        );
+        run_model!(&*model, |m| job.run(m))?;
     }
     Ok(())
 }
@@ -204,7 +262,7 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    fn run<B: Backend>(mut self, model: &Model<B>) -> Result<()> {
+    fn run<B: Backend>(&mut self, model: &Model<B>) -> Result<()> {
         let c = self.chunks;
         let n_vocab = model.config.n_vocab;
         if let Some(&t) = self.tokens.iter().find(|&&t| t as usize >= n_vocab) {

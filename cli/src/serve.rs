@@ -11,13 +11,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_engine::chat::ChatTemplate;
-use hesper_runtime::run_model;
 use hesper_runtime::scheduler::{self, SchedulerConfig};
+use hesper_runtime::{run_model, with_model};
 use hesper_server::{Ready, ServerConfig, State};
 use serde_json::json;
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, BUILTIN_LABEL};
+use crate::load::{load, load_hot_swap, BUILTIN_LABEL};
 use crate::report::note;
 
 /// Largest request body.
@@ -75,6 +75,12 @@ pub struct ServeArgs {
     /// An origin allowed to call the API from a browser (CORS); repeat for several.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origin: Vec<String>,
+    /// Swap in the tensors that changed in the model file on each GET /health (ik_llama.cpp's
+    /// trigger) and POST /reload, between two steps; running requests go on from their start
+    /// with the new weights, and the prefix cache is emptied. The model is read into memory
+    /// instead of mapped.
+    #[arg(long = "hot-swap")]
+    hot_swap: bool,
 }
 
 impl ServeArgs {
@@ -146,6 +152,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body: MAX_BODY,
         max_connections: args.max_connections,
         cors_origins: args.cors_origin.clone(),
+        hot_swap: args.hot_swap,
     });
     let server = state.clone();
     std::thread::Builder::new()
@@ -157,7 +164,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         })?;
     note!("hesper: listening on http://{addr} (loading the model; /health answers 503 until it is ready)");
-    let loaded = load(&args.model, None)?;
+    let loaded = match args.hot_swap {
+        true => load_hot_swap(&args.model)?,
+        false => load(&args.model, None)?,
+    };
     let Some(tok) = loaded.tokenizer else {
         bail!(
             "{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); a server needs one",
@@ -216,6 +226,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         n_ctx,
         parallel,
     });
+    if args.hot_swap {
+        // The scheduler holds the model mutably to swap tensors in between steps: the CPU's
+        // operations are then handed to its threads one by one.
+        let mut model = loaded.model;
+        with_model!(&mut model, |m| scheduler::run(
+            m, &tok, &sched, jobs, &gauges
+        ))?;
+        return Ok(());
+    }
     run_model!(&loaded.model, |m| scheduler::run(
         m, &tok, &sched, jobs, &gauges
     ))?;

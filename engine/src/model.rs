@@ -21,18 +21,21 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{
-    AttentionShape, Backend, BackendError, GateUp, MatrixUse, Qkv, RopeShape, NON_FINITE,
-};
-use crate::config::{Config, ConfigError, RopePairs};
+use crate::backend::{AttentionShape, Backend, BackendError, GateUp, Qkv, RopeShape, NON_FINITE};
+use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
-use crate::gguf::{TensorError, TensorInfo};
 use crate::memory::{SessionShape, SizeError};
 use crate::source::{ReadError, TensorSource};
-use crate::weights::{read_f32_vector, requantize, Format, MatrixDesc, WeightError};
+use crate::weights::{read_f32_vector, Format, MatrixDesc, WeightError};
 
 mod batch;
+mod load;
+#[cfg(unix)]
+mod reload;
 pub use batch::{BatchScratch, SeqStep};
+use load::{Fetch, InFile, Loader, Part, Plan, Streamed};
+#[cfg(unix)]
+pub use reload::{Reload, ReloadError, Swap};
 
 /// Errors raised while loading or running a model.
 #[derive(Debug, Error)]
@@ -131,6 +134,13 @@ pub enum ModelError {
     /// A streamed load could not read a tensor.
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// A streamed load could not read a file's header.
+    #[error(transparent)]
+    Header(#[from] crate::source::HeaderError),
+    /// A tensor changed on disk between the check that found it unchanged and its load (a
+    /// hot-swap while the file is being written).
+    #[error("tensor {0:?} changed on disk while it was being loaded")]
+    ChangedWhileLoading(String),
     /// A tensor larger than this target can address (a 32-bit browser build).
     #[error("tensor {name:?} holds {bytes} bytes, more than this build can address")]
     TooLarge {
@@ -270,9 +280,14 @@ pub struct Model<B: Backend> {
     /// `rope_freqs.weight`, when the file has one.
     rope_factors: Option<Vec<f32>>,
     bytes_per_token: u64,
+    /// Bytes of each part's matrices (what [`Model::bytes_per_token`] sums).
+    part_bytes: std::collections::BTreeMap<Part, u64>,
     /// Ids a prediction may pick: the file's token list, where it is shorter than the LM
     /// head (rows past it have no text).
     n_sampled: usize,
+    /// What a hot-swap compares the file with (a model loaded with [`Model::load_hot_swap`]).
+    #[cfg(unix)]
+    swap: Option<Box<reload::HotSwap>>,
 }
 
 /// Per-conversation state: KV cache, position and scratch buffers.
@@ -457,149 +472,20 @@ impl<B: Backend> Model<B> {
             });
         }
         check_tensor_table(g, &config)?;
-        let first = layer_range.start == 0;
-        let last = layer_range.end == config.n_layer;
-        let tied = g.tensor("output.weight").is_none();
-        let head_loaded = last && (!tied || opts.head != HeadFormat::AsStored);
-        let has_bias = |il: usize| g.tensor(&format!("blk.{il}.attn_q.bias")).is_some();
-        let per_layer = 9 + if config.family.sub_norms { 2 } else { 0 };
-        let total = layer_range
-            .clone()
-            .map(|il| per_layer + if has_bias(il) { 3 } else { 0 })
-            .sum::<usize>()
-            + usize::from(first || (last && tied))
-            + usize::from(last)
-            + usize::from(head_loaded);
-        let mut loader = Loader {
-            backend: &backend,
-            file: &file,
-            fetch,
-            done: 0,
-            total,
-            progress: opts.progress,
-            matrix_bytes: 0,
-        };
-        let (d, ff, qd, kv) = (config.n_embd, config.n_ff, config.q_dim(), config.kv_dim());
-        let embedding = if first || (last && tied) {
-            Some(
-                loader
-                    .matrix("token_embd.weight", config.n_vocab, d, MatrixUse::Embedding)
-                    .await?,
-            )
-        } else {
-            None
-        };
-        // The embedding table is read a row per token, unless it also is the LM head.
-        let head_is_embedding = last && tied && opts.head == HeadFormat::AsStored;
-        let embedding_bytes = if head_is_embedding {
-            0
-        } else {
-            loader.matrix_bytes
-        };
-        // Rows of Q and K (and their biases) in the order NeoX RoPE rotates them.
-        let q_order = rope_row_order(&config, config.n_head);
-        let k_order = rope_row_order(&config, config.n_head_kv);
+        let plan = Plan::new(config, g, layer_range.clone(), opts.head);
+        let mut loader = Loader::new(&backend, &file, &plan, fetch, opts.progress);
+        let embedding = loader.embedding().await?;
         let mut layers = Vec::with_capacity(layer_range.len());
         for il in layer_range.clone() {
-            let p = |n: &str| format!("blk.{il}.{n}");
-            let attn_norm = loader.vector(&p("attn_norm.weight"), d).await?;
-            let qkv = loader.backend.join_qkv(
-                loader
-                    .matrix_in_order(&p("attn_q.weight"), qd, d, q_order.as_deref())
-                    .await?,
-                loader
-                    .matrix_in_order(&p("attn_k.weight"), kv, d, k_order.as_deref())
-                    .await?,
-                loader
-                    .matrix(&p("attn_v.weight"), kv, d, MatrixUse::Product)
-                    .await?,
-            )?;
-            let qkv_bias = if has_bias(il) {
-                Some([
-                    loader
-                        .vector_in_order(&p("attn_q.bias"), qd, q_order.as_deref())
-                        .await?,
-                    loader
-                        .vector_in_order(&p("attn_k.bias"), kv, k_order.as_deref())
-                        .await?,
-                    loader.vector(&p("attn_v.bias"), kv).await?,
-                ])
-            } else {
-                None
-            };
-            let attn_sub_norm = if config.family.sub_norms {
-                Some(loader.vector(&p("attn_sub_norm.weight"), qd).await?)
-            } else {
-                None
-            };
-            let wo = loader
-                .matrix(&p("attn_output.weight"), d, qd, MatrixUse::Product)
-                .await?;
-            let ffn_norm = loader.vector(&p("ffn_norm.weight"), d).await?;
-            let gate_up = loader.backend.join_gate_up(
-                loader
-                    .matrix(&p("ffn_gate.weight"), ff, d, MatrixUse::Product)
-                    .await?,
-                loader
-                    .matrix(&p("ffn_up.weight"), ff, d, MatrixUse::Product)
-                    .await?,
-            )?;
-            let ffn_sub_norm = if config.family.sub_norms {
-                Some(loader.vector(&p("ffn_sub_norm.weight"), ff).await?)
-            } else {
-                None
-            };
-            let down = loader
-                .matrix(&p("ffn_down.weight"), d, ff, MatrixUse::Product)
-                .await?;
-            layers.push(Layer {
-                attn_norm,
-                qkv,
-                qkv_bias,
-                attn_sub_norm,
-                wo,
-                ffn_norm,
-                gate_up,
-                ffn_sub_norm,
-                down,
-            });
+            layers.push(loader.layer(il).await?);
         }
-        let rope_factors = if g.tensor("rope_freqs.weight").is_some() {
-            Some(
-                loader
-                    .vector_data("rope_freqs.weight", config.rope_dim / 2)
-                    .await?,
-            )
-        } else {
-            None
-        };
-        let (output, output_norm) = if last {
-            let norm = loader.vector("output_norm.weight", d).await?;
-            let head = if tied {
-                "token_embd.weight"
-            } else {
-                "output.weight"
-            };
-            let out = match opts.head {
-                HeadFormat::AsStored if tied => None,
-                HeadFormat::AsStored => Some(
-                    loader
-                        .matrix(head, config.n_vocab, d, MatrixUse::Product)
-                        .await?,
-                ),
-                HeadFormat::Q8_0 | HeadFormat::Q6K => Some(
-                    loader
-                        .requantized(head, config.n_vocab, d, opts.head)
-                        .await?,
-                ),
-            };
-            (out, Some(norm))
-        } else {
-            (None, None)
-        };
-        let bytes_per_token = loader.matrix_bytes - embedding_bytes;
+        let rope_factors = loader.rope_factors().await?;
+        let output_norm = loader.output_norm().await?;
+        let output = loader.output().await?;
+        let part_bytes = std::mem::take(&mut loader.part_bytes);
+        let bytes_per_token = plan.bytes_per_token(&part_bytes);
         Ok(Self {
-            config,
+            config: plan.config.clone(),
             backend,
             file,
             layers,
@@ -609,7 +495,10 @@ impl<B: Backend> Model<B> {
             output_norm,
             rope_factors,
             bytes_per_token,
+            part_bytes,
             n_sampled,
+            #[cfg(unix)]
+            swap: None,
         })
     }
 
@@ -1286,251 +1175,6 @@ impl<B: Backend> Model<B> {
     ) -> Result<Vec<f32>, ModelError> {
         pollster::block_on(self.logits_from_hidden_async(s, hidden))
     }
-}
-
-/// How the loader gets a tensor's bytes: borrowed from the file, or read from a source.
-trait Fetch {
-    /// The bytes of `info`, or `None` when they are in the file.
-    fn fetch(
-        &mut self,
-        info: &TensorInfo,
-    ) -> impl std::future::Future<Output = Result<Option<Vec<u8>>, ModelError>>;
-}
-
-/// Tensors borrowed from a file held whole.
-struct InFile;
-
-impl Fetch for InFile {
-    async fn fetch(&mut self, _: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
-        Ok(None)
-    }
-}
-
-/// Tensors read one by one from a source.
-struct Streamed<'s, S>(&'s mut S);
-
-impl<S: TensorSource> Fetch for Streamed<'_, S> {
-    async fn fetch(&mut self, info: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
-        let nbytes = info.nbytes.ok_or_else(|| {
-            WeightError::from(TensorError::UnknownType {
-                name: info.name.clone(),
-                id: info.ty.id(),
-            })
-        })?;
-        // The header checked the range against the file's length; a 32-bit target may still
-        // not address it.
-        let len = usize::try_from(nbytes).map_err(|_| ModelError::TooLarge {
-            name: info.name.clone(),
-            bytes: nbytes,
-        })?;
-        Ok(Some(self.0.read(info.start, len).await?))
-    }
-}
-
-/// `info` as if its data began at offset 0 (for bytes read on their own).
-fn at_zero(info: &TensorInfo) -> TensorInfo {
-    TensorInfo {
-        start: 0,
-        ..info.clone()
-    }
-}
-
-struct Loader<'a, 'p, B: Backend, F> {
-    backend: &'a B,
-    file: &'a Arc<ModelFile>,
-    fetch: &'a mut F,
-    done: usize,
-    total: usize,
-    progress: Option<&'p mut dyn FnMut(usize, usize)>,
-    /// Bytes of every matrix loaded so far (what a decoded token reads).
-    matrix_bytes: u64,
-}
-
-impl<B: Backend, F: Fetch> Loader<'_, '_, B, F> {
-    fn tick(&mut self) {
-        self.done += 1;
-        if let Some(progress) = self.progress.as_mut() {
-            progress(self.done, self.total);
-        }
-    }
-
-    fn info(&self, name: &str) -> Result<TensorInfo, ModelError> {
-        self.file
-            .header()
-            .tensor(name)
-            .cloned()
-            .ok_or_else(|| ModelError::MissingTensor(name.into()))
-    }
-
-    /// A matrix's description, its bytes when read from a source, and its scale.
-    async fn source(
-        &mut self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<(MatrixDesc, Option<Vec<u8>>, Option<f32>), ModelError> {
-        let info = self.info(name)?;
-        let scale_name = name.replace(".weight", ".scale");
-        let scale = match self.file.header().tensor(&scale_name) {
-            Some(_) => Some(self.vector_data(&scale_name, 1).await?[0]),
-            None => None,
-        };
-        Ok(match self.fetch.fetch(&info).await? {
-            None => (
-                MatrixDesc::new(&info, self.file.bytes(), rows, cols)?,
-                None,
-                scale,
-            ),
-            Some(bytes) => (
-                MatrixDesc::new(&at_zero(&info), &bytes, rows, cols)?,
-                Some(bytes),
-                scale,
-            ),
-        })
-    }
-
-    async fn matrix(
-        &mut self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        usage: MatrixUse,
-    ) -> Result<B::Matrix, ModelError> {
-        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
-        self.matrix_bytes += desc.range.len() as u64;
-        let m = match bytes {
-            None => self.backend.load_matrix(self.file, desc, scale, usage)?,
-            Some(mut bytes) => {
-                // I2_S descriptions cover the codes only; the scale after them was read.
-                bytes.truncate(desc.range.end);
-                self.backend.load_owned_matrix(desc, bytes, scale, usage)?
-            }
-        };
-        self.tick();
-        Ok(m)
-    }
-
-    /// [`Loader::matrix`] of a product matrix whose rows are stored in `order` (row `i` of
-    /// the loaded matrix is row `order[i]` of the file's); as stored when `order` is `None`.
-    async fn matrix_in_order(
-        &mut self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        order: Option<&[usize]>,
-    ) -> Result<B::Matrix, ModelError> {
-        let Some(order) = order else {
-            return self.matrix(name, rows, cols, MatrixUse::Product).await;
-        };
-        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
-        let rb = desc.row_bytes();
-        let stored = match &bytes {
-            None => &self.file.bytes()[desc.range.clone()],
-            Some(bytes) => &bytes[desc.range.clone()],
-        };
-        let mut data = Vec::with_capacity(stored.len());
-        for &r in order {
-            data.extend_from_slice(&stored[r * rb..(r + 1) * rb]);
-        }
-        drop(bytes);
-        let desc = MatrixDesc {
-            range: 0..data.len(),
-            ..desc
-        };
-        self.owned_product(desc, data, scale)
-    }
-
-    /// A product matrix made here (rows reordered, re-quantized): its bytes count as read per
-    /// token, and the backend takes them over.
-    fn owned_product(
-        &mut self,
-        desc: MatrixDesc,
-        data: Vec<u8>,
-        scale: Option<f32>,
-    ) -> Result<B::Matrix, ModelError> {
-        self.matrix_bytes += data.len() as u64;
-        let m = self
-            .backend
-            .load_owned_matrix(desc, data, scale, MatrixUse::Product)?;
-        self.tick();
-        Ok(m)
-    }
-
-    async fn requantized(
-        &mut self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        head: HeadFormat,
-    ) -> Result<B::Matrix, ModelError> {
-        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
-        let format = head.target().unwrap_or(desc.format);
-        let (requantized, data) = match &bytes {
-            None => {
-                let out = requantize(&desc, self.file.bytes(), format)?;
-                // The stored head is read once here; only embedding lookups (a row per token)
-                // may touch it again.
-                self.file.release(desc.range.clone());
-                out
-            }
-            Some(bytes) => requantize(&desc, bytes, format)?,
-        };
-        drop(bytes);
-        self.owned_product(requantized, data, scale)
-    }
-
-    async fn vector_data(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-        let info = self.info(name)?;
-        Ok(match self.fetch.fetch(&info).await? {
-            None => read_f32_vector(
-                &info,
-                self.file.tensor_bytes(&info).map_err(WeightError::from)?,
-                len,
-            )?,
-            Some(bytes) => read_f32_vector(&info, &bytes, len)?,
-        })
-    }
-
-    /// [`Loader::vector`] with its values in `order` (as [`Loader::matrix_in_order`]).
-    async fn vector_in_order(
-        &mut self,
-        name: &str,
-        len: usize,
-        order: Option<&[usize]>,
-    ) -> Result<B::Vector, ModelError> {
-        let mut data = self.vector_data(name, len).await?;
-        if let Some(order) = order {
-            data = order.iter().map(|&i| data[i]).collect();
-        }
-        let v = self.backend.load_vector(data)?;
-        self.tick();
-        Ok(v)
-    }
-
-    async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
-        self.vector_in_order(name, len, None).await
-    }
-}
-
-/// The order of the `n_head` heads' rows of a Q or K projection that makes NeoX RoPE rotate
-/// what the file's pairing rotates (`None`: the file pairs as NeoX does). For adjacent pairs
-/// (`2i`, `2i + 1`), row `i` of a head becomes row `2i` of the file's and row `i + rope_dim/2`
-/// row `2i + 1`; dims past `rope_dim` stay.
-fn rope_row_order(c: &Config, n_head: usize) -> Option<Vec<usize>> {
-    if c.family.rope_pairs == RopePairs::Neox {
-        return None;
-    }
-    let half = c.rope_dim / 2;
-    let within = |j: usize| match j {
-        j if j < half => 2 * j,
-        j if j < c.rope_dim => 2 * (j - half) + 1,
-        j => j,
-    };
-    Some(
-        (0..n_head * c.head_dim)
-            .map(|r| r - r % c.head_dim + within(r % c.head_dim))
-            .collect(),
-    )
 }
 
 /// Locates weight matrix `name` (`rows × cols`) in `file`, with its optional `*.scale`

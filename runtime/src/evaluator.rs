@@ -5,6 +5,8 @@ use std::future::Future;
 
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{Model, Prediction, Readout, Session};
+#[cfg(unix)]
+use hesper_engine::model::{Reload, ReloadError};
 
 use crate::RuntimeError;
 
@@ -31,17 +33,54 @@ pub trait Evaluator {
         input: &[u32],
         readout: Readout,
     ) -> impl Future<Output = Result<Prediction, RuntimeError>>;
+
+    /// Swaps in the tensors that changed on disk, for a model loaded for hot-swap
+    /// ([`Model::load_hot_swap`]). The context still holds what the old weights computed: a
+    /// caller that swapped evaluates it again.
+    #[cfg(unix)]
+    fn reload(&mut self) -> Result<Reload, ReloadError> {
+        Err(ReloadError::NotEnabled)
+    }
+}
+
+/// How an evaluator holds its model: shared (`&Model`), or owned for the time being so that
+/// it can swap tensors in (`&mut Model`, see [`Evaluator::reload`]).
+pub trait ModelRef<B: Backend> {
+    /// The model.
+    fn get(&self) -> &Model<B>;
+    /// The model, where it may be changed.
+    fn get_mut(&mut self) -> Option<&mut Model<B>>;
+}
+
+impl<B: Backend> ModelRef<B> for &Model<B> {
+    fn get(&self) -> &Model<B> {
+        self
+    }
+
+    fn get_mut(&mut self) -> Option<&mut Model<B>> {
+        None
+    }
+}
+
+impl<B: Backend> ModelRef<B> for &mut Model<B> {
+    fn get(&self) -> &Model<B> {
+        self
+    }
+
+    fn get_mut(&mut self) -> Option<&mut Model<B>> {
+        Some(self)
+    }
 }
 
 /// A model holding every layer, with its session, in this process.
-pub struct Local<'a, B: Backend> {
+pub struct Local<'a, B: Backend, M: ModelRef<B> = &'a Model<B>> {
     /// The model.
-    pub model: &'a Model<B>,
+    pub model: M,
     /// Its session (KV cache and position).
     pub session: &'a mut Session<B>,
 }
 
-impl<B: Backend> Evaluator for Local<'_, B> {
+impl<B: Backend, M: ModelRef<B>> Evaluator for Local<'_, B, M> {
     fn pos(&self) -> usize {
         self.session.pos()
     }
@@ -65,7 +104,16 @@ impl<B: Backend> Evaluator for Local<'_, B> {
     ) -> Result<Prediction, RuntimeError> {
         Ok(self
             .model
+            .get()
             .predict_async(self.session, input, readout)
             .await?)
+    }
+
+    #[cfg(unix)]
+    fn reload(&mut self) -> Result<Reload, ReloadError> {
+        match self.model.get_mut() {
+            Some(model) => model.reload_changed(),
+            None => Err(ReloadError::NotEnabled),
+        }
     }
 }

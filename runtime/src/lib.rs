@@ -21,7 +21,7 @@ pub mod ring;
 pub mod scheduler;
 pub mod settings;
 
-pub use evaluator::{Evaluator, Local};
+pub use evaluator::{Evaluator, Local, ModelRef};
 pub use generation::{complete, Completion, Event, Flow, Stats};
 
 use hesper_engine::chat::ChatError;

@@ -63,6 +63,15 @@ impl AnyModel {
     pub fn sampled_vocab(&self) -> usize {
         crate::with_model!(self, |m| m.sampled_vocab())
     }
+
+    /// Swaps in the tensors that changed on disk
+    /// ([`hesper_engine::model::Model::reload_changed`]).
+    #[cfg(unix)]
+    pub fn reload_changed(
+        &mut self,
+    ) -> Result<hesper_engine::model::Reload, hesper_engine::model::ReloadError> {
+        crate::with_model!(self, |m| m.reload_changed())
+    }
 }
 
 /// Runs `$body` with `$m` bound to the model inside an [`AnyModel`], whatever its backend.
@@ -147,6 +156,21 @@ pub struct LoadSettings {
     /// The CPU kernels to use (`None`: the best this CPU runs).
     #[cfg(feature = "cpu")]
     pub cpu_isa: Option<hesper_cpu::Isa>,
+    /// Load the model at this path for hot-swap ([`Model::load_hot_swap`]: read into memory,
+    /// every tensor hashed) instead of from the mapped file.
+    #[cfg(unix)]
+    pub hot_swap: Option<std::path::PathBuf>,
+}
+
+#[cfg(all(feature = "cpu", not(target_arch = "wasm32")))]
+impl LoadSettings {
+    /// Whether the load reads the file into memory instead of mapping it (hot-swap).
+    fn reads_whole_file(&self) -> bool {
+        #[cfg(unix)]
+        return self.hot_swap.is_some();
+        #[cfg(not(unix))]
+        false
+    }
 }
 
 /// Progress of long loading work, for a bar.
@@ -224,7 +248,7 @@ fn load_cpu(
 ) -> Result<Model<CpuBackend>, LoadError> {
     // A node holding some layers touches only their pages (a ring node maps the file but
     // reads its own part).
-    if file.len() > PAGE_IN_BYTES && settings.layers.is_none() {
+    if file.len() > PAGE_IN_BYTES && settings.layers.is_none() && !settings.reads_whole_file() {
         page_in(file, progress);
     }
     let isa = settings.cpu_isa.unwrap_or_else(hesper_cpu::Isa::detect);
@@ -242,16 +266,19 @@ pub fn load_on<B: Backend>(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Model<B>, LoadError> {
     let mut tick = |done: usize, total: usize| progress(Progress::Tensors { done, total });
-    let model = Model::load(
-        backend,
-        file.clone(),
-        LoadOptions {
-            layers: settings.layers.clone(),
-            head: settings.head,
-            progress: Some(&mut tick),
-        },
-    )
-    .map_err(|source| LoadError::Model {
+    let opts = LoadOptions {
+        layers: settings.layers.clone(),
+        head: settings.head,
+        progress: Some(&mut tick),
+    };
+    #[cfg(unix)]
+    let model = match &settings.hot_swap {
+        Some(path) => Model::load_hot_swap(backend, path, opts),
+        None => Model::load(backend, file.clone(), opts),
+    };
+    #[cfg(not(unix))]
+    let model = Model::load(backend, file.clone(), opts);
+    let model = model.map_err(|source| LoadError::Model {
         file: file.source.clone(),
         source,
     });

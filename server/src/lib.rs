@@ -5,12 +5,14 @@
 //! * [`completion`]: `/v1/chat/completions` and `/v1/completions`, streamed or not;
 //! * [`request`]: request bodies; [`error`]: OpenAI's error answers;
 //! * [`stop`]: stop strings across token boundaries; [`metrics`]: `/metrics`;
+//! * [`reload`]: hot-swap checks (`/health` and `POST /reload` with `--hot-swap`);
 //! * [`conn`]: the accept loop (connection limit, header timeout).
 
 pub mod completion;
 pub mod conn;
 pub mod error;
 pub mod metrics;
+pub mod reload;
 pub mod request;
 pub mod routes;
 pub mod stop;
@@ -42,6 +44,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Origins allowed to call from a browser (CORS); none: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Whether `/health` and `POST /reload` swap in tensors changed in the model file.
+    pub hot_swap: bool,
 }
 
 /// What a loaded model gives the server.

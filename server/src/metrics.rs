@@ -71,6 +71,8 @@ pub struct Metrics {
     pub tpot: Histogram,
     /// Time from arrival to the last token.
     pub latency: Histogram,
+    /// Hot-swap checks, swaps, tensors and refusals.
+    pub swaps: crate::reload::SwapCounters,
 }
 
 impl Default for Metrics {
@@ -83,6 +85,7 @@ impl Default for Metrics {
             ttft: Histogram::default(),
             tpot: Histogram::default(),
             latency: Histogram::default(),
+            swaps: crate::reload::SwapCounters::default(),
         }
     }
 }
@@ -94,7 +97,7 @@ impl Metrics {
         let gauge = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
         let (used, cap) = (gauge(&g.kv_positions), gauge(&g.kv_capacity));
         let usage = if cap > 0.0 { used / cap } else { 0.0 };
-        let values: [(&str, &str, &str, f64); 13] = [
+        let values: [(&str, &str, &str, f64); 17] = [
             (
                 "hesper_requests_total",
                 "counter",
@@ -166,6 +169,30 @@ impl Metrics {
                 "gauge",
                 "KV positions held over capacity.",
                 usage,
+            ),
+            (
+                "hesper_hot_swap_checks_total",
+                "counter",
+                "Hot-swap checks run (--hot-swap: GET /health, POST /reload).",
+                count(&self.swaps.checks),
+            ),
+            (
+                "hesper_hot_swaps_total",
+                "counter",
+                "Hot-swap checks that swapped changed tensors in.",
+                count(&self.swaps.swaps),
+            ),
+            (
+                "hesper_hot_swap_tensors_total",
+                "counter",
+                "Tensors swapped in.",
+                count(&self.swaps.tensors),
+            ),
+            (
+                "hesper_hot_swap_refused_total",
+                "counter",
+                "Changed files a hot-swap refused (the weights loaded before stayed).",
+                count(&self.swaps.refused),
             ),
             (
                 "hesper_uptime_seconds",

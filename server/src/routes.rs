@@ -1,6 +1,6 @@
 //! The router: llama-server's and OpenAI's paths, the API-key check, CORS when asked, JSON
 //! errors for unknown paths and methods, and the small endpoints (`/health`, `/v1/models`,
-//! `/props`, `/tokenize`, `/detokenize`, `/metrics`).
+//! `/props`, `/tokenize`, `/detokenize`, `/metrics`; `/reload` is the hot-swap's).
 
 use std::sync::Arc;
 
@@ -40,6 +40,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/props", get(props))
         .route("/metrics", get(metrics))
+        .route("/reload", post(crate::reload::reload))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -114,11 +115,21 @@ pub async fn read_body(state: &State, body: Body) -> Result<Bytes, ApiError> {
     })
 }
 
+/// `{"status": "ok"}` once the model is ready. With `--hot-swap`, each call first swaps in
+/// what changed in the model file (ik_llama.cpp's trigger), and says so under `hot_swap`; a
+/// refused file does not make the server unhealthy (it goes on with the weights it had).
 async fn health(Ext(state): Ext<Arc<State>>) -> Response {
-    match state.ready() {
-        Ok(_) => Json(json!({"status": "ok"})).into_response(),
-        Err(e) => e.into_response(),
+    if let Err(e) = state.ready() {
+        return e.into_response();
     }
+    if !state.config.hot_swap {
+        return Json(json!({"status": "ok"})).into_response();
+    }
+    let swap = match crate::reload::check(&state).await {
+        Ok(found) => found,
+        Err(e) => json!({"error": e.body()["error"]["message"]}),
+    };
+    Json(json!({"status": "ok", "hot_swap": swap})).into_response()
 }
 
 async fn models(Ext(state): Ext<Arc<State>>) -> Result<Json<Value>, ApiError> {

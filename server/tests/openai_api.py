@@ -6,14 +6,16 @@ Starts servers on free 127.0.0.1 ports with the built-in model and checks every 
 field the README lists: streamed text equals non-streamed, the chunk sequence and `usage` as
 OpenAI defines them, each error with its status and JSON, 16 concurrent clients getting what
 each gets alone, a disconnect freeing its sequence, a full queue answering 503, a shared system
-prompt served from the prefix cache, a slow client dropped while others are served, and a
-bounded load test (no error, no lost or duplicated token, memory back to its level).
+prompt served from the prefix cache, a slow client dropped while others are served, a
+bounded load test (no error, no lost or duplicated token, memory back to its level), and
+`--hot-swap`'s swaps on /health and POST /reload.
 """
 
 import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -151,6 +153,7 @@ def main():
         on_the_gpu(gpu)
     finally:
         gpu.stop()
+    hot_swap()
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed")
         sys.exit(1)
@@ -380,6 +383,71 @@ def on_the_gpu(srv):
         together = list(ex.map(run, args))
     check(alone == together, f"GPU: concurrent {together} vs alone {alone}")
     check(any("gpu" in line for line in srv.log), "the GPU server runs on the GPU")
+
+
+def hot_swap():
+    """`serve --hot-swap`: the model file edited under the server (one tensor's type, made with
+    `hesper-rs quantize`) is swapped in on GET /health, after which every token's log-probability
+    equals a fresh server's on the new file; POST /reload finds nothing more; a torn file is
+    refused with a 409 while the weights stay; /metrics counts it all."""
+    d = tempfile.mkdtemp()
+    base, changed, live = (os.path.join(d, n) for n in ("base.gguf", "changed.gguf", "live.gguf"))
+    kjv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models",
+                       "hesper-kjv.gguf")
+    for args in ([kjv, base, "Q8_0"],
+                 [base, changed, "Q8_0", "--tensor-type", "blk.0.ffn_up.weight=F16"]):
+        subprocess.run([BIN, "quantize", *args], check=True, capture_output=True)
+    shutil.copy(base, live)
+    body = {"prompt": "And God said", "max_tokens": 16, "temperature": 0, "logprobs": 1}
+
+    def answer(srv):
+        status, text, _ = srv.post("/v1/completions", body)
+        check(status == 200, f"hot-swap completion: {status} {text[:200]}")
+        lp = json.loads(text)["choices"][0]["logprobs"]
+        return lp["tokens"], lp["token_logprobs"]
+
+    fresh = Server("-m", changed, "--api-key", KEY)
+    try:
+        want = answer(fresh)
+    finally:
+        fresh.stop()
+    srv = Server("-m", live, "--hot-swap", "--metrics", "--api-key", KEY)
+    try:
+        status, text, _ = srv.request("POST", "/reload")
+        check(status == 401, f"/reload asks for the key: {status}")
+        before = answer(srv)
+        check(before != want, "the edited tensor changes the log-probabilities")
+        shutil.copy(changed, live + ".next")
+        os.replace(live + ".next", live)
+        status, text = srv.get("/health")
+        swapped = json.loads(text).get("hot_swap", {}).get("swapped")
+        check(status == 200 and swapped == [
+            {"name": "blk.0.ffn_up.weight", "from": "Q8_0", "to": "F16"}], f"health swaps: {text}")
+        check(answer(srv) == want, "after the swap, log-probabilities equal a fresh load's")
+        status, text, _ = srv.post("/reload", None)
+        check(status == 200 and json.loads(text)["swapped"] == [], f"nothing more: {text}")
+        with open(base, "rb") as f:
+            half = f.read()[: os.path.getsize(base) // 2]
+        with open(live, "wb") as f:
+            f.write(half)
+        e = error_of(srv.post("/reload", None), 409)
+        check("the weights loaded before stay" in e.get("message", ""), f"409 says why: {e}")
+        status, text = srv.get("/health")
+        check(status == 200 and "error" in json.loads(text)["hot_swap"], f"health: {text}")
+        check(answer(srv) == want, "a torn file keeps the weights")
+        # The start-up wait for /health ran the first check.
+        for name, value in (("hesper_hot_swap_checks_total", 5), ("hesper_hot_swaps_total", 1),
+                            ("hesper_hot_swap_tensors_total", 1),
+                            ("hesper_hot_swap_refused_total", 2)):
+            check(srv.metric(name) == value, f"{name} = {srv.metric(name)} (want {value})")
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    plain = Server("--api-key", KEY)
+    try:
+        error_of(plain.post("/reload", None), 404)
+    finally:
+        plain.stop()
 
 
 def full_queue_and_disconnect(srv):

@@ -13,16 +13,18 @@
 mod pool;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{Model, ModelError, SeqStep, Session};
+use hesper_engine::model::{Model, ModelError, Reload, SeqStep, Session};
 use hesper_engine::sampler::{top_candidates, Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::evaluator::ModelRef;
 use pool::Pool;
 
 /// How a scheduler runs.
@@ -134,8 +136,28 @@ pub enum SubmitError {
 #[derive(Clone)]
 pub struct Submitter {
     tx: SyncSender<Job>,
+    reloads: SyncSender<tokio::sync::oneshot::Sender<Reloaded>>,
     gauges: Arc<Gauges>,
 }
+
+/// What a hot-swap check found, and how long it took (the scheduler waited for the step
+/// running when it was asked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// The swap, or why nothing was swapped (the weights loaded before stay).
+    pub result: Result<Reload, String>,
+    /// Milliseconds the check took.
+    pub millis: u64,
+}
+
+/// The scheduler's end of a [`queue`]: jobs, and hot-swap checks asked for.
+pub struct Inbox {
+    jobs: Receiver<Job>,
+    reloads: Receiver<tokio::sync::oneshot::Sender<Reloaded>>,
+}
+
+/// How long an idle scheduler waits for a job before it looks for hot-swap checks.
+const IDLE_POLL: Duration = Duration::from_millis(20);
 
 impl Submitter {
     /// Queues `job`, or says why not (never waits).
@@ -150,6 +172,19 @@ impl Submitter {
         })
     }
 
+    /// Asks the scheduler to swap in the tensors that changed in the model file between two
+    /// steps ([`Model::reload_changed`]); the answer comes on the receiver. Running sequences
+    /// are then evaluated again from their start and the prefix cache is emptied, so every
+    /// token after the swap comes from the new weights over the whole context.
+    pub fn reload(&self) -> Result<tokio::sync::oneshot::Receiver<Reloaded>, SubmitError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.reloads.try_send(tx).map_err(|e| match e {
+            TrySendError::Full(_) => SubmitError::Full,
+            TrySendError::Disconnected(_) => SubmitError::Closed,
+        })?;
+        Ok(rx)
+    }
+
     /// The scheduler's gauges.
     pub fn gauges(&self) -> &Arc<Gauges> {
         &self.gauges
@@ -157,10 +192,18 @@ impl Submitter {
 }
 
 /// An admission queue of `queue` jobs: the submitting end, and the end [`run`] takes.
-pub fn queue(queue: usize) -> (Submitter, Receiver<Job>) {
-    let (tx, rx) = std::sync::mpsc::sync_channel(queue);
+pub fn queue(queue: usize) -> (Submitter, Inbox) {
+    let (tx, jobs) = std::sync::mpsc::sync_channel(queue);
+    let (reloads_tx, reloads) = std::sync::mpsc::sync_channel(queue);
     let gauges = Arc::new(Gauges::default());
-    (Submitter { tx, gauges }, rx)
+    (
+        Submitter {
+            tx,
+            reloads: reloads_tx,
+            gauges,
+        },
+        Inbox { jobs, reloads },
+    )
 }
 
 /// A running sequence.
@@ -177,39 +220,45 @@ struct Seq<B: Backend> {
 /// Runs jobs from `jobs` on `model` until every [`Submitter`] is dropped and nothing runs.
 /// `gauges` is the submitters' ([`Submitter::gauges`]). On the CPU, call it on one of the
 /// backend's threads (`run_model!`).
-pub fn run<B: Backend>(
-    model: &Model<B>,
+pub fn run<B: Backend, M: ModelRef<B>>(
+    mut model: M,
     tok: &Tokenizer,
     config: &SchedulerConfig,
-    jobs: Receiver<Job>,
+    inbox: Inbox,
     gauges: &Gauges,
 ) -> Result<(), ModelError> {
+    let jobs = &inbox.jobs;
     let parallel = config.parallel.max(1);
     let batch = config.batch.max(parallel);
-    let mut scratch = model.new_batch_scratch(batch, parallel)?;
+    let mut scratch = model.get().new_batch_scratch(batch, parallel)?;
     let budget = config
         .kv_pool
         .unwrap_or(config.n_ctx.saturating_mul(parallel));
-    let mut pool = Pool::new(model, budget, config.n_ctx, config.attention.clone())?;
+    let mut pool = Pool::new(model.get(), budget, config.n_ctx, config.attention.clone())?;
     gauges.kv_capacity.store(pool.budget(), Ordering::Relaxed);
     let mut running: Vec<Seq<B>> = Vec::new();
     // A job taken from the queue that waits for room in the pool (the queue stays in order).
     let mut waiting: Option<Job> = None;
     loop {
+        // Between steps: hot-swap checks asked for.
+        while let Ok(reply) = inbox.reloads.try_recv() {
+            reload(&mut model, &mut running, &mut pool, reply);
+        }
         // Admit jobs while sequences are free; wait for one when nothing runs.
         while running.len() < parallel {
             let job = match waiting.take() {
                 Some(job) => job,
-                None if running.is_empty() => match jobs.recv() {
+                None if running.is_empty() => match jobs.recv_timeout(IDLE_POLL) {
                     Ok(job) => job,
-                    Err(_) => return Ok(()),
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => return Ok(()),
                 },
                 None => match jobs.try_recv() {
                     Ok(job) => job,
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 },
             };
-            match admit(model, &mut pool, config, job, gauges)? {
+            match admit(model.get(), &mut pool, config, job, gauges)? {
                 Admission::Running(seq) => running.push(*seq),
                 Admission::Ended => {}
                 Admission::Wait(job) => {
@@ -227,7 +276,7 @@ pub fn run<B: Backend>(
         if running.is_empty() {
             continue;
         }
-        let (ended, failed) = step(model, tok, &mut scratch, &mut running, batch, gauges);
+        let (ended, failed) = step(model.get(), tok, &mut scratch, &mut running, batch, gauges);
         for i in ended.into_iter().rev() {
             let seq = running.remove(i);
             if failed {
@@ -240,6 +289,30 @@ pub fn run<B: Backend>(
         gauges.running.store(running.len(), Ordering::Relaxed);
         gauges.kv_positions.store(pool.held(), Ordering::Relaxed);
     }
+}
+
+/// Runs a hot-swap check and answers it. After a swap, running sequences are evaluated again
+/// from their start and the prefix cache forgets what it holds: their KV caches were computed
+/// with the old weights.
+fn reload<B: Backend, M: ModelRef<B>>(
+    model: &mut M,
+    running: &mut [Seq<B>],
+    pool: &mut Pool<B>,
+    reply: tokio::sync::oneshot::Sender<Reloaded>,
+) {
+    let start = Instant::now();
+    let result = match model.get_mut() {
+        Some(m) => m.reload_changed().map_err(|e| e.to_string()),
+        None => Err("the model was not loaded for hot-swap".into()),
+    };
+    if let Ok(Reload::Swapped(_)) = result {
+        for s in running.iter_mut() {
+            s.session.truncate(0);
+        }
+        pool.forget_prefixes();
+    }
+    let millis = start.elapsed().as_millis() as u64;
+    let _ = reply.send(Reloaded { result, millis });
 }
 
 /// What became of a job taken from the queue.

@@ -113,6 +113,14 @@ impl<B: Backend> Pool<B> {
         self.idle.push(Idle { session, tokens });
     }
 
+    /// Forgets what every idle session's KV cache holds (the weights that computed it were
+    /// swapped out); the sessions stay, to be reused empty.
+    pub(crate) fn forget_prefixes(&mut self) {
+        for s in &mut self.idle {
+            s.tokens.clear();
+        }
+    }
+
     /// Drops a session that must not be reused (its step failed).
     pub(crate) fn forget(&mut self, session: Session<B>) {
         self.held -= session.n_ctx();

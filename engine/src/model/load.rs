@@ -1,0 +1,678 @@
+//! Loading a model piece by piece: where a tensor's bytes come from ([`Fetch`]), the pieces a
+//! model is made of ([`Part`]), and the [`Loader`] that prepares each piece on a backend. A
+//! first load and a hot-swap (`reload`) take this one path, so a swapped piece is exactly
+//! what a fresh load of the new file makes.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::{HeadFormat, Layer, ModelError};
+use crate::backend::{Backend, GateUp, MatrixUse, Qkv};
+use crate::config::{Config, RopePairs};
+use crate::file::ModelFile;
+use crate::gguf::{Gguf, TensorError, TensorInfo};
+use crate::source::TensorSource;
+use crate::weights::{read_f32_vector, requantize, MatrixDesc, WeightError};
+
+/// A piece of a model loaded, and swapped, as one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum Part {
+    /// The token embedding table (also the LM head when tied and kept as stored).
+    Embedding,
+    /// A piece of layer `.0`.
+    Layer(usize, LayerPart),
+    /// `rope_freqs.weight`.
+    RopeFactors,
+    /// The final norm.
+    OutputNorm,
+    /// An LM head held on its own (`output.weight`, or a re-quantized copy of the embedding).
+    Output,
+}
+
+/// The pieces of a layer. Joined matrices (Q/K/V, gate/up) are one piece: a change to either
+/// joins them again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum LayerPart {
+    AttnNorm,
+    Qkv,
+    QkvBias,
+    AttnSubNorm,
+    Wo,
+    FfnNorm,
+    GateUp,
+    FfnSubNorm,
+    Down,
+}
+
+/// What a model instance holds and how, decided from the file's header and the load options.
+pub(super) struct Plan {
+    /// The hyperparameters.
+    pub config: Config,
+    /// The layers held.
+    pub layers: Range<usize>,
+    /// LM head storage.
+    pub head: HeadFormat,
+    /// No `output.weight`: the embedding table is the LM head.
+    pub tied: bool,
+    /// Which held layers have Q/K/V biases.
+    biases: Vec<bool>,
+    /// Whether the file has `rope_freqs.weight`.
+    rope_freqs: bool,
+    /// Rows of Q and K (and their biases) in the order NeoX RoPE rotates them.
+    q_order: Option<Vec<usize>>,
+    k_order: Option<Vec<usize>>,
+}
+
+impl Plan {
+    /// The plan for holding `layers` of the model `g` describes.
+    pub fn new(config: Config, g: &Gguf, layers: Range<usize>, head: HeadFormat) -> Self {
+        let biases = layers
+            .clone()
+            .map(|il| g.tensor(&format!("blk.{il}.attn_q.bias")).is_some())
+            .collect();
+        Self {
+            q_order: rope_row_order(&config, config.n_head),
+            k_order: rope_row_order(&config, config.n_head_kv),
+            tied: g.tensor("output.weight").is_none(),
+            rope_freqs: g.tensor("rope_freqs.weight").is_some(),
+            config,
+            layers,
+            head,
+            biases,
+        }
+    }
+
+    fn first(&self) -> bool {
+        self.layers.start == 0
+    }
+
+    fn last(&self) -> bool {
+        self.layers.end == self.config.n_layer
+    }
+
+    /// Whether the embedding table is held: to embed tokens, or as the tied head.
+    fn holds_embedding(&self) -> bool {
+        self.first() || (self.last() && self.tied)
+    }
+
+    /// Whether an LM head is held apart from the embedding table.
+    fn holds_output(&self) -> bool {
+        self.last() && (!self.tied || self.head != HeadFormat::AsStored)
+    }
+
+    /// Whether the embedding table is read whole per token, as the LM head.
+    pub fn head_is_embedding(&self) -> bool {
+        self.last() && self.tied && self.head == HeadFormat::AsStored
+    }
+
+    fn has_bias(&self, il: usize) -> bool {
+        self.biases[il - self.layers.start]
+    }
+
+    /// The held parts made from tensor `name` (none for a tensor of another node's layers).
+    pub fn parts_of(&self, name: &str) -> Vec<Part> {
+        let base = name
+            .strip_suffix(".weight")
+            .or_else(|| name.strip_suffix(".scale"))
+            .unwrap_or(name);
+        match base {
+            "token_embd" => {
+                let mut parts = Vec::new();
+                if self.holds_embedding() {
+                    parts.push(Part::Embedding);
+                }
+                if self.tied && self.holds_output() {
+                    parts.push(Part::Output);
+                }
+                parts
+            }
+            "output" if self.holds_output() => vec![Part::Output],
+            "output_norm" if self.last() => vec![Part::OutputNorm],
+            "rope_freqs" => vec![Part::RopeFactors],
+            _ => self.layer_part_of(name).into_iter().collect(),
+        }
+    }
+
+    fn layer_part_of(&self, name: &str) -> Option<Part> {
+        let rest = name.strip_prefix("blk.")?;
+        let (il, tensor) = rest.split_once('.')?;
+        let il = il
+            .parse::<usize>()
+            .ok()
+            .filter(|il| self.layers.contains(il))?;
+        let (base, suffix) = tensor.rsplit_once('.')?;
+        let part = match (base, suffix) {
+            ("attn_q" | "attn_k" | "attn_v", "bias") => LayerPart::QkvBias,
+            ("attn_q" | "attn_k" | "attn_v", _) => LayerPart::Qkv,
+            ("attn_norm", _) => LayerPart::AttnNorm,
+            ("attn_sub_norm", _) => LayerPart::AttnSubNorm,
+            ("attn_output", _) => LayerPart::Wo,
+            ("ffn_norm", _) => LayerPart::FfnNorm,
+            ("ffn_gate" | "ffn_up", _) => LayerPart::GateUp,
+            ("ffn_sub_norm", _) => LayerPart::FfnSubNorm,
+            ("ffn_down", _) => LayerPart::Down,
+            _ => return None,
+        };
+        Some(Part::Layer(il, part))
+    }
+
+    /// Weight bytes a decoded token reads, from the bytes of each part's matrices: every
+    /// matrix, the embedding table only where it is the LM head.
+    pub fn bytes_per_token(&self, part_bytes: &BTreeMap<Part, u64>) -> u64 {
+        part_bytes
+            .iter()
+            .filter(|(part, _)| **part != Part::Embedding || self.head_is_embedding())
+            .map(|(_, bytes)| bytes)
+            .sum()
+    }
+
+    /// Tensors a load reads (each matrix, vector and bias), for progress.
+    pub fn tensor_count(&self) -> usize {
+        let per_layer = 9 + if self.config.family.sub_norms { 2 } else { 0 };
+        self.layers
+            .clone()
+            .map(|il| per_layer + if self.has_bias(il) { 3 } else { 0 })
+            .sum::<usize>()
+            + usize::from(self.holds_embedding())
+            + usize::from(self.last())
+            + usize::from(self.holds_output())
+    }
+}
+
+/// A part prepared on a backend, ready to take its place in a model.
+pub(super) enum Prepared<B: Backend> {
+    Embedding(Option<B::Matrix>),
+    AttnNorm(usize, B::Vector),
+    Qkv(usize, Qkv<B::Matrix>),
+    QkvBias(usize, Option<[B::Vector; 3]>),
+    AttnSubNorm(usize, Option<B::Vector>),
+    Wo(usize, B::Matrix),
+    FfnNorm(usize, B::Vector),
+    GateUp(usize, GateUp<B::Matrix>),
+    FfnSubNorm(usize, Option<B::Vector>),
+    Down(usize, B::Matrix),
+    RopeFactors(Option<Vec<f32>>),
+    OutputNorm(Option<B::Vector>),
+    Output(Option<B::Matrix>),
+}
+
+/// How the loader gets a tensor's bytes: borrowed from the file, or read from a source.
+pub(super) trait Fetch {
+    /// The bytes of `info`, or `None` when they are in the file.
+    fn fetch(
+        &mut self,
+        info: &TensorInfo,
+    ) -> impl std::future::Future<Output = Result<Option<Vec<u8>>, ModelError>>;
+}
+
+/// Tensors borrowed from a file held whole.
+pub(super) struct InFile;
+
+impl Fetch for InFile {
+    async fn fetch(&mut self, _: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
+        Ok(None)
+    }
+}
+
+/// Tensors read one by one from a source.
+pub(super) struct Streamed<'s, S>(pub &'s mut S);
+
+impl<S: TensorSource> Fetch for Streamed<'_, S> {
+    async fn fetch(&mut self, info: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
+        let len = tensor_len(info)?;
+        Ok(Some(self.0.read(info.start, len).await?))
+    }
+}
+
+/// The size of `info`'s data, as this target addresses it.
+pub(super) fn tensor_len(info: &TensorInfo) -> Result<usize, ModelError> {
+    let nbytes = info.nbytes.ok_or_else(|| {
+        WeightError::from(TensorError::UnknownType {
+            name: info.name.clone(),
+            id: info.ty.id(),
+        })
+    })?;
+    // The header checked the range against the file's length; a 32-bit target may still
+    // not address it.
+    usize::try_from(nbytes).map_err(|_| ModelError::TooLarge {
+        name: info.name.clone(),
+        bytes: nbytes,
+    })
+}
+
+/// `info` as if its data began at offset 0 (for bytes read on their own).
+fn at_zero(info: &TensorInfo) -> TensorInfo {
+    TensorInfo {
+        start: 0,
+        ..info.clone()
+    }
+}
+
+/// Prepares a model's parts on a backend, from one file.
+pub(super) struct Loader<'a, 'p, B: Backend, F> {
+    pub backend: &'a B,
+    pub file: &'a Arc<ModelFile>,
+    pub plan: &'a Plan,
+    pub fetch: &'a mut F,
+    done: usize,
+    total: usize,
+    progress: Option<&'p mut dyn FnMut(usize, usize)>,
+    /// The part being prepared.
+    current: Part,
+    /// Bytes of the matrices of each part prepared (what a decoded token reads).
+    pub part_bytes: BTreeMap<Part, u64>,
+}
+
+impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
+    /// A loader reporting each prepared tensor to `progress`, out of `total`.
+    pub fn new(
+        backend: &'a B,
+        file: &'a Arc<ModelFile>,
+        plan: &'a Plan,
+        fetch: &'a mut F,
+        progress: Option<&'p mut dyn FnMut(usize, usize)>,
+    ) -> Self {
+        Self {
+            backend,
+            file,
+            plan,
+            fetch,
+            done: 0,
+            total: plan.tensor_count(),
+            progress,
+            current: Part::Embedding,
+            part_bytes: BTreeMap::new(),
+        }
+    }
+
+    /// Prepares `part`.
+    pub async fn prepare(&mut self, part: Part) -> Result<Prepared<B>, ModelError> {
+        Ok(match part {
+            Part::Embedding => Prepared::Embedding(self.embedding().await?),
+            Part::Layer(il, lp) => match lp {
+                LayerPart::AttnNorm => Prepared::AttnNorm(il, self.attn_norm(il).await?),
+                LayerPart::Qkv => Prepared::Qkv(il, self.qkv(il).await?),
+                LayerPart::QkvBias => Prepared::QkvBias(il, self.qkv_bias(il).await?),
+                LayerPart::AttnSubNorm => Prepared::AttnSubNorm(il, self.attn_sub_norm(il).await?),
+                LayerPart::Wo => Prepared::Wo(il, self.wo(il).await?),
+                LayerPart::FfnNorm => Prepared::FfnNorm(il, self.ffn_norm(il).await?),
+                LayerPart::GateUp => Prepared::GateUp(il, self.gate_up(il).await?),
+                LayerPart::FfnSubNorm => Prepared::FfnSubNorm(il, self.ffn_sub_norm(il).await?),
+                LayerPart::Down => Prepared::Down(il, self.down(il).await?),
+            },
+            Part::RopeFactors => Prepared::RopeFactors(self.rope_factors().await?),
+            Part::OutputNorm => Prepared::OutputNorm(self.output_norm().await?),
+            Part::Output => Prepared::Output(self.output().await?),
+        })
+    }
+
+    /// Layer `il`, whole.
+    pub async fn layer(&mut self, il: usize) -> Result<Layer<B>, ModelError> {
+        Ok(Layer {
+            attn_norm: self.attn_norm(il).await?,
+            qkv: self.qkv(il).await?,
+            qkv_bias: self.qkv_bias(il).await?,
+            attn_sub_norm: self.attn_sub_norm(il).await?,
+            wo: self.wo(il).await?,
+            ffn_norm: self.ffn_norm(il).await?,
+            gate_up: self.gate_up(il).await?,
+            ffn_sub_norm: self.ffn_sub_norm(il).await?,
+            down: self.down(il).await?,
+        })
+    }
+
+    /// Starts preparing `part`: its matrices' bytes are counted from here.
+    fn start(&mut self, part: Part) {
+        self.current = part;
+        self.part_bytes.insert(part, 0);
+    }
+
+    /// The embedding table, where this instance holds it.
+    pub async fn embedding(&mut self) -> Result<Option<B::Matrix>, ModelError> {
+        self.start(Part::Embedding);
+        if !self.plan.holds_embedding() {
+            return Ok(None);
+        }
+        let c = &self.plan.config;
+        let (n_vocab, d) = (c.n_vocab, c.n_embd);
+        Ok(Some(
+            self.matrix("token_embd.weight", n_vocab, d, MatrixUse::Embedding)
+                .await?,
+        ))
+    }
+
+    async fn attn_norm(&mut self, il: usize) -> Result<B::Vector, ModelError> {
+        self.start(Part::Layer(il, LayerPart::AttnNorm));
+        self.vector(&blk(il, "attn_norm.weight"), self.plan.config.n_embd)
+            .await
+    }
+
+    async fn qkv(&mut self, il: usize) -> Result<Qkv<B::Matrix>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::Qkv));
+        let plan = self.plan;
+        let c = &plan.config;
+        let (d, qd, kv) = (c.n_embd, c.q_dim(), c.kv_dim());
+        let q = self
+            .matrix_in_order(&blk(il, "attn_q.weight"), qd, d, plan.q_order.as_deref())
+            .await?;
+        let k = self
+            .matrix_in_order(&blk(il, "attn_k.weight"), kv, d, plan.k_order.as_deref())
+            .await?;
+        let v = self
+            .matrix(&blk(il, "attn_v.weight"), kv, d, MatrixUse::Product)
+            .await?;
+        Ok(self.backend.join_qkv(q, k, v)?)
+    }
+
+    async fn qkv_bias(&mut self, il: usize) -> Result<Option<[B::Vector; 3]>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::QkvBias));
+        let plan = self.plan;
+        if !plan.has_bias(il) {
+            return Ok(None);
+        }
+        let c = &plan.config;
+        let (qd, kv) = (c.q_dim(), c.kv_dim());
+        Ok(Some([
+            self.vector_in_order(&blk(il, "attn_q.bias"), qd, plan.q_order.as_deref())
+                .await?,
+            self.vector_in_order(&blk(il, "attn_k.bias"), kv, plan.k_order.as_deref())
+                .await?,
+            self.vector(&blk(il, "attn_v.bias"), kv).await?,
+        ]))
+    }
+
+    async fn attn_sub_norm(&mut self, il: usize) -> Result<Option<B::Vector>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::AttnSubNorm));
+        let c = &self.plan.config;
+        if !c.family.sub_norms {
+            return Ok(None);
+        }
+        let qd = c.q_dim();
+        Ok(Some(
+            self.vector(&blk(il, "attn_sub_norm.weight"), qd).await?,
+        ))
+    }
+
+    async fn wo(&mut self, il: usize) -> Result<B::Matrix, ModelError> {
+        self.start(Part::Layer(il, LayerPart::Wo));
+        let c = &self.plan.config;
+        let (d, qd) = (c.n_embd, c.q_dim());
+        self.matrix(&blk(il, "attn_output.weight"), d, qd, MatrixUse::Product)
+            .await
+    }
+
+    async fn ffn_norm(&mut self, il: usize) -> Result<B::Vector, ModelError> {
+        self.start(Part::Layer(il, LayerPart::FfnNorm));
+        self.vector(&blk(il, "ffn_norm.weight"), self.plan.config.n_embd)
+            .await
+    }
+
+    async fn gate_up(&mut self, il: usize) -> Result<GateUp<B::Matrix>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::GateUp));
+        let c = &self.plan.config;
+        let (d, ff) = (c.n_embd, c.n_ff);
+        let gate = self
+            .matrix(&blk(il, "ffn_gate.weight"), ff, d, MatrixUse::Product)
+            .await?;
+        let up = self
+            .matrix(&blk(il, "ffn_up.weight"), ff, d, MatrixUse::Product)
+            .await?;
+        Ok(self.backend.join_gate_up(gate, up)?)
+    }
+
+    async fn ffn_sub_norm(&mut self, il: usize) -> Result<Option<B::Vector>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::FfnSubNorm));
+        let c = &self.plan.config;
+        if !c.family.sub_norms {
+            return Ok(None);
+        }
+        let ff = c.n_ff;
+        Ok(Some(
+            self.vector(&blk(il, "ffn_sub_norm.weight"), ff).await?,
+        ))
+    }
+
+    async fn down(&mut self, il: usize) -> Result<B::Matrix, ModelError> {
+        self.start(Part::Layer(il, LayerPart::Down));
+        let c = &self.plan.config;
+        let (d, ff) = (c.n_embd, c.n_ff);
+        self.matrix(&blk(il, "ffn_down.weight"), d, ff, MatrixUse::Product)
+            .await
+    }
+
+    /// `rope_freqs.weight`, when the file has one.
+    pub async fn rope_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
+        self.start(Part::RopeFactors);
+        if !self.plan.rope_freqs {
+            return Ok(None);
+        }
+        let half = self.plan.config.rope_dim / 2;
+        Ok(Some(self.vector_data("rope_freqs.weight", half).await?))
+    }
+
+    /// The final norm, where this instance holds the last layer.
+    pub async fn output_norm(&mut self) -> Result<Option<B::Vector>, ModelError> {
+        self.start(Part::OutputNorm);
+        if !self.plan.last() {
+            return Ok(None);
+        }
+        let d = self.plan.config.n_embd;
+        Ok(Some(self.vector("output_norm.weight", d).await?))
+    }
+
+    /// The LM head held apart from the embedding table, if any.
+    pub async fn output(&mut self) -> Result<Option<B::Matrix>, ModelError> {
+        self.start(Part::Output);
+        if !self.plan.holds_output() {
+            return Ok(None);
+        }
+        let c = &self.plan.config;
+        let (n_vocab, d) = (c.n_vocab, c.n_embd);
+        let head = if self.plan.tied {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        };
+        Ok(Some(match self.plan.head {
+            HeadFormat::AsStored => self.matrix(head, n_vocab, d, MatrixUse::Product).await?,
+            format @ (HeadFormat::Q8_0 | HeadFormat::Q6K) => {
+                self.requantized(head, n_vocab, d, format).await?
+            }
+        }))
+    }
+
+    fn tick(&mut self) {
+        self.done += 1;
+        if let Some(progress) = self.progress.as_mut() {
+            progress(self.done, self.total);
+        }
+    }
+
+    fn count_bytes(&mut self, bytes: usize) {
+        *self.part_bytes.entry(self.current).or_default() += bytes as u64;
+    }
+
+    fn info(&self, name: &str) -> Result<TensorInfo, ModelError> {
+        self.file
+            .header()
+            .tensor(name)
+            .cloned()
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))
+    }
+
+    /// A matrix's description, its bytes when read from a source, and its scale.
+    async fn source(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(MatrixDesc, Option<Vec<u8>>, Option<f32>), ModelError> {
+        let info = self.info(name)?;
+        let scale_name = name.replace(".weight", ".scale");
+        let scale = match self.file.header().tensor(&scale_name) {
+            Some(_) => Some(self.vector_data(&scale_name, 1).await?[0]),
+            None => None,
+        };
+        Ok(match self.fetch.fetch(&info).await? {
+            None => (
+                MatrixDesc::new(&info, self.file.bytes(), rows, cols)?,
+                None,
+                scale,
+            ),
+            Some(bytes) => (
+                MatrixDesc::new(&at_zero(&info), &bytes, rows, cols)?,
+                Some(bytes),
+                scale,
+            ),
+        })
+    }
+
+    async fn matrix(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        usage: MatrixUse,
+    ) -> Result<B::Matrix, ModelError> {
+        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
+        self.count_bytes(desc.range.len());
+        let m = match bytes {
+            None => self.backend.load_matrix(self.file, desc, scale, usage)?,
+            Some(mut bytes) => {
+                // I2_S descriptions cover the codes only; the scale after them was read.
+                bytes.truncate(desc.range.end);
+                self.backend.load_owned_matrix(desc, bytes, scale, usage)?
+            }
+        };
+        self.tick();
+        Ok(m)
+    }
+
+    /// [`Loader::matrix`] of a product matrix whose rows are stored in `order` (row `i` of
+    /// the loaded matrix is row `order[i]` of the file's); as stored when `order` is `None`.
+    async fn matrix_in_order(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        order: Option<&[usize]>,
+    ) -> Result<B::Matrix, ModelError> {
+        let Some(order) = order else {
+            return self.matrix(name, rows, cols, MatrixUse::Product).await;
+        };
+        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
+        let rb = desc.row_bytes();
+        let stored = match &bytes {
+            None => &self.file.bytes()[desc.range.clone()],
+            Some(bytes) => &bytes[desc.range.clone()],
+        };
+        let mut data = Vec::with_capacity(stored.len());
+        for &r in order {
+            data.extend_from_slice(&stored[r * rb..(r + 1) * rb]);
+        }
+        drop(bytes);
+        let desc = MatrixDesc {
+            range: 0..data.len(),
+            ..desc
+        };
+        self.owned_product(desc, data, scale)
+    }
+
+    /// A product matrix made here (rows reordered, re-quantized): its bytes count as read per
+    /// token, and the backend takes them over.
+    fn owned_product(
+        &mut self,
+        desc: MatrixDesc,
+        data: Vec<u8>,
+        scale: Option<f32>,
+    ) -> Result<B::Matrix, ModelError> {
+        self.count_bytes(data.len());
+        let m = self
+            .backend
+            .load_owned_matrix(desc, data, scale, MatrixUse::Product)?;
+        self.tick();
+        Ok(m)
+    }
+
+    async fn requantized(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        head: HeadFormat,
+    ) -> Result<B::Matrix, ModelError> {
+        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
+        let format = head.target().unwrap_or(desc.format);
+        let (requantized, data) = match &bytes {
+            None => {
+                let out = requantize(&desc, self.file.bytes(), format)?;
+                // The stored head is read once here; only embedding lookups (a row per token)
+                // may touch it again.
+                self.file.release(desc.range.clone());
+                out
+            }
+            Some(bytes) => requantize(&desc, bytes, format)?,
+        };
+        drop(bytes);
+        self.owned_product(requantized, data, scale)
+    }
+
+    async fn vector_data(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let info = self.info(name)?;
+        Ok(match self.fetch.fetch(&info).await? {
+            None => read_f32_vector(
+                &info,
+                self.file.tensor_bytes(&info).map_err(WeightError::from)?,
+                len,
+            )?,
+            Some(bytes) => read_f32_vector(&info, &bytes, len)?,
+        })
+    }
+
+    /// [`Loader::vector`] with its values in `order` (as [`Loader::matrix_in_order`]).
+    async fn vector_in_order(
+        &mut self,
+        name: &str,
+        len: usize,
+        order: Option<&[usize]>,
+    ) -> Result<B::Vector, ModelError> {
+        let mut data = self.vector_data(name, len).await?;
+        if let Some(order) = order {
+            data = order.iter().map(|&i| data[i]).collect();
+        }
+        let v = self.backend.load_vector(data)?;
+        self.tick();
+        Ok(v)
+    }
+
+    async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
+        self.vector_in_order(name, len, None).await
+    }
+}
+
+/// The name of layer `il`'s tensor `name`.
+fn blk(il: usize, name: &str) -> String {
+    format!("blk.{il}.{name}")
+}
+
+/// The order of the `n_head` heads' rows of a Q or K projection that makes NeoX RoPE rotate
+/// what the file's pairing rotates (`None`: the file pairs as NeoX does). For adjacent pairs
+/// (`2i`, `2i + 1`), row `i` of a head becomes row `2i` of the file's and row `i + rope_dim/2`
+/// row `2i + 1`; dims past `rope_dim` stay.
+fn rope_row_order(c: &Config, n_head: usize) -> Option<Vec<usize>> {
+    if c.family.rope_pairs == RopePairs::Neox {
+        return None;
+    }
+    let half = c.rope_dim / 2;
+    let within = |j: usize| match j {
+        j if j < half => 2 * j,
+        j if j < c.rope_dim => 2 * (j - half) + 1,
+        j => j,
+    };
+    Some(
+        (0..n_head * c.head_dim)
+            .map(|r| r - r % c.head_dim + within(r % c.head_dim))
+            .collect(),
+    )
+}

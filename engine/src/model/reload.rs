@@ -1,0 +1,423 @@
+//! Hot-swap: replacing the tensors whose bytes changed on disk in a running model, as
+//! ik_llama.cpp's on-demand tensor reload does. A model loaded with [`Model::load_hot_swap`]
+//! reads every tensor into memory (nothing borrows the file, so rewriting it in place cannot
+//! pull pages from under the model) and keeps each tensor's SHA-256 and shape.
+//! [`Model::reload_changed`] then costs one `stat()` while the file is untouched; after a
+//! write it reads the new header and every tensor, hashes them, prepares the parts whose
+//! tensors changed through the loader a fresh load takes (a type change included: repacked,
+//! re-uploaded, joined again), and swaps them in all at once — or, when anything is wrong (a
+//! torn file, a shape change, a type the backend cannot run), changes nothing and says why;
+//! the next check tries again.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::load::{Fetch, Loader, Part, Plan, Prepared, Streamed};
+use super::{check_tensor_table, HeadFormat, LoadOptions, Model, ModelError};
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::file::FileError;
+use crate::gguf::TensorInfo;
+use crate::source::{read_header, FileSource, HeaderError, TensorSource};
+
+/// A tensor as it was loaded.
+struct Seen {
+    /// SHA-256 of its bytes.
+    hash: [u8; 32],
+    /// Its dims.
+    ne: Vec<u64>,
+    /// Its type's name.
+    ty: String,
+}
+
+/// What `stat()` says of the file: any write, truncation, `touch` or rename over it changes
+/// this (the inode's change time cannot be set back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        Ok(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+/// What a hot-swappable model compares its file with.
+pub(super) struct HotSwap {
+    path: PathBuf,
+    /// The file as it was when last read whole.
+    stamp: Stamp,
+    /// Every tensor the model was made from.
+    seen: HashMap<String, Seen>,
+    head: HeadFormat,
+}
+
+/// What [`Model::reload_changed`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// No tensor of the model changed (the file may have been touched or rewritten alike).
+    Unchanged,
+    /// Tensors changed and were swapped in.
+    Swapped(Swap),
+}
+
+/// A swap done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swap {
+    /// Each tensor whose bytes changed, in the file's order, with its type before and after
+    /// (`Q8_0 -> F16`; the same name twice when only the values changed).
+    pub tensors: Vec<(String, String, String)>,
+    /// Bytes read from the file to find them (every tensor of the model).
+    pub bytes_read: u64,
+}
+
+impl Swap {
+    /// The changed tensors as one line: `blk.0.ffn_up.weight (Q8_0 -> F16), output.weight`.
+    pub fn describe(&self) -> String {
+        self.tensors
+            .iter()
+            .map(|(name, from, to)| match from == to {
+                true => name.clone(),
+                false => format!("{name} ({from} -> {to})"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Why a check swapped nothing. The weights loaded before stay in place.
+#[derive(Debug, Error)]
+pub enum ReloadError {
+    /// The model was loaded without [`Model::load_hot_swap`].
+    #[error("this model was not loaded for hot-swap")]
+    NotEnabled,
+    /// The file cannot be looked at.
+    #[error("cannot look at {path}: {source}")]
+    Stat {
+        /// The model's path.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The header cannot be read: a torn or half-written file, often.
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    /// The hyperparameters changed.
+    #[error("{path}: the model's hyperparameters changed ({what}); a hot-swap replaces tensors, not the model: restart to load it")]
+    Metadata {
+        /// The model's path.
+        path: String,
+        /// What differs.
+        what: String,
+    },
+    /// A tensor's shape changed.
+    #[error("{path}: tensor {name:?} has shape {disk:?} on disk, {loaded:?} loaded: a hot-swap keeps every shape")]
+    Shape {
+        /// The model's path.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// Its dims on disk.
+        disk: Vec<u64>,
+        /// Its dims loaded.
+        loaded: Vec<u64>,
+    },
+    /// A tensor the model reads is gone, or one it would read appeared.
+    #[error("{path}: tensor {name:?} was {what} the file: a hot-swap keeps the set of tensors")]
+    TensorSet {
+        /// The model's path.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// "removed from" or "added to".
+        what: &'static str,
+    },
+    /// A new tensor cannot be used (an unsupported type, say), or the backend failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Hashes each tensor a streamed load reads.
+struct Hashing<'s, S> {
+    inner: Streamed<'s, S>,
+    seen: HashMap<String, Seen>,
+}
+
+impl<S: TensorSource> Fetch for Hashing<'_, S> {
+    async fn fetch(&mut self, info: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
+        let bytes = self.inner.fetch(info).await?;
+        if let Some(b) = &bytes {
+            self.seen.insert(info.name.clone(), seen(info, b));
+        }
+        Ok(bytes)
+    }
+}
+
+fn seen(info: &TensorInfo, bytes: &[u8]) -> Seen {
+    Seen {
+        hash: Sha256::digest(bytes).into(),
+        ne: info.dims().to_vec(),
+        ty: info.ty.to_string(),
+    }
+}
+
+/// Serves the changed tensors a check read, and reads the others again, checking that they
+/// are still the bytes loaded before (a joined pair re-joins an unchanged half).
+struct Replay<'a> {
+    source: &'a mut FileSource,
+    changed: &'a HashMap<String, Vec<u8>>,
+    seen: &'a HashMap<String, Seen>,
+}
+
+impl Fetch for Replay<'_> {
+    async fn fetch(&mut self, info: &TensorInfo) -> Result<Option<Vec<u8>>, ModelError> {
+        if let Some(bytes) = self.changed.get(&info.name) {
+            return Ok(Some(bytes.clone()));
+        }
+        let bytes = Streamed(&mut *self.source).fetch(info).await?;
+        let same = match (&bytes, self.seen.get(&info.name)) {
+            (Some(b), Some(before)) => seen(info, b).hash == before.hash,
+            _ => false,
+        };
+        if !same {
+            return Err(ModelError::ChangedWhileLoading(info.name.clone()));
+        }
+        Ok(bytes)
+    }
+}
+
+fn open_error(path: &Path, source: std::io::Error) -> HeaderError {
+    HeaderError::File(FileError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads the model at `path` for hot-swap: every tensor is read into memory (the file is
+    /// never mapped) and its SHA-256 and shape kept for [`Model::reload_changed`].
+    pub fn load_hot_swap(
+        backend: B,
+        path: &Path,
+        opts: LoadOptions<'_>,
+    ) -> Result<Self, ModelError> {
+        let stamp = Stamp::of(path).map_err(|e| open_error(path, e))?;
+        let mut source = FileSource::open(path).map_err(HeaderError::File)?;
+        let head = opts.head;
+        let (mut model, seen) = pollster::block_on(async {
+            let file = read_header(&mut source).await?;
+            let mut fetch = Hashing {
+                inner: Streamed(&mut source),
+                seen: HashMap::new(),
+            };
+            let model = Self::load_from(backend, file, &mut fetch, opts).await?;
+            Ok::<_, ModelError>((model, fetch.seen))
+        })?;
+        model.swap = Some(Box::new(HotSwap {
+            path: path.to_path_buf(),
+            stamp,
+            seen,
+            head,
+        }));
+        Ok(model)
+    }
+
+    /// Whether this model was loaded with [`Model::load_hot_swap`].
+    pub fn hot_swappable(&self) -> bool {
+        self.swap.is_some()
+    }
+
+    /// Looks at the file and swaps in every tensor whose bytes changed, all at once. Costs
+    /// one `stat()` when the file is untouched. Call it between steps: sessions' KV caches
+    /// were computed with the old weights, so a caller that wants the new weights to hold
+    /// for the whole history evaluates it again (see the runtime's users).
+    pub fn reload_changed(&mut self) -> Result<Reload, ReloadError> {
+        let swap = self.swap.as_ref().ok_or(ReloadError::NotEnabled)?;
+        let path = swap.path.clone();
+        let stamp = Stamp::of(&path).map_err(|source| ReloadError::Stat {
+            path: path.display().to_string(),
+            source,
+        })?;
+        if stamp == swap.stamp {
+            return Ok(Reload::Unchanged);
+        }
+        let mut source = FileSource::open(&path).map_err(HeaderError::File)?;
+        let file = pollster::block_on(read_header(&mut source))?;
+        let shown = path.display().to_string();
+        let g = file.header();
+        let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
+        let config = Config::from_gguf(g, n_vocab).map_err(ModelError::from)?;
+        if config != self.config {
+            return Err(ReloadError::Metadata {
+                path: shown,
+                what: config_difference(&self.config, &config),
+            });
+        }
+        check_tensor_table(g, &config)?;
+        let plan = Plan::new(config, g, self.layer_range.clone(), swap.head);
+        self.check_tensor_set(&plan, g, &shown)?;
+
+        // Which tensors changed: every one is read and hashed.
+        let mut changed = HashMap::new();
+        let mut now_seen = HashMap::new();
+        let mut tensors = Vec::new();
+        let mut bytes_read = 0;
+        for info in g
+            .tensors()
+            .iter()
+            .filter(|t| swap.seen.contains_key(&t.name))
+        {
+            let bytes = pollster::block_on(Streamed(&mut source).fetch(info))?.unwrap_or_default();
+            bytes_read += bytes.len() as u64;
+            let before = &swap.seen[&info.name];
+            let now = seen(info, &bytes);
+            if now.hash != before.hash {
+                tensors.push((info.name.clone(), before.ty.clone(), now.ty.clone()));
+                changed.insert(info.name.clone(), bytes);
+                now_seen.insert(info.name.clone(), now);
+            }
+        }
+        let parts: BTreeSet<Part> = tensors
+            .iter()
+            .flat_map(|(name, ..)| plan.parts_of(name))
+            .collect();
+
+        // Every changed part prepared before any is swapped in.
+        let mut fetch = Replay {
+            source: &mut source,
+            changed: &changed,
+            seen: &swap.seen,
+        };
+        let mut loader = Loader::new(&self.backend, &file, &plan, &mut fetch, None);
+        let mut prepared = Vec::with_capacity(parts.len());
+        for &part in &parts {
+            prepared.push(pollster::block_on(loader.prepare(part))?);
+        }
+        let new_bytes = std::mem::take(&mut loader.part_bytes);
+        drop(changed);
+
+        for p in prepared {
+            self.apply(p);
+        }
+        self.part_bytes.extend(new_bytes);
+        self.bytes_per_token = plan.bytes_per_token(&self.part_bytes);
+        self.file = file;
+        if let Some(swap) = self.swap.as_mut() {
+            swap.seen.extend(now_seen);
+            swap.stamp = stamp;
+        }
+        Ok(if tensors.is_empty() {
+            Reload::Unchanged
+        } else {
+            Reload::Swapped(Swap {
+                tensors,
+                bytes_read,
+            })
+        })
+    }
+
+    /// Refuses a file whose tensors are not the ones loaded, of the same shapes.
+    fn check_tensor_set(
+        &self,
+        plan: &Plan,
+        g: &crate::gguf::Gguf,
+        path: &str,
+    ) -> Result<(), ReloadError> {
+        let swap = self.swap.as_ref().ok_or(ReloadError::NotEnabled)?;
+        for (name, before) in &swap.seen {
+            let Some(info) = g.tensor(name) else {
+                return Err(ReloadError::TensorSet {
+                    path: path.into(),
+                    name: name.clone(),
+                    what: "removed from",
+                });
+            };
+            if info.dims() != before.ne.as_slice() {
+                return Err(ReloadError::Shape {
+                    path: path.into(),
+                    name: name.clone(),
+                    disk: info.dims().to_vec(),
+                    loaded: before.ne.clone(),
+                });
+            }
+        }
+        if let Some(t) = g
+            .tensors()
+            .iter()
+            .find(|t| !swap.seen.contains_key(&t.name) && !plan.parts_of(&t.name).is_empty())
+        {
+            return Err(ReloadError::TensorSet {
+                path: path.into(),
+                name: t.name.clone(),
+                what: "added to",
+            });
+        }
+        Ok(())
+    }
+
+    /// Puts a prepared part in its place; what it replaces is dropped (its memory freed).
+    fn apply(&mut self, p: Prepared<B>) {
+        let start = self.layer_range.start;
+        match p {
+            Prepared::Embedding(m) => self.embedding = m,
+            Prepared::AttnNorm(il, v) => self.layers[il - start].attn_norm = v,
+            Prepared::Qkv(il, m) => self.layers[il - start].qkv = m,
+            Prepared::QkvBias(il, v) => self.layers[il - start].qkv_bias = v,
+            Prepared::AttnSubNorm(il, v) => self.layers[il - start].attn_sub_norm = v,
+            Prepared::Wo(il, m) => self.layers[il - start].wo = m,
+            Prepared::FfnNorm(il, v) => self.layers[il - start].ffn_norm = v,
+            Prepared::GateUp(il, m) => self.layers[il - start].gate_up = m,
+            Prepared::FfnSubNorm(il, v) => self.layers[il - start].ffn_sub_norm = v,
+            Prepared::Down(il, m) => self.layers[il - start].down = m,
+            Prepared::RopeFactors(f) => self.rope_factors = f,
+            Prepared::OutputNorm(v) => self.output_norm = v,
+            Prepared::Output(m) => self.output = m,
+        }
+    }
+}
+
+/// The first hyperparameter that differs, as `name before -> after`.
+fn config_difference(before: &Config, after: &Config) -> String {
+    let fields = |c: &Config| {
+        [
+            ("general.architecture", c.arch.clone()),
+            ("vocabulary size", c.n_vocab.to_string()),
+            ("embedding_length", c.n_embd.to_string()),
+            ("block_count", c.n_layer.to_string()),
+            ("attention.head_count", c.n_head.to_string()),
+            ("attention.head_count_kv", c.n_head_kv.to_string()),
+            ("attention.key_length", c.head_dim.to_string()),
+            ("feed_forward_length", c.n_ff.to_string()),
+            ("context_length", c.n_ctx_train.to_string()),
+            ("attention.layer_norm_rms_epsilon", c.eps.to_string()),
+            ("rope.freq_base", c.rope_base.to_string()),
+            ("rope scaling", c.rope_scale.to_string()),
+            ("rope.dimension_count", c.rope_dim.to_string()),
+            ("activation", format!("{:?}", c.activation)),
+        ]
+    };
+    fields(before)
+        .into_iter()
+        .zip(fields(after))
+        .find(|(x, y)| x.1 != y.1)
+        .map_or_else(
+            || "the architecture's graph".into(),
+            |((name, x), (_, y))| format!("{name} {x} -> {y}"),
+        )
+}
