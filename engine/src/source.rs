@@ -109,6 +109,20 @@ impl FileSource {
 }
 
 #[cfg(unix)]
+impl FileSource {
+    /// Reads `buf.len()` bytes at `offset` into `buf` (a buffer reused across reads).
+    pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<(), ReadError> {
+        use std::os::unix::fs::FileExt;
+        self.file.read_exact_at(buf, offset).map_err(|e| ReadError {
+            source_name: self.path.clone(),
+            offset,
+            len: buf.len(),
+            why: e.to_string(),
+        })
+    }
+}
+
+#[cfg(unix)]
 impl TensorSource for FileSource {
     fn name(&self) -> String {
         self.path.clone()
@@ -119,16 +133,8 @@ impl TensorSource for FileSource {
     }
 
     async fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, ReadError> {
-        use std::os::unix::fs::FileExt;
         let mut out = vec![0; len];
-        self.file
-            .read_exact_at(&mut out, offset)
-            .map_err(|e| ReadError {
-                source_name: self.path.clone(),
-                offset,
-                len,
-                why: e.to_string(),
-            })?;
+        self.read_into(offset, &mut out)?;
         Ok(out)
     }
 }
