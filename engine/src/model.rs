@@ -280,7 +280,9 @@ pub struct Model<B: Backend> {
     /// `rope_freqs.weight`, when the file has one.
     rope_factors: Option<Vec<f32>>,
     bytes_per_token: u64,
-    /// Bytes of each part's matrices (what [`Model::bytes_per_token`] sums).
+    /// Bytes of each part's matrices (what [`Model::bytes_per_token`] sums; a hot-swap
+    /// updates it).
+    #[cfg_attr(not(unix), allow(dead_code))]
     part_bytes: std::collections::BTreeMap<Part, u64>,
     /// Ids a prediction may pick: the file's token list, where it is shorter than the LM
     /// head (rows past it have no text).

@@ -111,6 +111,7 @@ impl Plan {
     }
 
     /// The held parts made from tensor `name` (none for a tensor of another node's layers).
+    #[cfg_attr(not(unix), allow(dead_code))] // hot-swap reads files: not in a browser
     pub fn parts_of(&self, name: &str) -> Vec<Part> {
         let base = name
             .strip_suffix(".weight")
@@ -134,6 +135,7 @@ impl Plan {
         }
     }
 
+    #[cfg_attr(not(unix), allow(dead_code))]
     fn layer_part_of(&self, name: &str) -> Option<Part> {
         let rest = name.strip_prefix("blk.")?;
         let (il, tensor) = rest.split_once('.')?;
@@ -181,6 +183,7 @@ impl Plan {
 }
 
 /// A part prepared on a backend, ready to take its place in a model.
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(super) enum Prepared<B: Backend> {
     Embedding(Option<B::Matrix>),
     AttnNorm(usize, B::Vector),
@@ -287,6 +290,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
     }
 
     /// Prepares `part`.
+    #[cfg_attr(not(unix), allow(dead_code))]
     pub async fn prepare(&mut self, part: Part) -> Result<Prepared<B>, ModelError> {
         Ok(match part {
             Part::Embedding => Prepared::Embedding(self.embedding().await?),
