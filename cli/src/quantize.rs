@@ -21,9 +21,13 @@ pub struct QuantizeArgs {
     /// The file to write (written beside it first, then renamed: never half-written).
     #[arg(value_name = "OUT")]
     output: PathBuf,
-    /// The type of every weight matrix: Q8_0, Q6_K, F16, BF16 or F32 (norms and other
-    /// vectors stay as they are; rows that are not whole blocks of it get llama.cpp's
-    /// fallback: Q8_0 for Q6_K, else F16).
+    /// The type of every weight matrix: Q8_0, Q6_K, TQ2_0, TQ1_0, I2_S, F16, BF16 or F32 (norms
+    /// and other vectors stay as they are; rows that are not whole blocks of it get llama.cpp's
+    /// fallback: Q8_0 for Q6_K and the ternary types, else F16). The ternary types convert
+    /// among themselves without loss (I2_S, one scale per tensor, only from ternary values
+    /// with one scale), leave the embedding and LM head as they are unless --tensor-type
+    /// names them, and ternarize other weights as llama.cpp's TQ1_0/TQ2_0 do (d = max |w| per
+    /// 256 values).
     #[arg(value_name = "TYPE", value_parser = parse_type)]
     ty: QuantType,
     /// Another type for the tensors a pattern names (`attn_v=q8_0`, `blk.*.ffn_down.weight=f16`;

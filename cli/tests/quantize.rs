@@ -143,7 +143,7 @@ fn bad_arguments_are_one_line() {
     let cases: [(&[&str], &str); 4] = [
         (
             &["quantize", &f16, o, "q5_k"],
-            "expected one of Q8_0, Q6_K, F16, BF16, F32",
+            "expected one of Q8_0, Q6_K, TQ2_0, TQ1_0, I2_S, F16, BF16, F32",
         ),
         (&["quantize", &f16, &f16, "q8_0"], "the output is the input"),
         (
@@ -159,4 +159,99 @@ fn bad_arguments_are_one_line() {
         assert_one_line_error(args, &hesper(args), needle);
     }
     assert!(!std::path::Path::new(o).exists());
+}
+
+/// The tensors of `bytes` whose type is `ty`, with their data.
+fn tensors_of(bytes: &[u8], ty: GgmlType) -> Vec<(String, Vec<u8>)> {
+    let g = Gguf::parse(bytes).unwrap();
+    g.tensors()
+        .iter()
+        .filter(|t| t.ty == ty)
+        .map(|t| (t.name.clone(), g.tensor_bytes(bytes, t).unwrap().to_vec()))
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into_iter()
+        .collect()
+}
+
+/// TQ1_0 and TQ2_0 of F16 weights are gguf-py's reference quantizer's bytes (ggml's
+/// `quantize_row_tq*_ref`: `golden-values/ternary_reference.py`), tensor by tensor; the
+/// embedding and the head stay as they are.
+#[test]
+fn ternary_encodings_are_the_reference_quantizer_s() {
+    use sha2::{Digest, Sha256};
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(golden("out/tiny-llama-f16-ternary.json")).unwrap(),
+    )
+    .unwrap();
+    for (name, ty) in [("TQ1_0", GgmlType::TQ1_0), ("TQ2_0", GgmlType::TQ2_0)] {
+        let ours = quantize(&golden("models/tiny-llama-f16.gguf"), &out(name), &[name]);
+        let converted = tensors_of(&ours, ty);
+        assert_eq!(
+            converted.len(),
+            14,
+            "{name}: every layer matrix, nothing else"
+        );
+        for (tensor, data) in converted {
+            let hash: String = Sha256::digest(&data)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(
+                reference[name][&tensor].as_str(),
+                Some(hash.as_str()),
+                "{name} {tensor}"
+            );
+        }
+        let g = Gguf::parse(&ours).unwrap();
+        assert_eq!(g.tensor("token_embd.weight").unwrap().ty, GgmlType::F16);
+    }
+}
+
+/// The ternary types convert among themselves without loss: TQ1_0 → TQ2_0 → TQ1_0 and
+/// TQ2_0 → I2_S → TQ2_0 give back the same bytes, and a TQ2_0 model and its TQ1_0 copy
+/// compute the same logits bit for bit. I2_S (one scale per tensor) refuses values that
+/// are not ternary with one scale, with one error line, writing nothing.
+#[test]
+fn ternary_types_convert_among_themselves_without_loss() {
+    for (start, via, back) in [
+        ("tiny-tq1_0.gguf", "TQ2_0", GgmlType::TQ1_0),
+        ("tiny-tq2_0.gguf", "I2_S", GgmlType::TQ2_0),
+    ] {
+        let original = std::fs::read(golden(&format!("models/{start}"))).unwrap();
+        let mid = out(&format!("{start}.{via}"));
+        let mid_bytes = quantize(&golden(&format!("models/{start}")), &mid, &[via]);
+        std::fs::write(&mid, &mid_bytes).unwrap();
+        let round = quantize(mid.to_str().unwrap(), &out("back"), &[&back.to_string()]);
+        std::fs::remove_file(&mid).unwrap();
+        let (a, b) = (tensors_of(&original, back), tensors_of(&round, back));
+        assert_eq!(a.len(), 14, "{start}");
+        assert!(a == b, "{start} -> {via} -> {back}: other bytes");
+    }
+    let tq2 = golden("models/tiny-tq2_0.gguf");
+    let tq1 = out("tq1_0");
+    std::fs::write(&tq1, quantize(&tq2, &out("tq1"), &["TQ1_0"])).unwrap();
+    let logits = |m: &str| {
+        let o = hesper(&["logits", "-m", m, "--tokens", "1,5,9,200,7", "-o", "-"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        o.stdout
+    };
+    assert!(logits(&tq2) == logits(tq1.to_str().unwrap()), "TQ1_0 copy");
+    std::fs::remove_file(&tq1).unwrap();
+    let i2s = out("i2s");
+    let args = [
+        "quantize",
+        &golden("models/tiny-llama-f16.gguf"),
+        i2s.to_str().unwrap(),
+        "I2_S",
+    ];
+    let o = hesper(&args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains("I2_S holds ternary values with one scale"),
+        "{err}"
+    );
+    assert!(!i2s.exists(), "nothing written");
 }

@@ -27,11 +27,27 @@ pub enum QuantType {
     Q8_0,
     /// Q6_K.
     Q6K,
+    /// TQ2_0: ternary, 2.06 bits per weight, a scale per 256 values.
+    TQ2_0,
+    /// TQ1_0: ternary, 1.69 bits per weight, a scale per 256 values.
+    TQ1_0,
+    /// bitnet.cpp's I2_S: ternary, 2 bits per weight, one scale per tensor (from ternary
+    /// values only).
+    I2S,
 }
 
 impl QuantType {
     /// Every type, in the order `--help` names them.
-    pub const ALL: [Self; 5] = [Self::Q8_0, Self::Q6K, Self::F16, Self::BF16, Self::F32];
+    pub const ALL: [Self; 8] = [
+        Self::Q8_0,
+        Self::Q6K,
+        Self::TQ2_0,
+        Self::TQ1_0,
+        Self::I2S,
+        Self::F16,
+        Self::BF16,
+        Self::F32,
+    ];
 
     /// Its name as llama-quantize spells it (any case is read).
     pub fn name(self) -> &'static str {
@@ -41,6 +57,9 @@ impl QuantType {
             Self::BF16 => "BF16",
             Self::Q8_0 => "Q8_0",
             Self::Q6K => "Q6_K",
+            Self::TQ2_0 => "TQ2_0",
+            Self::TQ1_0 => "TQ1_0",
+            Self::I2S => "I2_S",
         }
     }
 
@@ -58,6 +77,9 @@ impl QuantType {
             Self::BF16 => GgmlType::BF16,
             Self::Q8_0 => GgmlType::Q8_0,
             Self::Q6K => GgmlType::Q6K,
+            Self::TQ2_0 => GgmlType::TQ2_0,
+            Self::TQ1_0 => GgmlType::TQ1_0,
+            Self::I2S => GgmlType::I2S,
         }
     }
 
@@ -68,6 +90,10 @@ impl QuantType {
             Self::BF16 => Format::BF16,
             Self::Q8_0 => Format::Q8_0,
             Self::Q6K => Format::Q6K,
+            Self::TQ2_0 => Format::TQ2_0,
+            Self::TQ1_0 => Format::TQ1_0,
+            // β is found in the values.
+            Self::I2S => Format::I2S { beta: 0.0 },
         }
     }
 
@@ -76,7 +102,8 @@ impl QuantType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q8_0 => 32,
-            Self::Q6K => 256,
+            Self::Q6K | Self::TQ2_0 | Self::TQ1_0 => 256,
+            Self::I2S => 128,
         }
     }
 
@@ -88,15 +115,25 @@ impl QuantType {
             Self::Q8_0 => 7,
             Self::Q6K => 18,
             Self::BF16 => 32,
+            Self::TQ1_0 => 36,
+            Self::TQ2_0 => 37,
+            // bitnet.cpp's number.
+            Self::I2S => 40,
         }
     }
 
-    /// llama.cpp's fallback where rows are not whole blocks of this type.
+    /// llama.cpp's fallback where rows are not whole blocks of this type (for the ternary
+    /// types llama.cpp writes Q4_0, which hesper-rs does not encode: Q8_0 here).
     fn fallback(self) -> Self {
         match self {
-            Self::Q6K => Self::Q8_0,
+            Self::Q6K | Self::TQ2_0 | Self::TQ1_0 | Self::I2S => Self::Q8_0,
             _ => Self::F16,
         }
+    }
+
+    /// Whether the type holds ternary values.
+    fn is_ternary(self) -> bool {
+        matches!(self, Self::TQ2_0 | Self::TQ1_0 | Self::I2S)
     }
 }
 
@@ -188,11 +225,26 @@ pub fn plan(
                     note: None,
                 };
             }
-            let mut to = overrides
+            let named = overrides
                 .iter()
                 .rev()
                 .find(|(p, _)| pattern_matches(p, &info.name))
-                .map_or(default, |(_, t)| *t);
+                .map(|(_, t)| *t);
+            // Ternary files keep their embedding and LM head in wider types (bitnet.cpp's
+            // and llama.cpp's alike): a ternary default leaves them unless a pattern names them.
+            let outer = ["token_embd.weight", "output.weight"].contains(&info.name.as_str());
+            if named.is_none() && default.is_ternary() && outer {
+                return TensorPlan {
+                    info: info.clone(),
+                    to: None,
+                    note: Some(format!(
+                        "kept as {}: {} is for the layers' matrices (--tensor-type names it to convert it)",
+                        info.ty,
+                        default.name()
+                    )),
+                };
+            }
+            let mut to = named.unwrap_or(default);
             let mut note = None;
             while !info.ne[0].is_multiple_of(to.block()) {
                 let next = to.fallback();
@@ -267,7 +319,13 @@ pub fn write(
                 let cols = p.info.ne[0] as usize;
                 let rows = (p.info.n_elements() / p.info.ne[0].max(1)) as usize;
                 let desc = MatrixDesc::new(&p.info, file.bytes(), rows, cols)?;
-                converted = requantize(&desc, file.bytes(), to.format())?.1;
+                let (desc, mut data) = requantize(&desc, file.bytes(), to.format())?;
+                if let Format::I2S { beta } = desc.format {
+                    // bitnet.cpp's tail: β, then padding to 32 bytes.
+                    data.extend(beta.to_le_bytes());
+                    data.resize(data.len() + 28, 0);
+                }
+                converted = data;
                 &converted
             }
         };

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use thiserror::Error;
 
-use crate::formats::{Bf16, Encode, Layout, F16, F32, Q6K, Q8_0};
+use crate::formats::{Bf16, Encode, Layout, Tq1_0, Tq2_0, F16, F32, I2S_GROUP, Q6K, Q8_0};
 use crate::gguf::{GgmlType, TensorError, TensorInfo};
 
 /// How a matrix's elements are stored.
@@ -89,6 +89,14 @@ pub enum WeightError {
         block: usize,
         /// The target layout's name.
         format: &'static str,
+    },
+    /// Values that I2_S cannot hold: it stores codes −1, 0, +1 times one scale per tensor.
+    #[error("tensor {name:?}: I2_S holds ternary values with one scale per tensor, and this one has magnitudes {} and {} (TQ1_0 and TQ2_0 keep a scale per 256 values)", magnitudes[0], magnitudes[1])]
+    NotTernary {
+        /// Tensor name.
+        name: String,
+        /// Two of its nonzero magnitudes that differ.
+        magnitudes: [f32; 2],
     },
     /// A 32-bit float in the file is not finite where it must be.
     #[error("tensor {name:?}: scale {value} is not a finite number")]
@@ -213,9 +221,10 @@ pub fn decode_row(format: Format, row: &[u8], out: &mut [f32]) {
     crate::with_layout!(format, |l| l.decode_row(row, out));
 }
 
-/// Re-encodes a matrix as `format` — Q8_0, Q6_K, F32, F16 or BF16 — (an F16 LM head, to cut
-/// the bytes read per token; `hesper-rs quantize`). Returns the new description (its range
-/// covers the returned bytes) and the bytes.
+/// Re-encodes a matrix as `format` — Q8_0, Q6_K, F32, F16, BF16, TQ1_0, TQ2_0, or I2_S from
+/// ternary values with one scale — (an F16 LM head, to cut the bytes read per token;
+/// `hesper-rs quantize`). Returns the new description (its range covers the returned bytes;
+/// for I2_S the codes, its β in the format) and the bytes.
 pub fn requantize(
     desc: &MatrixDesc,
     file: &[u8],
@@ -227,6 +236,9 @@ pub fn requantize(
         Format::F32 => encode::<F32>(desc, file, format),
         Format::F16 => encode::<F16>(desc, file, format),
         Format::BF16 => encode::<Bf16>(desc, file, format),
+        Format::TQ1_0 => encode::<Tq1_0>(desc, file, format),
+        Format::TQ2_0 => encode::<Tq2_0>(desc, file, format),
+        Format::I2S { .. } => encode_i2s(desc, file),
         _ => Err(WeightError::UnsupportedType {
             name: desc.name.clone(),
             ty: format!("{format:?} (as a re-quantization target)"),
@@ -282,6 +294,49 @@ fn encode<L: Encode>(
         rows: desc.rows,
         cols: desc.cols,
         format,
+        range: 0..out.len(),
+    };
+    Ok((desc, out))
+}
+
+/// [`requantize`] into I2_S: one scale β for the whole tensor, so only values that are
+/// ternary with one magnitude (a ternary tensor of another layout whose blocks share their
+/// scale) are taken, and kept exactly.
+fn encode_i2s(desc: &MatrixDesc, file: &[u8]) -> Result<(MatrixDesc, Vec<u8>), WeightError> {
+    if !desc.cols.is_multiple_of(I2S_GROUP) {
+        return Err(WeightError::BlockRow {
+            name: desc.name.clone(),
+            cols: desc.cols,
+            block: I2S_GROUP,
+            format: "I2_S",
+        });
+    }
+    let row_bytes = desc.cols / 4;
+    let mut out = vec![0u8; desc.rows * row_bytes];
+    let mut row = vec![0.0f32; desc.cols];
+    let mut beta = 0.0f32;
+    for (r, codes) in out.chunks_exact_mut(row_bytes).enumerate() {
+        desc.decode_row(file, r, &mut row);
+        for (k, &v) in row.iter().enumerate() {
+            if v != 0.0 && beta == 0.0 {
+                beta = v.abs();
+            }
+            if v != 0.0 && v.abs() != beta {
+                return Err(WeightError::NotTernary {
+                    name: desc.name.clone(),
+                    magnitudes: [beta, v.abs()],
+                });
+            }
+            let code = 1 + i32::from(v > 0.0) - i32::from(v < 0.0);
+            codes[32 * (k / I2S_GROUP) + k % 32] |=
+                (code as u8) << (6 - 2 * ((k % I2S_GROUP) / 32));
+        }
+    }
+    let desc = MatrixDesc {
+        name: desc.name.clone(),
+        rows: desc.rows,
+        cols: desc.cols,
+        format: Format::I2S { beta },
         range: 0..out.len(),
     };
     Ok((desc, out))

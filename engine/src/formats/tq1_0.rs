@@ -3,7 +3,8 @@
 
 use half::f16;
 
-use super::Layout;
+use super::tq2_0::{ternary_code, ternary_scale};
+use super::{Encode, Layout};
 
 /// Bytes per TQ1_0 block (48 + 4 packed trit bytes + f16 scale) for 256 weights.
 pub const TQ1_0_BLOCK_BYTES: usize = 54;
@@ -22,6 +23,29 @@ impl Layout for Tq1_0 {
         for (e, v) in out.iter_mut().enumerate() {
             *v = f32::from(tq1_0_code(blk, e) as i8 - 1) * d;
         }
+    }
+}
+
+impl Encode for Tq1_0 {
+    /// ggml's `quantize_row_tq1_0_ref`: `d = amax` (stored as f16); five codes per byte
+    /// (values `j`, `j+32`, … of the first 160; `j`, `j+16`, … of the next 80), then four per
+    /// byte for the last 16 (`j`, `j+4`, …, shifted up one trit), each byte `⌈q·256/243⌉`.
+    fn encode_block(values: &[f32], out: &mut [u8]) {
+        let (d, id) = ternary_scale(values);
+        let digits = |idx: &mut dyn Iterator<Item = usize>| {
+            idx.fold(0u16, |q, i| q * 3 + u16::from(ternary_code(values[i], id)))
+        };
+        let byte = |q: u16| ((q * 256).div_ceil(243)) as u8;
+        for (j, o) in out[..32].iter_mut().enumerate() {
+            *o = byte(digits(&mut (0..5).map(|n| j + 32 * n)));
+        }
+        for (j, o) in out[32..48].iter_mut().enumerate() {
+            *o = byte(digits(&mut (0..5).map(|n| 160 + j + 16 * n)));
+        }
+        for (j, o) in out[48..52].iter_mut().enumerate() {
+            *o = byte(3 * digits(&mut (0..4).map(|m| 240 + j + 4 * m)));
+        }
+        out[52..54].copy_from_slice(&f16::from_f32(d).to_le_bytes());
     }
 }
 
