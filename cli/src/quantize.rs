@@ -21,28 +21,44 @@ pub struct QuantizeArgs {
     /// The file to write (written beside it first, then renamed: never half-written).
     #[arg(value_name = "OUT")]
     output: PathBuf,
-    /// The type of every weight matrix: Q8_0, Q6_K, TQ2_0, TQ1_0, I2_S, F16, BF16 or F32 (norms
-    /// and other vectors stay as they are; rows that are not whole blocks of it get llama.cpp's
-    /// fallback: Q8_0 for Q6_K and the ternary types, else F16). The ternary types convert
+    /// The type of every weight matrix: Q8_0, Q6_K, Q5_K_M, Q4_K_M (Q5_K and Q4_K mean these,
+    /// as in llama-quantize), TQ2_0, TQ1_0, I2_S, F16, BF16 or F32, chosen per tensor as
+    /// llama-quantize chooses (the LM head in Q6_K; in the _M mixes, Q6_K for the value and
+    /// FFN down projections of some layers). Norms and other vectors stay as they are; rows
+    /// that are not whole blocks get Q8_0 (the quantized types) or F16. The ternary types convert
     /// among themselves without loss (I2_S, one scale per tensor, only from ternary values
     /// with one scale), leave the embedding and LM head as they are unless --tensor-type
     /// names them, and ternarize other weights as llama.cpp's TQ1_0/TQ2_0 do (d = max |w| per
     /// 256 values).
-    #[arg(value_name = "TYPE", value_parser = parse_type)]
+    #[arg(value_name = "TYPE", value_parser = parse_file_type)]
     ty: QuantType,
-    /// Another type for the tensors a pattern names (`attn_v=q8_0`, `blk.*.ffn_down.weight=f16`;
+    /// Another type for the tensors a pattern names (`attn_v=q8_0`, `blk.*.ffn_down.weight=q4_k`;
     /// `*` matches anything, a plain word any name holding it); repeatable, the last match
     /// wins.
     #[arg(long = "tensor-type", value_name = "PATTERN=TYPE", value_parser = parse_override)]
     tensor_type: Vec<(String, QuantType)>,
 }
 
-/// A `TYPE` argument.
+/// A `TYPE` argument (llama-quantize's `Q4_K` and `Q5_K` are its `_M` mixes).
+fn parse_file_type(name: &str) -> Result<QuantType, String> {
+    QuantType::for_file(name).ok_or_else(|| expected(|_| true))
+}
+
+/// A tensor's type in `--tensor-type` (not a mix).
 fn parse_type(name: &str) -> Result<QuantType, String> {
-    QuantType::from_name(name).ok_or_else(|| {
-        let names: Vec<&str> = QuantType::ALL.iter().map(|t| t.name()).collect();
-        format!("expected one of {}", names.join(", "))
-    })
+    QuantType::from_name(name)
+        .filter(|t| !t.is_mix())
+        .ok_or_else(|| expected(|t| !t.is_mix()))
+}
+
+/// "expected one of …" with the types `keep` keeps.
+fn expected(keep: impl Fn(&QuantType) -> bool) -> String {
+    let names: Vec<&str> = QuantType::ALL
+        .iter()
+        .filter(|t| keep(t))
+        .map(|t| t.name())
+        .collect();
+    format!("expected one of {}", names.join(", "))
 }
 
 /// A `--tensor-type PATTERN=TYPE` argument.

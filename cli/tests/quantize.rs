@@ -1,6 +1,6 @@
 //! `hesper-rs quantize` against llama.cpp's quantizer: the golden files `families.py models`
-//! made with `llama_model_quantize` (what llama-quantize runs, no importance matrix) are
-//! reproduced byte for byte; Q8_0 blocks equal gguf-py's reference quantizer's; overrides and
+//! made with `llama_model_quantize` (what llama-quantize runs, no importance matrix) — Q6_K,
+//! BF16, and the Q4_K_M and Q5_K_M mixes — are reproduced byte for byte; Q8_0 blocks equal gguf-py's reference quantizer's; overrides and
 //! fallbacks choose as llama-quantize does; bad arguments are one line.
 
 mod support;
@@ -27,11 +27,15 @@ fn quantize(input: &str, output: &PathBuf, args: &[&str]) -> Vec<u8> {
 #[test]
 fn llama_cpp_quantizer_files_are_reproduced_byte_for_byte() {
     let f16 = golden("models/tiny-llama-f16.gguf");
-    for (ty, reference) in [
-        ("q6_k", "tiny-llama-q6_k.gguf"),
-        ("BF16", "tiny-llama-bf16.gguf"),
+    let f32_mistral = golden("models/tiny-mistral-f32.gguf");
+    for (input, ty, reference) in [
+        (&f16, "q6_k", "tiny-llama-q6_k.gguf"),
+        (&f16, "BF16", "tiny-llama-bf16.gguf"),
+        (&f16, "Q4_K_M", "tiny-llama-q4_k_m.gguf"),
+        (&f16, "q5_k_m", "tiny-llama-q5_k_m.gguf"),
+        (&f32_mistral, "Q4_K", "tiny-mistral-q4_k_m.gguf"),
     ] {
-        let ours = quantize(&f16, &out(ty), &[ty]);
+        let ours = quantize(input, &out(ty), &[ty]);
         let theirs = std::fs::read(golden(&format!("models/{reference}"))).unwrap();
         assert!(ours == theirs, "{ty}: not llama.cpp's {reference}");
     }
@@ -142,8 +146,8 @@ fn bad_arguments_are_one_line() {
     let o = o.to_str().unwrap();
     let cases: [(&[&str], &str); 4] = [
         (
-            &["quantize", &f16, o, "q5_k"],
-            "expected one of Q8_0, Q6_K, TQ2_0, TQ1_0, I2_S, F16, BF16, F32",
+            &["quantize", &f16, o, "q3_k"],
+            "expected one of Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q5_K, Q4_K, TQ2_0, TQ1_0, I2_S, F16, BF16, F32",
         ),
         (&["quantize", &f16, &f16, "q8_0"], "the output is the input"),
         (

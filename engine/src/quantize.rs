@@ -27,6 +27,15 @@ pub enum QuantType {
     Q8_0,
     /// Q6_K.
     Q6K,
+    /// Q5_K (a tensor type: `--tensor-type`).
+    Q5K,
+    /// Q4_K (a tensor type: `--tensor-type`).
+    Q4K,
+    /// llama.cpp's Q5_K_M mix: Q5_K, with Q6_K for the LM head and for the value projections
+    /// and FFN down projections of the layers `use_more_bits` picks.
+    Q5KM,
+    /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K where Q5_K_M has it.
+    Q4KM,
     /// TQ2_0: ternary, 2.06 bits per weight, a scale per 256 values.
     TQ2_0,
     /// TQ1_0: ternary, 1.69 bits per weight, a scale per 256 values.
@@ -38,9 +47,13 @@ pub enum QuantType {
 
 impl QuantType {
     /// Every type, in the order `--help` names them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 12] = [
         Self::Q8_0,
         Self::Q6K,
+        Self::Q5KM,
+        Self::Q4KM,
+        Self::Q5K,
+        Self::Q4K,
         Self::TQ2_0,
         Self::TQ1_0,
         Self::I2S,
@@ -57,6 +70,10 @@ impl QuantType {
             Self::BF16 => "BF16",
             Self::Q8_0 => "Q8_0",
             Self::Q6K => "Q6_K",
+            Self::Q5K => "Q5_K",
+            Self::Q4K => "Q4_K",
+            Self::Q5KM => "Q5_K_M",
+            Self::Q4KM => "Q4_K_M",
             Self::TQ2_0 => "TQ2_0",
             Self::TQ1_0 => "TQ1_0",
             Self::I2S => "I2_S",
@@ -70,6 +87,35 @@ impl QuantType {
             .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
+    /// The type a file's `TYPE` names: as [`QuantType::from_name`], with llama-quantize's
+    /// aliases (`Q4_K` is `Q4_K_M`, `Q5_K` is `Q5_K_M`).
+    pub fn for_file(name: &str) -> Option<Self> {
+        match Self::from_name(name)? {
+            Self::Q4K => Some(Self::Q4KM),
+            Self::Q5K => Some(Self::Q5KM),
+            t => Some(t),
+        }
+    }
+
+    /// Whether this is a mix of tensor types (a file type, not a tensor's).
+    pub fn is_mix(self) -> bool {
+        matches!(self, Self::Q4KM | Self::Q5KM)
+    }
+
+    /// The tensor type of most of a mix's matrices (the type itself otherwise).
+    fn base(self) -> Self {
+        match self {
+            Self::Q4KM => Self::Q4K,
+            Self::Q5KM => Self::Q5K,
+            t => t,
+        }
+    }
+
+    /// Whether the type is quantized (llama.cpp chooses per tensor only then).
+    fn is_quantized(self) -> bool {
+        !matches!(self, Self::F32 | Self::F16 | Self::BF16)
+    }
+
     fn ggml(self) -> GgmlType {
         match self {
             Self::F32 => GgmlType::F32,
@@ -77,6 +123,8 @@ impl QuantType {
             Self::BF16 => GgmlType::BF16,
             Self::Q8_0 => GgmlType::Q8_0,
             Self::Q6K => GgmlType::Q6K,
+            Self::Q5K | Self::Q5KM => GgmlType::Q5K,
+            Self::Q4K | Self::Q4KM => GgmlType::Q4K,
             Self::TQ2_0 => GgmlType::TQ2_0,
             Self::TQ1_0 => GgmlType::TQ1_0,
             Self::I2S => GgmlType::I2S,
@@ -90,6 +138,8 @@ impl QuantType {
             Self::BF16 => Format::BF16,
             Self::Q8_0 => Format::Q8_0,
             Self::Q6K => Format::Q6K,
+            Self::Q5K | Self::Q5KM => Format::Q5K,
+            Self::Q4K | Self::Q4KM => Format::Q4K,
             Self::TQ2_0 => Format::TQ2_0,
             Self::TQ1_0 => Format::TQ1_0,
             // β is found in the values.
@@ -103,6 +153,7 @@ impl QuantType {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q8_0 => 32,
             Self::Q6K | Self::TQ2_0 | Self::TQ1_0 => 256,
+            Self::Q5K | Self::Q4K | Self::Q5KM | Self::Q4KM => 256,
             Self::I2S => 128,
         }
     }
@@ -115,6 +166,8 @@ impl QuantType {
             Self::Q8_0 => 7,
             Self::Q6K => 18,
             Self::BF16 => 32,
+            Self::Q4K | Self::Q4KM => 15,
+            Self::Q5K | Self::Q5KM => 17,
             Self::TQ1_0 => 36,
             Self::TQ2_0 => 37,
             // bitnet.cpp's number.
@@ -123,11 +176,12 @@ impl QuantType {
     }
 
     /// llama.cpp's fallback where rows are not whole blocks of this type (for the ternary
-    /// types llama.cpp writes Q4_0, which hesper-rs does not encode: Q8_0 here).
+    /// types llama.cpp writes Q4_0, for Q4_K Q5_0 and for Q5_K Q5_1, which hesper-rs does not
+    /// encode: Q8_0 here).
     fn fallback(self) -> Self {
         match self {
-            Self::Q6K | Self::TQ2_0 | Self::TQ1_0 | Self::I2S => Self::Q8_0,
-            _ => Self::F16,
+            Self::F32 | Self::F16 | Self::BF16 | Self::Q8_0 => Self::F16,
+            _ => Self::Q8_0,
         }
     }
 
@@ -215,15 +269,19 @@ pub fn plan(
     default: QuantType,
     overrides: &[(String, QuantType)],
 ) -> Vec<TensorPlan> {
-    let mut plans: Vec<TensorPlan> = tensors
-        .iter()
+    let mut sorted: Vec<&TensorInfo> = tensors.iter().collect();
+    sorted.sort_by(|a, b| order_key(&a.name).cmp(&order_key(&b.name)));
+    let mut mix = Mix::new(tensors);
+    sorted
+        .into_iter()
         .map(|info| {
+            let keep = |note: Option<String>| TensorPlan {
+                info: info.clone(),
+                to: None,
+                note,
+            };
             if !is_quantizable(info) {
-                return TensorPlan {
-                    info: info.clone(),
-                    to: None,
-                    note: None,
-                };
+                return keep(None);
             }
             let named = overrides
                 .iter()
@@ -234,17 +292,13 @@ pub fn plan(
             // and llama.cpp's alike): a ternary default leaves them unless a pattern names them.
             let outer = ["token_embd.weight", "output.weight"].contains(&info.name.as_str());
             if named.is_none() && default.is_ternary() && outer {
-                return TensorPlan {
-                    info: info.clone(),
-                    to: None,
-                    note: Some(format!(
-                        "kept as {}: {} is for the layers' matrices (--tensor-type names it to convert it)",
-                        info.ty,
-                        default.name()
-                    )),
-                };
+                return keep(Some(format!(
+                    "kept as {}: {} is for the layers' matrices (--tensor-type names it to convert it)",
+                    info.ty,
+                    default.name()
+                )));
             }
-            let mut to = named.unwrap_or(default);
+            let mut to = named.unwrap_or_else(|| mix.type_of(info, default));
             let mut note = None;
             while !info.ne[0].is_multiple_of(to.block()) {
                 let next = to.fallback();
@@ -262,9 +316,75 @@ pub fn plan(
                 note,
             }
         })
-        .collect();
-    plans.sort_by(|a, b| order_key(&a.info.name).cmp(&order_key(&b.info.name)));
-    plans
+        .collect()
+}
+
+/// llama.cpp's choice of a tensor's type from the file's (`llama_tensor_get_type` for the
+/// dense families hesper-rs runs): the LM head (or a tied embedding) in Q6_K unless the type is
+/// Q8_0; in a K-quant mix, Q6_K for the value and FFN down projections of the layers
+/// `use_more_bits` picks, counted in llama.cpp's order.
+struct Mix {
+    /// No `output.weight`: the embedding is the LM head.
+    tied: bool,
+    /// Value projections, and those seen so far.
+    attn_v: (usize, usize),
+    /// FFN down projections, and those seen so far.
+    ffn_down: (usize, usize),
+}
+
+impl Mix {
+    fn new(tensors: &[TensorInfo]) -> Self {
+        let attn_v = tensors
+            .iter()
+            .filter(|t| t.name.contains("attn_v.weight"))
+            .count();
+        // llama.cpp counts the layers for the down projections.
+        let n_layer = tensors
+            .iter()
+            .filter_map(|t| order_key(&t.name).0.checked_add(1))
+            .max()
+            .unwrap_or(0)
+            .max(0) as usize;
+        Self {
+            tied: !tensors.iter().any(|t| t.name == "output.weight"),
+            attn_v: (attn_v, 0),
+            ffn_down: (n_layer, 0),
+        }
+    }
+
+    fn type_of(&mut self, info: &TensorInfo, file: QuantType) -> QuantType {
+        let base = file.base();
+        let head = info.name == "output.weight" || (self.tied && info.name == "token_embd.weight");
+        if !file.is_quantized() {
+            return base;
+        }
+        if head {
+            return match base {
+                _ if !info.ne[0].is_multiple_of(base.block()) => QuantType::Q8_0,
+                QuantType::Q8_0 => QuantType::Q8_0,
+                _ => QuantType::Q6K,
+            };
+        }
+        let counter = match () {
+            _ if info.name.contains("attn_v.weight") => &mut self.attn_v,
+            _ if info.name.contains("ffn_down") => &mut self.ffn_down,
+            _ => return base,
+        };
+        let (n, i) = *counter;
+        counter.1 += 1;
+        if file.is_mix() && use_more_bits(i, n) {
+            QuantType::Q6K
+        } else {
+            base
+        }
+    }
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third
+/// between.
+fn use_more_bits(i: usize, n: usize) -> bool {
+    let (i, n) = (i as i64, n as i64);
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The input's metadata as llama-quantize leaves it: every entry but the split keys, then

@@ -6,7 +6,9 @@ use std::ops::Range;
 
 use thiserror::Error;
 
-use crate::formats::{Bf16, Encode, Layout, Tq1_0, Tq2_0, F16, F32, I2S_GROUP, Q6K, Q8_0};
+use crate::formats::{
+    Bf16, Encode, Layout, Tq1_0, Tq2_0, F16, F32, I2S_GROUP, Q4K, Q5K, Q6K, Q8_0,
+};
 use crate::gguf::{GgmlType, TensorError, TensorInfo};
 
 /// How a matrix's elements are stored.
@@ -221,7 +223,7 @@ pub fn decode_row(format: Format, row: &[u8], out: &mut [f32]) {
     crate::with_layout!(format, |l| l.decode_row(row, out));
 }
 
-/// Re-encodes a matrix as `format` — Q8_0, Q6_K, F32, F16, BF16, TQ1_0, TQ2_0, or I2_S from
+/// Re-encodes a matrix as `format` — Q8_0, Q6_K, Q5_K, Q4_K, F32, F16, BF16, TQ1_0, TQ2_0, or I2_S from
 /// ternary values with one scale — (an F16 LM head, to cut the bytes read per token;
 /// `hesper-rs quantize`). Returns the new description (its range covers the returned bytes;
 /// for I2_S the codes, its β in the format) and the bytes.
@@ -233,6 +235,8 @@ pub fn requantize(
     match format {
         Format::Q8_0 => encode::<Q8_0>(desc, file, format),
         Format::Q6K => encode::<Q6K>(desc, file, format),
+        Format::Q5K => encode::<Q5K>(desc, file, format),
+        Format::Q4K => encode::<Q4K>(desc, file, format),
         Format::F32 => encode::<F32>(desc, file, format),
         Format::F16 => encode::<F16>(desc, file, format),
         Format::BF16 => encode::<Bf16>(desc, file, format),

@@ -8,6 +8,7 @@
 
 mod float;
 mod i2s;
+mod k_quant;
 mod q4_0;
 pub mod q4_k;
 pub mod q5_k;

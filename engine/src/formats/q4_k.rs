@@ -9,7 +9,8 @@
 
 use half::f16;
 
-use super::Layout;
+use super::k_quant::{k_block, Q4_K_FIT};
+use super::{Encode, Layout};
 
 /// Elements per K-quant block.
 pub const QK_K: usize = 256;
@@ -78,6 +79,21 @@ pub fn k_scales_mins(blk: &[u8]) -> ([u8; 8], [u8; 8]) {
         [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
     };
     (bytes(scales), bytes(mins))
+}
+
+impl Encode for Q4K {
+    /// ggml's `quantize_row_q4_K_ref` (see `k_quant`).
+    fn encode_block(values: &[f32], out: &mut [u8]) {
+        let b = k_block(values, &Q4_K_FIT);
+        out[..2].copy_from_slice(&b.d.to_le_bytes());
+        out[2..4].copy_from_slice(&b.dmin.to_le_bytes());
+        out[K_SCALES..K_SCALES + 12].copy_from_slice(&b.scales);
+        for (j, chunk) in out[Q4_K_QS..Q4_K_QS + 128].chunks_exact_mut(32).enumerate() {
+            for (l, q) in chunk.iter_mut().enumerate() {
+                *q = b.levels[64 * j + l] | (b.levels[64 * j + l + 32] << 4);
+            }
+        }
+    }
 }
 
 /// The twelve scale bytes of a Q4_K or Q5_K block holding `scales` and `mins` (each below 64):

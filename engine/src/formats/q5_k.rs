@@ -5,8 +5,9 @@
 //! low four bits of element `e` are Q4_K's (from `qs`); its fifth bit is bit `e / 32` of
 //! `qh[e % 32]`.
 
-use super::q4_k::{decode_k_block, QK_K};
-use super::Layout;
+use super::k_quant::{k_block, Q5_K_FIT};
+use super::q4_k::{decode_k_block, K_SCALES, QK_K};
+use super::{Encode, Layout};
 
 /// Bytes per Q5_K block.
 pub const Q5_K_BLOCK_BYTES: usize = 176;
@@ -26,6 +27,25 @@ impl Layout for Q5K {
 
     fn decode_block(&self, blk: &[u8], out: &mut [f32]) {
         decode_k_block(blk, out, |e| q5_k_code(blk, e));
+    }
+}
+
+impl Encode for Q5K {
+    /// ggml's `quantize_row_q5_K_ref` (see `k_quant`): Q4_K's low nibbles, the fifth bit of
+    /// element `64j + l` (and `64j + 32 + l`) in bit `2j` (`2j + 1`) of `qh[l]`.
+    fn encode_block(values: &[f32], out: &mut [u8]) {
+        let b = k_block(values, &Q5_K_FIT);
+        out[..2].copy_from_slice(&b.d.to_le_bytes());
+        out[2..4].copy_from_slice(&b.dmin.to_le_bytes());
+        out[K_SCALES..K_SCALES + 12].copy_from_slice(&b.scales);
+        out[Q5_K_QH..Q5_K_QS].fill(0);
+        for j in 0..4 {
+            for l in 0..32 {
+                let (lo, hi) = (b.levels[64 * j + l], b.levels[64 * j + l + 32]);
+                out[Q5_K_QH + l] |= ((lo >> 4) << (2 * j)) | ((hi >> 4) << (2 * j + 1));
+                out[Q5_K_QS + 32 * j + l] = (lo & 0xF) | ((hi & 0xF) << 4);
+            }
+        }
     }
 }
 
