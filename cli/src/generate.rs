@@ -228,6 +228,14 @@ impl GenerateArgs {
         Self { chat: true, ..self }
     }
 
+    /// `--hot-swap` is checked between a chat's turns: refused without `--chat`.
+    pub fn check_hot_swap(&self) -> Result<()> {
+        if self.hot_swap && !self.chat {
+            bail!("--hot-swap applies to --chat (checked between turns), perplexity, serve and ring workers");
+        }
+        Ok(())
+    }
+
     /// Rejects flag combinations and values that cannot mean anything.
     pub fn check(&self) -> Result<()> {
         if self.n_predict < -2 {
@@ -241,9 +249,6 @@ impl GenerateArgs {
         }
         if self.chat_template_file.is_some() && !self.chat {
             bail!("--chat-template-file applies to --chat (a plain prompt has no chat template)");
-        }
-        if self.hot_swap && !self.chat {
-            bail!("--hot-swap applies to --chat (checked between turns), perplexity and serve");
         }
         self.ctx.attention.config()?;
         if self.context_shift == ContextShift::None && self.keep.is_some() {
@@ -306,11 +311,12 @@ impl GenerateArgs {
 /// Runs `generate`.
 pub fn run(mut args: GenerateArgs) -> Result<()> {
     args.check()?;
+    args.check_hot_swap()?;
     args.read_prompt_file()?;
     // Bad sampling flags fail before a model is loaded.
     let sampler = settings::sampler(args.sampling())?;
     let loaded = match args.hot_swap {
-        true => load_hot_swap(&args.model)?,
+        true => load_hot_swap(&args.model, None)?,
         false => load(&args.model, None)?,
     };
     let Some(tok) = loaded.tokenizer.as_ref() else {

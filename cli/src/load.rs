@@ -64,8 +64,8 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
 
 /// Loads the model named by `args` for hot-swap: read into memory with every tensor hashed,
 /// so that [`AnyModel::reload_changed`] can swap in what changes on disk.
-pub fn load_hot_swap(args: &ModelArgs) -> Result<Loaded> {
-    load_with(args, None, true)
+pub fn load_hot_swap(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
+    load_with(args, layers, true)
 }
 
 fn load_with(args: &ModelArgs, layers: Option<Range<usize>>, hot_swap: bool) -> Result<Loaded> {

@@ -63,8 +63,7 @@ enum Command {
         mut_arg("globals", |a| a.hide(true)),
         mut_arg("block", |a| a.hide(true)),
         mut_arg("log_stride", |a| a.hide(true)),
-        mut_arg("landmarks", |a| a.hide(true)),
-        mut_arg("hot_swap", |a| a.hide(true))
+        mut_arg("landmarks", |a| a.hide(true))
     )]
     Node(Box<node::NodeArgs>),
     /// Write a model with its weight matrices in another type (llama-quantize's choices).

@@ -15,11 +15,11 @@ use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_ring::{Chaos, Dtype, NetConfig, RingKey, Timing, TransportKind};
 use hesper_runtime::ring::{max_payload, serve, NodeSettings, RingEvaluator};
-use hesper_runtime::{run_model, settings};
+use hesper_runtime::{run_model, settings, with_model, ModelRef};
 
 use crate::args::ContextArgs;
 use crate::generate::{drive, print_stats, GenerateArgs};
-use crate::load::load;
+use crate::load::{load, load_hot_swap};
 use crate::report::note;
 use hesper_engine::attention::AttentionConfig;
 
@@ -287,32 +287,34 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
     if g.shift_keep().is_some() {
         bail!("--context-shift does not cross a ring yet: its nodes stop at a full context");
     }
-    if g.hot_swap {
-        bail!(
-            "--hot-swap does not cross a ring yet: restart the ring's nodes to load a changed file"
-        );
+    if args.role == Role::Master {
+        g.check_hot_swap()?;
     }
     if g.ctx.attention.config()? != AttentionConfig::default() {
         bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
     }
     let sampler = settings::sampler(g.sampling())?;
-    let loaded = load(&g.model, Some(layers))?;
+    let mut loaded = match g.hot_swap {
+        true => load_hot_swap(&g.model, Some(layers))?,
+        false => load(&g.model, Some(layers))?,
+    };
     let settings = args.settings(with_config(&loaded.model))?;
     match args.role {
         Role::Worker | Role::Standby => {
             let batch = g.ctx.batch_size;
             let standby = args.role == Role::Standby;
-            run_model!(&loaded.model, |model| {
-                // The address it listens on is said once bound (a port 0 becomes a real one).
-                note!(
-                    "hesper: {} for layers {:?} of {} on {}",
-                    if standby { "standby" } else { "worker" },
-                    model.layer_range(),
-                    model.file.source,
-                    model.backend.name(),
-                );
-                serve(model, &settings, batch, standby)
-            })?;
+            if g.hot_swap {
+                // Lent mutably to swap tensors in between steps.
+                with_model!(&mut loaded.model, |model| {
+                    say_worker(model, standby);
+                    serve(model, &settings, batch, standby)
+                })?;
+            } else {
+                run_model!(&loaded.model, |model| {
+                    say_worker(model, standby);
+                    serve(model, &settings, batch, standby)
+                })?;
+            }
             note!("hesper: the master ended the ring");
             Ok(())
         }
@@ -323,16 +325,40 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
                     loaded.model.file().source
                 );
             };
+            let load_ms = loaded.load_ms;
+            if g.hot_swap {
+                let mut model = loaded.model;
+                return with_model!(&mut model, |model| master_on(
+                    g,
+                    model,
+                    tok,
+                    sampler,
+                    (&settings, standby),
+                    load_ms
+                ));
+            }
             run_model!(&loaded.model, |model| master_on(
                 g,
                 model,
                 tok,
                 sampler,
                 (&settings, standby),
-                loaded.load_ms
+                load_ms
             ))
         }
     }
+}
+
+/// What a worker runs (the address it listens on is said once bound: a port 0 becomes a real
+/// one).
+fn say_worker<B: Backend>(model: &Model<B>, standby: bool) {
+    note!(
+        "hesper: {} for layers {:?} of {} on {}",
+        if standby { "standby" } else { "worker" },
+        model.layer_range(),
+        model.file.source,
+        model.backend.name(),
+    );
 }
 
 fn with_config(m: &hesper_runtime::load::AnyModel) -> &hesper_engine::config::Config {
@@ -340,28 +366,31 @@ fn with_config(m: &hesper_runtime::load::AnyModel) -> &hesper_engine::config::Co
 }
 
 /// The master: forms the ring, then runs `generate` on it.
-fn master_on<B: Backend>(
+fn master_on<B: Backend, M: ModelRef<B>>(
     args: &GenerateArgs,
-    model: &Model<B>,
+    model: M,
     tok: &Tokenizer,
     sampler: Sampler,
     (settings, standby): (&NodeSettings, Option<SocketAddr>),
     load_ms: f64,
 ) -> Result<()> {
-    let n_ctx = args.ctx.n_ctx(model.config.n_ctx_train);
-    let session = model.new_session(n_ctx, args.ctx.batch_size)?;
-    ContextArgs::note_past_training(n_ctx, model.config.n_ctx_train);
+    let m = model.get();
+    let n_ctx = args.ctx.n_ctx(m.config.n_ctx_train);
+    let session = m.new_session(n_ctx, args.ctx.batch_size)?;
+    ContextArgs::note_past_training(n_ctx, m.config.n_ctx_train);
+    // Read before the ring owns the model (a hot-swap may replace its file).
+    let (file, backend) = (m.file.clone(), m.backend.name());
     let mut ring = RingEvaluator::form(model, session, settings, standby)?;
     for (i, r) in ring.nodes().iter().enumerate() {
         note!("hesper: ring node {i}: {}", r.name());
     }
     let label = format!(
         "{} | ring of {} nodes, master on {}",
-        model.file.source,
+        file.source,
         ring.nodes().len(),
-        model.backend.name()
+        backend
     );
-    let stats = drive(args, &mut ring, (tok, model.file.header()), sampler, &label)?;
+    let stats = drive(args, &mut ring, (tok, file.header()), sampler, &label)?;
     for link in ring.links() {
         let s = link.stats();
         let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);

@@ -104,7 +104,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         );
     }
     let mut loaded = match args.hot_swap {
-        true => load_hot_swap(&args.model)?,
+        true => load_hot_swap(&args.model, None)?,
         false => load(&args.model, None)?,
     };
     let n_vocab = loaded.model.config().n_vocab;

@@ -165,7 +165,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         })?;
     note!("hesper: listening on http://{addr} (loading the model; /health answers 503 until it is ready)");
     let loaded = match args.hot_swap {
-        true => load_hot_swap(&args.model)?,
+        true => load_hot_swap(&args.model, None)?,
         false => load(&args.model, None)?,
     };
     let Some(tok) = loaded.tokenizer else {

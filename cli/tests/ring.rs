@@ -694,3 +694,107 @@ fn well_formed_frames_from_strangers_never_reach_a_keyless_ring() {
     assert_eq!(stdout(&master), stdout(&expected));
     assert!(err.contains("closed a connection from"), "{err}");
 }
+
+/// `bytes` (a GGUF file) with tensor `to`'s data replaced by tensor `from`'s (same type and
+/// size).
+fn with_tensor_copied(bytes: &mut [u8], from: &str, to: &str) {
+    let g = hesper_engine::gguf::Gguf::parse(bytes).expect("parse");
+    let (a, b) = (g.tensor(from).expect("from"), g.tensor(to).expect("to"));
+    let len = a.nbytes.expect("size") as usize;
+    assert_eq!(b.nbytes, Some(len as u64));
+    let (a, b) = (a.start as usize, b.start as usize);
+    bytes.copy_within(a..a + len, b);
+}
+
+/// `--hot-swap` over a ring: the file of a chat's master and worker is replaced between two
+/// messages (a tensor of each node's layers changed); both swap in their own layers' tensors
+/// between the steps, and the second answer is what `generate` on the new file continues the
+/// conversation's text with. A worker started without `--hot-swap` stops the ring from
+/// running on mixed files.
+#[test]
+fn a_ring_swaps_in_changed_tensors_between_chat_turns() {
+    use std::io::BufRead;
+    let base = std::fs::read(four_layer_model("same")).expect("model");
+    let mut edited = base.clone();
+    with_tensor_copied(&mut edited, "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight");
+    with_tensor_copied(&mut edited, "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ring-swap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (live, new) = (dir.join("live.gguf"), dir.join("new.gguf"));
+    std::fs::write(&new, &edited).expect("write");
+    let flags = ["--temp", "0", "-n", "12", "--seed", "1"];
+    let (m1, m2) = ("hi", "once upon a time");
+    for worker_swaps in [true, false] {
+        std::fs::write(&live, &base).expect("write");
+        let ports = free_ports(2);
+        let mut worker_flags = vec![];
+        if worker_swaps {
+            worker_flags.push("--hot-swap");
+        }
+        let worker = Proc::spawn(&node_args(
+            &on_cpu("worker", "2..4", &live),
+            ports[1],
+            ports[0],
+            &worker_flags,
+        ));
+        let mut more = vec!["--chat", "--hot-swap"];
+        more.extend(flags);
+        let args = node_args(&on_cpu("master", "0..2", &live), ports[0], ports[1], &more);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut master = command(&refs)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the master");
+        let mut stdin = master.stdin.take().expect("stdin");
+        let mut out = std::io::BufReader::new(master.stdout.take().expect("stdout"));
+        writeln!(stdin, "{m1}").expect("write");
+        let mut first = String::new();
+        out.read_line(&mut first).expect("the first answer");
+        let tmp = dir.join("tmp.gguf");
+        std::fs::copy(&new, &tmp).expect("copy");
+        std::fs::rename(&tmp, &live).expect("rename");
+        let _ = writeln!(stdin, "{m2}");
+        drop(stdin);
+        let mut second = String::new();
+        out.read_to_string(&mut second).expect("the second answer");
+        let o = master.wait_with_output().expect("the master");
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        let w = worker.wait();
+        if worker_swaps {
+            assert!(o.status.success(), "{err}");
+            assert!(
+                err.contains("hot-swap: blk.0.ffn_up.weight, blk.3.ffn_up.weight swapped in"),
+                "{err}"
+            );
+            assert!(
+                stderr(&w).contains("hot-swap: blk.3.ffn_up.weight swapped in"),
+                "{}",
+                stderr(&w)
+            );
+            let text = format!("{m1}{}\n{m2}", first.trim_end_matches('\n'));
+            let mut g = vec!["-p", text.as_str()];
+            g.extend(flags);
+            let fresh = stdout(&generate(&new, &g));
+            let continued = fresh.strip_prefix(text.as_str()).expect("the prompt first");
+            let stale = stdout(&generate(&four_layer_model("same"), &g));
+            assert_ne!(stale, fresh, "the edit changes the answer");
+            assert_eq!(
+                second.trim_end_matches('\n'),
+                continued.trim_end_matches('\n'),
+                "{err}"
+            );
+        } else {
+            assert!(!o.status.success(), "{err}");
+            assert!(err.contains("hold different files"), "{err}");
+            assert!(err.contains("it was not started with --hot-swap"), "{err}");
+            assert!(
+                second.trim().is_empty(),
+                "no answer from mixed files: {second}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

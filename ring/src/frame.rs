@@ -43,6 +43,9 @@ pub enum Kind {
     Fault = 6,
     /// The key handshake of a link (`--ring-key`, see `auth`).
     Auth = 7,
+    /// A hot-swap between two steps: each node swaps in what changed in its model file and
+    /// appends what it found, on the way round to the master.
+    Reload = 8,
 }
 
 impl Kind {
@@ -55,6 +58,7 @@ impl Kind {
             5 => Self::Shutdown,
             6 => Self::Fault,
             7 => Self::Auth,
+            8 => Self::Reload,
             _ => return None,
         })
     }

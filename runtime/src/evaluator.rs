@@ -38,8 +38,8 @@ pub trait Evaluator {
     /// ([`Model::load_hot_swap`]). The context still holds what the old weights computed: a
     /// caller that swapped evaluates it again.
     #[cfg(unix)]
-    fn reload(&mut self) -> Result<Reload, ReloadError> {
-        Err(ReloadError::NotEnabled)
+    fn reload(&mut self) -> Result<Reload, RuntimeError> {
+        Err(ReloadError::NotEnabled.into())
     }
 }
 
@@ -110,10 +110,10 @@ impl<B: Backend, M: ModelRef<B>> Evaluator for Local<'_, B, M> {
     }
 
     #[cfg(unix)]
-    fn reload(&mut self) -> Result<Reload, ReloadError> {
+    fn reload(&mut self) -> Result<Reload, RuntimeError> {
         match self.model.get_mut() {
-            Some(model) => model.reload_changed(),
-            None => Err(ReloadError::NotEnabled),
+            Some(model) => Ok(model.reload_changed()?),
+            None => Err(ReloadError::NotEnabled.into()),
         }
     }
 }

@@ -48,6 +48,10 @@ pub enum RuntimeError {
     #[cfg(feature = "ring")]
     #[error(transparent)]
     Ring(#[from] ring::RingError),
+    /// A hot-swap check refused the file (the weights loaded before stay).
+    #[cfg(unix)]
+    #[error(transparent)]
+    Reload(#[from] hesper_engine::model::ReloadError),
     /// The front end could not take the output (e.g. a closed pipe).
     #[error(transparent)]
     Output(#[from] std::io::Error),

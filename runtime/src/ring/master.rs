@@ -7,17 +7,23 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{Model, ModelError, Prediction, Readout, Session};
+use hesper_engine::model::{ModelError, Prediction, Readout, Session};
+#[cfg(unix)]
+use hesper_engine::model::{Reload, ReloadError, Swap};
 use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net};
 
 use super::hello::{self, NodeRecord};
 use super::protocol::{decode_prediction, readout_code};
+#[cfg(unix)]
+use super::reload::{self, Found};
 use super::{NodeSettings, RingError, FLUSH, MAX_FRAME_ROWS};
+use crate::evaluator::ModelRef;
 use crate::{Evaluator, RuntimeError};
 
 /// The master of a formed ring.
-pub struct RingEvaluator<'a, B: Backend> {
-    model: &'a Model<B>,
+pub struct RingEvaluator<B: Backend, M: ModelRef<B>> {
+    /// The master's layers (mutable where they were loaded for hot-swap).
+    model: M,
     session: Session<B>,
     net: Net,
     me: NodeRecord,
@@ -32,6 +38,9 @@ pub struct RingEvaluator<'a, B: Backend> {
     /// Every token in the context, and the steps they were sent in (first position, count).
     history: Vec<u32>,
     steps: Vec<(usize, usize)>,
+    /// Why the ring cannot run: a hot-swap left its nodes holding different files (cleared by
+    /// a later check that finds them the same again).
+    split: Option<String>,
 }
 
 /// The master's two links and what the ring's nodes said of themselves.
@@ -41,27 +50,27 @@ struct Links {
     records: Vec<NodeRecord>,
 }
 
-impl<'a, B: Backend> RingEvaluator<'a, B> {
+impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
     /// Forms the ring: listens, connects to the next node, sends the Hello round and checks
     /// what comes back ([`hello::check`]). A ring that fails the check is ended with the
     /// reason (every worker prints it) and the same reason is returned. `standby`: a node
     /// to re-form the ring through if it breaks (it must hold the layers after the master's).
     pub fn form(
-        model: &'a Model<B>,
+        model: M,
         session: Session<B>,
         settings: &NodeSettings,
         standby: Option<SocketAddr>,
     ) -> Result<Self, RingError> {
-        if model.layer_range().start != 0 {
+        if model.get().layer_range().start != 0 {
             return Err(RingError::Config(format!(
                 "the master holds the embedding, so its layers must start at 0 (it holds {}..{})",
-                model.layer_range().start,
-                model.layer_range().end
+                model.get().layer_range().start,
+                model.get().layer_range().end
             )));
         }
         let mut net = Net::new(settings.net.clone())?;
         let bound = net.listen(settings.listen)?;
-        let me = NodeRecord::of(model, bound);
+        let me = NodeRecord::of(model.get(), bound);
         let run = run_id();
         let n_ctx = session.n_ctx();
         let links = join(
@@ -87,6 +96,7 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
             standby,
             history: Vec::new(),
             steps: Vec::new(),
+            split: None,
         })
     }
 
@@ -124,6 +134,7 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
         let tokens = &self.history[pos0..pos0 + n];
         let rows = self
             .model
+            .get()
             .forward_tokens_at_async(&mut self.session, pos0, tokens)
             .await?;
         self.seq += 1;
@@ -142,6 +153,14 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
 
     /// Waits for the prediction of step `self.seq`; a lost node or a fault breaks the ring.
     fn wait_prediction(&mut self, readout: Readout) -> Result<Prediction, RingError> {
+        let f = self.wait_frame(Kind::Prediction)?;
+        decode_prediction(readout, &f.payload, self.model.get().sampled_vocab())
+            .map_err(RingError::Protocol)
+    }
+
+    /// Waits for the frame of `kind` of step `self.seq` from the last node; a lost node or a
+    /// fault breaks the ring.
+    fn wait_frame(&mut self, kind: Kind) -> Result<Frame, RingError> {
         loop {
             let Some(event) = self.net.recv(Duration::from_secs(1)) else {
                 continue;
@@ -149,13 +168,12 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
             let l = &self.links;
             match event {
                 Incoming::Frame(from, f) => match f.header.kind {
-                    Kind::Prediction
-                        if from.id == l.prev.id()
-                            && f.header.session == self.run
-                            && f.header.seq == self.seq =>
+                    k if k == kind
+                        && from.id == l.prev.id()
+                        && f.header.session == self.run
+                        && f.header.seq == self.seq =>
                     {
-                        return decode_prediction(readout, &f.payload, self.model.sampled_vocab())
-                            .map_err(RingError::Protocol);
+                        return Ok(f);
                     }
                     Kind::Fault if from.id == l.prev.id() || from.id == l.next.id() => {
                         return Err(RingError::Fault(f.message()))
@@ -232,7 +250,72 @@ impl<'a, B: Backend> RingEvaluator<'a, B> {
     }
 }
 
-impl<B: Backend> Evaluator for RingEvaluator<'_, B> {
+impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
+    /// A hot-swap over the ring: the master swaps in what changed in its own file, then a
+    /// Reload frame goes round for every node to do the same between two steps; the records
+    /// that come back must show one file again (as when the ring formed). A node that refused
+    /// leaves the ring holding two files: it then refuses to run until a check finds them the
+    /// same, rather than compute with mixed weights.
+    #[cfg(unix)]
+    fn reload_ring(&mut self) -> Result<Reload, RuntimeError> {
+        let own = match self.model.get_mut() {
+            Some(m) => m.reload_changed(),
+            None => return Err(ReloadError::NotEnabled.into()),
+        };
+        let model = self.model.get();
+        self.me.model = hello::model_id(&model.file);
+        self.me.file_len = model.file.len();
+        self.seq += 1;
+        let mut h = Header::new(Kind::Reload);
+        h.session = self.run;
+        h.seq = self.seq;
+        let mine = vec![(self.me.clone(), Found::of(&own))];
+        self.links.next.send(Frame::new(h, reload::encode(&mine)));
+        let back = self.wait_frame(Kind::Reload)?;
+        let nodes = reload::decode(&back.payload).map_err(RingError::Protocol)?;
+        let records: Vec<NodeRecord> = nodes.iter().map(|(r, _)| r.clone()).collect();
+        let refused: Vec<String> = nodes
+            .iter()
+            .filter_map(|(r, f)| match f {
+                Found::Refused(why) => Some(format!("node {} refused: {why}", r.name())),
+                _ => None,
+            })
+            .collect();
+        let split = match hello::check(&records) {
+            Err(why) => Some(why),
+            Ok(()) if !refused.is_empty() => Some(refused.join("; ")),
+            Ok(()) => None,
+        };
+        if let Some(why) = split {
+            let why = format!("after a hot-swap the ring's nodes hold different files ({why}); it runs again once a check finds one file everywhere");
+            self.split = Some(why.clone());
+            return Err(RingError::Config(why).into());
+        }
+        self.split = None;
+        self.links.records = records;
+        let tensors: Vec<(String, String, String)> = nodes
+            .into_iter()
+            .flat_map(|(_, f)| match f {
+                Found::Swapped(t) => t,
+                _ => Vec::new(),
+            })
+            .collect();
+        let bytes_read = match own {
+            Ok(Reload::Swapped(s)) => s.bytes_read,
+            _ => 0,
+        };
+        Ok(if tensors.is_empty() {
+            Reload::Unchanged
+        } else {
+            Reload::Swapped(Swap {
+                tensors,
+                bytes_read,
+            })
+        })
+    }
+}
+
+impl<B: Backend, M: ModelRef<B>> Evaluator for RingEvaluator<B, M> {
     fn pos(&self) -> usize {
         self.session.pos()
     }
@@ -259,6 +342,9 @@ impl<B: Backend> Evaluator for RingEvaluator<'_, B> {
         if input.is_empty() {
             return Err(ModelError::Empty.into());
         }
+        if let Some(why) = &self.split {
+            return Err(RingError::Config(why.clone()).into());
+        }
         let pos = self.session.pos();
         if pos + input.len() > self.session.n_ctx() {
             return Err(ModelError::ContextFull {
@@ -281,6 +367,11 @@ impl<B: Backend> Evaluator for RingEvaluator<'_, B> {
             }
             other => other,
         }
+    }
+
+    #[cfg(unix)]
+    fn reload(&mut self) -> Result<Reload, RuntimeError> {
+        self.reload_ring()
     }
 }
 

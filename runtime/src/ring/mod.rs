@@ -15,6 +15,7 @@
 pub mod hello;
 mod master;
 mod protocol;
+mod reload;
 mod worker;
 
 use std::net::SocketAddr;

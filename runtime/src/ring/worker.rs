@@ -2,22 +2,24 @@
 //! out to the next (or, on the last node, the prediction back to the master).
 
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{Model, Session};
+use hesper_engine::model::{ReloadError, Session};
 use std::time::Duration;
 
 use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, NetError, Side};
 
-use super::hello::{self, NodeRecord};
+use super::hello::{self, model_id, NodeRecord};
 use super::protocol::{encode_prediction, readout_of};
+use super::reload::{self, Found};
 use super::{NodeSettings, RingError, FLUSH};
+use crate::evaluator::ModelRef;
 
 /// Serves `model` (a layer range) as a worker until the master ends the ring (`Ok`), or a
 /// neighbour is lost or the master ends it for a reason (`Err`). `batch` bounds the tokens
 /// per step of this node's session. The node waits for its predecessor first and connects
 /// to the next node when the master's Hello comes; a `standby` waits for its predecessor
 /// without a time limit (it joins only when a master fails over to it).
-pub fn serve<B: Backend>(
-    model: &Model<B>,
+pub fn serve<B: Backend, M: ModelRef<B>>(
+    model: M,
     settings: &NodeSettings,
     batch: usize,
     standby: bool,
@@ -39,7 +41,7 @@ pub fn serve<B: Backend>(
         hello,
     ));
     let mut next: Option<Link> = None;
-    let me = NodeRecord::of(model, bound);
+    let me = NodeRecord::of(model.get(), bound);
     let mut node = Worker {
         model,
         me,
@@ -191,8 +193,9 @@ fn accept_predecessor(
 }
 
 /// A worker's state.
-struct Worker<'a, B: Backend> {
-    model: &'a Model<B>,
+struct Worker<B: Backend, M: ModelRef<B>> {
+    /// The model (mutable where it was loaded for hot-swap).
+    model: M,
     me: NodeRecord,
     batch: usize,
     /// Context size, from the master's Hello.
@@ -202,7 +205,7 @@ struct Worker<'a, B: Backend> {
     log: fn(&str),
 }
 
-impl<B: Backend> Worker<'_, B> {
+impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
     /// What one frame from the previous node makes this node send on.
     fn handle(&mut self, frame: Frame) -> Result<Option<Frame>, RingError> {
         let h = frame.header;
@@ -220,15 +223,40 @@ impl<B: Backend> Worker<'_, B> {
                 Ok(Some(Frame::new(h, hello::encode(&records))))
             }
             Kind::Forward => self.forward(h, &frame.payload),
+            Kind::Reload => self.reload(h, &frame.payload),
             // A prediction on its way to the master passes through.
             Kind::Prediction => Ok(Some(frame)),
             _ => Ok(None),
         }
     }
 
+    /// Swaps in what changed in this node's file and appends what it found to the Reload
+    /// frame. After a swap the session is dropped: the master evaluates the context again.
+    fn reload(&mut self, h: Header, payload: &[u8]) -> Result<Option<Frame>, RingError> {
+        let mut nodes = reload::decode(payload).map_err(RingError::Protocol)?;
+        let check = match self.model.get_mut() {
+            Some(m) => m.reload_changed(),
+            None => Err(ReloadError::NotEnabled),
+        };
+        let found = Found::of(&check);
+        match &check {
+            Ok(hesper_engine::model::Reload::Swapped(s)) => {
+                self.session = None;
+                (self.log)(&format!("hot-swap: {} swapped in", s.describe()));
+            }
+            Err(e) => (self.log)(&format!("hot-swap: {e}; the weights loaded before stay")),
+            Ok(_) => {}
+        }
+        let model = self.model.get();
+        self.me.model = model_id(&model.file);
+        self.me.file_len = model.file.len();
+        nodes.push((self.me.clone(), found));
+        Ok(Some(Frame::new(h, reload::encode(&nodes))))
+    }
+
     /// Runs this node's layers on a Forward frame's rows.
     fn forward(&mut self, h: Header, payload: &[u8]) -> Result<Option<Frame>, RingError> {
-        let model = self.model;
+        let model = self.model.get();
         let d = model.config.n_embd;
         let readout = readout_of(h.aux).map_err(RingError::Protocol)?;
         let hidden = wire::decode(h.dtype, payload, h.n_tokens as usize * d)
