@@ -140,45 +140,37 @@ fn a_failing_script_or_a_torn_file_ends_the_loop() {
     let live = d.path("live.gguf");
     quantize(&[&kjv(), &live, "Q8_0"]);
     let text = format!("{}/../models/kjv-valid.txt", env!("CARGO_MANIFEST_DIR"));
-    let fail = d.path("fail.sh");
-    std::fs::write(&fail, "#!/bin/sh\nexit 3\n").expect("script");
-    make_executable(Path::new(&fail));
-    let args = [
-        "perplexity",
-        "-m",
-        &live,
-        "-f",
-        &text,
-        "-c",
-        "128",
-        "--chunks",
-        "1",
-        "--hot-swap",
-        "--pre-reload-script",
-        &fail,
-    ];
-    ends_with_error(&hesper(&args), "exit status: 3; the hot-swap loop ends");
-    let cut = d.path("cut.sh");
-    std::fs::write(&cut, format!("#!/bin/sh\ntruncate -s 1000 {live}\n")).expect("script");
-    make_executable(Path::new(&cut));
-    let args = [
-        "perplexity",
-        "-m",
-        &live,
-        "-f",
-        &text,
-        "-c",
-        "128",
-        "--chunks",
-        "1",
-        "--hot-swap",
-        "--pre-reload-script",
-        &cut,
-    ];
-    ends_with_error(
-        &hesper(&args),
-        "the loop ends with the weights loaded before",
-    );
+    for (script, body, needle) in [
+        (
+            "fail.sh",
+            "exit 3".to_string(),
+            "exit status: 3; the hot-swap loop ends",
+        ),
+        (
+            "cut.sh",
+            format!("truncate -s 1000 {live}"),
+            "the loop ends with the weights loaded before",
+        ),
+    ] {
+        let script = d.path(script);
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).expect("script");
+        make_executable(Path::new(&script));
+        let args = [
+            "perplexity",
+            "-m",
+            &live,
+            "-f",
+            &text,
+            "-c",
+            "128",
+            "--chunks",
+            "1",
+            "--hot-swap",
+            "--pre-reload-script",
+            &script,
+        ];
+        ends_with_error(&hesper(&args), needle);
+    }
 }
 
 /// A run that printed its first pass and failed with one error line containing `needle`.

@@ -78,6 +78,21 @@ pub enum Reload {
     Swapped(Swap),
 }
 
+impl Reload {
+    /// A swap of `tensors` (`(name, type before, type after)`), or `Unchanged` when there are
+    /// none; `bytes_read` to find them.
+    pub fn of(tensors: Vec<(String, String, String)>, bytes_read: u64) -> Self {
+        if tensors.is_empty() {
+            Self::Unchanged
+        } else {
+            Self::Swapped(Swap {
+                tensors,
+                bytes_read,
+            })
+        }
+    }
+}
+
 /// A swap done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Swap {
@@ -363,14 +378,7 @@ impl<B: Backend> Model<B> {
             swap.seen.extend(now_seen);
             swap.stamp = stamp;
         }
-        Ok(if tensors.is_empty() {
-            Reload::Unchanged
-        } else {
-            Reload::Swapped(Swap {
-                tensors,
-                bytes_read,
-            })
-        })
+        Ok(Reload::of(tensors, bytes_read))
     }
 
     /// Refuses a file whose tensors are not the ones loaded, of the same shapes.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use hesper_engine::backend::Backend;
 use hesper_engine::model::{ModelError, Prediction, Readout, Session};
 #[cfg(unix)]
-use hesper_engine::model::{Reload, ReloadError, Swap};
+use hesper_engine::model::{Reload, ReloadError};
 use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net};
 
 use super::hello::{self, NodeRecord};
@@ -304,14 +304,7 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
             Ok(Reload::Swapped(s)) => s.bytes_read,
             _ => 0,
         };
-        Ok(if tensors.is_empty() {
-            Reload::Unchanged
-        } else {
-            Reload::Swapped(Swap {
-                tensors,
-                bytes_read,
-            })
-        })
+        Ok(Reload::of(tensors, bytes_read))
     }
 }
 
