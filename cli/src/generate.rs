@@ -21,7 +21,7 @@ use hesper_runtime::{
 };
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, load_hot_swap};
+use crate::load::load_with;
 use crate::report::{note, note_inline};
 
 /// Most tokens of a chat reply when `-n` is not given.
@@ -315,10 +315,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     args.read_prompt_file()?;
     // Bad sampling flags fail before a model is loaded.
     let sampler = settings::sampler(args.sampling())?;
-    let loaded = match args.hot_swap {
-        true => load_hot_swap(&args.model, None)?,
-        false => load(&args.model, None)?,
-    };
+    let loaded = load_with(&args.model, None, args.hot_swap)?;
     let Some(tok) = loaded.tokenizer.as_ref() else {
         bail!("{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); use `hesper-rs logits --tokens`", loaded.model.file().source);
     };

@@ -62,13 +62,9 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
     load_with(args, layers, false)
 }
 
-/// Loads the model named by `args` for hot-swap: read into memory with every tensor hashed,
-/// so that [`AnyModel::reload_changed`] can swap in what changes on disk.
-pub fn load_hot_swap(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
-    load_with(args, layers, true)
-}
-
-fn load_with(args: &ModelArgs, layers: Option<Range<usize>>, hot_swap: bool) -> Result<Loaded> {
+/// [`load`], or with `hot_swap` the model read into memory with every tensor hashed, so that
+/// [`AnyModel::reload_changed`] can swap in what changes on disk.
+pub fn load_with(args: &ModelArgs, layers: Option<Range<usize>>, hot_swap: bool) -> Result<Loaded> {
     let start = Instant::now();
     args.check_threads()?;
     args.note_thread_cap();

@@ -19,7 +19,7 @@ use hesper_runtime::{run_model, settings, with_model, ModelRef};
 
 use crate::args::ContextArgs;
 use crate::generate::{drive, print_stats, GenerateArgs};
-use crate::load::{load, load_hot_swap};
+use crate::load::load_with;
 use crate::report::note;
 use hesper_engine::attention::AttentionConfig;
 
@@ -294,10 +294,7 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
         bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
     }
     let sampler = settings::sampler(g.sampling())?;
-    let mut loaded = match g.hot_swap {
-        true => load_hot_swap(&g.model, Some(layers))?,
-        false => load(&g.model, Some(layers))?,
-    };
+    let mut loaded = load_with(&g.model, Some(layers), g.hot_swap)?;
     let settings = args.settings(with_config(&loaded.model))?;
     match args.role {
         Role::Worker | Role::Standby => {

@@ -19,7 +19,7 @@ use hesper_runtime::perplexity::{score_chunk, targets, Accumulator, Chunks};
 use hesper_runtime::run_model;
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, load_hot_swap};
+use crate::load::load_with;
 use crate::output::OutputFile;
 use crate::report::note;
 use hesper_engine::attention::AttentionConfig;
@@ -103,10 +103,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", path.display()))?,
         );
     }
-    let mut loaded = match args.hot_swap {
-        true => load_hot_swap(&args.model, None)?,
-        false => load(&args.model, None)?,
-    };
+    let mut loaded = load_with(&args.model, None, args.hot_swap)?;
     let n_vocab = loaded.model.config().n_vocab;
     let bos = loaded
         .tokenizer

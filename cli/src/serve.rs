@@ -17,7 +17,7 @@ use hesper_server::{Ready, ServerConfig, State};
 use serde_json::json;
 
 use crate::args::{ContextArgs, ModelArgs};
-use crate::load::{load, load_hot_swap, BUILTIN_LABEL};
+use crate::load::{load_with, BUILTIN_LABEL};
 use crate::report::note;
 
 /// Largest request body.
@@ -164,10 +164,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         })?;
     note!("hesper: listening on http://{addr} (loading the model; /health answers 503 until it is ready)");
-    let loaded = match args.hot_swap {
-        true => load_hot_swap(&args.model, None)?,
-        false => load(&args.model, None)?,
-    };
+    let loaded = load_with(&args.model, None, args.hot_swap)?;
     let Some(tok) = loaded.tokenizer else {
         bail!(
             "{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); a server needs one",

@@ -55,11 +55,16 @@ pub(super) fn k_block(x: &[f32], fit: &Fit) -> KBlock {
         let xs = &x[32 * j..32 * (j + 1)];
         let sum_x2 = xs.iter().fold(0.0f32, |s, &v| s + v * v);
         let av_x = (sum_x2 / 32.0).sqrt();
-        let weights: Vec<f32> = xs.iter().map(|v| av_x + v.abs()).collect();
+        let weights: [f32; 32] = std::array::from_fn(|l| av_x + xs[l].abs());
         let (scale, min) = make_qkx2_quants(fit, xs, &weights, &mut levels[32 * j..32 * (j + 1)]);
         (scales[j], mins[j]) = (scale, min);
-        max_scale = max_scale.max_ggml(scale);
-        max_min = max_min.max_ggml(min);
+        // `if (v > max) max = v`, as ggml compares (a NaN never replaces).
+        if scale > max_scale {
+            max_scale = scale;
+        }
+        if min > max_min {
+            max_min = min;
+        }
     }
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
@@ -87,21 +92,6 @@ pub(super) fn k_block(x: &[f32], fit: &Fit) -> KBlock {
         scales: k_pack_scales_mins(&ls, &lm),
         d,
         dmin,
-    }
-}
-
-/// `a > b ? a : b` as ggml compares (NaN never replaces).
-trait MaxGgml {
-    fn max_ggml(self, other: f32) -> f32;
-}
-
-impl MaxGgml for f32 {
-    fn max_ggml(self, other: f32) -> f32 {
-        if other > self {
-            other
-        } else {
-            self
-        }
     }
 }
 
