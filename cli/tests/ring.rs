@@ -562,19 +562,20 @@ fn a_ring_key_lets_the_ring_form_and_keeps_others_out() {
     let flags = ["-p", "hi", "-n", "8", "--temp", "0"];
     let expected = generate(&model, &flags);
     for transport in ["tcp", "udp", "uring"] {
-        let ring = |master_key: Option<&str>, worker_key: Option<&str>| {
+        // A refused ring ends when formation times out: the refusals wait 2 s, not 5.
+        let ring = |master_key: Option<&str>, worker_key: Option<&str>, timeout: &str| {
             let ports = free_ports(2);
             let part = |role, layers| on_cpu(role, layers, &model);
-            let mut w = vec!["--transport", transport, "--form-timeout", "5"];
+            let mut w = vec!["--transport", transport, "--form-timeout", timeout];
             w.extend(worker_key.map(|k| ["--ring-key", k]).iter().flatten());
             let worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &w));
-            let mut m = vec!["--transport", transport, "--form-timeout", "5"];
+            let mut m = vec!["--transport", transport, "--form-timeout", timeout];
             m.extend(master_key.map(|k| ["--ring-key", k]).iter().flatten());
             m.extend(flags);
             let m = node_args(&part("master", "0..2"), ports[0], ports[1], &m);
             (Proc::spawn(&m).wait(), worker.wait())
         };
-        let (master, worker) = ring(Some("s3cret"), Some("s3cret"));
+        let (master, worker) = ring(Some("s3cret"), Some("s3cret"), "5");
         assert!(master.status.success(), "{transport}: {}", stderr(&master));
         assert!(worker.status.success(), "{transport}: {}", stderr(&worker));
         assert_eq!(stdout(&master), stdout(&expected), "{transport}");
@@ -587,7 +588,7 @@ fn a_ring_key_lets_the_ring_form_and_keeps_others_out() {
                 "does every node have the same --ring-key, or none?",
             ),
         ] {
-            let (master, worker) = ring(master_key, worker_key);
+            let (master, worker) = ring(master_key, worker_key, "2");
             for o in [&master, &worker] {
                 assert_no_crash(&[], o);
                 assert!(

@@ -4,6 +4,10 @@
 //! content is a counter-based function of (tensor index, element index), stated in both
 //! languages, and the SHA-256 that generate.py recorded beside llama.cpp's outputs proves the
 //! bytes are the ones llama.cpp ran.
+//!
+//! [`attention_model`] is the same recipe with one layer and an FFN of one TQ2_0 block: the
+//! attention of 2B4T at a seventh of the work per token, for the GPU's full-context test
+//! (`golden_geometry.rs`), where the CPU backend is the reference.
 
 use std::sync::{Arc, OnceLock};
 
@@ -15,6 +19,8 @@ use sha2::{Digest, Sha256};
 const N_VOCAB: u64 = 512;
 const N_EMBD: u64 = 2560;
 const N_FF: u64 = 6912;
+/// The FFN width of [`attention_model`]: one TQ2_0 block.
+const N_FF_NARROW: u64 = 256;
 const N_HEAD: u32 = 20;
 const N_HEAD_KV: u32 = 5;
 const N_LAYER: u64 = 2;
@@ -82,8 +88,8 @@ fn tensor_bytes(index: u64, name: &str, ty: u32, n: u64) -> Vec<u8> {
     }
 }
 
-/// (name, ne, type) of every tensor in file order.
-fn tensors() -> Vec<(String, Vec<u64>, u32)> {
+/// (name, ne, type) of every tensor in file order, for `n_layer` layers of FFN width `n_ff`.
+fn tensors(n_ff: u64, n_layer: u64) -> Vec<(String, Vec<u64>, u32)> {
     let kv = N_EMBD / u64::from(N_HEAD) * u64::from(N_HEAD_KV);
     let mut t = vec![
         (
@@ -93,7 +99,7 @@ fn tensors() -> Vec<(String, Vec<u64>, u32)> {
         ),
         ("output_norm.weight".to_string(), vec![N_EMBD], GGML_F32),
     ];
-    for il in 0..N_LAYER {
+    for il in 0..n_layer {
         let p = |s: &str| format!("blk.{il}.{s}.weight");
         t.extend([
             (p("attn_norm"), vec![N_EMBD], GGML_F32),
@@ -103,10 +109,10 @@ fn tensors() -> Vec<(String, Vec<u64>, u32)> {
             (p("attn_output"), vec![N_EMBD, N_EMBD], GGML_TQ2_0),
             (p("attn_sub_norm"), vec![N_EMBD], GGML_F32),
             (p("ffn_norm"), vec![N_EMBD], GGML_F32),
-            (p("ffn_gate"), vec![N_EMBD, N_FF], GGML_TQ2_0),
-            (p("ffn_up"), vec![N_EMBD, N_FF], GGML_TQ2_0),
-            (p("ffn_down"), vec![N_FF, N_EMBD], GGML_TQ2_0),
-            (p("ffn_sub_norm"), vec![N_FF], GGML_F32),
+            (p("ffn_gate"), vec![N_EMBD, n_ff], GGML_TQ2_0),
+            (p("ffn_up"), vec![N_EMBD, n_ff], GGML_TQ2_0),
+            (p("ffn_down"), vec![n_ff, N_EMBD], GGML_TQ2_0),
+            (p("ffn_sub_norm"), vec![n_ff], GGML_F32),
         ]);
     }
     t
@@ -114,6 +120,11 @@ fn tensors() -> Vec<(String, Vec<u64>, u32)> {
 
 /// The file's bytes, as generate.py writes them (keys of llama.cpp's `bitnet` arch).
 pub fn build() -> Vec<u8> {
+    build_with(N_FF, N_LAYER)
+}
+
+/// The bytes of the recipe with `n_layer` layers of FFN width `n_ff`.
+fn build_with(n_ff: u64, n_layer: u64) -> Vec<u8> {
     let a = |k: &str| format!("bitnet.{k}");
     let mut b = GgufBuilder::new()
         .kv("general.architecture", Value::String("bitnet".into()))
@@ -124,8 +135,8 @@ pub fn build() -> Vec<u8> {
         .kv(&a("vocab_size"), Value::U32(N_VOCAB as u32))
         .kv(&a("context_length"), Value::U32(N_CTX))
         .kv(&a("embedding_length"), Value::U32(N_EMBD as u32))
-        .kv(&a("block_count"), Value::U32(N_LAYER as u32))
-        .kv(&a("feed_forward_length"), Value::U32(N_FF as u32))
+        .kv(&a("block_count"), Value::U32(n_layer as u32))
+        .kv(&a("feed_forward_length"), Value::U32(n_ff as u32))
         .kv(&a("attention.head_count"), Value::U32(N_HEAD))
         .kv(&a("attention.head_count_kv"), Value::U32(N_HEAD_KV))
         .kv(&a("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
@@ -137,7 +148,7 @@ pub fn build() -> Vec<u8> {
         .kv("general.file_type", Value::U32(37))
         .kv("general.quantization_version", Value::U32(2))
         .kv("tokenizer.ggml.model", Value::String("none".into()));
-    for (index, (name, ne, ty)) in tensors().into_iter().enumerate() {
+    for (index, (name, ne, ty)) in tensors(n_ff, n_layer).into_iter().enumerate() {
         let data = tensor_bytes(index as u64, &name, ty, ne.iter().product());
         b = b.tensor(&name, &ne, ty, data);
     }
@@ -162,4 +173,16 @@ pub fn model(sha256: &str) -> Arc<ModelFile> {
         "the rebuilt 2B4T-geometry model differs from the one llama.cpp ran (generate.py geometry)"
     );
     file.clone()
+}
+
+/// 2B4T's attention (widths, head counts, head width, context 1056) in one layer whose FFN is
+/// one TQ2_0 block wide, built once per process. No reference engine ran it: tests compare
+/// backends on it.
+pub fn attention_model() -> Arc<ModelFile> {
+    static FILE: OnceLock<Arc<ModelFile>> = OnceLock::new();
+    FILE.get_or_init(|| {
+        ModelFile::from_bytes(build_with(N_FF_NARROW, 1), "geo-2b4t-attention (generated)")
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .clone()
 }
