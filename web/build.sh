@@ -17,11 +17,13 @@ if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown
 fi
 # wasm-bindgen's CLI must match the wasm-bindgen crate in Cargo.lock exactly. Installed from
-# crates.io only when missing (no --locked: the registry lacks one of its locked versions).
+# crates.io only when missing (no --locked: the registry lacks one of its locked versions),
+# unoptimized and without the TLS its test runner downloads with: it compiles in under half
+# the time (50 s against 116 s on 2 cores) and writes the same files, in 2 s instead of 0.4.
 version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock)
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$version" ]; then
-  echo "installing wasm-bindgen-cli $version (once; several minutes)"
-  cargo install wasm-bindgen-cli --version "$version"
+  echo "installing wasm-bindgen-cli $version (once; about a minute)"
+  cargo install wasm-bindgen-cli --version "$version" --no-default-features --debug
 fi
 
 # With --clippy the build also lints the browser crates for wasm32 (tests/clippy.sh).
