@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::file::ModelFile;
-use hesper_engine::quantize::{plan, write, QuantType};
+use hesper_engine::quantize::{pattern_matches, plan, write, QuantType};
 
 use crate::report::note;
 
@@ -85,8 +85,23 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             args.output.display()
         );
     }
+    if args.output.is_dir() {
+        bail!(
+            "{} is a directory; name the file to write",
+            args.output.display()
+        );
+    }
     let file = ModelFile::open(&args.input)?;
-    let plans = plan(file.header().tensors(), args.ty, &args.tensor_type);
+    let tensors = file.header().tensors();
+    for (pattern, _) in &args.tensor_type {
+        if !tensors.iter().any(|t| pattern_matches(pattern, &t.name)) {
+            note!(
+                "hesper: warning: --tensor-type {pattern:?} matches no tensor of {}",
+                args.input.display()
+            );
+        }
+    }
+    let plans = plan(tensors, args.ty, &args.tensor_type);
     let partial = args
         .output
         .with_extension(format!("part-{}", std::process::id()));
@@ -121,13 +136,10 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             return Err(e.into());
         }
     };
-    std::fs::rename(&partial, &args.output).with_context(|| {
-        format!(
-            "cannot move {} to {}",
-            partial.display(),
-            args.output.display()
-        )
-    })?;
+    if let Err(e) = std::fs::rename(&partial, &args.output) {
+        let _ = std::fs::remove_file(&partial);
+        bail!("cannot write {}: {e}", args.output.display());
+    }
     let converted = plans.iter().filter(|p| p.to.is_some()).count();
     note!(
         "hesper: wrote {} ({n} tensors, {converted} converted): {:.2} MB -> {:.2} MB in {:.2} s",

@@ -143,7 +143,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             ),
             None => "hesper-kjv".into(),
         });
-    let state = State::new(ServerConfig {
+    let config = ServerConfig {
         api_keys,
         alias: alias.clone(),
         metrics: args.metrics,
@@ -153,14 +153,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_connections: args.max_connections,
         cors_origins: args.cors_origin.clone(),
         hot_swap: args.hot_swap,
-    });
+    };
+    config.check().map_err(anyhow::Error::msg)?;
+    let state = State::new(config);
     let server = state.clone();
     std::thread::Builder::new()
         .name("http".into())
         .spawn(move || {
-            if let Err(e) = hesper_server::serve(listener, server) {
-                note!("error: the HTTP server stopped: {e}");
-                std::process::exit(1);
+            // A server that cannot serve must not stay up: a panic ends the process too.
+            let serve = || hesper_server::serve(listener, server);
+            let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(serve));
+            match served {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    note!("error: the HTTP server stopped: {e}");
+                    std::process::exit(1);
+                }
+                Err(_) => {
+                    note!("error: the HTTP server failed");
+                    std::process::exit(1);
+                }
             }
         })?;
     note!("hesper: listening on http://{addr} (loading the model; /health answers 503 until it is ready)");

@@ -163,6 +163,44 @@ fn bad_arguments_are_one_line() {
         assert_one_line_error(args, &hesper(args), needle);
     }
     assert!(!std::path::Path::new(o).exists());
+
+    // An output that is a directory: one line, and no part file left beside it.
+    let dir = out("a-directory");
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = ["quantize", &f16, dir.to_str().unwrap(), "q8_0"];
+    assert_one_line_error(&args, &hesper(&args), "is a directory");
+    let parent = dir.parent().unwrap();
+    let stem = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let left: Vec<_> = std::fs::read_dir(parent)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&stem) && n != &stem)
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(left.is_empty(), "left beside the directory: {left:?}");
+}
+
+#[test]
+fn a_tensor_type_pattern_that_matches_nothing_is_reported() {
+    let f16 = golden("models/tiny-llama-f16.gguf");
+    let o = out("unmatched.gguf");
+    let args = [
+        "quantize",
+        &f16,
+        o.to_str().unwrap(),
+        "q8_0",
+        "--tensor-type",
+        "blk.99.ffn_up=f16",
+    ];
+    let run = hesper(&args);
+    assert!(run.status.success(), "{}", stderr(&run));
+    std::fs::remove_file(&o).unwrap();
+    assert!(
+        stderr(&run).contains("--tensor-type \"blk.99.ffn_up\" matches no tensor"),
+        "{}",
+        stderr(&run)
+    );
 }
 
 /// The tensors of `bytes` whose type is `ty`, with their data.

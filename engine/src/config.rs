@@ -204,7 +204,17 @@ impl Config {
             None => n_vocab_fallback.ok_or_else(|| ConfigError::Missing(key("vocab_size")))?,
         };
         let float = |k: &str, default: f64| -> Result<f32, ConfigError> {
-            let v = g.get_f64(&key(k)).unwrap_or(default) as f32;
+            let v = match (g.get(&key(k)), g.get_f64(&key(k))) {
+                (None, _) => default as f32,
+                (Some(_), Some(v)) => v as f32,
+                (Some(other), None) => {
+                    return Err(ConfigError::Invalid {
+                        key: key(k),
+                        value: format!("{other:?}"),
+                        why: "must be a number".into(),
+                    })
+                }
+            };
             if v.is_finite() && v > 0.0 {
                 Ok(v)
             } else {

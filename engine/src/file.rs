@@ -40,7 +40,7 @@ pub enum FileError {
 
 /// What a path that is not a regular file is, for an error message.
 #[cfg(not(target_arch = "wasm32"))]
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;

@@ -92,14 +92,28 @@ pub struct FileSource {
 #[cfg(unix)]
 impl FileSource {
     /// Opens `path`.
+    /// Anything but a regular file is refused without blocking: opening is non-blocking (a
+    /// path that became a pipe with no writer would otherwise wait for one for good).
     pub fn open(path: &std::path::Path) -> Result<Self, FileError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let shown = path.display().to_string();
         let io = |source| FileError::Io {
             path: shown.clone(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(FileError::NotAFile {
+                path: shown,
+                what: crate::file::file_kind(&meta),
+            });
+        }
+        let len = meta.len();
         Ok(Self {
             file,
             len,

@@ -7,7 +7,7 @@ use std::ops::Range;
 use thiserror::Error;
 
 use crate::formats::{
-    Bf16, Encode, Layout, Tq1_0, Tq2_0, F16, F32, I2S_GROUP, Q4K, Q5K, Q6K, Q8_0,
+    non_finite_scale, Bf16, Encode, Layout, Tq1_0, Tq2_0, F16, F32, I2S_GROUP, Q4K, Q5K, Q6K, Q8_0,
 };
 use crate::gguf::{GgmlType, TensorError, TensorInfo};
 
@@ -108,6 +108,18 @@ pub enum WeightError {
         /// The value read.
         value: f32,
     },
+    /// A block's scale is infinite or NaN: every value of the block would be too.
+    #[error("tensor {name:?}: block {block} (of {format}) has scale {value}, which is not a finite number")]
+    BadBlockScale {
+        /// Tensor name.
+        name: String,
+        /// The block's index in the tensor, from 0.
+        block: usize,
+        /// The layout's name.
+        format: &'static str,
+        /// The value read.
+        value: f32,
+    },
 }
 
 impl MatrixDesc {
@@ -181,6 +193,15 @@ impl MatrixDesc {
         if file.len() < end {
             return Err(not_in_file().into());
         }
+        let bad = crate::with_layout!(format, |l| non_finite_scale_of(l, &file[start..end]));
+        if let Some((block, value)) = bad {
+            return Err(WeightError::BadBlockScale {
+                name: info.name.clone(),
+                block,
+                format: layout,
+                value,
+            });
+        }
         Ok(Self {
             name: info.name.clone(),
             rows,
@@ -206,6 +227,11 @@ impl MatrixDesc {
 /// Values per block of `layout`.
 fn block_of<L: Layout>(_: L) -> usize {
     L::BLOCK
+}
+
+/// The first block of `blocks` whose scale is not finite (see [`non_finite_scale`]).
+fn non_finite_scale_of<L: Layout>(_: L, blocks: &[u8]) -> Option<(usize, f32)> {
+    non_finite_scale::<L>(blocks)
 }
 
 /// The name of `layout`.

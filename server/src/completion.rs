@@ -278,9 +278,23 @@ enum Update {
 }
 
 /// Queues one job per answer and starts turning each answer's events into updates, tagged
-/// with the answer's index. A full queue refuses the whole request (503).
+/// with the answer's index. A full queue refuses the whole request (503); one of more answers
+/// than the queue can ever hold is a 400.
 fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)>, ApiError> {
     let ready = &plan.ready;
+    let answers = plan.prompts.len().saturating_mul(plan.n);
+    let capacity = ready.submitter.capacity();
+    if answers > capacity {
+        let param = if plan.n > 1 { "n" } else { "prompt" };
+        return Err(ApiError::bad_param(
+            param,
+            format!(
+                "{} prompt(s) × n {} = {answers} answers, more than the server queues at once (--queue {capacity})",
+                plan.prompts.len(),
+                plan.n
+            ),
+        ));
+    }
     let (tx, rx) = unbounded_channel();
     let mut events = Vec::new();
     for prompt in &plan.prompts {

@@ -48,6 +48,14 @@ pub struct ServerConfig {
     pub hot_swap: bool,
 }
 
+impl ServerConfig {
+    /// Refuses flags the server cannot serve with, in one line (so a server never starts
+    /// without serving).
+    pub fn check(&self) -> Result<(), String> {
+        routes::allowed_origins(&self.cors_origins).map(|_| ())
+    }
+}
+
 /// What a loaded model gives the server.
 pub struct Ready {
     /// The tokenizer.
@@ -102,6 +110,7 @@ impl State {
 }
 
 /// Serves `listener` with `state` until the process ends (blocks; runs its own I/O runtime).
+/// Check the flags with [`ServerConfig::check`] first.
 pub fn serve(listener: std::net::TcpListener, state: Arc<State>) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

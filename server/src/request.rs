@@ -12,6 +12,11 @@ use serde::Deserialize;
 use crate::error::ApiError;
 
 /// Both endpoints' body: chat sends `messages`, text completion `prompt`.
+/// The largest bias `logit_bias` adds or takes away, OpenAI's range: larger values are
+/// brought to it (llama-server clients send larger ones to force or ban a token, which ±100
+/// does as well). Past it, two forced tokens would be +∞ alike and no seed could choose.
+pub const LOGIT_BIAS_LIMIT: f64 = 100.0;
+
 #[derive(Debug, Default, Deserialize)]
 pub struct CompletionBody {
     /// The model asked for (answers carry it back; one model is served).
@@ -38,8 +43,8 @@ pub struct CompletionBody {
     pub logprobs: Option<LogprobsField>,
     /// Chat: alternatives per token with `logprobs`.
     pub top_logprobs: Option<u32>,
-    /// Token id (as a string) → bias added to its logit.
-    pub logit_bias: Option<HashMap<String, f32>>,
+    /// Token id (as a string) → bias added to its logit (within ±[`LOGIT_BIAS_LIMIT`]).
+    pub logit_bias: Option<HashMap<String, f64>>,
     /// OpenAI's presence penalty.
     pub presence_penalty: Option<f32>,
     /// OpenAI's frequency penalty.
@@ -274,9 +279,13 @@ impl CompletionBody {
                     format!("logit_bias: {id:?} is not a token id below {n_vocab}"),
                 ));
             };
-            if bias.is_nan() {
-                return Err(ApiError::bad_param("logit_bias", "logit_bias: NaN"));
+            if !bias.is_finite() {
+                return Err(ApiError::bad_param(
+                    "logit_bias",
+                    format!("logit_bias: token {t}'s bias {bias} is not a finite number"),
+                ));
             }
+            let bias = bias.clamp(-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT) as f32;
             logit_bias.push((t, bias));
         }
         logit_bias.sort_by_key(|&(t, _)| t);

@@ -15,7 +15,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tower_http::cors::{AllowOrigin, CorsLayer};
-use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::completion;
 use crate::error::ApiError;
@@ -43,23 +42,42 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/reload", post(crate::reload::reload))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
-        .layer(RequestBodyTimeoutLayer::new(state.config.timeout));
-    if !state.config.cors_origins.is_empty() {
-        let origins: Vec<HeaderValue> = state
-            .config
-            .cors_origins
-            .iter()
-            .filter_map(|o| HeaderValue::from_str(o).ok())
-            .collect();
+        .layer(middleware::from_fn_with_state(state.clone(), authorize));
+    if let Ok(Some(origins)) = allowed_origins(&state.config.cors_origins) {
         app = app.layer(
             CorsLayer::new()
-                .allow_origin(AllowOrigin::list(origins))
+                .allow_origin(origins)
                 .allow_methods([Method::GET, Method::POST])
                 .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
         );
     }
     app.with_state(state)
+}
+
+/// The origins `--cors-origin` allows: `*` is any origin (alone: it would make every other
+/// value pointless), any other value an exact origin such as `https://app.example`; none
+/// given, no CORS at all. A value that cannot be used is an error naming it.
+pub fn allowed_origins(origins: &[String]) -> Result<Option<AllowOrigin>, String> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    if origins.iter().any(|o| o == "*") {
+        if origins.len() > 1 {
+            return Err("--cors-origin '*' allows every origin: give it alone".into());
+        }
+        return Ok(Some(AllowOrigin::any()));
+    }
+    let values = origins
+        .iter()
+        .map(|o| {
+            let usable = o.starts_with("http://") || o.starts_with("https://");
+            let value = HeaderValue::from_str(o).ok().filter(|_| usable);
+            value.ok_or_else(|| {
+                format!("--cors-origin {o:?}: give an origin such as https://app.example, or '*'")
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(AllowOrigin::list(values)))
 }
 
 /// Refuses a request without a valid key (when keys are set), comparing in constant time.
@@ -91,11 +109,18 @@ fn key_of(h: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// Reads a request body of at most `--max-body` bytes: 413 past it, 408 when it does not
-/// arrive within `--timeout`.
+/// Reads a request body of at most `--max-body` bytes: 413 past it, 408 when the whole of it
+/// has not arrived within `--timeout` (however it trickles in).
 pub async fn read_body(state: &State, body: Body) -> Result<Bytes, ApiError> {
     let limit = state.config.max_body;
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
+    let read = tokio::time::timeout(state.config.timeout, axum::body::to_bytes(body, limit));
+    let Ok(read) = read.await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive within --timeout",
+        ));
+    };
+    read.map_err(|e| {
         let e = e.into_inner();
         // The cause may sit under layers of boxes (axum's, hyper's): look down the chain.
         let chain = || std::iter::successors(Some(&*e as &dyn std::error::Error), |e| e.source());
@@ -103,11 +128,6 @@ pub async fn read_body(state: &State, body: Body) -> Result<Bytes, ApiError> {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("the request body is over {limit} bytes"),
-            )
-        } else if chain().any(|e| e.is::<tower_http::timeout::TimeoutError>()) {
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "the request body did not arrive within --timeout",
             )
         } else {
             ApiError::bad_request(format!("cannot read the request body: {e}"))

@@ -154,6 +154,7 @@ def main():
     finally:
         gpu.stop()
     hot_swap()
+    cors()
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed")
         sys.exit(1)
@@ -223,6 +224,24 @@ def api(srv, c):
     banned = c.completions.create(model="x", prompt="And it came to pass", max_tokens=2, temperature=0,
                                   logit_bias={str(lord): -100, "0": 5}).choices[0].text
     check(lord_text not in banned, f"logit_bias -100: {banned!r}")
+    # Biases past ±100 are brought to it: two tokens forced by 1e39 are chosen between as at
+    # +100, by their own logits (at +inf alike the lowest id, token 0, always won), and every
+    # token pushed down alike changes nothing (at -inf every answer was <unk>).
+    the = json.loads(srv.post("/tokenize", {"content": " the"})[1])["tokens"][-1]
+    pick = lambda bias, s: c.completions.create(model="x", prompt="And", max_tokens=1,
+                                                temperature=1.0, seed=s, logit_bias=bias).choices[0].text
+    huge = [pick({"0": 1e39, str(the): 1e39}, s) for s in range(4)]
+    hundred = [pick({"0": 100, str(the): 100}, s) for s in range(4)]
+    token0 = json.loads(srv.post("/detokenize", {"tokens": [0]})[1])["content"]
+    check(huge == hundred and any(t != token0 for t in huge),
+          f"two tokens forced by 1e39: {huge!r}, by 100: {hundred!r}")
+    greedy = c.completions.create(model="x", prompt="And it came to pass", max_tokens=4,
+                                  temperature=0).choices[0].text
+    n_vocab = json.loads(srv.get("/v1/models")[1])["data"][0]["meta"]["n_vocab"]
+    every_down = {str(t): -1e39 for t in range(n_vocab)}
+    lowered = c.completions.create(model="x", prompt="And it came to pass", max_tokens=4,
+                                   temperature=0, logit_bias=every_down).choices[0].text
+    check(lowered == greedy, f"every token at -1e39: {lowered!r}, {greedy!r}")
     r = c.completions.create(model="x", prompt="And", max_tokens=4, presence_penalty=0.5,
                              frequency_penalty=0.5, extra_body={"top_k": 5, "min_p": 0.1,
                              "repeat_penalty": 1.1, "cache_prompt": False, "unknown_field": 1})
@@ -332,6 +351,25 @@ def slow_client(srv):
     s.close()
     check(answer.startswith(b"HTTP/1.1 408") and b'"error"' in answer and time.time() - start < 6,
           f"stalled body: {answer[:120]!r} after {time.time() - start:.1f} s")
+    # A body that trickles in, a byte every 0.5 s, is answered 408 once the whole of --timeout
+    # (2 s) has passed: the bound is on the body, not on each piece of it.
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+              + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+    start = time.time()
+    answer = b""
+    s.settimeout(0.5)
+    while time.time() - start < 10 and not answer:
+        try:
+            s.send(b" ")
+            answer = s.recv(4096)
+        except socket.timeout:
+            pass
+        except OSError:
+            break
+    s.close()
+    check(answer.startswith(b"HTTP/1.1 408") and time.time() - start < 5,
+          f"trickled body: {answer[:120]!r} after {time.time() - start:.1f} s")
 
 
 def load(srv, c):
@@ -450,6 +488,29 @@ def hot_swap():
         plain.stop()
 
 
+def cors():
+    """`--cors-origin '*'` answers a browser's preflight from any origin; an origin that
+    cannot be used ends the server at start with one line."""
+    srv = Server("--cors-origin", "*", "--api-key", KEY)
+    try:
+        s, _, r = srv.request("OPTIONS", "/v1/chat/completions", headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        check(s == 200 and r.getheader("Access-Control-Allow-Origin") == "*",
+              f"preflight with '*': {s} {r.getheader('Access-Control-Allow-Origin')!r}")
+        s, _, r = srv.request("GET", "/health", headers={"Origin": "https://other.example"})
+        check(s == 200 and r.getheader("Access-Control-Allow-Origin") == "*", "a GET with '*'")
+    finally:
+        srv.stop()
+    for bad in (["not an origin"], ["*", "https://app.example"]):
+        args = [a for o in bad for a in ("--cors-origin", o)]
+        p = subprocess.run([BIN, "serve", "--port", "0", *args], capture_output=True, text=True,
+                           timeout=30)
+        lines = p.stderr.strip().splitlines()
+        check(p.returncode != 0 and len(lines) == 1 and "--cors-origin" in lines[0],
+              f"--cors-origin {bad}: exit {p.returncode}, {p.stderr!r}")
+
+
 def full_queue_and_disconnect(srv):
     auth = {"Authorization": f"Bearer {KEY}"}
     long = {"prompt": "And", "max_tokens": 4000, "stream": True, "temperature": 1.0}
@@ -472,6 +533,18 @@ def full_queue_and_disconnect(srv):
     check(not waiting.is_alive(), "the waiting request was served once the first client left")
     check(srv.metric_becomes("hesper_sequences_running", 0), "a disconnect frees its sequence")
     check(srv.metric("hesper_tokens_generated_total") < 4000, "the abandoned sequence stopped early")
+    # A client that leaves when nothing else is queued: the gauge goes back to 0 all the same.
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port)
+    conn.request("POST", "/v1/completions", json.dumps(long), {**auth, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.fp.readline()
+    check(srv.metric_becomes("hesper_sequences_running", 1), "the lone stream runs")
+    conn.close()
+    check(srv.metric_becomes("hesper_sequences_running", 0), "a lone disconnect frees its sequence")
+    # More answers than --queue 1 can ever hold: a 400 naming the flag, not 503 forever.
+    e = error_of(srv.post("/v1/completions", {"prompt": "And", "max_tokens": 2, "n": 2})[:2], 400, "n")
+    check("--queue 1" in e.get("message", ""), f"names --queue: {e}")
+    e = error_of(srv.post("/v1/completions", {"prompt": ["And", "It"], "max_tokens": 2})[:2], 400, "prompt")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ pub trait Layout: Copy + Send + Sync + 'static {
     const BLOCK: usize;
     /// Bytes per block.
     const BLOCK_BYTES: usize;
+    /// Where a block keeps its f16 scales (the block scale `d`, and the K-quants' `dmin`), as
+    /// byte offsets; none for the float layouts and I2_S (whose one f32 scale follows the codes).
+    const SCALES: &'static [usize] = &[];
 
     /// Decodes one block into its `BLOCK` values: the reference every kernel is tested
     /// against.
@@ -55,6 +58,26 @@ pub trait Layout: Copy + Send + Sync + 'static {
             self.decode_block(block, values);
         }
     }
+}
+
+/// The first block of `blocks` (whole blocks of `L`) with a scale that is infinite or NaN: its
+/// index and value. Such a scale makes every value of its block, and so every sum it enters,
+/// infinite or NaN; ggml computes with it all the same.
+pub fn non_finite_scale<L: Layout>(blocks: &[u8]) -> Option<(usize, f32)> {
+    if L::SCALES.is_empty() {
+        return None;
+    }
+    // An f16 is infinite or NaN exactly when its five exponent bits are all set.
+    const EXPONENT: u16 = 0x7c00;
+    blocks
+        .chunks_exact(L::BLOCK_BYTES)
+        .enumerate()
+        .find_map(|(i, block)| {
+            L::SCALES.iter().find_map(|&at| {
+                let bits = u16::from_le_bytes([block[at], block[at + 1]]);
+                (bits & EXPONENT == EXPONENT).then(|| (i, half::f16::from_bits(bits).to_f32()))
+            })
+        })
 }
 
 /// A layout hesper-rs can write (`--lm-head`, re-quantized tables).

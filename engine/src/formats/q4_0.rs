@@ -18,6 +18,7 @@ impl Layout for Q4_0 {
     const NAME: &'static str = "Q4_0";
     const BLOCK: usize = 32;
     const BLOCK_BYTES: usize = Q4_0_BLOCK_BYTES;
+    const SCALES: &'static [usize] = &[0];
 
     fn decode_block(&self, blk: &[u8], out: &mut [f32]) {
         let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();

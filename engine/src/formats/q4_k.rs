@@ -29,6 +29,7 @@ impl Layout for Q4K {
     const NAME: &'static str = "Q4_K";
     const BLOCK: usize = QK_K;
     const BLOCK_BYTES: usize = Q4_K_BLOCK_BYTES;
+    const SCALES: &'static [usize] = &[0, 2];
 
     fn decode_block(&self, blk: &[u8], out: &mut [f32]) {
         decode_k_block(blk, out, |e| q4_k_code(blk, e));

@@ -31,6 +31,7 @@ impl Layout for Q6K {
     const NAME: &'static str = "Q6_K";
     const BLOCK: usize = Q6_K_BLOCK;
     const BLOCK_BYTES: usize = Q6_K_BLOCK_BYTES;
+    const SCALES: &'static [usize] = &[Q6_K_D];
 
     fn decode_block(&self, block: &[u8], out: &mut [f32]) {
         decode_q6_k_block(block, out);

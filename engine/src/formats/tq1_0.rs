@@ -17,6 +17,7 @@ impl Layout for Tq1_0 {
     const NAME: &'static str = "TQ1_0";
     const BLOCK: usize = 256;
     const BLOCK_BYTES: usize = TQ1_0_BLOCK_BYTES;
+    const SCALES: &'static [usize] = &[52];
 
     fn decode_block(&self, blk: &[u8], out: &mut [f32]) {
         let d = f16::from_le_bytes([blk[52], blk[53]]).to_f32();

@@ -15,6 +15,7 @@ impl Layout for Tq2_0 {
     const NAME: &'static str = "TQ2_0";
     const BLOCK: usize = 256;
     const BLOCK_BYTES: usize = TQ2_0_BLOCK_BYTES;
+    const SCALES: &'static [usize] = &[64];
 
     fn decode_block(&self, blk: &[u8], out: &mut [f32]) {
         let d = f16::from_le_bytes([blk[64], blk[65]]).to_f32();

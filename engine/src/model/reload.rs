@@ -67,6 +67,10 @@ pub(super) struct HotSwap {
     /// Every tensor the model was made from.
     seen: HashMap<String, Seen>,
     head: HeadFormat,
+    /// The file as it was when a check last refused it, and why: the same bytes are not
+    /// read again (a client calling `/health` must not make the server re-read a refused
+    /// 1.5 GB file each time).
+    refused: Option<(Stamp, String)>,
 }
 
 /// What [`Model::reload_changed`] found.
@@ -123,6 +127,12 @@ pub enum ReloadError {
     /// The model was loaded without [`Model::load_hot_swap`].
     #[error("this model was not loaded for hot-swap")]
     NotEnabled,
+    /// The file is as it was when a check refused it; it was not read again.
+    #[error("{why} (the file is unchanged since)")]
+    StillRefused {
+        /// Why it was refused.
+        why: String,
+    },
     /// The file cannot be looked at.
     #[error("cannot look at {path}: {source}")]
     Stat {
@@ -291,6 +301,7 @@ impl<B: Backend> Model<B> {
             stamp,
             seen,
             head,
+            refused: None,
         }));
         Ok(model)
     }
@@ -314,7 +325,23 @@ impl<B: Backend> Model<B> {
         if stamp == swap.stamp {
             return Ok(Reload::Unchanged);
         }
-        let mut source = FileSource::open(&path).map_err(HeaderError::File)?;
+        if let Some((refused, why)) = &swap.refused {
+            if *refused == stamp {
+                return Err(ReloadError::StillRefused { why: why.clone() });
+            }
+        }
+        let result = self.swap_in(&path, stamp);
+        if let Some(swap) = self.swap.as_mut() {
+            swap.refused = result.as_ref().err().map(|e| (stamp, e.to_string()));
+        }
+        result
+    }
+
+    /// [`Model::reload_changed`] for a file whose stamp is new: reads it whole, and swaps in
+    /// what changed or refuses it all.
+    fn swap_in(&mut self, path: &Path, stamp: Stamp) -> Result<Reload, ReloadError> {
+        let swap = self.swap.as_ref().ok_or(ReloadError::NotEnabled)?;
+        let mut source = FileSource::open(path).map_err(HeaderError::File)?;
         let file = pollster::block_on(read_header(&mut source))?;
         let shown = path.display().to_string();
         let g = file.header();

@@ -136,6 +136,7 @@ pub enum SubmitError {
 #[derive(Clone)]
 pub struct Submitter {
     tx: SyncSender<Job>,
+    capacity: usize,
     reloads: SyncSender<tokio::sync::oneshot::Sender<Reloaded>>,
     gauges: Arc<Gauges>,
 }
@@ -185,6 +186,12 @@ impl Submitter {
         Ok(rx)
     }
 
+    /// Jobs the admission queue holds at most: a request of more answers can never be
+    /// queued whole.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// The scheduler's gauges.
     pub fn gauges(&self) -> &Arc<Gauges> {
         &self.gauges
@@ -199,6 +206,7 @@ pub fn queue(queue: usize) -> (Submitter, Inbox) {
     (
         Submitter {
             tx,
+            capacity: queue,
             reloads: reloads_tx,
             gauges,
         },
@@ -274,6 +282,7 @@ pub fn run<B: Backend, M: ModelRef<B>>(
             }
         }
         if running.is_empty() {
+            show(gauges, &running, &pool);
             continue;
         }
         let (ended, failed) = step(model.get(), tok, &mut scratch, &mut running, batch, gauges);
@@ -286,9 +295,14 @@ pub fn run<B: Backend, M: ModelRef<B>>(
             }
         }
         pool.evict_to(config.keep_idle);
-        gauges.running.store(running.len(), Ordering::Relaxed);
-        gauges.kv_positions.store(pool.held(), Ordering::Relaxed);
+        show(gauges, &running, &pool);
     }
+}
+
+/// Sets the gauges that follow the running sequences and the pool.
+fn show<B: Backend>(gauges: &Gauges, running: &[Seq<B>], pool: &Pool<B>) {
+    gauges.running.store(running.len(), Ordering::Relaxed);
+    gauges.kv_positions.store(pool.held(), Ordering::Relaxed);
 }
 
 /// Runs a hot-swap check and answers it. After a swap, running sequences are evaluated again
