@@ -433,3 +433,37 @@ fn closed_port() -> String {
     drop(l);
     format!("http://127.0.0.1:{port}")
 }
+
+/// File names in a hostile Hub's listing that would leave the cache once joined to it are
+/// refused before anything is written, however the file is chosen (the default, a :QUANT).
+#[test]
+fn names_from_the_hub_that_leave_the_cache_are_refused() {
+    let hub = Hub::start();
+    let home = hf_home("escape");
+    // Inside HF_HOME, so that whatever a name reaches is found and removed with it.
+    let outside = home.join("outside");
+    let hostile = [
+        format!("{}/evil-Q8_0.gguf", outside.display()),
+        "../../../outside/evil-Q8_0.gguf".to_string(),
+        "sub/../../evil-Q8_0.gguf".to_string(),
+        "a//evil-Q8_0.gguf".to_string(),
+        "./evil-Q8_0.gguf".to_string(),
+        "sub\\..\\evil-Q8_0.gguf".to_string(),
+    ];
+    let q8 = format!("{REPO}:Q8_0");
+    for name in &hostile {
+        *hub.state.extra.lock().unwrap() = vec![name.clone()];
+        for spec in [REPO, q8.as_str()] {
+            let args = ["--log-disable", "pull", spec];
+            let out = run(&hub.endpoint(), &home, &[], &args);
+            assert_one_line_error(&args, &out, "is not a relative path inside the repository");
+        }
+    }
+    assert!(!outside.exists(), "written outside the cache");
+    let repo = repo_dir(&home);
+    assert!(
+        !repo.join("snapshots").exists() && !repo.join("refs").exists(),
+        "nothing is linked for a refused listing"
+    );
+    std::fs::remove_dir_all(&home).unwrap();
+}

@@ -109,6 +109,16 @@ pub(crate) fn listing(
     if info.sha.len() != 40 || !info.sha.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad(format!("{:?} is not a commit", info.sha)));
     }
+    if let Some(s) = info
+        .siblings
+        .iter()
+        .find(|s| !crate::spec::is_repo_path(&s.rfilename))
+    {
+        return Err(bad(format!(
+            "{:?} is not a relative path inside the repository",
+            s.rfilename
+        )));
+    }
     let files = info
         .siblings
         .into_iter()

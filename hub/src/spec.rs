@@ -64,8 +64,7 @@ impl ModelSpec {
             (None, None) => Pick::Default,
         };
         if let Pick::File(f) = &pick {
-            if f.is_empty() || f.starts_with('/') || f.split('/').any(|s| s == ".." || s.is_empty())
-            {
+            if !is_repo_path(f) {
                 return Err(bad("the file is a relative path inside the repository"));
             }
         }
@@ -167,6 +166,19 @@ impl ModelSpec {
     }
 }
 
+/// Whether `path` can name a file inside a repository, and so inside the cache once joined to
+/// a snapshot folder: relative, `/`-separated, no empty, `.` or `..` component, no backslash
+/// and no control character. Every name that comes from the network is held to this.
+pub(crate) fn is_repo_path(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\\')
+        && !path.chars().any(char::is_control)
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
 /// The last component of a repository path.
 fn base_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -200,6 +212,36 @@ mod tests {
 
     fn spec(s: &str) -> ModelSpec {
         ModelSpec::parse(s, None).unwrap()
+    }
+
+    #[test]
+    fn only_relative_paths_inside_the_repository_are_repository_paths() {
+        for good in [
+            "m.gguf",
+            "sub/m-Q8_0.gguf",
+            "a/b/c.gguf",
+            "..m.gguf",
+            "m..gguf",
+        ] {
+            assert!(is_repo_path(good), "{good}");
+        }
+        for bad in [
+            "",
+            "/m.gguf",
+            "/abs/m.gguf",
+            "../m.gguf",
+            "a/../../m.gguf",
+            "a/..",
+            "./m.gguf",
+            "a/./m.gguf",
+            "a//m.gguf",
+            "a/",
+            "a\\..\\m.gguf",
+            "m\u{0}.gguf",
+            "m\n.gguf",
+        ] {
+            assert!(!is_repo_path(bad), "{bad:?}");
+        }
     }
 
     #[test]
