@@ -222,12 +222,10 @@ fn chat_survives_every_bad_turn() {
     input.extend("word ".repeat(600).as_bytes());
     input.extend(b"\n\xff\xfe not UTF-8\nHow are you?\nAgain\nMore\n");
     for backend in BACKENDS {
-        // A context of 160 fills within two answers of up to 100 tokens.
+        // A context of 80 fills within two answers of up to 50 tokens.
         let args = on(
             backend,
-            &[
-                "generate", "--chat", "-c", "160", "-n", "100", "--seed", "3",
-            ],
+            &["generate", "--chat", "-c", "80", "-n", "50", "--seed", "3"],
         );
         let o = run(&args, Some(&input));
         let err = stderr(&o);
