@@ -7,7 +7,7 @@ use std::ops::Range;
 use thiserror::Error;
 
 use crate::formats::{
-    non_finite_scale, Bf16, Encode, Layout, Tq1_0, Tq2_0, F16, F32, I2S_GROUP, Q4K, Q5K, Q6K, Q8_0,
+    Bf16, Encode, Layout, Tq1_0, Tq2_0, F16, F32, I2S_GROUP, Q4K, Q5K, Q6K, Q8_0,
 };
 use crate::gguf::{GgmlType, TensorError, TensorInfo};
 
@@ -193,7 +193,7 @@ impl MatrixDesc {
         if file.len() < end {
             return Err(not_in_file().into());
         }
-        let bad = crate::with_layout!(format, |l| non_finite_scale_of(l, &file[start..end]));
+        let bad = crate::with_layout!(format, |l| l.non_finite_scale(&file[start..end]));
         if let Some((block, value)) = bad {
             return Err(WeightError::BadBlockScale {
                 name: info.name.clone(),
@@ -227,11 +227,6 @@ impl MatrixDesc {
 /// Values per block of `layout`.
 fn block_of<L: Layout>(_: L) -> usize {
     L::BLOCK
-}
-
-/// The first block of `blocks` whose scale is not finite (see [`non_finite_scale`]).
-fn non_finite_scale_of<L: Layout>(_: L, blocks: &[u8]) -> Option<(usize, f32)> {
-    non_finite_scale::<L>(blocks)
 }
 
 /// The name of `layout`.

@@ -11,12 +11,12 @@ use serde::Deserialize;
 
 use crate::error::ApiError;
 
-/// Both endpoints' body: chat sends `messages`, text completion `prompt`.
 /// The largest bias `logit_bias` adds or takes away, OpenAI's range: larger values are
 /// brought to it (llama-server clients send larger ones to force or ban a token, which ±100
 /// does as well). Past it, two forced tokens would be +∞ alike and no seed could choose.
 pub const LOGIT_BIAS_LIMIT: f64 = 100.0;
 
+/// Both endpoints' body: chat sends `messages`, text completion `prompt`.
 #[derive(Debug, Default, Deserialize)]
 pub struct CompletionBody {
     /// The model asked for (answers carry it back; one model is served).

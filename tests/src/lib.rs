@@ -13,6 +13,7 @@ pub mod geometry;
 pub mod layers;
 pub mod ops;
 pub mod random;
+pub mod scratch;
 
 /// The `golden-values/` folder.
 pub fn golden_dir() -> PathBuf {

@@ -5,7 +5,7 @@
 //! guard on the logits could tell.) A hot-swap check also never blocks on a path that became
 //! a pipe.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use hesper_cpu::{CpuBackend, Isa};
@@ -14,6 +14,7 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::gguf::Gguf;
 use hesper_engine::model::{LoadOptions, Logits, Model, Reload, ReloadError};
 use hesper_tests::golden_dir;
+use hesper_tests::scratch::Scratch;
 
 /// f16 bit patterns that are not finite numbers.
 const NON_FINITE: [(u16, &str); 3] = [(0x7c00, "inf"), (0xfc00, "-inf"), (0x7e00, "NaN")];
@@ -90,27 +91,6 @@ fn a_non_finite_block_scale_is_refused_at_load_naming_tensor_and_block() {
     }
 }
 
-/// A scratch copy of a golden model, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(from: &Path) -> Self {
-        let dir = std::env::temp_dir().join(format!("hesper-bad-scales-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("model.gguf");
-        std::fs::copy(from, &path).expect("copy");
-        Self(path)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 fn logits<B: Backend>(model: &Model<B>) -> Vec<u32> {
     let tokens = [1, 15, 200, 7];
     let mut s = model.new_session(tokens.len(), 4).expect("session");
@@ -122,13 +102,12 @@ fn logits<B: Backend>(model: &Model<B>) -> Vec<u32> {
 fn a_hot_swap_to_a_non_finite_block_scale_is_refused_and_the_weights_stay() {
     let source = model_path("tiny-llama-q4_k_m.gguf");
     let bytes = std::fs::read(&source).expect("model");
-    let copy = Scratch::new(&source);
+    let copy = Scratch::new("bad-scales-swap", &source);
     let mut model = Model::load_hot_swap(cpu(), &copy.0, LoadOptions::default())
         .unwrap_or_else(|e| panic!("{e}"));
     let before = logits(&model);
     let (name, start) = tensors_of(&bytes, "Q4_K").pop().expect("a Q4_K tensor");
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    std::fs::write(&copy.0, with_scale(&bytes, start, 144, 2, 0x7c00)).expect("write");
+    copy.write(&with_scale(&bytes, start, 144, 2, 0x7c00));
     let err = model
         .reload_changed()
         .expect_err("a non-finite scale is refused")
@@ -143,8 +122,7 @@ fn a_hot_swap_to_a_non_finite_block_scale_is_refused_and_the_weights_stay() {
     assert!(matches!(again, ReloadError::StillRefused { .. }), "{again}");
     assert!(again.to_string().contains(&format!("{name:?}")), "{again}");
     // Put right, the file is read again and holds what was loaded: nothing to swap.
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    std::fs::write(&copy.0, &bytes).expect("write");
+    copy.write(&bytes);
     assert_eq!(model.reload_changed().expect("check"), Reload::Unchanged);
 }
 
@@ -152,7 +130,7 @@ fn a_hot_swap_to_a_non_finite_block_scale_is_refused_and_the_weights_stay() {
 #[test]
 fn a_pipe_at_the_model_path_is_refused_without_blocking() {
     let source = model_path("tiny-llama-q8_0.gguf");
-    let copy = Scratch::new(&source);
+    let copy = Scratch::new("bad-scales-pipe", &source);
     let mut model = Model::load_hot_swap(cpu(), &copy.0, LoadOptions::default())
         .unwrap_or_else(|e| panic!("{e}"));
     std::fs::remove_file(&copy.0).expect("remove");

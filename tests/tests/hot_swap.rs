@@ -13,6 +13,7 @@ use hesper_engine::gguf::{Gguf, GgufBuilder};
 use hesper_engine::model::{LoadOptions, Logits, Model, Reload, ReloadError};
 use hesper_engine::quantize::{self, QuantType};
 use hesper_tests::golden_dir;
+use hesper_tests::scratch::Scratch;
 
 const TOKENS: [u32; 6] = [1, 15, 200, 7, 99, 3];
 
@@ -34,35 +35,6 @@ fn logits<B: Backend>(model: &Model<B>) -> Vec<u32> {
     let mut s = model.new_session(TOKENS.len(), 8).expect("session");
     let v = model.eval(&mut s, &TOKENS, Logits::All).expect("eval");
     v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// A scratch copy of a golden model, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str, from: &Path) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("hesper-hot-swap-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("model.gguf");
-        std::fs::copy(from, &path).expect("copy");
-        Self(path)
-    }
-
-    /// Rewrites the file in place (truncated, then written), after the clock has moved on so
-    /// that the file's times change.
-    fn write(&self, bytes: &[u8]) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        std::fs::write(&self.0, bytes).expect("write");
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
 }
 
 /// `bytes` with tensor `dst`'s data replaced by `src`'s (same type and size).
@@ -122,7 +94,10 @@ fn swapped(r: Result<Reload, ReloadError>) -> Vec<(String, String, String)> {
 /// The whole sequence of edits on the Llama-shaped Q8_0 model, on `backend()`'s backend.
 fn edits<B: Backend>(tag: &str, backend: impl Fn() -> B) {
     let base = std::fs::read(model_path("tiny-llama-q8_0.gguf")).expect("model");
-    let copy = Scratch::new(tag, &model_path("tiny-llama-q8_0.gguf"));
+    let copy = Scratch::new(
+        &format!("hot-swap-{tag}"),
+        &model_path("tiny-llama-q8_0.gguf"),
+    );
     let mut model = Model::load_hot_swap(backend(), &copy.0, LoadOptions::default())
         .unwrap_or_else(|e| panic!("{e}"));
     let original = logits(&model);
@@ -214,7 +189,7 @@ fn a_ternary_edit_swaps_in_on_cpu_and_gpu() {
     let edited = copy_tensor(&base, "blk.1.ffn_up.weight", "blk.1.ffn_gate.weight");
     let cpu = || CpuBackend::with_isa(2, Isa::detect()).unwrap_or_else(|e| panic!("{e}"));
     let gpu = || hesper_gpu_backend::GpuBackend::new().unwrap_or_else(|e| panic!("{e}"));
-    let copy = Scratch::new("i2s", &path);
+    let copy = Scratch::new("hot-swap-i2s", &path);
     let mut on_cpu = Model::load_hot_swap(cpu(), &copy.0, LoadOptions::default()).expect("load");
     let mut on_gpu = Model::load_hot_swap(gpu(), &copy.0, LoadOptions::default()).expect("load");
     let before = logits(&on_cpu);
@@ -253,7 +228,7 @@ fn memory_stays_flat_over_a_thousand_swaps() {
         .nbytes
         .expect("size");
     let edited = copy_tensor(&base, "blk.0.ffn_gate.weight", name);
-    let copy = Scratch::new("rss", &path);
+    let copy = Scratch::new("hot-swap-rss", &path);
     let backend = CpuBackend::with_isa(2, Isa::detect()).expect("cpu");
     let mut model = Model::load_hot_swap(backend, &copy.0, LoadOptions::default()).expect("load");
     let next = copy.0.with_extension("next");

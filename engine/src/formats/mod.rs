@@ -58,26 +58,26 @@ pub trait Layout: Copy + Send + Sync + 'static {
             self.decode_block(block, values);
         }
     }
-}
 
-/// The first block of `blocks` (whole blocks of `L`) with a scale that is infinite or NaN: its
-/// index and value. Such a scale makes every value of its block, and so every sum it enters,
-/// infinite or NaN; ggml computes with it all the same.
-pub fn non_finite_scale<L: Layout>(blocks: &[u8]) -> Option<(usize, f32)> {
-    if L::SCALES.is_empty() {
-        return None;
-    }
-    // An f16 is infinite or NaN exactly when its five exponent bits are all set.
-    const EXPONENT: u16 = 0x7c00;
-    blocks
-        .chunks_exact(L::BLOCK_BYTES)
-        .enumerate()
-        .find_map(|(i, block)| {
-            L::SCALES.iter().find_map(|&at| {
-                let bits = u16::from_le_bytes([block[at], block[at + 1]]);
-                (bits & EXPONENT == EXPONENT).then(|| (i, half::f16::from_bits(bits).to_f32()))
+    /// The first of `blocks` (whole blocks) with a scale that is infinite or NaN: its index
+    /// and value. Such a scale makes every value of its block, and so every sum it enters,
+    /// infinite or NaN; ggml computes with it all the same.
+    fn non_finite_scale(&self, blocks: &[u8]) -> Option<(usize, f32)> {
+        if Self::SCALES.is_empty() {
+            return None;
+        }
+        // An f16 is infinite or NaN exactly when its five exponent bits are all set.
+        const EXPONENT: u16 = 0x7c00;
+        blocks
+            .chunks_exact(Self::BLOCK_BYTES)
+            .enumerate()
+            .find_map(|(i, block)| {
+                Self::SCALES.iter().find_map(|&at| {
+                    let bits = u16::from_le_bytes([block[at], block[at + 1]]);
+                    (bits & EXPONENT == EXPONENT).then(|| (i, half::f16::from_bits(bits).to_f32()))
+                })
             })
-        })
+    }
 }
 
 /// A layout hesper-rs can write (`--lm-head`, re-quantized tables).
