@@ -9,7 +9,7 @@ use std::str::FromStr;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use hesper_engine::backend::Backend;
-use hesper_engine::chat::{ChatTemplate, TemplateOrigin};
+use hesper_engine::chat::TemplateOrigin;
 use hesper_engine::gguf::Gguf;
 use hesper_engine::model::Reload;
 use hesper_engine::sampler::{Sampler, SamplerConfig};
@@ -21,6 +21,7 @@ use hesper_runtime::{
 };
 
 use crate::args::{ContextArgs, ModelArgs};
+use crate::chat_template::chat_template;
 use crate::load::load_with;
 use crate::report::{note, note_inline};
 
@@ -260,20 +261,6 @@ impl GenerateArgs {
         Ok(())
     }
 
-    /// The chat template: `--chat-template-file`, else the one [`ChatTemplate::from_gguf`]
-    /// picks for the file.
-    fn chat_template(&self, header: &Gguf, tok: &Tokenizer) -> Result<ChatTemplate> {
-        Ok(match &self.chat_template_file {
-            None => ChatTemplate::from_gguf(header, tok)?,
-            Some(path) => {
-                let source = std::fs::read_to_string(path).with_context(|| {
-                    format!("--chat-template-file {}: cannot read it", path.display())
-                })?;
-                ChatTemplate::from_source(source, path.display().to_string(), tok)?
-            }
-        })
-    }
-
     /// Most tokens per chat reply: `-n`, or for -1 [`CHAT_REPLY_TOKENS`] (a quarter of the
     /// context at most), so a model that never ends its turn hands it back.
     fn chat_reply_limit(&self, n_ctx: usize) -> i64 {
@@ -381,7 +368,7 @@ pub fn drive<E: Evaluator>(
     };
     let mut stats = Stats::default();
     if args.chat {
-        let template = args.chat_template(header, tok)?;
+        let template = chat_template(args.chat_template_file.as_deref(), header, tok)?;
         banner();
         if *template.origin() != TemplateOrigin::PlainText {
             note!("hesper: chat template: {}", template.origin());

@@ -3,6 +3,7 @@
 mod args;
 mod attention;
 mod bench;
+mod chat_template;
 mod generate;
 mod info;
 mod list;

@@ -10,13 +10,13 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::backend::Backend;
-use hesper_engine::chat::ChatTemplate;
 use hesper_runtime::scheduler::{self, SchedulerConfig};
 use hesper_runtime::{run_model, with_model};
 use hesper_server::{Ready, ServerConfig, State};
 use serde_json::json;
 
 use crate::args::{ContextArgs, ModelArgs};
+use crate::chat_template::chat_template;
 use crate::load::{load_with, BUILTIN_LABEL};
 use crate::report::note;
 
@@ -81,6 +81,9 @@ pub struct ServeArgs {
     /// instead of mapped.
     #[arg(long = "hot-swap")]
     hot_swap: bool,
+    /// A Jinja chat template for chat requests instead of the file's `tokenizer.chat_template`.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    chat_template_file: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -183,7 +186,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             loaded.model.file().source
         );
     };
-    let template = ChatTemplate::from_gguf(loaded.model.file().header(), &tok)?;
+    let template = chat_template(
+        args.chat_template_file.as_deref(),
+        loaded.model.file().header(),
+        &tok,
+    )?;
     let config = loaded.model.config().clone();
     let n_ctx = args.ctx.n_ctx(config.n_ctx_train);
     ContextArgs::note_past_training(n_ctx, config.n_ctx_train);

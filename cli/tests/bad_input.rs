@@ -244,6 +244,47 @@ fn chat_survives_every_bad_turn() {
     }
 }
 
+/// Templates come in downloaded files: one that loops for ever or grows a string without end
+/// costs a message one line (the chat goes on), and one too deep to compile is refused in one
+/// line before the model runs.
+#[test]
+fn hostile_chat_templates_cost_one_line() {
+    let loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let grows = "{% set ns = namespace(s='xy') %}{% for i in range(40) %}\
+                 {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}";
+    for (name, source) in [("loop", loops), ("growth", grows)] {
+        let path = scratch(&format!("{name}.jinja"));
+        std::fs::write(&path, source).expect("write");
+        let args = [
+            "chat",
+            "--chat-template-file",
+            path.to_str().expect("utf-8"),
+            "-n",
+            "4",
+        ];
+        let o = run(&args, Some(b"hi\nthere\n"));
+        let err = stderr(&o);
+        assert_no_crash(&args, &o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert_eq!(
+            err.matches("ran out of its limit").count(),
+            2,
+            "{args:?}: {err}"
+        );
+        std::fs::remove_file(&path).expect("remove");
+    }
+    let path = scratch("deep.jinja");
+    std::fs::write(&path, format!("{{{{ x{} }}}}", ".a".repeat(60_000))).expect("write");
+    let args = [
+        "chat",
+        "--chat-template-file",
+        path.to_str().expect("utf-8"),
+    ];
+    let o = run(&args, Some(b"hi\n"));
+    assert_one_line_error(&args, &o, "has a tag of more than 1024 tokens (line 1)");
+    std::fs::remove_file(&path).expect("remove");
+}
+
 #[test]
 fn odd_but_valid_flags_give_the_same_answer() {
     for backend in BACKENDS {

@@ -19,6 +19,15 @@
 //! tool definitions, which hesper-rs does not pass, go through it in the templates tested.
 //! As llama.cpp does, a leading BOS the template writes is dropped when the tokenizer adds one
 //! itself.
+//!
+//! Templates come inside downloaded files, so a template is treated as hostile. Only up to
+//! [`MAX_TEMPLATE_BYTES`] of it is read, and no tag may hold more than [`MAX_TAG_TOKENS`]
+//! tokens: a chain of 60 000 attribute lookups is 60 000 nested nodes, which would overflow
+//! the stack as they are compiled, and a long chain of constants takes minutes to fold. It is
+//! compiled and rendered on a thread of its own, with a stack that holds the deepest tag
+//! allowed, and a rendering may spend at most [`render_fuel`] units of minijinja's fuel, which
+//! counts both the instructions run and the bytes created: a loop over 10¹⁰ items or a string
+//! doubled forty times ends with [`ChatError::Limit`] instead of hanging or exhausting memory.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +50,31 @@ message.role != 'assistant' %}{{ '\\n' }}{% endif %}{{ message.content }}{% endf
 
 /// The text bitnet.cpp's converter puts in every BitNet file's template.
 const BITNET_PLACEHOLDER: &str = "BITNETAssistant";
+
+/// The longest template read. Published templates are a few KiB (the largest llama.cpp tests,
+/// Mistral Small 3.2's with tool calls, is 6.6 KiB).
+pub const MAX_TEMPLATE_BYTES: usize = 256 << 10;
+
+/// The most tokens one tag (`{{ … }}` or `{% … %}`) may hold: a bound on how deep its
+/// expression can nest. The published templates tested hold at most 40.
+pub const MAX_TAG_TOKENS: usize = 1024;
+
+/// The stack of the thread a template is compiled and rendered on: many times what the
+/// deepest tag [`MAX_TAG_TOKENS`] allows needs. Only the pages a template touches are used.
+#[cfg(not(target_arch = "wasm32"))]
+const TEMPLATE_STACK: usize = 64 << 20;
+
+/// The fuel a rendering may spend before anything of the conversation is counted: minijinja
+/// charges one unit per instruction and one per 64 bytes a template creates, so this is about
+/// two million instructions or 128 MiB. The templates tested spend under 20 000 on their
+/// longest conversation.
+const RENDER_FUEL_BASE: u64 = 2_000_000;
+
+/// The fuel a rendering may spend for `message_bytes` of messages: [`RENDER_FUEL_BASE`] and
+/// room to copy each byte of the messages 16 times.
+pub fn render_fuel(message_bytes: usize) -> u64 {
+    RENDER_FUEL_BASE + message_bytes as u64 / 4
+}
 
 /// Who said a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +117,38 @@ pub enum ChatError {
         /// What the template engine says.
         detail: String,
     },
+    /// The template is longer than [`MAX_TEMPLATE_BYTES`].
+    #[error(
+        "the chat template ({origin}) is {bytes} bytes long; at most {MAX_TEMPLATE_BYTES} are read"
+    )]
+    TooLong {
+        /// Where it came from.
+        origin: String,
+        /// Its length.
+        bytes: usize,
+    },
+    /// A tag holds more than [`MAX_TAG_TOKENS`] tokens.
+    #[error("the chat template ({origin}) has a tag of more than {MAX_TAG_TOKENS} tokens (line {line}): too deep to read safely")]
+    TooDeep {
+        /// Where it came from.
+        origin: String,
+        /// The line the tag starts on.
+        line: u32,
+    },
+    /// Rendering this conversation needed more than its fuel ([`render_fuel`]).
+    #[error(
+        "the chat template ({origin}) ran out of its limit of {fuel} units of work (minijinja \
+         fuel: instructions and bytes created) on this conversation"
+    )]
+    Limit {
+        /// Where it came from.
+        origin: String,
+        /// The fuel it had.
+        fuel: u64,
+    },
+    /// No thread could be started to compile or render the template on.
+    #[error("no thread could be started for the chat template: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// Where a template came from, for messages and `info`.
@@ -154,6 +220,22 @@ impl ChatTemplate {
         tokens: TemplateTokens,
         clock: Option<jiff::civil::DateTime>,
     ) -> Result<Self, ChatError> {
+        if source.len() > MAX_TEMPLATE_BYTES {
+            return Err(ChatError::TooLong {
+                origin: origin.to_string(),
+                bytes: source.len(),
+            });
+        }
+        on_template_stack(move || Self::compile(source, origin, tokens, clock))?
+    }
+
+    /// [`Self::with_tokens`] on the template's thread.
+    fn compile(
+        source: String,
+        origin: TemplateOrigin,
+        tokens: TemplateTokens,
+        clock: Option<jiff::civil::DateTime>,
+    ) -> Result<Self, ChatError> {
         let syntax_error = |e: Error| ChatError::Syntax {
             origin: origin.to_string(),
             detail: describe(&e),
@@ -166,7 +248,13 @@ impl ChatTemplate {
             .lstrip_blocks(true)
             .build()
             .map_err(syntax_error)?;
-        env.set_syntax(syntax);
+        env.set_syntax(syntax.clone());
+        if let Some(line) = tag_past_limit(&source, syntax) {
+            return Err(ChatError::TooDeep {
+                origin: origin.to_string(),
+                line,
+            });
+        }
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", move |format: String| {
@@ -203,7 +291,19 @@ impl ChatTemplate {
     /// assistant's answer begins. A template that rejects a leading system message (several
     /// do: "System role not supported") gets it prepended to the first user message instead,
     /// as llama.cpp does.
+    ///
+    /// Fails with [`ChatError::Limit`] when the template needs more than
+    /// [`render_fuel`] of the messages' length. Blocks until the rendering ends (within its fuel).
     pub fn render(
+        &self,
+        messages: &[(Role, String)],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        on_template_stack(|| self.render_with_fallback(messages, add_generation_prompt))?
+    }
+
+    /// [`Self::render`] on the template's thread.
+    fn render_with_fallback(
         &self,
         messages: &[(Role, String)],
         add_generation_prompt: bool,
@@ -224,6 +324,7 @@ impl ChatTemplate {
         messages: &[(Role, String)],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        let fuel = render_fuel(messages.iter().map(|(_, content)| content.len()).sum());
         let messages: Vec<Value> = messages
             .iter()
             .map(|(role, content)| {
@@ -239,19 +340,70 @@ impl ChatTemplate {
             ("bos_token", Value::from(self.tokens.bos.as_str())),
             ("eos_token", Value::from(self.tokens.eos.as_str())),
         ]);
-        let text = self
-            .env
+        // A clone shares the compiled template; only the fuel differs.
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let text = env
             .get_template("chat")
             .and_then(|t| t.render(cx))
-            .map_err(|e| ChatError::Render {
-                origin: self.origin.to_string(),
-                detail: describe(&e),
+            .map_err(|e| match e.kind() {
+                ErrorKind::OutOfFuel => ChatError::Limit {
+                    origin: self.origin.to_string(),
+                    fuel,
+                },
+                _ => ChatError::Render {
+                    origin: self.origin.to_string(),
+                    detail: describe(&e),
+                },
             })?;
         Ok(match text.strip_prefix(self.tokens.bos.as_str()) {
             Some(rest) if self.tokens.strip_bos => rest.to_string(),
             _ => text,
         })
     }
+}
+
+/// The line of the first tag in `source` that holds more than [`MAX_TAG_TOKENS`] tokens, by
+/// minijinja's own lexer. A lexing error ends the scan: compiling reports it.
+fn tag_past_limit(source: &str, syntax: minijinja::syntax::SyntaxConfig) -> Option<u32> {
+    use minijinja::machinery::{tokenize, Token};
+    // Tokens so far in the tag the lexer is in.
+    let mut in_tag: Option<usize> = None;
+    for token in tokenize(source, false, syntax) {
+        let (token, span) = token.ok()?;
+        match (token, &mut in_tag) {
+            (Token::VariableStart | Token::BlockStart, _) => in_tag = Some(0),
+            (Token::VariableEnd | Token::BlockEnd, _) => in_tag = None,
+            (_, Some(n)) => {
+                *n += 1;
+                if *n > MAX_TAG_TOKENS {
+                    return Some(u32::from(span.start_line));
+                }
+            }
+            (_, None) => {}
+        }
+    }
+    None
+}
+
+/// `f` on a thread with a [`TEMPLATE_STACK`] stack, waiting for it (the page has one thread:
+/// there `f` runs on it, and a hostile template's recursion ends in a trap the page reports).
+fn on_template_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, ChatError> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::thread::scope(|s| {
+            let thread = std::thread::Builder::new()
+                .name("chat-template".into())
+                .stack_size(TEMPLATE_STACK)
+                .spawn_scoped(s, f)
+                .map_err(ChatError::Thread)?;
+            Ok(thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        })
+    }
+    #[cfg(target_arch = "wasm32")]
+    Ok(f())
 }
 
 /// `raise_exception(message)`, which Hugging Face templates call to refuse a conversation.
@@ -449,5 +601,59 @@ mod tests {
             t.render(&turns, true).expect("renders"),
             "<user>Be brief.\n\nHi"
         );
+    }
+
+    /// A hostile template's conversation: one user message.
+    fn hostile(src: String) -> Result<String, ChatError> {
+        ChatTemplate::with_tokens(src, TemplateOrigin::File, TemplateTokens::default(), None)
+            .and_then(|t| t.render(&[(Role::User, "hi".into())], true))
+    }
+
+    #[test]
+    fn endless_loops_and_growing_strings_run_out_of_fuel() {
+        let loops = "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}\
+                     {% endfor %}";
+        let doubling = "{% set ns = namespace(s='xy') %}{% for i in range(40) %}\
+                        {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}";
+        let repeated = "{% for i in range(10) %}{{ 'x' * 99999999 }}{% endfor %}";
+        for src in [loops, doubling, repeated] {
+            match hostile(src.into()) {
+                Err(e @ ChatError::Limit { .. }) => {
+                    assert!(e.to_string().contains("ran out of its limit"), "{e}")
+                }
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+        // The same doubling ten times is within the limit: fuel grows with what a template does.
+        let ten = doubling.replace("range(40)", "range(10)");
+        assert_eq!(hostile(ten).expect("renders"), "2048");
+    }
+
+    #[test]
+    fn the_deepest_tags_allowed_are_read_and_deeper_ones_refused() {
+        // Chains that nest one node per link: each at the most links a tag may hold, then
+        // past it. Rendering may fail (undefined names), but must end as a value: a stack
+        // overflow aborts the test.
+        let chains = [
+            ("{{ x", ".a", 2, " }}"),
+            ("{{ ", "-", 1, "1 }}"),
+            ("{{ x", "|e", 2, " }}"),
+            ("{{ 1", "~1", 2, " }}"),
+            ("{{ x", "[0]", 3, " }}"),
+            ("{{ ", "not ", 1, "x }}"),
+        ];
+        for (head, link, tokens, tail) in chains {
+            let within = format!("{head}{}{tail}", link.repeat((MAX_TAG_TOKENS - 1) / tokens));
+            let r = hostile(within);
+            assert!(
+                !matches!(r, Err(ChatError::TooDeep { .. })),
+                "{head}{link}…: {r:?}"
+            );
+            let past = format!("{head}{}{tail}", link.repeat(60_000));
+            let e = hostile(past).expect_err("too deep");
+            assert!(matches!(e, ChatError::TooDeep { line: 1, .. }), "{e}");
+        }
+        let e = hostile(format!("{{# {} #}}", " ".repeat(MAX_TEMPLATE_BYTES))).expect_err("long");
+        assert!(matches!(e, ChatError::TooLong { .. }), "{e}");
     }
 }

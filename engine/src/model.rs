@@ -29,6 +29,8 @@ use crate::source::{ReadError, TensorSource};
 use crate::weights::{read_f32_vector, Format, MatrixDesc, WeightError};
 
 mod batch;
+#[cfg(unix)]
+mod identity;
 mod load;
 #[cfg(unix)]
 mod reload;

@@ -102,7 +102,18 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
     let ready = state.ready()?;
     let b: CompletionBody = parse(&read_body(state, body).await?)?;
     let prompts = match kind {
-        Kind::Chat => vec![chat_prompt(&ready, &b)?],
+        Kind::Chat => {
+            // A template from a downloaded file may spend its whole fuel: off the async workers.
+            let turns = chat_turns(&b)?;
+            let r = Arc::clone(&ready);
+            let rendered = tokio::task::spawn_blocking(move || chat_prompt(&r, &turns)).await;
+            vec![rendered.map_err(|_| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "rendering the chat template failed",
+                )
+            })??]
+        }
         Kind::Text => text_prompts(&ready, &b)?,
     };
     for p in &prompts {
@@ -170,8 +181,8 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
     })
 }
 
-/// The chat's messages rendered by the model's template, as tokens.
-fn chat_prompt(ready: &Ready, b: &CompletionBody) -> Result<Vec<u32>, ApiError> {
+/// The chat's messages as the template's turns.
+fn chat_turns(b: &CompletionBody) -> Result<Vec<(Role, String)>, ApiError> {
     let Some(messages) = &b.messages else {
         return Err(ApiError::bad_param("messages", "messages is required"));
     };
@@ -214,9 +225,14 @@ fn chat_prompt(ready: &Ready, b: &CompletionBody) -> Result<Vec<u32>, ApiError> 
         };
         turns.push((role, text));
     }
+    Ok(turns)
+}
+
+/// The turns rendered by the model's template, as tokens.
+fn chat_prompt(ready: &Ready, turns: &[(Role, String)]) -> Result<Vec<u32>, ApiError> {
     let text = ready
         .template
-        .render(&turns, true)
+        .render(turns, true)
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
     ready
         .tok

@@ -7,8 +7,8 @@ field the README lists: streamed text equals non-streamed, the chunk sequence an
 OpenAI defines them, each error with its status and JSON, 16 concurrent clients getting what
 each gets alone, a disconnect freeing its sequence, a full queue answering 503, a shared system
 prompt served from the prefix cache, a slow client dropped while others are served, a
-bounded load test (no error, no lost or duplicated token, memory back to its level), and
-`--hot-swap`'s swaps on /health and POST /reload.
+bounded load test (no error, no lost or duplicated token, memory back to its level),
+`--hot-swap`'s swaps on /health and POST /reload, and a hostile chat template.
 """
 
 import http.client
@@ -155,6 +155,7 @@ def main():
         gpu.stop()
     hot_swap()
     cors()
+    hostile_template()
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed")
         sys.exit(1)
@@ -509,6 +510,38 @@ def cors():
         lines = p.stderr.strip().splitlines()
         check(p.returncode != 0 and len(lines) == 1 and "--cors-origin" in lines[0],
               f"--cors-origin {bad}: exit {p.returncode}, {p.stderr!r}")
+
+
+def hostile_template():
+    """A chat template that loops for ever or grows a string without end answers 400 naming
+    its limit, while /health goes on answering within a second."""
+    path = os.path.join(tempfile.mkdtemp(), "hostile.jinja")
+    with open(path, "w") as f:
+        f.write("{% set m = messages[0].content %}"
+                "{% if m == 'loop' %}{% for i in range(100000) %}{% for j in range(100000) %}"
+                "{% endfor %}{% endfor %}"
+                "{% elif m == 'grow' %}{% set ns = namespace(s='xy') %}"
+                "{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"
+                "{% else %}{{ m }}{% endif %}")
+    srv = Server("--chat-template-file", path, "--api-key", KEY)
+    try:
+        def hostile(kind):
+            return srv.post("/v1/chat/completions", {
+                "messages": [{"role": "user", "content": kind}], "max_tokens": 2})
+        with ThreadPoolExecutor(8) as pool:
+            answers = [pool.submit(hostile, k) for k in ["loop", "grow"] * 4]
+            while not all(a.done() for a in answers):
+                t = time.time()
+                s, _ = srv.get("/health")
+                check(s == 200 and time.time() - t < 1,
+                      f"/health during hostile renders: {s} after {time.time() - t:.2f} s")
+            for a in answers:
+                e = error_of(a.result(), 400, "messages")
+                check("ran out of its limit" in e.get("message", ""), f"hostile: {e}")
+        s, text, _ = hostile("fine")
+        check(s == 200, f"a plain message after hostile ones: {s} {text[:200]}")
+    finally:
+        srv.stop()
 
 
 def full_queue_and_disconnect(srv):

@@ -230,7 +230,7 @@ impl Fetch for Replay<'_> {
 
 /// Bytes read at a time while hashing: small enough to stay in the CPU's cache between the
 /// read that fills it and the hash that reads it, so the file crosses memory once.
-const HASH_CHUNK: usize = 1 << 20;
+pub(super) const HASH_CHUNK: usize = 1 << 20;
 
 /// Reads and hashes each of `infos` from `source`, split over the cores; returns the index,
 /// hash and bytes of each one whose hash differs from `seen`'s (read once more, whole).
@@ -244,15 +244,8 @@ fn hash_all(
         let mut buf = vec![0; HASH_CHUNK];
         let mut out = Vec::new();
         for (i, info) in infos.iter().enumerate().skip(k).step_by(threads) {
-            let len = tensor_len(info)?;
-            let mut hasher = Xxh3::new();
-            for at in (0..len).step_by(HASH_CHUNK) {
-                let chunk = &mut buf[..HASH_CHUNK.min(len - at)];
-                source.read_into(info.start + at as u64, chunk)?;
-                hasher.update(chunk);
-            }
-            if hasher.digest128() != seen[&info.name].hash {
-                let mut bytes = vec![0; len];
+            if hash_read(source, info, &mut buf)? != seen[&info.name].hash {
+                let mut bytes = vec![0; tensor_len(info)?];
                 source.read_into(info.start, &mut bytes)?;
                 out.push((i, self::seen(info, &bytes), bytes));
             }
@@ -267,6 +260,35 @@ fn hash_all(
         }
         Ok(all)
     })
+}
+
+/// The XXH3-128 of tensor `info`'s bytes, read from `source` a chunk of `buf` at a time.
+pub(super) fn hash_read(
+    source: &FileSource,
+    info: &TensorInfo,
+    buf: &mut [u8],
+) -> Result<u128, ModelError> {
+    let len = tensor_len(info)?;
+    let mut hasher = Xxh3::new();
+    let step = buf.len();
+    for at in (0..len).step_by(step) {
+        let chunk = &mut buf[..step.min(len - at)];
+        source.read_into(info.start + at as u64, chunk)?;
+        hasher.update(chunk);
+    }
+    Ok(hasher.digest128())
+}
+
+impl HotSwap {
+    /// The hash of tensor `name` as loaded, if the model was made from it.
+    pub(super) fn hash_of(&self, name: &str) -> Option<u128> {
+        self.seen.get(name).map(|s| s.hash)
+    }
+
+    /// The file the model is read from.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 fn open_error(path: &Path, source: std::io::Error) -> HeaderError {

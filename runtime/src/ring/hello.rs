@@ -1,15 +1,17 @@
 //! The ring check. The master's Hello frame travels the ring once; each node appends a record
 //! of what it holds, and the master checks the records before any hidden state flows: the
 //! layer ranges must cover the model exactly once, in ring order, and every node must hold
-//! the same model (the SHA-256 of the GGUF header and tensor table, and the file's length).
+//! the same model: the same header and tensor table (their SHA-256) and file length, and in
+//! each tensor a node holds the bytes the master's file has there (XXH3-128 per tensor).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::ops::Range;
 
 use hesper_engine::backend::Backend;
 use hesper_engine::file::ModelFile;
-use hesper_engine::model::Model;
+use hesper_engine::model::{Model, ModelError};
 use sha2::{Digest, Sha256};
 
 /// What one node holds, as it tells the master.
@@ -27,6 +29,8 @@ pub struct NodeRecord {
     pub backend: String,
     /// The address it listens on.
     pub listen: String,
+    /// The XXH3-128 of each tensor it holds, by name.
+    pub tensors: Vec<(String, u128)>,
 }
 
 /// The identity of a model file: the SHA-256 of its header and tensor table (the bytes
@@ -39,16 +43,30 @@ pub fn model_id(file: &ModelFile) -> [u8; 32] {
 }
 
 impl NodeRecord {
-    /// The record of `model` on a node listening on `listen`.
-    pub fn of<B: Backend>(model: &Model<B>, listen: SocketAddr) -> Self {
-        Self {
+    /// The record of `model` on a node listening on `listen` (hashing the tensors it holds).
+    pub fn of<B: Backend>(model: &Model<B>, listen: SocketAddr) -> Result<Self, ModelError> {
+        let mut record = Self {
             layers: model.layer_range(),
             n_layer: model.config.n_layer,
-            model: model_id(&model.file),
-            file_len: model.file.len(),
+            model: [0; 32],
+            file_len: 0,
             backend: model.backend.name(),
             listen: listen.to_string(),
-        }
+            tensors: Vec::new(),
+        };
+        record.refresh(model)?;
+        Ok(record)
+    }
+
+    /// Takes what `model` holds now (after a hot-swap): its file's identity and its tensors'
+    /// hashes.
+    pub fn refresh<B: Backend>(&mut self, model: &Model<B>) -> Result<(), ModelError> {
+        let names = model.held_tensors();
+        let hashes = model.tensor_hashes(&names)?;
+        self.model = model_id(&model.file);
+        self.file_len = model.file.len();
+        self.tensors = names.into_iter().zip(hashes).collect();
+        Ok(())
     }
 
     /// How messages name the node.
@@ -74,6 +92,12 @@ pub fn encode(records: &[NodeRecord]) -> Vec<u8> {
             let s = &s.as_bytes()[..s.len().min(255)];
             out.push(s.len() as u8);
             out.extend_from_slice(s);
+        }
+        out.extend_from_slice(&(r.tensors.len() as u32).to_le_bytes());
+        for (name, hash) in &r.tensors {
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(&hash.to_le_bytes());
         }
     }
     out
@@ -104,6 +128,14 @@ pub fn decode(mut b: &[u8]) -> Result<Vec<NodeRecord>, String> {
         };
         let backend = text()?;
         let listen = text()?;
+        let n_tensors = u32_of(take(4)?);
+        let mut tensors = Vec::with_capacity(n_tensors.min(4096));
+        for _ in 0..n_tensors {
+            let len = u16::from_le_bytes(take(2)?.try_into().map_err(|_| "short")?) as usize;
+            let name = String::from_utf8_lossy(take(len)?).into_owned();
+            let hash = u128::from_le_bytes(take(16)?.try_into().map_err(|_| "short")?);
+            tensors.push((name, hash));
+        }
         records.push(NodeRecord {
             layers: start..end,
             n_layer,
@@ -111,6 +143,7 @@ pub fn decode(mut b: &[u8]) -> Result<Vec<NodeRecord>, String> {
             file_len,
             backend,
             listen,
+            tensors,
         });
     }
     if !b.is_empty() {
@@ -175,8 +208,62 @@ pub fn check(records: &[NodeRecord]) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks that every node holds, in each of its tensors, the bytes the master's file has
+/// there: `reference` is the master's hash of each tensor the nodes hold (see
+/// [`reference_hashes`]). Names the first node and tensor that differ.
+pub fn check_data(records: &[NodeRecord], reference: &HashMap<String, u128>) -> Result<(), String> {
+    for (i, r) in records.iter().enumerate().skip(1) {
+        for (name, hash) in &r.tensors {
+            match reference.get(name) {
+                Some(want) if want == hash => {}
+                Some(want) => {
+                    return Err(format!(
+                        "node {i} {} holds other data than the master in tensor {name} (XXH3-128 {} vs {}): its file has the same header but other weights",
+                        r.name(),
+                        hex(&hash.to_be_bytes()),
+                        hex(&want.to_be_bytes()),
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "node {i} {} holds tensor {name}, which the master's file does not have",
+                        r.name()
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The master's hash of each tensor the ring's nodes hold (`records`, the master's first):
+/// its own record's, and the others read from its file.
+pub fn reference_hashes<B: Backend>(
+    master: &Model<B>,
+    records: &[NodeRecord],
+) -> Result<HashMap<String, u128>, ModelError> {
+    let mut reference: HashMap<String, u128> = records
+        .first()
+        .map(|r| r.tensors.iter().cloned().collect())
+        .unwrap_or_default();
+    let mut others: Vec<String> = records
+        .iter()
+        .skip(1)
+        .flat_map(|r| r.tensors.iter().map(|(name, _)| name))
+        .filter(|name| {
+            !reference.contains_key(*name) && master.file.header().tensor(name).is_some()
+        })
+        .cloned()
+        .collect();
+    others.sort();
+    others.dedup();
+    let hashes = master.tensor_hashes(&others)?;
+    reference.extend(others.into_iter().zip(hashes));
+    Ok(reference)
+}
+
 /// The first 8 bytes of a hash in hex.
-fn hex(h: &[u8; 32]) -> String {
+fn hex(h: &[u8]) -> String {
     h[..8].iter().fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");
         s
@@ -189,12 +276,16 @@ mod tests {
 
     fn node(layers: Range<usize>, id: u8) -> NodeRecord {
         NodeRecord {
-            layers,
+            layers: layers.clone(),
             n_layer: 6,
             model: [id; 32],
             file_len: 1000,
             backend: "cpu".into(),
             listen: format!("127.0.0.1:{}", 9000 + u16::from(id)),
+            tensors: layers
+                .clone()
+                .map(|il| (format!("blk.{il}.attn_q.weight"), u128::from(id)))
+                .collect(),
         }
     }
 
@@ -231,5 +322,26 @@ mod tests {
         );
         let other = check(&[node(0..2, 1), node(2..6, 2)]).unwrap_err();
         assert!(other.contains("holds a different model"), "{other}");
+    }
+
+    #[test]
+    fn a_tensor_with_other_bytes_is_named_with_its_node() {
+        let reference: HashMap<String, u128> = (0..6)
+            .map(|il| (format!("blk.{il}.attn_q.weight"), 1))
+            .collect();
+        let mut worker = node(2..6, 1);
+        assert_eq!(
+            check_data(&[node(0..2, 1), worker.clone()], &reference),
+            Ok(())
+        );
+        worker.tensors[1].1 = 7;
+        let e = check_data(&[node(0..2, 1), worker.clone()], &reference).unwrap_err();
+        assert!(
+            e.starts_with("node 1 127.0.0.1:9001 (layers 2..6, cpu) holds other data than the master in tensor blk.3.attn_q.weight"),
+            "{e}"
+        );
+        worker.tensors[1].0 = "blk.9.attn_q.weight".into();
+        let e = check_data(&[node(0..2, 1), worker], &reference).unwrap_err();
+        assert!(e.contains("which the master's file does not have"), "{e}");
     }
 }

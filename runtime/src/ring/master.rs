@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{ModelError, Prediction, Readout, Session};
+use hesper_engine::model::{Model, ModelError, Prediction, Readout, Session};
 #[cfg(unix)]
 use hesper_engine::model::{Reload, ReloadError};
 use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net};
@@ -70,17 +70,17 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
         }
         let mut net = Net::new(settings.net.clone())?;
         let bound = net.listen(settings.listen)?;
-        let me = NodeRecord::of(model.get(), bound);
+        let me = NodeRecord::of(model.get(), bound)?;
         let run = run_id();
         let n_ctx = session.n_ctx();
         let links = join(
             &mut net,
             &me,
             settings.next,
-            run,
-            n_ctx,
+            (run, n_ctx),
             settings.form_wait,
             settings.log,
+            &|records| verify(model.get(), records),
         )?;
         Ok(Self {
             model,
@@ -235,14 +235,15 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
         ));
         self.run = run_id();
         let n_ctx = self.session.n_ctx();
+        let model = &self.model;
         self.links = join(
             &mut self.net,
             &self.me,
             addr,
-            self.run,
-            n_ctx,
+            (self.run, n_ctx),
             self.form_wait,
             self.log,
+            &|records| verify(model.get(), records),
         )
         .map_err(|e| RingError::Fault(format!("{broke}; the standby {addr} failed too: {e}")))?;
         self.session.truncate(0);
@@ -262,9 +263,7 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
             Some(m) => m.reload_changed(),
             None => return Err(ReloadError::NotEnabled.into()),
         };
-        let model = self.model.get();
-        self.me.model = hello::model_id(&model.file);
-        self.me.file_len = model.file.len();
+        self.me.refresh(self.model.get()).map_err(RingError::from)?;
         self.seq += 1;
         let mut h = Header::new(Kind::Reload);
         h.session = self.run;
@@ -281,7 +280,15 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
                 _ => None,
             })
             .collect();
-        let split = match hello::check(&records) {
+        // Tensor data is compared again when a node swapped something in or the ring is split
+        // (the master reads the other nodes' tensors from its file to compare).
+        let changed = nodes.iter().any(|(_, f)| *f != Found::Unchanged);
+        let checked = if changed || self.split.is_some() {
+            verify(self.model.get(), &records)
+        } else {
+            hello::check(&records)
+        };
+        let split = match checked {
             Err(why) => Some(why),
             Ok(()) if !refused.is_empty() => Some(refused.join("; ")),
             Ok(()) => None,
@@ -368,16 +375,26 @@ impl<B: Backend, M: ModelRef<B>> Evaluator for RingEvaluator<B, M> {
     }
 }
 
-/// Connects to `next`, sends the Hello round with `me`, and waits for it to come back over
-/// a predecessor's link; checks the records.
+/// Checks the records of a ring whose master holds `master`: one model in every node
+/// ([`hello::check`]), down to each tensor's bytes ([`hello::check_data`]).
+fn verify<B: Backend>(master: &Model<B>, records: &[NodeRecord]) -> Result<(), String> {
+    hello::check(records)?;
+    let reference = hello::reference_hashes(master, records)
+        .map_err(|e| format!("the master could not hash its own file's tensors: {e}"))?;
+    hello::check_data(records, &reference)
+}
+
+/// Connects to `next`, sends the Hello round with `me` (for run `run` with a context of
+/// `n_ctx`), and waits for it to come back over a predecessor's link; checks the records
+/// with `verify`.
 fn join(
     net: &mut Net,
     me: &NodeRecord,
     next: SocketAddr,
-    run: u64,
-    n_ctx: usize,
+    (run, n_ctx): (u64, usize),
     wait: Duration,
     log: fn(&str),
+    verify: &dyn Fn(&[NodeRecord]) -> Result<(), String>,
 ) -> Result<Links, RingError> {
     let next = net.connect(next, wait)?;
     let mut h = Header::new(Kind::Hello);
@@ -442,7 +459,7 @@ fn join(
             extra.peer()
         ));
     }
-    if let Err(why) = hello::check(&records) {
+    if let Err(why) = verify(&records) {
         next.send(Frame::text(Kind::Shutdown, &why));
         std::thread::sleep(FLUSH);
         return Err(RingError::Config(why));

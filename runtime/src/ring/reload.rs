@@ -131,6 +131,7 @@ mod tests {
             file_len: 10,
             backend: "cpu".into(),
             listen: format!("127.0.0.1:{port}"),
+            tensors: vec![("blk.0.attn_q.weight".into(), u128::MAX - u128::from(port))],
         };
         let nodes = vec![
             (record(1), Found::Unchanged),

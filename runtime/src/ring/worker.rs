@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, NetError, Side};
 
-use super::hello::{self, model_id, NodeRecord};
+use super::hello::{self, NodeRecord};
 use super::protocol::{encode_prediction, readout_of};
 use super::reload::{self, Found};
 use super::{NodeSettings, RingError, FLUSH};
@@ -27,6 +27,8 @@ pub fn serve<B: Backend, M: ModelRef<B>>(
     let mut net = Net::new(settings.net.clone())?;
     let bound = net.listen(settings.listen)?;
     (settings.log)(&format!("listening on {bound}"));
+    // Hashed before the Hello arrives, so the Hello goes on round at once.
+    let me = NodeRecord::of(model.get(), bound)?;
     let wait = if standby {
         Duration::from_secs(u32::MAX.into())
     } else {
@@ -41,7 +43,6 @@ pub fn serve<B: Backend, M: ModelRef<B>>(
         hello,
     ));
     let mut next: Option<Link> = None;
-    let me = NodeRecord::of(model.get(), bound);
     let mut node = Worker {
         model,
         me,
@@ -247,9 +248,7 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
             Err(e) => (self.log)(&format!("hot-swap: {e}; the weights loaded before stay")),
             Ok(_) => {}
         }
-        let model = self.model.get();
-        self.me.model = model_id(&model.file);
-        self.me.file_len = model.file.len();
+        self.me.refresh(self.model.get())?;
         nodes.push((self.me.clone(), found));
         Ok(Some(Frame::new(h, reload::encode(&nodes))))
     }
