@@ -342,10 +342,25 @@ fn resent(stderr: &str) -> u64 {
         .sum()
 }
 
+/// [`four_layer_model`]`("same")` with other bytes in `tensor` (its first 64 reversed): the
+/// same header, other weights.
+fn same_header_other_data(tensor: &str) -> PathBuf {
+    let mut bytes = std::fs::read(four_layer_model("same")).expect("model");
+    let g = hesper_engine::gguf::Gguf::parse(&bytes).expect("parse");
+    let at = g.tensor(tensor).expect("tensor").start as usize;
+    bytes[at..at + 64].reverse();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ring-other-{tensor}-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
 #[test]
 fn misconfigured_rings_are_refused_with_the_reason() {
     let model = four_layer_model("same");
     let other = four_layer_model("other");
+    // The last node holds the embedding table as the tied LM head.
+    let other_rows = same_header_other_data("token_embd.weight");
     let cases = [
         (
             ("0..1", &model),
@@ -366,6 +381,11 @@ fn misconfigured_rings_are_refused_with_the_reason() {
             ("0..2", &model),
             ("2..4", &other),
             "holds a different model",
+        ),
+        (
+            ("0..2", &model),
+            ("2..4", &other_rows),
+            "holds other data than the master in tensor token_embd.weight",
         ),
     ];
     for ((ml, mm), (wl, wm), reason) in cases {
@@ -398,6 +418,7 @@ fn misconfigured_rings_are_refused_with_the_reason() {
         }
         assert_eq!(stdout(&outs[0]), "", "{reason}: the master printed text");
     }
+    std::fs::remove_file(&other_rows).expect("remove");
 }
 
 #[test]
@@ -711,7 +732,8 @@ fn with_tensor_copied(bytes: &mut [u8], from: &str, to: &str) {
 /// messages (a tensor of each node's layers changed); both swap in their own layers' tensors
 /// between the steps, and the second answer is what `generate` on the new file continues the
 /// conversation's text with. A worker started without `--hot-swap` stops the ring from
-/// running on mixed files.
+/// running on mixed files, and so does a worker whose own copy alone was rewritten (the same
+/// header, other bytes in a tensor of its layers).
 #[test]
 fn a_ring_swaps_in_changed_tensors_between_chat_turns() {
     use std::io::BufRead;
@@ -723,18 +745,22 @@ fn a_ring_swaps_in_changed_tensors_between_chat_turns() {
         .join(format!("ring-swap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let (live, new) = (dir.join("live.gguf"), dir.join("new.gguf"));
+    let workers_own = dir.join("worker.gguf");
     std::fs::write(&new, &edited).expect("write");
     let flags = ["--temp", "0", "-n", "12", "--seed", "1"];
     let (m1, m2) = ("hi", "once upon a time");
-    for worker_swaps in [true, false] {
+    // (whether the worker swaps, whether it reads a copy of its own that alone is rewritten)
+    for (worker_swaps, own_copy) in [(true, false), (false, false), (true, true)] {
         std::fs::write(&live, &base).expect("write");
+        std::fs::write(&workers_own, &base).expect("write");
+        let worker_file = if own_copy { &workers_own } else { &live };
         let ports = free_ports(2);
         let mut worker_flags = vec![];
         if worker_swaps {
             worker_flags.push("--hot-swap");
         }
         let worker = Proc::spawn(&node_args(
-            &on_cpu("worker", "2..4", &live),
+            &on_cpu("worker", "2..4", worker_file),
             ports[1],
             ports[0],
             &worker_flags,
@@ -756,7 +782,7 @@ fn a_ring_swaps_in_changed_tensors_between_chat_turns() {
         out.read_line(&mut first).expect("the first answer");
         let tmp = dir.join("tmp.gguf");
         std::fs::copy(&new, &tmp).expect("copy");
-        std::fs::rename(&tmp, &live).expect("rename");
+        std::fs::rename(&tmp, worker_file).expect("rename");
         let _ = writeln!(stdin, "{m2}");
         drop(stdin);
         let mut second = String::new();
@@ -764,7 +790,17 @@ fn a_ring_swaps_in_changed_tensors_between_chat_turns() {
         let o = master.wait_with_output().expect("the master");
         let err = String::from_utf8_lossy(&o.stderr).to_string();
         let w = worker.wait();
-        if worker_swaps {
+        if own_copy {
+            assert!(!o.status.success(), "{err}");
+            assert!(
+                err.contains("holds other data than the master in tensor blk.3.ffn_up.weight"),
+                "{err}"
+            );
+            assert!(
+                second.trim().is_empty(),
+                "no answer from mixed files: {second}"
+            );
+        } else if worker_swaps {
             assert!(o.status.success(), "{err}");
             assert!(
                 err.contains("hot-swap: blk.0.ffn_up.weight, blk.3.ffn_up.weight swapped in"),
