@@ -105,6 +105,13 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let partial = args
         .output
         .with_extension(format!("part-{}", std::process::id()));
+    // Interrupted (Ctrl-C, SIGTERM, SIGHUP), the part file goes with the process.
+    let removed_on_signal = partial.clone();
+    ctrlc::set_handler(move || {
+        let _ = std::fs::remove_file(&removed_on_signal);
+        std::process::exit(130);
+    })
+    .context("cannot handle signals")?;
     let out = std::fs::File::create(&partial)
         .with_context(|| format!("cannot create {}", partial.display()))?;
     let mut out = BufWriter::new(out);

@@ -5,10 +5,14 @@
 
 mod support;
 
+use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use hesper_engine::gguf::{GgmlType, Gguf};
-use support::{assert_one_line_error, golden, hesper, stderr};
+use support::{assert_one_line_error, command, golden, hesper, stderr};
 
 fn out(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hesper-quantize-{}-{name}", std::process::id()))
@@ -296,4 +300,47 @@ fn ternary_types_convert_among_themselves_without_loss() {
         "{err}"
     );
     assert!(!i2s.exists(), "nothing written");
+}
+
+/// Interrupted while writing (SIGINT, SIGTERM), `quantize` leaves no part file. Its stderr is
+/// a pipe filled to the brim beforehand, so it stops at its first progress line, with the part
+/// file open, until the signal comes.
+#[test]
+fn an_interrupted_quantize_leaves_no_part_file() {
+    let f16 = golden("models/tiny-llama-f16.gguf");
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let dir = out(&format!("interrupted-{signal}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("out.gguf");
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        // SAFETY: F_GETPIPE_SZ reads the capacity of a pipe this test holds open.
+        let capacity = unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_GETPIPE_SZ) };
+        writer.write_all(&vec![b'.'; capacity as usize]).unwrap();
+        let mut child = command(&["quantize", &f16, target.to_str().unwrap(), "q8_0"])
+            .stdout(Stdio::null())
+            .stderr(writer)
+            .spawn()
+            .unwrap();
+        let files = || -> Vec<String> {
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !files().iter().any(|n| n.contains(".part-")) {
+            assert!(Instant::now() < deadline, "no part file appeared");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid = i32::try_from(child.id()).unwrap();
+        // SAFETY: kill(2) to the child this test started and has not yet waited for.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        let status = child.wait().unwrap();
+        drop(reader);
+        let left = files();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(status.code(), Some(130), "signal {signal}: {status:?}");
+        assert!(left.is_empty(), "signal {signal}: left {left:?}");
+    }
 }
