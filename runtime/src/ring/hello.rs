@@ -54,17 +54,22 @@ impl NodeRecord {
             listen: listen.to_string(),
             tensors: Vec::new(),
         };
-        record.refresh(model)?;
+        record.refresh_file(model);
+        record.refresh_tensors(model)?;
         Ok(record)
     }
 
-    /// Takes what `model` holds now (after a hot-swap): its file's identity and its tensors'
-    /// hashes.
-    pub fn refresh<B: Backend>(&mut self, model: &Model<B>) -> Result<(), ModelError> {
-        let names = model.held_tensors();
-        let hashes = model.tensor_hashes(&names)?;
+    /// Takes `model`'s file as it is now (after a hot-swap check): its header's identity and
+    /// length.
+    pub fn refresh_file<B: Backend>(&mut self, model: &Model<B>) {
         self.model = model_id(&model.file);
         self.file_len = model.file.len();
+    }
+
+    /// Takes the hashes of the tensors `model` holds now (after a hot-swap swapped some in).
+    pub fn refresh_tensors<B: Backend>(&mut self, model: &Model<B>) -> Result<(), ModelError> {
+        let names = model.held_tensors();
+        let hashes = model.tensor_hashes(&names)?;
         self.tensors = names.into_iter().zip(hashes).collect();
         Ok(())
     }
@@ -95,8 +100,9 @@ pub fn encode(records: &[NodeRecord]) -> Vec<u8> {
         }
         out.extend_from_slice(&(r.tensors.len() as u32).to_le_bytes());
         for (name, hash) in &r.tensors {
+            let name = &name.as_bytes()[..name.len().min(u16::MAX.into())];
             out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(name);
             out.extend_from_slice(&hash.to_le_bytes());
         }
     }

@@ -263,7 +263,12 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
             Some(m) => m.reload_changed(),
             None => return Err(ReloadError::NotEnabled.into()),
         };
-        self.me.refresh(self.model.get()).map_err(RingError::from)?;
+        self.me.refresh_file(self.model.get());
+        if matches!(own, Ok(Reload::Swapped(_))) {
+            self.me
+                .refresh_tensors(self.model.get())
+                .map_err(RingError::from)?;
+        }
         self.seq += 1;
         let mut h = Header::new(Kind::Reload);
         h.session = self.run;

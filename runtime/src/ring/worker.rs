@@ -244,11 +244,14 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
             Ok(hesper_engine::model::Reload::Swapped(s)) => {
                 self.session = None;
                 (self.log)(&format!("hot-swap: {} swapped in", s.describe()));
+                // Only a swap changes the tensors' bytes: a worker without --hot-swap is
+                // not hashed again on every check.
+                self.me.refresh_tensors(self.model.get())?;
             }
             Err(e) => (self.log)(&format!("hot-swap: {e}; the weights loaded before stay")),
             Ok(_) => {}
         }
-        self.me.refresh(self.model.get())?;
+        self.me.refresh_file(self.model.get());
         nodes.push((self.me.clone(), found));
         Ok(Some(Frame::new(h, reload::encode(&nodes))))
     }
