@@ -83,6 +83,8 @@ pub struct State {
     ready: OnceLock<Arc<Ready>>,
     /// Request counters and histograms.
     pub metrics: metrics::Metrics,
+    /// The hot-swap checks `/health` triggers, shared and spaced out.
+    health_checks: reload::HealthChecks,
 }
 
 impl State {
@@ -92,6 +94,7 @@ impl State {
             config,
             ready: OnceLock::new(),
             metrics: metrics::Metrics::default(),
+            health_checks: reload::HealthChecks::default(),
         })
     }
 

@@ -1,10 +1,15 @@
 //! Hot-swap (`serve --hot-swap`): `GET /health` and `POST /reload` ask the scheduler to swap in
 //! the tensors that changed in the model file, between two steps (ik_llama.cpp's trigger is
 //! the health check). The answer names what changed; `/metrics` counts checks, swaps, tensors
-//! and refusals.
+//! and refusals. `/health` is public, so the checks it triggers are shared and spaced out
+//! ([`HealthChecks`]); `POST /reload` (behind the API key) checks every time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use axum::extract::State as Ext;
 use axum::http::StatusCode;
@@ -27,6 +32,51 @@ pub struct SwapCounters {
     pub tensors: AtomicU64,
     /// Checks refused (the weights loaded before stayed).
     pub refused: AtomicU64,
+}
+
+/// The least time between the end of one check that `/health` triggered and the start of the
+/// next: keyless clients polling `/health` cannot make the scheduler pause for checks more than
+/// once a second, however many they are (a monitor polls every few seconds).
+pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The checks `/health` triggers, run one at a time. A `/health` answers with the result of a
+/// check that started after it arrived — never an older one, so a file replaced before the
+/// call is seen — and shares that check with every call waiting alongside it; a new check
+/// starts no sooner than [`HEALTH_CHECK_INTERVAL`] after the last ended.
+#[derive(Debug, Default)]
+pub struct HealthChecks {
+    last: Mutex<Option<HealthCheck>>,
+}
+
+/// One check `/health` ran.
+#[derive(Debug)]
+struct HealthCheck {
+    started: Instant,
+    ended: Instant,
+    found: Value,
+}
+
+/// What `/health` reports under `hot_swap`: a check's answer, or its refusal under `error`.
+pub async fn health_check(state: &State) -> Value {
+    let arrived = Instant::now();
+    let mut last = state.health_checks.last.lock().await;
+    if let Some(previous) = last.as_ref() {
+        if previous.started >= arrived {
+            return previous.found.clone();
+        }
+        tokio::time::sleep_until(previous.ended + HEALTH_CHECK_INTERVAL).await;
+    }
+    let started = Instant::now();
+    let found = match check(state).await {
+        Ok(found) => found,
+        Err(e) => json!({"error": e.body()["error"]["message"]}),
+    };
+    *last = Some(HealthCheck {
+        started,
+        ended: Instant::now(),
+        found: found.clone(),
+    });
+    found
 }
 
 /// Runs one check between steps and says what it found: `{"swapped": [...], "ms": N}`, or

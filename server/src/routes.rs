@@ -136,7 +136,8 @@ pub async fn read_body(state: &State, body: Body) -> Result<Bytes, ApiError> {
 }
 
 /// `{"status": "ok"}` once the model is ready. With `--hot-swap`, each call first swaps in
-/// what changed in the model file (ik_llama.cpp's trigger), and says so under `hot_swap`; a
+/// what changed in the model file (ik_llama.cpp's trigger; calls share checks spaced at least
+/// [`crate::reload::HEALTH_CHECK_INTERVAL`] apart), and says so under `hot_swap`; a
 /// refused file does not make the server unhealthy (it goes on with the weights it had).
 async fn health(Ext(state): Ext<Arc<State>>) -> Response {
     if let Err(e) = state.ready() {
@@ -145,10 +146,7 @@ async fn health(Ext(state): Ext<Arc<State>>) -> Response {
     if !state.config.hot_swap {
         return Json(json!({"status": "ok"})).into_response();
     }
-    let swap = match crate::reload::check(&state).await {
-        Ok(found) => found,
-        Err(e) => json!({"error": e.body()["error"]["message"]}),
-    };
+    let swap = crate::reload::health_check(&state).await;
     Json(json!({"status": "ok", "hot_swap": swap})).into_response()
 }
 

@@ -8,7 +8,8 @@ OpenAI defines them, each error with its status and JSON, 16 concurrent clients 
 each gets alone, a disconnect freeing its sequence, a full queue answering 503, a shared system
 prompt served from the prefix cache, a slow client dropped while others are served, a
 bounded load test (no error, no lost or duplicated token, memory back to its level),
-`--hot-swap`'s swaps on /health and POST /reload, and a hostile chat template.
+`--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, and a hostile chat
+template.
 """
 
 import http.client
@@ -479,6 +480,25 @@ def hot_swap():
                             ("hesper_hot_swap_tensors_total", 1),
                             ("hesper_hot_swap_refused_total", 2)):
             check(srv.metric(name) == value, f"{name} = {srv.metric(name)} (want {value})")
+        # Keyless clients polling /health share its checks, which start at least a second after
+        # the last ended: 12 clients calling 3 times each over T seconds start at most T + 1
+        # checks (one per call without the limit), and at least 3 (each call is answered by a
+        # check that started after it arrived).
+        before, answers = srv.metric("hesper_hot_swap_checks_total"), []
+
+        def poll():
+            for _ in range(3):
+                answers.append(srv.request("GET", "/health")[:2])
+        start = time.time()
+        clients = [threading.Thread(target=poll) for _ in range(12)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        elapsed, ran = time.time() - start, srv.metric("hesper_hot_swap_checks_total") - before
+        check(len(answers) == 36 and all(s == 200 and "error" in json.loads(t)["hot_swap"]
+                                         for s, t in answers), f"polled /health: {answers[:2]}")
+        check(3 <= ran <= elapsed + 1, f"{ran:.0f} checks for 36 calls in {elapsed:.2f} s")
     finally:
         srv.stop()
         shutil.rmtree(d, ignore_errors=True)
