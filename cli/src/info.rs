@@ -4,10 +4,9 @@ use std::io::Write;
 
 use anyhow::Result;
 use clap::Args;
-use hesper_cpu::Isa;
 use hesper_engine::chat::ChatTemplate;
 use hesper_engine::config::{Config, RopePairs};
-use hesper_engine::gguf::{Array, GgmlType, Value};
+use hesper_engine::gguf::{Array, Value};
 use hesper_runtime::load::gpu_backend;
 
 use crate::args::{BackendChoice, ModelArgs};
@@ -133,58 +132,22 @@ pub fn run(args: InfoArgs) -> Result<()> {
         Ok(None) => writeln!(out, "tokenizer: none (feed token ids)")?,
         Err(e) => writeln!(out, "tokenizer: unusable: {e}")?,
     }
-    // The matrices' types: the embedding table is looked up, not interleaved (unless Q8_0).
-    let types: Vec<GgmlType> = g
-        .tensors()
-        .iter()
-        .filter(|t| t.name != "token_embd.weight" || t.ty != GgmlType::F16)
-        .map(|t| t.ty)
-        .collect();
     match args.model.backend {
         BackendChoice::Cpu => writeln!(
             out,
             "\nbackend:   cpu: {}",
-            cpu_kernels(&args.model, &types)
+            crate::cpu_layout::describe(&args.model, g)
         )?,
         choice => match gpu_backend(choice.into())? {
             Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
             None => writeln!(
                 out,
                 "\nbackend:   cpu: {} (no hardware GPU adapter; --backend gpu uses any)",
-                cpu_kernels(&args.model, &types)
+                crate::cpu_layout::describe(&args.model, g)
             )?,
         },
     }
     Ok(())
-}
-
-/// The CPU kernels `args` would run and which of the model's weight types (`types`: its
-/// tensors') are repacked for them.
-fn cpu_kernels(args: &ModelArgs, types: &[GgmlType]) -> String {
-    let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
-    let repacked: Vec<&str> = [
-        (GgmlType::I2S, "I2_S", isa.interleaves_i2s()),
-        (GgmlType::Q8_0, "Q8_0", isa.interleaves_q8_0()),
-        (GgmlType::F16, "F16", isa.interleaves_f16()),
-    ]
-    .into_iter()
-    .filter(|&(ty, _, interleaves)| interleaves && !args.no_repack && types.contains(&ty))
-    .map(|(_, name, _)| name)
-    .collect();
-    let layout = if repacked.is_empty() {
-        "weights as in the file".to_string()
-    } else {
-        format!(
-            "{} repacked sixteen rows deep at load",
-            repacked.join(" and ")
-        )
-    };
-    let runs = if isa.is_supported() {
-        ""
-    } else {
-        " (this CPU cannot run them)"
-    };
-    format!("{} kernels{runs}, {layout}", isa.name())
 }
 
 fn show(v: &Value) -> String {

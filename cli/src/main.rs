@@ -4,6 +4,7 @@ mod args;
 mod attention;
 mod bench;
 mod chat_template;
+mod cpu_layout;
 mod generate;
 mod info;
 mod list;

@@ -214,11 +214,39 @@ fn info_describes_model_and_tokenizer() {
         text.contains("backend:   cpu: scalar kernels, weights as in the file"),
         "{text}"
     );
-    // Only I2_S, Q8_0 and F16 weights are repacked: an F32 file is read as it is.
+    // An F32 file is read as it is.
     let model = golden("models/tiny-f32.gguf");
     let o = hesper(&["info", "-m", &model, "--backend", "cpu"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains(" kernels, weights as in the file"), "{text}");
+    // AVX2's kernels read F16 matrices from a copy interleaved sixteen rows deep, and the
+    // K-quants from the file; --no-repack keeps every layout.
+    #[cfg(target_arch = "x86_64")]
+    for (model, flags, layout) in [
+        ("f16", &[][..], "F16 repacked sixteen rows deep at load"),
+        ("f16", &["--no-repack"][..], "weights as in the file"),
+        ("q4_k_m", &[][..], "weights as in the file"),
+    ] {
+        let model = golden(&format!("models/tiny-llama-{model}.gguf"));
+        let args = [
+            &[
+                "info",
+                "-m",
+                &model,
+                "--backend",
+                "cpu",
+                "--cpu-kernels",
+                "avx2",
+            ][..],
+            flags,
+        ];
+        let o = hesper(&args.concat());
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains(&format!("cpu: avx2 kernels, {layout}")),
+            "{args:?}: {text}"
+        );
+    }
 }
 
 /// `--chat` reads turns from stdin, answers each, keeps the conversation in one context and
@@ -493,6 +521,8 @@ fn bench_speaks_llama_bench() {
                 assert!(ts > 0.0 && ts.is_finite(), "{row}");
                 if format != "csv" {
                     assert_eq!(row["profile"].is_array(), !extra.is_empty(), "{row}");
+                    let layout = row["cpu_layout"].as_str().unwrap_or_default();
+                    assert!(layout.contains(" kernels, "), "{row}");
                 }
             }
         }

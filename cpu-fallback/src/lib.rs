@@ -70,8 +70,9 @@ impl CpuBackend {
     }
 
     /// Whether to repack weights at load into the layout this instruction set's kernels read
-    /// best (I2_S interleaved sixteen rows deep on AVX-512 and AVX-VNNI, Q8_0 on AVX-512 VNNI,
-    /// F16 on AVX-512; see [`interleave`], [`interleave_q8_0`] and [`interleave_f16`]); on by
+    /// best (I2_S interleaved sixteen rows deep on AVX-512 and AVX-VNNI, Q8_0, Q4_0 and the
+    /// K-quants on AVX-512 VNNI, F16 on every x86 variant; see [`interleave`],
+    /// [`interleave_q8_0`] and [`interleave_f16`]); on by
     /// default, off computes from the memory-mapped file as it is.
     pub fn with_repack(mut self, repack: bool) -> Self {
         self.repack = repack;

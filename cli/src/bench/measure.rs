@@ -71,6 +71,8 @@ pub struct Run {
     pub threads: usize,
     /// The attention in use, in words.
     pub attention: String,
+    /// On the CPU, its kernels and each weight type's layout, in words.
+    pub cpu_layout: Option<String>,
     /// Bytes read per generated token (weights and LM head).
     pub bytes_per_token: u64,
     /// The resident set after the tests, in MiB (Linux).
@@ -200,6 +202,9 @@ pub fn measure<B: Backend>(
         backend: model.backend.name(),
         threads: model_args.threads(),
         attention: attention.describe(),
+        cpu_layout: gpu
+            .is_none()
+            .then(|| crate::cpu_layout::describe(model_args, model.file.header())),
         bytes_per_token: model.bytes_per_token(),
         resident_mib,
         bandwidth,

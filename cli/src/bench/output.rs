@@ -105,6 +105,9 @@ fn markdown(out: &mut impl Write, runs: &[Run]) -> Result<()> {
 /// What explains a run's figures, after the table.
 fn notes(out: &mut impl Write, run: &Run) -> Result<()> {
     writeln!(out, "attention: {}", run.attention)?;
+    if let Some(layout) = &run.cpu_layout {
+        writeln!(out, "cpu: {layout}")?;
+    }
     writeln!(
         out,
         "bytes read per generated token (weights incl. LM head): {:.1} MB",
@@ -202,7 +205,8 @@ fn objects(runs: &[Run]) -> impl Iterator<Item = Value> + '_ {
             "test": r.test.name(), "avg_ns": avg_ns, "stddev_ns": sd_ns, "samples_ns": r.samples_ns,
             "avg_ts": avg_ts, "stddev_ts": sd_ts, "samples_ts": samples_ts,
             "model": m.source, "lm_head": m.lm_head, "backend": run.backend, "threads": run.threads,
-            "attention": run.attention, "bytes_per_token": run.bytes_per_token,
+            "attention": run.attention, "cpu_layout": run.cpu_layout,
+            "bytes_per_token": run.bytes_per_token,
             "gb_per_s": weight_gbs(run, r), "resident_mib": run.resident_mib,
             "read_gb_per_s": run.bandwidth.filter(|_| !run.gpu),
             "gpu_copy_gb_per_s": run.bandwidth.filter(|_| run.gpu),

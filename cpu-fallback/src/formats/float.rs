@@ -145,6 +145,9 @@ pub fn f16_rows16_dot<const T: usize>(isa: Isa, block: &[u8], x: &[f32]) -> [[f3
         Isa::Avx512Bw | Isa::Avx512Vnni => unsafe {
             interleaved_f16::f16_rows16_avx512::<T>(block, x)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: every x86 variant has AVX2, FMA and F16C; the kernel asserts the shapes.
+        Isa::Avx2 | Isa::AvxVnni => unsafe { interleaved_f16::f16_rows16_avx2::<T>(block, x) },
         _ => {
             // The reference: each row taken back out of the block.
             let row_bytes = block.len() / ROWS;
@@ -174,6 +177,9 @@ pub fn f16_rows64_dot(isa: Isa, blocks: [&[u8]; 4], x: &[f32]) -> [[f32; ROWS]; 
         Isa::Avx512Bw | Isa::Avx512Vnni => unsafe {
             interleaved_f16::f16_blocks4_avx512(blocks, x)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for `f16_rows16_dot`.
+        Isa::Avx2 | Isa::AvxVnni => unsafe { interleaved_f16::f16_blocks4_avx2(blocks, x) },
         _ => blocks.map(|b| f16_rows16_dot::<1>(isa, b, x)[0]),
     }
 }

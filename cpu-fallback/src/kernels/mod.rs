@@ -192,9 +192,12 @@ impl Isa {
 
     /// Whether F16 weights are interleaved sixteen rows deep at load for this instruction set
     /// ([`crate::interleave_f16`]): where [`crate::formats::float::f16_rows16_dot`] has a
-    /// kernel of its own (AVX-512).
+    /// kernel of its own (every x86 variant: AVX-512's registers or AVX2's).
     pub fn interleaves_f16(self) -> bool {
-        matches!(self, Self::Avx512Bw | Self::Avx512Vnni)
+        matches!(
+            self,
+            Self::Avx2 | Self::Avx512Bw | Self::AvxVnni | Self::Avx512Vnni
+        )
     }
 
     /// Attention scores: `out[j] = q · k[j·stride ..][..q.len()]`.

@@ -1,0 +1,58 @@
+//! Which CPU kernels a model gets and which of its weight types are repacked for them at load:
+//! told by `info` and under `bench`'s table.
+
+use hesper_cpu::Isa;
+use hesper_engine::gguf::{GgmlType, Gguf};
+
+use crate::args::ModelArgs;
+
+/// The CPU kernels `args` would run on the model `g` and the layout each of its weight types
+/// gets: "avx2 kernels, F16 repacked sixteen rows deep at load (Q8_0 as in the file)".
+pub fn describe(args: &ModelArgs, g: &Gguf) -> String {
+    let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
+    // The matrices' types: an F16 embedding table is looked up and, tied, multiplied one token
+    // at a time from the file's layout, so it is never repacked.
+    let mut types: Vec<GgmlType> = g
+        .tensors()
+        .iter()
+        .filter(|t| t.n_dims >= 2 && (t.name != "token_embd.weight" || t.ty != GgmlType::F16))
+        .map(|t| t.ty)
+        .collect();
+    types.sort_by_key(|ty| ty.to_string());
+    types.dedup();
+    let (repacked, kept): (Vec<GgmlType>, Vec<GgmlType>) = types
+        .into_iter()
+        .partition(|&ty| !args.no_repack && repacks(isa, ty));
+    let names = |types: &[GgmlType]| {
+        let names: Vec<String> = types.iter().map(GgmlType::to_string).collect();
+        names.join(", ")
+    };
+    let layout = match (repacked.is_empty(), kept.is_empty()) {
+        (true, _) => "weights as in the file".to_string(),
+        (false, true) => format!("{} repacked sixteen rows deep at load", names(&repacked)),
+        (false, false) => format!(
+            "{} repacked sixteen rows deep at load ({} as in the file)",
+            names(&repacked),
+            names(&kept)
+        ),
+    };
+    let runs = if isa.is_supported() {
+        ""
+    } else {
+        " (this CPU cannot run them)"
+    };
+    format!("{} kernels{runs}, {layout}", isa.name())
+}
+
+/// Whether `isa`'s kernels read matrices of type `ty` from a copy interleaved at load.
+fn repacks(isa: Isa, ty: GgmlType) -> bool {
+    match ty {
+        GgmlType::I2S => isa.interleaves_i2s(),
+        GgmlType::Q8_0 => isa.interleaves_q8_0(),
+        GgmlType::Q4_0 => isa.interleaves_q4_0(),
+        GgmlType::Q4K | GgmlType::Q5K => isa.interleaves_q4_k(),
+        GgmlType::Q6K => isa.interleaves_q6_k(),
+        GgmlType::F16 => isa.interleaves_f16(),
+        _ => false,
+    }
+}
