@@ -223,6 +223,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     );
     crate::report::flush_later();
     state.set_ready(Ready {
+        grammars: Default::default(),
         n_vocab: loaded.model.sampled_vocab(),
         props: json!({
             "model_path": model_label,

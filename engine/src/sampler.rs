@@ -187,7 +187,14 @@ impl Sampler {
                 return cand.0;
             }
         }
-        cands.last().map_or(0, |c| c.0)
+        // Rounding left `acc` short of `r`: the least likely candidate that can be drawn (a
+        // token masked to −∞ by a grammar has probability 0 and never can).
+        cands
+            .iter()
+            .zip(&probs)
+            .rev()
+            .find(|(_, &p)| p > 0.0)
+            .map_or(0, |(c, _)| c.0)
     }
 }
 

@@ -7,12 +7,15 @@
 //! * [`chat`]: a conversation in one context, trimmed when it outgrows it;
 //! * [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` computes them;
 //! * `scheduler` (native only): many sequences batched over one model, for a server;
+//! * `grammar` (feature `grammar`): JSON schemas and grammars as token masks (llguidance);
 //! * `ring` (feature `ring`, native only): a model split layer-wise over processes.
 
 pub mod chat;
 mod clock;
 pub mod evaluator;
 pub mod generation;
+#[cfg(feature = "grammar")]
+pub mod grammar;
 pub mod load;
 pub mod perplexity;
 #[cfg(feature = "ring")]

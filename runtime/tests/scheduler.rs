@@ -83,6 +83,7 @@ fn job(
         top_logprobs: None,
         cache_prompt: true,
         ignore_eos: false,
+        constraint: None,
         events,
     };
     (job, rx)

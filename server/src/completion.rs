@@ -19,7 +19,8 @@ use axum::Json;
 use hesper_engine::chat::Role;
 use hesper_engine::sampler::SamplerConfig;
 use hesper_engine::tokenizer::TextStream;
-use hesper_runtime::scheduler::{Finish, Job, JobEvent, Logprobs, SubmitError};
+use hesper_runtime::grammar::GrammarConstraint;
+use hesper_runtime::scheduler::{Constraint, Finish, Job, JobEvent, Logprobs, SubmitError};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -27,6 +28,7 @@ use crate::error::ApiError;
 use crate::request::{parse, CompletionBody, Content, Prompt};
 use crate::routes::read_body;
 use crate::stop::StopText;
+use crate::structured;
 use crate::{Ready, State};
 
 /// Which endpoint.
@@ -95,6 +97,8 @@ struct Plan {
     ignore_eos: bool,
     stream: bool,
     include_usage: bool,
+    /// What every answer follows (a JSON schema, a grammar), compiled.
+    constraint: Option<GrammarConstraint>,
 }
 
 /// Reads and checks a request: every error it can have is found here.
@@ -145,6 +149,10 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
             "stream_options needs stream: true",
         ));
     }
+    let constraint = match structured::requested(&b)? {
+        Some(s) => Some(structured::compile(&ready, s).await?),
+        None => None,
+    };
     static NEXT_ID: AtomicU64 = AtomicU64::new(0);
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
@@ -177,6 +185,7 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
             .unwrap_or(false),
         stream,
         prompts,
+        constraint,
         ready,
     })
 }
@@ -329,6 +338,10 @@ fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)
                 top_logprobs: plan.top_logprobs,
                 cache_prompt: plan.cache_prompt,
                 ignore_eos: plan.ignore_eos,
+                constraint: plan
+                    .constraint
+                    .clone()
+                    .map(|c| Box::new(c) as Box<dyn Constraint>),
                 events: etx,
             };
             match ready.submitter.submit(job) {

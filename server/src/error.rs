@@ -14,8 +14,9 @@ pub struct ApiError {
     pub message: String,
     /// The field at fault, when one is.
     pub param: Option<String>,
-    /// Fields added to the error object (llama-server's `n_prompt_tokens`, `n_ctx`).
-    pub extra: Map<String, Value>,
+    /// Fields added to the error object (llama-server's `n_prompt_tokens`, `n_ctx`); boxed,
+    /// so that the `Result`s that carry an error stay small.
+    pub extra: Box<Map<String, Value>>,
     /// Seconds after which to try again (`Retry-After`).
     pub retry_after: Option<u32>,
 }
@@ -27,7 +28,7 @@ impl ApiError {
             status,
             message: message.into(),
             param: None,
-            extra: Map::new(),
+            extra: Box::default(),
             retry_after: None,
         }
     }
@@ -72,7 +73,7 @@ impl ApiError {
         error.insert("type".into(), json!(self.kind()));
         error.insert("param".into(), json!(self.param));
         error.insert("code".into(), json!(self.status.as_u16()));
-        error.extend(self.extra.clone());
+        error.extend(self.extra.as_ref().clone());
         json!({ "error": error })
     }
 }

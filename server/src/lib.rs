@@ -5,6 +5,7 @@
 //! * [`completion`]: `/v1/chat/completions` and `/v1/completions`, streamed or not;
 //! * [`request`]: request bodies; [`error`]: OpenAI's error answers;
 //! * [`stop`]: stop strings across token boundaries; [`metrics`]: `/metrics`;
+//! * [`structured`]: `response_format`, `json_schema` and `grammar` as a grammar;
 //! * [`reload`]: hot-swap checks (`/health` and `POST /reload` with `--hot-swap`);
 //! * [`conn`]: the accept loop (connection limit, header timeout).
 
@@ -16,12 +17,14 @@ pub mod reload;
 pub mod request;
 pub mod routes;
 pub mod stop;
+pub mod structured;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hesper_engine::chat::ChatTemplate;
 use hesper_engine::tokenizer::Tokenizer;
+use hesper_runtime::grammar::Grammars;
 use hesper_runtime::scheduler::Submitter;
 use serde_json::Value;
 
@@ -74,6 +77,9 @@ pub struct Ready {
     pub props: Value,
     /// `/v1/models`' `meta`.
     pub meta: Value,
+    /// The tokenizer's grammars (its token trie), built by the first request that
+    /// constrains its answer; the error says why this tokenizer cannot be constrained.
+    pub grammars: OnceLock<Result<Grammars, String>>,
 }
 
 /// The server's shared state: its flags, the model once loaded, its metrics.

@@ -65,6 +65,35 @@ pub struct CompletionBody {
     pub cache_prompt: Option<bool>,
     /// llama-server's: go on past end-of-generation tokens (benchmarks).
     pub ignore_eos: Option<bool>,
+    /// OpenAI's output format: `text`, `json_object` or `json_schema`.
+    pub response_format: Option<ResponseFormat>,
+    /// llama-server's: a JSON schema the answer follows.
+    pub json_schema: Option<serde_json::Value>,
+    /// llama-server's: a grammar the answer follows (GBNF, or Lark after `%llguidance`).
+    pub grammar: Option<String>,
+}
+
+/// `response_format`.
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// With `json_schema`: the schema, its name and strictness.
+    pub json_schema: Option<JsonSchemaFormat>,
+    /// llama-server's: a schema given with `json_object`.
+    pub schema: Option<serde_json::Value>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The format's name (OpenAI requires one; it changes nothing here).
+    pub name: Option<String>,
+    /// The schema (absent: any JSON value).
+    pub schema: Option<serde_json::Value>,
+    /// Whether the schema is followed exactly (it always is here).
+    pub strict: Option<bool>,
 }
 
 /// One chat message.

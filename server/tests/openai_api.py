@@ -8,6 +8,8 @@ OpenAI defines them, each error with its status and JSON, 16 concurrent clients 
 each gets alone, a disconnect freeing its sequence, a full queue answering 503, a shared system
 prompt served from the prefix cache, a slow client dropped while others are served, a
 bounded load test (no error, no lost or duplicated token, memory back to its level),
+structured outputs (JSON schemas, json_object, GBNF: every answer valid, unconstrained
+batch-mates unchanged),
 `--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, and a hostile chat
 template.
 """
@@ -25,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import jsonschema
 from openai import OpenAI, APIStatusError
 
 BIN = sys.argv[1]
@@ -140,6 +143,7 @@ def main():
         api(srv, c)
         errors(srv)
         concurrency(srv, c)
+        structured(srv, c)
         slow_client(srv)
         load(srv, c)
     finally:
@@ -305,6 +309,117 @@ def concurrency(srv, c):
         together = list(ex.map(run, args))
     check(alone == together, "16 concurrent clients get what each gets alone")
     check(len(set(alone)) > 8, "seeds differ")
+
+
+# Schemas the tiny model follows only because its tokens are masked: nested objects, arrays,
+# enums, required fields; strings and arrays bounded so that every answer ends within its tokens.
+SCHEMAS = [
+    {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 969},
+        "tribe": {"enum": ["Judah", "Levi", "Dan"]},
+        "sons": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        "home": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 10}, "walled": {"type": "boolean"}},
+            "required": ["city", "walled"], "additionalProperties": False}},
+     "required": ["name", "age", "tribe", "sons", "home"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "object", "properties": {
+        "book": {"enum": ["Genesis", "Exodus", "Ruth"]},
+        "verse": {"type": "integer", "minimum": 1, "maximum": 50}},
+        "required": ["book", "verse"], "additionalProperties": False},
+     "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {
+        "answer": {"enum": ["yea", "nay"]},
+        "weight": {"type": "integer", "minimum": -10, "maximum": 10}},
+     "required": ["answer", "weight"], "additionalProperties": False},
+    {"$defs": {"coin": {"type": "object", "properties": {
+        "metal": {"enum": ["gold", "silver"]}, "shekels": {"type": "integer", "minimum": 1,
+                                                          "maximum": 30}},
+        "required": ["metal", "shekels"], "additionalProperties": False}},
+     "type": "object", "properties": {"price": {"$ref": "#/$defs/coin"},
+                                      "paid": {"anyOf": [{"$ref": "#/$defs/coin"}, {"type": "null"}]}},
+     "required": ["price", "paid"], "additionalProperties": False},
+]
+
+
+def schema_format(i):
+    return {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": SCHEMAS[i], "strict": True}}
+
+
+def structured(srv, c):
+    # Each schema, streamed and not, sampled and greedy: the answer parses and validates.
+    for i, schema in enumerate(SCHEMAS):
+        for kw in ({"temperature": 0}, {"temperature": 0.9, "seed": 5 + i}):
+            r = chat(c, "Tell me of the house of David", max_tokens=120,
+                     response_format=schema_format(i), **kw)
+            text = r.choices[0].message.content
+            streamed, _ = streamed_chat(c, "Tell me of the house of David", max_tokens=120,
+                                        response_format=schema_format(i), **kw)
+            check(streamed == text, f"schema {i} streamed {streamed!r} vs {text!r}")
+            check(r.choices[0].finish_reason == "stop", f"schema {i} ends by its grammar: {text!r}")
+            try:
+                jsonschema.validate(json.loads(text), schema)
+            except (ValueError, jsonschema.ValidationError) as e:
+                check(False, f"schema {i} answer {text!r}: {e}")
+    # 8 concurrent requests with different schemas beside 8 unconstrained ones: every answer
+    # valid, and the unconstrained ones' text what each gets alone.
+    free = lambda k: chat(c, ["And God said", "Hear, O Israel"][k % 2], max_tokens=16,
+                          temperature=0.9, seed=300 + k).choices[0].message.content
+    alone = [free(k) for k in range(8)]
+
+    def job(k):
+        if k % 2:
+            return free(k // 2)
+        i = (k // 2) % len(SCHEMAS)
+        return chat(c, "Who begat whom?", max_tokens=120, temperature=0.9, seed=400 + k,
+                    response_format=schema_format(i)).choices[0].message.content
+    with ThreadPoolExecutor(16) as ex:
+        together = list(ex.map(job, range(16)))
+    check(together[1::2] == alone, "unconstrained answers beside constrained ones are unchanged")
+    for k in range(0, 16, 2):
+        i = (k // 2) % len(SCHEMAS)
+        try:
+            jsonschema.validate(json.loads(together[k]), SCHEMAS[i])
+        except (ValueError, jsonschema.ValidationError) as e:
+            check(False, f"concurrent schema {i} answer {together[k]!r}: {e}")
+    check(any(json.loads(t) for t in together[0::2]), "answers have content")
+    # Unconstrained, the model does not write JSON: the mask is what makes it.
+    try:
+        json.loads(alone[0])
+        check(False, f"the model wrote JSON unasked: {alone[0]!r}")
+    except ValueError:
+        pass
+    # json_object: any JSON object; n answers each valid.
+    r = chat(c, "Hi", max_tokens=60, temperature=0.9, seed=2, n=2,
+             response_format={"type": "json_object"})
+    for ch in r.choices:
+        try:
+            check(isinstance(json.loads(ch.message.content), dict) or ch.finish_reason == "length",
+                  f"json_object {ch.message.content!r}")
+        except ValueError:
+            check(ch.finish_reason == "length", f"json_object {ch.message.content!r} is not JSON")
+    # llama-server's json_schema and grammar (GBNF) fields, on both endpoints.
+    r = c.completions.create(model="x", prompt="And", max_tokens=120, temperature=0.7, seed=1,
+                             extra_body={"json_schema": SCHEMAS[2]})
+    jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS[2])
+    gbnf = 'root ::= name ", son of " name "."\nname ::= [A-Z] [a-z]{2,7}\n'
+    r = chat(c, "Who is he?", max_tokens=40, temperature=0.9, seed=3, extra_body={"grammar": gbnf})
+    text = r.choices[0].message.content
+    check(re.fullmatch(r"[A-Z][a-z]{2,7}, son of [A-Z][a-z]{2,7}\.", text) is not None, f"GBNF {text!r}")
+    # What cannot be followed is a 400 naming the field, never an unconstrained answer.
+    ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    e = error_of(srv.post("/v1/chat/completions", {**ask, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "integer", "minimum": 5, "maximum": 1}}}}), 400, "response_format")
+    check("nsatisfiable" in e.get("message", ""), f"unsatisfiable schema: {e}")
+    error_of(srv.post("/v1/chat/completions", {**ask, "response_format": {"type": "yaml"}}),
+             400, "response_format.type")
+    error_of(srv.post("/v1/chat/completions", {**ask, "response_format": {"type": "json_schema"}}),
+             400, "response_format.json_schema")
+    error_of(srv.post("/v1/chat/completions", {**ask, "grammar": "root ::= [z-a]"}), 400, "grammar")
+    error_of(srv.post("/v1/chat/completions", {**ask, "json_schema": {"type": "object"},
+                                               "grammar": 'root ::= "a"'}), 400, "grammar")
+    error_of(srv.post("/v1/chat/completions", {**ask, "json_schema": 5}), 400, "json_schema")
 
 
 def slow_client(srv):

@@ -146,6 +146,22 @@ impl Tokenizer {
         add_bos: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_with(text, add_bos, parse_special, true)
+    }
+
+    /// Token ids of `text` where it goes on from earlier text (what a grammar forces into an
+    /// answer): no BOS, no SentencePiece space prefix, control-token text as plain text.
+    pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_with(text, false, false, false)
+    }
+
+    fn encode_with(
+        &self,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+        space_prefix: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             out.extend(self.bos);
@@ -163,7 +179,13 @@ impl Tokenizer {
             &Engine::Spm {
                 add_space_prefix,
                 unk,
-            } => spm::encode_fragments(&self.vocab, &frags, add_space_prefix, unk, &mut out)?,
+            } => spm::encode_fragments(
+                &self.vocab,
+                &frags,
+                add_space_prefix && space_prefix,
+                unk,
+                &mut out,
+            )?,
         }
         Ok(out)
     }

@@ -8,7 +8,9 @@
 //! finished sequences leave their KV caches to its prefix cache.
 //!
 //! Each sequence has its own seeded sampler, and on the CPU a row's logits do not depend on
-//! the rows beside it, so a request's tokens are the same alone or among others.
+//! the rows beside it, so a request's tokens are the same alone or among others. A sequence
+//! may carry a [`Constraint`] (a grammar): its logits are masked before its sampler sees them,
+//! and its batch-mates' are untouched.
 
 mod pool;
 
@@ -59,8 +61,30 @@ pub struct Job {
     pub cache_prompt: bool,
     /// Whether end-of-generation tokens are sampled as any other (llama-server's `ignore_eos`).
     pub ignore_eos: bool,
+    /// What the answer must match (a JSON schema, a grammar), if anything. An
+    /// end-of-generation token then ends the answer even with `ignore_eos`.
+    pub constraint: Option<Box<dyn Constraint>>,
     /// Where the sequence's events go; dropping the receiver cancels the sequence.
     pub events: UnboundedSender<JobEvent>,
+}
+
+/// Which tokens a sequence may sample next, following the tokens sampled so far.
+pub trait Constraint: Send {
+    /// Sets the logits of the tokens not allowed next to −∞; an error ends the sequence.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// Advances over a sampled token; `Ok(true)` when nothing may follow it.
+    fn accept(&mut self, token: u32) -> Result<bool, String>;
+}
+
+#[cfg(feature = "grammar")]
+impl Constraint for crate::grammar::GrammarConstraint {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        crate::grammar::GrammarConstraint::mask(self, logits)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<bool, String> {
+        crate::grammar::GrammarConstraint::accept(self, token)
+    }
 }
 
 /// What a sequence reports.
@@ -455,35 +479,54 @@ fn step<B: Backend>(
     for (&i, row) in which.iter().zip(rows) {
         let Some(row) = row else { continue };
         let s = &mut running[i];
-        if let Some(finish) = sample(s, tok, &row, gauges) {
-            let _ = s.job.events.send(JobEvent::Done(finish));
-            ended.push(i);
+        match sample(s, tok, &row, gauges) {
+            Ok(None) => {}
+            Ok(Some(finish)) => {
+                let _ = s.job.events.send(JobEvent::Done(finish));
+                ended.push(i);
+            }
+            Err(why) => {
+                let _ = s.job.events.send(JobEvent::Failed(why));
+                ended.push(i);
+            }
         }
     }
     (ended, false)
 }
 
-/// Samples `s`'s next token from `row`, sends it, and says whether the sequence ended.
+/// Samples `s`'s next token from `row` (masked by its constraint), sends it, and says whether
+/// the sequence ended; an error is its constraint's.
 fn sample<B: Backend>(
     s: &mut Seq<B>,
     tok: &Tokenizer,
     row: &[f32],
     gauges: &Gauges,
-) -> Option<Finish> {
-    let id = s.sampler.sample(row);
+) -> Result<Option<Finish>, String> {
+    let (id, complete) = match &mut s.job.constraint {
+        None => (s.sampler.sample(row), false),
+        Some(c) => {
+            let mut masked = row.to_vec();
+            c.mask(&mut masked)?;
+            let id = s.sampler.sample(&masked);
+            if tok.is_end_of_generation(id) {
+                return Ok(Some(Finish::Stop));
+            }
+            (id, c.accept(id)?)
+        }
+    };
     if tok.is_end_of_generation(id) && !s.job.ignore_eos {
-        return Some(Finish::Stop);
+        return Ok(Some(Finish::Stop));
     }
     let logprobs = s.job.top_logprobs.map(|k| logprobs(row, id, k));
     s.sampler.accept(id);
     s.history.push(id);
     s.produced += 1;
     gauges.generated_tokens.fetch_add(1, Ordering::Relaxed);
-    if s.job.events.send(JobEvent::Token { id, logprobs }).is_err() {
-        return Some(Finish::Stop);
+    if s.job.events.send(JobEvent::Token { id, logprobs }).is_err() || complete {
+        return Ok(Some(Finish::Stop));
     }
     let full = s.history.len() >= s.session.n_ctx();
-    (s.produced >= s.job.max_tokens || full).then_some(Finish::Length)
+    Ok((s.produced >= s.job.max_tokens || full).then_some(Finish::Length))
 }
 
 /// The log-probability of `id` and of the `k` most likely tokens under `row`'s softmax.
