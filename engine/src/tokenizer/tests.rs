@@ -76,6 +76,9 @@ fn spm_space_prefix_and_bos() {
     assert_eq!(t.decode(&[9, 8]), "abc");
     assert_eq!(t.token_bytes(9), b" a");
     assert!(t.describe().contains("space prefix on"), "{}", t.describe());
+    // Text that goes on from earlier text gets no prefix, no BOS, and control text as text.
+    assert_eq!(t.encode_continuation("abc").expect("encode"), [4, 8]);
+    assert_ne!(t.encode_continuation("a</s>").expect("encode"), [4, 2]);
 }
 
 #[test]
