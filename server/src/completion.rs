@@ -19,7 +19,7 @@ use axum::Json;
 use hesper_engine::chat::Role;
 use hesper_engine::sampler::SamplerConfig;
 use hesper_engine::tokenizer::TextStream;
-use hesper_runtime::grammar::GrammarConstraint;
+use hesper_runtime::grammar::{GrammarConstraint, GrammarSpec};
 use hesper_runtime::scheduler::{Constraint, Finish, Job, JobEvent, Logprobs, SubmitError};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -28,7 +28,8 @@ use crate::error::ApiError;
 use crate::request::{parse, CompletionBody, Content, Prompt};
 use crate::routes::read_body;
 use crate::stop::StopText;
-use crate::structured;
+use crate::structured::{self, Structure};
+use crate::tools::{self, Said, Tools};
 use crate::{Ready, State};
 
 /// Which endpoint.
@@ -99,16 +100,25 @@ struct Plan {
     include_usage: bool,
     /// What every answer follows (a JSON schema, a grammar), compiled.
     constraint: Option<GrammarConstraint>,
+    /// Chat's tools: answers are read back as calls or a reply.
+    tools: Option<Arc<Tools>>,
 }
 
 /// Reads and checks a request: every error it can have is found here.
 async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError> {
     let ready = state.ready()?;
     let b: CompletionBody = parse(&read_body(state, body).await?)?;
+    let tools = match kind {
+        Kind::Chat => tools::requested(&b)?.map(Arc::new),
+        Kind::Text => None,
+    };
     let prompts = match kind {
         Kind::Chat => {
             // A template from a downloaded file may spend its whole fuel: off the async workers.
-            let turns = chat_turns(&b)?;
+            let mut turns = chat_turns(&b)?;
+            if let Some(t) = &tools {
+                turns = with_tools(turns, t);
+            }
             let r = Arc::clone(&ready);
             let rendered = tokio::task::spawn_blocking(move || chat_prompt(&r, &turns)).await;
             vec![rendered.map_err(|_| {
@@ -149,7 +159,21 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
             "stream_options needs stream: true",
         ));
     }
-    let constraint = match structured::requested(&b)? {
+    let structure = match (structured::requested(&b)?, &tools) {
+        (Some(s), Some(_)) => {
+            return Err(ApiError::bad_param(
+                s.param,
+                format!("{} and tools both shape the answer: give one", s.param),
+            ))
+        }
+        (Some(s), None) => Some(s),
+        (None, Some(t)) => Some(Structure {
+            spec: GrammarSpec::JsonSchema(t.schema()),
+            param: "tools",
+        }),
+        (None, None) => None,
+    };
+    let constraint = match structure {
         Some(s) => Some(structured::compile(&ready, s).await?),
         None => None,
     };
@@ -186,6 +210,7 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
         stream,
         prompts,
         constraint,
+        tools,
         ready,
     })
 }
@@ -202,12 +227,12 @@ fn chat_turns(b: &CompletionBody) -> Result<Vec<(Role, String)>, ApiError> {
     for (i, m) in messages.iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => Role::System,
-            "user" => Role::User,
+            "user" | "tool" | "function" => Role::User,
             "assistant" => Role::Assistant,
             r => {
                 return Err(ApiError::bad_param(
                     &format!("messages[{i}].role"),
-                    format!("role {r:?}: system, developer, user or assistant"),
+                    format!("role {r:?}: system, developer, user, assistant or tool"),
                 ))
             }
         };
@@ -232,9 +257,26 @@ fn chat_turns(b: &CompletionBody) -> Result<Vec<(Role, String)>, ApiError> {
                 text
             }
         };
+        let text = match (m.role.as_str(), &m.tool_calls) {
+            ("tool" | "function", _) => {
+                tools::result_text(m.name.as_deref(), m.tool_call_id.as_deref(), &text)
+            }
+            ("assistant", Some(calls)) if !calls.is_empty() => tools::calls_text(calls),
+            _ => text,
+        };
         turns.push((role, text));
     }
     Ok(turns)
+}
+
+/// `turns` with the tools' system turn first (joined to the request's own system turn).
+fn with_tools(mut turns: Vec<(Role, String)>, tools: &Tools) -> Vec<(Role, String)> {
+    let prompt = tools.system_prompt();
+    match turns.first_mut() {
+        Some((Role::System, text)) => *text = format!("{text}\n\n{prompt}"),
+        _ => turns.insert(0, (Role::System, prompt)),
+    }
+    turns
 }
 
 /// The turns rendered by the model's template, as tokens.
@@ -638,12 +680,15 @@ async fn collect(mut a: Answer, mut updates: UnboundedReceiver<(usize, Update)>)
         .map(|(i, c)| {
             let logprobs = a.logprobs_json(&c.logprobs, &c.offsets);
             match a.plan.kind {
-                Kind::Chat => json!({
-                    "index": i,
-                    "message": { "role": "assistant", "content": c.text },
-                    "logprobs": logprobs,
-                    "finish_reason": c.finish,
-                }),
+                Kind::Chat => {
+                    let (message, finish) = a.message(i, c);
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                    })
+                }
                 Kind::Text => json!({
                     "index": i,
                     "text": c.text,
@@ -693,7 +738,7 @@ fn stream(a: Answer, updates: UnboundedReceiver<(usize, Update)>) -> impl IntoRe
                         st.done = true;
                         continue;
                     }
-                    if let Some(v) = st.a.chunk(i, &u) {
+                    for v in st.a.chunks(i, &u) {
                         st.queued.push_back(data(&v));
                     }
                     if st.a.choices.iter().all(|c| c.finish.is_some()) {
@@ -730,6 +775,101 @@ impl Answer {
         match self.plan.kind {
             Kind::Chat => "chat.completion.chunk",
             Kind::Text => "text_completion",
+        }
+    }
+
+    /// The id of answer `i`'s call `k`.
+    fn call_id(&self, i: usize, k: usize) -> String {
+        let stem = self.plan.id.rsplit('-').next().unwrap_or_default();
+        format!("call_{stem}_{i}_{k}")
+    }
+
+    /// Chat's message of a finished answer and its `finish_reason`: with tools, the calls it
+    /// made (`finish_reason: "tool_calls"`) or its reply; an answer cut short is its text.
+    fn message(&self, i: usize, c: &Choice) -> (Value, Option<&'static str>) {
+        let text = json!({ "role": "assistant", "content": c.text });
+        let Some(tools) = &self.plan.tools else {
+            return (text, c.finish);
+        };
+        match tools.parse(&c.text) {
+            Some(Said::Calls(calls)) if tools.legacy() => (
+                json!({"role": "assistant", "content": null, "function_call": {
+                    "name": calls[0].name, "arguments": calls[0].arguments}}),
+                Some("function_call"),
+            ),
+            Some(Said::Calls(calls)) => {
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, call)| {
+                        json!({
+                            "id": self.call_id(i, k),
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": call.arguments},
+                        })
+                    })
+                    .collect();
+                (
+                    json!({"role": "assistant", "content": null, "tool_calls": calls}),
+                    Some("tool_calls"),
+                )
+            }
+            Some(Said::Reply(r)) => (json!({"role": "assistant", "content": r}), c.finish),
+            None => (text, c.finish),
+        }
+    }
+
+    /// The stream chunks an update makes. With tools, an answer is held until it ends, then
+    /// sent as OpenAI streams calls (each call's id and name, then its arguments) or as one
+    /// content delta.
+    fn chunks(&self, i: usize, u: &Update) -> Vec<Value> {
+        if self.plan.tools.is_none() {
+            return self.chunk(i, u).into_iter().collect();
+        }
+        let wrap = |delta: Value, finish: Option<&str>| {
+            let choice =
+                json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": finish});
+            let mut v = self.object(self.chunk_object(), vec![choice]);
+            if self.plan.include_usage {
+                v["usage"] = Value::Null;
+            }
+            v
+        };
+        match u {
+            Update::Text { .. } => Vec::new(),
+            Update::Finish { .. } => {
+                let c = &self.choices[i];
+                let (message, finish) = self.message(i, c);
+                let mut out = Vec::new();
+                if let Some(f) = message.get("function_call") {
+                    out.push(wrap(
+                        json!({"function_call": {"name": f["name"], "arguments": ""}}),
+                        None,
+                    ));
+                    out.push(wrap(
+                        json!({"function_call": {"arguments": f["arguments"]}}),
+                        None,
+                    ));
+                } else if let Some(calls) = message["tool_calls"].as_array() {
+                    for (k, call) in calls.iter().enumerate() {
+                        let f = &call["function"];
+                        out.push(wrap(
+                            json!({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                                   "function": {"name": f["name"], "arguments": ""}}]}),
+                            None,
+                        ));
+                        out.push(wrap(
+                            json!({"tool_calls": [{"index": k, "function": {"arguments": f["arguments"]}}]}),
+                            None,
+                        ));
+                    }
+                } else if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
+                    out.push(wrap(json!({ "content": text }), None));
+                }
+                out.push(wrap(json!({}), finish));
+                out
+            }
+            _ => self.chunk(i, u).into_iter().collect(),
         }
     }
 

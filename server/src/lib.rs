@@ -6,6 +6,7 @@
 //! * [`request`]: request bodies; [`error`]: OpenAI's error answers;
 //! * [`stop`]: stop strings across token boundaries; [`metrics`]: `/metrics`;
 //! * [`structured`]: `response_format`, `json_schema` and `grammar` as a grammar;
+//! * [`tools`]: tool calls (llama.cpp's generic format, `tool_choice` as a grammar);
 //! * [`reload`]: hot-swap checks (`/health` and `POST /reload` with `--hot-swap`);
 //! * [`conn`]: the accept loop (connection limit, header timeout).
 
@@ -18,6 +19,7 @@ pub mod request;
 pub mod routes;
 pub mod stop;
 pub mod structured;
+pub mod tools;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::ApiError;
+pub use crate::tools::{FunctionDef, ToolDef};
 
 /// The largest bias `logit_bias` adds or takes away, OpenAI's range: larger values are
 /// brought to it (llama-server clients send larger ones to force or ban a token, which ±100
@@ -71,6 +72,16 @@ pub struct CompletionBody {
     pub json_schema: Option<serde_json::Value>,
     /// llama-server's: a grammar the answer follows (GBNF, or Lark after `%llguidance`).
     pub grammar: Option<String>,
+    /// Tools the model may call.
+    pub tools: Option<Vec<ToolDef>>,
+    /// `auto`, `none`, `required` or a function.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether an answer may call several tools (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// The older name of `tools` (functions only).
+    pub functions: Option<Vec<FunctionDef>>,
+    /// The older name of `tool_choice`.
+    pub function_call: Option<serde_json::Value>,
 }
 
 /// `response_format`.
@@ -103,6 +114,30 @@ pub struct Message {
     pub role: String,
     /// Its text.
     pub content: Option<Content>,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` or `function` turn: the function that answered.
+    pub name: Option<String>,
+}
+
+/// A tool call in the conversation's history.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    /// Its id.
+    pub id: Option<String>,
+    /// The function called.
+    pub function: FunctionCallIn,
+}
+
+/// The function of a tool call in the history.
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    /// Its name.
+    pub name: String,
+    /// Its arguments, as JSON text.
+    pub arguments: Option<String>,
 }
 
 /// A message's content: text, or parts of which the text ones are read.

@@ -9,7 +9,7 @@ each gets alone, a disconnect freeing its sequence, a full queue answering 503, 
 prompt served from the prefix cache, a slow client dropped while others are served, a
 bounded load test (no error, no lost or duplicated token, memory back to its level),
 structured outputs (JSON schemas, json_object, GBNF: every answer valid, unconstrained
-batch-mates unchanged),
+batch-mates unchanged), tool calls (`tool_choice` enforced, streamed calls equal to the whole),
 `--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, and a hostile chat
 template.
 """
@@ -153,6 +153,12 @@ def main():
         full_queue_and_disconnect(busy)
     finally:
         busy.stop()
+    # The tools' system turn outgrows the first server's 256 positions.
+    agent = Server("-np", "4", "-c", "1024", "--api-key", KEY)
+    try:
+        tool_calls(agent, agent.client())
+    finally:
+        agent.stop()
     gpu = Server("--backend", "gpu", "-np", "4", "--api-key", KEY)
     try:
         on_the_gpu(gpu)
@@ -420,6 +426,96 @@ def structured(srv, c):
     error_of(srv.post("/v1/chat/completions", {**ask, "json_schema": {"type": "object"},
                                                "grammar": 'root ::= "a"'}), 400, "grammar")
     error_of(srv.post("/v1/chat/completions", {**ask, "json_schema": 5}), 400, "json_schema")
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city for some days",
+        "parameters": {"type": "object", "properties": {
+            "city": {"enum": ["Jerusalem", "Babylon", "Nineveh"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The time in a zone",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
+                       "required": ["zone"], "additionalProperties": False}}},
+]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def valid_calls(calls, names, what):
+    check(calls, f"{what}: no tool calls")
+    for call in calls or []:
+        check(call.type == "function" and call.id.startswith("call_"), f"{what}: call {call}")
+        check(call.function.name in names, f"{what}: called {call.function.name}")
+        try:
+            jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+        except (ValueError, KeyError, jsonschema.ValidationError) as e:
+            check(False, f"{what}: arguments {call.function.arguments!r}: {e}")
+
+
+def tool_calls(srv, c):
+    ask = [{"role": "user", "content": "What weather shall there be in Jerusalem?"}]
+    call = lambda **kw: c.chat.completions.create(model="x", messages=ask, tools=TOOLS,
+                                                  max_tokens=80, **kw)
+    # required: a valid call of one of the tools, finish_reason tool_calls, no content.
+    for seed in range(3):
+        r = call(tool_choice="required", parallel_tool_calls=False, temperature=0.9, seed=seed)
+        m = r.choices[0].message
+        check(r.choices[0].finish_reason == "tool_calls", f"finish {r.choices[0].finish_reason}")
+        check(m.content is None and len(m.tool_calls or []) == 1, f"one call: {m}")
+        valid_calls(m.tool_calls, PARAMS, f"required, seed {seed}")
+    # A named function is the one called.
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = call(tool_choice=named, temperature=0, parallel_tool_calls=False)
+    valid_calls(r.choices[0].message.tool_calls, ["get_time"], "named")
+    # Streamed calls reassemble to the call made without streaming.
+    whole = call(tool_choice="required", parallel_tool_calls=False, temperature=0.9, seed=11)
+    calls = {}
+    finish = None
+    for ch in call(tool_choice="required", parallel_tool_calls=False, temperature=0.9, seed=11,
+                   stream=True):
+        for d in ch.choices[0].delta.tool_calls or []:
+            e = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            e["id"] = d.id or e["id"]
+            e["name"] += (d.function.name or "") if d.function else ""
+            e["arguments"] += (d.function.arguments or "") if d.function else ""
+        finish = ch.choices[0].finish_reason or finish
+    want = [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments}
+            for t in whole.choices[0].message.tool_calls]
+    got = [calls[k] for k in sorted(calls)]
+    check([{**g, "id": None} for g in got] == [{**w, "id": None} for w in want],
+          f"streamed calls {got} vs {want}")
+    check(finish == "tool_calls", f"streamed finish {finish}")
+    # The calls and their results go back to the model: the conversation goes on.
+    m = whole.choices[0].message
+    history = ask + [
+        {"role": "assistant", "content": None, "tool_calls": [t.model_dump() for t in m.tool_calls]},
+        {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "Sun, and a wind from the east"},
+    ]
+    r = c.chat.completions.create(model="x", messages=history, tools=TOOLS, max_tokens=80,
+                                  tool_choice="required", parallel_tool_calls=False, temperature=0)
+    valid_calls(r.choices[0].message.tool_calls, PARAMS, "after a tool result")
+    # none: a plain answer; the older functions/function_call fields.
+    r = call(tool_choice="none", temperature=0, extra_body={"max_tokens": 8})
+    check(r.choices[0].message.tool_calls is None and r.choices[0].message.content, "tool_choice none")
+    s, body, _ = srv.post("/v1/chat/completions", {
+        "messages": ask, "max_tokens": 80, "temperature": 0,
+        "functions": [t["function"] for t in TOOLS], "function_call": {"name": "get_weather"}})
+    choice = json.loads(body)["choices"][0] if s == 200 else {}
+    f = choice.get("message", {}).get("function_call") or {}
+    check(f.get("name") == "get_weather" and choice["finish_reason"] == "function_call",
+          f"functions: {s} {body[:300]}")
+    jsonschema.validate(json.loads(f.get("arguments", "null")), PARAMS["get_weather"])
+    # Mistakes are 400s naming the field.
+    base = {"messages": ask, "max_tokens": 4, "tools": TOOLS}
+    error_of(srv.post("/v1/chat/completions", {**base, "tool_choice": {
+        "type": "function", "function": {"name": "smite"}}}), 400, "tool_choice")
+    error_of(srv.post("/v1/chat/completions", {**base, "response_format": {"type": "json_object"}}),
+             400, "response_format")
+    error_of(srv.post("/v1/chat/completions", {**base, "tools": [{"type": "function", "function": {
+        "name": "x", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}]}),
+        400, "tools")
 
 
 def slow_client(srv):
