@@ -9,7 +9,8 @@ each gets alone, a disconnect freeing its sequence, a full queue answering 503, 
 prompt served from the prefix cache, a slow client dropped while others are served, a
 bounded load test (no error, no lost or duplicated token, memory back to its level),
 structured outputs (JSON schemas, json_object, GBNF: every answer valid, unconstrained
-batch-mates unchanged), tool calls (`tool_choice` enforced, streamed calls equal to the whole),
+batch-mates unchanged), tool calls (`tool_choice` enforced, streamed calls equal to the whole), LangChain's
+`with_structured_output` and `bind_tools`,
 `--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, and a hostile chat
 template.
 """
@@ -157,6 +158,7 @@ def main():
     agent = Server("-np", "4", "-c", "1024", "--api-key", KEY)
     try:
         tool_calls(agent, agent.client())
+        langchain(agent)
     finally:
         agent.stop()
     gpu = Server("--backend", "gpu", "-np", "4", "--api-key", KEY)
@@ -516,6 +518,36 @@ def tool_calls(srv, c):
     error_of(srv.post("/v1/chat/completions", {**base, "tools": [{"type": "function", "function": {
         "name": "x", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}]}),
         400, "tools")
+
+
+def langchain(srv):
+    # LangChain's structured output (JSON schema and function calling) and bound tools, from
+    # Pydantic models that say nothing of other keys (their objects are read as closed).
+    from typing import Literal
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Verse(BaseModel):
+        """A verse of the Bible."""
+        book: Literal["Genesis", "Exodus", "Ruth"]
+        chapter: int = Field(ge=1, le=50)
+        verse: int = Field(ge=1, le=40)
+
+    class GetWeather(BaseModel):
+        """The weather in a city."""
+        city: Literal["Jerusalem", "Babylon"]
+        days: int = Field(ge=1, le=7)
+
+    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key=KEY, model="x",
+                     temperature=0, max_tokens=100, max_retries=0)
+    for method in ("json_schema", "function_calling"):
+        v = llm.with_structured_output(Verse, method=method).invoke("Name a verse")
+        check(isinstance(v, Verse), f"with_structured_output({method}): {v!r}")
+    m = llm.bind_tools([GetWeather], tool_choice="required", parallel_tool_calls=False).invoke(
+        "What weather in Jerusalem?")
+    check(len(m.tool_calls) == 1 and m.tool_calls[0]["name"] == "GetWeather", f"bind_tools: {m!r}")
+    if m.tool_calls:
+        GetWeather(**m.tool_calls[0]["args"])
 
 
 def slow_client(srv):

@@ -131,8 +131,10 @@ impl Grammars {
     }
 }
 
-/// `schema` with the separators of [`JSON_OPTIONS`] unless it sets its own (`x-guidance`).
+/// `schema` with the separators of [`JSON_OPTIONS`] unless it sets its own (`x-guidance`),
+/// its objects closed as [`close_objects`] says.
 fn json_grammar(mut schema: Value) -> TopLevelGrammar {
+    close_objects(&mut schema);
     if let Value::Object(map) = &mut schema {
         let mut options: Value = serde_json::from_str(JSON_OPTIONS).expect("constant JSON");
         if let Some(own) = map.get("x-guidance") {
@@ -141,6 +143,44 @@ fn json_grammar(mut schema: Value) -> TopLevelGrammar {
         map.insert("x-guidance".into(), options);
     }
     TopLevelGrammar::from_json_schema(schema)
+}
+
+/// Gives every object schema that lists `properties` but says nothing of other keys
+/// `additionalProperties: false`, as llama.cpp reads a schema: a client that leaves it out (a
+/// Pydantic model, most tool definitions) means the fields it lists, and a model left free to
+/// add keys may write them without end. Subschemas are followed where JSON Schema puts them;
+/// `allOf`'s parts are left open, as each may list only some of the fields.
+fn close_objects(schema: &mut Value) {
+    let Value::Object(map) = schema else { return };
+    if map.get("properties").is_some_and(Value::is_object)
+        && !map.contains_key("additionalProperties")
+        && !map.contains_key("patternProperties")
+        && !map.contains_key("unevaluatedProperties")
+    {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, sub) in map.iter_mut() {
+        match (key.as_str(), sub) {
+            ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(m)) => {
+                m.values_mut().for_each(close_objects)
+            }
+            ("anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(a)) => {
+                a.iter_mut().for_each(close_objects)
+            }
+            (
+                "items"
+                | "additionalProperties"
+                | "additionalItems"
+                | "not"
+                | "if"
+                | "then"
+                | "else"
+                | "contains",
+                sub,
+            ) => close_objects(sub),
+            _ => {}
+        }
+    }
 }
 
 /// llguidance's view of the tokenizer.
@@ -223,5 +263,37 @@ impl GrammarConstraint {
     /// Whether the answer so far is complete (the end-of-generation tokens are allowed).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::close_objects;
+    use serde_json::json;
+
+    #[test]
+    fn objects_without_a_word_on_other_keys_are_closed() {
+        let mut s = json!({
+            "type": "object",
+            "properties": {
+                "properties": {"type": "object", "properties": {"a": {}}},
+                "open": {"type": "object", "properties": {}, "additionalProperties": true},
+                "list": {"type": "array", "items": {"properties": {"b": {}}}}
+            },
+            "$defs": {"d": {"anyOf": [{"properties": {"c": {}}}, {"type": "null"}]}},
+            "allOf": [{"properties": {"x": {}}}]
+        });
+        close_objects(&mut s);
+        assert_eq!(s["additionalProperties"], false);
+        // A property named "properties" is a field, not a keyword: its schema is closed.
+        assert_eq!(s["properties"]["properties"]["additionalProperties"], false);
+        assert!(s["properties"].get("additionalProperties").is_none());
+        assert_eq!(s["properties"]["open"]["additionalProperties"], true);
+        assert_eq!(
+            s["properties"]["list"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(s["$defs"]["d"]["anyOf"][0]["additionalProperties"], false);
+        assert!(s["allOf"][0].get("additionalProperties").is_none());
     }
 }
