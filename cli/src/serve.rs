@@ -12,6 +12,7 @@ use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_runtime::scheduler::{self, SchedulerConfig};
 use hesper_runtime::{run_model, with_model};
+use hesper_server::reasoning::ReasoningFormat;
 use hesper_server::{Ready, ServerConfig, State};
 use serde_json::json;
 
@@ -84,6 +85,14 @@ pub struct ServeArgs {
     /// A Jinja chat template for chat requests instead of the file's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file", value_name = "FILE")]
     chat_template_file: Option<PathBuf>,
+    /// Where a chat answer's <think>…</think> goes: `deepseek` (message.reasoning_content),
+    /// `none` (left in content), `auto` (deepseek when the vocabulary has <think> and </think>).
+    #[arg(
+        long = "reasoning-format",
+        value_name = "FORMAT",
+        default_value = "auto"
+    )]
+    reasoning_format: ReasoningFormat,
 }
 
 impl ServeArgs {
@@ -156,6 +165,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_connections: args.max_connections,
         cors_origins: args.cors_origin.clone(),
         hot_swap: args.hot_swap,
+        reasoning_format: args.reasoning_format,
     };
     config.check().map_err(anyhow::Error::msg)?;
     let state = State::new(config);

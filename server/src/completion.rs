@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
+use crate::reasoning::{ReasoningFormat, Thoughts};
 use crate::request::{parse, CompletionBody, Content, Prompt};
 use crate::routes::read_body;
 use crate::stop::StopText;
@@ -102,6 +103,8 @@ struct Plan {
     constraint: Option<GrammarConstraint>,
     /// Chat's tools: answers are read back as calls or a reply.
     tools: Option<Arc<Tools>>,
+    /// Chat: whether thoughts go to `reasoning_content`, and whether the prompt opened one.
+    thoughts: Option<bool>,
 }
 
 /// Reads and checks a request: every error it can have is found here.
@@ -208,6 +211,10 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         stream,
+        thoughts: match kind {
+            Kind::Chat => thoughts(state, &ready, &b, &prompts[0])?,
+            Kind::Text => None,
+        },
         prompts,
         constraint,
         tools,
@@ -267,6 +274,35 @@ fn chat_turns(b: &CompletionBody) -> Result<Vec<(Role, String)>, ApiError> {
         turns.push((role, text));
     }
     Ok(turns)
+}
+
+/// Whether a chat's thoughts go to `reasoning_content` (`Some`), and whether its prompt
+/// opened one (the answer then starts inside it).
+fn thoughts(
+    state: &State,
+    ready: &Ready,
+    b: &CompletionBody,
+    prompt: &[u32],
+) -> Result<Option<bool>, ApiError> {
+    let format = match &b.reasoning_format {
+        Some(f) => f.parse().map_err(|e| {
+            ApiError::bad_param("reasoning_format", format!("reasoning_format {e}"))
+        })?,
+        None => state.config.reasoning_format,
+    };
+    let tok = &ready.tok;
+    let on = match format {
+        ReasoningFormat::None => false,
+        ReasoningFormat::Deepseek => true,
+        ReasoningFormat::Auto => {
+            tok.token_id("<think>").is_some() && tok.token_id("</think>").is_some()
+        }
+    };
+    if !on {
+        return Ok(None);
+    }
+    let tail = tok.decode(&prompt[prompt.len().saturating_sub(4)..]);
+    Ok(Some(tail.trim_end().ends_with("<think>")))
 }
 
 /// `turns` with the tools' system turn first (joined to the request's own system turn).
@@ -335,6 +371,8 @@ enum Update {
     },
     Text {
         text: String,
+        /// The model's thought (`reasoning_content`).
+        reasoning: String,
         logprobs: Vec<TokenLogprob>,
     },
     Finish {
@@ -408,6 +446,7 @@ fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)
         let task = Answering {
             ready: ready.clone(),
             stops: plan.stops.clone(),
+            thoughts: plan.thoughts,
             index,
             out: tx.clone(),
         };
@@ -420,6 +459,8 @@ fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)
 struct Answering {
     ready: Arc<Ready>,
     stops: Vec<String>,
+    /// Whether thoughts are split from the answer, and whether the prompt opened one.
+    thoughts: Option<bool>,
     index: usize,
     out: UnboundedSender<(usize, Update)>,
 }
@@ -430,6 +471,7 @@ impl Answering {
         let tok = &self.ready.tok;
         let mut text = TextStream::for_display(tok);
         let mut stop = StopText::new(self.stops.clone());
+        let mut thoughts = self.thoughts.map(Thoughts::new);
         let mut tokens = 0;
         let send = |u: Update| self.out.send((self.index, u)).is_ok();
         while let Some(event) = events.recv().await {
@@ -472,9 +514,20 @@ impl Answering {
                 }
                 None => None,
             };
-            if (!out.is_empty() || logprobs.is_some())
+            let mut reasoning = String::new();
+            if let Some(t) = &mut thoughts {
+                let (thought, answer) = t.push(&out);
+                (reasoning, out) = (thought, answer);
+                if reason.is_some() {
+                    let (thought, answer) = t.finish();
+                    reasoning.push_str(&thought);
+                    out.push_str(&answer);
+                }
+            }
+            if (!out.is_empty() || !reasoning.is_empty() || logprobs.is_some())
                 && !send(Update::Text {
                     text: out,
+                    reasoning,
                     logprobs: logprobs.into_iter().collect(),
                 })
             {
@@ -515,6 +568,7 @@ impl Answering {
 #[derive(Debug, Default)]
 struct Choice {
     text: String,
+    reasoning: String,
     logprobs: Vec<TokenLogprob>,
     finish: Option<&'static str>,
     tokens: usize,
@@ -552,9 +606,14 @@ impl Answer {
         let c = &mut self.choices[i];
         match u {
             Update::Started { cached } => c.cached = *cached,
-            Update::Text { text, logprobs } => {
+            Update::Text {
+                text,
+                reasoning,
+                logprobs,
+            } => {
                 self.first_token.get_or_insert_with(Instant::now);
                 c.text.push_str(text);
+                c.reasoning.push_str(reasoning);
                 for lp in logprobs {
                     c.offsets.push(c.pieces_len);
                     c.pieces_len += lp.token.len();
@@ -787,6 +846,15 @@ impl Answer {
     /// Chat's message of a finished answer and its `finish_reason`: with tools, the calls it
     /// made (`finish_reason: "tool_calls"`) or its reply; an answer cut short is its text.
     fn message(&self, i: usize, c: &Choice) -> (Value, Option<&'static str>) {
+        let (mut message, finish) = self.said(i, c);
+        if !c.reasoning.is_empty() {
+            message["reasoning_content"] = json!(c.reasoning);
+        }
+        (message, finish)
+    }
+
+    /// [`Answer::message`] without the thought.
+    fn said(&self, i: usize, c: &Choice) -> (Value, Option<&'static str>) {
         let text = json!({ "role": "assistant", "content": c.text });
         let Some(tools) = &self.plan.tools else {
             return (text, c.finish);
@@ -836,10 +904,13 @@ impl Answer {
             v
         };
         match u {
+            Update::Text { reasoning, .. } if !reasoning.is_empty() => {
+                vec![wrap(json!({ "reasoning_content": reasoning }), None)]
+            }
             Update::Text { .. } => Vec::new(),
             Update::Finish { .. } => {
                 let c = &self.choices[i];
-                let (message, finish) = self.message(i, c);
+                let (message, finish) = self.said(i, c);
                 let mut out = Vec::new();
                 if let Some(f) = message.get("function_call") {
                     out.push(wrap(
@@ -884,12 +955,23 @@ impl Answer {
                 "finish_reason": null,
             }),
             Update::Started { .. } => return None,
-            Update::Text { text, logprobs } => {
+            Update::Text {
+                text,
+                reasoning,
+                logprobs,
+            } => {
                 let c = &self.choices[i];
                 let offsets = &c.offsets[c.offsets.len() - logprobs.len()..];
                 let lp = self.logprobs_json(logprobs, offsets);
                 if chat {
-                    json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+                    let mut delta = json!({ "content": text });
+                    if !reasoning.is_empty() {
+                        delta["reasoning_content"] = json!(reasoning);
+                        if text.is_empty() {
+                            delta = json!({ "reasoning_content": reasoning });
+                        }
+                    }
+                    json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": null})
                 } else {
                     json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
                 }

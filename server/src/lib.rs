@@ -7,6 +7,7 @@
 //! * [`stop`]: stop strings across token boundaries; [`metrics`]: `/metrics`;
 //! * [`structured`]: `response_format`, `json_schema` and `grammar` as a grammar;
 //! * [`tools`]: tool calls (llama.cpp's generic format, `tool_choice` as a grammar);
+//! * [`reasoning`]: `<think>` thoughts apart from the answer (`reasoning_content`);
 //! * [`reload`]: hot-swap checks (`/health` and `POST /reload` with `--hot-swap`);
 //! * [`conn`]: the accept loop (connection limit, header timeout).
 
@@ -14,6 +15,7 @@ pub mod completion;
 pub mod conn;
 pub mod error;
 pub mod metrics;
+pub mod reasoning;
 pub mod reload;
 pub mod request;
 pub mod routes;
@@ -51,6 +53,8 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Whether `/health` and `POST /reload` swap in tensors changed in the model file.
     pub hot_swap: bool,
+    /// Where chat answers' `<think>` thoughts go.
+    pub reasoning_format: reasoning::ReasoningFormat,
 }
 
 impl ServerConfig {

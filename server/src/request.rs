@@ -82,6 +82,8 @@ pub struct CompletionBody {
     pub functions: Option<Vec<FunctionDef>>,
     /// The older name of `tool_choice`.
     pub function_call: Option<serde_json::Value>,
+    /// llama-server's: `auto`, `deepseek` (thoughts to `reasoning_content`) or `none`.
+    pub reasoning_format: Option<String>,
 }
 
 /// `response_format`.

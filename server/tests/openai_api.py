@@ -10,7 +10,7 @@ prompt served from the prefix cache, a slow client dropped while others are serv
 bounded load test (no error, no lost or duplicated token, memory back to its level),
 structured outputs (JSON schemas, json_object, GBNF: every answer valid, unconstrained
 batch-mates unchanged), tool calls (`tool_choice` enforced, streamed calls equal to the whole), LangChain's
-`with_structured_output` and `bind_tools`,
+`with_structured_output` and `bind_tools`, thoughts in `reasoning_content`,
 `--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, and a hostile chat
 template.
 """
@@ -159,6 +159,7 @@ def main():
     try:
         tool_calls(agent, agent.client())
         langchain(agent)
+        reasoning(agent, agent.client())
     finally:
         agent.stop()
     gpu = Server("--backend", "gpu", "-np", "4", "--api-key", KEY)
@@ -548,6 +549,31 @@ def langchain(srv):
     check(len(m.tool_calls) == 1 and m.tool_calls[0]["name"] == "GetWeather", f"bind_tools: {m!r}")
     if m.tool_calls:
         GetWeather(**m.tool_calls[0]["args"])
+
+
+def reasoning(srv, c):
+    # A thought forced by a grammar goes to reasoning_content, the rest to content; streamed
+    # deltas reassemble to the same; reasoning_format none leaves it in content.
+    gbnf = 'root ::= "<think>" [a-z ]{1,24} "</think>\\n" [A-Z] [a-z]{1,8} "."\n'
+    kw = dict(max_tokens=60, temperature=0.9, seed=4,
+              extra_body={"grammar": gbnf, "reasoning_format": "deepseek"})
+    m = chat(c, "Think, then answer", **kw).choices[0].message
+    thought = getattr(m, "reasoning_content", None)
+    check(thought and re.fullmatch(r"[a-z ]{1,24}", thought) is not None, f"reasoning {thought!r}")
+    check(re.fullmatch(r"[A-Z][a-z]{1,8}\.", m.content or "") is not None, f"content {m.content!r}")
+    r_parts, c_parts = [], []
+    for ch in chat(c, "Think, then answer", stream=True, **kw):
+        d = ch.choices[0].delta if ch.choices else None
+        r_parts.append(getattr(d, "reasoning_content", None) or "" if d else "")
+        c_parts.append(d.content or "" if d else "")
+    check(("".join(r_parts), "".join(c_parts)) == (thought, m.content),
+          f"streamed thought {''.join(r_parts)!r} / {''.join(c_parts)!r}")
+    plain = chat(c, "Think, then answer", **{**kw, "extra_body": {"grammar": gbnf,
+                                                                  "reasoning_format": "none"}})
+    check(plain.choices[0].message.content == f"<think>{thought}</think>\n{m.content}",
+          f"reasoning_format none: {plain.choices[0].message.content!r}")
+    error_of(srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                               "reasoning_format": "loud"}), 400, "reasoning_format")
 
 
 def slow_client(srv):

@@ -1,0 +1,178 @@
+//! Thoughts apart from the answer: a model that thinks in `<think>…</think>` before it answers
+//! (DeepSeek-R1's distills, Qwen3, QwQ) gets its thought in `message.reasoning_content` and
+//! only the answer in `content` (streamed as `delta.reasoning_content`, then `delta.content`),
+//! as llama-server's `--reasoning-format deepseek` does. A template that opens the thought in
+//! the prompt (`…<think>\n`) starts the answer inside it.
+
+use std::str::FromStr;
+
+/// `--reasoning-format` / `reasoning_format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningFormat {
+    /// `deepseek` where the model's vocabulary has `<think>` and `</think>`, else `none`.
+    #[default]
+    Auto,
+    /// Thoughts go to `reasoning_content`.
+    Deepseek,
+    /// Thoughts stay in `content`.
+    None,
+}
+
+impl FromStr for ReasoningFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "deepseek" => Ok(Self::Deepseek),
+            "none" => Ok(Self::None),
+            other => Err(format!("{other:?}: auto, deepseek or none")),
+        }
+    }
+}
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+/// Where an answer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Nothing but blanks yet: a thought may still open.
+    Start,
+    /// Inside the thought.
+    Thought,
+    /// After the thought (or with none): the answer.
+    Answer,
+}
+
+/// Splits an answer's text, piece by piece, into thought and answer; text that may be the
+/// start of a tag is held until the next piece says.
+#[derive(Debug, Clone)]
+pub struct Thoughts {
+    part: Part,
+    held: String,
+    /// The answer's blanks right after the thought are dropped.
+    after_close: bool,
+}
+
+impl Thoughts {
+    /// A splitter for an answer whose prompt ended inside an opened thought (`opened`) or not.
+    pub fn new(opened: bool) -> Self {
+        Self {
+            part: if opened { Part::Thought } else { Part::Start },
+            held: String::new(),
+            after_close: false,
+        }
+    }
+
+    /// Takes the next piece of text; returns the thought and the answer to send now.
+    pub fn push(&mut self, piece: &str) -> (String, String) {
+        self.held.push_str(piece);
+        let (mut thought, mut answer) = (String::new(), String::new());
+        loop {
+            match self.part {
+                Part::Start => {
+                    let rest = self.held.trim_start();
+                    if rest.starts_with(OPEN) {
+                        let at = self.held.len() - rest.len() + OPEN.len();
+                        self.held.drain(..at);
+                        self.part = Part::Thought;
+                    } else if OPEN.starts_with(rest) {
+                        return (thought, answer); // blanks, or a tag's start: wait
+                    } else {
+                        self.part = Part::Answer;
+                    }
+                }
+                Part::Thought => match self.held.find(CLOSE) {
+                    Some(at) => {
+                        thought.push_str(&self.held[..at]);
+                        self.held.drain(..at + CLOSE.len());
+                        self.part = Part::Answer;
+                        self.after_close = true;
+                    }
+                    None => {
+                        let keep = partial_suffix(&self.held, CLOSE);
+                        let send = self.held.len() - keep;
+                        thought.push_str(&self.held[..send]);
+                        self.held.drain(..send);
+                        return (thought, answer);
+                    }
+                },
+                Part::Answer => {
+                    if self.after_close {
+                        let rest = self.held.trim_start();
+                        if rest.is_empty() {
+                            self.held.clear();
+                            return (thought, answer);
+                        }
+                        self.held = rest.to_string();
+                        self.after_close = false;
+                    }
+                    answer.push_str(&self.held);
+                    self.held.clear();
+                    return (thought, answer);
+                }
+            }
+        }
+    }
+
+    /// The answer has ended: what is still held, as thought (an unclosed thought) or answer.
+    pub fn finish(&mut self) -> (String, String) {
+        let held = std::mem::take(&mut self.held);
+        match self.part {
+            Part::Thought => (held, String::new()),
+            Part::Answer if self.after_close => (String::new(), held.trim_start().to_string()),
+            _ => (String::new(), held),
+        }
+    }
+}
+
+/// The length of the longest end of `s` that is a proper start of `tag`.
+fn partial_suffix(s: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| {
+            s.len() >= n && s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Thoughts;
+
+    /// The text split in pieces of `n` bytes (on character boundaries).
+    fn split(text: &str, opened: bool, n: usize) -> (String, String) {
+        let mut t = Thoughts::new(opened);
+        let (mut thought, mut answer) = (String::new(), String::new());
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(n) {
+            let (a, b) = t.push(&piece.iter().collect::<String>());
+            thought.push_str(&a);
+            answer.push_str(&b);
+        }
+        let (a, b) = t.finish();
+        (thought + &a, answer + &b)
+    }
+
+    #[test]
+    fn thought_and_answer_in_any_pieces() {
+        for n in 1..12 {
+            let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+            assert_eq!(
+                split("<think>\nHmm, x.\n</think>\n\nYes.", false, n),
+                s("\nHmm, x.\n", "Yes.")
+            );
+            assert_eq!(split("  <think>a</think>b", false, n), s("a", "b"));
+            assert_eq!(split("Hmm.</think>\nNo.", true, n), s("Hmm.", "No."));
+            assert_eq!(
+                split("No thought <think>x</think>", false, n),
+                s("", "No thought <think>x</think>")
+            );
+            assert_eq!(split("<thi", false, n), s("", "<thi"));
+            assert_eq!(split("<think>cut short", false, n), s("cut short", ""));
+            assert_eq!(split("<think>a</thin", false, n), s("a</thin", ""));
+            assert_eq!(split("", true, n), s("", ""));
+        }
+    }
+}
