@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use hesper_cpu::CpuBackend;
 use hesper_engine::attention::AttentionConfig;
-use hesper_engine::file::ModelFile;
-use hesper_engine::model::{LoadOptions, Model};
+use hesper_engine::model::Model;
 use hesper_engine::sampler::SamplerConfig;
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::grammar::{gbnf_to_lark, GrammarSpec, Grammars};
@@ -16,18 +15,10 @@ use hesper_runtime::scheduler::{self, Constraint, Finish, Job, JobEvent, Schedul
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+mod common;
+
 fn kjv() -> (Model<CpuBackend>, Arc<Tokenizer>) {
-    let path = format!("{}/../models/hesper-kjv.gguf", env!("CARGO_MANIFEST_DIR"));
-    let file = ModelFile::from_bytes(std::fs::read(path).expect("model"), "kjv").expect("parse");
-    let tok = Tokenizer::from_gguf(file.header())
-        .expect("tokenizer")
-        .expect("has one");
-    let model = Model::load(
-        CpuBackend::new(2).expect("cpu"),
-        file,
-        LoadOptions::default(),
-    )
-    .expect("load");
+    let (model, tok) = common::kjv();
     (model, Arc::new(tok))
 }
 

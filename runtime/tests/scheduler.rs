@@ -5,10 +5,8 @@
 
 use std::sync::atomic::Ordering;
 
-use hesper_cpu::CpuBackend;
 use hesper_engine::attention::AttentionConfig;
-use hesper_engine::file::ModelFile;
-use hesper_engine::model::{LoadOptions, Logits, Model, SeqStep};
+use hesper_engine::model::{Logits, SeqStep};
 use hesper_engine::sampler::SamplerConfig;
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::scheduler::{
@@ -16,20 +14,8 @@ use hesper_runtime::scheduler::{
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-fn kjv() -> (Model<CpuBackend>, Tokenizer) {
-    let path = format!("{}/../models/hesper-kjv.gguf", env!("CARGO_MANIFEST_DIR"));
-    let file = ModelFile::from_bytes(std::fs::read(path).expect("model"), "kjv").expect("parse");
-    let tok = Tokenizer::from_gguf(file.header())
-        .expect("tokenizer")
-        .expect("has one");
-    let model = Model::load(
-        CpuBackend::new(2).expect("cpu"),
-        file,
-        LoadOptions::default(),
-    )
-    .expect("load");
-    (model, tok)
-}
+mod common;
+use common::kjv;
 
 const PROMPTS: [&str; 8] = [
     "In the beginning",
