@@ -11,6 +11,7 @@ bounded load test (no error, no lost or duplicated token, memory back to its lev
 structured outputs (JSON schemas, json_object, GBNF: every answer valid, unconstrained
 batch-mates unchanged), tool calls (`tool_choice` enforced, streamed calls equal to the whole), LangChain's
 `with_structured_output` and `bind_tools`, thoughts in `reasoning_content`,
+the Responses API (`responses.create`, streamed events),
 `--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, and a hostile chat
 template.
 """
@@ -160,6 +161,7 @@ def main():
         tool_calls(agent, agent.client())
         langchain(agent)
         reasoning(agent, agent.client())
+        responses(agent, agent.client())
     finally:
         agent.stop()
     gpu = Server("--backend", "gpu", "-np", "4", "--api-key", KEY)
@@ -574,6 +576,42 @@ def reasoning(srv, c):
           f"reasoning_format none: {plain.choices[0].message.content!r}")
     error_of(srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                "reasoning_format": "loud"}), 400, "reasoning_format")
+
+
+def responses(srv, c):
+    # /v1/responses is a chat request: the same text, as a response object or named events.
+    kw = dict(model="x", input="Who is the LORD?", instructions="Answer briefly",
+              max_output_tokens=12, temperature=0)
+    r = c.responses.create(**kw)
+    want = c.chat.completions.create(model="x", max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Answer briefly"},
+        {"role": "user", "content": "Who is the LORD?"}]).choices[0].message.content
+    check(r.output_text == want and r.status == "incomplete", f"response {r.status} {r.output_text!r} vs {want!r}")
+    check(r.usage.output_tokens == 12 and r.id.startswith("resp_"), f"response usage {r.usage}")
+    events = list(c.responses.create(**kw, stream=True))
+    kinds = [e.type for e in events]
+    check(kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                        "response.content_part.added"] and kinds[-1] == "response.incomplete",
+          f"event order {kinds}")
+    check([e.sequence_number for e in events] == list(range(len(events))), "sequence numbers")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    check(text == want and events[-1].response.output_text == want, f"streamed response {text!r}")
+    # Function tools (flat, as the Responses API writes them) and a JSON-schema text format.
+    tool = {"type": "function", "name": "get_weather", "parameters": PARAMS["get_weather"]}
+    r = c.responses.create(model="x", input=[{"role": "user", "content": "Weather?"}], tools=[tool],
+                           tool_choice="required", parallel_tool_calls=False, temperature=0.9,
+                           max_output_tokens=80, extra_body={"seed": 2})
+    calls = [o for o in r.output if o.type == "function_call"]
+    check(len(calls) == 1 and calls[0].name == "get_weather", f"response tools {r.output}")
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), PARAMS["get_weather"])
+    r = c.responses.create(model="x", input="Yea or nay?", max_output_tokens=80, temperature=0.9,
+                           extra_body={"seed": 3}, text={"format": {
+                               "type": "json_schema", "name": "a", "schema": SCHEMAS[2], "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), SCHEMAS[2])
+    error_of(srv.post("/v1/responses", {"input": "x", "previous_response_id": "resp_1"}), 400,
+             "previous_response_id")
+    error_of(srv.post("/v1/responses", {"instructions": "x"}), 400, "input")
 
 
 def slow_client(srv):

@@ -33,6 +33,8 @@ use crate::structured::{self, Structure};
 use crate::tools::{self, Said, Tools};
 use crate::{Ready, State};
 
+pub mod responses;
+
 /// Which endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -109,8 +111,14 @@ struct Plan {
 
 /// Reads and checks a request: every error it can have is found here.
 async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError> {
-    let ready = state.ready()?;
+    state.ready()?;
     let b: CompletionBody = parse(&read_body(state, body).await?)?;
+    plan(state, b, kind).await
+}
+
+/// Checks a request's body ([`prepare`], or a body another endpoint translated).
+async fn plan(state: &State, b: CompletionBody, kind: Kind) -> Result<Plan, ApiError> {
+    let ready = state.ready()?;
     let tools = match kind {
         Kind::Chat => tools::requested(&b)?.map(Arc::new),
         Kind::Text => None,

@@ -1,0 +1,547 @@
+//! `POST /v1/responses`, OpenAI's Responses API without stored state: `input` (text, or
+//! messages), `instructions`, `max_output_tokens`, sampling, `text.format` (a JSON schema or
+//! object) and function `tools` become one chat request on the same scheduler; the answer is
+//! a `response` object with its output items (a reasoning item for a thought, a message, or
+//! function calls), streamed as OpenAI's named events (`response.created` …
+//! `response.output_text.delta` … `response.completed`).
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State as Ext;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::{plan, start, unix_time, Answer, Kind, Update};
+use crate::error::ApiError;
+use crate::request::{parse, CompletionBody};
+use crate::routes::read_body;
+use crate::State;
+
+/// `POST /v1/responses`.
+pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let arrived = Instant::now();
+    let started = async {
+        state.ready()?;
+        let request: Value = parse(&read_body(&state, body).await?)?;
+        let chat = chat_body(&request)?;
+        let b: CompletionBody = parse(chat.to_string().as_bytes())?;
+        let plan = plan(&state, b, Kind::Chat).await?;
+        let updates = start(&state, &plan)?;
+        Ok::<_, ApiError>((request, plan, updates))
+    };
+    let (request, plan, updates) = match started.await {
+        Ok(s) => s,
+        Err(e) => {
+            state.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            return e.into_response();
+        }
+    };
+    let answer = Answer::new(plan, state, arrived);
+    let r = Responding::new(answer, &request);
+    if r.a.plan.stream {
+        stream(r, updates).into_response()
+    } else {
+        collect(r, updates).await
+    }
+}
+
+/// The chat request a Responses request asks for, as JSON (its fields checked and named).
+fn chat_body(r: &Value) -> Result<Value, ApiError> {
+    let Some(r) = r.as_object() else {
+        return Err(ApiError::bad_request("the body is not a JSON object"));
+    };
+    if r.get("previous_response_id").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad_param(
+            "previous_response_id",
+            "responses are not stored here: send the whole conversation as input",
+        ));
+    }
+    let mut messages = Vec::new();
+    if let Some(i) = r.get("instructions").filter(|v| !v.is_null()) {
+        let text = i
+            .as_str()
+            .ok_or_else(|| ApiError::bad_param("instructions", "instructions: a string"))?;
+        messages.push(json!({"role": "system", "content": text}));
+    }
+    match r.get("input") {
+        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                messages.push(input_item(item, i)?);
+            }
+        }
+        _ => {
+            return Err(ApiError::bad_param(
+                "input",
+                "input is required: a string or a list of messages",
+            ))
+        }
+    }
+    let mut chat = Map::new();
+    chat.insert("messages".into(), Value::from(messages));
+    for (from, to) in [
+        ("model", "model"),
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("stream", "stream"),
+        ("parallel_tool_calls", "parallel_tool_calls"),
+        ("tool_choice", "tool_choice"),
+        ("seed", "seed"),
+    ] {
+        if let Some(v) = r.get(from).filter(|v| !v.is_null()) {
+            chat.insert(to.into(), v.clone());
+        }
+    }
+    if let Some(tools) = r.get("tools").and_then(Value::as_array) {
+        let tools: Vec<Value> = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t.get("type").and_then(Value::as_str) {
+                Some("function") => {
+                    let mut f = t.clone();
+                    if let Some(o) = f.as_object_mut() {
+                        o.remove("type");
+                    }
+                    Ok(json!({"type": "function", "function": f}))
+                }
+                other => Err(ApiError::bad_param(
+                    &format!("tools[{i}].type"),
+                    format!("tools[{i}].type {other:?}: function is the only kind here"),
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        chat.insert("tools".into(), Value::from(tools));
+    }
+    // A named function is {"type": "function", "name": …} here, nested in chat.
+    if let Some(Value::Object(c)) = chat.get("tool_choice") {
+        if let Some(name) = c.get("name").cloned() {
+            chat.insert(
+                "tool_choice".into(),
+                json!({"type": "function", "function": {"name": name}}),
+            );
+        }
+    }
+    if let Some(format) = r.get("text").and_then(|t| t.get("format")) {
+        let kind = format.get("type").and_then(Value::as_str).unwrap_or("text");
+        let response_format = match kind {
+            "json_schema" => json!({"type": "json_schema", "json_schema": {
+                "name": format.get("name"), "schema": format.get("schema"),
+                "strict": format.get("strict")}}),
+            _ => json!({ "type": kind }),
+        };
+        chat.insert("response_format".into(), response_format);
+    }
+    Ok(Value::Object(chat))
+}
+
+/// One `input` item as a chat message: a message (`role` and text content or parts), a
+/// `function_call` the model made, or a `function_call_output`.
+fn input_item(item: &Value, i: usize) -> Result<Value, ApiError> {
+    let param = format!("input[{i}]");
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+            let text = match item.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                            (
+                                Some("input_text" | "output_text" | "text"),
+                                Some(Value::String(t)),
+                            ) => text.push_str(t),
+                            (k, _) => {
+                                return Err(ApiError::bad_param(
+                                    &format!("{param}.content[{j}]"),
+                                    format!(
+                                        "a content part of type {k:?}: this model reads text only"
+                                    ),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+                _ => {
+                    return Err(ApiError::bad_param(
+                        &format!("{param}.content"),
+                        format!("{param}.content: text or a list of text parts"),
+                    ))
+                }
+            };
+            Ok(json!({"role": role, "content": text}))
+        }
+        "function_call" => Ok(
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": item.get("call_id"), "type": "function", "function": {
+                "name": item.get("name"), "arguments": item.get("arguments")}}]}),
+        ),
+        "function_call_output" => Ok(json!({"role": "tool", "tool_call_id": item.get("call_id"),
+                                            "content": item.get("output")})),
+        other => Err(ApiError::bad_param(
+            &format!("{param}.type"),
+            format!("{param}.type {other:?}: message, function_call or function_call_output"),
+        )),
+    }
+}
+
+/// A response under way: its ids, the request's echoed settings, the events sent.
+struct Responding {
+    a: Answer,
+    id: String,
+    message_id: String,
+    /// Settings a `response` object repeats.
+    echo: Value,
+    sequence: u64,
+    /// Streamed: whether the message item and its text part were opened.
+    opened: bool,
+    /// Streamed: the reasoning item opened, and its text so far.
+    thinking: Option<String>,
+}
+
+impl Responding {
+    fn new(a: Answer, request: &Value) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let stem = format!(
+            "{:x}{:06x}",
+            unix_time(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let get = |k: &str| request.get(k).cloned().unwrap_or(Value::Null);
+        let echo = json!({
+            "instructions": get("instructions"),
+            "max_output_tokens": get("max_output_tokens"),
+            "temperature": request.get("temperature").cloned().unwrap_or(json!(0.8)),
+            "top_p": request.get("top_p").cloned().unwrap_or(json!(0.95)),
+            "tools": request.get("tools").cloned().unwrap_or(json!([])),
+            "tool_choice": request.get("tool_choice").cloned().unwrap_or(json!("auto")),
+            "parallel_tool_calls": request.get("parallel_tool_calls").cloned().unwrap_or(json!(true)),
+            "text": request.get("text").cloned().unwrap_or(json!({"format": {"type": "text"}})),
+            "metadata": request.get("metadata").cloned().unwrap_or(json!({})),
+        });
+        Self {
+            a,
+            id: format!("resp_{stem}"),
+            message_id: format!("msg_{stem}"),
+            echo,
+            sequence: 0,
+            opened: false,
+            thinking: None,
+        }
+    }
+
+    /// The `response` object: `output` and `usage` once it has ended.
+    fn object(&self, status: &str, output: Vec<Value>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.a.created,
+            "status": status,
+            "model": self.a.plan.model,
+            "output": output,
+            "error": null,
+            "incomplete_details": null,
+        });
+        for (k, x) in self.echo.as_object().into_iter().flatten() {
+            v[k] = x.clone();
+        }
+        if status != "in_progress" {
+            let u = self.a.usage();
+            v["usage"] = json!({
+                "input_tokens": u["prompt_tokens"],
+                "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+                "output_tokens": u["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": u["total_tokens"],
+            });
+        }
+        if status == "incomplete" {
+            v["incomplete_details"] = json!({"reason": "max_output_tokens"});
+        }
+        v
+    }
+
+    /// The finished answer's output items and status.
+    fn finished(&self) -> (Vec<Value>, &'static str) {
+        let c = &self.a.choices[0];
+        let (message, finish) = self.a.message(0, c);
+        let mut output = Vec::new();
+        if let Some(thought) = message["reasoning_content"].as_str() {
+            output.push(self.reasoning_item(thought, "completed"));
+        }
+        if let Some(calls) = message["tool_calls"].as_array() {
+            for call in calls {
+                output.push(json!({
+                    "type": "function_call",
+                    "id": format!("fc_{}", call["id"].as_str().unwrap_or_default()),
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                    "status": "completed",
+                }));
+            }
+        } else {
+            let text = message["content"].as_str().unwrap_or_default();
+            output.push(self.message_item(text, "completed"));
+        }
+        let status = if finish == Some("length") {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        (output, status)
+    }
+
+    fn message_item(&self, text: &str, status: &str) -> Value {
+        let content = if status == "in_progress" {
+            json!([])
+        } else {
+            json!([Self::text_part(text)])
+        };
+        json!({"type": "message", "id": self.message_id, "status": status,
+               "role": "assistant", "content": content})
+    }
+
+    fn text_part(text: &str) -> Value {
+        json!({"type": "output_text", "text": text, "annotations": []})
+    }
+
+    fn reasoning_item(&self, thought: &str, status: &str) -> Value {
+        json!({"type": "reasoning", "id": format!("rs_{}", &self.id[5..]), "status": status,
+               "summary": [], "content": [{"type": "reasoning_text", "text": thought}]})
+    }
+
+    /// One named event with its sequence number.
+    fn event(&mut self, kind: &str, mut data: Value) -> Event {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        Event::default().event(kind).data(data.to_string())
+    }
+
+    /// The events an update makes.
+    fn events(&mut self, u: &Update) -> Vec<Event> {
+        let mut out = Vec::new();
+        match u {
+            Update::Started { .. } => {
+                let created = self.object("in_progress", vec![]);
+                out.push(self.event("response.created", json!({ "response": created })));
+                let progress = self.object("in_progress", vec![]);
+                out.push(self.event("response.in_progress", json!({ "response": progress })));
+            }
+            Update::Text {
+                text, reasoning, ..
+            } => {
+                if !reasoning.is_empty() {
+                    if self.thinking.is_none() {
+                        let item = self.reasoning_item("", "in_progress");
+                        out.push(self.event(
+                            "response.output_item.added",
+                            json!({"output_index": 0, "item": item}),
+                        ));
+                    }
+                    self.thinking
+                        .get_or_insert_with(String::new)
+                        .push_str(reasoning);
+                    let id = format!("rs_{}", &self.id[5..]);
+                    out.push(self.event(
+                        "response.reasoning_text.delta",
+                        json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": reasoning}),
+                    ));
+                }
+                if !text.is_empty() && self.a.plan.tools.is_none() {
+                    out.extend(self.open_message());
+                    let (id, index) = (self.message_id.clone(), self.message_index());
+                    out.push(self.event(
+                        "response.output_text.delta",
+                        json!({"item_id": id, "output_index": index, "content_index": 0,
+                               "delta": text, "logprobs": []}),
+                    ));
+                }
+            }
+            Update::Finish { .. } => out.extend(self.close()),
+            Update::Failed(_) => {}
+        }
+        out
+    }
+
+    /// Where the message item is in `output` (after a reasoning item).
+    fn message_index(&self) -> usize {
+        usize::from(self.thinking.is_some())
+    }
+
+    /// The message item and its text part, opened once.
+    fn open_message(&mut self) -> Vec<Event> {
+        if self.opened {
+            return Vec::new();
+        }
+        self.opened = true;
+        let mut out = self.close_thinking();
+        let index = self.message_index();
+        let item = self.message_item("", "in_progress");
+        out.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item}),
+        ));
+        let id = self.message_id.clone();
+        out.push(self.event(
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "part": Self::text_part("")}),
+        ));
+        out
+    }
+
+    /// The reasoning item's end, if one is open.
+    fn close_thinking(&mut self) -> Vec<Event> {
+        let Some(thought) = self.thinking.clone() else {
+            return Vec::new();
+        };
+        let id = format!("rs_{}", &self.id[5..]);
+        let item = self.reasoning_item(&thought, "completed");
+        vec![
+            self.event(
+                "response.reasoning_text.done",
+                json!({"item_id": id, "output_index": 0, "content_index": 0, "text": thought}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": 0, "item": item}),
+            ),
+        ]
+    }
+
+    /// The ends of the open items (function calls are sent whole here), then
+    /// `response.completed` (or `incomplete`).
+    fn close(&mut self) -> Vec<Event> {
+        let (output, status) = self.finished();
+        let mut out = Vec::new();
+        let calls: Vec<&Value> = output
+            .iter()
+            .filter(|i| i["type"] == "function_call")
+            .collect();
+        if calls.is_empty() {
+            out.extend(self.open_message());
+            let index = self.message_index();
+            let message = output.iter().find(|i| i["type"] == "message").cloned();
+            let text = message
+                .as_ref()
+                .and_then(|m| m["content"][0]["text"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            let id = self.message_id.clone();
+            out.push(self.event(
+                "response.output_text.done",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
+                       "logprobs": []}),
+            ));
+            out.push(self.event(
+                "response.content_part.done",
+                json!({"item_id": id, "output_index": index, "content_index": 0,
+                       "part": Self::text_part(&text)}),
+            ));
+            out.push(self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": message}),
+            ));
+        } else {
+            let calls: Vec<Value> = calls.into_iter().cloned().collect();
+            out.extend(self.close_thinking());
+            let first = self.message_index();
+            for (k, call) in calls.iter().enumerate() {
+                let index = first + k;
+                let mut added = call.clone();
+                added["arguments"] = json!("");
+                added["status"] = json!("in_progress");
+                out.push(self.event(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": added}),
+                ));
+                out.push(self.event(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": call["id"], "output_index": index, "delta": call["arguments"]}),
+                ));
+                out.push(self.event(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": call["id"], "output_index": index, "arguments": call["arguments"]}),
+                ));
+                out.push(self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": call}),
+                ));
+            }
+        }
+        let done = self.object(status, output);
+        let kind = if status == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        out.push(self.event(kind, json!({ "response": done })));
+        out
+    }
+}
+
+/// Waits for the answer and sends the `response` object.
+async fn collect(mut r: Responding, mut updates: UnboundedReceiver<(usize, Update)>) -> Response {
+    while let Some((i, u)) = updates.recv().await {
+        if let Err(e) = r.a.apply(i, &u) {
+            return e.into_response();
+        }
+        if r.a.choices[0].finish.is_some() {
+            let (output, status) = r.finished();
+            return Json(r.object(status, output)).into_response();
+        }
+    }
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the answer did not finish",
+    )
+    .into_response()
+}
+
+/// Streams the answer as the Responses API's named events; a failure is an `error` event.
+fn stream(r: Responding, updates: UnboundedReceiver<(usize, Update)>) -> impl IntoResponse {
+    let st = (r, updates, std::collections::VecDeque::new(), false);
+    let events = futures_util::stream::unfold(
+        st,
+        |(mut r, mut updates, mut queued, mut done)| async move {
+            loop {
+                if let Some(e) = queued.pop_front() {
+                    return Some((Ok::<_, Infallible>(e), (r, updates, queued, done)));
+                }
+                if done {
+                    return None;
+                }
+                let (i, u) = match updates.recv().await {
+                    Some(x) => x,
+                    None => (0, Update::Failed("the answer did not finish".into())),
+                };
+                if let Err(e) = r.a.apply(i, &u) {
+                    let body = e.body()["error"].clone();
+                    queued.push_back(r.event("error", body));
+                    done = true;
+                    continue;
+                }
+                queued.extend(r.events(&u));
+                done = r.a.choices[0].finish.is_some();
+            }
+        },
+    );
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(2)))
+}
