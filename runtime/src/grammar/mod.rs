@@ -259,11 +259,6 @@ impl GrammarConstraint {
             .map_err(|e| e.to_string())?;
         Ok(self.matcher.is_stopped())
     }
-
-    /// Whether the answer so far is complete (the end-of-generation tokens are allowed).
-    pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
-    }
 }
 
 #[cfg(test)]
