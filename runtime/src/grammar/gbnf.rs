@@ -7,12 +7,18 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+/// Parentheses nested deeper than this are refused: the reader recurses once per level (a
+/// request of a million `(` would overflow its stack), and llguidance refuses Lark grammars
+/// nested much less deep anyway.
+const MAX_NESTING: usize = 64;
+
 /// The Lark grammar of a GBNF grammar, or where and why it cannot be read.
 pub fn gbnf_to_lark(gbnf: &str) -> Result<String, String> {
     let mut p = Reader {
         src: gbnf.as_bytes(),
         pos: 0,
         names: HashMap::new(),
+        depth: 0,
     };
     let mut rules = Vec::new();
     loop {
@@ -58,6 +64,8 @@ struct Reader<'a> {
     src: &'a [u8],
     pos: usize,
     names: HashMap<String, String>,
+    /// Parentheses open where the reader is.
+    depth: usize,
 }
 
 impl Reader<'_> {
@@ -148,9 +156,17 @@ impl Reader<'_> {
                     "/(?s:.)/".to_string()
                 }
                 Some(b'(') => {
+                    if self.depth == MAX_NESTING {
+                        return Err(
+                            self.error(&format!("parentheses nested more than {MAX_NESTING} deep"))
+                        );
+                    }
                     self.pos += 1;
                     self.skip_space(true);
-                    let inner = self.alternates(true)?;
+                    self.depth += 1;
+                    let inner = self.alternates(true);
+                    self.depth -= 1;
+                    let inner = inner?;
                     if self.peek() != Some(b')') {
                         return Err(self.error("expected )"));
                     }
@@ -360,5 +376,16 @@ mod tests {
         ] {
             assert_eq!(gbnf_to_lark(gbnf).unwrap_err(), why, "{gbnf:?}");
         }
+        let deep = format!(
+            "root ::= {}\"a\"{}",
+            "(".repeat(100_000),
+            ")".repeat(100_000)
+        );
+        assert_eq!(
+            gbnf_to_lark(&deep).unwrap_err(),
+            "line 1: parentheses nested more than 64 deep"
+        );
+        let fine = format!("root ::= {}\"a\"{}", "(".repeat(64), ")".repeat(64));
+        assert!(gbnf_to_lark(&fine).is_ok());
     }
 }
