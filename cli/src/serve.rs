@@ -13,6 +13,7 @@ use hesper_engine::backend::Backend;
 use hesper_runtime::scheduler::{self, SchedulerConfig};
 use hesper_runtime::{run_model, with_model};
 use hesper_server::reasoning::ReasoningFormat;
+use hesper_server::tools::ToolFormat;
 use hesper_server::{Ready, ServerConfig, State};
 use serde_json::json;
 
@@ -226,10 +227,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     } else {
         source
     };
+    let tool_format = ToolFormat::of(&template, &tok);
     note!(
-        "hesper: serving {model_label} as {alias:?} | {backend} | ctx {n_ctx} per sequence | {parallel} sequences, {} tokens per step | chat template: {}",
+        "hesper: serving {model_label} as {alias:?} | {backend} | ctx {n_ctx} per sequence | {parallel} sequences, {} tokens per step | chat template: {} | tool calls: {}",
         args.ctx.batch_size,
-        template.origin()
+        template.origin(),
+        tool_format.name()
     );
     crate::report::flush_later();
     state.set_ready(Ready {
@@ -239,6 +242,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "model_path": model_label,
             "backend": backend,
             "chat_template": template.origin().to_string(),
+            "tool_call_format": tool_format.name(),
             "n_ctx_train": config.n_ctx_train,
         }),
         meta: json!({
@@ -249,6 +253,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }),
         tok: tok.clone(),
         template,
+        tool_format,
         submitter,
         n_ctx,
         parallel,

@@ -71,6 +71,8 @@ pub struct Ready {
     pub tok: Arc<Tokenizer>,
     /// The chat template.
     pub template: ChatTemplate,
+    /// How the template's model calls tools.
+    pub tool_format: tools::ToolFormat,
     /// Where requests go.
     pub submitter: Submitter,
     /// Positions one sequence may use.

@@ -84,6 +84,10 @@ pub struct CompletionBody {
     pub function_call: Option<serde_json::Value>,
     /// llama-server's: `auto`, `deepseek` (thoughts to `reasoning_content`) or `none`.
     pub reasoning_format: Option<String>,
+    /// llama-server's: more variables for the chat template (`{"enable_thinking": false}`).
+    pub chat_template_kwargs: Option<serde_json::Value>,
+    /// OpenAI's reasoning effort, given to the chat template as `reasoning_effort`.
+    pub reasoning_effort: Option<String>,
 }
 
 /// `response_format`.

@@ -37,6 +37,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/responses", post(completion::responses::create))
         .route("/v1/completions", post(completion::text))
         .route("/completions", post(completion::text))
+        .route("/apply-template", post(completion::apply_template))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/props", get(props))

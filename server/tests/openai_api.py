@@ -164,6 +164,7 @@ def main():
         responses(agent, agent.client())
     finally:
         agent.stop()
+    native_tools()
     gpu = Server("--backend", "gpu", "-np", "4", "--api-key", KEY)
     try:
         on_the_gpu(gpu)
@@ -448,10 +449,12 @@ TOOLS = [
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
-def valid_calls(calls, names, what):
+def valid_calls(calls, names, what, short_ids=False):
     check(calls, f"{what}: no tool calls")
     for call in calls or []:
-        check(call.type == "function" and call.id.startswith("call_"), f"{what}: call {call}")
+        # Mistral's templates take only ids of 9 letters and digits.
+        id_ok = re.fullmatch(r"[a-z0-9]{9}", call.id) if short_ids else call.id.startswith("call_")
+        check(call.type == "function" and id_ok, f"{what}: call {call}")
         check(call.function.name in names, f"{what}: called {call.function.name}")
         try:
             jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
@@ -518,9 +521,79 @@ def tool_calls(srv, c):
         "type": "function", "function": {"name": "smite"}}}), 400, "tool_choice")
     error_of(srv.post("/v1/chat/completions", {**base, "response_format": {"type": "json_object"}}),
              400, "response_format")
+    error_of(srv.post("/v1/chat/completions", {**base, "chat_template_kwargs": [1]}), 400,
+             "chat_template_kwargs")
     error_of(srv.post("/v1/chat/completions", {**base, "tools": [{"type": "function", "function": {
         "name": "x", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}]}),
         400, "tools")
+
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden-values",
+                         "chat", "templates")
+# A template, the tool-call format it teaches, and what its prompt shows of the tools.
+NATIVE = [
+    ("Qwen-Qwen3-0.6B.jinja", "Hermes <tool_call>", '<tools>\n{"type": "function"'),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "Llama 3.x JSON", '"name": "get_weather"'),
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "Mistral [TOOL_CALLS] [ARGS]",
+     '[AVAILABLE_TOOLS][{"type": "function"'),
+]
+
+
+def native_tools():
+    """Models whose template has a tool format get the tools through it and answer in it:
+    required and named calls constrained to that format parse back into valid calls, streamed
+    or not, and the calls and results go back through the template."""
+    ask = [{"role": "user", "content": "What weather shall there be in Jerusalem?"}]
+    for file, name, shown in NATIVE:
+        srv = Server("--chat-template-file", os.path.join(TEMPLATES, file), "-np", "2",
+                     "-c", "2048", "--api-key", KEY)
+        try:
+            c = srv.client()
+            s, body = srv.get("/props")
+            check(json.loads(body).get("tool_call_format") == name, f"{file}: /props {body[:300]}")
+            s, body, _ = srv.post("/apply-template", {"messages": ask, "tools": TOOLS})
+            check(s == 200 and shown in json.loads(body)["prompt"], f"{file}: prompt {body[:400]}")
+            short = name.startswith("Mistral")
+            # The request's template variables reach the template (Qwen3 reads this one).
+            s, body, _ = srv.post("/apply-template", {
+                "messages": ask, "chat_template_kwargs": {"enable_thinking": False}})
+            if "Qwen3" in file:
+                check(json.loads(body)["prompt"].endswith("<think>\n\n</think>\n\n"),
+                      f"{file}: enable_thinking {body[-200:]}")
+            call = lambda **kw: c.chat.completions.create(
+                model="x", messages=ask, tools=TOOLS, max_tokens=100, parallel_tool_calls=False,
+                **kw)
+            whole = call(tool_choice="required", temperature=0.9, seed=5)
+            m = whole.choices[0].message
+            check(whole.choices[0].finish_reason == "tool_calls" and len(m.tool_calls or []) == 1,
+                  f"{file}: one call: {whole.choices[0]}")
+            valid_calls(m.tool_calls, PARAMS, f"{file}: required", short)
+            named = {"type": "function", "function": {"name": "get_time"}}
+            r = call(tool_choice=named, temperature=0.9, seed=6)
+            valid_calls(r.choices[0].message.tool_calls, ["get_time"], f"{file}: named", short)
+            streamed = {"name": "", "arguments": ""}
+            for ch in call(tool_choice="required", temperature=0.9, seed=5, stream=True):
+                for d in ch.choices[0].delta.tool_calls or []:
+                    streamed["name"] += d.function.name or ""
+                    streamed["arguments"] += d.function.arguments or ""
+            want = {"name": m.tool_calls[0].function.name,
+                    "arguments": m.tool_calls[0].function.arguments} if m.tool_calls else None
+            check(streamed == want, f"{file}: streamed {streamed} vs {want}")
+            if m.tool_calls:
+                history = ask + [
+                    {"role": "assistant", "content": None,
+                     "tool_calls": [t.model_dump() for t in m.tool_calls]},
+                    {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "Sun"}]
+                s, body, _ = srv.post("/apply-template", {"messages": history, "tools": TOOLS})
+                check(s == 200 and m.tool_calls[0].function.name in json.loads(body)["prompt"]
+                      and "Sun" in json.loads(body)["prompt"], f"{file}: history {body[:300]}")
+                r = c.chat.completions.create(model="x", messages=history, tools=TOOLS,
+                                              max_tokens=100, tool_choice="required",
+                                              parallel_tool_calls=False, temperature=0)
+                valid_calls(r.choices[0].message.tool_calls, PARAMS, f"{file}: after a result",
+                            short)
+        finally:
+            srv.stop()
 
 
 def langchain(srv):

@@ -1,10 +1,11 @@
 //! Real chat templates (llama.cpp's `models/templates/`, the ones published GGUFs carry) rendered
 //! by hesper-rs equal Python jinja2's rendering as transformers does it
 //! (`golden-values/chat_templates.py` → `golden-values/chat/expected.json`): every conversation,
-//! with and without the generation prompt, byte for byte; where jinja2 fails (a template's own
-//! refusal, a tag or variable only some other tool has), hesper-rs fails too.
+//! with and without the generation prompt, and every conversation with tools or template
+//! variables, byte for byte; where jinja2 fails (a template's own refusal, a tag or variable
+//! only some other tool has), hesper-rs fails too.
 
-use hesper_engine::chat::{ChatTemplate, Role, TemplateOrigin, TemplateTokens};
+use hesper_engine::chat::{ChatTemplate, RenderOptions, Role, TemplateOrigin, TemplateTokens};
 use hesper_tests::golden_dir;
 use serde_json::Value;
 
@@ -42,6 +43,22 @@ fn templates_render_as_jinja2_renders_them() {
         .expect("clock")
         .parse()
         .expect("ISO date");
+    let tool_conversations: Vec<(Vec<Value>, RenderOptions)> = expected["tool_conversations"]
+        .as_array()
+        .expect("tool_conversations")
+        .iter()
+        .map(|c| {
+            let options = RenderOptions {
+                tools: c.get("tools").cloned(),
+                variables: c
+                    .get("variables")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            (c["messages"].as_array().expect("messages").clone(), options)
+        })
+        .collect();
     let templates = expected["templates"].as_object().expect("templates");
     let mut on_disk: Vec<String> = std::fs::read_dir(dir.join("templates"))
         .expect("templates/")
@@ -84,15 +101,25 @@ fn templates_render_as_jinja2_renders_them() {
                 continue;
             }
         };
-        for case in cases {
-            let conversation =
-                &conversations[case["conversation"].as_u64().expect("index") as usize];
-            let gen = case["add_generation_prompt"].as_bool().expect("bool");
-            let ours = template.render(conversation, gen);
-            let label = format!(
-                "{name}, conversation {}, generation prompt {gen}",
-                case["conversation"]
-            );
+        let with_tools = golden["tool_cases"].as_array().expect("tool_cases");
+        for case in cases.iter().chain(with_tools) {
+            let i = case["conversation"].as_u64().expect("index") as usize;
+            let (ours, label) = match case.get("add_generation_prompt") {
+                Some(gen) => {
+                    let gen = gen.as_bool().expect("bool");
+                    (
+                        template.render(&conversations[i], gen),
+                        format!("{name}, conversation {i}, generation prompt {gen}"),
+                    )
+                }
+                None => {
+                    let (messages, options) = &tool_conversations[i];
+                    (
+                        template.render_messages(messages, options, true),
+                        format!("{name}, conversation with tools {i}"),
+                    )
+                }
+            };
             match (case.get("text"), ours) {
                 (Some(want), Ok(got)) if want.as_str() == Some(got.as_str()) => rendered += 1,
                 (Some(want), Ok(got)) => {

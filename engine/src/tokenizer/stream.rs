@@ -9,12 +9,14 @@ use super::Tokenizer;
 ///
 /// The text equals [`Tokenizer::decode`] of all pushed ids except that nothing is stripped:
 /// the stream usually continues a prompt, so a leading space is meaningful. A stream made by
-/// [`TextStream::for_display`] also leaves out control and unknown tokens.
+/// [`TextStream::for_display`] also leaves out control and unknown tokens, except those it is
+/// told to keep ([`TextStream::keeping`]).
 #[derive(Debug)]
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
     pending: Vec<u8>,
     hide_special: bool,
+    kept: &'a [u32],
 }
 
 impl<'a> TextStream<'a> {
@@ -24,6 +26,7 @@ impl<'a> TextStream<'a> {
             tokenizer: t,
             pending: Vec::new(),
             hide_special: false,
+            kept: &[],
         }
     }
 
@@ -37,10 +40,18 @@ impl<'a> TextStream<'a> {
         }
     }
 
+    /// The stream, writing the control tokens `ids` even for display (a tool-call format's
+    /// markers, such as Mistral's `[TOOL_CALLS]`, which a reader of the answer must see).
+    pub fn keeping(self, ids: &'a [u32]) -> Self {
+        Self { kept: ids, ..self }
+    }
+
     /// Adds token `id`; returns the text completed by it (possibly empty). Bytes that can never
     /// become valid UTF-8 come out as U+FFFD.
     pub fn push(&mut self, id: u32) -> String {
-        let piece = self.tokenizer.token_piece(id, !self.hide_special);
+        let piece = self
+            .tokenizer
+            .token_piece(id, !self.hide_special || self.kept.contains(&id));
         if piece.is_empty() {
             return String::new();
         }

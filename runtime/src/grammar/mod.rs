@@ -131,9 +131,15 @@ impl Grammars {
     }
 }
 
-/// `schema` with the separators of [`JSON_OPTIONS`] unless it sets its own (`x-guidance`),
-/// its objects closed as [`close_objects`] says.
-fn json_grammar(mut schema: Value) -> TopLevelGrammar {
+/// `schema` as a grammar: [`prepared_schema`].
+fn json_grammar(schema: Value) -> TopLevelGrammar {
+    TopLevelGrammar::from_json_schema(prepared_schema(schema))
+}
+
+/// `schema` as every answer here follows it: with the separators of [`JSON_OPTIONS`] unless it
+/// sets its own (`x-guidance`), its objects closed as [`close_objects`] says. A Lark grammar's
+/// `%json { … }` takes it as it is.
+pub fn prepared_schema(mut schema: Value) -> Value {
     close_objects(&mut schema);
     if let Value::Object(map) = &mut schema {
         let mut options: Value = serde_json::from_str(JSON_OPTIONS).expect("constant JSON");
@@ -142,7 +148,7 @@ fn json_grammar(mut schema: Value) -> TopLevelGrammar {
         }
         map.insert("x-guidance".into(), options);
     }
-    TopLevelGrammar::from_json_schema(schema)
+    schema
 }
 
 /// Gives every object schema that lists `properties` but says nothing of other keys

@@ -16,17 +16,17 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hesper_engine::chat::Role;
+use hesper_engine::chat::{RenderOptions, Role};
 use hesper_engine::sampler::SamplerConfig;
 use hesper_engine::tokenizer::TextStream;
-use hesper_runtime::grammar::{GrammarConstraint, GrammarSpec};
+use hesper_runtime::grammar::GrammarConstraint;
 use hesper_runtime::scheduler::{Constraint, Finish, Job, JobEvent, Logprobs, SubmitError};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
 use crate::reasoning::{ReasoningFormat, Thoughts};
-use crate::request::{parse, CompletionBody, Content, Prompt};
+use crate::request::{parse, CompletionBody, Content, Message, Prompt};
 use crate::routes::read_body;
 use crate::stop::StopText;
 use crate::structured::{self, Structure};
@@ -105,6 +105,8 @@ struct Plan {
     constraint: Option<GrammarConstraint>,
     /// Chat's tools: answers are read back as calls or a reply.
     tools: Option<Arc<Tools>>,
+    /// Control tokens the answer's text keeps (a tool format's markers).
+    kept_tokens: Vec<u32>,
     /// Chat: whether thoughts go to `reasoning_content`, and whether the prompt opened one.
     thoughts: Option<bool>,
 }
@@ -120,24 +122,16 @@ async fn prepare(state: &State, body: Body, kind: Kind) -> Result<Plan, ApiError
 async fn plan(state: &State, b: CompletionBody, kind: Kind) -> Result<Plan, ApiError> {
     let ready = state.ready()?;
     let tools = match kind {
-        Kind::Chat => tools::requested(&b)?.map(Arc::new),
+        Kind::Chat => tools::requested(&b, &ready.tool_format)?.map(Arc::new),
         Kind::Text => None,
     };
     let prompts = match kind {
         Kind::Chat => {
-            // A template from a downloaded file may spend its whole fuel: off the async workers.
-            let mut turns = chat_turns(&b)?;
-            if let Some(t) = &tools {
-                turns = with_tools(turns, t);
-            }
-            let r = Arc::clone(&ready);
-            let rendered = tokio::task::spawn_blocking(move || chat_prompt(&r, &turns)).await;
-            vec![rendered.map_err(|_| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "rendering the chat template failed",
-                )
-            })??]
+            let text = render_chat(&ready, &b, tools.as_deref()).await?;
+            vec![ready
+                .tok
+                .encode(&text, ready.tok.add_bos(), true)
+                .map_err(|e| ApiError::bad_param("messages", e.to_string()))?]
         }
         Kind::Text => text_prompts(&ready, &b)?,
     };
@@ -178,8 +172,8 @@ async fn plan(state: &State, b: CompletionBody, kind: Kind) -> Result<Plan, ApiE
             ))
         }
         (Some(s), None) => Some(s),
-        (None, Some(t)) => Some(Structure {
-            spec: GrammarSpec::JsonSchema(t.schema()),
+        (None, Some(t)) => t.grammar().map(|spec| Structure {
+            spec,
             param: "tools",
         }),
         (None, None) => None,
@@ -225,20 +219,27 @@ async fn plan(state: &State, b: CompletionBody, kind: Kind) -> Result<Plan, ApiE
         },
         prompts,
         constraint,
+        kept_tokens: tools
+            .as_ref()
+            .map(|t| t.format().kept_tokens())
+            .unwrap_or_default(),
         tools,
         ready,
     })
 }
 
-/// The chat's messages as the template's turns.
-fn chat_turns(b: &CompletionBody) -> Result<Vec<(Role, String)>, ApiError> {
+/// The chat's messages as the template reads them. With `tools` in a native format, tool
+/// results and calls keep their structure for the template; otherwise they are written as the
+/// generic format's JSON, and that format's system turn describes the tools.
+fn chat_messages(b: &CompletionBody, tools: Option<&Tools>) -> Result<Vec<Value>, ApiError> {
     let Some(messages) = &b.messages else {
         return Err(ApiError::bad_param("messages", "messages is required"));
     };
     if messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages is empty"));
     }
-    let mut turns = Vec::with_capacity(messages.len());
+    let native = tools.is_some_and(Tools::native);
+    let mut out = Vec::with_capacity(messages.len() + 1);
     for (i, m) in messages.iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => Role::System,
@@ -251,37 +252,84 @@ fn chat_turns(b: &CompletionBody) -> Result<Vec<(Role, String)>, ApiError> {
                 ))
             }
         };
-        let text = match &m.content {
-            None => String::new(),
-            Some(Content::Text(s)) => s.clone(),
-            Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for (j, p) in parts.iter().enumerate() {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => text.push_str(t),
-                        (k, _) => {
-                            return Err(ApiError::bad_param(
-                                &format!("messages[{i}].content[{j}]"),
-                                format!(
-                                    "content part of type {k:?}: this model reads text parts only"
-                                ),
-                            ))
-                        }
+        let text = message_text(m, i)?;
+        let calls = m.tool_calls.as_deref().filter(|c| !c.is_empty());
+        let message = match (m.role.as_str(), calls) {
+            ("tool" | "function", _) if native => {
+                let mut v = json!({"role": "tool", "content": text});
+                if let Some(id) = &m.tool_call_id {
+                    v["tool_call_id"] = json!(id);
+                }
+                if let Some(name) = &m.name {
+                    v["name"] = json!(name);
+                }
+                v
+            }
+            ("tool" | "function", _) => json!({"role": "user", "content":
+                tools::result_text(m.name.as_deref(), m.tool_call_id.as_deref(), &text)}),
+            ("assistant", Some(calls)) if native => {
+                json!({"role": "assistant", "content": text, "tool_calls": tools::calls_json(calls)})
+            }
+            ("assistant", Some(calls)) => {
+                json!({"role": "assistant", "content": tools::calls_text(calls)})
+            }
+            _ => json!({"role": role.as_str(), "content": text}),
+        };
+        out.push(message);
+    }
+    if let Some(t) = tools.filter(|t| !t.native()) {
+        let prompt = t.system_prompt();
+        match out.first_mut() {
+            Some(first) if first["role"] == "system" => {
+                let text = first["content"].as_str().unwrap_or_default();
+                first["content"] = json!(format!("{text}\n\n{prompt}"));
+            }
+            _ => out.insert(0, json!({"role": "system", "content": prompt})),
+        }
+    }
+    Ok(out)
+}
+
+/// Message `i`'s text: its content, or its text parts joined (other parts are refused).
+fn message_text(m: &Message, i: usize) -> Result<String, ApiError> {
+    Ok(match &m.content {
+        None => String::new(),
+        Some(Content::Text(s)) => s.clone(),
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => text.push_str(t),
+                    (k, _) => {
+                        return Err(ApiError::bad_param(
+                            &format!("messages[{i}].content[{j}]"),
+                            format!("content part of type {k:?}: this model reads text parts only"),
+                        ))
                     }
                 }
-                text
             }
-        };
-        let text = match (m.role.as_str(), &m.tool_calls) {
-            ("tool" | "function", _) => {
-                tools::result_text(m.name.as_deref(), m.tool_call_id.as_deref(), &text)
-            }
-            ("assistant", Some(calls)) if !calls.is_empty() => tools::calls_text(calls),
-            _ => text,
-        };
-        turns.push((role, text));
+            text
+        }
+    })
+}
+
+/// The variables a request gives the template: llama-server's `chat_template_kwargs`, and
+/// OpenAI's `reasoning_effort` (which gpt-oss' template reads).
+fn template_variables(b: &CompletionBody) -> Result<Map<String, Value>, ApiError> {
+    let mut vars = match &b.chat_template_kwargs {
+        None => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "chat_template_kwargs",
+                "chat_template_kwargs is an object of the template's variables",
+            ))
+        }
+    };
+    if let Some(effort) = &b.reasoning_effort {
+        vars.insert("reasoning_effort".into(), json!(effort));
     }
-    Ok(turns)
+    Ok(vars)
 }
 
 /// Whether a chat's thoughts go to `reasoning_content` (`Some`), and whether its prompt
@@ -313,26 +361,45 @@ fn thoughts(
     Ok(Some(tail.trim_end().ends_with("<think>")))
 }
 
-/// `turns` with the tools' system turn first (joined to the request's own system turn).
-fn with_tools(mut turns: Vec<(Role, String)>, tools: &Tools) -> Vec<(Role, String)> {
-    let prompt = tools.system_prompt();
-    match turns.first_mut() {
-        Some((Role::System, text)) => *text = format!("{text}\n\n{prompt}"),
-        _ => turns.insert(0, (Role::System, prompt)),
-    }
-    turns
+/// The chat's messages (with the tools of a native format, and the request's template
+/// variables) rendered by the model's template.
+async fn render_chat(
+    ready: &Arc<Ready>,
+    b: &CompletionBody,
+    tools: Option<&Tools>,
+) -> Result<String, ApiError> {
+    let messages = chat_messages(b, tools)?;
+    let options = RenderOptions {
+        tools: tools.filter(|t| t.native()).map(Tools::definitions),
+        variables: template_variables(b)?,
+    };
+    // A template from a downloaded file may spend its whole fuel: off the async workers.
+    let r = Arc::clone(ready);
+    let rendered =
+        tokio::task::spawn_blocking(move || r.template.render_messages(&messages, &options, true))
+            .await;
+    rendered
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "rendering the chat template failed",
+            )
+        })?
+        .map_err(|e| ApiError::bad_param("messages", e.to_string()))
 }
 
-/// The turns rendered by the model's template, as tokens.
-fn chat_prompt(ready: &Ready, turns: &[(Role, String)]) -> Result<Vec<u32>, ApiError> {
-    let text = ready
-        .template
-        .render(turns, true)
-        .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
-    ready
-        .tok
-        .encode(&text, ready.tok.add_bos(), true)
-        .map_err(|e| ApiError::bad_param("messages", e.to_string()))
+/// `POST /apply-template` (llama-server's): the prompt a chat request makes, as text.
+pub async fn apply_template(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
+    let prompt = async {
+        let ready = state.ready()?;
+        let b: CompletionBody = parse(&read_body(&state, body).await?)?;
+        let tools = tools::requested(&b, &ready.tool_format)?;
+        render_chat(&ready, &b, tools.as_ref()).await
+    };
+    match prompt.await {
+        Ok(p) => Json(json!({ "prompt": p })).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// A completion's prompts as tokens.
@@ -455,6 +522,7 @@ fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)
             ready: ready.clone(),
             stops: plan.stops.clone(),
             thoughts: plan.thoughts,
+            kept_tokens: plan.kept_tokens.clone(),
             index,
             out: tx.clone(),
         };
@@ -469,6 +537,8 @@ struct Answering {
     stops: Vec<String>,
     /// Whether thoughts are split from the answer, and whether the prompt opened one.
     thoughts: Option<bool>,
+    /// Control tokens the text keeps.
+    kept_tokens: Vec<u32>,
     index: usize,
     out: UnboundedSender<(usize, Update)>,
 }
@@ -477,7 +547,7 @@ impl Answering {
     /// Runs until the answer ends, fails, or nobody listens (dropping `events` cancels it).
     async fn run(self, mut events: UnboundedReceiver<JobEvent>) {
         let tok = &self.ready.tok;
-        let mut text = TextStream::for_display(tok);
+        let mut text = TextStream::for_display(tok).keeping(&self.kept_tokens);
         let mut stop = StopText::new(self.stops.clone());
         let mut thoughts = self.thoughts.map(Thoughts::new);
         let mut tokens = 0;
@@ -845,10 +915,29 @@ impl Answer {
         }
     }
 
-    /// The id of answer `i`'s call `k`.
+    /// The id of answer `i`'s call `k`: 9 letters and digits where the model's format
+    /// insists (Mistral's).
     fn call_id(&self, i: usize, k: usize) -> String {
         let stem = self.plan.id.rsplit('-').next().unwrap_or_default();
-        format!("call_{stem}_{i}_{k}")
+        let short = self
+            .plan
+            .tools
+            .as_ref()
+            .is_some_and(|t| t.format().short_ids());
+        if !short {
+            return format!("call_{stem}_{i}_{k}");
+        }
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (stem, i, k).hash(&mut h);
+        let mut n = h.finish();
+        (0..9)
+            .map(|_| {
+                let digit = (n % 36) as u32;
+                n /= 36;
+                char::from_digit(digit, 36).unwrap_or('0')
+            })
+            .collect()
     }
 
     /// Chat's message of a finished answer and its `finish_reason`: with tools, the calls it
@@ -861,19 +950,20 @@ impl Answer {
         (message, finish)
     }
 
-    /// [`Answer::message`] without the thought.
+    /// [`Answer::message`] without the thought. A call begun that does not parse leaves the
+    /// answer as its text, with a `warning` saying why.
     fn said(&self, i: usize, c: &Choice) -> (Value, Option<&'static str>) {
         let text = json!({ "role": "assistant", "content": c.text });
         let Some(tools) = &self.plan.tools else {
             return (text, c.finish);
         };
         match tools.parse(&c.text) {
-            Some(Said::Calls(calls)) if tools.legacy() => (
+            Some(Said::Calls { calls, .. }) if tools.legacy() => (
                 json!({"role": "assistant", "content": null, "function_call": {
                     "name": calls[0].name, "arguments": calls[0].arguments}}),
                 Some("function_call"),
             ),
-            Some(Said::Calls(calls)) => {
+            Some(Said::Calls { content, calls }) => {
                 let calls: Vec<Value> = calls
                     .iter()
                     .enumerate()
@@ -886,11 +976,19 @@ impl Answer {
                     })
                     .collect();
                 (
-                    json!({"role": "assistant", "content": null, "tool_calls": calls}),
+                    json!({"role": "assistant", "content": content, "tool_calls": calls}),
                     Some("tool_calls"),
                 )
             }
             Some(Said::Reply(r)) => (json!({"role": "assistant", "content": r}), c.finish),
+            Some(Said::Unparsed(why)) => {
+                let mut message = text;
+                message["warning"] = json!(format!(
+                    "the answer began a tool call in the {} format that does not parse ({why}): it is returned as text",
+                    tools.format().name()
+                ));
+                (message, c.finish)
+            }
             None => (text, c.finish),
         }
     }
@@ -930,6 +1028,9 @@ impl Answer {
                         None,
                     ));
                 } else if let Some(calls) = message["tool_calls"].as_array() {
+                    if let Some(text) = message["content"].as_str() {
+                        out.push(wrap(json!({ "content": text }), None));
+                    }
                     for (k, call) in calls.iter().enumerate() {
                         let f = &call["function"];
                         out.push(wrap(

@@ -1,5 +1,7 @@
-//! Tool calls in llama.cpp's generic format, which every model can follow: the tools are
-//! described in a system turn, and the answer is constrained to a JSON object that is either a
+//! Tool calls: a request's tools and `tool_choice`, and the answer read back as calls. A model
+//! whose chat template has a tool format of its own is given the tools through the template
+//! and answers in that format ([`format`]); any other model gets llama.cpp's generic format,
+//! which every model can follow: the tools are described in a system turn, and the answer is constrained to a JSON object that is either a
 //! call of the given tools (`{"tool_calls": [{"name": …, "arguments": {…}}]}`, the arguments
 //! valid against the tool's `parameters`) or, where `tool_choice` allows it, a reply
 //! (`{"response": "…"}`). `tool_choice` is enforced by that grammar: `required` admits only
@@ -8,11 +10,15 @@
 //! results go back to the model in the same JSON. The older `functions` and `function_call`
 //! fields are read as tools, and answered with one `function_call` as they were.
 
+pub mod format;
+
+use hesper_runtime::grammar::GrammarSpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::request::{CompletionBody, ToolCallIn};
+pub use format::{Family, ToolFormat};
 
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +51,7 @@ pub struct Tools {
     choice: ToolChoice,
     parallel: bool,
     legacy: bool,
+    format: ToolFormat,
 }
 
 /// A call the model made.
@@ -56,13 +63,21 @@ pub struct Call {
     pub arguments: String,
 }
 
-/// What an answer in the generic format says.
+/// What an answer says.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Said {
-    /// Tool calls.
-    Calls(Vec<Call>),
+    /// Tool calls, and the text the model wrote before them.
+    Calls {
+        /// The text before the calls, if any.
+        content: Option<String>,
+        /// The calls.
+        calls: Vec<Call>,
+    },
     /// A reply.
     Reply(String),
+    /// A call begun that does not parse (an answer left free by `tool_choice: "auto"`): the
+    /// answer is returned as its text, and this says why it is not a call.
+    Unparsed(String),
 }
 
 /// OpenAI's `tools[i]`: `{"type": "function", "function": {...}}`.
@@ -88,9 +103,9 @@ pub struct FunctionDef {
     pub strict: Option<bool>,
 }
 
-/// The tools `b` offers and how they may be called, or `None` without tools (or with
-/// `tool_choice: "none"`, which leaves the answer as without them).
-pub fn requested(b: &CompletionBody) -> Result<Option<Tools>, ApiError> {
+/// The tools `b` offers and how they may be called in `format`, or `None` without tools (or
+/// with `tool_choice: "none"`, which leaves the answer as without them).
+pub fn requested(b: &CompletionBody, format: &ToolFormat) -> Result<Option<Tools>, ApiError> {
     let mut tools = Vec::new();
     for (i, t) in b.tools.iter().flatten().enumerate() {
         let param = format!("tools[{i}]");
@@ -182,6 +197,7 @@ pub fn requested(b: &CompletionBody) -> Result<Option<Tools>, ApiError> {
         choice,
         parallel: b.parallel_tool_calls.unwrap_or(true) && !legacy,
         legacy,
+        format: format.clone(),
     }))
 }
 
@@ -219,6 +235,48 @@ impl Tools {
     /// Whether the request used the older `functions`: its answer is one `function_call`.
     pub fn legacy(&self) -> bool {
         self.legacy
+    }
+
+    /// The format the model is asked to call in.
+    pub fn format(&self) -> &ToolFormat {
+        &self.format
+    }
+
+    /// Whether the tools go to the model through its own template (not the generic format).
+    pub fn native(&self) -> bool {
+        self.format.family() != Family::Generic
+    }
+
+    /// The tools as a template's `tools` reads them (OpenAI's definitions).
+    pub fn definitions(&self) -> Value {
+        let list: Vec<Value> = self
+            .tools
+            .iter()
+            .map(|t| {
+                let mut f = json!({"name": t.name});
+                if let Some(d) = &t.description {
+                    f["description"] = json!(d);
+                }
+                f["parameters"] = t.parameters.clone();
+                json!({"type": "function", "function": f})
+            })
+            .collect();
+        Value::Array(list)
+    }
+
+    /// What the answer is constrained to: the generic format's schema, or the model's own
+    /// format when `tool_choice` asks for a call (`auto` leaves a native format's answer free).
+    pub fn grammar(&self) -> Option<GrammarSpec> {
+        if !self.native() {
+            return Some(GrammarSpec::JsonSchema(self.schema()));
+        }
+        if self.may_reply() {
+            return None;
+        }
+        let callable: Vec<&Tool> = self.callable().collect();
+        self.format
+            .grammar(&callable, self.parallel)
+            .map(GrammarSpec::Lark)
     }
 
     /// The tools a call may name under `tool_choice`.
@@ -296,9 +354,18 @@ impl Tools {
         }]})
     }
 
-    /// What a finished answer says; `None` when it is not a whole answer of the format (cut
-    /// by `max_tokens`): it is then returned as text.
+    /// What a finished answer says; `None` when it is plain text: in the generic format, not
+    /// a whole answer (cut by `max_tokens`); in a native one, no call begun.
     pub fn parse(&self, text: &str) -> Option<Said> {
+        if self.native() {
+            return match self.format.parse(text)? {
+                Ok(p) => Some(Said::Calls {
+                    content: p.content,
+                    calls: p.calls,
+                }),
+                Err(why) => Some(Said::Unparsed(why)),
+            };
+        }
         let v: Value = serde_json::from_str(text).ok()?;
         if let Some(r) = v.get("response").and_then(Value::as_str) {
             return Some(Said::Reply(r.to_string()));
@@ -313,11 +380,14 @@ impl Tools {
                 })
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(Said::Calls(calls))
+        Some(Said::Calls {
+            content: None,
+            calls,
+        })
     }
 }
 
-/// An assistant turn that called tools, as the model is asked to write it.
+/// An assistant turn that called tools, as the generic format asks the model to write it.
 pub fn calls_text(calls: &[ToolCallIn]) -> String {
     let calls: Vec<Value> = calls
         .iter()
@@ -334,7 +404,27 @@ pub fn calls_text(calls: &[ToolCallIn]) -> String {
     json!({ "tool_calls": calls }).to_string()
 }
 
-/// A tool's result, as the model reads it in a user turn.
+/// An assistant turn's calls as a template reads them: OpenAI's, with each call's arguments
+/// an object (as transformers' callers pass them) where they are JSON.
+pub fn calls_json(calls: &[ToolCallIn]) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            let arguments = c.function.arguments.as_deref().unwrap_or("{}");
+            let arguments =
+                serde_json::from_str::<Value>(arguments).unwrap_or_else(|_| json!(arguments));
+            let mut v = json!({"type": "function",
+                               "function": {"name": c.function.name, "arguments": arguments}});
+            if let Some(id) = &c.id {
+                v["id"] = json!(id);
+            }
+            v
+        })
+        .collect();
+    Value::Array(calls)
+}
+
+/// A tool's result, as the model reads it in a user turn (the generic format).
 pub fn result_text(name: Option<&str>, id: Option<&str>, content: &str) -> String {
     let mut v = json!({"content": content});
     if let Some(n) = name {
@@ -353,6 +443,10 @@ mod tests {
 
     fn body(v: Value) -> CompletionBody {
         parse(v.to_string().as_bytes()).expect("body")
+    }
+
+    fn requested(b: &CompletionBody) -> Result<Option<Tools>, ApiError> {
+        super::requested(b, &ToolFormat::generic())
     }
 
     fn weather() -> Value {
@@ -435,10 +529,13 @@ mod tests {
             .unwrap();
         assert_eq!(
             t.parse(r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Ur"}}]}"#),
-            Some(Said::Calls(vec![Call {
-                name: "get_weather".into(),
-                arguments: r#"{"city":"Ur"}"#.into()
-            }]))
+            Some(Said::Calls {
+                content: None,
+                calls: vec![Call {
+                    name: "get_weather".into(),
+                    arguments: r#"{"city":"Ur"}"#.into()
+                }]
+            })
         );
         assert_eq!(
             t.parse(r#"{"response": "Shalom"}"#),

@@ -13,10 +13,12 @@
 //!
 //! The environment is transformers': blocks trimmed (`trim_blocks`, `lstrip_blocks`), `break` and
 //! `continue`, `raise_exception(message)`, `strftime_now(format)`, Python's `str`/`dict` methods
-//! (`.strip()`, `.startswith()`, `.items()`, …), and the variables `messages`,
-//! `add_generation_prompt`, `bos_token` and `eos_token`. One difference: `tojson` is
-//! minijinja's, which escapes `<`, `>`, `&` and `'` as HTML does (transformers' does not); only
-//! tool definitions, which hesper-rs does not pass, go through it in the templates tested.
+//! (`.strip()`, `.startswith()`, `.items()`, …), `tojson` as Python's `json.dumps` writes
+//! (tool definitions and call arguments go through it), and the variables `messages`,
+//! `add_generation_prompt`, `bos_token`, `eos_token`, `tools` when a request has tools, and any
+//! a request adds (`enable_thinking`, `reasoning_effort`: [`RenderOptions`]). A message is an
+//! object as OpenAI's API writes it — `role`, `content`, and `tool_calls`, `tool_call_id`, `name`
+//! where it has them — with a call's `arguments` an object, as transformers' callers pass them.
 //! As llama.cpp does, a leading BOS the template writes is dropped when the tokenizer adds one
 //! itself.
 //!
@@ -29,9 +31,10 @@
 //! counts both the instructions run and the bytes created: a loop over 10¹⁰ items or a string
 //! doubled forty times ends with [`ChatError::Limit`] instead of hanging or exhausting memory.
 
-use std::collections::BTreeMap;
+mod pyjson;
 
 use minijinja::{Environment, Error, ErrorKind, Value};
+use serde_json::{json, Map, Value as Json};
 
 use crate::gguf::Gguf;
 use crate::tokenizer::Tokenizer;
@@ -190,6 +193,7 @@ pub struct TemplateTokens {
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     origin: TemplateOrigin,
     tokens: TemplateTokens,
 }
@@ -257,13 +261,15 @@ impl ChatTemplate {
         }
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", pyjson::tojson);
         env.add_function("strftime_now", move |format: String| {
             strftime_now(&format, clock)
         });
-        env.add_template_owned("chat", source)
+        env.add_template_owned("chat", source.clone())
             .map_err(syntax_error)?;
         Ok(Self {
             env,
+            source,
             origin,
             tokens,
         })
@@ -287,10 +293,13 @@ impl ChatTemplate {
         &self.origin
     }
 
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The conversation as the model reads it; with `add_generation_prompt`, ending where the
-    /// assistant's answer begins. A template that rejects a leading system message (several
-    /// do: "System role not supported") gets it prepended to the first user message instead,
-    /// as llama.cpp does.
+    /// assistant's answer begins: [`Self::render_messages`] of plain text turns.
     ///
     /// Fails with [`ChatError::Limit`] when the template needs more than
     /// [`render_fuel`] of the messages' length. Blocks until the rendering ends (within its fuel).
@@ -299,47 +308,87 @@ impl ChatTemplate {
         messages: &[(Role, String)],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        on_template_stack(|| self.render_with_fallback(messages, add_generation_prompt))?
+        let messages: Vec<Json> = messages
+            .iter()
+            .map(|(role, content)| json!({"role": role.as_str(), "content": content}))
+            .collect();
+        self.render_messages(&messages, &RenderOptions::default(), add_generation_prompt)
     }
 
-    /// [`Self::render`] on the template's thread.
-    fn render_with_fallback(
+    /// `messages` (objects as OpenAI's API writes them: see the module docs) as the model
+    /// reads them, with `options`' tools and variables. A template that rejects a leading
+    /// system message (several do: "System role not supported") gets it prepended to the
+    /// first user message instead, as llama.cpp does.
+    ///
+    /// Fails with [`ChatError::Limit`] when the template needs more than [`render_fuel`] of
+    /// the messages' and tools' length. Blocks until the rendering ends (within its fuel).
+    pub fn render_messages(
         &self,
-        messages: &[(Role, String)],
+        messages: &[Json],
+        options: &RenderOptions,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        match self.render_exactly(messages, add_generation_prompt) {
-            Err(e) if matches!(messages, [(Role::System, _), (Role::User, _), ..]) => {
-                let mut merged = messages[1..].to_vec();
-                merged[0].1 = format!("{}\n\n{}", messages[0].1, messages[1].1);
-                self.render_exactly(&merged, add_generation_prompt)
-                    .map_err(|_| e)
-            }
-            other => other,
-        }
+        on_template_stack(|| self.render_with_fallback(messages, options, add_generation_prompt))?
+    }
+
+    /// [`Self::render_messages`] on the template's thread.
+    fn render_with_fallback(
+        &self,
+        messages: &[Json],
+        options: &RenderOptions,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let e = match self.render_exactly(messages, options, add_generation_prompt) {
+            Ok(text) => return Ok(text),
+            Err(e) => e,
+        };
+        let [system, user, rest @ ..] = messages else {
+            return Err(e);
+        };
+        let (Some(s), Some(u)) = (text_of(system, "system"), text_of(user, "user")) else {
+            return Err(e);
+        };
+        let mut merged = vec![json!({"role": "user", "content": format!("{s}\n\n{u}")})];
+        merged.extend(rest.iter().cloned());
+        self.render_exactly(&merged, options, add_generation_prompt)
+            .map_err(|_| e)
     }
 
     fn render_exactly(
         &self,
-        messages: &[(Role, String)],
+        messages: &[Json],
+        options: &RenderOptions,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        let fuel = render_fuel(messages.iter().map(|(_, content)| content.len()).sum());
-        let messages: Vec<Value> = messages
+        let length: usize = messages
             .iter()
-            .map(|(role, content)| {
-                Value::from(BTreeMap::from([
-                    ("role", Value::from(role.as_str())),
-                    ("content", Value::from(content.as_str())),
-                ]))
-            })
-            .collect();
-        let cx = BTreeMap::from([
-            ("messages", Value::from(messages)),
+            .chain(&options.tools)
+            .map(|m| m.to_string().len())
+            .sum();
+        let fuel = render_fuel(length);
+        let mut cx: Vec<(&str, Value)> = vec![
+            (
+                "messages",
+                Value::from(
+                    messages
+                        .iter()
+                        .map(pyjson::value_from_json)
+                        .collect::<Vec<_>>(),
+                ),
+            ),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.tokens.bos.as_str())),
             ("eos_token", Value::from(self.tokens.eos.as_str())),
-        ]);
+        ];
+        if let Some(tools) = &options.tools {
+            cx.push(("tools", pyjson::value_from_json(tools)));
+        }
+        for (k, v) in &options.variables {
+            if !cx.iter().any(|(name, _)| name == k) {
+                cx.push((k, pyjson::value_from_json(v)));
+            }
+        }
+        let cx = Value::from_pairs(cx);
         // A clone shares the compiled template; only the fuel differs.
         let mut env = self.env.clone();
         env.set_fuel(Some(fuel));
@@ -361,6 +410,25 @@ impl ChatTemplate {
             _ => text,
         })
     }
+}
+
+/// What a rendering passes to the template besides the messages.
+#[derive(Debug, Clone, Default)]
+pub struct RenderOptions {
+    /// `tools`: the request's tool definitions as OpenAI's API writes them
+    /// (`[{"type": "function", "function": {...}}]`), as transformers passes them.
+    pub tools: Option<Json>,
+    /// More variables (llama-server's `chat_template_kwargs`: `enable_thinking`,
+    /// `reasoning_effort`, …); they cannot replace `messages`, `add_generation_prompt`,
+    /// `bos_token` or `eos_token`.
+    pub variables: Map<String, Json>,
+}
+
+/// `m`'s content when it is a message of `role` with text content.
+fn text_of<'a>(m: &'a Json, role: &str) -> Option<&'a str> {
+    (m.get("role")?.as_str()? == role)
+        .then(|| m.get("content")?.as_str())
+        .flatten()
 }
 
 /// The line of the first tag in `source` that holds more than [`MAX_TAG_TOKENS`] tokens, by
