@@ -34,6 +34,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/chat/completions", post(completion::chat))
         .route("/chat/completions", post(completion::chat))
         .route("/v1/responses", post(completion::responses::create))
+        .route("/v1/messages", post(completion::messages::create))
         .route("/responses", post(completion::responses::create))
         .route("/v1/completions", post(completion::text))
         .route("/completions", post(completion::text))

@@ -6,6 +6,7 @@
 pub struct StopText {
     stops: Vec<String>,
     held: String,
+    matched: Option<usize>,
 }
 
 impl StopText {
@@ -14,7 +15,13 @@ impl StopText {
         Self {
             stops,
             held: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the answer, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|k| self.stops[k].as_str())
     }
 
     /// Adds `piece`; returns the text that can be sent now, and whether a stop string ended
@@ -24,9 +31,11 @@ impl StopText {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(k, s)| Some((self.held.find(s.as_str())?, k)))
             .min();
-        if let Some(i) = first {
+        if let Some((i, k)) = first {
+            self.matched = Some(k);
             self.held.truncate(i);
             return (std::mem::take(&mut self.held), true);
         }
@@ -84,6 +93,16 @@ mod tests {
         assert_eq!(run(&["lo", "hello"], &["hel", "lo"]), ("".into(), true));
         assert_eq!(run(&["lo", "ell"], &["hel", "lo"]), ("h".into(), true));
         assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
+    }
+
+    #[test]
+    fn names_the_stop_that_ended_the_text() {
+        let mut s = StopText::new(vec!["ell".into(), "lo".into()]);
+        assert_eq!(s.matched(), None);
+        s.push("hel");
+        assert_eq!(s.matched(), None);
+        s.push("lo");
+        assert_eq!(s.matched(), Some("ell"));
     }
 
     #[test]

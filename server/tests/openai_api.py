@@ -162,6 +162,7 @@ def main():
         langchain(agent)
         reasoning(agent, agent.client())
         responses(agent, agent.client())
+        messages(agent, agent.client())
     finally:
         agent.stop()
     native_tools()
@@ -594,6 +595,72 @@ def native_tools():
                             short)
         finally:
             srv.stop()
+
+
+def messages(srv, c):
+    """Anthropic's Messages API with the anthropic client: the same text as the chat endpoint
+    for the same turns, streamed or not; stop sequences named; tool_use blocks valid against
+    their input_schema, enforced by tool_choice, and tool results going back."""
+    import anthropic
+    a = anthropic.Anthropic(base_url=f"http://127.0.0.1:{srv.port}", api_key=KEY, max_retries=0)
+    turns = [{"role": "user", "content": "In the beginning"}]
+    # The client no longer sends sampling fields; the server reads them (Claude Code's older
+    # versions send temperature).
+    greedy = {"temperature": 0}
+    kw = dict(model="x", max_tokens=12, system="Be brief.", messages=turns, extra_body=greedy)
+    r = a.messages.create(**kw)
+    text = r.content[0].text if r.content and r.content[0].type == "text" else None
+    check(r.type == "message" and r.role == "assistant" and text, f"message {r}")
+    check(r.stop_reason == "max_tokens" and r.usage.output_tokens == 12, f"usage {r}")
+    same = c.chat.completions.create(model="x", max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, *turns])
+    check(same.choices[0].message.content == text, f"{text!r} vs chat's {same.choices[0]}")
+    with a.messages.stream(**kw) as st:
+        streamed = "".join(st.text_stream)
+        final = st.get_final_message()
+    check(streamed == text and final.stop_reason == "max_tokens", f"streamed {streamed!r} {final}")
+    r = a.messages.create(**{**kw, "max_tokens": 60, "stop_sequences": [" ", "\n"]})
+    check(r.stop_reason == "stop_sequence" and r.stop_sequence in (" ", "\n"), f"stop {r}")
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    ask = [{"role": "user", "content": "What weather shall there be in Jerusalem?"}]
+    tk = dict(model="x", max_tokens=100, messages=ask, tools=tools, extra_body=greedy,
+              tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    r = a.messages.create(**tk)
+    uses = [b for b in r.content if b.type == "tool_use"]
+    check(r.stop_reason == "tool_use" and len(uses) == 1, f"tool_use {r}")
+    for u in uses:
+        jsonschema.validate(u.input, PARAMS[u.name])
+    with a.messages.stream(**tk) as st:
+        final = st.get_final_message()
+    check([(b.name, b.input) for b in final.content if b.type == "tool_use"]
+          == [(u.name, u.input) for u in uses], f"streamed tool_use {final} vs {r}")
+    if uses:
+        history = ask + [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
+                         {"role": "user", "content": [{"type": "tool_result",
+                                                       "tool_use_id": uses[0].id,
+                                                       "content": "Sun"}]}]
+        r = a.messages.create(**{**tk, "messages": history,
+                                 "tool_choice": {"type": "tool", "name": "get_time",
+                                                 "disable_parallel_tool_use": True}})
+        last = r.content[-1]
+        check(last.type == "tool_use" and last.name == "get_time", f"after a result {r}")
+    # Structured output: the text is JSON valid against the schema.
+    schema = {"type": "object", "properties": {"book": {"enum": ["Ruth", "Job"]},
+                                               "chapter": {"type": "integer", "minimum": 1,
+                                                           "maximum": 9}},
+              "required": ["book", "chapter"]}
+    r = a.messages.create(**{**kw, "max_tokens": 60, "output_config": {
+        "format": {"type": "json_schema", "schema": schema}}})
+    try:
+        jsonschema.validate(json.loads(r.content[0].text), schema)
+    except (ValueError, jsonschema.ValidationError) as e:
+        check(False, f"output_config.format: {r.content[0].text!r}: {e}")
+    try:
+        a.messages.create(model="x", messages=turns, max_tokens=0)
+        check(False, "max_tokens 0 accepted")
+    except anthropic.BadRequestError as e:
+        check(e.body["error"]["type"] == "invalid_request_error", f"error {e.body}")
 
 
 def langchain(srv):

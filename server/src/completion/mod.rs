@@ -33,6 +33,7 @@ use crate::structured::{self, Structure};
 use crate::tools::{self, Said, Tools};
 use crate::{Ready, State};
 
+pub mod messages;
 pub mod responses;
 
 /// Which endpoint.
@@ -453,6 +454,8 @@ enum Update {
     Finish {
         reason: &'static str,
         tokens: usize,
+        /// The stop string that ended the answer.
+        stop: Option<String>,
     },
     Failed(String),
 }
@@ -612,7 +615,11 @@ impl Answering {
                 return;
             }
             if let Some(reason) = reason {
-                send(Update::Finish { reason, tokens });
+                send(Update::Finish {
+                    reason,
+                    tokens,
+                    stop: stop.matched().map(str::to_string),
+                });
                 return;
             }
         }
@@ -649,6 +656,8 @@ struct Choice {
     reasoning: String,
     logprobs: Vec<TokenLogprob>,
     finish: Option<&'static str>,
+    /// The stop string that ended it.
+    stop: Option<String>,
     tokens: usize,
     cached: usize,
     /// Bytes of token text before each token (completions' `text_offset`).
@@ -698,9 +707,14 @@ impl Answer {
                 }
                 c.logprobs.extend(logprobs.iter().cloned());
             }
-            Update::Finish { reason, tokens } => {
+            Update::Finish {
+                reason,
+                tokens,
+                stop,
+            } => {
                 c.finish = Some(reason);
                 c.tokens = *tokens;
+                c.stop.clone_from(stop);
                 if self.choices.iter().all(|c| c.finish.is_some()) {
                     self.record();
                 }
