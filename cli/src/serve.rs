@@ -12,6 +12,7 @@ use clap::Args;
 use hesper_engine::backend::Backend;
 use hesper_runtime::scheduler::{self, SchedulerConfig};
 use hesper_runtime::{run_model, with_model};
+use hesper_server::embeddings::Pooling;
 use hesper_server::reasoning::ReasoningFormat;
 use hesper_server::tools::ToolFormat;
 use hesper_server::{Ready, ServerConfig, State};
@@ -94,6 +95,14 @@ pub struct ServeArgs {
         default_value = "auto"
     )]
     reasoning_format: ReasoningFormat,
+    /// Answer POST /v1/embeddings: each input's final normalized hidden states pooled by
+    /// --pooling and scaled to unit length.
+    #[arg(long)]
+    embeddings: bool,
+    /// How --embeddings pools an input's tokens: `last` (the last token's), `mean`, or `cls`
+    /// (the first token's).
+    #[arg(long, value_name = "POOLING", default_value = "last")]
+    pooling: Pooling,
 }
 
 impl ServeArgs {
@@ -167,6 +176,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         cors_origins: args.cors_origin.clone(),
         hot_swap: args.hot_swap,
         reasoning_format: args.reasoning_format,
+        embeddings: args.embeddings.then_some(args.pooling),
     };
     config.check().map_err(anyhow::Error::msg)?;
     let state = State::new(config);
@@ -238,6 +248,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.set_ready(Ready {
         grammars: Default::default(),
         n_vocab: loaded.model.sampled_vocab(),
+        n_embd: config.n_embd,
         props: json!({
             "model_path": model_label,
             "backend": backend,

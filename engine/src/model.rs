@@ -861,6 +861,41 @@ impl<B: Backend> Model<B> {
         .await
     }
 
+    /// The final normalized hidden states `[n][n_embd]` of `tokens` evaluated from the
+    /// session's start: every layer, then the final norm, without the LM head — what an
+    /// embedding pools (llama.cpp's `result_norm`). Needs every layer in this instance.
+    pub async fn hidden_states_async(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let whole = self.layer_range.start == 0 && self.layer_range.end == c.n_layer;
+        let (Some(embedding), Some(norm), true) = (&self.embedding, &self.output_norm, whole)
+        else {
+            return Err(self.range_error(0..c.n_layer));
+        };
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        self.check_tokens(tokens)?;
+        self.seek(s, 0)?;
+        self.make_room(s, tokens.len())?;
+        let d = c.n_embd;
+        let mut out = vec![0.0; tokens.len() * d];
+        for (i, rows_out) in out.chunks_mut(s.batch * d).enumerate() {
+            let (start, n) = (i * s.batch, rows_out.len() / d);
+            self.backend
+                .embed(embedding, &tokens[start..start + n], &mut s.s.x);
+            self.run_layers(s, n);
+            let sc = &mut s.s;
+            self.backend.rms_norm(&sc.x, norm, n, c.eps, &mut sc.h);
+            self.backend.read(&sc.h, rows_out).await?;
+            s.pos += n;
+        }
+        Ok(out)
+    }
+
     /// Runs this instance's layers over `n_tokens` positions from the session's, in chunks
     /// of at most the session's batch whose input rows `fill` puts in the residual buffer,
     /// and returns the residual stream leaving the last layer.
@@ -1110,6 +1145,15 @@ impl<B: Backend> Model<B> {
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
         pollster::block_on(self.eval_async(s, tokens, want))
+    }
+
+    /// [`Model::hidden_states_async`], waited for.
+    pub fn hidden_states(
+        &self,
+        s: &mut Session<B>,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.hidden_states_async(s, tokens))
     }
 
     /// [`Model::step_async`], waited for.

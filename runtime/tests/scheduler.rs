@@ -1,12 +1,12 @@
 //! The continuous-batching scheduler on the built-in trained model (CPU): a sequence's tokens
 //! do not depend on what runs beside it, a shared prefix is reused bit for bit, a client that
-//! goes away frees its sequence, a full queue refuses, and a sequence waits for room in the KV
-//! pool.
+//! goes away frees its sequence, a full queue refuses, a sequence waits for room in the KV
+//! pool, and hidden states (embeddings) are computed between steps.
 
 use std::sync::atomic::Ordering;
 
 use hesper_engine::attention::AttentionConfig;
-use hesper_engine::model::{Logits, SeqStep};
+use hesper_engine::model::{vector_source, Logits, SeqStep};
 use hesper_engine::sampler::SamplerConfig;
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::scheduler::{
@@ -287,5 +287,59 @@ fn a_sequence_waits_for_room_in_the_kv_pool() {
             (200, 4, Finish::Length)
         );
         assert!(g.kv_positions.load(Ordering::Relaxed) <= 512);
+    });
+}
+
+#[test]
+fn hidden_states_are_the_final_norm_of_the_residual_stream() {
+    // What an embedding pools: the scheduler's hidden states of a text (asked for while
+    // another sequence generates) equal the residual stream leaving the last layer, RMS-normed
+    // on the host with the file's `output_norm.weight` — to the rounding of the two norms.
+    let (model, tok) = kjv();
+    let tokens = tok.encode(PROMPTS[1], true, true).expect("tokens");
+    let d = model.config.n_embd;
+    let mut s = model.new_session(tokens.len(), 4).expect("session");
+    let stream =
+        pollster::block_on(model.forward_tokens_at_async(&mut s, 0, &tokens)).expect("forward");
+    let weight = vector_source(&model.file, "output_norm.weight", d).expect("output norm");
+    let eps = model.config.eps;
+    let want: Vec<f32> = stream
+        .chunks(d)
+        .flat_map(|row| {
+            let rms = (row.iter().map(|v| v * v).sum::<f32>() / d as f32 + eps).sqrt();
+            row.iter().zip(&weight).map(move |(v, w)| v / rms * w)
+        })
+        .collect();
+    let got = with_scheduler(config(2, 8), 4, |sub| {
+        let (j, mut rx) = job(&tok, PROMPTS[0], 1, 40);
+        sub.submit(j).expect("queued");
+        let h = sub
+            .hidden_states(tokens.clone())
+            .expect("asked")
+            .blocking_recv()
+            .expect("answered")
+            .expect("hidden states");
+        drain(&mut rx);
+        h
+    });
+    assert_eq!(got.len(), tokens.len() * d);
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+        .fold(0.0f32, f32::max);
+    // Both are f32 with the same sums in other orders (measured: 4e-7 at worst); a norm
+    // without its weight, or of the wrong row, is off by far more than 1e-5.
+    assert!(worst < 1e-5, "worst relative difference {worst}");
+    // An empty input or one longer than the context is refused, not run.
+    with_scheduler(config(1, 8), 4, |sub| {
+        for bad in [vec![], vec![1; 300]] {
+            let r = sub
+                .hidden_states(bad)
+                .expect("asked")
+                .blocking_recv()
+                .expect("answered");
+            assert!(r.is_err());
+        }
     });
 }

@@ -13,6 +13,7 @@
 
 pub mod completion;
 pub mod conn;
+pub mod embeddings;
 pub mod error;
 pub mod metrics;
 pub mod reasoning;
@@ -55,6 +56,8 @@ pub struct ServerConfig {
     pub hot_swap: bool,
     /// Where chat answers' `<think>` thoughts go.
     pub reasoning_format: reasoning::ReasoningFormat,
+    /// `/v1/embeddings` with this pooling (`--embeddings`); `None`: it answers 501.
+    pub embeddings: Option<embeddings::Pooling>,
 }
 
 impl ServerConfig {
@@ -79,6 +82,8 @@ pub struct Ready {
     pub n_ctx: usize,
     /// Ids a prediction may pick.
     pub n_vocab: usize,
+    /// The width of a hidden state (an embedding's length).
+    pub n_embd: usize,
     /// Sequences run at once.
     pub parallel: usize,
     /// `/props`' model facts (path, backend, sizes).

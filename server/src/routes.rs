@@ -35,6 +35,8 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/chat/completions", post(completion::chat))
         .route("/v1/responses", post(completion::responses::create))
         .route("/v1/messages", post(completion::messages::create))
+        .route("/v1/embeddings", post(crate::embeddings::create))
+        .route("/embeddings", post(crate::embeddings::create))
         .route("/responses", post(completion::responses::create))
         .route("/v1/completions", post(completion::text))
         .route("/completions", post(completion::text))

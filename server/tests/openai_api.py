@@ -156,13 +156,14 @@ def main():
     finally:
         busy.stop()
     # The tools' system turn outgrows the first server's 256 positions.
-    agent = Server("-np", "4", "-c", "1024", "--api-key", KEY)
+    agent = Server("-np", "4", "-c", "1024", "--api-key", KEY, "--embeddings")
     try:
         tool_calls(agent, agent.client())
         langchain(agent)
         reasoning(agent, agent.client())
         responses(agent, agent.client())
         messages(agent, agent.client())
+        embeddings(agent, agent.client())
     finally:
         agent.stop()
     native_tools()
@@ -282,6 +283,9 @@ def api(srv, c):
 
 
 def errors(srv):
+    # A server started without --embeddings says how to get them.
+    s, text, _ = srv.post("/v1/embeddings", {"input": "x"})
+    check(s == 501 and "--embeddings" in text, f"embeddings off: {s} {text[:200]}")
     ok = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
     error_of(srv.post("/v1/chat/completions", ok, key="wrong"), 401)
     error_of(srv.request("POST", "/v1/chat/completions", ok), 401)
@@ -661,6 +665,37 @@ def messages(srv, c):
         check(False, "max_tokens 0 accepted")
     except anthropic.BadRequestError as e:
         check(e.body["error"]["type"] == "invalid_request_error", f"error {e.body}")
+
+
+def embeddings(srv, c):
+    """/v1/embeddings: one unit vector of the model's width per input, the same for the same
+    text in any batch (and for its token ids), base64 equal to floats; a cosine of 1 with itself."""
+    import base64
+    import struct
+    n_embd = json.loads(srv.get("/v1/models")[1])["data"][0]["meta"]["n_embd"]
+    texts = ["In the beginning God created the heaven and the earth.", "Jesus wept.",
+             "In the beginning God created the heaven and the earth."]
+    # The openai client asks for base64 and decodes it.
+    r = c.embeddings.create(model="x", input=texts)
+    vs = [d.embedding for d in r.data]
+    check([d.index for d in r.data] == [0, 1, 2] and all(len(v) == n_embd for v in vs),
+          f"shape {[len(v) for v in vs]} vs {n_embd}")
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+    check(abs(dot(vs[0], vs[0]) - 1) < 1e-5, f"unit length {dot(vs[0], vs[0])}")
+    check(vs[0] == vs[2] and dot(vs[0], vs[1]) < 0.9999, f"determinism, cosine {dot(vs[0], vs[1])}")
+    s, body = srv.post("/v1/embeddings", {"input": texts[1], "encoding_format": "float"})[:2]
+    floats = json.loads(body)["data"][0]["embedding"] if s == 200 else []
+    check(floats == vs[1], "floats equal the decoded base64")
+    tokens = json.loads(srv.post("/tokenize", {"content": texts[1], "add_special": True})[1])["tokens"]
+    s, body = srv.post("/v1/embeddings", {"input": [tokens], "encoding_format": "base64"})[:2]
+    raw = base64.b64decode(json.loads(body)["data"][0]["embedding"]) if s == 200 else b""
+    check(list(struct.unpack(f"<{len(raw) // 4}f", raw)) == vs[1], "token ids give the text's vector")
+    first = json.loads(srv.post("/tokenize", {"content": texts[0], "add_special": True})[1])["tokens"]
+    check(r.usage.prompt_tokens == 2 * len(first) + len(tokens), f"usage {r.usage}")
+    error_of(srv.post("/v1/embeddings", {"input": []}), 400, "input")
+    error_of(srv.post("/v1/embeddings", {"input": "x", "encoding_format": "hex"}), 400,
+             "encoding_format")
+    error_of(srv.post("/v1/embeddings", {"input": "x", "dimensions": 3}), 400, "dimensions")
 
 
 def langchain(srv):

@@ -162,7 +162,17 @@ pub struct Submitter {
     tx: SyncSender<Job>,
     capacity: usize,
     reloads: SyncSender<tokio::sync::oneshot::Sender<Reloaded>>,
+    embeds: SyncSender<HiddenStates>,
     gauges: Arc<Gauges>,
+}
+
+/// The final hidden states of tokens ([`Submitter::hidden_states`]), or why not.
+pub type HiddenStatesReply = tokio::sync::oneshot::Receiver<Result<Vec<f32>, String>>;
+
+/// A request for the final hidden states of tokens, answered between steps.
+struct HiddenStates {
+    tokens: Vec<u32>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<f32>, String>>,
 }
 
 /// What a hot-swap check found, and how long it took (the scheduler waited for the step
@@ -179,6 +189,7 @@ pub struct Reloaded {
 pub struct Inbox {
     jobs: Receiver<Job>,
     reloads: Receiver<tokio::sync::oneshot::Sender<Reloaded>>,
+    embeds: Receiver<HiddenStates>,
 }
 
 /// How long an idle scheduler waits for a job before it looks for hot-swap checks.
@@ -210,6 +221,21 @@ impl Submitter {
         Ok(rx)
     }
 
+    /// Asks for the final normalized hidden states `[n][n_embd]` of `tokens` evaluated alone
+    /// from position 0 ([`Model::hidden_states_async`]: what an embedding pools), computed
+    /// between steps in a session of their own (outside the KV pool, sized to the tokens);
+    /// the answer comes on the receiver.
+    pub fn hidden_states(&self, tokens: Vec<u32>) -> Result<HiddenStatesReply, SubmitError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.embeds
+            .try_send(HiddenStates { tokens, reply })
+            .map_err(|e| match e {
+                TrySendError::Full(_) => SubmitError::Full,
+                TrySendError::Disconnected(_) => SubmitError::Closed,
+            })?;
+        Ok(rx)
+    }
+
     /// Jobs the admission queue holds at most: a request of more answers can never be
     /// queued whole.
     pub fn capacity(&self) -> usize {
@@ -226,15 +252,21 @@ impl Submitter {
 pub fn queue(queue: usize) -> (Submitter, Inbox) {
     let (tx, jobs) = std::sync::mpsc::sync_channel(queue);
     let (reloads_tx, reloads) = std::sync::mpsc::sync_channel(queue);
+    let (embeds_tx, embeds) = std::sync::mpsc::sync_channel(queue);
     let gauges = Arc::new(Gauges::default());
     (
         Submitter {
             tx,
             capacity: queue,
             reloads: reloads_tx,
+            embeds: embeds_tx,
             gauges,
         },
-        Inbox { jobs, reloads },
+        Inbox {
+            jobs,
+            reloads,
+            embeds,
+        },
     )
 }
 
@@ -275,6 +307,12 @@ pub fn run<B: Backend, M: ModelRef<B>>(
         // Between steps: hot-swap checks asked for.
         while let Ok(reply) = inbox.reloads.try_recv() {
             reload(&mut model, &mut running, &mut pool, reply);
+        }
+        // Between steps: hidden states asked for (embeddings).
+        while let Ok(h) = inbox.embeds.try_recv() {
+            let _ = h
+                .reply
+                .send(hidden_states(model.get(), config, batch, &h.tokens));
         }
         // Admit jobs while sequences are free; wait for one when nothing runs.
         while running.len() < parallel {
@@ -321,6 +359,28 @@ pub fn run<B: Backend, M: ModelRef<B>>(
         pool.evict_to(config.keep_idle);
         show(gauges, &running, &pool);
     }
+}
+
+/// The final hidden states of `tokens`, in a session of their own with `batch` rows a pass.
+fn hidden_states<B: Backend>(
+    model: &Model<B>,
+    config: &SchedulerConfig,
+    batch: usize,
+    tokens: &[u32],
+) -> Result<Vec<f32>, String> {
+    if tokens.is_empty() || tokens.len() > config.n_ctx {
+        return Err(format!(
+            "{} tokens: an input holds 1 to {} (the context)",
+            tokens.len(),
+            config.n_ctx
+        ));
+    }
+    let mut s = model
+        .new_session_with(tokens.len(), batch, &config.attention)
+        .map_err(|e| e.to_string())?;
+    model
+        .hidden_states(&mut s, tokens)
+        .map_err(|e| e.to_string())
 }
 
 /// Sets the gauges that follow the running sequences and the pool.
