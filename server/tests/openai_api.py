@@ -486,6 +486,7 @@ def tool_calls(srv, c):
     whole = call(tool_choice="required", parallel_tool_calls=False, temperature=0.9, seed=11)
     calls = {}
     finish = None
+    pieces = 0
     for ch in call(tool_choice="required", parallel_tool_calls=False, temperature=0.9, seed=11,
                    stream=True):
         for d in ch.choices[0].delta.tool_calls or []:
@@ -493,7 +494,10 @@ def tool_calls(srv, c):
             e["id"] = d.id or e["id"]
             e["name"] += (d.function.name or "") if d.function else ""
             e["arguments"] += (d.function.arguments or "") if d.function else ""
+            pieces += bool(d.function and d.function.arguments)
         finish = ch.choices[0].finish_reason or finish
+    # The arguments arrive as they are written, not in one piece at the end.
+    check(pieces > 3, f"arguments streamed in {pieces} pieces")
     want = [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments}
             for t in whole.choices[0].message.tool_calls]
     got = [calls[k] for k in sorted(calls)]

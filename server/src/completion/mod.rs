@@ -30,6 +30,7 @@ use crate::request::{parse, CompletionBody, Content, Message, Prompt};
 use crate::routes::read_body;
 use crate::stop::StopText;
 use crate::structured::{self, Structure};
+use crate::tools::stream::{CallStream, Delta};
 use crate::tools::{self, Said, Tools};
 use crate::{Ready, State};
 
@@ -672,13 +673,35 @@ struct Answer {
     arrived: Instant,
     first_token: Option<Instant>,
     choices: Vec<Choice>,
+    /// Each answer's calls as streamed so far (answers that can only call tools, streamed).
+    calls: Vec<Option<StreamedCalls>>,
     created: u64,
+}
+
+/// An answer's tool calls read as they arrive, and what of each was sent.
+struct StreamedCalls {
+    reader: CallStream,
+    /// Each call's name and the arguments sent.
+    sent: Vec<(String, String)>,
 }
 
 impl Answer {
     fn new(plan: Plan, state: Arc<State>, arrived: Instant) -> Self {
         let total = plan.prompts.len() * plan.n;
+        let calls = (0..total)
+            .map(|_| {
+                let t = plan
+                    .tools
+                    .as_ref()
+                    .filter(|t| plan.stream && t.streams_calls())?;
+                Some(StreamedCalls {
+                    reader: CallStream::new(t.format().family()),
+                    sent: Vec::new(),
+                })
+            })
+            .collect();
         Self {
+            calls,
             choices: (0..total).map(|_| Choice::default()).collect(),
             plan,
             state,
@@ -1007,64 +1030,115 @@ impl Answer {
         }
     }
 
-    /// The stream chunks an update makes. With tools, an answer is held until it ends, then
-    /// sent as OpenAI streams calls (each call's id and name, then its arguments) or as one
-    /// content delta.
-    fn chunks(&self, i: usize, u: &Update) -> Vec<Value> {
+    /// The stream chunks an update makes. With tools, an answer that can only call them is
+    /// streamed as it is written (each call's id and name, then its arguments in pieces);
+    /// one that may reply is held until it ends, then sent as calls or as one content delta.
+    fn chunks(&mut self, i: usize, u: &Update) -> Vec<Value> {
         if self.plan.tools.is_none() {
             return self.chunk(i, u).into_iter().collect();
         }
-        let wrap = |delta: Value, finish: Option<&str>| {
-            let choice =
-                json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": finish});
-            let mut v = self.object(self.chunk_object(), vec![choice]);
-            if self.plan.include_usage {
-                v["usage"] = Value::Null;
-            }
-            v
+        let deltas = match (u, &mut self.calls[i]) {
+            (Update::Text { text, .. }, Some(s)) => s.reader.push(text),
+            _ => Vec::new(),
         };
-        match u {
-            Update::Text { reasoning, .. } if !reasoning.is_empty() => {
-                vec![wrap(json!({ "reasoning_content": reasoning }), None)]
+        let mut out = Vec::new();
+        if let Update::Text { reasoning, .. } = u {
+            if !reasoning.is_empty() {
+                out.push(self.wrap(i, json!({ "reasoning_content": reasoning }), None));
             }
-            Update::Text { .. } => Vec::new(),
-            Update::Finish { .. } => {
-                let c = &self.choices[i];
-                let (message, finish) = self.said(i, c);
-                let mut out = Vec::new();
-                if let Some(f) = message.get("function_call") {
-                    out.push(wrap(
-                        json!({"function_call": {"name": f["name"], "arguments": ""}}),
-                        None,
-                    ));
-                    out.push(wrap(
-                        json!({"function_call": {"arguments": f["arguments"]}}),
-                        None,
-                    ));
-                } else if let Some(calls) = message["tool_calls"].as_array() {
-                    if let Some(text) = message["content"].as_str() {
-                        out.push(wrap(json!({ "content": text }), None));
+        }
+        for d in deltas {
+            let delta = match d {
+                Delta::Begin { index, name } => {
+                    let delta = self.call_delta(i, index, &name, "");
+                    if let Some(s) = &mut self.calls[i] {
+                        s.sent.push((name, String::new()));
                     }
-                    for (k, call) in calls.iter().enumerate() {
-                        let f = &call["function"];
-                        out.push(wrap(
-                            json!({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                                   "function": {"name": f["name"], "arguments": ""}}]}),
-                            None,
-                        ));
-                        out.push(wrap(
-                            json!({"tool_calls": [{"index": k, "function": {"arguments": f["arguments"]}}]}),
-                            None,
-                        ));
-                    }
-                } else if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
-                    out.push(wrap(json!({ "content": text }), None));
+                    delta
                 }
-                out.push(wrap(json!({}), finish));
+                Delta::Arguments { index, text } => {
+                    if let Some(sent) = self.calls[i].as_mut().and_then(|s| s.sent.get_mut(index)) {
+                        sent.1.push_str(&text);
+                    }
+                    json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+                }
+            };
+            out.push(self.wrap(i, delta, None));
+        }
+        match u {
+            Update::Finish { .. } => {
+                out.extend(self.finish_chunks(i));
                 out
             }
+            Update::Text { .. } => out,
             _ => self.chunk(i, u).into_iter().collect(),
         }
+    }
+
+    /// A stream chunk of answer `i` with `delta`.
+    fn wrap(&self, i: usize, delta: Value, finish: Option<&str>) -> Value {
+        let choice = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": finish});
+        let mut v = self.object(self.chunk_object(), vec![choice]);
+        if self.plan.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// The delta that opens answer `i`'s call `k` to `name` with `arguments`.
+    fn call_delta(&self, i: usize, k: usize, name: &str, arguments: &str) -> Value {
+        json!({"tool_calls": [{"index": k, "id": self.call_id(i, k), "type": "function",
+                               "function": {"name": name, "arguments": arguments}}]})
+    }
+
+    /// The chunks that end answer `i` with tools: what of its calls (or its reply) was not
+    /// streamed yet, then its `finish_reason`.
+    fn finish_chunks(&self, i: usize) -> Vec<Value> {
+        let c = &self.choices[i];
+        let (message, finish) = self.said(i, c);
+        let sent = self.calls[i]
+            .as_ref()
+            .map(|s| s.sent.as_slice())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        if let Some(f) = message.get("function_call") {
+            out.push(self.wrap(
+                i,
+                json!({"function_call": {"name": f["name"], "arguments": ""}}),
+                None,
+            ));
+            out.push(self.wrap(
+                i,
+                json!({"function_call": {"arguments": f["arguments"]}}),
+                None,
+            ));
+        } else if let Some(calls) = message["tool_calls"].as_array() {
+            if let Some(text) = message["content"].as_str() {
+                out.push(self.wrap(i, json!({ "content": text }), None));
+            }
+            for (k, call) in calls.iter().enumerate() {
+                let name = call["function"]["name"].as_str().unwrap_or_default();
+                let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+                // What streaming sent is the start of the call; the rest follows.
+                let rest = match sent.get(k) {
+                    Some((n, a)) if n == name => arguments.strip_prefix(a.as_str()),
+                    _ => None,
+                };
+                match rest {
+                    Some("") => {}
+                    Some(rest) => out.push(self.wrap(
+                        i,
+                        json!({"tool_calls": [{"index": k, "function": {"arguments": rest}}]}),
+                        None,
+                    )),
+                    None => out.push(self.wrap(i, self.call_delta(i, k, name, arguments), None)),
+                }
+            }
+        } else if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
+            out.push(self.wrap(i, json!({ "content": text }), None));
+        }
+        out.push(self.wrap(i, json!({}), finish));
+        out
     }
 
     /// The stream chunk an update makes, if any.

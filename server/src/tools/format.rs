@@ -14,6 +14,9 @@
 use hesper_engine::chat::{ChatTemplate, TemplateOrigin};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::grammar::prepared_schema;
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{Call, Tool};
@@ -216,7 +219,7 @@ impl ToolFormat {
             Family::MistralList => {
                 let start = text.find("[TOOL_CALLS]")?;
                 let list = text[start + "[TOOL_CALLS]".len()..].trim();
-                let calls = match serde_json::from_str::<Vec<Value>>(list) {
+                let calls = match serde_json::from_str::<Vec<RawCall>>(list) {
                     Ok(items) => items
                         .iter()
                         .map(|v| call_from(v, "arguments"))
@@ -296,42 +299,53 @@ fn mistral_args_call(segment: &str) -> Result<Call, String> {
         .split_once("[ARGS]")
         .ok_or_else(|| format!("a call without [ARGS]: {:?}", clip(segment)))?;
     let name = head.split("[CALL_ID]").next().unwrap_or_default().trim();
-    let arguments: Value = serde_json::from_str(arguments.trim())
-        .map_err(|e| format!("the arguments of {name:?} are not JSON: {e}"))?;
-    call_from(&json!({"name": name, "arguments": arguments}), "arguments")
+    let arguments = arguments.trim();
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(_)) if !name.is_empty() => Ok(Call {
+            name: name.to_string(),
+            arguments: arguments.to_string(),
+        }),
+        Ok(_) => Err(format!("the arguments of {name:?} are not an object")),
+        Err(e) => Err(format!("the arguments of {name:?} are not JSON: {e}")),
+    }
 }
+
+/// A call's JSON object, each value as the model wrote it.
+pub(crate) type RawCall<'a> = BTreeMap<String, &'a RawValue>;
 
 /// One JSON call `{"name": …, key: {…}}`.
 fn json_call(text: &str, key: &str) -> Result<Call, String> {
-    let v: Value = serde_json::from_str(text)
-        .map_err(|e| format!("the call is not JSON ({e}): {:?}", clip(text)))?;
+    let v: RawCall = serde_json::from_str(text)
+        .map_err(|e| format!("the call is not a JSON object ({e}): {:?}", clip(text)))?;
     call_from(&v, key)
 }
 
-/// A call from its JSON: a name, and arguments under `key` (or `arguments`), as an object or
-/// as the JSON text of one.
-fn call_from(v: &Value, key: &str) -> Result<Call, String> {
+/// A call from its JSON: a name, and arguments under `key` (or `arguments`): an object, kept
+/// as the model wrote it (what streaming sends piece by piece), or the JSON text of one.
+pub(crate) fn call_from(v: &RawCall, key: &str) -> Result<Call, String> {
     let name = v
         .get("name")
-        .and_then(Value::as_str)
+        .and_then(|r| serde_json::from_str::<String>(r.get()).ok())
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| format!("a call without a name: {}", clip(&v.to_string())))?;
-    let arguments = match v.get(key).or_else(|| v.get("arguments")) {
-        Some(Value::String(s)) if serde_json::from_str::<Value>(s).is_ok_and(|a| a.is_object()) => {
-            s.clone()
-        }
-        Some(a @ Value::Object(_)) => a.to_string(),
-        Some(Value::Null) | None => "{}".into(),
-        Some(other) => {
-            return Err(format!(
-                "the arguments of {name:?} are not an object: {other}"
-            ))
-        }
+        .ok_or("a call without a name")?;
+    let raw = v
+        .get(key)
+        .or_else(|| v.get("arguments"))
+        .map(|r| r.get().trim());
+    let arguments = match raw {
+        None | Some("null") => "{}".to_string(),
+        Some(a) if a.starts_with('{') => a.to_string(),
+        Some(a) => match serde_json::from_str::<String>(a) {
+            Ok(s) if serde_json::from_str::<Value>(&s).is_ok_and(|o| o.is_object()) => s,
+            _ => {
+                return Err(format!(
+                    "the arguments of {name:?} are not an object: {}",
+                    clip(a)
+                ))
+            }
+        },
     };
-    Ok(Call {
-        name: name.to_string(),
-        arguments,
-    })
+    Ok(Call { name, arguments })
 }
 
 /// The first 80 characters of `s`, for a message.
@@ -404,7 +418,7 @@ mod tests {
 
     #[test]
     fn each_family_reads_its_own_calls() {
-        let weather = call("get_weather", r#"{"city":"Ur"}"#);
+        let weather = call("get_weather", r#"{"city": "Ur"}"#);
         let time = call("get_time", "{}");
         let hermes = format(Family::Hermes);
         assert_eq!(

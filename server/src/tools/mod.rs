@@ -11,6 +11,7 @@
 //! fields are read as tools, and answered with one `function_call` as they were.
 
 pub mod format;
+pub mod stream;
 
 use hesper_runtime::grammar::GrammarSpec;
 use serde::Deserialize;
@@ -242,6 +243,12 @@ impl Tools {
         &self.format
     }
 
+    /// Whether a streamed answer's calls are sent as they are written: the grammar admits
+    /// only calls (`required` or a named function), and not the older single `function_call`.
+    pub fn streams_calls(&self) -> bool {
+        !self.may_reply() && !self.legacy
+    }
+
     /// Whether the tools go to the model through its own template (not the generic format).
     pub fn native(&self) -> bool {
         self.format.family() != Family::Generic
@@ -370,15 +377,17 @@ impl Tools {
         if let Some(r) = v.get("response").and_then(Value::as_str) {
             return Some(Said::Reply(r.to_string()));
         }
-        let calls = v.get("tool_calls")?.as_array()?;
+        /// The generic format's calls, each value as the model wrote it.
+        #[derive(Deserialize)]
+        struct Calls<'a> {
+            #[serde(borrow)]
+            tool_calls: Vec<format::RawCall<'a>>,
+        }
+        let calls: Calls = serde_json::from_str(text).ok()?;
         let calls = calls
+            .tool_calls
             .iter()
-            .map(|c| {
-                Some(Call {
-                    name: c.get("name")?.as_str()?.to_string(),
-                    arguments: c.get("arguments")?.to_string(),
-                })
-            })
+            .map(|c| format::call_from(c, "arguments").ok())
             .collect::<Option<Vec<_>>>()?;
         Some(Said::Calls {
             content: None,
@@ -533,7 +542,7 @@ mod tests {
                 content: None,
                 calls: vec![Call {
                     name: "get_weather".into(),
-                    arguments: r#"{"city":"Ur"}"#.into()
+                    arguments: r#"{"city": "Ur"}"#.into()
                 }]
             })
         );
