@@ -8,49 +8,32 @@
 //! `message_delta`, `message_stop`). Errors have Anthropic's shape:
 //! `{"type": "error", "error": {"type": …, "message": …}}`.
 
-use std::convert::Infallible;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State as Ext;
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::{plan, start, Answer, Kind, Update};
+use super::{copy_fields, start_translated, translated_stream, Answer, Translation, Update};
 use crate::error::ApiError;
-use crate::request::{parse, CompletionBody};
-use crate::routes::read_body;
 use crate::State;
 
 /// `POST /v1/messages`.
 pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let arrived = Instant::now();
-    let started = async {
-        state.ready()?;
-        let request: Value = parse(&read_body(&state, body).await?)?;
-        let chat = chat_body(&request)?;
-        let b: CompletionBody = parse(chat.to_string().as_bytes())?;
-        let plan = plan(&state, b, Kind::Chat).await?;
-        let updates = start(&state, &plan)?;
-        Ok::<_, ApiError>((plan, updates))
-    };
-    let (plan, updates) = match started.await {
+    let (_, plan, updates) = match start_translated(&state, body, chat_body).await {
         Ok(s) => s,
-        Err(e) => {
-            state.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            return error_response(&e);
-        }
+        Err(e) => return error_response(&e),
     };
     let m = Messaging::new(Answer::new(plan, state, arrived));
     if m.a.plan.stream {
-        stream(m, updates).into_response()
+        translated_stream(m, updates).into_response()
     } else {
         collect(m, updates).await
     }
@@ -125,19 +108,19 @@ fn chat_body(r: &Value) -> Result<Value, ApiError> {
     }
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::from(messages));
-    for (from, to) in [
-        ("model", "model"),
-        ("max_tokens", "max_tokens"),
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("top_k", "top_k"),
-        ("stream", "stream"),
-        ("stop_sequences", "stop"),
-    ] {
-        if let Some(v) = r.get(from).filter(|v| !v.is_null()) {
-            chat.insert(to.into(), v.clone());
-        }
-    }
+    copy_fields(
+        r,
+        &mut chat,
+        &[
+            ("model", "model"),
+            ("max_tokens", "max_tokens"),
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("top_k", "top_k"),
+            ("stream", "stream"),
+            ("stop_sequences", "stop"),
+        ],
+    );
     if let Some(tools) = r.get("tools").filter(|v| !v.is_null()) {
         chat.insert("tools".into(), chat_tools(tools)?);
     }
@@ -507,32 +490,17 @@ async fn collect(mut m: Messaging, mut updates: UnboundedReceiver<(usize, Update
     ))
 }
 
-/// Streams the answer as the Messages API's named events; a failure is an `error` event.
-fn stream(m: Messaging, updates: UnboundedReceiver<(usize, Update)>) -> impl IntoResponse {
-    let st = (m, updates, std::collections::VecDeque::new(), false);
-    let events = futures_util::stream::unfold(
-        st,
-        |(mut m, mut updates, mut queued, mut done)| async move {
-            loop {
-                if let Some(e) = queued.pop_front() {
-                    return Some((Ok::<_, Infallible>(e), (m, updates, queued, done)));
-                }
-                if done {
-                    return None;
-                }
-                let (i, u) = match updates.recv().await {
-                    Some(x) => x,
-                    None => (0, Update::Failed("the answer did not finish".into())),
-                };
-                if let Err(e) = m.a.apply(i, &u) {
-                    queued.push_back(Messaging::event("error", error_body(&e)));
-                    done = true;
-                    continue;
-                }
-                queued.extend(m.events(&u));
-                done = m.a.choices[0].finish.is_some();
-            }
-        },
-    );
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(2)))
+impl Translation for Messaging {
+    fn answer(&mut self) -> &mut Answer {
+        &mut self.a
+    }
+
+    fn events(&mut self, u: &Update) -> Vec<Event> {
+        Messaging::events(self, u)
+    }
+
+    /// An `error` event with Anthropic's error body.
+    fn error_event(&mut self, e: &ApiError) -> Event {
+        Self::event("error", error_body(e))
+    }
 }

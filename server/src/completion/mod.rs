@@ -431,6 +431,85 @@ fn text_prompts(ready: &Ready, b: &CompletionBody) -> Result<Vec<Vec<u32>>, ApiE
     Ok(prompts)
 }
 
+/// A single answer translated into another API's named events (the Responses and Messages
+/// APIs), streamed by [`translated_stream`].
+trait Translation: Send + 'static {
+    /// The answer under way.
+    fn answer(&mut self) -> &mut Answer;
+    /// The events an update makes.
+    fn events(&mut self, u: &Update) -> Vec<Event>;
+    /// The event that reports a failure (the stream then ends).
+    fn error_event(&mut self, e: &ApiError) -> Event;
+}
+
+/// Streams `t`'s events as its answer goes, ending after the finish or a failure.
+fn translated_stream<T: Translation>(
+    t: T,
+    updates: UnboundedReceiver<(usize, Update)>,
+) -> impl IntoResponse {
+    let st = (t, updates, VecDeque::new(), false);
+    let events = futures_util::stream::unfold(
+        st,
+        |(mut t, mut updates, mut queued, mut done)| async move {
+            loop {
+                if let Some(e) = queued.pop_front() {
+                    return Some((Ok::<_, Infallible>(e), (t, updates, queued, done)));
+                }
+                if done {
+                    return None;
+                }
+                let (i, u) = match updates.recv().await {
+                    Some(x) => x,
+                    None => (0, Update::Failed("the answer did not finish".into())),
+                };
+                if let Err(e) = t.answer().apply(i, &u) {
+                    queued.push_back(t.error_event(&e));
+                    done = true;
+                    continue;
+                }
+                queued.extend(t.events(&u));
+                done = t.answer().choices[0].finish.is_some();
+            }
+        },
+    );
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(2)))
+}
+
+/// What [`start_translated`] started: the request as sent, its plan, its answer's updates.
+type Started = (Value, Plan, UnboundedReceiver<(usize, Update)>);
+
+/// Reads another API's request, turns it into a chat request by `to_chat` and starts it on
+/// the scheduler; a failure is counted and returned.
+async fn start_translated(
+    state: &State,
+    body: Body,
+    to_chat: fn(&Value) -> Result<Value, ApiError>,
+) -> Result<Started, ApiError> {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let started = async {
+        state.ready()?;
+        let request: Value = parse(&read_body(state, body).await?)?;
+        let chat = to_chat(&request)?;
+        let b: CompletionBody = parse(chat.to_string().as_bytes())?;
+        let plan = plan(state, b, Kind::Chat).await?;
+        let updates = start(state, &plan)?;
+        Ok((request, plan, updates))
+    };
+    started.await.inspect_err(|_| {
+        state.metrics.errors.fetch_add(1, Ordering::Relaxed);
+    })
+}
+
+/// Copies the fields of `r` named first in `fields` (those not null) into `chat` under the
+/// second name: another API's request read as a chat request.
+fn copy_fields(r: &Map<String, Value>, chat: &mut Map<String, Value>, fields: &[(&str, &str)]) {
+    for (from, to) in fields {
+        if let Some(v) = r.get(*from).filter(|v| !v.is_null()) {
+            chat.insert((*to).into(), v.clone());
+        }
+    }
+}
+
 /// One token's log-probabilities as text.
 #[derive(Debug, Clone)]
 struct TokenLogprob {

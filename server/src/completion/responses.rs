@@ -5,50 +5,36 @@
 //! function calls), streamed as OpenAI's named events (`response.created` …
 //! `response.output_text.delta` … `response.completed`).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State as Ext;
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::{plan, start, unix_time, Answer, Kind, Update};
+use super::{
+    copy_fields, start_translated, translated_stream, unix_time, Answer, Translation, Update,
+};
 use crate::error::ApiError;
-use crate::request::{parse, CompletionBody};
-use crate::routes::read_body;
 use crate::State;
 
 /// `POST /v1/responses`.
 pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let arrived = Instant::now();
-    let started = async {
-        state.ready()?;
-        let request: Value = parse(&read_body(&state, body).await?)?;
-        let chat = chat_body(&request)?;
-        let b: CompletionBody = parse(chat.to_string().as_bytes())?;
-        let plan = plan(&state, b, Kind::Chat).await?;
-        let updates = start(&state, &plan)?;
-        Ok::<_, ApiError>((request, plan, updates))
-    };
-    let (request, plan, updates) = match started.await {
+    let (request, plan, updates) = match start_translated(&state, body, chat_body).await {
         Ok(s) => s,
-        Err(e) => {
-            state.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            return e.into_response();
-        }
+        Err(e) => return e.into_response(),
     };
     let answer = Answer::new(plan, state, arrived);
     let r = Responding::new(answer, &request);
     if r.a.plan.stream {
-        stream(r, updates).into_response()
+        translated_stream(r, updates).into_response()
     } else {
         collect(r, updates).await
     }
@@ -88,20 +74,20 @@ fn chat_body(r: &Value) -> Result<Value, ApiError> {
     }
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::from(messages));
-    for (from, to) in [
-        ("model", "model"),
-        ("max_output_tokens", "max_tokens"),
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("stream", "stream"),
-        ("parallel_tool_calls", "parallel_tool_calls"),
-        ("tool_choice", "tool_choice"),
-        ("seed", "seed"),
-    ] {
-        if let Some(v) = r.get(from).filter(|v| !v.is_null()) {
-            chat.insert(to.into(), v.clone());
-        }
-    }
+    copy_fields(
+        r,
+        &mut chat,
+        &[
+            ("model", "model"),
+            ("max_output_tokens", "max_tokens"),
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("stream", "stream"),
+            ("parallel_tool_calls", "parallel_tool_calls"),
+            ("tool_choice", "tool_choice"),
+            ("seed", "seed"),
+        ],
+    );
     if let Some(tools) = r.get("tools").and_then(Value::as_array) {
         let tools: Vec<Value> = tools
             .iter()
@@ -515,33 +501,18 @@ async fn collect(mut r: Responding, mut updates: UnboundedReceiver<(usize, Updat
     .into_response()
 }
 
-/// Streams the answer as the Responses API's named events; a failure is an `error` event.
-fn stream(r: Responding, updates: UnboundedReceiver<(usize, Update)>) -> impl IntoResponse {
-    let st = (r, updates, std::collections::VecDeque::new(), false);
-    let events = futures_util::stream::unfold(
-        st,
-        |(mut r, mut updates, mut queued, mut done)| async move {
-            loop {
-                if let Some(e) = queued.pop_front() {
-                    return Some((Ok::<_, Infallible>(e), (r, updates, queued, done)));
-                }
-                if done {
-                    return None;
-                }
-                let (i, u) = match updates.recv().await {
-                    Some(x) => x,
-                    None => (0, Update::Failed("the answer did not finish".into())),
-                };
-                if let Err(e) = r.a.apply(i, &u) {
-                    let body = e.body()["error"].clone();
-                    queued.push_back(r.event("error", body));
-                    done = true;
-                    continue;
-                }
-                queued.extend(r.events(&u));
-                done = r.a.choices[0].finish.is_some();
-            }
-        },
-    );
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(2)))
+impl Translation for Responding {
+    fn answer(&mut self) -> &mut Answer {
+        &mut self.a
+    }
+
+    fn events(&mut self, u: &Update) -> Vec<Event> {
+        Responding::events(self, u)
+    }
+
+    /// An `error` event.
+    fn error_event(&mut self, e: &ApiError) -> Event {
+        let body = e.body()["error"].clone();
+        self.event("error", body)
+    }
 }
