@@ -10,6 +10,13 @@
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
 
+/// The widest indent `tojson` takes (templates use 2 or 4): each line repeats it once per level.
+pub const MAX_INDENT: usize = 64;
+
+/// The most text one `tojson` writes: a hostile template's indent or separators, repeated over
+/// a request's values, end here instead of exhausting memory.
+pub const MAX_OUTPUT: usize = 64 << 20;
+
 /// `x | tojson(indent=…, separators=(item, key), sort_keys=…, ensure_ascii=…)` as transformers
 /// defines it.
 pub fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
@@ -17,11 +24,16 @@ pub fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) => match (v.as_i64(), v.as_str()) {
-            (Some(n), _) => Some(" ".repeat(n.max(0) as usize)),
+            (Some(n), _) => Some(" ".repeat(n.clamp(0, MAX_INDENT as i64 + 1) as usize)),
             (None, Some(s)) => Some(s.to_string()),
             _ => return Err(invalid("tojson: indent is a number or a string")),
         },
     };
+    if indent.as_ref().is_some_and(|i| i.len() > MAX_INDENT) {
+        return Err(invalid(&format!(
+            "tojson: an indent of more than {MAX_INDENT} characters"
+        )));
+    }
     let (item, key) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(s) if s.len() == 2 => (s[0].clone(), s[1].clone()),
         Some(_) => return Err(invalid("tojson: separators is (item, key)")),
@@ -74,6 +86,12 @@ struct Style {
 
 impl Style {
     fn write(&self, v: &Value, depth: usize, out: &mut String) -> Result<(), Error> {
+        if out.len() > MAX_OUTPUT {
+            return Err(invalid(&format!(
+                "tojson: more than {} MiB of JSON",
+                MAX_OUTPUT >> 20
+            )));
+        }
         match v.kind() {
             ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -272,6 +290,34 @@ mod tests {
         assert_eq!(
             dumps(r#""😀é""#, "ensure_ascii=true"),
             r#""\ud83d\ude00\u00e9""#
+        );
+    }
+
+    fn dumps_err(json: &str, args: &str) -> String {
+        let mut env = minijinja::Environment::new();
+        env.add_filter("tojson", tojson);
+        let v = value_from_json(&serde_json::from_str(json).unwrap());
+        env.render_str(
+            &format!("{{{{ v | tojson({args}) }}}}"),
+            minijinja::context! { v },
+        )
+        .expect_err("refused")
+        .to_string()
+    }
+
+    #[test]
+    fn a_hostile_indent_or_separator_is_refused_not_allocated() {
+        assert!(dumps_err("[1]", "indent=1000000000").contains("indent of more than 64"));
+        let wide = "x".repeat(65);
+        assert!(dumps_err("[1]", &format!("indent='{wide}'")).contains("indent of more than 64"));
+        // A separator of 1 MiB between 100 items would be 100 MiB of text.
+        let items = format!("[{}]", vec!["0"; 100].join(","));
+        let sep = "x".repeat(1 << 20);
+        assert!(dumps_err(&items, &format!("separators=('{sep}', ':')")).contains("MiB of JSON"));
+        // The widest indent allowed still writes.
+        assert_eq!(
+            dumps("[1]", "indent=64"),
+            format!("[\n{}1\n]", " ".repeat(64))
         );
     }
 }
