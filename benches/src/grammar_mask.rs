@@ -53,6 +53,14 @@ fn main() {
     });
     let person_answer = r#"{"name": "Abraham son of Terah", "age": 99, "email": "abraham@ur.example", "tags": ["admin", "user"], "address": {"street": "Oaks of Mamre 1", "city": "Hebron"}}"#;
     let gbnf = "root ::= item (\", \" item)*\nitem ::= [a-z]+ \"=\" [0-9]+\n";
+    // `tool_choice: "auto"` in Hermes' format as the server writes it: free text that holds no
+    // `<tool_call>`, or text up to the first one and a call of a tool.
+    let tool_auto = r#"start: REPLY? | LEAD rest
+rest: "\n" %json {"anyOf": [{"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": false}}, "required": ["name", "arguments"], "additionalProperties": false}], "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}} "\n" "</tool_call>"
+REPLY: /(.|\n)+/ & ~(/(.|\n)*/ "<tool_call>" /(.|\n)*/)
+LEAD: /(.|\n)*/ "<tool_call>" & ~(/(.|\n)*/ "<tool_call>" /(.|\n)+/)
+"#;
+    let tool_answer = "I shall look the weather up for you; one moment, please.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Jerusalem\", \"days\": 3}}\n</tool_call>";
     let cases = [
         (
             "json_schema (person)",
@@ -68,6 +76,11 @@ fn main() {
             "GBNF (key=value list)",
             GrammarSpec::Lark(gbnf_to_lark(gbnf).expect("GBNF")),
             "alpha=1, beta=22, gamma=333, delta=4444, epsilon=55555".to_string(),
+        ),
+        (
+            "tool call, auto (Hermes: text, then a call)",
+            GrammarSpec::Lark(tool_auto.to_string()),
+            tool_answer.to_string(),
         ),
     ];
     let mut means: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];

@@ -56,7 +56,7 @@ impl StopText {
 }
 
 /// The length of the longest end of `text` that begins `stop` (shorter than `stop`).
-fn partial_suffix(text: &str, stop: &str) -> usize {
+pub(crate) fn partial_suffix(text: &str, stop: &str) -> usize {
     (1..stop.len().min(text.len() + 1))
         .rev()
         .find(|&n| {

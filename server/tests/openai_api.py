@@ -467,6 +467,22 @@ def valid_calls(calls, names, what, short_ids=False):
             check(False, f"{what}: arguments {call.function.arguments!r}: {e}")
 
 
+def streamed_answer(chunks):
+    """A streamed chat answer's content and calls (name, arguments) put together, and the
+    number of chunks that carried text or arguments."""
+    content, calls, pieces = "", {}, 0
+    for ch in chunks:
+        d = ch.choices[0].delta
+        content += d.content or ""
+        pieces += bool(d.content)
+        for t in d.tool_calls or []:
+            e = calls.setdefault(t.index, ["", ""])
+            e[0] += t.function.name or ""
+            e[1] += t.function.arguments or ""
+            pieces += bool(t.function.arguments)
+    return (content, [tuple(calls[k]) for k in sorted(calls)]), pieces
+
+
 def tool_calls(srv, c):
     ask = [{"role": "user", "content": "What weather shall there be in Jerusalem?"}]
     call = lambda **kw: c.chat.completions.create(model="x", messages=ask, tools=TOOLS,
@@ -504,6 +520,21 @@ def tool_calls(srv, c):
     check([{**g, "id": None} for g in got] == [{**w, "id": None} for w in want],
           f"streamed calls {got} vs {want}")
     check(finish == "tool_calls", f"streamed finish {finish}")
+    # auto: a reply ({"response": …}, its string decoded as it streams) or a call, each streamed
+    # as written and equal to the answer made without streaming.
+    kinds = set()
+    for seed in (0, 1):
+        kw = dict(tool_choice="auto", parallel_tool_calls=False, temperature=0.9, seed=seed)
+        answer = call(**kw).choices[0].message
+        got, pieces = streamed_answer(call(stream=True, **kw))
+        want = (answer.content or "",
+                [(t.function.name, t.function.arguments) for t in answer.tool_calls or []])
+        check(got == want, f"auto, seed {seed}: streamed {got} vs {want}")
+        check(pieces > 3, f"auto, seed {seed}: streamed in {pieces} pieces")
+        kinds.add("calls" if want[1] else "reply")
+        if want[1]:
+            valid_calls(answer.tool_calls, PARAMS, f"auto, seed {seed}")
+    check(kinds == {"calls", "reply"}, f"auto answered with {kinds}")
     # The calls and their results go back to the model: the conversation goes on.
     m = whole.choices[0].message
     history = ask + [
@@ -548,6 +579,11 @@ NATIVE = [
 ]
 
 
+# Where each format's calls begin.
+MARKERS = {"Hermes <tool_call>": "<tool_call>", "Llama 3.x JSON": "{",
+           "Mistral [TOOL_CALLS] [ARGS]": "[TOOL_CALLS]"}
+
+
 def native_tools():
     """Models whose template has a tool format get the tools through it and answer in it:
     required and named calls constrained to that format parse back into valid calls, streamed
@@ -588,6 +624,13 @@ def native_tools():
             want = {"name": m.tool_calls[0].function.name,
                     "arguments": m.tool_calls[0].function.arguments} if m.tool_calls else None
             check(streamed == want, f"{file}: streamed {streamed} vs {want}")
+            # auto: text that begins no call (this model knows no tools), streamed as written.
+            answer = call(tool_choice="auto", temperature=0.9, seed=7).choices[0].message
+            got, _ = streamed_answer(call(tool_choice="auto", temperature=0.9, seed=7, stream=True))
+            want = (answer.content or "",
+                    [(t.function.name, t.function.arguments) for t in answer.tool_calls or []])
+            check(got == want and not want[1] and MARKERS[name] not in want[0],
+                  f"{file}: auto, streamed {got} vs {want}")
             if m.tool_calls:
                 history = ask + [
                     {"role": "assistant", "content": None,
@@ -640,7 +683,10 @@ def messages(srv, c):
     for u in uses:
         jsonschema.validate(u.input, PARAMS[u.name])
     with a.messages.stream(**tk) as st:
+        json_pieces = sum(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+                          for e in st)
         final = st.get_final_message()
+    check(json_pieces > 3, f"tool_use input streamed in {json_pieces} pieces")
     check([(b.name, b.input) for b in final.content if b.type == "tool_use"]
           == [(u.name, u.input) for u in uses], f"streamed tool_use {final} vs {r}")
     if uses:
@@ -784,6 +830,18 @@ def responses(srv, c):
     check(len(calls) == 1 and calls[0].name == "get_weather", f"response tools {r.output}")
     for call in calls:
         jsonschema.validate(json.loads(call.arguments), PARAMS["get_weather"])
+    # Streamed, the call's arguments arrive in pieces after its item, and equal the whole.
+    events = list(c.responses.create(model="x", input=[{"role": "user", "content": "Weather?"}],
+                                     tools=[tool], tool_choice="required",
+                                     parallel_tool_calls=False, temperature=0.9,
+                                     max_output_tokens=80, extra_body={"seed": 2}, stream=True))
+    kinds = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    added = kinds.index("response.output_item.added") if "response.output_item.added" in kinds else -1
+    check(len(deltas) > 3 and 0 <= added < kinds.index("response.function_call_arguments.delta")
+          and calls and "".join(deltas) == calls[0].arguments
+          and [o.arguments for o in events[-1].response.output] == [calls[0].arguments],
+          f"streamed function call: {kinds} {deltas}")
     r = c.responses.create(model="x", input="Yea or nay?", max_output_tokens=80, temperature=0.9,
                            extra_body={"seed": 3}, text={"format": {
                                "type": "json_schema", "name": "a", "schema": SCHEMAS[2], "strict": True}})

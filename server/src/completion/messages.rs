@@ -22,6 +22,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::{copy_fields, start_translated, translated_stream, Answer, Translation, Update};
 use crate::error::ApiError;
+use crate::tools::stream::{Delta, Piece};
 use crate::State;
 
 /// `POST /v1/messages`.
@@ -413,8 +414,8 @@ impl Messaging {
         )
     }
 
-    /// The events an update makes. With tools, the text waits for the end, when it is known
-    /// whether the answer called them.
+    /// The events an update makes: the thought, then text and `tool_use` blocks as they are
+    /// written.
     fn events(&mut self, u: &Update) -> Vec<Event> {
         let mut out = Vec::new();
         match u {
@@ -433,33 +434,20 @@ impl Messaging {
                     );
                     out.push(self.delta(json!({"type": "thinking_delta", "thinking": reasoning})));
                 }
-                if !text.is_empty() && self.a.plan.tools.is_none() {
-                    self.open_block(json!({"type": "text", "text": ""}), &mut out);
-                    out.push(self.delta(json!({"type": "text_delta", "text": text})));
+                for p in self.a.pieces(0, text) {
+                    self.piece_events(p, &mut out);
                 }
             }
             Update::Finish { .. } => {
-                let (content, reason, sequence) = self.finished();
-                if self.a.plan.tools.is_some() {
-                    for block in content.iter().filter(|b| b["type"] != "thinking") {
-                        if block["type"] == "tool_use" {
-                            let mut empty = block.clone();
-                            empty["input"] = json!({});
-                            self.open_block(empty, &mut out);
-                            out.push(self.delta(json!({"type": "input_json_delta",
-                                                       "partial_json": block["input"].to_string()})));
-                        } else {
-                            self.open_block(json!({"type": "text", "text": ""}), &mut out);
-                            out.push(
-                                self.delta(json!({"type": "text_delta", "text": block["text"]})),
-                            );
-                        }
-                    }
-                } else if self.blocks == 0 {
+                for p in self.a.closing_pieces(0) {
+                    self.piece_events(p, &mut out);
+                }
+                if self.blocks == 0 {
                     // An empty answer still has its text block.
                     self.open_block(json!({"type": "text", "text": ""}), &mut out);
                 }
                 self.close_block(&mut out);
+                let (_, reason, sequence) = self.finished();
                 out.push(Self::event(
                     "message_delta",
                     json!({"delta": {"stop_reason": reason, "stop_sequence": sequence},
@@ -470,6 +458,26 @@ impl Messaging {
             Update::Failed(_) => {}
         }
         out
+    }
+
+    /// The events of a piece of the answer: text, or a `tool_use` block and its input's JSON.
+    fn piece_events(&mut self, p: Piece, out: &mut Vec<Event>) {
+        match p {
+            Piece::Content(text) => {
+                self.open_block(json!({"type": "text", "text": ""}), out);
+                out.push(self.delta(json!({"type": "text_delta", "text": text})));
+            }
+            Piece::Call(Delta::Begin { index, name }) => {
+                let id = self.a.call_id(0, index);
+                self.open_block(
+                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    out,
+                );
+            }
+            Piece::Call(Delta::Arguments { text, .. }) => {
+                out.push(self.delta(json!({"type": "input_json_delta", "partial_json": text})));
+            }
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use crate::request::{parse, CompletionBody, Content, Message, Prompt};
 use crate::routes::read_body;
 use crate::stop::StopText;
 use crate::structured::{self, Structure};
-use crate::tools::stream::{CallStream, Delta};
+use crate::tools::stream::{AnswerStream, Delta, Piece};
 use crate::tools::{self, Said, Tools};
 use crate::{Ready, State};
 
@@ -752,35 +752,54 @@ struct Answer {
     arrived: Instant,
     first_token: Option<Instant>,
     choices: Vec<Choice>,
-    /// Each answer's calls as streamed so far (answers that can only call tools, streamed).
-    calls: Vec<Option<StreamedCalls>>,
+    /// Each answer with tools as streamed so far (all but the older single `function_call`).
+    streamed: Vec<Option<Streamed>>,
     created: u64,
 }
 
-/// An answer's tool calls read as they arrive, and what of each was sent.
-struct StreamedCalls {
-    reader: CallStream,
+/// An answer with tools read as it arrives, and what of it was sent.
+struct Streamed {
+    reader: AnswerStream,
+    /// The content sent.
+    content: String,
     /// Each call's name and the arguments sent.
-    sent: Vec<(String, String)>,
+    calls: Vec<(String, String)>,
+}
+
+impl Streamed {
+    /// Records `pieces` as sent.
+    fn record(&mut self, pieces: &[Piece]) {
+        for p in pieces {
+            match p {
+                Piece::Content(t) => self.content.push_str(t),
+                Piece::Call(Delta::Begin { name, .. }) => {
+                    self.calls.push((name.clone(), String::new()))
+                }
+                Piece::Call(Delta::Arguments { index, text }) => {
+                    if let Some(c) = self.calls.get_mut(*index) {
+                        c.1.push_str(text);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl Answer {
     fn new(plan: Plan, state: Arc<State>, arrived: Instant) -> Self {
         let total = plan.prompts.len() * plan.n;
-        let calls = (0..total)
+        let streamed = (0..total)
             .map(|_| {
-                let t = plan
-                    .tools
-                    .as_ref()
-                    .filter(|t| plan.stream && t.streams_calls())?;
-                Some(StreamedCalls {
-                    reader: CallStream::new(t.format().family()),
-                    sent: Vec::new(),
+                let t = plan.tools.as_ref().filter(|t| !t.legacy())?;
+                Some(Streamed {
+                    reader: AnswerStream::new(t.format().family(), t.may_reply()),
+                    content: String::new(),
+                    calls: Vec::new(),
                 })
             })
             .collect();
         Self {
-            calls,
+            streamed,
             choices: (0..total).map(|_| Choice::default()).collect(),
             plan,
             state,
@@ -1109,49 +1128,109 @@ impl Answer {
         }
     }
 
-    /// The stream chunks an update makes. With tools, an answer that can only call them is
-    /// streamed as it is written (each call's id and name, then its arguments in pieces);
-    /// one that may reply is held until it ends, then sent as calls or as one content delta.
+    /// The stream chunks an update makes. With tools, the answer is streamed as it is
+    /// written: its reply's text, or each call's id and name, then its arguments in pieces.
     fn chunks(&mut self, i: usize, u: &Update) -> Vec<Value> {
         if self.plan.tools.is_none() {
             return self.chunk(i, u).into_iter().collect();
         }
-        let deltas = match (u, &mut self.calls[i]) {
-            (Update::Text { text, .. }, Some(s)) => s.reader.push(text),
-            _ => Vec::new(),
-        };
-        let mut out = Vec::new();
-        if let Update::Text { reasoning, .. } = u {
-            if !reasoning.is_empty() {
-                out.push(self.wrap(i, json!({ "reasoning_content": reasoning }), None));
-            }
-        }
-        for d in deltas {
-            let delta = match d {
-                Delta::Begin { index, name } => {
-                    let delta = self.call_delta(i, index, &name, "");
-                    if let Some(s) = &mut self.calls[i] {
-                        s.sent.push((name, String::new()));
-                    }
-                    delta
-                }
-                Delta::Arguments { index, text } => {
-                    if let Some(sent) = self.calls[i].as_mut().and_then(|s| s.sent.get_mut(index)) {
-                        sent.1.push_str(&text);
-                    }
-                    json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
-                }
-            };
-            out.push(self.wrap(i, delta, None));
-        }
         match u {
-            Update::Finish { .. } => {
-                out.extend(self.finish_chunks(i));
+            Update::Text {
+                text, reasoning, ..
+            } => {
+                let mut out = Vec::new();
+                if !reasoning.is_empty() {
+                    out.push(self.wrap(i, json!({ "reasoning_content": reasoning }), None));
+                }
+                for p in self.pieces(i, text) {
+                    out.push(self.piece_chunk(i, p));
+                }
                 out
             }
-            Update::Text { .. } => out,
+            Update::Finish { .. } => self.finish_chunks(i),
             _ => self.chunk(i, u).into_iter().collect(),
         }
+    }
+
+    /// What answer `i`'s new `text` adds to its stream, recorded as sent: the text itself
+    /// without tools; with them, what the answer's reader makes of it (nothing for the older
+    /// single `function_call`, sent when it ends).
+    fn pieces(&mut self, i: usize, text: &str) -> Vec<Piece> {
+        if self.plan.tools.is_none() {
+            return (!text.is_empty())
+                .then(|| Piece::Content(text.to_string()))
+                .into_iter()
+                .collect();
+        }
+        let Some(s) = &mut self.streamed[i] else {
+            return Vec::new();
+        };
+        let pieces = s.reader.push(text);
+        s.record(&pieces);
+        pieces
+    }
+
+    /// What remains to stream when answer `i` ends: with tools, the text its reader held
+    /// back, then what of the finished answer's content and calls was not sent (all of it
+    /// where nothing was streamed); without them, nothing.
+    fn closing_pieces(&mut self, i: usize) -> Vec<Piece> {
+        if self.plan.tools.is_none() {
+            return Vec::new();
+        }
+        let (message, _) = self.said(i, &self.choices[i]);
+        let mut out = Vec::new();
+        let (content, calls) = match &mut self.streamed[i] {
+            Some(s) => {
+                let held = s.reader.finish();
+                s.record(&held);
+                out = held;
+                (s.content.clone(), s.calls.clone())
+            }
+            None => Default::default(),
+        };
+        let text = message["content"].as_str().unwrap_or_default();
+        if calls.is_empty() {
+            if let Some(rest) = text
+                .strip_prefix(content.as_str())
+                .filter(|r| !r.is_empty())
+            {
+                out.push(Piece::Content(rest.to_string()));
+            }
+        }
+        for (k, call) in message["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let name = call["function"]["name"].as_str().unwrap_or_default();
+            let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+            // What was streamed is the start of the call; the rest follows.
+            let rest = match calls.get(k) {
+                Some((n, a)) if n == name => arguments.strip_prefix(a.as_str()),
+                _ => None,
+            };
+            let text = match rest {
+                Some(rest) => rest,
+                None => {
+                    out.push(Piece::Call(Delta::Begin {
+                        index: k,
+                        name: name.to_string(),
+                    }));
+                    arguments
+                }
+            };
+            if !text.is_empty() {
+                out.push(Piece::Call(Delta::Arguments {
+                    index: k,
+                    text: text.to_string(),
+                }));
+            }
+        }
+        if let Some(s) = &mut self.streamed[i] {
+            s.record(&out);
+        }
+        out
     }
 
     /// A stream chunk of answer `i` with `delta`.
@@ -1164,21 +1243,26 @@ impl Answer {
         v
     }
 
-    /// The delta that opens answer `i`'s call `k` to `name` with `arguments`.
-    fn call_delta(&self, i: usize, k: usize, name: &str, arguments: &str) -> Value {
-        json!({"tool_calls": [{"index": k, "id": self.call_id(i, k), "type": "function",
-                               "function": {"name": name, "arguments": arguments}}]})
+    /// The chat chunk of a piece of answer `i`.
+    fn piece_chunk(&self, i: usize, p: Piece) -> Value {
+        let delta = match p {
+            Piece::Content(text) => json!({ "content": text }),
+            Piece::Call(Delta::Begin { index, name }) => {
+                json!({"tool_calls": [{"index": index, "id": self.call_id(i, index),
+                                       "type": "function",
+                                       "function": {"name": name, "arguments": ""}}]})
+            }
+            Piece::Call(Delta::Arguments { index, text }) => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+            }
+        };
+        self.wrap(i, delta, None)
     }
 
-    /// The chunks that end answer `i` with tools: what of its calls (or its reply) was not
-    /// streamed yet, then its `finish_reason`.
-    fn finish_chunks(&self, i: usize) -> Vec<Value> {
-        let c = &self.choices[i];
-        let (message, finish) = self.said(i, c);
-        let sent = self.calls[i]
-            .as_ref()
-            .map(|s| s.sent.as_slice())
-            .unwrap_or_default();
+    /// The chunks that end answer `i` with tools: what of it was not streamed yet (the
+    /// older `function_call` whole), then its `finish_reason`.
+    fn finish_chunks(&mut self, i: usize) -> Vec<Value> {
+        let (message, finish) = self.said(i, &self.choices[i]);
         let mut out = Vec::new();
         if let Some(f) = message.get("function_call") {
             out.push(self.wrap(
@@ -1191,30 +1275,10 @@ impl Answer {
                 json!({"function_call": {"arguments": f["arguments"]}}),
                 None,
             ));
-        } else if let Some(calls) = message["tool_calls"].as_array() {
-            if let Some(text) = message["content"].as_str() {
-                out.push(self.wrap(i, json!({ "content": text }), None));
+        } else {
+            for p in self.closing_pieces(i) {
+                out.push(self.piece_chunk(i, p));
             }
-            for (k, call) in calls.iter().enumerate() {
-                let name = call["function"]["name"].as_str().unwrap_or_default();
-                let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
-                // What streaming sent is the start of the call; the rest follows.
-                let rest = match sent.get(k) {
-                    Some((n, a)) if n == name => arguments.strip_prefix(a.as_str()),
-                    _ => None,
-                };
-                match rest {
-                    Some("") => {}
-                    Some(rest) => out.push(self.wrap(
-                        i,
-                        json!({"tool_calls": [{"index": k, "function": {"arguments": rest}}]}),
-                        None,
-                    )),
-                    None => out.push(self.wrap(i, self.call_delta(i, k, name, arguments), None)),
-                }
-            }
-        } else if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
-            out.push(self.wrap(i, json!({ "content": text }), None));
         }
         out.push(self.wrap(i, json!({}), finish));
         out

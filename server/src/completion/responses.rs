@@ -22,6 +22,7 @@ use super::{
     copy_fields, start_translated, translated_stream, unix_time, Answer, Translation, Update,
 };
 use crate::error::ApiError;
+use crate::tools::stream::{Delta, Piece};
 use crate::State;
 
 /// `POST /v1/responses`.
@@ -194,10 +195,24 @@ struct Responding {
     /// Settings a `response` object repeats.
     echo: Value,
     sequence: u64,
-    /// Streamed: whether the message item and its text part were opened.
-    opened: bool,
-    /// Streamed: the reasoning item opened, and its text so far.
-    thinking: Option<String>,
+    /// Streamed: the item open now.
+    open: Open,
+    /// Streamed: the thought so far (a reasoning item is first in `output` when not empty).
+    thought: String,
+    /// Streamed: the message's text so far, once its item was opened.
+    message: Option<String>,
+    /// Streamed: the function calls so far, each as its item.
+    calls: Vec<Value>,
+}
+
+/// The output item a stream has open.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Open {
+    None,
+    Thinking,
+    Message,
+    /// Function call `k`.
+    Call(usize),
 }
 
 impl Responding {
@@ -226,8 +241,10 @@ impl Responding {
             message_id: format!("msg_{stem}"),
             echo,
             sequence: 0,
-            opened: false,
-            thinking: None,
+            open: Open::None,
+            thought: String::new(),
+            message: None,
+            calls: Vec::new(),
         }
     }
 
@@ -262,7 +279,8 @@ impl Responding {
         v
     }
 
-    /// The finished answer's output items and status.
+    /// The finished answer's output items and status: a reasoning item for a thought, the
+    /// message where there is text (or nothing else), then the function calls.
     fn finished(&self) -> (Vec<Value>, &'static str) {
         let c = &self.a.choices[0];
         let (message, finish) = self.a.message(0, c);
@@ -270,20 +288,18 @@ impl Responding {
         if let Some(thought) = message["reasoning_content"].as_str() {
             output.push(self.reasoning_item(thought, "completed"));
         }
-        if let Some(calls) = message["tool_calls"].as_array() {
-            for call in calls {
-                output.push(json!({
-                    "type": "function_call",
-                    "id": format!("fc_{}", call["id"].as_str().unwrap_or_default()),
-                    "call_id": call["id"],
-                    "name": call["function"]["name"],
-                    "arguments": call["function"]["arguments"],
-                    "status": "completed",
-                }));
-            }
-        } else {
-            let text = message["content"].as_str().unwrap_or_default();
+        let text = message["content"].as_str().unwrap_or_default();
+        let calls = message["tool_calls"].as_array();
+        if !text.is_empty() || calls.is_none() {
             output.push(self.message_item(text, "completed"));
+        }
+        for call in calls.into_iter().flatten() {
+            output.push(Self::call_item(
+                call["id"].as_str().unwrap_or_default(),
+                &call["function"]["name"],
+                &call["function"]["arguments"],
+                "completed",
+            ));
         }
         let status = if finish == Some("length") {
             "incomplete"
@@ -291,6 +307,12 @@ impl Responding {
             "completed"
         };
         (output, status)
+    }
+
+    /// A `function_call` item.
+    fn call_item(call_id: &str, name: &Value, arguments: &Value, status: &str) -> Value {
+        json!({"type": "function_call", "id": format!("fc_{call_id}"), "call_id": call_id,
+               "name": name, "arguments": arguments, "status": status})
     }
 
     fn message_item(&self, text: &str, status: &str) -> Value {
@@ -308,7 +330,7 @@ impl Responding {
     }
 
     fn reasoning_item(&self, thought: &str, status: &str) -> Value {
-        json!({"type": "reasoning", "id": format!("rs_{}", &self.id[5..]), "status": status,
+        json!({"type": "reasoning", "id": self.reasoning_id(), "status": status,
                "summary": [], "content": [{"type": "reasoning_text", "text": thought}]})
     }
 
@@ -320,7 +342,8 @@ impl Responding {
         Event::default().event(kind).data(data.to_string())
     }
 
-    /// The events an update makes.
+    /// The events an update makes: the thought, then the message's text or the function
+    /// calls as they are written.
     fn events(&mut self, u: &Update) -> Vec<Event> {
         let mut out = Vec::new();
         match u {
@@ -334,30 +357,24 @@ impl Responding {
                 text, reasoning, ..
             } => {
                 if !reasoning.is_empty() {
-                    if self.thinking.is_none() {
+                    if self.open != Open::Thinking {
+                        out.extend(self.close_open());
+                        self.open = Open::Thinking;
                         let item = self.reasoning_item("", "in_progress");
                         out.push(self.event(
                             "response.output_item.added",
                             json!({"output_index": 0, "item": item}),
                         ));
                     }
-                    self.thinking
-                        .get_or_insert_with(String::new)
-                        .push_str(reasoning);
-                    let id = format!("rs_{}", &self.id[5..]);
+                    self.thought.push_str(reasoning);
+                    let id = self.reasoning_id();
                     out.push(self.event(
                         "response.reasoning_text.delta",
                         json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": reasoning}),
                     ));
                 }
-                if !text.is_empty() && self.a.plan.tools.is_none() {
-                    out.extend(self.open_message());
-                    let (id, index) = (self.message_id.clone(), self.message_index());
-                    out.push(self.event(
-                        "response.output_text.delta",
-                        json!({"item_id": id, "output_index": index, "content_index": 0,
-                               "delta": text, "logprobs": []}),
-                    ));
+                for p in self.a.pieces(0, text) {
+                    out.extend(self.piece_events(p));
                 }
             }
             Update::Finish { .. } => out.extend(self.close()),
@@ -366,18 +383,71 @@ impl Responding {
         out
     }
 
-    /// Where the message item is in `output` (after a reasoning item).
-    fn message_index(&self) -> usize {
-        usize::from(self.thinking.is_some())
+    fn reasoning_id(&self) -> String {
+        format!("rs_{}", &self.id[5..])
     }
 
-    /// The message item and its text part, opened once.
-    fn open_message(&mut self) -> Vec<Event> {
-        if self.opened {
-            return Vec::new();
+    /// Where the message item is in `output` (after a reasoning item).
+    fn message_index(&self) -> usize {
+        usize::from(!self.thought.is_empty())
+    }
+
+    /// Where function call `k` is in `output`.
+    fn call_index(&self, k: usize) -> usize {
+        self.message_index() + usize::from(self.message.is_some()) + k
+    }
+
+    /// The events of a piece of the answer: its text in the message item, or a function
+    /// call's item and its arguments.
+    fn piece_events(&mut self, p: Piece) -> Vec<Event> {
+        let mut out = Vec::new();
+        match p {
+            Piece::Content(text) => {
+                if self.open != Open::Message {
+                    out.extend(self.open_message());
+                }
+                self.message.get_or_insert_with(String::new).push_str(&text);
+                let (id, index) = (self.message_id.clone(), self.message_index());
+                out.push(self.event(
+                    "response.output_text.delta",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "delta": text, "logprobs": []}),
+                ));
+            }
+            Piece::Call(Delta::Begin { index: k, name }) => {
+                out.extend(self.close_open());
+                let call_id = self.a.call_id(0, k);
+                let item = Self::call_item(&call_id, &json!(name), &json!(""), "in_progress");
+                self.calls.push(item.clone());
+                self.open = Open::Call(k);
+                let index = self.call_index(k);
+                out.push(self.event(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                ));
+            }
+            Piece::Call(Delta::Arguments { index: k, text }) => {
+                let Some(call) = self.calls.get_mut(k) else {
+                    return out;
+                };
+                let arguments = format!("{}{text}", call["arguments"].as_str().unwrap_or_default());
+                call["arguments"] = json!(arguments);
+                let id = call["id"].clone();
+                let index = self.call_index(k);
+                out.push(self.event(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": id, "output_index": index, "delta": text}),
+                ));
+            }
         }
-        self.opened = true;
-        let mut out = self.close_thinking();
+        out
+    }
+
+    /// The message item and its text part, opened (after closing the item open before).
+    fn open_message(&mut self) -> Vec<Event> {
+        let mut out = self.close_open();
+        self.open = Open::Message;
+        self.message = Some(String::new());
         let index = self.message_index();
         let item = self.message_item("", "in_progress");
         out.push(self.event(
@@ -393,85 +463,77 @@ impl Responding {
         out
     }
 
-    /// The reasoning item's end, if one is open.
-    fn close_thinking(&mut self) -> Vec<Event> {
-        let Some(thought) = self.thinking.clone() else {
-            return Vec::new();
-        };
-        let id = format!("rs_{}", &self.id[5..]);
-        let item = self.reasoning_item(&thought, "completed");
-        vec![
-            self.event(
-                "response.reasoning_text.done",
-                json!({"item_id": id, "output_index": 0, "content_index": 0, "text": thought}),
-            ),
-            self.event(
-                "response.output_item.done",
-                json!({"output_index": 0, "item": item}),
-            ),
-        ]
-    }
-
-    /// The ends of the open items (function calls are sent whole here), then
-    /// `response.completed` (or `incomplete`).
-    fn close(&mut self) -> Vec<Event> {
-        let (output, status) = self.finished();
-        let mut out = Vec::new();
-        let calls: Vec<&Value> = output
-            .iter()
-            .filter(|i| i["type"] == "function_call")
-            .collect();
-        if calls.is_empty() {
-            out.extend(self.open_message());
-            let index = self.message_index();
-            let message = output.iter().find(|i| i["type"] == "message").cloned();
-            let text = message
-                .as_ref()
-                .and_then(|m| m["content"][0]["text"].as_str())
-                .unwrap_or_default()
-                .to_string();
-            let id = self.message_id.clone();
-            out.push(self.event(
-                "response.output_text.done",
-                json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
-                       "logprobs": []}),
-            ));
-            out.push(self.event(
-                "response.content_part.done",
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": Self::text_part(&text)}),
-            ));
-            out.push(self.event(
-                "response.output_item.done",
-                json!({"output_index": index, "item": message}),
-            ));
-        } else {
-            let calls: Vec<Value> = calls.into_iter().cloned().collect();
-            out.extend(self.close_thinking());
-            let first = self.message_index();
-            for (k, call) in calls.iter().enumerate() {
-                let index = first + k;
-                let mut added = call.clone();
-                added["arguments"] = json!("");
-                added["status"] = json!("in_progress");
-                out.push(self.event(
-                    "response.output_item.added",
-                    json!({"output_index": index, "item": added}),
-                ));
-                out.push(self.event(
-                    "response.function_call_arguments.delta",
-                    json!({"item_id": call["id"], "output_index": index, "delta": call["arguments"]}),
-                ));
-                out.push(self.event(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": call["id"], "output_index": index, "arguments": call["arguments"]}),
-                ));
-                out.push(self.event(
-                    "response.output_item.done",
-                    json!({"output_index": index, "item": call}),
-                ));
+    /// The end of the item open now, with all it holds.
+    fn close_open(&mut self) -> Vec<Event> {
+        let open = std::mem::replace(&mut self.open, Open::None);
+        match open {
+            Open::None => Vec::new(),
+            Open::Thinking => {
+                let (id, thought) = (self.reasoning_id(), self.thought.clone());
+                let item = self.reasoning_item(&thought, "completed");
+                vec![
+                    self.event(
+                        "response.reasoning_text.done",
+                        json!({"item_id": id, "output_index": 0, "content_index": 0, "text": thought}),
+                    ),
+                    self.event(
+                        "response.output_item.done",
+                        json!({"output_index": 0, "item": item}),
+                    ),
+                ]
+            }
+            Open::Message => {
+                let text = self.message.clone().unwrap_or_default();
+                let (id, index) = (self.message_id.clone(), self.message_index());
+                let item = self.message_item(&text, "completed");
+                vec![
+                    self.event(
+                        "response.output_text.done",
+                        json!({"item_id": id, "output_index": index, "content_index": 0,
+                               "text": text, "logprobs": []}),
+                    ),
+                    self.event(
+                        "response.content_part.done",
+                        json!({"item_id": id, "output_index": index, "content_index": 0,
+                               "part": Self::text_part(&text)}),
+                    ),
+                    self.event(
+                        "response.output_item.done",
+                        json!({"output_index": index, "item": item}),
+                    ),
+                ]
+            }
+            Open::Call(k) => {
+                let mut item = self.calls[k].clone();
+                item["status"] = json!("completed");
+                let index = self.call_index(k);
+                vec![
+                    self.event(
+                        "response.function_call_arguments.done",
+                        json!({"item_id": item["id"], "output_index": index,
+                               "arguments": item["arguments"]}),
+                    ),
+                    self.event(
+                        "response.output_item.done",
+                        json!({"output_index": index, "item": item}),
+                    ),
+                ]
             }
         }
+    }
+
+    /// What of the answer was not streamed yet, the end of the open item (an empty message
+    /// where nothing was said), then `response.completed` (or `incomplete`).
+    fn close(&mut self) -> Vec<Event> {
+        let mut out = Vec::new();
+        for p in self.a.closing_pieces(0) {
+            out.extend(self.piece_events(p));
+        }
+        if self.message.is_none() && self.calls.is_empty() {
+            out.extend(self.open_message());
+        }
+        out.extend(self.close_open());
+        let (output, status) = self.finished();
         let done = self.object(status, output);
         let kind = if status == "incomplete" {
             "response.incomplete"

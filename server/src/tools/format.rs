@@ -7,9 +7,11 @@
 //!
 //! `tool_choice: "required"` or a named function constrains the answer to the format's calls
 //! (a Lark grammar: the format's markers around JSON valid against each tool's `parameters`);
-//! `auto` leaves the answer free, and what it says is read back afterwards: text without the
-//! format's marker is a reply, a marker followed by what does not parse is returned as the
-//! text with a warning.
+//! `auto` to a reply that holds no marker, or text up to the first marker and then calls (as
+//! llama.cpp's grammar triggered by the marker, but the reply cannot write a marker that
+//! begins no valid call). What the answer says is read back afterwards: text without the
+//! format's marker is a reply; a marker followed by what does not parse (a call cut short by
+//! `max_tokens`) is returned as the text with a warning.
 
 use hesper_engine::chat::{ChatTemplate, TemplateOrigin};
 use hesper_engine::tokenizer::Tokenizer;
@@ -128,8 +130,10 @@ impl ToolFormat {
     }
 
     /// The Lark grammar of an answer that calls `tools` (at most one call unless
-    /// `parallel`); `None` for the generic format, which has its own.
-    pub fn grammar(&self, tools: &[&Tool], parallel: bool) -> Option<String> {
+    /// `parallel`), or, where it `may_reply`, says anything that does not begin a call: text
+    /// up to the format's first marker (which, when it is text, the reply cannot contain)
+    /// followed by calls, or text alone. `None` for the generic format, which has its own.
+    pub fn grammar(&self, tools: &[&Tool], parallel: bool, may_reply: bool) -> Option<String> {
         let args = |t: &Tool| prepared_schema(t.parameters.clone());
         let call_schema = |key: &str| {
             let calls: Vec<Value> = tools
@@ -142,27 +146,27 @@ impl ToolFormat {
                 .collect();
             json!({"anyOf": calls})
         };
-        let repeat = |call: &str, sep: &str| {
-            if parallel {
-                format!("start: call ({sep} call)*\ncall: {call}\n")
-            } else {
-                format!("start: call\ncall: {call}\n")
-            }
-        };
-        Some(match self.family {
+        // Each family's first marker, what a call writes after it, and what comes between
+        // two calls (`None`: one marker opens all the calls).
+        let (marker, rest, between) = match self.family {
             Family::Generic => return None,
-            Family::Hermes => repeat(
-                &format!(
-                    "{} \"\\n\" %json {} \"\\n\" {}",
-                    self.marker("<tool_call>").lark(),
+            Family::Llama3 => {
+                let call = format!("%json {}", prepared_schema(call_schema("parameters")));
+                let reply = r#"REPLY: /(.|\n)+/ & ~(/[ \t\r\n]*/ "{" /(.|\n)*/)"#;
+                return Some(if may_reply {
+                    format!("start: REPLY? | call\ncall: {call}\n{reply}\n")
+                } else {
+                    format!("start: call\ncall: {call}\n")
+                });
+            }
+            Family::Hermes => (
+                self.marker("<tool_call>"),
+                format!(
+                    "\"\\n\" %json {} \"\\n\" {}",
                     prepared_schema(call_schema("arguments")),
                     self.marker("</tool_call>").lark()
                 ),
-                "\"\\n\"",
-            ),
-            Family::Llama3 => format!(
-                "start: %json {}\n",
-                prepared_schema(call_schema("parameters"))
+                Some("\"\\n\""),
             ),
             Family::MistralList => {
                 let mut list = json!({"type": "array", "items": call_schema("arguments"),
@@ -170,10 +174,10 @@ impl ToolFormat {
                 if !parallel {
                     list["maxItems"] = json!(1);
                 }
-                format!(
-                    "start: {} %json {}\n",
-                    self.marker("[TOOL_CALLS]").lark(),
-                    prepared_schema(list)
+                (
+                    self.marker("[TOOL_CALLS]"),
+                    format!("%json {}", prepared_schema(list)),
+                    None,
                 )
             }
             Family::MistralArgs => {
@@ -188,13 +192,34 @@ impl ToolFormat {
                         )
                     })
                     .collect();
-                repeat(
-                    &format!(
-                        "{} ({})",
-                        self.marker("[TOOL_CALLS]").lark(),
-                        one.join(" | ")
-                    ),
-                    "\"\"",
+                (
+                    self.marker("[TOOL_CALLS]"),
+                    format!("({})", one.join(" | ")),
+                    Some("\"\""),
+                )
+            }
+        };
+        let more = match between {
+            Some(sep) if parallel => format!(" ({sep} call)*"),
+            _ => String::new(),
+        };
+        let call = format!("call: {} rest\n", marker.lark());
+        let rest = format!("rest: {rest}\n");
+        if !may_reply {
+            return Some(format!("start: call{more}\n{call}{rest}"));
+        }
+        let any = "/(.|\\n)*/";
+        Some(match marker.control {
+            // The reply's text cannot hold a control token: the marker ends it.
+            Some(_) => format!("start: REPLY? (call{more})?\n{call}{rest}REPLY: /(.|\\n)+/\n"),
+            // Text that holds no marker, or text up to the first marker and the rest of the
+            // call after it.
+            None => {
+                let m = Value::from(marker.text).to_string();
+                format!(
+                    "start: REPLY? | LEAD rest{more}\n{call}{rest}\
+                     REPLY: /(.|\\n)+/ & ~({any} {m} {any})\n\
+                     LEAD: {any} {m} & ~({any} {m} /(.|\\n)+/)\n"
                 )
             }
         })
@@ -244,7 +269,7 @@ impl ToolFormat {
 /// An answer's calls and the text before them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Parsed {
-    /// The text before the first call, trimmed (`None` when empty).
+    /// The text before the first call, its end trimmed (`None` when only white space).
     pub content: Option<String>,
     /// The calls.
     pub calls: Vec<Call>,
@@ -252,7 +277,7 @@ pub struct Parsed {
 
 impl Parsed {
     fn new(before: &str, calls: Vec<Call>) -> Self {
-        let before = before.trim();
+        let before = before.trim_end();
         Self {
             content: (!before.is_empty()).then(|| before.to_string()),
             calls,
@@ -356,6 +381,7 @@ fn clip(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hesper_runtime::grammar::{GrammarSpec, Grammars};
 
     fn format(family: Family) -> ToolFormat {
         let texts: &[&'static str] = match family {
@@ -409,6 +435,192 @@ mod tests {
         ] {
             let source = std::fs::read_to_string(dir.join(file)).expect("template");
             assert_eq!(family_of(&source), family, "{file}");
+        }
+    }
+
+    /// A piece of an answer: text, or one control token.
+    enum Piece<'a> {
+        Text(&'a str),
+        Token(u32),
+    }
+
+    /// Whether `pieces` make a whole answer that `grammar` admits, on `tok`'s vocabulary.
+    fn admits(g: &Grammars, tok: &Tokenizer, grammar: &str, pieces: &[Piece]) -> bool {
+        let mut c = g
+            .compile(&GrammarSpec::Lark(grammar.to_string()))
+            .unwrap_or_else(|e| panic!("{e}\n{grammar}"));
+        let mut ended = false;
+        for p in pieces {
+            let ids = match p {
+                Piece::Text(t) => tok.encode_continuation(t).expect("encodes"),
+                Piece::Token(id) => vec![*id],
+            };
+            for id in ids {
+                match c.accept(id) {
+                    Ok(_) if ended => return false,
+                    Ok(end) => ended = end,
+                    Err(_) => return false,
+                }
+            }
+        }
+        // Complete: nothing may follow, or the end of generation may.
+        let mut logits = vec![0.0f32; tok.vocab_size()];
+        ended
+            || (c.mask(&mut logits).is_ok() && logits[tok.eos().expect("eos") as usize].is_finite())
+    }
+
+    #[test]
+    fn auto_admits_replies_and_valid_calls_and_nothing_else() {
+        use hesper_engine::gguf::Gguf;
+        let bytes =
+            std::fs::read(hesper_tests_dir().join("../../tokenizer/ggml-vocab-llama-bpe.gguf"))
+                .expect("Llama 3's vocabulary");
+        let tok = Tokenizer::from_gguf(&Gguf::parse(&bytes).expect("parses"))
+            .expect("tokenizer")
+            .expect("has one");
+        let tok = std::sync::Arc::new(tok);
+        let g = Grammars::new(tok.clone()).expect("grammars");
+        let weather = Tool {
+            name: "get_weather".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}),
+        };
+        let time = Tool {
+            name: "get_time".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {}}),
+        };
+        let tools = [&weather, &time];
+        let weather_call = r#"{"name": "get_weather", "arguments": {"city": "Ur"}}"#;
+        let time_call = r#"{"name": "get_time", "arguments": {}}"#;
+        let unknown_call = r#"{"name": "smite", "arguments": {}}"#;
+        let text = |f: &ToolFormat, parallel, reply, s: &str| {
+            admits(
+                &g,
+                &tok,
+                &f.grammar(&tools, parallel, reply).unwrap(),
+                &[Piece::Text(s)],
+            )
+        };
+
+        // Markers that are text: a reply cannot hold one.
+        let hermes = format(Family::Hermes);
+        let hermes_calls = format!(
+            "Let me look.\n<tool_call>\n{weather_call}\n</tool_call>\n<tool_call>\n{time_call}\n</tool_call>"
+        );
+        for (answer, parallel, reply, want) in [
+            ("", false, true, true),
+            ("It is sunny.\nIn Ur.", false, true, true),
+            (&hermes_calls, true, true, true),
+            (&hermes_calls, false, true, false),
+            (
+                &format!("<tool_call>\n{time_call}\n</tool_call>"),
+                false,
+                true,
+                true,
+            ),
+            (
+                &format!("<tool_call>\n{unknown_call}\n</tool_call>"),
+                false,
+                true,
+                false,
+            ),
+            ("Hm <tool_call> no.", false, true, false),
+            (
+                &format!("<tool_call>\n{time_call}\n</tool_call> Done."),
+                false,
+                true,
+                false,
+            ),
+            ("It is sunny.", false, false, false),
+            (
+                &format!("<tool_call>\n{time_call}\n</tool_call>"),
+                false,
+                false,
+                true,
+            ),
+        ] {
+            assert_eq!(
+                text(&hermes, parallel, reply, answer),
+                want,
+                "{answer:?} {parallel} {reply}"
+            );
+        }
+        let small = format(Family::MistralArgs);
+        for (answer, want) in [
+            ("Sunny.", true),
+            (
+                "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Ur\"}",
+                true,
+            ),
+            ("[TOOL_CALLS]smite[ARGS]{}", false),
+            ("Checking.[TOOL_CALLS]", false),
+        ] {
+            assert_eq!(text(&small, true, true, answer), want, "{answer:?}");
+        }
+        let nemo = format(Family::MistralList);
+        let list = format!("[TOOL_CALLS][{time_call}]");
+        assert!(text(&nemo, false, true, &list));
+        assert!(text(&nemo, false, true, "No [TOOL_CALL] here."));
+        assert!(!text(&nemo, false, true, "No [TOOL_CALLS] here."));
+        let llama = format(Family::Llama3);
+        for (answer, want) in [
+            ("It is hot.", true),
+            (r#"{"name": "get_time", "parameters": {}}"#, true),
+            (r#"{"name": "smite", "parameters": {}}"#, false),
+            (r#" {"a": 1}"#, false),
+        ] {
+            assert_eq!(text(&llama, false, true, answer), want, "{answer:?}");
+        }
+
+        // Markers that are control tokens: the text of one is only text.
+        let control = |name: &str| {
+            let id = tok.token_id(name).expect("a reserved token");
+            assert!(tok.is_special(id));
+            id
+        };
+        let (open, close) = (
+            control("<|reserved_special_token_3|>"),
+            control("<|reserved_special_token_4|>"),
+        );
+        let hermes = ToolFormat {
+            family: Family::Hermes,
+            markers: vec![
+                Marker {
+                    text: "<tool_call>",
+                    control: Some(open),
+                },
+                Marker {
+                    text: "</tool_call>",
+                    control: Some(close),
+                },
+            ],
+        };
+        let grammar = hermes.grammar(&tools, false, true).unwrap();
+        let call = format!("\n{time_call}\n");
+        for (pieces, want) in [
+            (
+                vec![
+                    Piece::Text("Let me look.\n"),
+                    Piece::Token(open),
+                    Piece::Text(&call),
+                    Piece::Token(close),
+                ],
+                true,
+            ),
+            (
+                vec![Piece::Token(open), Piece::Text(&call), Piece::Token(close)],
+                true,
+            ),
+            (vec![Piece::Text("A <tool_call> is text here.")], true),
+            (
+                vec![Piece::Text("Hm"), Piece::Token(open), Piece::Text("\nno")],
+                false,
+            ),
+            (vec![Piece::Text("Hm"), Piece::Token(close)], false),
+        ] {
+            assert_eq!(admits(&g, &tok, &grammar, &pieces), want, "{grammar}");
         }
     }
 

@@ -76,7 +76,7 @@ pub enum Said {
     },
     /// A reply.
     Reply(String),
-    /// A call begun that does not parse (an answer left free by `tool_choice: "auto"`): the
+    /// A call begun that does not parse (cut short by `max_tokens`): the
     /// answer is returned as its text, and this says why it is not a call.
     Unparsed(String),
 }
@@ -243,12 +243,6 @@ impl Tools {
         &self.format
     }
 
-    /// Whether a streamed answer's calls are sent as they are written: the grammar admits
-    /// only calls (`required` or a named function), and not the older single `function_call`.
-    pub fn streams_calls(&self) -> bool {
-        !self.may_reply() && !self.legacy
-    }
-
     /// Whether the tools go to the model through its own template (not the generic format).
     pub fn native(&self) -> bool {
         self.format.family() != Family::Generic
@@ -272,17 +266,14 @@ impl Tools {
     }
 
     /// What the answer is constrained to: the generic format's schema, or the model's own
-    /// format when `tool_choice` asks for a call (`auto` leaves a native format's answer free).
+    /// format (calls only, or under `auto` a reply or text followed by calls).
     pub fn grammar(&self) -> Option<GrammarSpec> {
         if !self.native() {
             return Some(GrammarSpec::JsonSchema(self.schema()));
         }
-        if self.may_reply() {
-            return None;
-        }
         let callable: Vec<&Tool> = self.callable().collect();
         self.format
-            .grammar(&callable, self.parallel)
+            .grammar(&callable, self.parallel, self.may_reply())
             .map(GrammarSpec::Lark)
     }
 
@@ -295,7 +286,7 @@ impl Tools {
     }
 
     /// Whether the answer may be a reply instead of calls.
-    fn may_reply(&self) -> bool {
+    pub fn may_reply(&self) -> bool {
         self.choice == ToolChoice::Auto
     }
 
@@ -362,7 +353,8 @@ impl Tools {
     }
 
     /// What a finished answer says; `None` when it is plain text: in the generic format, not
-    /// a whole answer (cut by `max_tokens`); in a native one, no call begun.
+    /// a whole answer (cut by `max_tokens`) other than a reply's beginning; in a native one,
+    /// no call begun.
     pub fn parse(&self, text: &str) -> Option<Said> {
         if self.native() {
             return match self.format.parse(text)? {
@@ -373,7 +365,11 @@ impl Tools {
                 Err(why) => Some(Said::Unparsed(why)),
             };
         }
-        let v: Value = serde_json::from_str(text).ok()?;
+        let Ok(v) = serde_json::from_str::<Value>(text) else {
+            // A reply cut short is the text it has.
+            let body = text.trim_start().strip_prefix(r#"{"response": ""#)?;
+            return Some(Said::Reply(stream::json_string_prefix(body).0));
+        };
         if let Some(r) = v.get("response").and_then(Value::as_str) {
             return Some(Said::Reply(r.to_string()));
         }
@@ -551,5 +547,10 @@ mod tests {
             Some(Said::Reply("Shalom".into()))
         );
         assert_eq!(t.parse(r#"{"tool_calls": [{"name": "get_wea"#), None);
+        // A reply cut short by max_tokens is what it says so far.
+        assert_eq!(
+            t.parse(r#"{"response": "Sha\u00e9 lo"#),
+            Some(Said::Reply("Shaé lo".into()))
+        );
     }
 }
