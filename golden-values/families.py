@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Golden values for the model families beside BitNet: tiny synthetic `llama` and `qwen2` GGUF
-files and llama.cpp's logits and residual streams for them.
+"""Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2` and
+`qwen3` GGUF files and llama.cpp's logits and residual streams for them.
 
 Steps (positional; default both):
 
@@ -10,6 +10,11 @@ Steps (positional; default both):
              tiny-llama-q8_0    the same values quantized to Q8_0 (gguf-py's quantizer), with an
                                 untied Q8_0 output.weight
              tiny-qwen2-f16     arch qwen2: F16 projections with F32 Q/K/V biases, NeoX RoPE
+             tiny-qwen3-f16     arch qwen3 in Qwen3's head geometry: heads of 128 over n_embd
+                                256 (Q twice as wide), GQA 4/2, theta 1e6, eps 1e-6, each head's
+                                Q and K RMS-normalized (attn_q_norm, attn_k_norm: gains spread
+                                over 0.5-3 so that a graph without them is far off), tied F16
+                                embedding
              tiny-falcon3-f16   arch llama in Falcon3's head geometry: head width 256 named by
                                 attention.key_length (Q 512 wide over n_embd 256), GQA 2/1,
                                 theta 1000042, untied F16 output.weight; ternary values t*beta
@@ -87,6 +92,7 @@ class Family:
     rope_freqs: bool            # a rope_freqs.weight tensor (Llama 3.1)
     ternary: bool               # projections hold t*beta (Falcon3's 1.58-bit values)
     spm: bool = False           # a SentencePiece vocabulary (SPM_VOCAB) instead of ids only
+    qk_norm: bool = False       # each head's Q and K RMS-normalized (qwen3)
 
     @property
     def path(self) -> Path:
@@ -118,6 +124,10 @@ FALCON3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=2, n_head_kv=1, n_la
 # Mistral 7B's proportions: GQA 4/1, theta 1e6, an untied head, no rope_freqs
 MISTRAL = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_layer=2, n_ctx=256,
                   rope_base=1e6)
+# Qwen3's geometry: heads of 128 whatever n_embd (Q wider than the residual stream), theta 1e6,
+# eps 1e-6
+QWEN3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, n_ctx=256,
+                rope_base=1e6, eps=1e-6)
 FAMILIES = [
     Family("tiny-llama-f16", "llama", TINY, 64, GGML_F16, False, False, True, False),
     Family("tiny-llama-q8_0", "llama", TINY, 64, GGML_Q8_0, True, False, True, False),
@@ -127,6 +137,8 @@ FAMILIES = [
            spm=True),
     Family("tiny-llama-tq1_0", "llama", TINY, 64, GGML_TQ1_0, False, False, True, True),
     Family("tiny-qwen2-tq2_0", "qwen2", TINY, 64, GGML_TQ2_0, True, True, False, True),
+    Family("tiny-qwen3-f16", "qwen3", QWEN3, 128, GGML_F16, False, False, False, False,
+           qk_norm=True),
 ]
 
 
@@ -254,6 +266,10 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
                 def make(w=w, rows=rows, cols=cols) -> bytes:
                     return encode(f, projection(seed, f, w, rows, cols))
             add(w, (cols, rows), f.weight_type, make)
+            if f.qk_norm and name in ("attn_q", "attn_k"):
+                norm = p + name + "_norm.weight"
+                add(norm, (f.head_dim,), GGML_F32, lambda norm=norm: tensor_rng(seed, norm).uniform(
+                    0.5, 3.0, f.head_dim).astype(np.float32).tobytes())
             if f.biases and name in ("attn_q", "attn_k", "attn_v"):
                 bias = p + name + ".bias"
                 add(bias, (rows,), GGML_F32, lambda bias=bias, rows=rows: (

@@ -88,6 +88,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
             };
             let extras: String = [
                 (g.tensor("blk.0.attn_q.bias").is_some(), ", Q/K/V biases"),
+                (c.family.qk_norm, ", Q/K head norms"),
                 (g.tensor("rope_freqs.weight").is_some(), ", rope_freqs"),
                 (c.rope_scale != 1.0, ", linear RoPE scaling"),
             ]

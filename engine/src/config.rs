@@ -5,12 +5,13 @@ use thiserror::Error;
 use crate::gguf::Gguf;
 
 /// The architectures hesper-rs runs, as its messages name them.
-pub const ARCHITECTURES: &str = "bitnet, bitnet-b1.58, bitnet-25, llama and qwen2";
+pub const ARCHITECTURES: &str = "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2 and qwen3";
 
 /// How RoPE pairs the dims of a head (llama.cpp's rope types, by architecture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopePairs {
-    /// NeoX: dim `i` with `i + rope_dim/2` (`bitnet*`, `qwen2`); what every backend rotates.
+    /// NeoX: dim `i` with `i + rope_dim/2` (`bitnet*`, `qwen2`, `qwen3`); what every backend
+    /// rotates.
     Neox,
     /// ggml's normal mode: dim `2i` with `2i + 1` (`llama`). The loader reorders the rows of
     /// Q and K (and their biases) inside each head so that NeoX pairing rotates the same
@@ -23,6 +24,9 @@ pub enum RopePairs {
 pub struct Family {
     /// RMSNorms before `attn_output` and `ffn_down` (`attn_sub_norm`, `ffn_sub_norm`: BitNet).
     pub sub_norms: bool,
+    /// An RMSNorm of each head's query and key before RoPE (`attn_q_norm`, `attn_k_norm`:
+    /// Qwen3).
+    pub qk_norm: bool,
     /// RoPE pairing.
     pub rope_pairs: RopePairs,
     /// The FFN activation when the file does not name one (`<arch>.hidden_activation`).
@@ -34,15 +38,17 @@ impl Family {
     /// official files (`bitnet-b1.58`, `bitnet-25`) default to ReLU², as 2B4T was trained;
     /// mainline llama.cpp's `bitnet` graph computes SiLU.
     pub fn of(arch: &str) -> Option<Self> {
-        let (sub_norms, rope_pairs, activation) = match arch {
-            "bitnet-b1.58" | "bitnet-25" => (true, RopePairs::Neox, Activation::Relu2),
-            "bitnet" => (true, RopePairs::Neox, Activation::Silu),
-            "llama" => (false, RopePairs::Adjacent, Activation::Silu),
-            "qwen2" => (false, RopePairs::Neox, Activation::Silu),
+        let (sub_norms, qk_norm, rope_pairs, activation) = match arch {
+            "bitnet-b1.58" | "bitnet-25" => (true, false, RopePairs::Neox, Activation::Relu2),
+            "bitnet" => (true, false, RopePairs::Neox, Activation::Silu),
+            "llama" => (false, false, RopePairs::Adjacent, Activation::Silu),
+            "qwen2" => (false, false, RopePairs::Neox, Activation::Silu),
+            "qwen3" => (false, true, RopePairs::Neox, Activation::Silu),
             _ => return None,
         };
         Some(Self {
             sub_norms,
+            qk_norm,
             rope_pairs,
             activation,
         })

@@ -256,6 +256,8 @@ struct Layer<B: Backend> {
     qkv: Qkv<B::Matrix>,
     /// Q, K and V biases (`qwen2`), all or none.
     qkv_bias: Option<[B::Vector; 3]>,
+    /// The gains of each head's query and key norms (`qwen3`), both or none.
+    qk_norm: Option<[B::Vector; 2]>,
     /// BitNet's norm of the attention output (families with sub-norms).
     attn_sub_norm: Option<B::Vector>,
     wo: B::Matrix,
@@ -404,13 +406,14 @@ pub fn check_tensor_table(g: &crate::gguf::Gguf, config: &Config) -> Result<(), 
             second: b.name.clone(),
         });
     }
-    // Biases are read on Q, K and V only.
-    if let Some(t) = g.tensors().iter().find(|t| {
-        t.name.ends_with(".bias")
-            && !["attn_q.bias", "attn_k.bias", "attn_v.bias"]
-                .iter()
-                .any(|b| t.name.starts_with("blk.") && t.name.ends_with(b))
-    }) {
+    // Biases are read on Q, K and V only; head norms where the family has them.
+    let unread = |name: &str| {
+        let in_layer =
+            |ends: &[&str]| name.starts_with("blk.") && ends.iter().any(|e| name.ends_with(e));
+        (name.ends_with(".bias") && !in_layer(&["attn_q.bias", "attn_k.bias", "attn_v.bias"]))
+            || (!config.family.qk_norm && in_layer(&["attn_q_norm.weight", "attn_k_norm.weight"]))
+    };
+    if let Some(t) = g.tensors().iter().find(|t| unread(&t.name)) {
         return Err(ModelError::UnreadTensor {
             name: t.name.clone(),
             arch: config.arch.clone(),
@@ -568,20 +571,23 @@ impl<B: Backend> Model<B> {
     fn row_widths(&self) -> [usize; 10] {
         let c = &self.config;
         let (d, kv, ff) = (c.n_embd, c.kv_dim(), c.n_ff);
-        // `h` and `q` also hold rows of the other width (a sub-norm's output, a product's).
-        let (qd, wide) = (c.q_dim(), c.q_dim().max(c.n_embd));
+        // `h`, `q` and `att` also hold rows of the other width (a sub-norm's output, a
+        // product's), and `q` and `att` trade places where heads are normalized.
+        let wide = c.q_dim().max(c.n_embd);
         let logits = if self.output_norm.is_some() {
             c.n_vocab
         } else {
             0
         };
-        [d, wide, wide, kv, kv, qd, ff, ff, ff, logits]
+        // `gate` holds the normalized keys of a layer with head norms.
+        let gate = if c.family.qk_norm { ff.max(kv) } else { ff };
+        [d, wide, wide, kv, kv, wide, gate, ff, ff, logits]
     }
 
     /// Scratch buffers for steps of up to `batch` tokens whose logits are computed for up to
     /// `logit_rows` of them.
     fn scratch(&self, batch: usize, logit_rows: usize) -> Result<Scratch<B>, ModelError> {
-        let [d, wide, _, kv, _, qd, ff, _, _, logits] = self.row_widths();
+        let [d, wide, _, kv, _, att, gate, ff, _, logits] = self.row_widths();
         let b = &self.backend;
         Ok(Scratch {
             x: b.alloc(batch * d)?,
@@ -589,8 +595,8 @@ impl<B: Backend> Model<B> {
             q: b.alloc(batch * wide)?,
             k: b.alloc(batch * kv)?,
             v: b.alloc(batch * kv)?,
-            att: b.alloc(batch * qd)?,
-            gate: b.alloc(batch * ff)?,
+            att: b.alloc(batch * att)?,
+            gate: b.alloc(batch * gate)?,
             up: b.alloc(batch * ff)?,
             act: b.alloc(batch * ff)?,
             logits: b.alloc((logit_rows * logits).max(1))?,
@@ -1094,7 +1100,24 @@ impl<B: Backend> Model<B> {
                 b.add_bias(k, bk, n);
                 b.add_bias(v, bv, n);
             }
-            attend(b, li, [&mut *q, &mut *k, &mut *v, &mut *att], &rope, &attn);
+            match &l.qk_norm {
+                // Each head's query and key normalized: the queries into `att`, the keys into
+                // `gate` (free until the FFN); the attention then writes its
+                // output into `q`, and the two buffers (of one width) trade places.
+                Some([gq, gk]) => {
+                    b.rms_norm(q, gq, n * c.n_head, c.eps, att);
+                    b.rms_norm(k, gk, n * c.n_head_kv, c.eps, gate);
+                    attend(
+                        b,
+                        li,
+                        [&mut *att, &mut *gate, &mut *v, &mut *q],
+                        &rope,
+                        &attn,
+                    );
+                    std::mem::swap(q, att);
+                }
+                None => attend(b, li, [&mut *q, &mut *k, &mut *v, &mut *att], &rope, &attn),
+            }
             // BitNet normalizes the attention output and the FFN activation once more before
             // their products; other families multiply them as they are.
             let wo_in = match &l.attn_sub_norm {

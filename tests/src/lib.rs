@@ -156,7 +156,8 @@ pub const ALL: &[&str] = &[
     "tiny-i2s",
 ];
 
-/// The golden models of the other families (`llama`, `qwen2`; golden-values/families.py):
+/// The golden models of the other families (`llama`, `qwen2`, `qwen3`;
+/// golden-values/families.py):
 /// llama.cpp's, and bitnet.cpp's for the `llama` + I2_S one.
 pub const FAMILIES: &[&str] = &[
     "tiny-llama-f16",
@@ -167,6 +168,7 @@ pub const FAMILIES: &[&str] = &[
     "tiny-mistral-f32",
     "tiny-llama-tq1_0",
     "tiny-qwen2-tq2_0",
+    "tiny-qwen3-f16",
 ];
 
 /// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16` and `tiny-mistral-f32`

@@ -1,4 +1,5 @@
-//! The `llama` and `qwen2` graphs (golden-values/families.py) against llama.cpp 0c1e57098, on
+//! The `llama`, `qwen2` and `qwen3` graphs (golden-values/families.py) against llama.cpp
+//! 0c1e57098, on
 //! the CPU (scalar and the best SIMD) and the GPU: end to end, every layer with teacher
 //! forcing, cached decode against prefill, and a layer split as a ring runs it.
 //!
@@ -16,7 +17,9 @@
 //! Falcon3's geometry: heads of 256 named by `attention.key_length` (Q twice as wide as the
 //! residual stream), θ 1000042, GQA 2/1, an untied F16 head; `tiny-mistral-f32` Mistral 7B's
 //! proportions (GQA 4/1, θ 1e6, an untied head) with F32 projections and a SentencePiece
-//! vocabulary, one of its sequences a text llama.cpp tokenized.
+//! vocabulary, one of its sequences a text llama.cpp tokenized; `tiny-qwen3-f16` Qwen3's RMSNorm
+//! of each head's query and key (gains spread over 0.5–3) with heads of 128 over a residual
+//! stream of 256, θ 1e6, eps 1e-6.
 
 use hesper_cpu::Isa;
 use hesper_engine::model::Logits;
@@ -242,15 +245,19 @@ fn i2s_bound_rejects_f16_activations() {
     assert!(!agreement.within(I2S_FAMILY_BOUND), "{agreement}");
 }
 
-/// `tiny-qwen2-f16` with one tensor renamed (same length, so the file stays valid).
-fn renamed(from: &str, to: &str) -> std::sync::Arc<hesper_engine::file::ModelFile> {
+/// Golden model `stem` with every `from` in its bytes made `to` (of the same length, so the
+/// file stays valid).
+fn renamed(stem: &str, from: &str, to: &str) -> std::sync::Arc<hesper_engine::file::ModelFile> {
     assert_eq!(from.len(), to.len());
-    let mut bytes = std::fs::read(Golden::load("tiny-qwen2-f16").model).expect("model");
-    let at = bytes
+    let mut bytes = std::fs::read(Golden::load(stem).model).expect("model");
+    let mut at = 0;
+    while let Some(i) = bytes[at..]
         .windows(from.len())
         .position(|w| w == from.as_bytes())
-        .expect("the name");
-    bytes[at..at + to.len()].copy_from_slice(to.as_bytes());
+    {
+        bytes[at + i..at + i + to.len()].copy_from_slice(to.as_bytes());
+        at += i + to.len();
+    }
     hesper_engine::file::ModelFile::from_bytes(bytes, "renamed").expect("a valid file")
 }
 
@@ -292,13 +299,34 @@ fn what_the_graph_would_leave_out_is_refused() {
         }
     };
     // A bias on the attention output: qwen2 has none, so computing without it would be wrong.
-    let e = load(renamed("blk.1.attn_q.bias", "blk.1.attn_o.bias"));
+    let e = load(renamed(
+        "tiny-qwen2-f16",
+        "blk.1.attn_q.bias",
+        "blk.1.attn_o.bias",
+    ));
     assert!(
         e.contains("\"blk.1.attn_o.bias\" is not part of the qwen2 graph"),
         "{e}"
     );
+    // Head norms in a family without them (a qwen3 file called qwen2): left out, they would
+    // give other logits; and a qwen3 file without one of its norms.
+    let e = load(renamed("tiny-qwen3-f16", "qwen3", "qwen2"));
+    assert!(
+        e.contains("\"blk.0.attn_q_norm.weight\" is not part of the qwen2 graph"),
+        "{e}"
+    );
+    let e = load(renamed(
+        "tiny-qwen3-f16",
+        "blk.1.attn_k_norm",
+        "blk.1.attn_k_nor2",
+    ));
+    assert!(e.contains("\"blk.1.attn_k_norm.weight\" is missing"), "{e}");
     // Q without K and V biases: the loader takes the three together.
-    let e = load(renamed("blk.0.attn_k.bias", "blk.0.attn_k.bia2"));
+    let e = load(renamed(
+        "tiny-qwen2-f16",
+        "blk.0.attn_k.bias",
+        "blk.0.attn_k.bia2",
+    ));
     assert!(e.contains("\"blk.0.attn_k.bias\" is missing"), "{e}");
     // Layers past the metadata's count (they ran as a shorter model, silently).
     let e = load(with_block_count(1));
@@ -313,9 +341,10 @@ fn what_the_graph_would_leave_out_is_refused() {
         "{e}"
     );
     // An architecture hesper-rs does not run names the ones it does.
-    let e = load(renamed("qwen2", "gemma"));
+    let e = load(renamed("tiny-qwen2-f16", "qwen2", "gemma"));
     assert!(
-        e.contains("\"gemma\"") && e.contains("bitnet, bitnet-b1.58, bitnet-25, llama and qwen2"),
+        e.contains("\"gemma\"")
+            && e.contains("bitnet, bitnet-b1.58, bitnet-25, llama, qwen2 and qwen3"),
         "{e}"
     );
 }

@@ -37,6 +37,7 @@ pub(super) enum LayerPart {
     AttnNorm,
     Qkv,
     QkvBias,
+    QkNorm,
     AttnSubNorm,
     Wo,
     FfnNorm,
@@ -148,6 +149,7 @@ impl Plan {
             ("attn_q" | "attn_k" | "attn_v", "bias") => LayerPart::QkvBias,
             ("attn_q" | "attn_k" | "attn_v", _) => LayerPart::Qkv,
             ("attn_norm", _) => LayerPart::AttnNorm,
+            ("attn_q_norm" | "attn_k_norm", _) => LayerPart::QkNorm,
             ("attn_sub_norm", _) => LayerPart::AttnSubNorm,
             ("attn_output", _) => LayerPart::Wo,
             ("ffn_norm", _) => LayerPart::FfnNorm,
@@ -171,7 +173,8 @@ impl Plan {
 
     /// Tensors a load reads (each matrix, vector and bias), for progress.
     pub fn tensor_count(&self) -> usize {
-        let per_layer = 9 + if self.config.family.sub_norms { 2 } else { 0 };
+        let family = &self.config.family;
+        let per_layer = 9 + 2 * usize::from(family.sub_norms) + 2 * usize::from(family.qk_norm);
         self.layers
             .clone()
             .map(|il| per_layer + if self.has_bias(il) { 3 } else { 0 })
@@ -189,6 +192,7 @@ pub(super) enum Prepared<B: Backend> {
     AttnNorm(usize, B::Vector),
     Qkv(usize, Qkv<B::Matrix>),
     QkvBias(usize, Option<[B::Vector; 3]>),
+    QkNorm(usize, Option<[B::Vector; 2]>),
     AttnSubNorm(usize, Option<B::Vector>),
     Wo(usize, B::Matrix),
     FfnNorm(usize, B::Vector),
@@ -298,6 +302,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
                 LayerPart::AttnNorm => Prepared::AttnNorm(il, self.attn_norm(il).await?),
                 LayerPart::Qkv => Prepared::Qkv(il, self.qkv(il).await?),
                 LayerPart::QkvBias => Prepared::QkvBias(il, self.qkv_bias(il).await?),
+                LayerPart::QkNorm => Prepared::QkNorm(il, self.qk_norm(il).await?),
                 LayerPart::AttnSubNorm => Prepared::AttnSubNorm(il, self.attn_sub_norm(il).await?),
                 LayerPart::Wo => Prepared::Wo(il, self.wo(il).await?),
                 LayerPart::FfnNorm => Prepared::FfnNorm(il, self.ffn_norm(il).await?),
@@ -317,6 +322,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             attn_norm: self.attn_norm(il).await?,
             qkv: self.qkv(il).await?,
             qkv_bias: self.qkv_bias(il).await?,
+            qk_norm: self.qk_norm(il).await?,
             attn_sub_norm: self.attn_sub_norm(il).await?,
             wo: self.wo(il).await?,
             ffn_norm: self.ffn_norm(il).await?,
@@ -383,6 +389,23 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             self.vector_in_order(&blk(il, "attn_k.bias"), kv, plan.k_order.as_deref())
                 .await?,
             self.vector(&blk(il, "attn_v.bias"), kv).await?,
+        ]))
+    }
+
+    async fn qk_norm(&mut self, il: usize) -> Result<Option<[B::Vector; 2]>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::QkNorm));
+        let c = &self.plan.config;
+        if !c.family.qk_norm {
+            return Ok(None);
+        }
+        // One head's gains, its dims in the order the loader put Q's and K's rows in.
+        let order = rope_row_order(c, 1);
+        let hd = c.head_dim;
+        Ok(Some([
+            self.vector_in_order(&blk(il, "attn_q_norm.weight"), hd, order.as_deref())
+                .await?,
+            self.vector_in_order(&blk(il, "attn_k_norm.weight"), hd, order.as_deref())
+                .await?,
         ]))
     }
 

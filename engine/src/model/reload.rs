@@ -477,6 +477,7 @@ impl<B: Backend> Model<B> {
             Prepared::AttnNorm(il, v) => self.layers[il - start].attn_norm = v,
             Prepared::Qkv(il, m) => self.layers[il - start].qkv = m,
             Prepared::QkvBias(il, v) => self.layers[il - start].qkv_bias = v,
+            Prepared::QkNorm(il, v) => self.layers[il - start].qk_norm = v,
             Prepared::AttnSubNorm(il, v) => self.layers[il - start].attn_sub_norm = v,
             Prepared::Wo(il, m) => self.layers[il - start].wo = m,
             Prepared::FfnNorm(il, v) => self.layers[il - start].ffn_norm = v,
