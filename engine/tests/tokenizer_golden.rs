@@ -521,10 +521,10 @@ fn unknown_model_is_an_error() {
 
 #[test]
 fn unknown_pre_is_an_error() {
-    let e = build_err(tiny_gpt2().kv("tokenizer.ggml.pre", Value::String("falcon_e".into())))
+    let e = build_err(tiny_gpt2().kv("tokenizer.ggml.pre", Value::String("falcon-h1".into())))
         .to_string();
     assert!(
-        e.contains("tokenizer.ggml.pre") && e.contains("falcon_e"),
+        e.contains("tokenizer.ggml.pre") && e.contains("falcon-h1"),
         "{e}"
     );
 }

@@ -35,10 +35,11 @@ impl PreTokenizer {
 
     /// Parses a `--tokenizer-pre` value: a [`name`](Self::name) or a `tokenizer.ggml.pre`
     /// value llama.cpp maps to the same split (`llama-bpe`, `llama-v3`, `falcon3`,
-    /// `deepseek-r1-qwen`).
+    /// `deepseek-r1-qwen`), or ik_llama.cpp does (`falcon_e`, which bitnet.cpp writes in
+    /// Falcon-E's 1.58-bit files and mainline llama.cpp does not know).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => Some(Self::Llama3),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon_e" => Some(Self::Llama3),
             "default" => Some(Self::LlamaCppDefault),
             "qwen2" | "deepseek-r1-qwen" => Some(Self::Qwen2),
             "spm" => Some(Self::Spm),

@@ -258,5 +258,9 @@ fn pre_tokenizer_names() {
         PreTokenizer::from_name("falcon3"),
         Some(PreTokenizer::Llama3)
     );
-    assert_eq!(PreTokenizer::from_name("falcon_e"), None);
+    assert_eq!(
+        PreTokenizer::from_name("falcon_e"),
+        Some(PreTokenizer::Llama3)
+    );
+    assert_eq!(PreTokenizer::from_name("falcon-h1"), None);
 }
