@@ -13,6 +13,7 @@ use hesper_engine::backend::Backend;
 use hesper_runtime::scheduler::{self, SchedulerConfig};
 use hesper_runtime::{run_model, with_model};
 use hesper_server::embeddings::Pooling;
+use hesper_server::log::{LogFormat, RequestLog};
 use hesper_server::reasoning::ReasoningFormat;
 use hesper_server::tools::ToolFormat;
 use hesper_server::{Ready, ServerConfig, State};
@@ -103,6 +104,12 @@ pub struct ServeArgs {
     /// (the first token's).
     #[arg(long, value_name = "POOLING", default_value = "last")]
     pooling: Pooling,
+    /// How each request's line on stderr is written: `text` or `json` (one object per line).
+    #[arg(long = "log-format", value_name = "FORMAT", default_value = "text")]
+    log_format: LogFormat,
+    /// Log each request's body with its line (never its headers), and /health polls too.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
 }
 
 impl ServeArgs {
@@ -177,6 +184,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         hot_swap: args.hot_swap,
         reasoning_format: args.reasoning_format,
         embeddings: args.embeddings.then_some(args.pooling),
+        log: (!crate::report::QUIET.load(std::sync::atomic::Ordering::Relaxed)).then_some(
+            RequestLog {
+                format: args.log_format,
+                verbose: args.verbose,
+            },
+        ),
     };
     config.check().map_err(anyhow::Error::msg)?;
     let state = State::new(config);

@@ -10,7 +10,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::log::Peer;
 use crate::ServerConfig;
+use tower::ServiceExt;
 
 /// Accepts and serves connections on `listener` with `app`, forever.
 pub async fn accept_loop(listener: TcpListener, app: Router, config: &ServerConfig) {
@@ -19,8 +21,8 @@ pub async fn accept_loop(listener: TcpListener, app: Router, config: &ServerConf
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             // Out of file descriptors and the like: wait a moment rather than spin.
             Err(_) => {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -28,7 +30,12 @@ pub async fn accept_loop(listener: TcpListener, app: Router, config: &ServerConf
             }
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let service = TowerToHyperService::new(app.clone().map_request(
+            move |mut r: hyper::Request<hyper::body::Incoming>| {
+                r.extensions_mut().insert(Peer(peer));
+                r
+            },
+        ));
         let header_timeout = config.header_timeout;
         tokio::spawn(async move {
             let _permit = permit;

@@ -155,6 +155,9 @@ async fn embeddings(state: &State, body: Body) -> Result<Value, ApiError> {
         data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
     }
     let tokens: usize = inputs.iter().map(Vec::len).sum();
+    if let Some(u) = crate::log::current() {
+        u.record(tokens, 0, 0, None);
+    }
     let model = r
         .get("model")
         .and_then(Value::as_str)

@@ -9,12 +9,14 @@
 //! * [`tools`]: tool calls (llama.cpp's generic format, `tool_choice` as a grammar);
 //! * [`reasoning`]: `<think>` thoughts apart from the answer (`reasoning_content`);
 //! * [`reload`]: hot-swap checks (`/health` and `POST /reload` with `--hot-swap`);
-//! * [`conn`]: the accept loop (connection limit, header timeout).
+//! * [`conn`]: the accept loop (connection limit, header timeout);
+//! * [`log`]: one line per request on stderr.
 
 pub mod completion;
 pub mod conn;
 pub mod embeddings;
 pub mod error;
+pub mod log;
 pub mod metrics;
 pub mod reasoning;
 pub mod reload;
@@ -58,6 +60,8 @@ pub struct ServerConfig {
     pub reasoning_format: reasoning::ReasoningFormat,
     /// `/v1/embeddings` with this pooling (`--embeddings`); `None`: it answers 501.
     pub embeddings: Option<embeddings::Pooling>,
+    /// How requests are logged on stderr; `None`: not at all (`--log-disable`).
+    pub log: Option<log::RequestLog>,
 }
 
 impl ServerConfig {

@@ -57,7 +57,12 @@ pub fn router(state: Arc<State>) -> Router {
                 .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
         );
     }
-    app.with_state(state)
+    // Outside every other layer: refused and unknown requests are logged too.
+    app.layer(middleware::from_fn_with_state(
+        state.clone(),
+        crate::log::log_requests,
+    ))
+    .with_state(state)
 }
 
 /// The origins `--cors-origin` allows: `*` is any origin (alone: it would make every other

@@ -12,8 +12,8 @@ structured outputs (JSON schemas, json_object, GBNF: every answer valid, unconst
 batch-mates unchanged), tool calls (`tool_choice` enforced, streamed calls equal to the whole), LangChain's
 `with_structured_output` and `bind_tools`, thoughts in `reasoning_content`,
 the Responses API (`responses.create`, streamed events),
-`--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, and a hostile chat
-template.
+`--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, a hostile chat
+template, and the request log lines (text, and JSON with bodies under -v).
 """
 
 import http.client
@@ -143,6 +143,7 @@ def main():
     c = srv.client()
     try:
         api(srv, c)
+        request_logs(srv, c, json_lines=False)
         errors(srv)
         concurrency(srv, c)
         structured(srv, c)
@@ -156,8 +157,10 @@ def main():
     finally:
         busy.stop()
     # The tools' system turn outgrows the first server's 256 positions.
-    agent = Server("-np", "4", "-c", "1024", "--api-key", KEY, "--embeddings")
+    agent = Server("-np", "4", "-c", "1024", "--api-key", KEY, "--embeddings",
+                   "--log-format", "json", "-v")
     try:
+        request_logs(agent, agent.client(), json_lines=True)
         tool_calls(agent, agent.client())
         langchain(agent)
         reasoning(agent, agent.client())
@@ -280,6 +283,60 @@ def api(srv, c):
     check(r.usage.prompt_tokens_details.cached_tokens > 10, f"cached tokens {r.usage}")
     check(srv.metric("hesper_prompt_tokens_cached_total") > 10, "cached tokens counted")
     check(srv.metric("hesper_time_to_first_token_seconds_count") > 0, "ttft histogram")
+
+
+def logged(srv, want, what):
+    """The first of srv's request lines (JSON objects) for which want(line) holds, waiting a
+    moment: a line is written once its answer has been sent."""
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        for line in list(srv.log):
+            if line.startswith("{"):
+                v = json.loads(line)
+                if want(v):
+                    return v
+        time.sleep(0.05)
+    check(False, f"no request line for {what}: {srv.log[-5:]}")
+    return {}
+
+
+def request_logs(srv, c, json_lines):
+    """One line per request on stderr once it is answered: method, path, status, the client's
+    address, prompt (and cached) and generated tokens, time to the first token, total time;
+    refused and unknown requests too. As JSON with --log-format json; -v adds the body, never
+    the key."""
+    ask = [{"role": "user", "content": "Who begat Enos?"}]
+    c.chat.completions.create(model="x", messages=ask, max_tokens=7, temperature=0)
+    list(c.chat.completions.create(model="x", messages=ask, max_tokens=9, temperature=0,
+                                   stream=True))
+    srv.get("/nowhere")
+    srv.get("/v1/models", key="wrong-key")
+    if not json_lines:
+        pattern = (r"request: POST /v1/chat/completions 200 127\.0\.0\.1:\d+ \| prompt \d+ "
+                   r"\(cached \d+\), generated {n}, first token [\d.]+ ms \| total [\d.]+ ms\n")
+        deadline = time.time() + 5
+        while time.time() < deadline and not all(
+                any(re.fullmatch(pattern.format(n=n), l) for l in srv.log) for n in (7, 9)):
+            time.sleep(0.05)
+        for n in (7, 9):
+            check(any(re.fullmatch(pattern.format(n=n), l) for l in srv.log),
+                  f"a text line for {n} tokens: {srv.log[-6:]}")
+        check(any(re.fullmatch(r"request: GET /nowhere 404 127\.0\.0\.1:\d+ \| total [\d.]+ ms\n", l)
+                  for l in srv.log), f"a 404's line: {srv.log[-6:]}")
+        return
+    for n, stream in ((7, False), (9, True)):
+        v = logged(srv, lambda v: v.get("generated_tokens") == n, f"{n} tokens")
+        body = json.loads(v.get("body", "{}"))
+        check(v.get("method") == "POST" and v.get("path") == "/v1/chat/completions"
+              and v.get("status") == 200 and v.get("client", "").startswith("127.0.0.1:")
+              and v.get("prompt_tokens", 0) > 0 and 0 <= v.get("cached_tokens", -1) <= v["prompt_tokens"]
+              and 0 < v.get("first_token_ms", 0) <= v.get("total_ms", 0)
+              and body.get("max_tokens") == n and body.get("stream", False) == stream,
+              f"a JSON line: {v}")
+    v = logged(srv, lambda v: v.get("path") == "/nowhere", "a 404")
+    check(v.get("status") == 404 and "prompt_tokens" not in v, f"a 404's line: {v}")
+    v = logged(srv, lambda v: v.get("path") == "/v1/models" and v.get("status") == 401, "a 401")
+    check(not any(KEY in l or "wrong-key" in l for l in srv.log), "a key in the log")
 
 
 def errors(srv):

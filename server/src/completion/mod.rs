@@ -754,6 +754,8 @@ struct Answer {
     choices: Vec<Choice>,
     /// Each answer with tools as streamed so far (all but the older single `function_call`).
     streamed: Vec<Option<Streamed>>,
+    /// The request's usage record for its log line.
+    log: Option<Arc<crate::log::Usage>>,
     created: u64,
 }
 
@@ -800,6 +802,7 @@ impl Answer {
             .collect();
         Self {
             streamed,
+            log: crate::log::current(),
             choices: (0..total).map(|_| Choice::default()).collect(),
             plan,
             state,
@@ -851,8 +854,18 @@ impl Answer {
         Ok(())
     }
 
-    /// Records the finished request's timings.
+    /// Records the finished request's timings, and its tokens for its log line.
     fn record(&self) {
+        if let Some(u) = &self.log {
+            let usage = self.usage();
+            let count = |v: &Value| v.as_u64().unwrap_or(0) as usize;
+            u.record(
+                count(&usage["prompt_tokens"]),
+                count(&usage["prompt_tokens_details"]["cached_tokens"]),
+                count(&usage["completion_tokens"]),
+                self.first_token.map(|t| t - self.arrived),
+            );
+        }
         let m = &self.state.metrics;
         let end = Instant::now();
         m.latency.observe((end - self.arrived).as_secs_f64());
