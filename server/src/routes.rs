@@ -30,6 +30,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/models", get(models))
         .route("/v1/chat/completions", post(completion::chat))
         .route("/chat/completions", post(completion::chat))
@@ -39,6 +40,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/embeddings", post(crate::embeddings::create))
         .route("/responses", post(completion::responses::create))
         .route("/v1/completions", post(completion::text))
+        .route("/completion", post(completion::native::create))
         .route("/completions", post(completion::text))
         .route("/apply-template", post(completion::apply_template))
         .route("/tokenize", post(tokenize))
@@ -173,6 +175,25 @@ async fn models(Ext(state): Ext<Arc<State>>) -> Result<Json<Value>, ApiError> {
             "meta": ready.meta,
         }],
     })))
+}
+
+/// `GET /v1/models/{id}`: the model served, or a 404 naming the id.
+async fn model(
+    Ext(state): Ext<Arc<State>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(list) = models(Ext(state)).await?;
+    let found = list["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["id"] == id.as_str());
+    found.cloned().map(Json).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("The model {id:?} does not exist: this server serves one model, named in /v1/models"),
+        )
+    })
 }
 
 async fn props(Ext(state): Ext<Arc<State>>) -> Result<Json<Value>, ApiError> {

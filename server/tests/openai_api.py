@@ -144,6 +144,7 @@ def main():
     try:
         api(srv, c)
         request_logs(srv, c, json_lines=False)
+        native_completion(srv, c)
         errors(srv)
         concurrency(srv, c)
         structured(srv, c)
@@ -298,6 +299,45 @@ def logged(srv, want, what):
         time.sleep(0.05)
     check(False, f"no request line for {what}: {srv.log[-5:]}")
     return {}
+
+
+def native_completion(srv, c):
+    """llama-server's POST /completion: the text /v1/completions gives for the same request,
+    streamed as its data chunks with a last `stop: true` one, n_probs with token ids, the
+    stop type and word; GET /v1/models/{id}."""
+    prompt = "In the beginning"
+    want = c.completions.create(model="x", prompt=prompt, max_tokens=8, temperature=0)
+    s, body, _ = srv.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
+                                          "n_probs": 2})
+    r = json.loads(body) if s == 200 else {}
+    tokens = json.loads(srv.post("/tokenize", {"content": prompt, "add_special": True})[1])["tokens"]
+    check(r.get("content") == want.choices[0].text and r.get("stop") is True
+          and r.get("tokens_predicted") == 8 and r.get("tokens_evaluated") == len(tokens)
+          and r.get("stop_type") == "limit" and r.get("timings", {}).get("predicted_n") == 8,
+          f"/completion {s} {body[:400]}")
+    probs = r.get("completion_probabilities", [])
+    check(len(probs) == 8 and all(len(p["top_logprobs"]) == 2 and p["id"] == p["top_logprobs"][0]["id"]
+                                  for p in probs)
+          and "".join(p["token"] for p in probs) == r.get("content"), f"n_probs {probs[:2]}")
+    # Streamed: content chunks, then the object with stop: true (no [DONE]).
+    _, text, _ = srv.post("/completion", {"prompt": tokens, "n_predict": 8, "temperature": 0,
+                                          "stream": True})
+    chunks = [json.loads(l[6:]) for l in text.splitlines() if l.startswith("data: ")]
+    check(chunks and chunks[-1].get("stop") is True and not any(ch["stop"] for ch in chunks[:-1])
+          and "".join(ch["content"] for ch in chunks) == r.get("content")
+          and "[DONE]" not in text, f"/completion stream {text[:400]}")
+    stop = r.get("content", " x")[:3]
+    s, body, _ = srv.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
+                                          "stop": [stop]})
+    w = json.loads(body) if s == 200 else {}
+    check(w.get("stop_type") == "word" and w.get("stopping_word") == stop
+          and stop not in w.get("content", stop), f"stop word {stop!r}: {body[:300]}")
+    error_of(srv.post("/completion", {"n_predict": 4}), 400, "prompt")
+    error_of(srv.post("/completion", {"prompt": "x", "n_predict": -2}), 400, "n_predict")
+    name = json.loads(srv.get("/v1/models")[1])["data"][0]["id"]
+    s, body = srv.get(f"/v1/models/{name}")
+    check(s == 200 and json.loads(body)["id"] == name, f"/v1/models/{name}: {s} {body[:200]}")
+    error_of(srv.get("/v1/models/no-such-model"), 404)
 
 
 def request_logs(srv, c, json_lines):

@@ -20,7 +20,7 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::{copy_fields, start_translated, translated_stream, Answer, Translation, Update};
+use super::{copy_fields, start_translated, translated_stream, Answer, Kind, Translation, Update};
 use crate::error::ApiError;
 use crate::tools::stream::{Delta, Piece};
 use crate::State;
@@ -28,7 +28,7 @@ use crate::State;
 /// `POST /v1/messages`.
 pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
     let arrived = Instant::now();
-    let (_, plan, updates) = match start_translated(&state, body, chat_body).await {
+    let (_, plan, updates) = match start_translated(&state, body, chat_body, Kind::Chat).await {
         Ok(s) => s,
         Err(e) => return error_response(&e),
     };

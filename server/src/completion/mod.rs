@@ -35,6 +35,7 @@ use crate::tools::{self, Said, Tools};
 use crate::{Ready, State};
 
 pub mod messages;
+pub mod native;
 pub mod responses;
 
 /// Which endpoint.
@@ -478,20 +479,21 @@ fn translated_stream<T: Translation>(
 /// What [`start_translated`] started: the request as sent, its plan, its answer's updates.
 type Started = (Value, Plan, UnboundedReceiver<(usize, Update)>);
 
-/// Reads another API's request, turns it into a chat request by `to_chat` and starts it on
-/// the scheduler; a failure is counted and returned.
+/// Reads another API's request, turns it into a request of `kind` by `translate` and starts
+/// it on the scheduler; a failure is counted and returned.
 async fn start_translated(
     state: &State,
     body: Body,
-    to_chat: fn(&Value) -> Result<Value, ApiError>,
+    translate: fn(&Value) -> Result<Value, ApiError>,
+    kind: Kind,
 ) -> Result<Started, ApiError> {
     state.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let started = async {
         state.ready()?;
         let request: Value = parse(&read_body(state, body).await?)?;
-        let chat = to_chat(&request)?;
-        let b: CompletionBody = parse(chat.to_string().as_bytes())?;
-        let plan = plan(state, b, Kind::Chat).await?;
+        let translated = translate(&request)?;
+        let b: CompletionBody = parse(translated.to_string().as_bytes())?;
+        let plan = plan(state, b, kind).await?;
         let updates = start(state, &plan)?;
         Ok((request, plan, updates))
     };
@@ -513,10 +515,12 @@ fn copy_fields(r: &Map<String, Value>, chat: &mut Map<String, Value>, fields: &[
 /// One token's log-probabilities as text.
 #[derive(Debug, Clone)]
 struct TokenLogprob {
+    id: u32,
     token: String,
     bytes: Vec<u8>,
     logprob: f32,
-    top: Vec<(String, Vec<u8>, f32)>,
+    /// The most likely tokens: id, text, bytes, log-probability.
+    top: Vec<(u32, String, Vec<u8>, f32)>,
 }
 
 /// What one answer reports as it goes.
@@ -714,6 +718,7 @@ impl Answering {
         };
         let (token, bytes) = piece(id);
         TokenLogprob {
+            id,
             token,
             bytes,
             logprob: l.logprob,
@@ -722,7 +727,7 @@ impl Answering {
                 .iter()
                 .map(|&(t, lp)| {
                     let (s, b) = piece(t);
-                    (s, b, lp)
+                    (t, s, b, lp)
                 })
                 .collect(),
         }
@@ -923,7 +928,7 @@ impl Answer {
                     .map(|l| {
                         let mut e = entry(&l.token, &l.bytes, l.logprob);
                         e["top_logprobs"] =
-                            l.top.iter().map(|(t, b, lp)| entry(t, b, *lp)).collect();
+                            l.top.iter().map(|(_, t, b, lp)| entry(t, b, *lp)).collect();
                         e
                     })
                     .collect();
@@ -933,7 +938,7 @@ impl Answer {
                 "tokens": lps.iter().map(|l| l.token.clone()).collect::<Vec<_>>(),
                 "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
                 "top_logprobs": lps.iter().map(|l| {
-                    l.top.iter().map(|(t, _, lp)| (t.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
+                    l.top.iter().map(|(_, t, _, lp)| (t.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
                 }).collect::<Vec<_>>(),
                 "text_offset": offsets,
             }),

@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::{
-    copy_fields, start_translated, translated_stream, unix_time, Answer, Translation, Update,
+    copy_fields, start_translated, translated_stream, unix_time, Answer, Kind, Translation, Update,
 };
 use crate::error::ApiError;
 use crate::tools::stream::{Delta, Piece};
@@ -28,7 +28,8 @@ use crate::State;
 /// `POST /v1/responses`.
 pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
     let arrived = Instant::now();
-    let (request, plan, updates) = match start_translated(&state, body, chat_body).await {
+    let (request, plan, updates) = match start_translated(&state, body, chat_body, Kind::Chat).await
+    {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };
