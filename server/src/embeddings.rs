@@ -5,7 +5,7 @@
 //! (over the tokens) or `cls` (the first token's) — and scaled to unit length (L2), as
 //! llama-server's default `embd_normalize` does. `input` is a string, a list of strings, a
 //! list of token ids or a list of such lists; `encoding_format` is `float` or `base64` (the
-//! little-endian f32 bytes).
+//! little-endian f32 bytes). `POST /embedding` is llama-server's own form of it.
 
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
@@ -80,8 +80,34 @@ impl Pooling {
 
 /// `POST /v1/embeddings`.
 pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
+    answer(&state, body, false).await
+}
+
+/// `POST /embedding`, llama-server's own: with `content` (instead of `input`), an array of
+/// `{"index": i, "embedding": [[…]]}` (the pooled vector in a list, as llama-server nests it);
+/// with `input`, the answer of `/v1/embeddings`.
+pub async fn create_native(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
+    answer(&state, body, true).await
+}
+
+async fn answer(state: &State, body: Body, native: bool) -> Response {
     state.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    match embeddings(&state, body).await {
+    let answered = async {
+        let r: Value = parse(&read_body(state, body).await?)?;
+        match r.get("content").filter(|_| native) {
+            Some(content) => {
+                let (vectors, _) = embeddings(state, &r, Some(content)).await?;
+                let list: Vec<Value> = vectors
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| json!({"index": i, "embedding": [v]}))
+                    .collect();
+                Ok(Value::Array(list))
+            }
+            None => openai_list(state, &r).await,
+        }
+    };
+    match answered.await {
         Ok(v) => Json(v).into_response(),
         Err(e) => {
             state.metrics.errors.fetch_add(1, Ordering::Relaxed);
@@ -90,15 +116,8 @@ pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
     }
 }
 
-async fn embeddings(state: &State, body: Body) -> Result<Value, ApiError> {
-    let Some(pooling) = state.config.embeddings else {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "this server does not compute embeddings: start it with --embeddings",
-        ));
-    };
-    let ready = state.ready()?;
-    let r: Value = parse(&read_body(state, body).await?)?;
+/// OpenAI's answer: a list of `embedding` objects, floats or base64, with `usage`.
+async fn openai_list(state: &State, r: &Value) -> Result<Value, ApiError> {
     let base64 = match r.get("encoding_format").and_then(Value::as_str) {
         None | Some("float") => false,
         Some("base64") => true,
@@ -109,6 +128,41 @@ async fn embeddings(state: &State, body: Body) -> Result<Value, ApiError> {
             ))
         }
     };
+    let (vectors, tokens) = embeddings(state, r, r.get("input")).await?;
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let model = r
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&state.config.alias);
+    Ok(json!({"object": "list", "data": data, "model": model,
+              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+}
+
+/// Each of `input`'s embeddings (pooled, of unit length), and the tokens they read.
+async fn embeddings(
+    state: &State,
+    r: &Value,
+    input: Option<&Value>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let Some(pooling) = state.config.embeddings else {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "this server does not compute embeddings: start it with --embeddings",
+        ));
+    };
+    let ready = state.ready()?;
     let d = ready.n_embd;
     if let Some(n) = r.get("dimensions").filter(|v| !v.is_null()) {
         if n.as_u64() != Some(d as u64) {
@@ -118,7 +172,14 @@ async fn embeddings(state: &State, body: Body) -> Result<Value, ApiError> {
             ));
         }
     }
-    let inputs = inputs(&ready, r.get("input"))?;
+    // llama-server's `embd_normalize`: 2 (unit length, its default) is what is computed.
+    if let Some(n) = r.get("embd_normalize").filter(|n| n.as_i64() != Some(2)) {
+        return Err(ApiError::bad_param(
+            "embd_normalize",
+            format!("embd_normalize {n}: only 2 (unit length, the default) is computed"),
+        ));
+    }
+    let inputs = inputs(&ready, input)?;
     // Every input is queued before the first is awaited: they run between the same steps.
     let mut replies = Vec::with_capacity(inputs.len());
     for tokens in &inputs {
@@ -134,7 +195,7 @@ async fn embeddings(state: &State, body: Body) -> Result<Value, ApiError> {
             })?;
         replies.push(reply);
     }
-    let mut data = Vec::with_capacity(inputs.len());
+    let mut vectors = Vec::with_capacity(inputs.len());
     for (i, reply) in replies.into_iter().enumerate() {
         let hidden = reply
             .await
@@ -145,25 +206,13 @@ async fn embeddings(state: &State, body: Body) -> Result<Value, ApiError> {
                 )
             })?
             .map_err(|why| ApiError::bad_param("input", format!("input {i}: {why}")))?;
-        let v = pooling.pool(&hidden, d);
-        let embedding = if base64 {
-            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
-        } else {
-            json!(v)
-        };
-        data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
+        vectors.push(pooling.pool(&hidden, d));
     }
     let tokens: usize = inputs.iter().map(Vec::len).sum();
     if let Some(u) = crate::log::current() {
         u.record(tokens, 0, 0, None);
     }
-    let model = r
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or(&state.config.alias);
-    Ok(json!({"object": "list", "data": data, "model": model,
-              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+    Ok((vectors, tokens))
 }
 
 /// Each input's tokens: texts encoded as a prompt is (with the BOS the tokenizer adds), ids

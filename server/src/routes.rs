@@ -38,6 +38,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/messages", post(completion::messages::create))
         .route("/v1/embeddings", post(crate::embeddings::create))
         .route("/embeddings", post(crate::embeddings::create))
+        .route("/embedding", post(crate::embeddings::create_native))
         .route("/responses", post(completion::responses::create))
         .route("/v1/completions", post(completion::text))
         .route("/completion", post(completion::native::create))

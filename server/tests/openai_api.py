@@ -839,6 +839,14 @@ def embeddings(srv, c):
     check(list(struct.unpack(f"<{len(raw) // 4}f", raw)) == vs[1], "token ids give the text's vector")
     first = json.loads(srv.post("/tokenize", {"content": texts[0], "add_special": True})[1])["tokens"]
     check(r.usage.prompt_tokens == 2 * len(first) + len(tokens), f"usage {r.usage}")
+    # llama-server's own /embedding: `content` gives its nested shape, `input` OpenAI's.
+    s, body = srv.post("/embedding", {"content": texts[:2]})[:2]
+    native = json.loads(body) if s == 200 else []
+    check([(e.get("index"), e.get("embedding")) for e in native] == [(0, [vs[0]]), (1, [vs[1]])],
+          f"/embedding with content: {s} {body[:200]}")
+    s, body = srv.post("/embedding", {"input": texts[1]})[:2]
+    check(s == 200 and json.loads(body)["data"][0]["embedding"] == vs[1], f"/embedding with input: {body[:200]}")
+    error_of(srv.post("/embedding", {"content": "x", "embd_normalize": -1}), 400, "embd_normalize")
     error_of(srv.post("/v1/embeddings", {"input": []}), 400, "input")
     error_of(srv.post("/v1/embeddings", {"input": "x", "encoding_format": "hex"}), 400,
              "encoding_format")
