@@ -55,6 +55,13 @@ pub struct GenerateArgs {
         conflicts_with = "prompt"
     )]
     pub file: Option<PathBuf>,
+    /// The prompt, as -p gives it (`hesper-rs generate "Hello there"`).
+    #[arg(
+        help_heading = "Prompt",
+        value_name = "PROMPT",
+        conflicts_with_all = ["prompt", "file"]
+    )]
+    pub positional_prompt: Option<String>,
     /// Tokens to generate (default: until end of text).
     ///
     /// -1 = until end of text or a full context that does not shift, and
@@ -214,8 +221,11 @@ impl FromStr for Seed {
 }
 
 impl GenerateArgs {
-    /// Reads `-f FILE` into the prompt (as -p would give it).
+    /// Reads `-f FILE` (or the positional prompt) into the prompt (as -p would give it).
     pub fn read_prompt_file(&mut self) -> Result<()> {
+        if let Some(text) = self.positional_prompt.take() {
+            self.prompt = Some(text);
+        }
         if let Some(path) = &self.file {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("-f/--file {}: cannot read it as text", path.display()))?;

@@ -16,14 +16,12 @@ use crate::load::open_file;
 pub struct TokenizeArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// The text to tokenize.
-    #[arg(
-        short = 'p',
-        long = "prompt",
-        value_name = "TEXT",
-        required_unless_present = "file"
-    )]
+    /// The text to tokenize (or the positional TEXT; neither: stdin).
+    #[arg(short = 'p', long = "prompt", value_name = "TEXT")]
     prompt: Option<String>,
+    /// The text to tokenize, as -p gives it (`hesper-rs tokenize "Hello there"`).
+    #[arg(value_name = "TEXT", conflicts_with_all = ["prompt", "file"])]
+    text: Option<String>,
     /// Read the text from a file instead of -p.
     #[arg(
         short = 'f',
@@ -64,11 +62,16 @@ fn tokenizer(model: &ModelArgs) -> Result<Tokenizer> {
 
 /// Runs `tokenize`.
 pub fn tokenize(args: TokenizeArgs) -> Result<()> {
-    let text = match (&args.prompt, &args.file) {
+    let text = match (args.prompt.as_ref().or(args.text.as_ref()), &args.file) {
         (Some(p), _) => p.clone(),
         (None, Some(path)) => std::fs::read_to_string(path)
             .with_context(|| format!("-f/--file {}: cannot read it as text", path.display()))?,
-        (None, None) => bail!("give the text with -p or -f"),
+        (None, None) => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("stdin: cannot read it as text")?;
+            text
+        }
     };
     let tok = tokenizer(&args.model)?;
     let ids = tok.encode(&text, tok.add_bos() && !args.no_bos, !args.no_parse_special)?;

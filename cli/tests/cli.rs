@@ -637,6 +637,57 @@ fn tokenize_and_detokenize_round_trip() {
     assert_eq!(stdout(&back), format!("{text}\n"));
     let args = ["detokenize", "1,4096"];
     support::assert_one_line_error(&args, &hesper(&args), "past the vocabulary (4096 tokens)");
+    // The text as an argument, or on stdin, as -p gives it.
+    assert_eq!(hesper(&["tokenize", text]).stdout, lines.stdout);
+    let piped = support::run(&["tokenize"], Some(text.as_bytes()));
+    assert!(piped.status.success(), "{}", stderr(&piped));
+    assert_eq!(piped.stdout, lines.stdout);
+}
+
+/// A prompt may be given as an argument, as llama-cli and Ollama take it; the root help names
+/// every command.
+#[test]
+fn a_positional_prompt_is_the_prompt_and_the_help_names_every_command() {
+    let flag = hesper(&[
+        "generate",
+        "-p",
+        "In the beginning",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+    ]);
+    let positional = hesper(&["generate", "In the beginning", "-n", "6", "--temp", "0"]);
+    assert!(positional.status.success(), "{}", stderr(&positional));
+    assert_eq!(positional.stdout, flag.stdout);
+    let both = ["generate", "-p", "a", "b"];
+    assert!(!hesper(&both).status.success(), "two prompts accepted");
+    let help = stdout(&hesper(&["--help"]));
+    let about = help.lines().next().unwrap_or_default();
+    for command in [
+        "generate",
+        "chat",
+        "info",
+        "logits",
+        "perplexity",
+        "bench",
+        "node",
+        "quantize",
+        "tokenize",
+        "detokenize",
+        "completions",
+        "pull",
+        "serve",
+    ] {
+        assert!(
+            help.contains(&format!("  {command} ")),
+            "{command} not in --help"
+        );
+        assert!(
+            about.contains(command),
+            "{command} not in the first line: {about}"
+        );
+    }
 }
 
 /// `completions` writes a script for bash, zsh and fish naming every command; `--version`
