@@ -25,8 +25,7 @@ use hesper_cpu::Isa;
 use hesper_engine::model::Logits;
 use hesper_tests::layers::check_layers_with;
 use hesper_tests::{
-    argmax, cpu_model, isas, max_abs_diff, Agreement, Golden, QuantizedBound, FAMILIES, QUANTS,
-    TINY_BOUND,
+    argmax, cpu_model, isas, Agreement, Golden, QuantizedBound, FAMILIES, QUANTS, TINY_BOUND,
 };
 
 fn logits_all<B: hesper_engine::backend::Backend>(
@@ -352,7 +351,7 @@ fn what_the_graph_would_leave_out_is_refused() {
 #[cfg(feature = "gpu")]
 mod gpu {
     use super::*;
-    use hesper_tests::gpu_model;
+    use hesper_tests::{gpu_model, max_abs_diff};
 
     #[test]
     fn families_match_llama_cpp_and_the_cpu_on_the_gpu() {
