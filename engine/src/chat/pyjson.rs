@@ -260,7 +260,8 @@ mod tests {
         }
     }
 
-    fn dumps(json: &str, args: &str) -> String {
+    /// `json` through the `tojson` filter with `args`.
+    fn render(json: &str, args: &str) -> Result<String, minijinja::Error> {
         let mut env = minijinja::Environment::new();
         env.add_filter("tojson", tojson);
         let v = value_from_json(&serde_json::from_str(json).unwrap());
@@ -268,7 +269,10 @@ mod tests {
             &format!("{{{{ v | tojson({args}) }}}}"),
             minijinja::context! { v },
         )
-        .unwrap()
+    }
+
+    fn dumps(json: &str, args: &str) -> String {
+        render(json, args).unwrap()
     }
 
     #[test]
@@ -294,15 +298,7 @@ mod tests {
     }
 
     fn dumps_err(json: &str, args: &str) -> String {
-        let mut env = minijinja::Environment::new();
-        env.add_filter("tojson", tojson);
-        let v = value_from_json(&serde_json::from_str(json).unwrap());
-        env.render_str(
-            &format!("{{{{ v | tojson({args}) }}}}"),
-            minijinja::context! { v },
-        )
-        .expect_err("refused")
-        .to_string()
+        render(json, args).expect_err("refused").to_string()
     }
 
     #[test]
