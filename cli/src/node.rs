@@ -373,11 +373,11 @@ fn master_on<B: Backend, M: ModelRef<B>>(
 ) -> Result<()> {
     let m = model.get();
     let n_ctx = args.ctx.n_ctx(m.config.n_ctx_train);
-    let session = m.new_session(n_ctx, args.ctx.batch_size)?;
     ContextArgs::note_past_training(n_ctx, m.config.n_ctx_train);
     // Read before the ring owns the model (a hot-swap may replace its file).
     let (file, backend) = (m.file.clone(), m.backend.name());
-    let mut ring = RingEvaluator::form(model, session, settings, standby)?;
+    let batch = args.ctx.batch_size.min(n_ctx);
+    let mut ring = RingEvaluator::form(model, settings, n_ctx, batch, standby)?;
     for (i, r) in ring.nodes().iter().enumerate() {
         note!("hesper: ring node {i}: {}", r.name());
     }

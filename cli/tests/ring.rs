@@ -493,7 +493,7 @@ fn garbage_sent_to_a_listening_node_is_refused_and_the_ring_still_forms() {
     let worker = Proc::spawn(&node_args(&part("worker", "2..4"), ports[1], ports[0], &[]));
     let mut header = [0u8; 40];
     header[..4].copy_from_slice(b"HSRG");
-    header[4] = 1;
+    header[4..6].copy_from_slice(&hesper_ring::frame::VERSION.to_le_bytes());
     header[6] = 2;
     header[36..40].copy_from_slice(&u32::MAX.to_le_bytes());
     let attempts: [&[u8]; 3] = [

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, GateUp, Qkv, RopeShape, NON_FINITE};
+use crate::backend::{AttentionShape, Backend, BackendError, GateUp, Qkv, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
 use crate::memory::{SessionShape, SizeError};
@@ -34,7 +34,7 @@ mod identity;
 mod load;
 #[cfg(unix)]
 mod reload;
-pub use batch::{BatchScratch, SeqStep};
+pub use batch::{BatchScratch, SeqRows, SeqStep, StepInput, StepOutput};
 use load::{Fetch, InFile, Loader, Part, Plan, Streamed};
 #[cfg(unix)]
 pub use reload::{Reload, ReloadError, Swap};
@@ -724,37 +724,9 @@ impl<B: Backend> Model<B> {
         s: &mut Session<B>,
         readout: Readout,
     ) -> Result<Prediction, ModelError> {
-        let n = self.n_sampled;
-        let b = &self.backend;
         // The row of the last position evaluated.
         let pos = s.pos.saturating_sub(1);
-        Ok(match readout {
-            Readout::Argmax => {
-                let t = b.argmax(&s.s.logits, n).await?;
-                if t & NON_FINITE != 0 {
-                    let mut row = vec![0.0; n];
-                    b.read(&s.s.logits, &mut row).await?;
-                    self.check_finite(&row, pos)?;
-                    let token = t & !NON_FINITE;
-                    let value = row.get(token as usize).copied().unwrap_or(f32::NAN);
-                    return Err(ModelError::NonFiniteLogits { pos, token, value });
-                }
-                Prediction::Token(t)
-            }
-            Readout::Top(k) => {
-                let top = b.top_k(&mut s.s.logits, n, k.min(n)).await?;
-                if let Some(&(token, value)) = top.iter().find(|(_, v)| !v.is_finite()) {
-                    return Err(ModelError::NonFiniteLogits { pos, token, value });
-                }
-                Prediction::Top(top)
-            }
-            Readout::Logits => {
-                let mut row = vec![0.0; n];
-                b.read(&s.s.logits, &mut row).await?;
-                self.check_finite(&row, pos)?;
-                Prediction::Logits(row)
-            }
-        })
+        self.read_prediction_at(&mut s.s.logits, pos, readout).await
     }
 
     /// Moves the session to `pos0` for states that start there: positions from `pos0` on
@@ -1040,17 +1012,24 @@ impl<B: Backend> Model<B> {
     fn record_head(&self, s: &mut Session<B>, n: usize, row0: usize) -> Result<(), ModelError> {
         let c = &self.config;
         let b = &self.backend;
-        let (Some(norm), Some(head)) = (
-            &self.output_norm,
-            self.output.as_ref().or(self.embedding.as_ref()),
-        ) else {
-            return Err(self.range_error(c.n_layer - 1..c.n_layer));
-        };
+        let (norm, head) = self.head_parts()?;
         let sc = &mut s.s;
         b.copy_rows(&sc.x, row0, n, c.n_embd, &mut sc.att, 0);
         b.rms_norm(&sc.att, norm, n, c.eps, &mut sc.h);
         b.matmul(head, &sc.h, n, &mut sc.logits);
         Ok(())
+    }
+
+    /// The final norm's gains and the LM head (needs the last layer here).
+    fn head_parts(&self) -> Result<(&B::Vector, &B::Matrix), ModelError> {
+        let c = &self.config;
+        match (
+            &self.output_norm,
+            self.output.as_ref().or(self.embedding.as_ref()),
+        ) {
+            (Some(norm), Some(head)) => Ok((norm, head)),
+            _ => Err(self.range_error(c.n_layer - 1..c.n_layer)),
+        }
     }
 
     fn run_layers(&self, s: &mut Session<B>, n: usize) {
@@ -1186,6 +1165,16 @@ impl<B: Backend> Model<B> {
         steps: &mut [SeqStep<'_, B>],
     ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
         pollster::block_on(self.step_async(scratch, steps))
+    }
+
+    /// [`Model::step_rows_async`], waited for.
+    pub fn step_rows(
+        &self,
+        scratch: &mut BatchScratch<B>,
+        seqs: &mut [SeqRows<'_, B>],
+        input: StepInput<'_>,
+    ) -> Result<StepOutput, ModelError> {
+        pollster::block_on(self.step_rows_async(scratch, seqs, input))
     }
 
     /// [`Model::eval_greedy_async`], waited for.

@@ -3,14 +3,14 @@
 //! ```text
 //! offset  size  field
 //!      0     4  magic "HSRG"
-//!      4     2  version (1)
+//!      4     2  version (2)
 //!      6     1  kind      (Kind)
 //!      7     1  dtype     (Dtype: how a Forward payload's floats are stored)
 //!      8     8  session   (the master's run; a node starts afresh on a new one)
 //!     16     8  seq       (the master's step number; a prediction carries its step's)
-//!     24     4  pos0      (first position of the rows)
-//!     28     4  n_tokens  (rows in a Forward payload)
-//!     32     4  aux       (kind-specific: a Forward's readout)
+//!     24     4  pos0      (kind-specific: a Hello's flags, a Prediction's first index)
+//!     28     4  n_tokens  (rows in a Forward payload, predictions in a Prediction's)
+//!     32     4  aux       (kind-specific: a Forward's entries, a Hello's context)
 //!     36     4  len       (payload bytes)
 //! ```
 //! All little-endian. Decoding checks every field before anything is allocated: a payload
@@ -21,7 +21,7 @@ use thiserror::Error;
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"HSRG";
 /// The frame layout version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes in a header.
 pub const HEADER_LEN: usize = 40;
 
@@ -31,9 +31,10 @@ pub const HEADER_LEN: usize = 40;
 pub enum Kind {
     /// The ring check: each node appends its record, the master reads them all.
     Hello = 1,
-    /// Hidden states (`n_tokens` rows from `pos0`) for the next node's layers.
+    /// One step: hidden states (`n_tokens` rows of `aux` sequences, each from its own
+    /// position) for the next node's layers.
     Forward = 2,
-    /// The last node's prediction for a step, on its way to the master.
+    /// The last node's predictions for a step, on their way to the master.
     Prediction = 3,
     /// "Still here" (sent when a link is otherwise idle; never handed to the node).
     Heartbeat = 4,
@@ -46,6 +47,8 @@ pub enum Kind {
     /// A hot-swap between two steps: each node swaps in what changed in its model file and
     /// appends what it found, on the way round to the master.
     Reload = 8,
+    /// KV caches of the master's sequences made or freed on every worker (its slots).
+    Cache = 9,
 }
 
 impl Kind {
@@ -59,6 +62,7 @@ impl Kind {
             6 => Self::Fault,
             7 => Self::Auth,
             8 => Self::Reload,
+            9 => Self::Cache,
             _ => return None,
         })
     }

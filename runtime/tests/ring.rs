@@ -114,9 +114,8 @@ fn a_conversation_on_a_ring_is_the_conversation_on_one_model() {
         serve(&model, &node(&model, p1, p0), 32, false)
     });
     let (master, _) = demo(Some(0..1));
-    let session = master.new_session(96, 32).expect("session");
     let mut ring =
-        RingEvaluator::form(&master, session, &node(&master, p0, p1), None).expect("ring");
+        RingEvaluator::form(&master, &node(&master, p0, p1), 96, 32, None).expect("ring");
     let got = converse(&mut ring, &tok, &template);
     ring.close("");
     worker.join().expect("worker thread").expect("worker");

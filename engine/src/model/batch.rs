@@ -3,9 +3,15 @@
 //! attention runs per session over its own KV cache. Each row's arithmetic is what the session
 //! alone would do, so on a backend whose products are bit-identical across batch sizes (the
 //! CPU's) a session's logits do not depend on what runs beside it.
+//!
+//! [`Model::step_rows_async`] is the general form, over whatever layer range the instance
+//! holds: rows come in as tokens (the first layers) or hidden states (a ring node's), and go
+//! out as hidden states or, where the instance holds the LM head, as the predictions each
+//! session asked for. [`Model::step_async`] is the whole model's form a local server runs.
 
-use crate::backend::Backend;
-use crate::model::{Model, ModelError, Scratch, Session};
+use crate::backend::{Backend, NON_FINITE};
+use crate::model::{Model, ModelError, Prediction, Readout, Scratch, Session};
+use crate::sampler::{argmax, top_candidates};
 
 /// Scratch space for [`Model::step_async`]: one step of up to `tokens` rows over up to `seqs`
 /// sessions.
@@ -41,6 +47,39 @@ pub struct SeqStep<'a, B: Backend> {
     pub logits: bool,
 }
 
+/// One session's share of a step over a layer range ([`Model::step_rows_async`]): `n` rows at
+/// positions from `pos0`.
+pub struct SeqRows<'a, B: Backend> {
+    /// The session (its KV cache and position; its own scratch is not used).
+    pub session: &'a mut Session<B>,
+    /// The first row's position: the session forgets the positions from here on first; one
+    /// past the session's position is a gap ([`ModelError::PositionGap`]).
+    pub pos0: usize,
+    /// Rows (at least one).
+    pub n: usize,
+    /// What the LM head hands back for the last row, where the instance runs it.
+    pub readout: Option<Readout>,
+}
+
+/// Where a step's rows come from, every session's in order.
+#[derive(Debug, Clone, Copy)]
+pub enum StepInput<'a> {
+    /// Token ids, embedded here (needs layer 0 in this instance).
+    Tokens(&'a [u32]),
+    /// The residual stream entering this instance's first layer, `[rows][n_embd]`.
+    Hidden(&'a [f32]),
+}
+
+/// What a step over a layer range hands back ([`Model::step_rows_async`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutput {
+    /// The residual stream leaving this instance's last layer, `[rows][n_embd]`: what the next
+    /// node of a ring takes.
+    Hidden(Vec<f32>),
+    /// Each session's prediction, for those that asked (the instance runs the LM head).
+    Predictions(Vec<Option<Prediction>>),
+}
+
 impl<B: Backend> Model<B> {
     /// Scratch for steps of up to `tokens` rows over up to `seqs` sessions.
     pub fn new_batch_scratch(
@@ -66,6 +105,11 @@ impl<B: Backend> Model<B> {
         })
     }
 
+    /// Whether this instance runs the final norm and LM head (it holds the last layer).
+    pub fn holds_head(&self) -> bool {
+        self.output_norm.is_some() && self.layer_range.end == self.config.n_layer
+    }
+
     /// Evaluates each step's tokens at its session's next positions, all in one pass over the
     /// weights, and hands back the last token's logits (the sampled vocabulary) of each step
     /// that asked. Nothing runs unless every step fits: tokens in range, room in each context
@@ -76,19 +120,62 @@ impl<B: Backend> Model<B> {
         steps: &mut [SeqStep<'_, B>],
     ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
         let c = &self.config;
-        let (Some(embedding), Some(norm)) = (&self.embedding, &self.output_norm) else {
-            return Err(self.range_error(0..c.n_layer));
-        };
-        let head = self.output.as_ref().unwrap_or(embedding);
-        if self.layer_range != (0..c.n_layer) {
+        if self.layer_range != (0..c.n_layer) || !self.holds_head() {
             return Err(self.range_error(0..c.n_layer));
         }
-        let n: usize = steps.iter().map(|s| s.tokens.len()).sum();
-        let m = steps.iter().filter(|s| s.logits).count();
-        if steps.iter().any(|s| s.tokens.is_empty()) {
+        let all: Vec<u32> = steps
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let mut rows: Vec<SeqRows<'_, B>> = steps
+            .iter_mut()
+            .map(|st| SeqRows {
+                pos0: st.session.pos,
+                n: st.tokens.len(),
+                readout: st.logits.then_some(Readout::Logits),
+                session: &mut *st.session,
+            })
+            .collect();
+        match self
+            .step_rows_async(sc, &mut rows, StepInput::Tokens(&all))
+            .await?
+        {
+            StepOutput::Predictions(p) => Ok(p
+                .into_iter()
+                .map(|p| match p {
+                    Some(Prediction::Logits(row)) => Some(row),
+                    _ => None,
+                })
+                .collect()),
+            StepOutput::Hidden(_) => unreachable!("the whole model runs its head"),
+        }
+    }
+
+    /// Runs this instance's layers on every session's rows in one pass over the weights, each
+    /// session's from its `pos0`; then, where the instance holds the LM head
+    /// ([`Model::holds_head`]), hands back each session's readout of its last row, else the
+    /// hidden states leaving its last layer. Nothing runs unless every session fits: rows and
+    /// positions in range (sessions here do not shift), the input's size, and the scratch's
+    /// rows and sessions.
+    pub async fn step_rows_async(
+        &self,
+        sc: &mut BatchScratch<B>,
+        seqs: &mut [SeqRows<'_, B>],
+        input: StepInput<'_>,
+    ) -> Result<StepOutput, ModelError> {
+        let c = &self.config;
+        let d = c.n_embd;
+        let n: usize = seqs.iter().map(|s| s.n).sum();
+        let head = self.holds_head();
+        let m = if head {
+            seqs.iter().filter(|s| s.readout.is_some()).count()
+        } else {
+            0
+        };
+        if seqs.is_empty() || seqs.iter().any(|s| s.n == 0) {
             return Err(ModelError::Empty);
         }
-        if n > sc.tokens || m > sc.seqs {
+        if n > sc.tokens || m > sc.seqs || seqs.len() > sc.tokens {
             return Err(ModelError::BatchTooLarge {
                 tokens: n,
                 seqs: m,
@@ -96,29 +183,59 @@ impl<B: Backend> Model<B> {
                 max_seqs: sc.seqs,
             });
         }
-        for st in steps.iter() {
-            self.check_tokens(st.tokens)?;
+        for st in seqs.iter() {
             let s = &st.session;
-            if s.pos + st.tokens.len() > s.n_ctx {
+            if st.pos0 > s.pos {
+                return Err(ModelError::PositionGap {
+                    pos0: st.pos0,
+                    pos: s.pos,
+                });
+            }
+            if st.pos0 + st.n > s.n_ctx {
                 return Err(ModelError::ContextFull {
-                    needed: s.pos + st.tokens.len(),
+                    needed: st.pos0 + st.n,
                     n_ctx: s.n_ctx,
                 });
             }
         }
         let b = &self.backend;
-        let all: Vec<u32> = steps
-            .iter()
-            .flat_map(|s| s.tokens.iter().copied())
-            .collect();
-        b.embed(embedding, &all, &mut sc.s.x);
+        match input {
+            StepInput::Tokens(tokens) => {
+                let embedding = self
+                    .embedding
+                    .as_ref()
+                    .filter(|_| self.layer_range.start == 0)
+                    .ok_or_else(|| self.range_error(0..1))?;
+                if tokens.len() != n {
+                    return Err(ModelError::HiddenSize {
+                        got: tokens.len(),
+                        n_tokens: n,
+                        n_embd: 1,
+                    });
+                }
+                self.check_tokens(tokens)?;
+                b.embed(embedding, tokens, &mut sc.s.x);
+            }
+            StepInput::Hidden(hidden) => {
+                if hidden.len() != n * d {
+                    return Err(ModelError::HiddenSize {
+                        got: hidden.len(),
+                        n_tokens: n,
+                        n_embd: d,
+                    });
+                }
+                b.write(&mut sc.s.x, hidden)?;
+            }
+        }
+        for st in seqs.iter_mut() {
+            st.session.truncate(st.pos0);
+        }
         let (qd, kv) = (c.q_dim(), c.kv_dim());
-        let mut segs: Vec<(&mut B::Cache, usize, usize, usize)> = Vec::with_capacity(steps.len());
+        let mut segs: Vec<(&mut B::Cache, usize, usize, usize)> = Vec::with_capacity(seqs.len());
         let mut row = 0;
-        for st in steps.iter_mut() {
-            let len = st.tokens.len();
-            segs.push((&mut st.session.cache, row, len, st.session.pos));
-            row += len;
+        for st in seqs.iter_mut() {
+            segs.push((&mut st.session.cache, row, st.n, st.pos0));
+            row += st.n;
         }
         let one = &mut sc.one;
         self.layers_over(&mut sc.s, n, &mut |b, li, [q, k, v, att], rope, attn| {
@@ -141,35 +258,107 @@ impl<B: Backend> Model<B> {
             }
         });
         drop(segs);
+        for st in seqs.iter_mut() {
+            st.session.pos = st.pos0 + st.n;
+        }
+        if !head {
+            let mut out = vec![0.0; n * d];
+            b.read(&sc.s.x, &mut out).await?;
+            return Ok(StepOutput::Hidden(out));
+        }
         let mut row = 0;
         let mut j = 0;
-        for st in steps.iter_mut() {
-            let len = st.tokens.len();
-            if st.logits {
-                b.copy_rows(&sc.s.x, row + len - 1, 1, c.n_embd, &mut sc.last, j);
+        for st in seqs.iter() {
+            if st.readout.is_some() {
+                b.copy_rows(&sc.s.x, row + st.n - 1, 1, d, &mut sc.last, j);
                 j += 1;
             }
-            row += len;
-            st.session.pos += len;
+            row += st.n;
         }
         if m == 0 {
-            return Ok(steps.iter().map(|_| None).collect());
+            return Ok(StepOutput::Predictions(seqs.iter().map(|_| None).collect()));
         }
+        let (norm, head) = self.head_parts()?;
         b.rms_norm(&sc.last, norm, m, c.eps, &mut sc.s.h);
         b.matmul(head, &sc.s.h, m, &mut sc.s.logits);
-        let mut rows = vec![0.0; m * c.n_vocab];
-        b.read(&sc.s.logits, &mut rows).await?;
-        let mut rows = rows.chunks_exact(c.n_vocab);
-        steps
+        let asked: Vec<(Readout, usize)> = seqs
             .iter()
-            .map(|st| {
-                if !st.logits {
-                    return Ok(None);
-                }
-                let row = rows.next().expect("one logit row per step that asked");
-                self.check_finite(row, st.session.pos - 1)?;
-                Ok(Some(row[..self.n_sampled].to_vec()))
+            .filter_map(|st| st.readout.map(|r| (r, st.pos0 + st.n - 1)))
+            .collect();
+        let mut read = self.read_predictions(&mut sc.s.logits, &asked).await?;
+        read.reverse();
+        Ok(StepOutput::Predictions(
+            seqs.iter()
+                .map(|st| st.readout.and_then(|_| read.pop()))
+                .collect(),
+        ))
+    }
+
+    /// Each readout of `asked` (with its row's position, for errors) from the logits rows at
+    /// the front of `logits`, one per readout in order. One row's argmax or top k is found by
+    /// the backend (a GPU reads back only those); several rows are read back whole.
+    async fn read_predictions(
+        &self,
+        logits: &mut B::Buffer,
+        asked: &[(Readout, usize)],
+    ) -> Result<Vec<Prediction>, ModelError> {
+        if let [(readout, pos)] = asked {
+            return Ok(vec![self.read_prediction_at(logits, *pos, *readout).await?]);
+        }
+        let (n_vocab, n) = (self.config.n_vocab, self.n_sampled);
+        let mut rows = vec![0.0; asked.len() * n_vocab];
+        self.backend.read(logits, &mut rows).await?;
+        asked
+            .iter()
+            .zip(rows.chunks_exact(n_vocab))
+            .map(|(&(readout, pos), row)| {
+                let row = &row[..n];
+                self.check_finite(row, pos)?;
+                Ok(match readout {
+                    Readout::Argmax => Prediction::Token(argmax(row.iter().copied())),
+                    Readout::Top(k) => Prediction::Top(top_candidates(row, k.min(n))),
+                    Readout::Logits => Prediction::Logits(row.to_vec()),
+                })
             })
             .collect()
+    }
+
+    /// What `readout` asks of the logits row at the front of `logits` (the row of position
+    /// `pos`, for errors).
+    pub(super) async fn read_prediction_at(
+        &self,
+        logits: &mut B::Buffer,
+        pos: usize,
+        readout: Readout,
+    ) -> Result<Prediction, ModelError> {
+        let n = self.n_sampled;
+        let b = &self.backend;
+        Ok(match readout {
+            Readout::Argmax => {
+                let t = b.argmax(logits, n).await?;
+                if t & NON_FINITE != 0 {
+                    let mut row = vec![0.0; n];
+                    b.read(logits, &mut row).await?;
+                    self.check_finite(&row, pos)?;
+                    let token = t & !NON_FINITE;
+                    let value = row.get(token as usize).copied().unwrap_or(f32::NAN);
+                    return Err(ModelError::NonFiniteLogits { pos, token, value });
+                }
+                Prediction::Token(t)
+            }
+            Readout::Top(k) => {
+                let top = b.top_k(logits, n, k.min(n)).await?;
+                if let Some(&(token, value)) = top.iter().find(|(_, v)| !v.is_finite()) {
+                    return Err(ModelError::NonFiniteLogits { pos, token, value });
+                }
+                Prediction::Top(top)
+            }
+            Readout::Logits => {
+                let mut row = vec![0.0; n];
+                b.read(logits, &mut row).await?;
+                self.check_finite(&row, pos)?;
+                Prediction::Logits(row)
+            }
+        })
     }
 }

@@ -1,101 +1,161 @@
-//! The master's side of a ring: its own layers, then the rest of the ring, as an
-//! [`Evaluator`] a completion or a chat runs on. With a standby node, a lost ring is
-//! re-formed through it and the token history replayed in the same steps, so generation goes
-//! on with the very numbers an unbroken ring computes.
+//! The master's side of a ring: a [`StepRunner`] whose steps run the master's layers here and
+//! the rest round the ring. Several steps are kept in flight (micro-batches): while the last
+//! node computes one, the master computes the next. Each sequence has a cache slot, made and
+//! freed on every worker by Cache frames sent before the steps that use it. A lost node is a
+//! [`StepError::Reformed`] where a standby re-forms the ring, else a [`StepError::Down`] until
+//! [`StepRunner::recover`] forms it again.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{Model, ModelError, Prediction, Readout, Session};
-#[cfg(unix)]
-use hesper_engine::model::{Reload, ReloadError};
-use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net};
+use hesper_engine::model::{
+    BatchScratch, Model, ModelError, Prediction, Readout, Reload, ReloadError, SeqRows, Session,
+    StepInput, StepOutput,
+};
+use hesper_ring::{wire, Frame, Header, Kind, Link, Net};
 
+use super::form::{join, run_id, verify, Links};
 use super::hello::{self, NodeRecord};
-use super::protocol::{decode_prediction, readout_code};
-#[cfg(unix)]
+use super::protocol::{
+    decode_prediction, encode_entries, encode_ops, prediction_len, CacheOp, Entry,
+};
 use super::reload::{self, Found};
-use super::{NodeSettings, RingError, FLUSH, MAX_FRAME_ROWS};
+use super::{NodeSettings, RingError, FLUSH, HELLO_SERVES, MAX_FRAME_ROWS};
 use crate::evaluator::ModelRef;
-use crate::{Evaluator, RuntimeError};
+use crate::scheduler::{RunStep, SeqCache, StepError, StepRunner};
+use crate::RuntimeError;
+
+/// How a master runs its ring.
+#[derive(Debug, Clone)]
+pub struct RingOptions {
+    /// A node to re-form the ring through if it breaks (it must hold every layer after the
+    /// master's); used once.
+    pub standby: Option<SocketAddr>,
+    /// Whether the master serves requests: workers then outlive a lost neighbour and wait
+    /// for the ring to form again, and so does the master ([`StepRunner::recover`]).
+    pub serving: bool,
+    /// The longest sequence (told to the nodes in the Hello).
+    pub n_ctx: usize,
+    /// Most rows of a step.
+    pub batch: usize,
+    /// Steps kept in flight at once (`None`: one per node of the ring).
+    pub in_flight: Option<usize>,
+}
+
+/// A sequence's cache in a ring: the master's session for its own layers, and the slot that
+/// names the workers' caches.
+pub struct RingCache<B: Backend> {
+    slot: u32,
+    session: Session<B>,
+}
+
+impl<B: Backend> SeqCache for RingCache<B> {
+    fn pos(&self) -> usize {
+        self.session.pos()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.session.n_ctx()
+    }
+
+    fn truncate(&mut self, pos: usize) {
+        // The next step's entry starts at `pos`: every worker forgets the rest then.
+        self.session.truncate(pos);
+    }
+}
+
+/// A step sent round the ring whose predictions have not all come back.
+struct Pending {
+    seq: u64,
+    /// The readouts asked for, in entry order.
+    readouts: Vec<Readout>,
+    /// The predictions come so far, by index.
+    got: Vec<Option<Prediction>>,
+    /// Each entry's index among the readouts, or `None` for an entry that asked for none.
+    entries: Vec<Option<usize>>,
+    /// A node's report that the step failed.
+    failed: Option<String>,
+}
+
+impl Pending {
+    fn complete(&self) -> bool {
+        self.failed.is_some() || self.got.iter().all(Option::is_some)
+    }
+}
 
 /// The master of a formed ring.
-pub struct RingEvaluator<B: Backend, M: ModelRef<B>> {
+pub struct RingRunner<B: Backend, M: ModelRef<B>> {
     /// The master's layers (mutable where they were loaded for hot-swap).
     model: M,
-    session: Session<B>,
     net: Net,
     me: NodeRecord,
     links: Links,
     run: u64,
     seq: u64,
-    wire: Dtype,
-    form_wait: Duration,
-    log: fn(&str),
-    /// Where to re-form the ring when it breaks; taken when used.
-    standby: Option<SocketAddr>,
-    /// Every token in the context, and the steps they were sent in (first position, count).
-    history: Vec<u32>,
-    steps: Vec<(usize, usize)>,
+    settings: NodeSettings,
+    opts: RingOptions,
+    scratch: BatchScratch<B>,
+    next_slot: u32,
+    /// Every slot made and not freed, with its positions (made again on a new ring).
+    live: BTreeMap<u32, usize>,
+    /// Cache operations for the workers, sent before the next step.
+    ops: Vec<CacheOp>,
+    /// Steps in flight, oldest first.
+    pending: VecDeque<Pending>,
+    /// Why the ring is down (a node was lost and no standby took its place).
+    down: Option<String>,
     /// Why the ring cannot run: a hot-swap left its nodes holding different files (cleared by
     /// a later check that finds them the same again).
     split: Option<String>,
 }
 
-/// The master's two links and what the ring's nodes said of themselves.
-struct Links {
-    next: Link,
-    prev: Link,
-    records: Vec<NodeRecord>,
-}
-
-impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
+impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
     /// Forms the ring: listens, connects to the next node, sends the Hello round and checks
     /// what comes back ([`hello::check`]). A ring that fails the check is ended with the
-    /// reason (every worker prints it) and the same reason is returned. `standby`: a node
-    /// to re-form the ring through if it breaks (it must hold the layers after the master's).
-    pub fn form(
-        model: M,
-        session: Session<B>,
-        settings: &NodeSettings,
-        standby: Option<SocketAddr>,
-    ) -> Result<Self, RingError> {
-        if model.get().layer_range().start != 0 {
+    /// reason (every worker prints it) and the same reason is returned.
+    pub fn form(model: M, settings: &NodeSettings, opts: RingOptions) -> Result<Self, RingError> {
+        let m = model.get();
+        if m.layer_range().start != 0 || m.layer_range().end >= m.config.n_layer {
             return Err(RingError::Config(format!(
-                "the master holds the embedding, so its layers must start at 0 (it holds {}..{})",
-                model.get().layer_range().start,
-                model.get().layer_range().end
+                "the master holds the embedding and the ring's first layers, so its layers must start at 0 and end before the last (it holds {}..{} of {})",
+                m.layer_range().start,
+                m.layer_range().end,
+                m.config.n_layer
             )));
         }
+        let batch = opts.batch.clamp(1, MAX_FRAME_ROWS);
+        let scratch = m.new_batch_scratch(batch, 1)?;
         let mut net = Net::new(settings.net.clone())?;
         let bound = net.listen(settings.listen)?;
-        let me = NodeRecord::of(model.get(), bound)?;
+        let me = NodeRecord::of(m, bound)?;
         let run = run_id();
-        let n_ctx = session.n_ctx();
         let links = join(
             &mut net,
             &me,
             settings.next,
-            (run, n_ctx),
+            (run, opts.n_ctx, hello_flags(&opts)),
             settings.form_wait,
             settings.log,
             &|records| verify(model.get(), records),
         )?;
         Ok(Self {
             model,
-            session,
             net,
             me,
             links,
             run,
             seq: 0,
-            wire: settings.wire,
-            form_wait: settings.form_wait,
-            log: settings.log,
-            standby,
-            history: Vec::new(),
-            steps: Vec::new(),
+            settings: settings.clone(),
+            opts: RingOptions { batch, ..opts },
+            scratch,
+            next_slot: 0,
+            live: BTreeMap::new(),
+            ops: Vec::new(),
+            pending: VecDeque::new(),
+            down: None,
             split: None,
         })
     }
@@ -110,11 +170,16 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
         [&self.links.next, &self.links.prev]
     }
 
+    /// The master's layers.
+    pub fn model(&self) -> &Model<B> {
+        self.model.get()
+    }
+
     /// Ends the ring: every worker gets the reason (empty: a normal end) and exits; an
     /// unused standby is told too.
     pub fn close(self, why: &str) {
         self.links.next.send(Frame::text(Kind::Shutdown, why));
-        if let Some(addr) = self.standby {
+        if let Some(addr) = self.opts.standby {
             if let Ok(link) = self.net.connect(addr, Duration::from_secs(2)) {
                 link.send(Frame::text(Kind::Shutdown, why));
             }
@@ -122,143 +187,303 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
         std::thread::sleep(FLUSH);
     }
 
-    /// Runs `tokens` (at positions from `pos0`, the session's) through the master's layers
-    /// and sends the rows on; `readout` says what the last node hands back (nothing for a
-    /// prefill chunk before the last).
-    async fn send_step(
+    /// Why the ring cannot run a step now, if it cannot.
+    fn refusal(&self) -> Option<String> {
+        self.down.clone().or_else(|| self.split.clone())
+    }
+
+    /// Starts a step over `steps` (each a cache, its tokens at the cache's next positions,
+    /// and what the last node hands back for the last one): the master's layers run now, the
+    /// rest of the ring after. Its predictions come from [`RingRunner::finish_predictions`].
+    pub fn start_entries(
         &mut self,
-        pos0: usize,
-        n: usize,
-        readout: Option<Readout>,
-    ) -> Result<(), RuntimeError> {
-        let tokens = &self.history[pos0..pos0 + n];
-        let rows = self
+        steps: &mut [(&mut RingCache<B>, &[u32], Option<Readout>)],
+    ) -> Result<(), StepError> {
+        if let Some(why) = self.refusal() {
+            return Err(StepError::Failed(why));
+        }
+        let all: Vec<u32> = steps.iter().flat_map(|s| s.1.iter().copied()).collect();
+        let entries: Vec<Entry> = steps
+            .iter()
+            .map(|(c, tokens, readout)| Entry {
+                slot: c.slot,
+                pos0: c.session.pos(),
+                n: tokens.len(),
+                readout: *readout,
+            })
+            .collect();
+        let mut rows: Vec<SeqRows<'_, B>> = steps
+            .iter_mut()
+            .map(|(c, tokens, _)| SeqRows {
+                pos0: c.session.pos(),
+                n: tokens.len(),
+                readout: None,
+                session: &mut c.session,
+            })
+            .collect();
+        let out = self
             .model
             .get()
-            .forward_tokens_at_async(&mut self.session, pos0, tokens)
-            .await?;
+            .step_rows(&mut self.scratch, &mut rows, StepInput::Tokens(&all))
+            .map_err(|e| StepError::Failed(e.to_string()))?;
+        let StepOutput::Hidden(hidden) = out else {
+            unreachable!("the master's layers end before the last")
+        };
+        self.flush_ops();
         self.seq += 1;
         let mut h = Header::new(Kind::Forward);
-        h.dtype = self.wire;
+        h.dtype = self.settings.wire;
         h.session = self.run;
         h.seq = self.seq;
-        h.pos0 = pos0 as u32;
-        h.n_tokens = n as u32;
-        h.aux = readout_code(readout);
-        self.links
-            .next
-            .send(Frame::new(h, wire::encode(self.wire, &rows)));
+        h.n_tokens = all.len() as u32;
+        h.aux = entries.len() as u32;
+        let mut payload = encode_entries(&entries);
+        payload.extend(wire::encode(self.settings.wire, &hidden));
+        self.links.next.send(Frame::new(h, payload));
+        let mut index = 0;
+        let slots = entries
+            .iter()
+            .map(|e| {
+                e.readout.map(|_| {
+                    index += 1;
+                    index - 1
+                })
+            })
+            .collect();
+        let readouts: Vec<Readout> = entries.iter().filter_map(|e| e.readout).collect();
+        self.pending.push_back(Pending {
+            seq: self.seq,
+            got: vec![None; readouts.len()],
+            readouts,
+            entries: slots,
+            failed: None,
+        });
         Ok(())
     }
 
-    /// Waits for the prediction of step `self.seq`; a lost node or a fault breaks the ring.
-    fn wait_prediction(&mut self, readout: Readout) -> Result<Prediction, RingError> {
-        let f = self.wait_frame(Kind::Prediction)?;
-        decode_prediction(readout, &f.payload, self.model.get().sampled_vocab())
-            .map_err(RingError::Protocol)
+    /// Sends the cache operations made since the last step.
+    fn flush_ops(&mut self) {
+        if self.ops.is_empty() {
+            return;
+        }
+        let mut h = Header::new(Kind::Cache);
+        h.session = self.run;
+        let ops = std::mem::take(&mut self.ops);
+        self.links.next.send(Frame::new(h, encode_ops(&ops)));
     }
 
-    /// Waits for the frame of `kind` of step `self.seq` from the last node; a lost node or a
-    /// fault breaks the ring.
-    fn wait_frame(&mut self, kind: Kind) -> Result<Frame, RingError> {
+    /// Waits for the oldest step in flight: each entry's prediction, for those that asked.
+    pub fn finish_predictions(&mut self) -> Result<Vec<Option<Prediction>>, StepError> {
         loop {
-            let Some(event) = self.net.recv(Duration::from_secs(1)) else {
-                continue;
+            let Some(front) = self.pending.front() else {
+                return Err(StepError::Failed("no step is in flight".into()));
             };
-            let l = &self.links;
-            match event {
-                Incoming::Frame(from, f) => match f.header.kind {
-                    k if k == kind
-                        && from.id == l.prev.id()
-                        && f.header.session == self.run
-                        && f.header.seq == self.seq =>
-                    {
-                        return Ok(f);
-                    }
-                    Kind::Fault if from.id == l.prev.id() || from.id == l.next.id() => {
-                        return Err(RingError::Fault(f.message()))
-                    }
-                    _ => {}
-                },
-                Incoming::Lost(from, why) if from.id == l.next.id() => {
-                    let node = l
-                        .records
-                        .get(1)
-                        .map_or_else(|| l.next.peer().into(), NodeRecord::name);
-                    return Err(RingError::Lost { node, why });
+            if front.complete() {
+                let p = self.pending.pop_front().expect("a step in flight");
+                if let Some(why) = p.failed {
+                    return Err(StepError::Failed(why));
                 }
-                Incoming::Lost(from, why) if from.id == l.prev.id() => {
-                    let node = l
-                        .records
-                        .last()
-                        .map_or_else(|| l.prev.peer().into(), NodeRecord::name);
-                    return Err(RingError::Lost { node, why });
-                }
-                Incoming::Lost(..) => {}
-                Incoming::Joined(extra) => (self.log)(&format!(
-                    "refused a connection from {}: the ring is formed",
-                    extra.peer()
-                )),
-                Incoming::Note(n) => (self.log)(&n),
+                let mut got = p.got;
+                return Ok(p
+                    .entries
+                    .iter()
+                    .map(|i| i.and_then(|i| got[i].take()))
+                    .collect());
+            }
+            let frame = match self.recv_frame(Duration::from_secs(1)) {
+                Ok(Some(f)) => f,
+                Ok(None) => continue,
+                Err(broke) => return Err(self.broken(broke)),
+            };
+            if let Err(broke) = self.take_frame(frame) {
+                return Err(self.broken(broke));
             }
         }
     }
 
-    /// Sends the steps from `first` on (the last one asking for `readout`) and waits for the
-    /// prediction.
-    async fn run_steps(
-        &mut self,
-        first: usize,
-        readout: Readout,
-    ) -> Result<Prediction, RuntimeError> {
-        let last = self.steps.len() - 1;
-        for i in first..=last {
-            let (pos0, n) = self.steps[i];
-            self.send_step(pos0, n, (i == last).then_some(readout))
-                .await?;
+    /// Files a frame that came while steps are in flight: a step's predictions, or a node's
+    /// report that a step failed. A fault about no step in flight breaks the ring.
+    fn take_frame(&mut self, f: Frame) -> Result<(), RingError> {
+        let h = f.header;
+        match h.kind {
+            Kind::Prediction if h.session == self.run => {
+                let n_vocab = self.model.get().sampled_vocab();
+                let Some(p) = self.pending.iter_mut().find(|p| p.seq == h.seq) else {
+                    return Ok(());
+                };
+                let (first, count) = (h.pos0 as usize, h.n_tokens as usize);
+                if h.aux as usize != p.readouts.len() || first + count > p.readouts.len() {
+                    return Err(RingError::Protocol(format!(
+                        "predictions {first}..{} of {} for a step that asked for {}",
+                        first + count,
+                        h.aux,
+                        p.readouts.len()
+                    )));
+                }
+                let mut at = 0;
+                for i in first..first + count {
+                    let len = prediction_len(p.readouts[i], n_vocab);
+                    let bytes = f.payload.get(at..at + len).ok_or_else(|| {
+                        RingError::Protocol("a Prediction frame ends inside a prediction".into())
+                    })?;
+                    p.got[i] = Some(
+                        decode_prediction(p.readouts[i], bytes, n_vocab)
+                            .map_err(RingError::Protocol)?,
+                    );
+                    at += len;
+                }
+                Ok(())
+            }
+            Kind::Fault => match self.pending.iter_mut().find(|p| p.seq == h.seq) {
+                Some(p) if h.session == self.run && h.seq != 0 => {
+                    p.failed = Some(f.message());
+                    Ok(())
+                }
+                _ => Err(RingError::Fault(f.message())),
+            },
+            _ => Ok(()),
         }
-        Ok(self.wait_prediction(readout)?)
     }
 
-    /// Re-forms the ring through the standby after `broke`, or ends it with `broke`.
-    fn fail_over(&mut self, broke: RingError) -> Result<(), RingError> {
+    /// The next frame from this ring's neighbours within `wait` (`Ok(None)`: none came); a
+    /// lost neighbour is an error.
+    fn recv_frame(&mut self, wait: Duration) -> Result<Option<Frame>, RingError> {
+        let Some(event) = self.net.recv(wait) else {
+            return Ok(None);
+        };
+        let l = &self.links;
+        Ok(match event {
+            hesper_ring::Incoming::Frame(from, f)
+                if from.id == l.prev.id() || from.id == l.next.id() =>
+            {
+                Some(f)
+            }
+            hesper_ring::Incoming::Lost(from, why) if from.id == l.next.id() => {
+                let node = l
+                    .records
+                    .get(1)
+                    .map_or_else(|| l.next.peer().into(), NodeRecord::name);
+                return Err(RingError::Lost { node, why });
+            }
+            hesper_ring::Incoming::Lost(from, why) if from.id == l.prev.id() => {
+                let node = l
+                    .records
+                    .last()
+                    .map_or_else(|| l.prev.peer().into(), NodeRecord::name);
+                return Err(RingError::Lost { node, why });
+            }
+            hesper_ring::Incoming::Joined(extra) => {
+                (self.settings.log)(&format!(
+                    "refused a connection from {}: the ring is formed",
+                    extra.peer()
+                ));
+                None
+            }
+            hesper_ring::Incoming::Note(n) => {
+                (self.settings.log)(&n);
+                None
+            }
+            _ => None,
+        })
+    }
+
+    /// The ring broke (`broke`): every step in flight is lost. Re-forms it through the standby
+    /// ([`StepError::Reformed`]), or marks it down ([`StepError::Down`]).
+    fn broken(&mut self, broke: RingError) -> StepError {
+        self.pending.clear();
         // The old ring is told to stop (whoever still listens).
         self.links
             .next
             .send(Frame::text(Kind::Shutdown, &broke.to_string()));
-        let Some(addr) = self.standby.take() else {
+        let Some(addr) = self.opts.standby.take() else {
             std::thread::sleep(FLUSH);
-            return Err(broke);
+            let why = broke.to_string();
+            (self.settings.log)(&why);
+            self.down = Some(why.clone());
+            return StepError::Down(why);
         };
-        (self.log)(&format!(
+        (self.settings.log)(&format!(
             "{broke}; re-forming the ring through the standby {addr}"
         ));
-        self.run = run_id();
-        let n_ctx = self.session.n_ctx();
+        match self.rejoin(addr, self.settings.form_wait) {
+            Ok(()) => StepError::Reformed(broke.to_string()),
+            Err(e) => {
+                let why = format!("{broke}; the standby {addr} failed too: {e}");
+                self.down = Some(why.clone());
+                StepError::Down(why)
+            }
+        }
+    }
+
+    /// Forms the ring anew through `next`, within `wait`; every live slot is made again on the
+    /// new ring (empty), and the master's caches are emptied.
+    fn rejoin(&mut self, next: SocketAddr, wait: Duration) -> Result<(), RingError> {
+        let run = run_id();
         let model = &self.model;
-        self.links = join(
+        let links = join(
             &mut self.net,
             &self.me,
-            addr,
-            (self.run, n_ctx),
-            self.form_wait,
-            self.log,
+            next,
+            (run, self.opts.n_ctx, hello_flags(&self.opts)),
+            wait,
+            self.settings.log,
             &|records| verify(model.get(), records),
-        )
-        .map_err(|e| RingError::Fault(format!("{broke}; the standby {addr} failed too: {e}")))?;
-        self.session.truncate(0);
+        )?;
+        self.links = links;
+        self.run = run;
+        self.down = None;
+        self.pending.clear();
+        self.ops = self
+            .live
+            .iter()
+            .map(|(&slot, &n_ctx)| CacheOp::Alloc { slot, n_ctx })
+            .collect();
         Ok(())
     }
-}
 
-impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
-    /// A hot-swap over the ring: the master swaps in what changed in its own file, then a
-    /// Reload frame goes round for every node to do the same between two steps; the records
+    /// Processes what came while no step was in flight: a lost neighbour breaks the ring.
+    fn poll(&mut self) -> Result<(), StepError> {
+        if self.down.is_some() || !self.pending.is_empty() {
+            return Ok(());
+        }
+        loop {
+            match self.recv_frame(Duration::ZERO) {
+                Ok(Some(f)) if f.header.kind == Kind::Fault => {
+                    return Err(self.broken(RingError::Fault(f.message())))
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err(broke) => return Err(self.broken(broke)),
+            }
+        }
+    }
+
+    /// Waits for the frame of `kind` of step `self.seq` from the last node (nothing else in
+    /// flight); a lost node or a fault breaks the ring.
+    fn wait_frame(&mut self, kind: Kind) -> Result<Frame, RingError> {
+        loop {
+            let Some(f) = self.recv_frame(Duration::from_secs(1))? else {
+                continue;
+            };
+            let h = f.header;
+            if h.kind == kind && h.session == self.run && h.seq == self.seq {
+                return Ok(f);
+            }
+            if h.kind == Kind::Fault {
+                return Err(RingError::Fault(f.message()));
+            }
+        }
+    }
+
+    /// A hot-swap over the ring (nothing in flight): the master swaps in what changed in its
+    /// own file, then a Reload frame goes round for every node to do the same; the records
     /// that come back must show one file again (as when the ring formed). A node that refused
     /// leaves the ring holding two files: it then refuses to run until a check finds them the
     /// same, rather than compute with mixed weights.
-    #[cfg(unix)]
-    fn reload_ring(&mut self) -> Result<Reload, RuntimeError> {
+    pub fn reload_ring(&mut self) -> Result<Reload, RuntimeError> {
+        if let Some(why) = &self.down {
+            return Err(RingError::Config(why.clone()).into());
+        }
         let own = match self.model.get_mut() {
             Some(m) => m.reload_changed(),
             None => return Err(ReloadError::NotEnabled.into()),
@@ -320,166 +545,87 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
     }
 }
 
-impl<B: Backend, M: ModelRef<B>> Evaluator for RingEvaluator<B, M> {
-    fn pos(&self) -> usize {
-        self.session.pos()
-    }
-
-    fn n_ctx(&self) -> usize {
-        self.session.n_ctx()
-    }
-
-    fn truncate(&mut self, pos: usize) {
-        // The next Forward frame starts at `pos`: every worker forgets the rest then.
-        self.session.truncate(pos);
-        self.history.truncate(pos);
-        self.steps.retain(|&(p, _)| p < pos);
-        if let Some((p, n)) = self.steps.last_mut() {
-            *n = (*n).min(pos - *p);
-        }
-    }
-
-    async fn predict(
-        &mut self,
-        input: &[u32],
-        readout: Readout,
-    ) -> Result<Prediction, RuntimeError> {
-        if input.is_empty() {
-            return Err(ModelError::Empty.into());
-        }
-        if let Some(why) = &self.split {
-            return Err(RingError::Config(why.clone()).into());
-        }
-        let pos = self.session.pos();
-        if pos + input.len() > self.session.n_ctx() {
-            return Err(ModelError::ContextFull {
-                needed: pos + input.len(),
-                n_ctx: self.session.n_ctx(),
-            }
-            .into());
-        }
-        let first = self.steps.len();
-        self.history.extend_from_slice(input);
-        for (i, chunk) in input.chunks(MAX_FRAME_ROWS).enumerate() {
-            self.steps.push((pos + i * MAX_FRAME_ROWS, chunk.len()));
-        }
-        match self.run_steps(first, readout).await {
-            Err(RuntimeError::Ring(broke)) => {
-                self.fail_over(broke)?;
-                // Every step again, in the same chunks: the new ring's caches (and the
-                // master's) hold what the old ones did.
-                self.run_steps(0, readout).await
-            }
-            other => other,
-        }
-    }
-
-    #[cfg(unix)]
-    fn reload(&mut self) -> Result<Reload, RuntimeError> {
-        self.reload_ring()
+/// A Hello's flags for a master run with `opts`.
+fn hello_flags(opts: &RingOptions) -> u32 {
+    if opts.serving {
+        HELLO_SERVES
+    } else {
+        0
     }
 }
 
-/// Checks the records of a ring whose master holds `master`: one model in every node
-/// ([`hello::check`]), down to each tensor's bytes ([`hello::check_data`]).
-fn verify<B: Backend>(master: &Model<B>, records: &[NodeRecord]) -> Result<(), String> {
-    hello::check(records)?;
-    let reference = hello::reference_hashes(master, records)
-        .map_err(|e| format!("the master could not hash its own file's tensors: {e}"))?;
-    hello::check_data(records, &reference)
-}
+/// Longest wait of one attempt to form a lost ring again while serving.
+const RECOVER_WAIT: Duration = Duration::from_secs(2);
 
-/// Connects to `next`, sends the Hello round with `me` (for run `run` with a context of
-/// `n_ctx`), and waits for it to come back over a predecessor's link; checks the records
-/// with `verify`.
-fn join(
-    net: &mut Net,
-    me: &NodeRecord,
-    next: SocketAddr,
-    (run, n_ctx): (u64, usize),
-    wait: Duration,
-    log: fn(&str),
-    verify: &dyn Fn(&[NodeRecord]) -> Result<(), String>,
-) -> Result<Links, RingError> {
-    let next = net.connect(next, wait)?;
-    let mut h = Header::new(Kind::Hello);
-    h.session = run;
-    h.aux = u32::try_from(n_ctx).unwrap_or(u32::MAX);
-    next.send(Frame::new(h, hello::encode(std::slice::from_ref(me))));
-    let deadline = Instant::now() + wait;
-    // Connections that may be the last node: the one whose Hello of this run comes back
-    // readable takes the slot; one that opens with anything else is closed.
-    let mut candidates: Vec<Link> = Vec::new();
-    let mut closed: Option<String> = None;
-    let (prev, records) = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(RingError::Config(format!(
-                "the Hello frame did not come back round the ring within {:.0} s{}",
-                wait.as_secs_f64(),
-                closed.map(|c| format!("; {c}")).unwrap_or_default()
-            )));
-        }
-        let candidate =
-            |from: &hesper_ring::From| candidates.iter().position(|c| c.id() == from.id);
-        match net.recv(left.min(Duration::from_millis(100))) {
-            Some(Incoming::Joined(link)) => candidates.push(link),
-            Some(Incoming::Frame(from, f))
-                if from.id == next.id() && f.header.kind == Kind::Fault =>
-            {
-                return Err(RingError::Fault(f.message()))
-            }
-            Some(Incoming::Frame(from, f)) => {
-                let Some(i) = candidate(&from) else { continue };
-                let link = candidates.swap_remove(i);
-                // Not yet the last node: even a fault is only reported (a stranger's would
-                // end the ring otherwise).
-                let why = match f.header.kind {
-                    Kind::Fault => format!("it reported: {}", f.message()),
-                    Kind::Hello if f.header.session == run => match hello::decode(&f.payload) {
-                        Ok(records) => break (link, records),
-                        Err(e) => format!("a malformed Hello ({e})"),
-                    },
-                    Kind::Hello => "a Hello of another run".to_string(),
-                    kind => format!("it opened with a {kind:?} frame, not the returning Hello"),
-                };
-                let line = format!("closed a connection from {}: {why}", link.peer());
-                log(&line);
-                closed = Some(line);
-            }
-            Some(Incoming::Lost(from, why)) if from.id == next.id() => {
-                return Err(RingError::Lost {
-                    node: next.peer().to_string(),
-                    why,
-                })
-            }
-            Some(Incoming::Lost(from, _)) => candidates.retain(|c| c.id() != from.id),
-            Some(Incoming::Note(n)) => log(&n),
-            _ => {}
-        }
-    };
-    for extra in candidates {
-        log(&format!(
-            "refused a connection from {}: the ring has its last node",
-            extra.peer()
-        ));
-    }
-    if let Err(why) = verify(&records) {
-        next.send(Frame::text(Kind::Shutdown, &why));
-        std::thread::sleep(FLUSH);
-        return Err(RingError::Config(why));
-    }
-    Ok(Links {
-        next,
-        prev,
-        records,
-    })
-}
+impl<B: Backend, M: ModelRef<B>> StepRunner for RingRunner<B, M> {
+    type Cache = RingCache<B>;
 
-/// A number for this run of the master (workers start a fresh session when it changes).
-fn run_id() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ u64::from(std::process::id()).rotate_left(32)
+    fn in_flight(&self) -> usize {
+        self.opts
+            .in_flight
+            .unwrap_or(self.links.records.len())
+            .max(1)
+    }
+
+    fn new_cache(&mut self, n_ctx: usize) -> Result<RingCache<B>, ModelError> {
+        let session = self
+            .model
+            .get()
+            .new_session_with(n_ctx, 1, &AttentionConfig::default())?;
+        let slot = self.next_slot;
+        self.next_slot = self.next_slot.wrapping_add(1);
+        self.live.insert(slot, n_ctx);
+        self.ops.push(CacheOp::Alloc { slot, n_ctx });
+        Ok(RingCache { slot, session })
+    }
+
+    fn free_cache(&mut self, cache: RingCache<B>) {
+        self.live.remove(&cache.slot);
+        self.ops.push(CacheOp::Free { slot: cache.slot });
+    }
+
+    fn start(&mut self, steps: &mut [RunStep<'_, RingCache<B>>]) -> Result<(), StepError> {
+        let mut entries: Vec<(&mut RingCache<B>, &[u32], Option<Readout>)> = steps
+            .iter_mut()
+            .map(|s| (&mut *s.cache, s.tokens, s.logits.then_some(Readout::Logits)))
+            .collect();
+        self.start_entries(&mut entries)
+    }
+
+    fn finish(&mut self) -> Result<Vec<Option<Vec<f32>>>, StepError> {
+        Ok(self
+            .finish_predictions()?
+            .into_iter()
+            .map(|p| match p {
+                Some(Prediction::Logits(row)) => Some(row),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn poll(&mut self) -> Result<(), StepError> {
+        RingRunner::poll(self)
+    }
+
+    fn recover(&mut self) -> Result<(), String> {
+        if self.down.is_none() {
+            return Ok(());
+        }
+        let wait = RECOVER_WAIT.min(self.settings.form_wait);
+        match self.rejoin(self.settings.next, wait) {
+            Ok(()) => {
+                (self.settings.log)("the ring is formed again");
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn reload(&mut self) -> Result<Reload, String> {
+        self.reload_ring().map_err(|e| e.to_string())
+    }
+
+    fn hidden_states(&mut self, _tokens: &[u32]) -> Result<Vec<f32>, String> {
+        Err("embeddings are not computed over a ring".into())
+    }
 }

@@ -2,16 +2,22 @@
 //!
 //! The master holds the first layers, the embedding and the sampler; each worker holds the
 //! next range; the last worker's range ends at the last layer and it also runs the final
-//! norm and LM head. Hidden states go round the ring master → worker → … → last worker, and
-//! the prediction (a token, the top k, or a logits row, as the sampler needs) comes back to
-//! the master over the last link. Positions are explicit: every Forward frame carries the
-//! first position of its rows, and a worker forgets whatever its KV cache holds from there on
-//! (so a master that trims its context trims the ring's), refusing a frame that skips ahead.
+//! norm and LM head. A step — rows of several sequences, each with its cache slot and first
+//! position — goes round the ring master → worker → … → last worker as hidden states, and
+//! each sequence's prediction (a token, the top k, or a logits row, as its sampler needs)
+//! comes back to the master over the last link. Positions are explicit: a worker forgets
+//! whatever a slot's KV cache holds from an entry's first position on (so a master that trims
+//! a context, or reuses a cached prefix, trims the ring's), refusing an entry that skips ahead.
+//! Several steps are in flight at once, so every node computes while the others do.
 //!
 //! * [`serve`]: a worker's loop;
-//! * [`RingEvaluator`]: the master's side, an [`crate::Evaluator`] a completion runs on;
+//! * [`RingRunner`]: the master's side, the [`crate::scheduler::StepRunner`] a server's
+//!   scheduler runs on;
+//! * [`RingEvaluator`]: one sequence on a ring, an [`crate::Evaluator`] a completion runs on;
 //! * [`hello`]: the check that the ring covers the model once, with the same model everywhere.
 
+mod evaluator;
+mod form;
 pub mod hello;
 mod master;
 mod protocol;
@@ -26,11 +32,16 @@ use hesper_engine::model::ModelError;
 use hesper_ring::{Dtype, NetConfig, NetError};
 use thiserror::Error;
 
-pub use master::RingEvaluator;
+pub use evaluator::RingEvaluator;
+pub use master::{RingCache, RingOptions, RingRunner};
 pub use worker::serve;
 
-/// Most rows in one Forward frame: a longer input goes as several frames.
+/// Most rows in one Forward frame: a longer input goes as several steps.
 pub const MAX_FRAME_ROWS: usize = 4096;
+
+/// A Hello's flag (in its `pos0`): the master serves requests, so a worker that loses a
+/// neighbour waits for the ring to form again instead of ending.
+const HELLO_SERVES: u32 = 1;
 
 /// How a node joins its ring.
 #[derive(Debug, Clone)]
@@ -49,10 +60,11 @@ pub struct NodeSettings {
     pub log: fn(&str),
 }
 
-/// The longest frame payload a node of this model accepts: [`MAX_FRAME_ROWS`] rows of f32
-/// hidden states, or a prediction of a whole logits row, whichever is longer.
+/// The longest frame payload a node of this model accepts: a step of [`MAX_FRAME_ROWS`] rows
+/// of f32 hidden states with an entry each, or two predictions of whole logits rows,
+/// whichever is longer.
 pub fn max_payload(c: &Config) -> u32 {
-    let rows = MAX_FRAME_ROWS.saturating_mul(c.n_embd).saturating_mul(4);
+    let rows = MAX_FRAME_ROWS.saturating_mul(c.n_embd.saturating_mul(4) + protocol::ENTRY_LEN);
     let prediction = c.n_vocab.saturating_mul(8);
     u32::try_from(rows.max(prediction).saturating_add(64 << 10)).unwrap_or(u32::MAX)
 }

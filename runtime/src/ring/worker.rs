@@ -1,23 +1,31 @@
-//! A worker node's loop: hidden states in from the previous node, through this node's layers,
-//! out to the next (or, on the last node, the prediction back to the master).
+//! A worker node's loop: steps in from the previous node, through this node's layers, out to
+//! the next (or, on the last node, the predictions back to the master). A worker keeps a KV
+//! cache for each of the master's sequences (a slot), made and freed when the master says so.
 
-use hesper_engine::backend::Backend;
-use hesper_engine::model::{ReloadError, Session};
+use std::collections::HashMap;
 use std::time::Duration;
 
+use hesper_engine::backend::Backend;
+use hesper_engine::model::{
+    BatchScratch, Prediction, ReloadError, SeqRows, Session, StepInput, StepOutput,
+};
 use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, NetError, Side};
 
 use super::hello::{self, NodeRecord};
-use super::protocol::{encode_prediction, readout_of};
+use super::protocol::{
+    decode_entries, decode_ops, encode_entries, encode_prediction, CacheOp, Entry,
+};
 use super::reload::{self, Found};
-use super::{NodeSettings, RingError, FLUSH};
+use super::{NodeSettings, RingError, FLUSH, HELLO_SERVES};
 use crate::evaluator::ModelRef;
 
 /// Serves `model` (a layer range) as a worker until the master ends the ring (`Ok`), or a
-/// neighbour is lost or the master ends it for a reason (`Err`). `batch` bounds the tokens
-/// per step of this node's session. The node waits for its predecessor first and connects
-/// to the next node when the master's Hello comes; a `standby` waits for its predecessor
-/// without a time limit (it joins only when a master fails over to it).
+/// neighbour is lost or the master ends it for a reason (`Err`). `batch` bounds the rows this
+/// node runs at once (a longer step is run in pieces). The node waits for its predecessor
+/// first and connects to the next node when the master's Hello comes; a `standby` waits for
+/// its predecessor without a time limit (it joins only when a master fails over to it). In a
+/// ring whose master serves requests (`hesper-rs serve --ring`), a lost neighbour does not end
+/// the worker: it waits, without a time limit, for the master to form the ring again.
 pub fn serve<B: Backend, M: ModelRef<B>>(
     model: M,
     settings: &NodeSettings,
@@ -29,106 +37,34 @@ pub fn serve<B: Backend, M: ModelRef<B>>(
     (settings.log)(&format!("listening on {bound}"));
     // Hashed before the Hello arrives, so the Hello goes on round at once.
     let me = NodeRecord::of(model.get(), bound)?;
-    let wait = if standby {
-        Duration::from_secs(u32::MAX.into())
-    } else {
-        settings.form_wait
-    };
-    let (prev, hello) = accept_predecessor(&mut net, bound, wait, settings.log)?;
-    let mut pending = Some(Incoming::Frame(
-        hesper_ring::From {
-            id: prev.id(),
-            side: Side::Prev,
-        },
-        hello,
-    ));
-    let mut next: Option<Link> = None;
     let mut node = Worker {
         model,
         me,
-        batch,
-        n_ctx: 0,
-        session: None,
+        batch: batch.max(1),
+        run: 0,
+        slots: HashMap::new(),
+        refused: HashMap::new(),
+        scratch: None,
+        serving: false,
         log: settings.log,
     };
+    let mut wait = if standby { FOREVER } else { settings.form_wait };
     loop {
-        let Some(event) = pending.take().or_else(|| net.recv(Duration::from_secs(1))) else {
-            continue;
-        };
-        match event {
-            Incoming::Note(n) => (settings.log)(&n),
-            Incoming::Joined(extra) => (settings.log)(&format!(
-                "refused a connection from {}: this node already has a predecessor",
-                extra.peer()
-            )),
-            Incoming::Lost(from, why)
-                if from.id == prev.id() || next.as_ref().is_some_and(|n| n.id() == from.id) =>
-            {
-                let (lost, peer, other) = if from.side == Side::Next {
-                    ("next", next.as_ref().map_or("", Link::peer), Some(&prev))
-                } else {
-                    ("previous", prev.peer(), next.as_ref())
-                };
-                let msg = format!("node {} lost its {lost} node: {why}", node.me.name());
-                if let Some(other) = other {
-                    other.send(Frame::text(Kind::Fault, &msg));
-                    std::thread::sleep(FLUSH);
-                }
-                return Err(RingError::Lost {
-                    node: peer.to_string(),
-                    why: msg,
-                });
+        let (prev, hello) = accept_predecessor(&mut net, bound, wait, settings.log)?;
+        match node.run_ring(&mut net, prev, hello, settings) {
+            Err(lost @ RingError::Lost { .. }) if node.serving => {
+                (settings.log)(&format!(
+                    "{lost}; waiting for the master to form the ring again"
+                ));
+                wait = FOREVER;
             }
-            Incoming::Lost(..) => {}
-            // A connection that is neither neighbour (one refused above) is never read.
-            Incoming::Frame(from, _)
-                if from.id != prev.id() && next.as_ref().is_none_or(|n| n.id() != from.id) => {}
-            Incoming::Frame(from, frame) => {
-                // Faults travel toward the master whichever way they came; every other frame
-                // comes from the previous node.
-                if frame.header.kind == Kind::Fault {
-                    match (from.side, &next) {
-                        (Side::Next, _) => prev.send(frame),
-                        (Side::Prev, Some(n)) => n.send(frame),
-                        (Side::Prev, None) => false,
-                    };
-                    continue;
-                }
-                if from.side != Side::Prev {
-                    continue;
-                }
-                if frame.header.kind == Kind::Shutdown {
-                    if let Some(n) = &next {
-                        n.send(frame.clone());
-                        std::thread::sleep(FLUSH);
-                    }
-                    let why = frame.message();
-                    return if why.is_empty() {
-                        Ok(())
-                    } else {
-                        Err(RingError::Shutdown(why))
-                    };
-                }
-                if frame.header.kind == Kind::Hello && next.is_none() {
-                    next = Some(net.connect(settings.next, settings.form_wait)?);
-                }
-                match (node.handle(frame), &next) {
-                    (Ok(Some(out)), Some(n)) => {
-                        n.send(out);
-                    }
-                    (Ok(_), _) => {}
-                    (Err(e), n) => {
-                        let msg = format!("node {}: {e}", node.me.name());
-                        (settings.log)(&msg);
-                        if let Some(n) = n {
-                            n.send(Frame::text(Kind::Fault, &msg));
-                        }
-                    }
-                }
-            }
+            ended => return ended,
         }
     }
 }
+
+/// A wait without a limit.
+const FOREVER: Duration = Duration::from_secs(u32::MAX as u64);
 
 /// Waits at most `wait` for the predecessor: the first connection whose first frame is a
 /// Hello this node can read. Connections that open with anything else (a stranger's bytes, a
@@ -198,42 +134,205 @@ struct Worker<B: Backend, M: ModelRef<B>> {
     /// The model (mutable where it was loaded for hot-swap).
     model: M,
     me: NodeRecord,
+    /// Most rows run at once.
     batch: usize,
-    /// Context size, from the master's Hello.
-    n_ctx: usize,
-    /// The master's run and this node's session for it.
-    session: Option<(u64, Session<B>)>,
+    /// The master's run the slots belong to.
+    run: u64,
+    /// The KV cache of each of the master's sequences, by slot.
+    slots: HashMap<u32, Session<B>>,
+    /// Slots whose cache could not be made, and why.
+    refused: HashMap<u32, String>,
+    /// Scratch for steps, grown to the readouts a step asks for.
+    scratch: Option<BatchScratch<B>>,
+    /// Whether the master serves requests (its Hello says so): a lost ring is then awaited
+    /// again.
+    serving: bool,
     log: fn(&str),
 }
 
+/// A piece of an entry run in one pass: rows `row..row + n` of the step, at positions from
+/// `pos0` of slot `slot`, with the entry's readout where it is the entry's last piece.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    slot: u32,
+    pos0: usize,
+    n: usize,
+    row: usize,
+    readout: Option<hesper_engine::model::Readout>,
+}
+
 impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
+    /// Runs one formed ring from its predecessor's Hello until it ends: `Ok` or a Shutdown's
+    /// reason when the master ends it, `Err(Lost)` when a neighbour is lost.
+    fn run_ring(
+        &mut self,
+        net: &mut Net,
+        prev: Link,
+        hello: Frame,
+        settings: &NodeSettings,
+    ) -> Result<(), RingError> {
+        let mut pending = Some(Incoming::Frame(
+            hesper_ring::From {
+                id: prev.id(),
+                side: Side::Prev,
+            },
+            hello,
+        ));
+        let mut next: Option<Link> = None;
+        loop {
+            let Some(event) = pending.take().or_else(|| net.recv(Duration::from_secs(1))) else {
+                continue;
+            };
+            match event {
+                Incoming::Note(n) => (settings.log)(&n),
+                Incoming::Joined(extra) => (settings.log)(&format!(
+                    "refused a connection from {}: this node already has a predecessor",
+                    extra.peer()
+                )),
+                Incoming::Lost(from, why)
+                    if from.id == prev.id() || next.as_ref().is_some_and(|n| n.id() == from.id) =>
+                {
+                    let (lost, peer, other) = if from.side == Side::Next {
+                        ("next", next.as_ref().map_or("", Link::peer), Some(&prev))
+                    } else {
+                        ("previous", prev.peer(), next.as_ref())
+                    };
+                    let msg = format!("node {} lost its {lost} node: {why}", self.me.name());
+                    if let Some(other) = other {
+                        other.send(self.fault(0, &msg));
+                        std::thread::sleep(FLUSH);
+                    }
+                    return Err(RingError::Lost {
+                        node: peer.to_string(),
+                        why: msg,
+                    });
+                }
+                Incoming::Lost(..) => {}
+                // A connection that is neither neighbour (one refused above) is never read.
+                Incoming::Frame(from, _)
+                    if from.id != prev.id() && next.as_ref().is_none_or(|n| n.id() != from.id) => {}
+                Incoming::Frame(from, frame) => {
+                    // Faults travel toward the master whichever way they came; every other
+                    // frame comes from the previous node.
+                    if frame.header.kind == Kind::Fault {
+                        match (from.side, &next) {
+                            (Side::Next, _) => prev.send(frame),
+                            (Side::Prev, Some(n)) => n.send(frame),
+                            (Side::Prev, None) => false,
+                        };
+                        continue;
+                    }
+                    if from.side != Side::Prev {
+                        continue;
+                    }
+                    if frame.header.kind == Kind::Shutdown {
+                        if let Some(n) = &next {
+                            n.send(frame.clone());
+                            std::thread::sleep(FLUSH);
+                        }
+                        let why = frame.message();
+                        return if why.is_empty() {
+                            Ok(())
+                        } else {
+                            Err(RingError::Shutdown(why))
+                        };
+                    }
+                    if frame.header.kind == Kind::Hello && next.is_none() {
+                        next = Some(net.connect(settings.next, settings.form_wait)?);
+                    }
+                    let (session, seq) = (frame.header.session, frame.header.seq);
+                    match self.handle(frame) {
+                        Ok(out) => {
+                            if let Some(n) = &next {
+                                for f in out {
+                                    n.send(f);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            let msg = format!("node {}: {e}", self.me.name());
+                            (settings.log)(&msg);
+                            if let Some(n) = &next {
+                                let mut f = self.fault(seq, &msg);
+                                f.header.session = session;
+                                n.send(f);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A Fault frame of this ring's run about step `seq` (0: about the ring).
+    fn fault(&self, seq: u64, msg: &str) -> Frame {
+        let mut f = Frame::text(Kind::Fault, msg);
+        f.header.session = self.run;
+        f.header.seq = seq;
+        f
+    }
+
     /// What one frame from the previous node makes this node send on.
-    fn handle(&mut self, frame: Frame) -> Result<Option<Frame>, RingError> {
+    fn handle(&mut self, frame: Frame) -> Result<Vec<Frame>, RingError> {
         let h = frame.header;
         match h.kind {
             Kind::Hello => {
                 let mut records = hello::decode(&frame.payload).map_err(RingError::Protocol)?;
                 records.push(self.me.clone());
-                self.n_ctx = h.aux as usize;
-                self.session = None;
+                self.run = h.session;
+                self.slots.clear();
+                self.refused.clear();
+                self.serving = h.pos0 & HELLO_SERVES != 0;
                 (self.log)(&format!(
                     "joined the ring as node {} (context {})",
                     records.len() - 1,
-                    self.n_ctx
+                    h.aux
                 ));
-                Ok(Some(Frame::new(h, hello::encode(&records))))
+                Ok(vec![Frame::new(h, hello::encode(&records))])
             }
-            Kind::Forward => self.forward(h, &frame.payload),
-            Kind::Reload => self.reload(h, &frame.payload),
+            Kind::Cache if h.session == self.run => {
+                self.cache_ops(&frame.payload)?;
+                let last = self.model.get().layer_range().end == self.model.get().config.n_layer;
+                Ok(if last { Vec::new() } else { vec![frame] })
+            }
+            Kind::Forward if h.session == self.run => self.forward(h, &frame.payload),
+            Kind::Reload => self.reload(h, &frame.payload).map(|f| vec![f]),
             // A prediction on its way to the master passes through.
-            Kind::Prediction => Ok(Some(frame)),
-            _ => Ok(None),
+            Kind::Prediction => Ok(vec![frame]),
+            _ => Ok(Vec::new()),
         }
     }
 
+    /// Makes and frees slots' caches as a Cache frame says. A cache that cannot be made is
+    /// remembered with the reason, which a step that uses it then reports.
+    fn cache_ops(&mut self, payload: &[u8]) -> Result<(), RingError> {
+        for op in decode_ops(payload).map_err(RingError::Protocol)? {
+            match op {
+                CacheOp::Alloc { slot, n_ctx } => {
+                    self.refused.remove(&slot);
+                    match self.model.get().new_session(n_ctx, 1) {
+                        Ok(s) => {
+                            self.slots.insert(slot, s);
+                        }
+                        Err(e) => {
+                            self.slots.remove(&slot);
+                            self.refused.insert(slot, e.to_string());
+                        }
+                    }
+                }
+                CacheOp::Free { slot } => {
+                    self.slots.remove(&slot);
+                    self.refused.remove(&slot);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Swaps in what changed in this node's file and appends what it found to the Reload
-    /// frame. After a swap the session is dropped: the master evaluates the context again.
-    fn reload(&mut self, h: Header, payload: &[u8]) -> Result<Option<Frame>, RingError> {
+    /// frame. The slots stay: after a swap the master evaluates its sequences again from
+    /// their start.
+    fn reload(&mut self, h: Header, payload: &[u8]) -> Result<Frame, RingError> {
         let mut nodes = reload::decode(payload).map_err(RingError::Protocol)?;
         let check = match self.model.get_mut() {
             Some(m) => m.reload_changed(),
@@ -242,7 +341,9 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
         let found = Found::of(&check);
         match &check {
             Ok(hesper_engine::model::Reload::Swapped(s)) => {
-                self.session = None;
+                for s in self.slots.values_mut() {
+                    s.truncate(0);
+                }
                 (self.log)(&format!("hot-swap: {} swapped in", s.describe()));
                 // Only a swap changes the tensors' bytes: a worker without --hot-swap is
                 // not hashed again on every check.
@@ -253,45 +354,146 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
         }
         self.me.refresh_file(self.model.get());
         nodes.push((self.me.clone(), found));
-        Ok(Some(Frame::new(h, reload::encode(&nodes))))
+        Ok(Frame::new(h, reload::encode(&nodes)))
     }
 
-    /// Runs this node's layers on a Forward frame's rows.
-    fn forward(&mut self, h: Header, payload: &[u8]) -> Result<Option<Frame>, RingError> {
-        let model = self.model.get();
-        let d = model.config.n_embd;
-        let readout = readout_of(h.aux).map_err(RingError::Protocol)?;
-        let hidden = wire::decode(h.dtype, payload, h.n_tokens as usize * d)
+    /// Runs this node's layers on a Forward frame's rows: the step for the next node, or,
+    /// on the last node, the predictions for the master.
+    fn forward(&mut self, h: Header, payload: &[u8]) -> Result<Vec<Frame>, RingError> {
+        let d = self.model.get().config.n_embd;
+        let rows = h.n_tokens as usize;
+        let (entries, body) =
+            decode_entries(payload, h.aux as usize, rows).map_err(RingError::Protocol)?;
+        let hidden = wire::decode(h.dtype, body, rows * d)
             .map_err(|e| RingError::Protocol(e.to_string()))?;
-        if self.n_ctx == 0 {
-            return Err(RingError::Protocol(
-                "a Forward frame before the Hello".into(),
-            ));
+        for e in &entries {
+            if !self.slots.contains_key(&e.slot) {
+                return Err(RingError::Protocol(match self.refused.get(&e.slot) {
+                    Some(why) => format!("slot {}'s cache could not be made: {why}", e.slot),
+                    None => format!("a step for slot {}, which has no cache", e.slot),
+                }));
+            }
         }
-        if self.session.as_ref().is_none_or(|(id, _)| *id != h.session) {
-            self.session = Some((h.session, model.new_session(self.n_ctx, self.batch)?));
+        let (out, predictions) = self.run_pieces(&entries, &hidden)?;
+        let model = self.model.get();
+        if model.layer_range().end < model.config.n_layer {
+            let mut payload = encode_entries(&entries);
+            payload.extend(wire::encode(h.dtype, &out));
+            return Ok(vec![Frame::new(h, payload)]);
         }
-        let Some((_, session)) = self.session.as_mut() else {
-            unreachable!("the session was just made")
+        Ok(self.prediction_frames(h, &predictions))
+    }
+
+    /// Runs a step's entries in pieces of at most the node's batch of rows: the hidden states
+    /// leaving this node's layers (every row, in order), or where it runs the LM head, the
+    /// predictions of the entries that asked (in order).
+    fn run_pieces(
+        &mut self,
+        entries: &[Entry],
+        hidden: &[f32],
+    ) -> Result<(Vec<f32>, Vec<Prediction>), RingError> {
+        let d = self.model.get().config.n_embd;
+        let cap = self.batch;
+        let mut groups: Vec<Vec<Piece>> = vec![Vec::new()];
+        let (mut filled, mut row) = (0, 0);
+        for e in entries {
+            let mut done = 0;
+            while done < e.n {
+                if filled == cap {
+                    groups.push(Vec::new());
+                    filled = 0;
+                }
+                let n = (e.n - done).min(cap - filled);
+                let last_piece = done + n == e.n;
+                groups.last_mut().expect("a group").push(Piece {
+                    slot: e.slot,
+                    pos0: e.pos0 + done,
+                    n,
+                    row,
+                    readout: if last_piece { e.readout } else { None },
+                });
+                (filled, done, row) = (filled + n, done + n, row + n);
+            }
+        }
+        let mut out_hidden = Vec::new();
+        let mut out_predictions = Vec::new();
+        for group in groups {
+            let readouts = group.iter().filter(|p| p.readout.is_some()).count();
+            let seqs = readouts.max(1);
+            let fits = self
+                .scratch
+                .as_ref()
+                .is_some_and(|s| s.tokens() >= cap && s.seqs() >= seqs);
+            if !fits {
+                let grown = self
+                    .scratch
+                    .as_ref()
+                    .map_or(1, BatchScratch::seqs)
+                    .max(seqs);
+                self.scratch = None;
+                self.scratch = Some(self.model.get().new_batch_scratch(cap, grown)?);
+            }
+            let scratch = self.scratch.as_mut().expect("made above");
+            let mut sessions: Vec<(u32, Session<B>)> = group
+                .iter()
+                .map(|p| (p.slot, self.slots.remove(&p.slot).expect("checked")))
+                .collect();
+            let first = group[0].row;
+            let n: usize = group.iter().map(|p| p.n).sum();
+            let input = &hidden[first * d..(first + n) * d];
+            let mut seq_rows: Vec<SeqRows<'_, B>> = sessions
+                .iter_mut()
+                .zip(&group)
+                .map(|((_, s), p)| SeqRows {
+                    session: s,
+                    pos0: p.pos0,
+                    n: p.n,
+                    readout: p.readout,
+                })
+                .collect();
+            let ran = self
+                .model
+                .get()
+                .step_rows(scratch, &mut seq_rows, StepInput::Hidden(input));
+            drop(seq_rows);
+            for (slot, s) in sessions {
+                self.slots.insert(slot, s);
+            }
+            match ran? {
+                StepOutput::Hidden(rows) => out_hidden.extend(rows),
+                StepOutput::Predictions(p) => out_predictions.extend(p.into_iter().flatten()),
+            }
+        }
+        Ok((out_hidden, out_predictions))
+    }
+
+    /// A step's predictions as Prediction frames of at most the ring's payload (at least one
+    /// frame, so the master hears that a step without readouts is done).
+    fn prediction_frames(&self, h: Header, predictions: &[Prediction]) -> Vec<Frame> {
+        let limit = (super::max_payload(&self.model.get().config) as usize) / 2;
+        let total = predictions.len() as u32;
+        let frame = |first: usize, count: usize, payload: Vec<u8>| {
+            let mut out = Header::new(Kind::Prediction);
+            (out.session, out.seq) = (h.session, h.seq);
+            (out.pos0, out.n_tokens, out.aux) = (first as u32, count as u32, total);
+            Frame::new(out, payload)
         };
-        let pos0 = h.pos0 as usize;
-        let last = model.layer_range().end == model.config.n_layer;
-        match (last, readout) {
-            (true, Some(r)) => {
-                let p = model.predict_from_hidden(session, pos0, &hidden, r)?;
-                let mut out = Header::new(Kind::Prediction);
-                (out.session, out.seq, out.aux) = (h.session, h.seq, h.aux);
-                Ok(Some(Frame::new(out, encode_prediction(&p))))
-            }
-            // A prefill chunk before the last: the cache fills, nothing goes back.
-            (true, None) => {
-                model.forward_hidden_at(session, pos0, &hidden)?;
-                Ok(None)
-            }
-            (false, _) => {
-                let out = model.forward_hidden_at(session, pos0, &hidden)?;
-                Ok(Some(Frame::new(h, wire::encode(h.dtype, &out))))
+        let mut frames = Vec::new();
+        let (mut first, mut payload) = (0, Vec::new());
+        for (i, p) in predictions.iter().enumerate() {
+            let before = payload.len();
+            encode_prediction(p, &mut payload);
+            if payload.len() > limit && i > first {
+                let rest = payload.split_off(before);
+                frames.push(frame(
+                    first,
+                    i - first,
+                    std::mem::replace(&mut payload, rest),
+                ));
+                first = i;
             }
         }
+        frames.push(frame(first, predictions.len() - first, payload));
+        frames
     }
 }

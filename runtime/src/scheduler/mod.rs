@@ -13,6 +13,7 @@
 //! and its batch-mates' are untouched.
 
 mod pool;
+mod runner;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
@@ -21,13 +22,14 @@ use std::time::{Duration, Instant};
 
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{Model, ModelError, Reload, SeqStep, Session};
+use hesper_engine::model::{ModelError, Reload};
 use hesper_engine::sampler::{top_candidates, Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::evaluator::ModelRef;
 use pool::Pool;
+pub use runner::{LocalRunner, RunStep, SeqCache, StepError, StepRunner};
 
 /// How a scheduler runs.
 #[derive(Debug, Clone)]
@@ -145,6 +147,19 @@ pub struct Gauges {
     pub cached_tokens: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,
+    /// Why no step can run now (a ring that lost a node and has not formed again), if so:
+    /// requests are then refused with this reason.
+    pub outage: std::sync::Mutex<Option<String>>,
+}
+
+impl Gauges {
+    /// Why no step can run now, if so (see [`Gauges::outage`]).
+    pub fn outage(&self) -> Option<String> {
+        self.outage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// Why a job was not queued.
@@ -271,293 +286,473 @@ pub fn queue(queue: usize) -> (Submitter, Inbox) {
 }
 
 /// A running sequence.
-struct Seq<B: Backend> {
-    session: Session<B>,
+struct Seq<C> {
+    /// Its number, unique in the scheduler (steps in flight name their sequences by it).
+    id: u64,
+    cache: C,
     /// Every token its KV cache holds or will hold: prompt, then generated; those from the
-    /// session's position on are still to be evaluated.
+    /// cache's position on are still to be evaluated.
     history: Vec<u32>,
     sampler: Sampler,
     produced: usize,
+    /// Steps in flight that hold some of its tokens.
+    in_flight: usize,
+    /// Whether a step in flight asks for its logits (nothing more is sent until they come).
+    awaiting: bool,
     job: Job,
+}
+
+/// A step in flight: its sequences, and whether each asked for logits.
+struct Flight {
+    seqs: Vec<(u64, bool)>,
+}
+
+/// What the scheduler owns while it runs.
+struct Sched<'a, R: StepRunner> {
+    runner: R,
+    tok: &'a Tokenizer,
+    config: &'a SchedulerConfig,
+    gauges: &'a Gauges,
+    pool: Pool<R::Cache>,
+    running: Vec<Seq<R::Cache>>,
+    /// Steps in flight, oldest first.
+    flights: std::collections::VecDeque<Flight>,
+    next_id: u64,
+    batch: usize,
+    parallel: usize,
+    /// Hot-swap checks and hidden states asked for, run once nothing is in flight.
+    reloads: Vec<tokio::sync::oneshot::Sender<Reloaded>>,
+    embeds: Vec<HiddenStates>,
 }
 
 /// Runs jobs from `jobs` on `model` until every [`Submitter`] is dropped and nothing runs.
 /// `gauges` is the submitters' ([`Submitter::gauges`]). On the CPU, call it on one of the
 /// backend's threads (`run_model!`).
 pub fn run<B: Backend, M: ModelRef<B>>(
-    mut model: M,
+    model: M,
     tok: &Tokenizer,
     config: &SchedulerConfig,
     inbox: Inbox,
     gauges: &Gauges,
 ) -> Result<(), ModelError> {
-    let jobs = &inbox.jobs;
     let parallel = config.parallel.max(1);
     let batch = config.batch.max(parallel);
-    let mut scratch = model.get().new_batch_scratch(batch, parallel)?;
+    let runner = LocalRunner::new(model, batch, parallel, config.attention.clone())?;
+    run_on(runner, tok, config, inbox, gauges)
+}
+
+/// Runs jobs from `jobs` on `runner` (a model here, or a ring) until every [`Submitter`] is
+/// dropped and nothing runs. The running sequences are split into as many micro-batches as
+/// the runner keeps in flight: while one step is evaluated, the next is started.
+pub fn run_on<R: StepRunner>(
+    mut runner: R,
+    tok: &Tokenizer,
+    config: &SchedulerConfig,
+    inbox: Inbox,
+    gauges: &Gauges,
+) -> Result<(), ModelError> {
+    let parallel = config.parallel.max(1);
     let budget = config
         .kv_pool
         .unwrap_or(config.n_ctx.saturating_mul(parallel));
-    let mut pool = Pool::new(model.get(), budget, config.n_ctx, config.attention.clone())?;
+    let pool = Pool::new(&mut runner, budget, config.n_ctx)?;
     gauges.kv_capacity.store(pool.budget(), Ordering::Relaxed);
-    let mut running: Vec<Seq<B>> = Vec::new();
-    // A job taken from the queue that waits for room in the pool (the queue stays in order).
-    let mut waiting: Option<Job> = None;
-    loop {
-        // Between steps: hot-swap checks asked for.
-        while let Ok(reply) = inbox.reloads.try_recv() {
-            reload(&mut model, &mut running, &mut pool, reply);
-        }
-        // Between steps: hidden states asked for (embeddings).
-        while let Ok(h) = inbox.embeds.try_recv() {
-            let _ = h
-                .reply
-                .send(hidden_states(model.get(), config, batch, &h.tokens));
-        }
-        // Admit jobs while sequences are free; wait for one when nothing runs.
-        while running.len() < parallel {
-            let job = match waiting.take() {
-                Some(job) => job,
-                None if running.is_empty() => match jobs.recv_timeout(IDLE_POLL) {
-                    Ok(job) => job,
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => return Ok(()),
-                },
-                None => match jobs.try_recv() {
-                    Ok(job) => job,
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                },
-            };
-            match admit(model.get(), &mut pool, config, job, gauges)? {
-                Admission::Running(seq) => running.push(*seq),
-                Admission::Ended => {}
-                Admission::Wait(job) => {
-                    waiting = Some(job);
-                    break;
+    let mut sched = Sched {
+        runner,
+        tok,
+        config,
+        gauges,
+        pool,
+        running: Vec::new(),
+        flights: Default::default(),
+        next_id: 0,
+        batch: config.batch.max(parallel),
+        parallel,
+        reloads: Vec::new(),
+        embeds: Vec::new(),
+    };
+    sched.serve(&inbox)
+}
+
+impl<R: StepRunner> Sched<'_, R> {
+    fn serve(&mut self, inbox: &Inbox) -> Result<(), ModelError> {
+        let jobs = &inbox.jobs;
+        // A job taken from the queue that waits for room in the pool (the queue stays in order).
+        let mut waiting: Option<Job> = None;
+        loop {
+            if let Some(why) = self.gauges.outage() {
+                if !self.recover(inbox, &mut waiting, &why) {
+                    return Ok(());
+                }
+                continue;
+            }
+            // Between steps (nothing in flight): hot-swap checks and hidden states asked for.
+            // While some wait, no step starts, so the steps in flight drain.
+            while let Ok(reply) = inbox.reloads.try_recv() {
+                self.reloads.push(reply);
+            }
+            while let Ok(h) = inbox.embeds.try_recv() {
+                self.embeds.push(h);
+            }
+            if self.flights.is_empty() {
+                if let Err(e) = self.runner.poll() {
+                    self.lose_flights(e);
+                    continue;
                 }
             }
+            let between = !self.reloads.is_empty() || !self.embeds.is_empty();
+            if between && self.flights.is_empty() {
+                for reply in std::mem::take(&mut self.reloads) {
+                    self.reload(reply);
+                }
+                for h in std::mem::take(&mut self.embeds) {
+                    let _ = h.reply.send(self.hidden_states(&h.tokens));
+                }
+            }
+            // Admit jobs while sequences are free; wait for one when nothing runs.
+            while self.running.len() < self.parallel {
+                let job = match waiting.take() {
+                    Some(job) => job,
+                    None if self.running.is_empty() => match jobs.recv_timeout(IDLE_POLL) {
+                        Ok(job) => job,
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                    },
+                    None => match jobs.try_recv() {
+                        Ok(job) => job,
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    },
+                };
+                match self.admit(job)? {
+                    Admission::Running(seq) => self.running.push(*seq),
+                    Admission::Ended => {}
+                    Admission::Wait(job) => {
+                        waiting = Some(job);
+                        break;
+                    }
+                }
+            }
+            // Clients that went away free their sequences (their caches stay for later
+            // prefixes) once no step in flight holds them.
+            for i in (0..self.running.len()).rev() {
+                let s = &self.running[i];
+                if s.job.events.is_closed() && s.in_flight == 0 {
+                    let seq = self.running.remove(i);
+                    self.finish(seq);
+                }
+            }
+            if self.running.is_empty() && self.flights.is_empty() {
+                self.show();
+                continue;
+            }
+            if !between {
+                while self.flights.len() < self.runner.in_flight().max(1) {
+                    if !self.start_flight() {
+                        break;
+                    }
+                }
+            }
+            if !self.flights.is_empty() {
+                self.land_flight();
+            }
+            self.pool.evict_to(&mut self.runner, self.config.keep_idle);
+            self.show();
         }
-        // Clients that went away free their sequences (their caches stay for later prefixes).
-        for i in (0..running.len()).rev() {
-            if running[i].job.events.is_closed() {
-                finish(&mut pool, running.remove(i));
+    }
+
+    /// While the runner is down: tries to recover it, and meanwhile ends every job that
+    /// comes (and answers every check) with `why`. `false`: every submitter is gone.
+    fn recover(&mut self, inbox: &Inbox, waiting: &mut Option<Job>, why: &str) -> bool {
+        let recovered = self.runner.recover();
+        let refuse = |job: Job| {
+            self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
+            let _ = job.events.send(JobEvent::Failed(why.to_string()));
+        };
+        if let Some(job) = waiting.take() {
+            refuse(job);
+        }
+        loop {
+            match inbox.jobs.try_recv() {
+                Ok(job) => refuse(job),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return false,
             }
         }
-        if running.is_empty() {
-            show(gauges, &running, &pool);
-            continue;
+        while let Ok(reply) = inbox.reloads.try_recv() {
+            self.reloads.push(reply);
         }
-        let (ended, failed) = step(model.get(), tok, &mut scratch, &mut running, batch, gauges);
-        for i in ended.into_iter().rev() {
-            let seq = running.remove(i);
-            if failed {
-                pool.forget(seq.session);
-            } else {
-                finish(&mut pool, seq);
+        while let Ok(h) = inbox.embeds.try_recv() {
+            self.embeds.push(h);
+        }
+        for reply in std::mem::take(&mut self.reloads) {
+            let _ = reply.send(Reloaded {
+                result: Err(why.to_string()),
+                millis: 0,
+            });
+        }
+        for h in std::mem::take(&mut self.embeds) {
+            let _ = h.reply.send(Err(why.to_string()));
+        }
+        if recovered.is_ok() {
+            *self.gauges.outage.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        true
+    }
+
+    /// The final hidden states of `tokens`, between steps.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
+        if tokens.is_empty() || tokens.len() > self.config.n_ctx {
+            return Err(format!(
+                "{} tokens: an input holds 1 to {} (the context)",
+                tokens.len(),
+                self.config.n_ctx
+            ));
+        }
+        self.runner.hidden_states(tokens)
+    }
+
+    /// Sets the gauges that follow the running sequences and the pool.
+    fn show(&self) {
+        let g = self.gauges;
+        g.running.store(self.running.len(), Ordering::Relaxed);
+        g.kv_positions.store(self.pool.held(), Ordering::Relaxed);
+    }
+
+    /// Runs a hot-swap check and answers it. After a swap, running sequences are evaluated
+    /// again from their start and the prefix cache forgets what it holds: their KV caches
+    /// were computed with the old weights.
+    fn reload(&mut self, reply: tokio::sync::oneshot::Sender<Reloaded>) {
+        let start = Instant::now();
+        let result = self.runner.reload();
+        if let Ok(Reload::Swapped(_)) = result {
+            self.restart_running();
+        }
+        let millis = start.elapsed().as_millis() as u64;
+        let _ = reply.send(Reloaded { result, millis });
+    }
+
+    /// Every running sequence evaluated again from its start (its cache holds nothing
+    /// usable), and the prefix cache emptied.
+    fn restart_running(&mut self) {
+        for s in &mut self.running {
+            s.cache.truncate(0);
+            s.in_flight = 0;
+            s.awaiting = false;
+        }
+        self.flights.clear();
+        self.pool.forget_prefixes();
+    }
+
+    /// Starts `job`'s sequence in a session from the pool, refuses it with an event, or hands
+    /// it back to wait for room.
+    fn admit(&mut self, job: Job) -> Result<Admission<R::Cache>, ModelError> {
+        let (config, gauges) = (self.config, self.gauges);
+        if job.events.is_closed() {
+            gauges.queued.fetch_sub(1, Ordering::Relaxed);
+            return Ok(Admission::Ended);
+        }
+        if job.prompt.is_empty() || job.prompt.len() >= config.n_ctx {
+            let why = format!(
+                "the prompt is {} tokens; it must hold 1 to {} (the context is {})",
+                job.prompt.len(),
+                config.n_ctx - 1,
+                config.n_ctx
+            );
+            let _ = job.events.send(JobEvent::Failed(why));
+            gauges.queued.fetch_sub(1, Ordering::Relaxed);
+            return Ok(Admission::Ended);
+        }
+        let need = job
+            .prompt
+            .len()
+            .saturating_add(job.max_tokens)
+            .min(config.n_ctx);
+        let taken = self
+            .pool
+            .take(&mut self.runner, &job.prompt, need, job.cache_prompt)?;
+        let Some((cache, cached)) = taken else {
+            return Ok(Admission::Wait(job));
+        };
+        gauges.queued.fetch_sub(1, Ordering::Relaxed);
+        let mut sampler = Sampler::new(job.sampling.clone());
+        for &t in &job.prompt {
+            sampler.accept(t);
+        }
+        gauges
+            .cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        let _ = job.events.send(JobEvent::Started {
+            cached_tokens: cached,
+        });
+        self.next_id += 1;
+        Ok(Admission::Running(Box::new(Seq {
+            id: self.next_id,
+            cache,
+            history: job.prompt.clone(),
+            sampler,
+            produced: 0,
+            in_flight: 0,
+            awaiting: false,
+            job,
+        })))
+    }
+
+    /// Starts a step (a micro-batch) over the sequences that wait for none in flight: one
+    /// token of each generating sequence first, then prompt chunks within the batch, up to
+    /// the running sequences' share of one micro-batch. `false`: none was ready.
+    fn start_flight(&mut self) -> bool {
+        let in_flight = self.runner.in_flight().max(1);
+        let share = self.running.len().div_ceil(in_flight).max(1);
+        let ready = |s: &Seq<R::Cache>| !s.awaiting && s.history.len() > s.cache.pos();
+        // Tokens each sequence evaluates now: generating ones first, then prompts in order.
+        let mut take = vec![0; self.running.len()];
+        let (mut budget, mut count) = (self.batch, 0);
+        for (i, s) in self.running.iter().enumerate() {
+            if count < share && ready(s) && s.history.len() - s.cache.pos() == 1 {
+                take[i] = 1;
+                budget -= 1;
+                count += 1;
             }
         }
-        pool.evict_to(config.keep_idle);
-        show(gauges, &running, &pool);
-    }
-}
-
-/// The final hidden states of `tokens`, in a session of their own with `batch` rows a pass.
-fn hidden_states<B: Backend>(
-    model: &Model<B>,
-    config: &SchedulerConfig,
-    batch: usize,
-    tokens: &[u32],
-) -> Result<Vec<f32>, String> {
-    if tokens.is_empty() || tokens.len() > config.n_ctx {
-        return Err(format!(
-            "{} tokens: an input holds 1 to {} (the context)",
-            tokens.len(),
-            config.n_ctx
-        ));
-    }
-    let mut s = model
-        .new_session_with(tokens.len(), batch, &config.attention)
-        .map_err(|e| e.to_string())?;
-    model
-        .hidden_states(&mut s, tokens)
-        .map_err(|e| e.to_string())
-}
-
-/// Sets the gauges that follow the running sequences and the pool.
-fn show<B: Backend>(gauges: &Gauges, running: &[Seq<B>], pool: &Pool<B>) {
-    gauges.running.store(running.len(), Ordering::Relaxed);
-    gauges.kv_positions.store(pool.held(), Ordering::Relaxed);
-}
-
-/// Runs a hot-swap check and answers it. After a swap, running sequences are evaluated again
-/// from their start and the prefix cache forgets what it holds: their KV caches were computed
-/// with the old weights.
-fn reload<B: Backend, M: ModelRef<B>>(
-    model: &mut M,
-    running: &mut [Seq<B>],
-    pool: &mut Pool<B>,
-    reply: tokio::sync::oneshot::Sender<Reloaded>,
-) {
-    let start = Instant::now();
-    let result = match model.get_mut() {
-        Some(m) => m.reload_changed().map_err(|e| e.to_string()),
-        None => Err("the model was not loaded for hot-swap".into()),
-    };
-    if let Ok(Reload::Swapped(_)) = result {
-        for s in running.iter_mut() {
-            s.session.truncate(0);
+        for (i, s) in self.running.iter().enumerate() {
+            let want = s.history.len() - s.cache.pos();
+            if count < share && ready(s) && want > 1 && budget > 0 {
+                take[i] = want.min(budget);
+                budget -= take[i];
+                count += 1;
+            }
         }
-        pool.forget_prefixes();
+        if count == 0 {
+            return false;
+        }
+        let mut steps = Vec::with_capacity(count);
+        let mut seqs = Vec::with_capacity(count);
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if take[i] == 0 {
+                continue;
+            }
+            let pos = s.cache.pos();
+            let logits = pos + take[i] == s.history.len();
+            if s.produced == 0 {
+                self.gauges
+                    .prompt_tokens
+                    .fetch_add(take[i] as u64, Ordering::Relaxed);
+            }
+            s.in_flight += 1;
+            s.awaiting = logits;
+            seqs.push((s.id, logits));
+            steps.push(RunStep {
+                cache: &mut s.cache,
+                tokens: &s.history[pos..pos + take[i]],
+                logits,
+            });
+        }
+        self.gauges.steps.fetch_add(1, Ordering::Relaxed);
+        let started = self.runner.start(&mut steps);
+        drop(steps);
+        let flight = Flight { seqs };
+        match started {
+            Ok(()) => self.flights.push_back(flight),
+            Err(StepError::Failed(why)) => self.fail(flight, &why),
+            Err(e) => self.lose_flights(e),
+        }
+        true
     }
-    let millis = start.elapsed().as_millis() as u64;
-    let _ = reply.send(Reloaded { result, millis });
+
+    /// Waits for the oldest step in flight and takes its logits.
+    fn land_flight(&mut self) {
+        let done = self.runner.finish();
+        self.land(done);
+    }
+
+    /// Takes what came of the oldest step in flight: samples each sequence whose logits
+    /// came, ends those that finished, or handles a failure.
+    fn land(&mut self, done: Result<Vec<Option<Vec<f32>>>, StepError>) {
+        let Some(flight) = self.flights.pop_front() else {
+            return;
+        };
+        let rows = match done {
+            Ok(rows) => rows,
+            Err(StepError::Failed(why)) => return self.fail(flight, &why),
+            Err(e) => return self.lose_flights(e),
+        };
+        for ((id, _), row) in flight.seqs.into_iter().zip(rows) {
+            let Some(i) = self.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let s = &mut self.running[i];
+            s.in_flight -= 1;
+            let Some(row) = row else { continue };
+            s.awaiting = false;
+            let ended = match sample(s, self.tok, &row, self.gauges) {
+                Ok(None) => false,
+                Ok(Some(finish)) => {
+                    let _ = s.job.events.send(JobEvent::Done(finish));
+                    true
+                }
+                Err(why) => {
+                    let _ = s.job.events.send(JobEvent::Failed(why));
+                    true
+                }
+            };
+            if ended && s.in_flight == 0 {
+                let seq = self.running.remove(i);
+                self.finish(seq);
+            }
+        }
+    }
+
+    /// Ends the sequences of a step that failed; their caches are not reused.
+    fn fail(&mut self, flight: Flight, why: &str) {
+        for (id, _) in flight.seqs {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let seq = self.running.remove(i);
+                let _ = seq.job.events.send(JobEvent::Failed(why.to_string()));
+                self.pool.forget(&mut self.runner, seq.cache);
+            }
+        }
+    }
+
+    /// Every step in flight is lost (`e` is [`StepError::Reformed`] or [`StepError::Down`]):
+    /// running sequences start again, or end and the runner is down.
+    fn lose_flights(&mut self, e: StepError) {
+        self.flights.clear();
+        match e {
+            StepError::Down(why) => {
+                for seq in std::mem::take(&mut self.running) {
+                    let _ = seq.job.events.send(JobEvent::Failed(why.clone()));
+                    self.pool.give_back(seq.cache, Vec::new());
+                }
+                self.pool.forget_prefixes();
+                *self.gauges.outage.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                self.show();
+            }
+            _ => self.restart_running(),
+        }
+    }
+
+    /// Gives a finished sequence's session back to the pool with the tokens its cache holds.
+    fn finish(&mut self, seq: Seq<R::Cache>) {
+        let mut history = seq.history;
+        history.truncate(seq.cache.pos());
+        self.pool.give_back(seq.cache, history);
+    }
 }
 
 /// What became of a job taken from the queue.
-enum Admission<B: Backend> {
+enum Admission<C> {
     /// Its sequence runs.
-    Running(Box<Seq<B>>),
+    Running(Box<Seq<C>>),
     /// It ended before running (refused, or its client went away).
     Ended,
     /// The pool lacks room until a running sequence finishes.
     Wait(Job),
 }
 
-/// Starts `job`'s sequence in a session from the pool, refuses it with an event, or hands it
-/// back to wait for room.
-fn admit<B: Backend>(
-    model: &Model<B>,
-    pool: &mut Pool<B>,
-    config: &SchedulerConfig,
-    job: Job,
-    gauges: &Gauges,
-) -> Result<Admission<B>, ModelError> {
-    if job.events.is_closed() {
-        gauges.queued.fetch_sub(1, Ordering::Relaxed);
-        return Ok(Admission::Ended);
-    }
-    if job.prompt.is_empty() || job.prompt.len() >= config.n_ctx {
-        let why = format!(
-            "the prompt is {} tokens; it must hold 1 to {} (the context is {})",
-            job.prompt.len(),
-            config.n_ctx - 1,
-            config.n_ctx
-        );
-        let _ = job.events.send(JobEvent::Failed(why));
-        gauges.queued.fetch_sub(1, Ordering::Relaxed);
-        return Ok(Admission::Ended);
-    }
-    let need = job
-        .prompt
-        .len()
-        .saturating_add(job.max_tokens)
-        .min(config.n_ctx);
-    let Some((session, cached)) = pool.take(model, &job.prompt, need, job.cache_prompt)? else {
-        return Ok(Admission::Wait(job));
-    };
-    gauges.queued.fetch_sub(1, Ordering::Relaxed);
-    let mut sampler = Sampler::new(job.sampling.clone());
-    for &t in &job.prompt {
-        sampler.accept(t);
-    }
-    gauges
-        .cached_tokens
-        .fetch_add(cached as u64, Ordering::Relaxed);
-    let _ = job.events.send(JobEvent::Started {
-        cached_tokens: cached,
-    });
-    Ok(Admission::Running(Box::new(Seq {
-        session,
-        history: job.prompt.clone(),
-        sampler,
-        produced: 0,
-        job,
-    })))
-}
-
-/// Runs one step over `running`: one token of each generating sequence first, then prompt
-/// chunks within `batch` tokens. Samples where a sequence's input is all evaluated and sends
-/// its token. Returns the indices of sequences that ended, in order, and whether they ended
-/// because the step failed (their caches are then not reused).
-fn step<B: Backend>(
-    model: &Model<B>,
-    tok: &Tokenizer,
-    scratch: &mut hesper_engine::model::BatchScratch<B>,
-    running: &mut [Seq<B>],
-    batch: usize,
-    gauges: &Gauges,
-) -> (Vec<usize>, bool) {
-    // Tokens each sequence evaluates now: generating ones first, then prompts in order.
-    let mut take = vec![0; running.len()];
-    let mut budget = batch;
-    for (i, s) in running.iter().enumerate() {
-        if s.history.len() - s.session.pos() == 1 {
-            take[i] = 1;
-            budget -= 1;
-        }
-    }
-    for (i, s) in running.iter().enumerate() {
-        let want = s.history.len() - s.session.pos();
-        if want > 1 && budget > 0 {
-            take[i] = want.min(budget);
-            budget -= take[i];
-        }
-    }
-    let mut steps = Vec::new();
-    let mut which = Vec::new();
-    for (i, s) in running.iter_mut().enumerate() {
-        if take[i] == 0 {
-            continue;
-        }
-        let pos = s.session.pos();
-        let logits = pos + take[i] == s.history.len();
-        if s.produced == 0 {
-            gauges
-                .prompt_tokens
-                .fetch_add(take[i] as u64, Ordering::Relaxed);
-        }
-        steps.push(SeqStep {
-            session: &mut s.session,
-            tokens: &s.history[pos..pos + take[i]],
-            logits,
-        });
-        which.push(i);
-    }
-    gauges.steps.fetch_add(1, Ordering::Relaxed);
-    let rows = match model.step(scratch, &mut steps) {
-        Ok(rows) => rows,
-        Err(e) => {
-            drop(steps);
-            for &i in &which {
-                let _ = running[i].job.events.send(JobEvent::Failed(e.to_string()));
-            }
-            return (which, true);
-        }
-    };
-    drop(steps);
-    let mut ended = Vec::new();
-    for (&i, row) in which.iter().zip(rows) {
-        let Some(row) = row else { continue };
-        let s = &mut running[i];
-        match sample(s, tok, &row, gauges) {
-            Ok(None) => {}
-            Ok(Some(finish)) => {
-                let _ = s.job.events.send(JobEvent::Done(finish));
-                ended.push(i);
-            }
-            Err(why) => {
-                let _ = s.job.events.send(JobEvent::Failed(why));
-                ended.push(i);
-            }
-        }
-    }
-    (ended, false)
-}
-
 /// Samples `s`'s next token from `row` (masked by its constraint), sends it, and says whether
 /// the sequence ended; an error is its constraint's.
-fn sample<B: Backend>(
-    s: &mut Seq<B>,
+fn sample<C: SeqCache>(
+    s: &mut Seq<C>,
     tok: &Tokenizer,
     row: &[f32],
     gauges: &Gauges,
@@ -585,7 +780,7 @@ fn sample<B: Backend>(
     if s.job.events.send(JobEvent::Token { id, logprobs }).is_err() || complete {
         return Ok(Some(Finish::Stop));
     }
-    let full = s.history.len() >= s.session.n_ctx();
+    let full = s.history.len() >= s.cache.n_ctx();
     Ok((s.produced >= s.job.max_tokens || full).then_some(Finish::Length))
 }
 
@@ -601,11 +796,4 @@ fn logprobs(row: &[f32], id: u32, k: usize) -> Logprobs {
             .map(|(t, l)| (t, l - lse))
             .collect(),
     }
-}
-
-/// Gives a finished sequence's session back to the pool with the tokens its cache holds.
-fn finish<B: Backend>(pool: &mut Pool<B>, seq: Seq<B>) {
-    let mut history = seq.history;
-    history.truncate(seq.session.pos());
-    pool.give_back(seq.session, history);
 }

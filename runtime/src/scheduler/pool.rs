@@ -6,41 +6,39 @@
 //! it and evaluates only the rest, whichever sequence computed them. Idle sessions are evicted
 //! least recently used first, when their memory is needed or beyond a count.
 
-use hesper_engine::attention::AttentionConfig;
-use hesper_engine::backend::Backend;
-use hesper_engine::model::{Model, ModelError, Session};
+use hesper_engine::model::ModelError;
+
+use super::runner::{SeqCache, StepRunner};
 
 /// Sessions are sized in steps of this many positions (so that they can be reused).
 const GRAIN: usize = 256;
 
 /// An idle session and the tokens its KV cache holds.
-struct Idle<B: Backend> {
-    session: Session<B>,
+struct Idle<C> {
+    session: C,
     tokens: Vec<u32>,
 }
 
-/// Sessions for a scheduler's sequences, within `budget` positions in all.
-pub(crate) struct Pool<B: Backend> {
+/// Sessions (a runner's caches) for a scheduler's sequences, within `budget` positions in all.
+pub(crate) struct Pool<C> {
     /// Least recently used first.
-    idle: Vec<Idle<B>>,
+    idle: Vec<Idle<C>>,
     /// Positions of the sessions alive (running and idle).
     held: usize,
     budget: usize,
     n_ctx: usize,
-    attention: AttentionConfig,
 }
 
-impl<B: Backend> Pool<B> {
+impl<C: SeqCache> Pool<C> {
     /// A pool of `budget` positions (at least one context's) for sessions of at most `n_ctx`
     /// positions. One session of `n_ctx` is made now, so a context or KV type that cannot be
     /// held is refused before any request.
-    pub(crate) fn new(
-        model: &Model<B>,
+    pub(crate) fn new<R: StepRunner<Cache = C>>(
+        runner: &mut R,
         budget: usize,
         n_ctx: usize,
-        attention: AttentionConfig,
     ) -> Result<Self, ModelError> {
-        let first = model.new_session_with(n_ctx, 1, &attention)?;
+        let first = runner.new_cache(n_ctx)?;
         Ok(Self {
             idle: vec![Idle {
                 session: first,
@@ -49,7 +47,6 @@ impl<B: Backend> Pool<B> {
             held: n_ctx,
             budget: budget.max(n_ctx),
             n_ctx,
-            attention,
         })
     }
 
@@ -66,14 +63,14 @@ impl<B: Backend> Pool<B> {
     /// large enough that holds nothing, or the least recently used large enough; a new one,
     /// evicting idle sessions while the pool lacks room. `None`: the running sessions hold too
     /// much of the pool; wait for one to finish.
-    pub(crate) fn take(
+    pub(crate) fn take<R: StepRunner<Cache = C>>(
         &mut self,
-        model: &Model<B>,
+        runner: &mut R,
         prompt: &[u32],
         need: usize,
         reuse: bool,
-    ) -> Result<Option<(Session<B>, usize)>, ModelError> {
-        let fits = |s: &Idle<B>| s.session.n_ctx() >= need;
+    ) -> Result<Option<(C, usize)>, ModelError> {
+        let fits = |s: &Idle<C>| s.session.n_ctx() >= need;
         let best = self
             .idle
             .iter()
@@ -98,18 +95,18 @@ impl<B: Backend> Pool<B> {
         }
         let size = self.size_for(need);
         while self.held + size > self.budget && !self.idle.is_empty() {
-            self.evict_oldest();
+            self.evict_oldest(runner);
         }
         if self.held + size > self.budget {
             return Ok(None);
         }
-        let s = model.new_session_with(size, 1, &self.attention)?;
+        let s = runner.new_cache(size)?;
         self.held += size;
         Ok(Some((s, 0)))
     }
 
     /// Gives back a session whose KV cache holds `tokens`, most recently used.
-    pub(crate) fn give_back(&mut self, session: Session<B>, tokens: Vec<u32>) {
+    pub(crate) fn give_back(&mut self, session: C, tokens: Vec<u32>) {
         self.idle.push(Idle { session, tokens });
     }
 
@@ -122,20 +119,22 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Drops a session that must not be reused (its step failed).
-    pub(crate) fn forget(&mut self, session: Session<B>) {
+    pub(crate) fn forget<R: StepRunner<Cache = C>>(&mut self, runner: &mut R, session: C) {
         self.held -= session.n_ctx();
+        runner.free_cache(session);
     }
 
     /// Drops idle sessions beyond `keep`, least recently used first (their memory is freed).
-    pub(crate) fn evict_to(&mut self, keep: usize) {
+    pub(crate) fn evict_to<R: StepRunner<Cache = C>>(&mut self, runner: &mut R, keep: usize) {
         while self.idle.len() > keep {
-            self.evict_oldest();
+            self.evict_oldest(runner);
         }
     }
 
-    fn evict_oldest(&mut self) {
+    fn evict_oldest<R: StepRunner<Cache = C>>(&mut self, runner: &mut R) {
         let s = self.idle.remove(0);
         self.held -= s.session.n_ctx();
+        runner.free_cache(s.session);
     }
 
     /// Positions allocated to sessions, running and idle.
