@@ -16,6 +16,7 @@ mod perplexity;
 mod pull;
 mod quantize;
 mod report;
+mod ring_args;
 mod serve;
 mod tokenize;
 

@@ -2,25 +2,24 @@
 //! processes and machines. The master prints exactly what `generate` prints for the same
 //! flags; workers log to stderr. The ring itself is `hesper-runtime`'s.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::ops::Range;
-use std::str::FromStr;
-use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use hesper_engine::backend::Backend;
 use hesper_engine::model::Model;
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
-use hesper_ring::{Chaos, Dtype, NetConfig, RingKey, Timing, TransportKind};
-use hesper_runtime::ring::{max_payload, serve, NodeSettings, RingEvaluator};
+use hesper_ring::TransportKind;
+use hesper_runtime::ring::{serve, NodeSettings, RingEvaluator};
 use hesper_runtime::{run_model, settings, with_model, ModelRef};
 
 use crate::args::ContextArgs;
 use crate::generate::{drive, print_stats, GenerateArgs};
 use crate::load::load_with;
 use crate::report::note;
+use crate::ring_args::{resolve, LayerRange, RingNetArgs, Wire};
 use hesper_engine::attention::AttentionConfig;
 
 /// Flags of `node`.
@@ -40,76 +39,19 @@ pub struct NodeArgs {
     /// End layer, not included (LEAP's spelling; with --split).
     #[arg(long = "end", value_name = "END")]
     end: Option<usize>,
-    /// Where to listen for the previous node.
-    #[arg(long = "listen", value_name = "HOST:PORT")]
-    listen: Option<String>,
     /// Listen on 0.0.0.0:PORT (LEAP's spelling of --listen).
     #[arg(long = "port", value_name = "PORT")]
     port: Option<u16>,
-    /// The next node in the ring.
-    #[arg(long = "next", value_name = "HOST:PORT")]
-    next: Option<String>,
     /// The next node's host (LEAP's spelling; with --next-port).
     #[arg(long = "next-host", value_name = "HOST")]
     next_host: Option<String>,
     /// The next node's port (LEAP's spelling; with --next-host).
     #[arg(long = "next-port", value_name = "PORT")]
     next_port: Option<u16>,
-    /// A standby node (master only): if a node is lost, the ring is re-formed as the master
-    /// and this node, which must hold every layer after the master's; the token history is
-    /// replayed on it and generation goes on with the same tokens.
-    #[arg(long = "standby", value_name = "HOST:PORT")]
-    standby: Option<String>,
-    /// How frames travel between nodes.
-    #[arg(long = "transport", value_enum, default_value_t = Transport::Tcp)]
-    transport: Transport,
-    /// How hidden states travel (the master's choice; f32 is exact, f16 and q8_0 send
-    /// 2× and 3.8× fewer bytes at a small cost in accuracy).
-    #[arg(long = "wire", value_enum, default_value_t = Wire::F32)]
-    wire: Wire,
-    /// Seconds to wait for the ring to form (its nodes may start in any order).
-    #[arg(long = "form-timeout", value_name = "SECONDS", default_value_t = 60.0)]
-    form_timeout: f64,
-    /// A secret every node of the ring is given: each link is then authenticated (HMAC-SHA-256
-    /// over every frame, keys per link from a nonce handshake, replays refused), so a node
-    /// without it can neither join nor inject frames. Not encryption: hidden states on the
-    /// wire still reveal the prompt.
-    #[arg(long = "ring-key", value_name = "KEY")]
-    ring_key: Option<String>,
-    /// Test hook: drop, duplicate and reorder this node's outgoing UDP datagrams with these
-    /// probabilities (DROP,DUP,REORDER); generation must stay exact.
-    #[arg(long = "udp-chaos", value_name = "DROP,DUP,REORDER", hide = true)]
-    udp_chaos: Option<ChaosArg>,
+    #[command(flatten)]
+    ring: RingNetArgs,
     #[command(flatten)]
     generate: GenerateArgs,
-}
-
-/// `--udp-chaos`.
-#[derive(Debug, Clone, Copy)]
-struct ChaosArg(Chaos);
-
-impl FromStr for ChaosArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let p: Vec<f64> = s
-            .split(',')
-            .map(|v| v.trim().parse::<f64>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| format!("{s:?}: expected three probabilities DROP,DUP,REORDER"))?;
-        match p[..] {
-            [drop, duplicate, reorder] if p.iter().all(|v| (0.0..0.5).contains(v)) => {
-                Ok(Self(Chaos {
-                    drop,
-                    duplicate,
-                    reorder,
-                }))
-            }
-            _ => Err(format!(
-                "{s:?}: expected three probabilities DROP,DUP,REORDER, each from 0 to below 0.5"
-            )),
-        }
-    }
 }
 
 /// A node's part in the ring.
@@ -122,53 +64,6 @@ enum Role {
     /// A worker kept in reserve: it waits, without a time limit, until a master whose ring
     /// broke re-forms the ring through it (`--standby` on the master).
     Standby,
-}
-
-/// `--transport`.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    /// TCP (nodelay, 8 MiB buffers).
-    Tcp,
-    /// UDP datagrams of at most 1400 bytes, reassembled, lost ones sent again.
-    Udp,
-    /// TCP through io_uring (Linux: registered receive buffer, zero-copy sends; the same
-    /// frames as tcp; falls back to tcp with a note where io_uring is unavailable).
-    Uring,
-}
-
-/// `--wire`.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Wire {
-    /// 4-byte floats (exact).
-    F32,
-    /// Half floats.
-    F16,
-    /// GGML's Q8_0 blocks.
-    #[value(name = "q8_0")]
-    Q8_0,
-}
-
-/// `START..END`.
-#[derive(Debug, Clone)]
-struct LayerRange(Range<usize>);
-
-impl FromStr for LayerRange {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?}: expected START..END, e.g. 0..15");
-        let (a, b) = s.split_once("..").ok_or_else(bad)?;
-        let (a, b) = (
-            a.trim().parse().map_err(|_| bad())?,
-            b.trim().parse().map_err(|_| bad())?,
-        );
-        if a >= b {
-            return Err(format!(
-                "{s:?}: the range is empty (START must be below END)"
-            ));
-        }
-        Ok(Self(a..b))
-    }
 }
 
 impl NodeArgs {
@@ -189,7 +84,7 @@ impl NodeArgs {
 
     /// Where to listen.
     fn listen(&self) -> Result<SocketAddr> {
-        match (&self.listen, self.port) {
+        match (&self.ring.listen, self.port) {
             (Some(a), None) => resolve("--listen", a),
             (None, Some(p)) => Ok(SocketAddr::from(([0, 0, 0, 0], p))),
             (Some(_), Some(_)) => bail!("give --listen HOST:PORT or --port PORT, not both"),
@@ -201,7 +96,7 @@ impl NodeArgs {
 
     /// The next node's address.
     fn next(&self) -> Result<SocketAddr> {
-        match (&self.next, &self.next_host, self.next_port) {
+        match (&self.ring.next, &self.next_host, self.next_port) {
             (Some(a), None, None) => resolve("--next", a),
             (None, Some(h), Some(p)) => resolve("--next-host/--next-port", &format!("{h}:{p}")),
             (Some(_), _, _) => {
@@ -214,46 +109,8 @@ impl NodeArgs {
     }
 
     fn settings(&self, model: &hesper_engine::config::Config) -> Result<NodeSettings> {
-        if self.ring_key.as_deref().is_some_and(str::is_empty) {
-            bail!("--ring-key: the key is empty");
-        }
-        if !(self.form_timeout > 0.0 && self.form_timeout <= 86_400.0) {
-            bail!(
-                "--form-timeout {}: give seconds above 0 and at most 86400",
-                self.form_timeout
-            );
-        }
-        Ok(NodeSettings {
-            listen: self.listen()?,
-            next: self.next()?,
-            net: NetConfig {
-                transport: match self.transport {
-                    Transport::Tcp => TransportKind::Tcp,
-                    Transport::Udp => TransportKind::Udp,
-                    Transport::Uring => TransportKind::Uring,
-                },
-                timing: Timing::default(),
-                max_payload: max_payload(model),
-                chaos: self.udp_chaos.map(|c| c.0),
-                key: self.ring_key.as_deref().map(|k| RingKey::new(k.as_bytes())),
-            },
-            wire: match self.wire {
-                Wire::F32 => Dtype::F32,
-                Wire::F16 => Dtype::F16,
-                Wire::Q8_0 => Dtype::Q8_0,
-            },
-            form_wait: Duration::from_secs_f64(self.form_timeout),
-            log: |m| note!("hesper-ring: {m}"),
-        })
+        self.ring.settings(self.listen()?, self.next()?, model)
     }
-}
-
-/// Resolves `HOST:PORT` for `flag`.
-fn resolve(flag: &str, addr: &str) -> Result<SocketAddr> {
-    addr.to_socket_addrs()
-        .with_context(|| format!("{flag} {addr:?}: expected HOST:PORT"))?
-        .next()
-        .with_context(|| format!("{flag} {addr:?}: the host has no address"))
 }
 
 /// Runs `node`.
@@ -271,18 +128,14 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
         if g.prompt.is_some() || g.chat {
             bail!("-p/--prompt and --chat apply to --role master (a worker only runs its layers)");
         }
-        if args.wire != Wire::F32 {
+        if args.ring.wire != Wire::F32 {
             bail!("--wire applies to --role master (workers answer in the master's format)");
         }
-        if args.standby.is_some() {
+        if args.ring.standby.is_some() {
             bail!("--standby applies to --role master (the master re-forms a broken ring)");
         }
     }
-    let standby = args
-        .standby
-        .as_deref()
-        .map(|a| resolve("--standby", a))
-        .transpose()?;
+    let standby = args.ring.standby()?;
     g.check()?;
     if g.shift_keep().is_some() {
         bail!("--context-shift does not cross a ring yet: its nodes stop at a full context");

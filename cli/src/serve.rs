@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
+use hesper_runtime::ring::{NodeSettings, RingOptions, RingRunner};
 use hesper_runtime::scheduler::{self, SchedulerConfig};
-use hesper_runtime::{run_model, with_model};
+use hesper_runtime::{run_model, with_model, ModelRef};
 use hesper_server::embeddings::Pooling;
 use hesper_server::log::{LogFormat, RequestLog};
 use hesper_server::reasoning::ReasoningFormat;
@@ -23,6 +25,7 @@ use crate::args::{ContextArgs, ModelArgs};
 use crate::chat_template::chat_template;
 use crate::load::{load_with, BUILTIN_LABEL};
 use crate::report::note;
+use crate::ring_args::{resolve, LayerRange, RingNetArgs};
 
 /// Largest request body.
 const MAX_BODY: usize = 8 << 20;
@@ -110,6 +113,21 @@ pub struct ServeArgs {
     /// Log each request's body with its line (never its headers), and /health polls too.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
+    /// Serve over a ring of processes or machines that split the model layer-wise: this
+    /// process is the ring's master (the embedding, the first layers, sampling) and workers
+    /// (`hesper-rs node --role worker`) run the rest; --listen and --next form it. Requests
+    /// are batched as without a ring, and several steps go round it at once, so every node
+    /// computes while the others do.
+    #[arg(long = "ring", help_heading = "Ring")]
+    ring: bool,
+    /// The master's layers, START..END (END not included; with --ring).
+    #[arg(long = "layers", value_name = "START..END", help_heading = "Ring")]
+    layers: Option<LayerRange>,
+    /// Steps kept in flight round the ring at once (with --ring) [default: one per node].
+    #[arg(long = "ring-inflight", value_name = "N", help_heading = "Ring")]
+    ring_inflight: Option<usize>,
+    #[command(flatten)]
+    ring_net: RingNetArgs,
 }
 
 impl ServeArgs {
@@ -138,6 +156,21 @@ impl ServeArgs {
             if v == 0 {
                 bail!("{flag} 0: give at least 1");
             }
+        }
+        if !self.ring {
+            let mut given = self.ring_net.given();
+            if self.layers.is_some() {
+                given.push("--layers");
+            }
+            if self.ring_inflight.is_some() {
+                given.push("--ring-inflight");
+            }
+            if let Some(flag) = given.first() {
+                bail!("{flag} applies to --ring (a server over a ring of nodes)");
+            }
+        }
+        if self.ring_inflight == Some(0) {
+            bail!("--ring-inflight 0: give at least 1");
         }
         if self.ctx.batch_size < self.parallel {
             bail!(
@@ -213,7 +246,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         })?;
     note!("hesper: listening on http://{addr} (loading the model; /health answers 503 until it is ready)");
-    let loaded = load_with(&args.model, None, args.hot_swap)?;
+    let ring = args.ring.then(|| RingPlan::of(&args)).transpose()?;
+    let layers = ring.as_ref().map(|r| r.layers.clone());
+    let loaded = load_with(&args.model, layers, args.hot_swap)?;
     let Some(tok) = loaded.tokenizer else {
         bail!(
             "{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); a server needs one",
@@ -251,14 +286,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         source
     };
     let tool_format = ToolFormat::of(&template, &tok);
-    note!(
-        "hesper: serving {model_label} as {alias:?} | {backend} | ctx {n_ctx} per sequence | {parallel} sequences, {} tokens per step | chat template: {} | tool calls: {}",
-        args.ctx.batch_size,
-        template.origin(),
-        tool_format.name()
-    );
-    crate::report::flush_later();
-    state.set_ready(Ready {
+    let where_ = if ring.is_some() {
+        format!("ring master on {backend}")
+    } else {
+        backend.clone()
+    };
+    let ready = Ready {
         grammars: Default::default(),
         n_vocab: loaded.model.sampled_vocab(),
         n_embd: config.n_embd,
@@ -281,7 +314,41 @@ pub fn run(args: ServeArgs) -> Result<()> {
         submitter,
         n_ctx,
         parallel,
-    });
+    };
+    let serving = format!(
+        "hesper: serving {model_label} as {alias:?} | {where_} | ctx {n_ctx} per sequence | {parallel} sequences, {} tokens per step | chat template: {} | tool calls: {}",
+        args.ctx.batch_size,
+        ready.template.origin(),
+        ready.tool_format.name()
+    );
+    if let Some(plan) = ring {
+        let settings = plan.net.settings(plan.listen, plan.next, &config)?;
+        let start = RingStart {
+            settings,
+            opts: RingOptions {
+                standby: plan.standby,
+                serving: true,
+                n_ctx,
+                batch: args.ctx.batch_size,
+                in_flight: args.ring_inflight,
+            },
+            state,
+            ready,
+            serving,
+        };
+        if args.hot_swap {
+            let mut model = loaded.model;
+            return with_model!(&mut model, |m| serve_ring(
+                m, start, &tok, &sched, jobs, &gauges
+            ));
+        }
+        return run_model!(&loaded.model, |m| serve_ring(
+            m, start, &tok, &sched, jobs, &gauges
+        ));
+    }
+    note!("{serving}");
+    crate::report::flush_later();
+    state.set_ready(ready);
     if args.hot_swap {
         // The scheduler holds the model mutably to swap tensors in between steps: the CPU's
         // operations are then handed to its threads one by one.
@@ -294,5 +361,83 @@ pub fn run(args: ServeArgs) -> Result<()> {
     run_model!(&loaded.model, |m| scheduler::run(
         m, &tok, &sched, jobs, &gauges
     ))?;
+    Ok(())
+}
+
+/// What `serve --ring` was asked for: the master's layers and the ring's addresses.
+struct RingPlan<'a> {
+    layers: std::ops::Range<usize>,
+    listen: SocketAddr,
+    next: SocketAddr,
+    standby: Option<SocketAddr>,
+    net: &'a RingNetArgs,
+}
+
+impl<'a> RingPlan<'a> {
+    /// The plan `args` give, or the first flag that is missing or cannot be served.
+    fn of(args: &'a ServeArgs) -> Result<Self> {
+        let net = &args.ring_net;
+        let Some(listen) = &net.listen else {
+            bail!("--ring needs --listen HOST:PORT (where the ring's last node connects)");
+        };
+        let Some(next) = &net.next else {
+            bail!("--ring needs --next HOST:PORT (the ring's first worker)");
+        };
+        let Some(layers) = &args.layers else {
+            bail!("--ring needs --layers START..END (the master's layers, from 0)");
+        };
+        if args.ctx.attention.config()? != AttentionConfig::default() {
+            bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
+        }
+        if args.embeddings {
+            bail!("--embeddings is not served over a ring yet (its final hidden states stay on the last node)");
+        }
+        Ok(Self {
+            layers: layers.0.clone(),
+            listen: resolve("--listen", listen)?,
+            next: resolve("--next", next)?,
+            standby: net.standby()?,
+            net,
+        })
+    }
+}
+
+/// What the ring's master needs once its model is loaded.
+struct RingStart {
+    settings: NodeSettings,
+    opts: RingOptions,
+    state: Arc<State>,
+    ready: Ready,
+    /// The line that says what is served.
+    serving: String,
+}
+
+/// Forms the ring with `model` as its master, then serves: the server is ready once the ring
+/// is formed, and the scheduler runs its steps round the ring.
+fn serve_ring<B: Backend, M: ModelRef<B>>(
+    model: M,
+    start: RingStart,
+    tok: &hesper_engine::tokenizer::Tokenizer,
+    sched: &SchedulerConfig,
+    jobs: scheduler::Inbox,
+    gauges: &scheduler::Gauges,
+) -> Result<()> {
+    let RingStart {
+        settings,
+        opts,
+        state,
+        mut ready,
+        serving,
+    } = start;
+    let runner = RingRunner::form(model, &settings, opts)?;
+    let nodes: Vec<String> = runner.nodes().iter().map(|r| r.name()).collect();
+    for (i, name) in nodes.iter().enumerate() {
+        note!("hesper: ring node {i}: {name}");
+    }
+    ready.props["ring"] = json!(nodes);
+    note!("{serving}");
+    crate::report::flush_later();
+    state.set_ready(ready);
+    scheduler::run_on(runner, tok, sched, jobs, gauges)?;
     Ok(())
 }

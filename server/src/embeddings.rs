@@ -180,6 +180,7 @@ async fn embeddings(
         ));
     }
     let inputs = inputs(&ready, input)?;
+    ready.available()?;
     // Every input is queued before the first is awaited: they run between the same steps.
     let mut replies = Vec::with_capacity(inputs.len());
     for tokens in &inputs {

@@ -99,6 +99,20 @@ pub struct Ready {
     pub grammars: OnceLock<Result<Grammars, String>>,
 }
 
+impl Ready {
+    /// A 503 while no step can run (a ring that lost a node and has not formed again),
+    /// naming why.
+    pub fn available(&self) -> Result<(), error::ApiError> {
+        match self.submitter.gauges().outage() {
+            Some(why) => Err(error::ApiError::unavailable(
+                format!("the model cannot run now: {why}"),
+                2,
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The server's shared state: its flags, the model once loaded, its metrics.
 pub struct State {
     /// The flags.

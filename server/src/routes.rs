@@ -149,12 +149,13 @@ pub async fn read_body(state: &State, body: Body) -> Result<Bytes, ApiError> {
     })
 }
 
-/// `{"status": "ok"}` once the model is ready. With `--hot-swap`, each call first swaps in
+/// `{"status": "ok"}` once the model is ready (a 503 saying why while it loads, or while a
+/// ring that lost a node forms again). With `--hot-swap`, each call first swaps in
 /// what changed in the model file (ik_llama.cpp's trigger; calls share checks spaced at least
 /// [`crate::reload::HEALTH_CHECK_INTERVAL`] apart), and says so under `hot_swap`; a
 /// refused file does not make the server unhealthy (it goes on with the weights it had).
 async fn health(Ext(state): Ext<Arc<State>>) -> Response {
-    if let Err(e) = state.ready() {
+    if let Err(e) = state.ready().and_then(|r| r.available()) {
         return e.into_response();
     }
     if !state.config.hot_swap {

@@ -549,6 +549,7 @@ enum Update {
 /// than the queue can ever hold is a 400.
 fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)>, ApiError> {
     let ready = &plan.ready;
+    ready.available()?;
     let answers = plan.prompts.len().saturating_mul(plan.n);
     let capacity = ready.submitter.capacity();
     if answers > capacity {
