@@ -4,7 +4,7 @@ serve, llama-server), rounds interleaved between servers; then the prefix cache:
 token of a long prompt cold and re-submitted.
 
 Usage: python benches/serve.py NAME=URL [NAME=URL ...] [--clients 1,4,8,16] [--tokens 64]
-       [--prompt-words 24] [--rounds 2] [--long-words 700]
+       [--prompt-words 24] [--rounds 2] [--long-words 700]   (--long-words 0: no prefix-cache table)
 Standard library only. Prints a Markdown table.
 """
 
@@ -100,6 +100,8 @@ def main():
             ttft = [t for x in runs for t in x[1]]
             tpot = [t for x in runs for t in x[2]]
             print(f"| {name} | {c} | {tps:.1f} | {pct(ttft, 50) * 1e3:.0f} | {pct(ttft, 99) * 1e3:.0f} | {pct(tpot, 50) * 1e3:.1f} |")
+    if a.long_words == 0:
+        return
     print()
     print("| server | long prompt | cold TTFT ms | re-submitted TTFT ms | ratio |")
     print("|---|---:|---:|---:|---:|")

@@ -17,6 +17,7 @@ mod pull;
 mod quantize;
 mod report;
 mod ring_args;
+mod ring_plan;
 mod serve;
 mod tokenize;
 

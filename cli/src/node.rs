@@ -12,14 +12,17 @@ use hesper_engine::model::Model;
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_ring::TransportKind;
-use hesper_runtime::ring::{serve, NodeSettings, RingEvaluator};
+use hesper_runtime::ring::{
+    serve, Formation, NodeSettings, RingError, RingEvaluator, RingNode, RingRunner,
+};
 use hesper_runtime::{run_model, settings, with_model, ModelRef};
 
 use crate::args::ContextArgs;
 use crate::generate::{drive, print_stats, GenerateArgs};
 use crate::load::load_with;
 use crate::report::note;
-use crate::ring_args::{resolve, LayerRange, RingNetArgs, Wire};
+use crate::ring_args::{resolve, Layers, RingNetArgs, Wire};
+use crate::ring_plan::{model_config, offer, plan};
 use hesper_engine::attention::AttentionConfig;
 
 /// Flags of `node`.
@@ -30,9 +33,11 @@ pub struct NodeArgs {
     /// LM head) or `standby` (a worker in reserve for `--standby`).
     #[arg(long = "role", value_enum)]
     role: Role,
-    /// The layers this node holds, START..END (END not included).
-    #[arg(long = "layers", value_name = "START..END")]
-    layers: Option<LayerRange>,
+    /// The layers this node holds, START..END (END not included), or `auto`: the master
+    /// assigns them when the ring forms, by each node's measured speed and memory (what a
+    /// worker or standby without --layers does).
+    #[arg(long = "layers", value_name = "START..END|auto")]
+    layers: Option<Layers>,
     /// First layer (LEAP's spelling; with --end instead of --layers).
     #[arg(long = "split", visible_alias = "start", value_name = "START")]
     split: Option<usize>,
@@ -67,18 +72,22 @@ enum Role {
 }
 
 impl NodeArgs {
-    /// The layer range from `--layers` or `--split`/`--end`.
-    fn layers(&self) -> Result<Range<usize>> {
+    /// The layers from `--layers` or `--split`/`--end`: a worker or standby that gives none
+    /// is assigned its layers (`auto`).
+    fn layers(&self) -> Result<Layers> {
         match (&self.layers, self.split, self.end) {
-            (Some(r), None, None) => Ok(r.0.clone()),
+            (Some(l), None, None) => Ok(l.clone()),
             (Some(_), _, _) => {
                 bail!("give the layers once: --layers START..END, or --split START --end END")
             }
-            (None, Some(a), Some(b)) if a < b => Ok(a..b),
+            (None, Some(a), Some(b)) if a < b => Ok(Layers::Range(a..b)),
             (None, Some(a), Some(b)) => {
                 bail!("--split {a} --end {b}: the range is empty (START must be below END)")
             }
-            (None, _, _) => bail!("--layers START..END is required (or --split START --end END)"),
+            (None, None, None) if self.role != Role::Master => Ok(Layers::Auto),
+            (None, _, _) => bail!(
+                "--layers START..END or --layers auto is required (or --split START --end END)"
+            ),
         }
     }
 
@@ -147,8 +156,23 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
         bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
     }
     let sampler = settings::sampler(g.sampling())?;
+    let (file, config) = model_config(&g.model)?;
+    let settings = args.settings(&config)?;
+    let (formation, layers) = match (layers, args.role) {
+        (Layers::Range(r), _) => (None, r),
+        (Layers::Auto, Role::Master) => {
+            let formation = Formation::probe(&settings, offer(&g.model, &args.ring)?)?;
+            let n_ctx = g.ctx.n_ctx(config.n_ctx_train);
+            let (formation, plan) = plan(formation, &file, &config, n_ctx)?;
+            let own = plan[0].clone();
+            (Some((formation, plan)), own)
+        }
+        (Layers::Auto, _) => {
+            return auto_worker(&args, &settings, args.role == Role::Standby);
+        }
+    };
+    drop(file);
     let mut loaded = load_with(&g.model, Some(layers), g.hot_swap)?;
-    let settings = args.settings(with_config(&loaded.model))?;
     match args.role {
         Role::Worker | Role::Standby => {
             let batch = g.ctx.batch_size;
@@ -176,27 +200,69 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
                 );
             };
             let load_ms = loaded.load_ms;
+            let ring = RingStart {
+                settings: &settings,
+                standby,
+                formation,
+            };
             if g.hot_swap {
                 let mut model = loaded.model;
                 return with_model!(&mut model, |model| master_on(
-                    g,
-                    model,
-                    tok,
-                    sampler,
-                    (&settings, standby),
-                    load_ms
+                    g, model, tok, sampler, ring, load_ms
                 ));
             }
             run_model!(&loaded.model, |model| master_on(
-                g,
-                model,
-                tok,
-                sampler,
-                (&settings, standby),
-                load_ms
+                g, model, tok, sampler, ring, load_ms
             ))
         }
     }
+}
+
+/// A worker or standby given no layers: it offers the ring what it measures, and holds the
+/// layers the master assigns, loading others when a ring formed again assigns others.
+fn auto_worker(args: &NodeArgs, settings: &NodeSettings, standby: bool) -> Result<()> {
+    let g = &args.generate;
+    let mut node = RingNode::listen(settings, standby)?;
+    let mut loaded: Option<crate::load::Loaded> = None;
+    loop {
+        let assigned = node.wait_for_ring(&mut || {
+            offer(&g.model, &args.ring).map_err(|e| RingError::Config(format!("{e:#}")))
+        })?;
+        let Some(layers) = assigned else {
+            bail!("this node was given no layers and the master assigns none: give it --layers START..END, or the master --layers auto");
+        };
+        let holds = loaded
+            .as_ref()
+            .map(|l| with_model!(&l.model, |m| m.layer_range()));
+        if holds.as_ref() != Some(&layers) {
+            // The layers held before are freed first.
+            drop(loaded.take());
+            let l = load_with(&g.model, Some(layers), g.hot_swap)?;
+            with_model!(&l.model, |m| say_worker(m, standby));
+            loaded = Some(l);
+        }
+        let Some(l) = loaded.as_mut() else {
+            unreachable!("loaded above")
+        };
+        let batch = g.ctx.batch_size;
+        let ended = if g.hot_swap {
+            with_model!(&mut l.model, |m| node.run(m, batch).map(|(_, e)| e))?
+        } else {
+            run_model!(&l.model, |m| node.run(m, batch).map(|(_, e)| e))?
+        };
+        if ended {
+            note!("hesper: the master ended the ring");
+            return Ok(());
+        }
+    }
+}
+
+/// How the master forms its ring.
+struct RingStart<'a> {
+    settings: &'a NodeSettings,
+    standby: Option<SocketAddr>,
+    /// The Probe round's links and each node's layers, under `--layers auto`.
+    formation: Option<(Formation, Vec<Range<usize>>)>,
 }
 
 /// What a worker runs (the address it listens on is said once bound: a port 0 becomes a real
@@ -211,26 +277,32 @@ fn say_worker<B: Backend>(model: &Model<B>, standby: bool) {
     );
 }
 
-fn with_config(m: &hesper_runtime::load::AnyModel) -> &hesper_engine::config::Config {
-    hesper_runtime::with_model!(m, |m| &m.config)
-}
-
 /// The master: forms the ring, then runs `generate` on it.
 fn master_on<B: Backend, M: ModelRef<B>>(
     args: &GenerateArgs,
     model: M,
     tok: &Tokenizer,
     sampler: Sampler,
-    (settings, standby): (&NodeSettings, Option<SocketAddr>),
+    ring: RingStart<'_>,
     load_ms: f64,
 ) -> Result<()> {
+    let RingStart {
+        settings,
+        standby,
+        formation,
+    } = ring;
     let m = model.get();
     let n_ctx = args.ctx.n_ctx(m.config.n_ctx_train);
     ContextArgs::note_past_training(n_ctx, m.config.n_ctx_train);
     // Read before the ring owns the model (a hot-swap may replace its file).
     let (file, backend) = (m.file.clone(), m.backend.name());
     let batch = args.ctx.batch_size.min(n_ctx);
-    let mut ring = RingEvaluator::form(model, settings, n_ctx, batch, standby)?;
+    let opts = RingEvaluator::<B, M>::options(n_ctx, batch, standby);
+    let runner = match formation {
+        None => RingRunner::form(model, settings, opts)?,
+        Some((f, plan)) => RingRunner::form_planned(model, f, settings, opts, plan)?,
+    };
+    let mut ring = RingEvaluator::on(runner, n_ctx, batch)?;
     for (i, r) in ring.nodes().iter().enumerate() {
         note!("hesper: ring node {i}: {}", r.name());
     }

@@ -49,6 +49,60 @@ pub struct RingNetArgs {
     /// probabilities (DROP,DUP,REORDER); generation must stay exact.
     #[arg(long = "udp-chaos", value_name = "DROP,DUP,REORDER", hide = true)]
     pub udp_chaos: Option<ChaosArg>,
+    /// Benchmark hook: hold each frame this node sends for MS milliseconds (a network's
+    /// one-way latency, emulated on loopback).
+    #[arg(long = "link-delay", value_name = "MS", hide = true)]
+    pub link_delay: Option<f64>,
+    /// Test hook: the memory this node offers the ring for `--layers auto` is at most SIZE
+    /// (bytes, or with K, M or G).
+    #[arg(long = "ring-memory", value_name = "SIZE", hide = true)]
+    pub ring_memory: Option<Size>,
+}
+
+/// A size in bytes, written as a number with an optional K, M or G (powers of 1024).
+#[derive(Debug, Clone, Copy)]
+pub struct Size(pub u64);
+
+impl FromStr for Size {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let (num, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+            Some('K') => (&t[..t.len() - 1], 10),
+            Some('M') => (&t[..t.len() - 1], 20),
+            Some('G') => (&t[..t.len() - 1], 30),
+            _ => (t, 0),
+        };
+        num.trim()
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(1 << shift))
+            .map(Self)
+            .ok_or_else(|| format!("{s:?}: expected a size such as 512M, 2G or 1048576"))
+    }
+}
+
+/// A node's layers: `START..END`, or `auto` (the master assigns them by measurement).
+#[derive(Debug, Clone)]
+pub enum Layers {
+    /// Assigned at formation.
+    Auto,
+    /// Given by hand.
+    Range(Range<usize>),
+}
+
+impl FromStr for Layers {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim() == "auto" {
+            return Ok(Self::Auto);
+        }
+        s.parse::<LayerRange>()
+            .map(|r| Self::Range(r.0))
+            .map_err(|e| format!("{e}, or auto"))
+    }
 }
 
 /// `--transport`.
@@ -145,6 +199,8 @@ impl RingNetArgs {
             ("--form-timeout", self.form_timeout != defaults.form_timeout),
             ("--ring-key", self.ring_key.is_some()),
             ("--udp-chaos", self.udp_chaos.is_some()),
+            ("--link-delay", self.link_delay.is_some()),
+            ("--ring-memory", self.ring_memory.is_some()),
         ] {
             if set {
                 given.push(flag);
@@ -178,6 +234,11 @@ impl RingNetArgs {
                 self.form_timeout
             );
         }
+        let delay = match self.link_delay {
+            None => Duration::ZERO,
+            Some(ms) if (0.0..=10_000.0).contains(&ms) => Duration::from_secs_f64(ms / 1000.0),
+            Some(ms) => bail!("--link-delay {ms}: give milliseconds from 0 to 10000"),
+        };
         Ok(NodeSettings {
             listen,
             next,
@@ -187,7 +248,10 @@ impl RingNetArgs {
                     Transport::Udp => TransportKind::Udp,
                     Transport::Uring => TransportKind::Uring,
                 },
-                timing: Timing::default(),
+                timing: Timing {
+                    delay,
+                    ..Timing::default()
+                },
                 max_payload: max_payload(config),
                 chaos: self.udp_chaos.map(|c| c.0),
                 key: self.ring_key.as_deref().map(|k| RingKey::new(k.as_bytes())),

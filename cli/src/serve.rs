@@ -3,6 +3,7 @@
 //! runs the scheduler that every request's sequence joins.
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
-use hesper_runtime::ring::{NodeSettings, RingOptions, RingRunner};
+use hesper_runtime::ring::{Formation, NodeSettings, RingOptions, RingRunner};
 use hesper_runtime::scheduler::{self, SchedulerConfig};
 use hesper_runtime::{run_model, with_model, ModelRef};
 use hesper_server::embeddings::Pooling;
@@ -25,7 +26,8 @@ use crate::args::{ContextArgs, ModelArgs};
 use crate::chat_template::chat_template;
 use crate::load::{load_with, BUILTIN_LABEL};
 use crate::report::note;
-use crate::ring_args::{resolve, LayerRange, RingNetArgs};
+use crate::ring_args::{resolve, Layers, RingNetArgs};
+use crate::ring_plan::{model_config, offer, plan};
 
 /// Largest request body.
 const MAX_BODY: usize = 8 << 20;
@@ -120,9 +122,11 @@ pub struct ServeArgs {
     /// computes while the others do.
     #[arg(long = "ring", help_heading = "Ring")]
     ring: bool,
-    /// The master's layers, START..END (END not included; with --ring).
-    #[arg(long = "layers", value_name = "START..END", help_heading = "Ring")]
-    layers: Option<LayerRange>,
+    /// The master's layers, START..END (END not included; with --ring), or `auto` (the
+    /// default): every node that gives none is assigned its layers when the ring forms, by
+    /// its measured speed and memory, and the plan is printed.
+    #[arg(long = "layers", value_name = "START..END|auto", help_heading = "Ring")]
+    layers: Option<Layers>,
     /// Steps kept in flight round the ring at once (with --ring) [default: one per node].
     #[arg(long = "ring-inflight", value_name = "N", help_heading = "Ring")]
     ring_inflight: Option<usize>,
@@ -246,8 +250,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         })?;
     note!("hesper: listening on http://{addr} (loading the model; /health answers 503 until it is ready)");
-    let ring = args.ring.then(|| RingPlan::of(&args)).transpose()?;
-    let layers = ring.as_ref().map(|r| r.layers.clone());
+    let mut ring = args.ring.then(|| RingPlan::of(&args)).transpose()?;
+    let layers = match &mut ring {
+        Some(plan) => Some(plan.layers(&args)?),
+        None => None,
+    };
     let loaded = load_with(&args.model, layers, args.hot_swap)?;
     let Some(tok) = loaded.tokenizer else {
         bail!(
@@ -322,9 +329,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ready.tool_format.name()
     );
     if let Some(plan) = ring {
-        let settings = plan.net.settings(plan.listen, plan.next, &config)?;
         let start = RingStart {
-            settings,
+            settings: plan.settings,
+            formation: plan.formation,
             opts: RingOptions {
                 standby: plan.standby,
                 serving: true,
@@ -364,18 +371,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `serve --ring` was asked for: the master's layers and the ring's addresses.
-struct RingPlan<'a> {
-    layers: std::ops::Range<usize>,
-    listen: SocketAddr,
-    next: SocketAddr,
+/// What `serve --ring` was asked for: the master's layers and the ring's settings.
+struct RingPlan {
+    layers: Layers,
+    settings: NodeSettings,
     standby: Option<SocketAddr>,
-    net: &'a RingNetArgs,
+    /// The Probe round's links and each node's layers, under `--layers auto`.
+    formation: Option<(Formation, Vec<Range<usize>>)>,
 }
 
-impl<'a> RingPlan<'a> {
+impl RingPlan {
     /// The plan `args` give, or the first flag that is missing or cannot be served.
-    fn of(args: &'a ServeArgs) -> Result<Self> {
+    fn of(args: &ServeArgs) -> Result<Self> {
         let net = &args.ring_net;
         let Some(listen) = &net.listen else {
             bail!("--ring needs --listen HOST:PORT (where the ring's last node connects)");
@@ -383,28 +390,42 @@ impl<'a> RingPlan<'a> {
         let Some(next) = &net.next else {
             bail!("--ring needs --next HOST:PORT (the ring's first worker)");
         };
-        let Some(layers) = &args.layers else {
-            bail!("--ring needs --layers START..END (the master's layers, from 0)");
-        };
         if args.ctx.attention.config()? != AttentionConfig::default() {
             bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
         }
         if args.embeddings {
             bail!("--embeddings is not served over a ring yet (its final hidden states stay on the last node)");
         }
+        let (listen, next) = (resolve("--listen", listen)?, resolve("--next", next)?);
+        let (_, config) = model_config(&args.model)?;
         Ok(Self {
-            layers: layers.0.clone(),
-            listen: resolve("--listen", listen)?,
-            next: resolve("--next", next)?,
+            layers: args.layers.clone().unwrap_or(Layers::Auto),
+            settings: net.settings(listen, next, &config)?,
             standby: net.standby()?,
-            net,
+            formation: None,
         })
+    }
+
+    /// The master's layers: given, or planned after a Probe round round the ring (`auto`).
+    fn layers(&mut self, args: &ServeArgs) -> Result<Range<usize>> {
+        if let Layers::Range(r) = &self.layers {
+            return Ok(r.clone());
+        }
+        let (file, config) = model_config(&args.model)?;
+        let formation = Formation::probe(&self.settings, offer(&args.model, &args.ring_net)?)?;
+        let n_ctx = args.ctx.n_ctx(config.n_ctx_train);
+        let positions = args.kv_pool.unwrap_or(n_ctx.saturating_mul(args.parallel));
+        let (formation, plan) = plan(formation, &file, &config, positions)?;
+        let own = plan[0].clone();
+        self.formation = Some((formation, plan));
+        Ok(own)
     }
 }
 
 /// What the ring's master needs once its model is loaded.
 struct RingStart {
     settings: NodeSettings,
+    formation: Option<(Formation, Vec<Range<usize>>)>,
     opts: RingOptions,
     state: Arc<State>,
     ready: Ready,
@@ -424,12 +445,16 @@ fn serve_ring<B: Backend, M: ModelRef<B>>(
 ) -> Result<()> {
     let RingStart {
         settings,
+        formation,
         opts,
         state,
         mut ready,
         serving,
     } = start;
-    let runner = RingRunner::form(model, &settings, opts)?;
+    let runner = match formation {
+        None => RingRunner::form(model, &settings, opts)?,
+        Some((f, plan)) => RingRunner::form_planned(model, f, &settings, opts, plan)?,
+    };
     let nodes: Vec<String> = runner.nodes().iter().map(|r| r.name()).collect();
     for (i, name) in nodes.iter().enumerate() {
         note!("hesper: ring node {i}: {name}");

@@ -835,3 +835,82 @@ fn a_ring_swaps_in_changed_tensors_between_chat_turns() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--layers auto` on three nodes: each offers what it measured and the memory it may hold
+/// (capped here by `--ring-memory`), the master prints its plan and assigns each node its
+/// layers: the master and the first worker get the one layer their caps allow, the last
+/// worker (two threads) the rest and the head; the ring then prints what `generate` prints.
+/// Caps too small for the model end the forming ring in one line naming what is missing, and
+/// every node is told.
+#[test]
+fn layers_are_assigned_by_measurement_within_each_nodes_memory() {
+    use hesper_runtime::ring::plan::ModelBytes;
+    let model = four_layer_model("same");
+    let file = ModelFile::open(&model).expect("model");
+    let g = file.header();
+    let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
+    let config = hesper_engine::config::Config::from_gguf(g, n_vocab).expect("config");
+    let bytes = ModelBytes::of(g, config.n_layer, config.kv_dim(), 256);
+    let layer = bytes.layers[0] + bytes.kv_per_layer;
+    // Room for one layer and a half: the second does not fit.
+    let cap = |base: u64| (base + layer * 3 / 2).to_string();
+    let flags = [
+        "-p",
+        "Once upon a time",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "-c",
+        "256",
+    ];
+    let expected = generate(&model, &flags);
+    let run = |caps: [String; 3]| {
+        let ports = free_ports(3);
+        let on = |i: usize, role: &str, threads: &str, more: &[&str]| {
+            let part = on_cpu(role, "auto", &model);
+            let mut extra = vec!["-t", threads, "--ring-memory", &caps[i]];
+            extra.extend_from_slice(more);
+            Proc::spawn(&node_args(&part, ports[i], ports[(i + 1) % 3], &extra))
+        };
+        let workers = [on(2, "worker", "2", &[]), on(1, "worker", "1", &[])];
+        let master = on(0, "master", "1", &flags).wait();
+        let workers = workers.map(Proc::wait);
+        (master, workers)
+    };
+    let (master, workers) = run([cap(bytes.embedding), cap(0), u64::MAX.to_string()]);
+    let err = stderr(&master);
+    assert!(master.status.success(), "{err}");
+    assert!(err.contains("layers assigned by measurement"), "{err}");
+    for (node, layers) in [(0, "0..1"), (1, "1..2"), (2, "2..4")] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(&format!("hesper: ring node {node}: "))
+                    && l.contains(&format!("(layers {layers},"))),
+            "node {node} should hold {layers}: {err}"
+        );
+    }
+    assert_eq!(stdout(&master), stdout(&expected), "{err}");
+    for w in &workers {
+        assert!(w.status.success(), "{}", stderr(w));
+    }
+    let small = (bytes.embedding / 2).to_string();
+    let (master, workers) = run([small.clone(), small.clone(), small]);
+    let err = stderr(&master);
+    assert!(!master.status.success(), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(
+        line.contains("does not fit in the ring's memory") && line.contains("MiB missing"),
+        "{err}"
+    );
+    for w in &workers {
+        assert!(
+            !w.status.success() && stderr(w).contains("does not fit in the ring's memory"),
+            "{}",
+            stderr(w)
+        );
+    }
+}

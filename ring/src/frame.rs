@@ -49,6 +49,9 @@ pub enum Kind {
     Reload = 8,
     /// KV caches of the master's sequences made or freed on every worker (its slots).
     Cache = 9,
+    /// The round before a Hello that assigns layers: each node appends what it offers (its
+    /// backend, memory and measured speed).
+    Probe = 10,
 }
 
 impl Kind {
@@ -63,6 +66,7 @@ impl Kind {
             7 => Self::Auth,
             8 => Self::Reload,
             9 => Self::Cache,
+            10 => Self::Probe,
             _ => return None,
         })
     }

@@ -52,6 +52,10 @@ pub struct Timing {
     pub heartbeat: Duration,
     /// A link that brings nothing (not even a heartbeat) for this long is lost.
     pub dead_after: Duration,
+    /// Each frame leaves this long after it was sent (a test and benchmark hook that emulates
+    /// a network's one-way latency on loopback; zero in use). Frames sent meanwhile are
+    /// delayed alike, not behind one another, as on a real link.
+    pub delay: Duration,
 }
 
 impl Default for Timing {
@@ -59,6 +63,7 @@ impl Default for Timing {
         Self {
             heartbeat: Duration::from_millis(250),
             dead_after: Duration::from_millis(1500),
+            delay: Duration::ZERO,
         }
     }
 }
@@ -109,7 +114,7 @@ pub struct Link {
     id: u64,
     side: Side,
     peer: String,
-    out: tmpsc::UnboundedSender<Frame>,
+    out: tmpsc::UnboundedSender<(tokio::time::Instant, Frame)>,
     stats: Arc<LinkStats>,
 }
 
@@ -122,7 +127,7 @@ impl Link {
             (crate::frame::HEADER_LEN + frame.payload.len()) as u64,
             Ordering::Relaxed,
         );
-        self.out.send(frame).is_ok()
+        self.out.send((tokio::time::Instant::now(), frame)).is_ok()
     }
 
     /// The peer's address, as shown in messages.
@@ -176,7 +181,7 @@ pub(crate) fn spawn_link(
     let (inbox, timing) = (cx.inbox.clone(), cx.timing);
     let id = cx.next_id.fetch_add(1, Ordering::Relaxed);
     let from = From { id, side };
-    let (out, mut queue) = tmpsc::unbounded_channel::<Frame>();
+    let (out, mut queue) = tmpsc::unbounded_channel::<(tokio::time::Instant, Frame)>();
     let lost = inbox.clone();
     let who = peer.clone();
     rt.spawn(async move {
@@ -221,7 +226,12 @@ pub(crate) fn spawn_link(
         loop {
             let frame = tokio::select! {
                 f = queue.recv() => match f {
-                    Some(f) => f,
+                    Some((sent, f)) => {
+                        if !timing.delay.is_zero() {
+                            tokio::time::sleep_until(sent + timing.delay).await;
+                        }
+                        f
+                    }
                     None => return,
                 },
                 () = tokio::time::sleep(timing.heartbeat) => beat.clone(),

@@ -128,3 +128,28 @@ fn a_flood_of_stray_datagrams_is_reported_once_a_second_with_a_count() {
         .unwrap_or_else(|| panic!("no count in {:?}", notes[1]));
     assert!((1..=1999).contains(&held), "{held} held back: {notes:#?}");
 }
+
+#[test]
+fn an_emulated_delay_holds_each_frame_back_alike_not_behind_one_another() {
+    let delay = Duration::from_millis(80);
+    let mut slow = config(TransportKind::Tcp, None, None);
+    slow.timing.delay = delay;
+    let mut a = Net::new(config(TransportKind::Tcp, None, None)).unwrap();
+    let b = Net::new(slow).unwrap();
+    let addr = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let to_a = b.connect(addr, Duration::from_secs(5)).unwrap();
+    a.accept(Duration::from_secs(5)).unwrap();
+    let start = std::time::Instant::now();
+    let sent = frames();
+    for f in &sent {
+        assert!(to_a.send(f.clone()));
+    }
+    for f in &sent {
+        assert_eq!(&next_frame(&mut a), f);
+    }
+    let took = start.elapsed();
+    // Each frame leaves `delay` after it was sent: all of them within about one delay, never
+    // five delays in a row.
+    assert!(took >= delay, "{took:?}");
+    assert!(took < delay * 3, "{took:?}");
+}

@@ -43,7 +43,9 @@ class Node:
     """A `hesper-rs node` worker (or standby) process."""
 
     def __init__(self, role, layers, listen, next_, *flags):
-        self.args = [BIN, "node", "--role", role, "--layers", layers,
+        given = ["--layers", layers] if layers else []
+        self.listen = listen
+        self.args = [BIN, "node", "--role", role, *given,
                      "--listen", f"127.0.0.1:{listen}", "--next", f"127.0.0.1:{next_}",
                      "--backend", "cpu", "-t", "1", *flags]
         self.start()
@@ -63,21 +65,22 @@ class Node:
         self.proc.wait()
 
 
-def ring(workers, standby=None, *flags):
-    """`serve --ring` as the master of `workers` ([(layers, flags)], in ring order), with a
-    standby holding every layer after the master's when `standby` is given; returns the
-    server and the nodes."""
+def ring(workers, standby=None, *flags, master="0..1"):
+    """`serve --ring` as the master of `workers` ([(layers, flags)], in ring order; layers
+    None: assigned), with a standby when `standby` is given (its layers, or "" for none given:
+    it is told what to hold); the master holds `master` (or "auto"). Returns the server and
+    the nodes."""
     ports = free_ports(len(workers) + 2)
-    master, spare = ports[0], ports[-1]
+    master_port, spare = ports[0], ports[-1]
     nodes = []
     for i, (layers, wflags) in enumerate(workers):
-        nxt = ports[i + 2] if i + 1 < len(workers) else master
+        nxt = ports[i + 2] if i + 1 < len(workers) else master_port
         nodes.append(Node("worker", layers, ports[i + 1], nxt, *wflags))
     extra = []
-    if standby:
-        nodes.append(Node("standby", standby, spare, master))
+    if standby is not None:
+        nodes.append(Node("standby", standby, spare, master_port))
         extra = ["--standby", f"127.0.0.1:{spare}"]
-    srv = t.Server("--ring", "--layers", "0..1", "--listen", f"127.0.0.1:{master}",
+    srv = t.Server("--ring", "--layers", master, "--listen", f"127.0.0.1:{master_port}",
                    "--next", f"127.0.0.1:{ports[1]}", "--backend", "cpu", "-t", "1",
                    *extra, *flags)
     return srv, nodes
@@ -169,26 +172,32 @@ def failover():
         local.stop()
     check(all(e is None and len(x) > 200 for x, e in expect), "unbroken streams")
     flags = ("-np", "4", "-c", "1024", "--api-key", t.KEY, "--metrics")
-    # With a standby: every stream completes with the text of an unbroken run.
-    srv, nodes = ring([("1..4", [])], "1..4", *flags)
+    # With a standby: every stream completes with the text of an unbroken run. No node is
+    # given its layers: the master assigns them, and tells the standby what to hold.
+    srv, nodes = ring([(None, [])], "", *flags, master="auto")
     try:
         got = kill_mid_stream(srv, nodes[0], streams(srv, n, max_tokens))
         check(got == expect, f"with a standby every stream is unbroken: {[g[1] for g in got]}")
         check(any("re-forming the ring through the standby" in l for l in srv.log),
               f"the master says it re-forms: {srv.log[-5:]}")
+        check(any("layers assigned by measurement" in l for l in srv.log),
+              f"the master prints its plan: {srv.log[:8]}")
+        check(any("standby for layers" in l for l in nodes[1].log),
+              f"the standby is told what to hold: {nodes[1].log}")
     finally:
         srv.stop()
         for node in nodes:
             node.kill()
     # Without one: error events naming the node, the server up, /health 503, then 200 once
     # the worker is back.
-    srv, nodes = ring([("1..4", [])], None, *flags)
+    srv, nodes = ring([(None, [])], None, *flags, master="auto")
     try:
         got = kill_mid_stream(srv, nodes[0], streams(srv, n, max_tokens))
         for text, e in got:
             body = getattr(e, "body", None) or {}
             message = body.get("message", "") if isinstance(body, dict) else str(body)
-            check(e is not None and "is lost" in str(e) and "layers 1..4" in str(e),
+            named = f"127.0.0.1:{nodes[0].listen} (layers "
+            check(e is not None and "is lost" in str(e) and named in str(e),
                   f"a stream ends with an error naming the node: {e!r}")
             check(body.get("type") == "server_error" if isinstance(body, dict) else False,
                   f"the error event is a server_error: {body!r} {message!r}")

@@ -36,14 +36,29 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
         batch: usize,
         standby: Option<std::net::SocketAddr>,
     ) -> Result<Self, RingError> {
-        let opts = RingOptions {
+        let ring = RingRunner::form(model, settings, Self::options(n_ctx, batch, standby))?;
+        Self::on(ring, n_ctx, batch)
+    }
+
+    /// How [`RingEvaluator::form`] runs its ring: one sequence of up to `n_ctx` positions in
+    /// steps of `batch`, re-formed through `standby` if it breaks.
+    pub fn options(
+        n_ctx: usize,
+        batch: usize,
+        standby: Option<std::net::SocketAddr>,
+    ) -> RingOptions {
+        RingOptions {
             standby,
             serving: false,
             n_ctx,
             batch,
             in_flight: None,
-        };
-        let mut ring = RingRunner::form(model, settings, opts)?;
+        }
+    }
+
+    /// One sequence of up to `n_ctx` positions, in steps of at most `batch` tokens, on a ring
+    /// formed already (with [`RingEvaluator::options`]).
+    pub fn on(mut ring: RingRunner<B, M>, n_ctx: usize, batch: usize) -> Result<Self, RingError> {
         let cache = ring.new_cache(n_ctx)?;
         Ok(Self {
             batch: batch.clamp(1, super::MAX_FRAME_ROWS),

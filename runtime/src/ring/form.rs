@@ -2,6 +2,7 @@
 //! the master checks that the nodes make one model (see [`super::hello`]).
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use hesper_engine::backend::Backend;
@@ -9,7 +10,8 @@ use hesper_engine::model::Model;
 use hesper_ring::{Frame, Header, Incoming, Kind, Link, Net};
 
 use super::hello::{self, NodeRecord};
-use super::{RingError, FLUSH};
+use super::plan::{self, Offer};
+use super::{NodeSettings, RingError, FLUSH, HELLO_PLAN};
 
 /// The master's two links and what the ring's nodes said of themselves.
 pub(super) struct Links {
@@ -37,27 +39,81 @@ pub(super) fn join(
     net: &mut Net,
     me: &NodeRecord,
     next: SocketAddr,
-    (run, n_ctx, flags): (u64, usize, u32),
+    hello: Hello<'_>,
     wait: Duration,
     log: fn(&str),
     verify: &dyn Fn(&[NodeRecord]) -> Result<(), String>,
 ) -> Result<Links, RingError> {
     let next = net.connect(next, wait)?;
+    join_over(net, me, (next, Vec::new()), hello, wait, log, verify)
+}
+
+/// What a master's Hello carries besides its record.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Hello<'a> {
+    /// The master's run.
+    pub run: u64,
+    /// The longest sequence.
+    pub n_ctx: usize,
+    /// The Hello's flags (`HELLO_*`).
+    pub flags: u32,
+    /// The layers each node is to hold, when the master assigns them.
+    pub plan: Option<&'a [Range<usize>]>,
+}
+
+/// [`join`] over a link to the next node made already, with the predecessors connected so
+/// far (a Probe round's).
+pub(super) fn join_over(
+    net: &mut Net,
+    me: &NodeRecord,
+    (next, candidates): (Link, Vec<Link>),
+    hello: Hello<'_>,
+    wait: Duration,
+    log: fn(&str),
+    verify: &dyn Fn(&[NodeRecord]) -> Result<(), String>,
+) -> Result<Links, RingError> {
     let mut h = Header::new(Kind::Hello);
-    h.session = run;
-    h.pos0 = flags;
-    h.aux = u32::try_from(n_ctx).unwrap_or(u32::MAX);
-    next.send(Frame::new(h, hello::encode(std::slice::from_ref(me))));
+    h.session = hello.run;
+    h.pos0 = hello.flags | if hello.plan.is_some() { HELLO_PLAN } else { 0 };
+    h.aux = u32::try_from(hello.n_ctx).unwrap_or(u32::MAX);
+    let frame = Frame::new(h, hello::encode_hello(hello.plan, std::slice::from_ref(me)));
+    let (prev, back) = round(net, &next, candidates, frame, wait, log)?;
+    let records = hello::decode_hello(hello.plan.is_some(), &back.payload)
+        .map_err(|e| RingError::Config(format!("the Hello came back malformed: {e}")))?
+        .1;
+    if let Err(why) = verify(&records) {
+        next.send(Frame::text(Kind::Shutdown, &why));
+        std::thread::sleep(FLUSH);
+        return Err(RingError::Config(why));
+    }
+    Ok(Links {
+        next,
+        prev,
+        records,
+    })
+}
+
+/// Sends `frame` (a Hello or a Probe) on `next` and waits for it to come back round the ring:
+/// the link it comes over (among `candidates` and the predecessors that connect meanwhile),
+/// and the frame as the last node sent it. Connections that open with anything else are
+/// closed; the other candidates are refused.
+fn round(
+    net: &mut Net,
+    next: &Link,
+    mut candidates: Vec<Link>,
+    frame: Frame,
+    wait: Duration,
+    log: fn(&str),
+) -> Result<(Link, Frame), RingError> {
+    let (kind, run) = (frame.header.kind, frame.header.session);
+    next.send(frame);
     let deadline = Instant::now() + wait;
-    // Connections that may be the last node: the one whose Hello of this run comes back
-    // readable takes the slot; one that opens with anything else is closed.
-    let mut candidates: Vec<Link> = Vec::new();
     let mut closed: Option<String> = None;
-    let (prev, records) = loop {
+    let (prev, back) = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(RingError::Config(format!(
-                "the Hello frame did not come back round the ring within {:.0} s{}",
+                "the {kind:?} frame did not come back round the ring within {:.0} s{}",
                 wait.as_secs_f64(),
                 closed.map(|c| format!("; {c}")).unwrap_or_default()
             )));
@@ -73,17 +129,18 @@ pub(super) fn join(
             }
             Some(Incoming::Frame(from, f)) => {
                 let Some(i) = candidate(&from) else { continue };
+                if f.header.kind == kind && f.header.session == run {
+                    break (candidates.swap_remove(i), f);
+                }
                 let link = candidates.swap_remove(i);
                 // Not yet the last node: even a fault is only reported (a stranger's would
                 // end the ring otherwise).
                 let why = match f.header.kind {
                     Kind::Fault => format!("it reported: {}", f.message()),
-                    Kind::Hello if f.header.session == run => match hello::decode(&f.payload) {
-                        Ok(records) => break (link, records),
-                        Err(e) => format!("a malformed Hello ({e})"),
-                    },
-                    Kind::Hello => "a Hello of another run".to_string(),
-                    kind => format!("it opened with a {kind:?} frame, not the returning Hello"),
+                    k if k == kind => format!("a {kind:?} of another run"),
+                    other => {
+                        format!("it opened with a {other:?} frame, not the returning {kind:?}")
+                    }
                 };
                 let line = format!("closed a connection from {}: {why}", link.peer());
                 log(&line);
@@ -106,16 +163,59 @@ pub(super) fn join(
             extra.peer()
         ));
     }
-    if let Err(why) = verify(&records) {
-        next.send(Frame::text(Kind::Shutdown, &why));
-        std::thread::sleep(FLUSH);
-        return Err(RingError::Config(why));
+    Ok((prev, back))
+}
+
+/// A master's ring before its own layers are known: listening, linked round the ring by a
+/// Probe round, with what every node offered (`--layers auto`).
+pub struct Formation {
+    pub(super) net: Net,
+    pub(super) bound: SocketAddr,
+    pub(super) next: Link,
+    pub(super) prev: Link,
+    /// What each node offered, in ring order (the master's first).
+    pub offers: Vec<Offer>,
+}
+
+impl Formation {
+    /// Listens, connects to the next node and sends a Probe round with the master's `offer`
+    /// (its address filled in); waits for every node's offer to come back.
+    pub fn probe(settings: &NodeSettings, offer: Offer) -> Result<Self, RingError> {
+        let mut net = Net::new(settings.net.clone())?;
+        let bound = net.listen(settings.listen)?;
+        let next = net.connect(settings.next, settings.form_wait)?;
+        let mut h = Header::new(Kind::Probe);
+        h.session = run_id();
+        let mine = Offer {
+            listen: bound.to_string(),
+            ..offer
+        };
+        let frame = Frame::new(h, plan::encode(&[mine]));
+        let (prev, back) = round(
+            &mut net,
+            &next,
+            Vec::new(),
+            frame,
+            settings.form_wait,
+            settings.log,
+        )?;
+        let offers = plan::decode(&back.payload)
+            .map_err(|e| RingError::Config(format!("the Probe came back malformed: {e}")))?;
+        Ok(Self {
+            net,
+            bound,
+            next,
+            prev,
+            offers,
+        })
     }
-    Ok(Links {
-        next,
-        prev,
-        records,
-    })
+
+    /// Ends the forming ring with `why` (no plan fits): every node that answered the Probe
+    /// is told.
+    pub fn refuse(self, why: &str) {
+        self.next.send(Frame::text(Kind::Shutdown, why));
+        std::thread::sleep(FLUSH);
+    }
 }
 
 /// A number for this run of the master (workers start a fresh session when it changes).

@@ -161,6 +161,52 @@ pub fn decode(mut b: &[u8]) -> Result<Vec<NodeRecord>, String> {
     Ok(records)
 }
 
+/// A Hello's payload: the layers each node is to hold, in ring order (when the master assigns
+/// them: `plan`), then the records so far.
+pub fn encode_hello(plan: Option<&[Range<usize>]>, records: &[NodeRecord]) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Some(plan) = plan {
+        out.extend_from_slice(&(plan.len() as u16).to_le_bytes());
+        for r in plan {
+            out.extend_from_slice(&(r.start as u32).to_le_bytes());
+            out.extend_from_slice(&(r.end as u32).to_le_bytes());
+        }
+    }
+    out.extend(encode(records));
+    out
+}
+
+/// The layers each node of a ring is to hold, in ring order.
+pub type Ranges = Vec<Range<usize>>;
+
+/// A Hello's plan (when `planned`: its header says it carries one) and records.
+pub fn decode_hello(
+    planned: bool,
+    payload: &[u8],
+) -> Result<(Option<Ranges>, Vec<NodeRecord>), String> {
+    if !planned {
+        return Ok((None, decode(payload)?));
+    }
+    let short = || "a Hello frame ends inside its plan".to_string();
+    let count = payload
+        .get(..2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+        .ok_or_else(short)?;
+    let body = payload.get(2..2 + 8 * count).ok_or_else(short)?;
+    let plan: Vec<Range<usize>> = body
+        .chunks_exact(8)
+        .map(|c| {
+            let a = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+            let b = u32::from_le_bytes([c[4], c[5], c[6], c[7]]) as usize;
+            a..b
+        })
+        .collect();
+    if plan.iter().any(|r| r.start > r.end) {
+        return Err(format!("a Hello's plan holds an empty range: {plan:?}"));
+    }
+    Ok((Some(plan), decode(&payload[2 + 8 * count..])?))
+}
+
 /// Checks the records of a whole ring, the master's first: the same model everywhere, and
 /// layer ranges that follow one another from 0 to the last layer. Says exactly what is wrong.
 pub fn check(records: &[NodeRecord]) -> Result<(), String> {

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::time::Duration;
 
 use hesper_engine::attention::AttentionConfig;
@@ -17,7 +18,7 @@ use hesper_engine::model::{
 };
 use hesper_ring::{wire, Frame, Header, Kind, Link, Net};
 
-use super::form::{join, run_id, verify, Links};
+use super::form::{join, join_over, run_id, verify, Formation, Hello, Links};
 use super::hello::{self, NodeRecord};
 use super::protocol::{
     decode_prediction, encode_entries, encode_ops, prediction_len, CacheOp, Entry,
@@ -110,6 +111,21 @@ pub struct RingRunner<B: Backend, M: ModelRef<B>> {
     /// Why the ring cannot run: a hot-swap left its nodes holding different files (cleared by
     /// a later check that finds them the same again).
     split: Option<String>,
+    /// Each node's layers when the master assigned them (`--layers auto`).
+    plan: Option<Vec<Range<usize>>>,
+}
+
+/// Refuses a master whose layers do not start the ring.
+fn check_master<B: Backend>(m: &Model<B>) -> Result<(), RingError> {
+    if m.layer_range().start != 0 || m.layer_range().end >= m.config.n_layer {
+        return Err(RingError::Config(format!(
+            "the master holds the embedding and the ring's first layers, so its layers must start at 0 and end before the last (it holds {}..{} of {})",
+            m.layer_range().start,
+            m.layer_range().end,
+            m.config.n_layer
+        )));
+    }
+    Ok(())
 }
 
 impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
@@ -117,30 +133,85 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
     /// what comes back ([`hello::check`]). A ring that fails the check is ended with the
     /// reason (every worker prints it) and the same reason is returned.
     pub fn form(model: M, settings: &NodeSettings, opts: RingOptions) -> Result<Self, RingError> {
-        let m = model.get();
-        if m.layer_range().start != 0 || m.layer_range().end >= m.config.n_layer {
-            return Err(RingError::Config(format!(
-                "the master holds the embedding and the ring's first layers, so its layers must start at 0 and end before the last (it holds {}..{} of {})",
-                m.layer_range().start,
-                m.layer_range().end,
-                m.config.n_layer
-            )));
-        }
-        let batch = opts.batch.clamp(1, MAX_FRAME_ROWS);
-        let scratch = m.new_batch_scratch(batch, 1)?;
+        check_master(model.get())?;
         let mut net = Net::new(settings.net.clone())?;
         let bound = net.listen(settings.listen)?;
-        let me = NodeRecord::of(m, bound)?;
+        let me = NodeRecord::of(model.get(), bound)?;
         let run = run_id();
+        let hello = Hello {
+            run,
+            n_ctx: opts.n_ctx,
+            flags: hello_flags(&opts),
+            plan: None,
+        };
         let links = join(
             &mut net,
             &me,
             settings.next,
-            (run, opts.n_ctx, hello_flags(&opts)),
+            hello,
             settings.form_wait,
             settings.log,
             &|records| verify(model.get(), records),
         )?;
+        Self::formed(model, (net, me, links, run), settings, opts, None)
+    }
+
+    /// Forms the ring a Probe round linked ([`Formation::probe`]), each node holding the
+    /// layers of `plan` (in ring order; `model` holds the master's): the Hello carries the
+    /// plan, so a node that waits for one loads its layers then. The plan is kept for the
+    /// ring's later formations.
+    pub fn form_planned(
+        model: M,
+        formation: Formation,
+        settings: &NodeSettings,
+        opts: RingOptions,
+        plan: Vec<Range<usize>>,
+    ) -> Result<Self, RingError> {
+        check_master(model.get())?;
+        if plan.first() != Some(&model.get().layer_range()) {
+            return Err(RingError::Config(format!(
+                "the plan gives the master layers {:?}, it holds {:?}",
+                plan.first(),
+                model.get().layer_range()
+            )));
+        }
+        let Formation {
+            mut net,
+            bound,
+            next,
+            prev,
+            ..
+        } = formation;
+        let me = NodeRecord::of(model.get(), bound)?;
+        let run = run_id();
+        let hello = Hello {
+            run,
+            n_ctx: opts.n_ctx,
+            flags: hello_flags(&opts),
+            plan: Some(&plan),
+        };
+        let links = join_over(
+            &mut net,
+            &me,
+            (next, vec![prev]),
+            hello,
+            settings.form_wait,
+            settings.log,
+            &|records| verify(model.get(), records),
+        )?;
+        Self::formed(model, (net, me, links, run), settings, opts, Some(plan))
+    }
+
+    /// The runner of a ring formed with `links`.
+    fn formed(
+        model: M,
+        (net, me, links, run): (Net, NodeRecord, Links, u64),
+        settings: &NodeSettings,
+        opts: RingOptions,
+        plan: Option<Vec<Range<usize>>>,
+    ) -> Result<Self, RingError> {
+        let batch = opts.batch.clamp(1, MAX_FRAME_ROWS);
+        let scratch = model.get().new_batch_scratch(batch, 1)?;
         Ok(Self {
             model,
             net,
@@ -157,6 +228,7 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
             pending: VecDeque::new(),
             down: None,
             split: None,
+            plan,
         })
     }
 
@@ -405,7 +477,13 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
         (self.settings.log)(&format!(
             "{broke}; re-forming the ring through the standby {addr}"
         ));
-        match self.rejoin(addr, self.settings.form_wait) {
+        // The standby takes every layer after the master's.
+        let m = self.model.get();
+        let plan = self.plan.as_ref().map(|_| {
+            let own = m.layer_range();
+            vec![own.clone(), own.end..m.config.n_layer]
+        });
+        match self.rejoin(addr, self.settings.form_wait, plan) {
             Ok(()) => StepError::Reformed(broke.to_string()),
             Err(e) => {
                 let why = format!("{broke}; the standby {addr} failed too: {e}");
@@ -415,21 +493,34 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
         }
     }
 
-    /// Forms the ring anew through `next`, within `wait`; every live slot is made again on the
-    /// new ring (empty), and the master's caches are emptied.
-    fn rejoin(&mut self, next: SocketAddr, wait: Duration) -> Result<(), RingError> {
+    /// Forms the ring anew through `next`, within `wait`, with each node's layers as `plan`
+    /// says (where the master assigns them); every live slot is made again on the new ring
+    /// (empty), and the master's caches are emptied.
+    fn rejoin(
+        &mut self,
+        next: SocketAddr,
+        wait: Duration,
+        plan: Option<Vec<Range<usize>>>,
+    ) -> Result<(), RingError> {
         let run = run_id();
         let model = &self.model;
+        let hello = Hello {
+            run,
+            n_ctx: self.opts.n_ctx,
+            flags: hello_flags(&self.opts),
+            plan: plan.as_deref(),
+        };
         let links = join(
             &mut self.net,
             &self.me,
             next,
-            (run, self.opts.n_ctx, hello_flags(&self.opts)),
+            hello,
             wait,
             self.settings.log,
             &|records| verify(model.get(), records),
         )?;
         self.links = links;
+        self.plan = plan;
         self.run = run;
         self.down = None;
         self.pending.clear();
@@ -612,7 +703,8 @@ impl<B: Backend, M: ModelRef<B>> StepRunner for RingRunner<B, M> {
             return Ok(());
         }
         let wait = RECOVER_WAIT.min(self.settings.form_wait);
-        match self.rejoin(self.settings.next, wait) {
+        let plan = self.plan.clone();
+        match self.rejoin(self.settings.next, wait, plan) {
             Ok(()) => {
                 (self.settings.log)("the ring is formed again");
                 Ok(())

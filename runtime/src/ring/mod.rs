@@ -20,6 +20,8 @@ mod evaluator;
 mod form;
 pub mod hello;
 mod master;
+pub mod plan;
+mod probe;
 mod protocol;
 mod reload;
 mod worker;
@@ -33,8 +35,10 @@ use hesper_ring::{Dtype, NetConfig, NetError};
 use thiserror::Error;
 
 pub use evaluator::RingEvaluator;
+pub use form::Formation;
 pub use master::{RingCache, RingOptions, RingRunner};
-pub use worker::serve;
+pub use probe::measure;
+pub use worker::{serve, RingNode};
 
 /// Most rows in one Forward frame: a longer input goes as several steps.
 pub const MAX_FRAME_ROWS: usize = 4096;
@@ -42,6 +46,10 @@ pub const MAX_FRAME_ROWS: usize = 4096;
 /// A Hello's flag (in its `pos0`): the master serves requests, so a worker that loses a
 /// neighbour waits for the ring to form again instead of ending.
 const HELLO_SERVES: u32 = 1;
+
+/// A Hello's flag: its payload begins with the layers each node is to hold (the master's
+/// plan, `--layers auto`).
+const HELLO_PLAN: u32 = 2;
 
 /// How a node joins its ring.
 #[derive(Debug, Clone)]

@@ -3,6 +3,8 @@
 //! cache for each of the master's sequences (a slot), made and freed when the master says so.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ops::Range;
 use std::time::Duration;
 
 use hesper_engine::backend::Backend;
@@ -12,11 +14,13 @@ use hesper_engine::model::{
 use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, NetError, Side};
 
 use super::hello::{self, NodeRecord};
+use super::plan::{self, Offer};
+use super::probe::measure;
 use super::protocol::{
     decode_entries, decode_ops, encode_entries, encode_prediction, CacheOp, Entry,
 };
 use super::reload::{self, Found};
-use super::{NodeSettings, RingError, FLUSH, HELLO_SERVES};
+use super::{NodeSettings, RingError, FLUSH, HELLO_PLAN, HELLO_SERVES};
 use crate::evaluator::ModelRef;
 
 /// Serves `model` (a layer range) as a worker until the master ends the ring (`Ok`), or a
@@ -32,99 +36,264 @@ pub fn serve<B: Backend, M: ModelRef<B>>(
     batch: usize,
     standby: bool,
 ) -> Result<(), RingError> {
-    let mut net = Net::new(settings.net.clone())?;
-    let bound = net.listen(settings.listen)?;
-    (settings.log)(&format!("listening on {bound}"));
-    // Hashed before the Hello arrives, so the Hello goes on round at once.
-    let me = NodeRecord::of(model.get(), bound)?;
-    let mut node = Worker {
-        model,
-        me,
-        batch: batch.max(1),
-        run: 0,
-        slots: HashMap::new(),
-        refused: HashMap::new(),
-        scratch: None,
-        serving: false,
-        log: settings.log,
-    };
-    let mut wait = if standby { FOREVER } else { settings.form_wait };
+    let mut node = RingNode::listen(settings, standby)?;
+    let mut model = model;
     loop {
-        let (prev, hello) = accept_predecessor(&mut net, bound, wait, settings.log)?;
-        match node.run_ring(&mut net, prev, hello, settings) {
-            Err(lost @ RingError::Lost { .. }) if node.serving => {
-                (settings.log)(&format!(
-                    "{lost}; waiting for the master to form the ring again"
-                ));
-                wait = FOREVER;
-            }
-            ended => return ended,
+        let m = model.get();
+        node.wait_for_ring(&mut || {
+            let (ms_layer, ms_head) = measure(m)?;
+            Ok(Offer {
+                listen: String::new(),
+                backend: m.backend.name(),
+                memory: None,
+                ms_layer,
+                ms_head,
+                layers: Some(m.layer_range()),
+            })
+        })?;
+        let (m, ended) = node.run(model, batch)?;
+        if ended {
+            return Ok(());
         }
+        model = m;
     }
 }
 
 /// A wait without a limit.
 const FOREVER: Duration = Duration::from_secs(u32::MAX as u64);
 
-/// Waits at most `wait` for the predecessor: the first connection whose first frame is a
-/// Hello this node can read. Connections that open with anything else (a stranger's bytes, a
-/// malformed Hello) are closed with a log line, and the node goes on waiting; the others are
-/// refused once one is chosen. Returns the link and its Hello.
-fn accept_predecessor(
-    net: &mut Net,
-    bound: std::net::SocketAddr,
-    wait: Duration,
-    log: fn(&str),
-) -> Result<(Link, Frame), RingError> {
-    let deadline = std::time::Instant::now() + wait;
-    let mut candidates: Vec<Link> = Vec::new();
-    let mut refused: Option<String> = None;
-    let say = |refused: &mut Option<String>, line: String| {
-        log(&line);
-        *refused = Some(line);
-    };
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Err(RingError::Net(NetError::Accept {
-                addr: bound.to_string(),
-                secs: wait.as_secs_f64(),
-                refused: refused.map(|r| format!("; {r}")).unwrap_or_default(),
-            }));
+/// A worker's place in rings: its listening socket, kept while it holds one model or another
+/// (under `--layers auto` a ring formed again may give it other layers).
+pub struct RingNode {
+    net: Net,
+    bound: SocketAddr,
+    settings: NodeSettings,
+    /// Whether a wait has no limit (a standby, or a node that was in a ring before).
+    patient: bool,
+    /// The ring formed by the last Hello, not yet run.
+    formed: Option<Formed>,
+}
+
+/// A ring's Hello as it reached this node, with the links it came over and goes on by.
+struct Formed {
+    prev: Link,
+    next: Option<Link>,
+    hello: Frame,
+    /// The layers the master assigns, when it assigns them.
+    assigned: Option<Range<usize>>,
+}
+
+impl RingNode {
+    /// Listens for predecessors. A `standby` waits for its ring without a time limit.
+    pub fn listen(settings: &NodeSettings, standby: bool) -> Result<Self, RingError> {
+        let mut net = Net::new(settings.net.clone())?;
+        let bound = net.listen(settings.listen)?;
+        (settings.log)(&format!("listening on {bound}"));
+        Ok(Self {
+            net,
+            bound,
+            settings: settings.clone(),
+            patient: standby,
+            formed: None,
+        })
+    }
+
+    /// The address this node listens on.
+    pub fn bound(&self) -> SocketAddr {
+        self.bound
+    }
+
+    /// Waits for the master's Hello (answering its Probe rounds with what `offer` gives the
+    /// first time one comes; this node fills in its address) and returns the layers it assigns
+    /// this node; `None` where it assigns none (every node's layers were given by hand).
+    pub fn wait_for_ring(
+        &mut self,
+        offer: &mut dyn FnMut() -> Result<Offer, RingError>,
+    ) -> Result<Option<Range<usize>>, RingError> {
+        if self.formed.is_none() {
+            let wait = if self.patient {
+                FOREVER
+            } else {
+                self.settings.form_wait
+            };
+            self.formed = Some(self.accept(wait, offer)?);
         }
-        match net.recv(left.min(Duration::from_secs(1))) {
-            Some(Incoming::Joined(link)) => candidates.push(link),
-            Some(Incoming::Frame(from, frame)) => {
-                let Some(i) = candidates.iter().position(|c| c.id() == from.id) else {
-                    continue;
-                };
-                let link = candidates.swap_remove(i);
-                let why = match frame.header.kind {
-                    Kind::Hello => match hello::decode(&frame.payload) {
-                        Ok(records) if records.is_empty() => {
-                            "a Hello without the master's record".into()
-                        }
-                        Ok(_) => {
-                            for other in candidates {
-                                log(&format!(
-                                    "refused a connection from {}: this node already has a predecessor",
-                                    other.peer()
-                                ));
-                            }
-                            return Ok((link, frame));
-                        }
-                        Err(e) => format!("a malformed Hello ({e})"),
-                    },
-                    kind => format!("it opened with a {kind:?} frame, not a Hello"),
-                };
-                say(
-                    &mut refused,
-                    format!("closed a connection from {}: {why}", link.peer()),
-                );
+        Ok(self.formed.as_ref().and_then(|f| f.assigned.clone()))
+    }
+
+    /// Waits at most `wait` for the predecessor: the first connection whose first frame is a
+    /// Hello this node can read. A Probe round is answered with `offer` (and the next node
+    /// connected) on the way. Connections that open with anything else (a stranger's bytes, a
+    /// malformed Hello) are closed with a log line, and the node goes on waiting; the others
+    /// are refused once one is chosen.
+    fn accept(
+        &mut self,
+        wait: Duration,
+        offer: &mut dyn FnMut() -> Result<Offer, RingError>,
+    ) -> Result<Formed, RingError> {
+        let log = self.settings.log;
+        let mut mine: Option<Offer> = None;
+        let deadline = std::time::Instant::now() + wait;
+        let mut candidates: Vec<Link> = Vec::new();
+        let mut next: Option<Link> = None;
+        // The predecessor whose Probe this node answered: its Hello, or its Shutdown, follows.
+        let mut probed_by: Option<u64> = None;
+        let mut refused: Option<String> = None;
+        let say = |refused: &mut Option<String>, line: String| {
+            log(&line);
+            *refused = Some(line);
+        };
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(RingError::Net(NetError::Accept {
+                    addr: self.bound.to_string(),
+                    secs: wait.as_secs_f64(),
+                    refused: refused.map(|r| format!("; {r}")).unwrap_or_default(),
+                }));
             }
-            Some(Incoming::Lost(from, _)) => candidates.retain(|c| c.id() != from.id),
-            Some(Incoming::Note(n)) => say(&mut refused, n),
-            None => {}
+            match self.net.recv(left.min(Duration::from_secs(1))) {
+                Some(Incoming::Joined(link)) => candidates.push(link),
+                Some(Incoming::Frame(from, frame)) => {
+                    let Some(i) = candidates.iter().position(|c| c.id() == from.id) else {
+                        continue;
+                    };
+                    let h = frame.header;
+                    let why = match h.kind {
+                        Kind::Probe => match plan::decode(&frame.payload) {
+                            Ok(mut offers) if !offers.is_empty() => {
+                                if next.is_none() {
+                                    next = Some(
+                                        self.net
+                                            .connect(self.settings.next, self.settings.form_wait)?,
+                                    );
+                                }
+                                if mine.is_none() {
+                                    mine = Some(Offer {
+                                        listen: self.bound.to_string(),
+                                        ..offer()?
+                                    });
+                                }
+                                offers.extend(mine.clone());
+                                let out = Frame::new(h, plan::encode(&offers));
+                                next.as_ref().expect("connected above").send(out);
+                                probed_by = Some(from.id);
+                                continue;
+                            }
+                            Ok(_) => "a Probe without the master's offer".into(),
+                            Err(e) => format!("a malformed Probe ({e})"),
+                        },
+                        Kind::Hello => {
+                            match hello::decode_hello(h.pos0 & HELLO_PLAN != 0, &frame.payload) {
+                                Ok((_, records)) if records.is_empty() => {
+                                    "a Hello without the master's record".into()
+                                }
+                                Ok((plan, records)) => {
+                                    let index = records.len();
+                                    let assigned = match plan {
+                                        None => None,
+                                        Some(p) => Some(p.get(index).cloned().ok_or_else(|| {
+                                            RingError::Protocol(format!(
+                                                "a Hello's plan of {} nodes names no layers for node {index}",
+                                                p.len()
+                                            ))
+                                        })?),
+                                    };
+                                    let prev = candidates.swap_remove(i);
+                                    for other in candidates {
+                                        log(&format!(
+                                            "refused a connection from {}: this node already has a predecessor",
+                                            other.peer()
+                                        ));
+                                    }
+                                    self.patient = true;
+                                    return Ok(Formed {
+                                        prev,
+                                        next,
+                                        hello: frame,
+                                        assigned,
+                                    });
+                                }
+                                Err(e) => format!("a malformed Hello ({e})"),
+                            }
+                        }
+                        Kind::Shutdown if probed_by == Some(from.id) => {
+                            if let Some(n) = &next {
+                                n.send(frame.clone());
+                                std::thread::sleep(FLUSH);
+                            }
+                            return Err(RingError::Shutdown(frame.message()));
+                        }
+                        kind => format!("it opened with a {kind:?} frame, not a Hello"),
+                    };
+                    let link = candidates.swap_remove(i);
+                    say(
+                        &mut refused,
+                        format!("closed a connection from {}: {why}", link.peer()),
+                    );
+                }
+                Some(Incoming::Lost(from, _)) => {
+                    candidates.retain(|c| c.id() != from.id);
+                    if next.as_ref().is_some_and(|n| n.id() == from.id) {
+                        next = None;
+                    }
+                }
+                Some(Incoming::Note(n)) => say(&mut refused, n),
+                None => {}
+            }
+        }
+    }
+
+    /// Runs `model` in the ring the last Hello formed ([`RingNode::wait_for_ring`]) and hands
+    /// it back with `true` when the master ends the ring, or with `false` when the master
+    /// serves requests and the ring broke (wait for it to form again). Otherwise a lost
+    /// neighbour or a reason the master gives ends the node (`Err`).
+    pub fn run<B: Backend, M: ModelRef<B>>(
+        &mut self,
+        model: M,
+        batch: usize,
+    ) -> Result<(M, bool), RingError> {
+        let Some(formed) = self.formed.take() else {
+            return Err(RingError::Config("no ring has formed".into()));
+        };
+        let holds = model.get().layer_range();
+        if let Some(assigned) = formed.assigned.as_ref().filter(|a| **a != holds) {
+            let why = format!(
+                "the master assigns this node layers {}..{}, but it holds {}..{}",
+                assigned.start, assigned.end, holds.start, holds.end
+            );
+            let mut f = Frame::text(Kind::Fault, &why);
+            f.header.session = formed.hello.header.session;
+            if let Some(n) = &formed.next {
+                n.send(f);
+                std::thread::sleep(FLUSH);
+            }
+            return Err(RingError::Config(why));
+        }
+        let me = NodeRecord::of(model.get(), self.bound)?;
+        let mut node = Worker {
+            model,
+            me,
+            batch: batch.max(1),
+            run: 0,
+            slots: HashMap::new(),
+            refused: HashMap::new(),
+            scratch: None,
+            serving: false,
+            log: self.settings.log,
+        };
+        let ended = node.run_ring(&mut self.net, formed, &self.settings);
+        let serving = node.serving;
+        let model = node.model;
+        match ended {
+            Ok(()) => Ok((model, true)),
+            Err(broke @ (RingError::Lost { .. } | RingError::Shutdown(_))) if serving => {
+                (self.settings.log)(&format!(
+                    "{broke}; waiting for the master to form the ring again"
+                ));
+                Ok((model, false))
+            }
+            Err(e) => Err(e),
         }
     }
 }
@@ -167,10 +336,13 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
     fn run_ring(
         &mut self,
         net: &mut Net,
-        prev: Link,
-        hello: Frame,
+        formed: Formed,
         settings: &NodeSettings,
     ) -> Result<(), RingError> {
+        let Formed {
+            prev, next, hello, ..
+        } = formed;
+        let mut next = next;
         let mut pending = Some(Incoming::Frame(
             hesper_ring::From {
                 id: prev.id(),
@@ -178,7 +350,6 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
             },
             hello,
         ));
-        let mut next: Option<Link> = None;
         loop {
             let Some(event) = pending.take().or_else(|| net.recv(Duration::from_secs(1))) else {
                 continue;
@@ -277,7 +448,9 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
         let h = frame.header;
         match h.kind {
             Kind::Hello => {
-                let mut records = hello::decode(&frame.payload).map_err(RingError::Protocol)?;
+                let (plan, mut records) =
+                    hello::decode_hello(h.pos0 & HELLO_PLAN != 0, &frame.payload)
+                        .map_err(RingError::Protocol)?;
                 records.push(self.me.clone());
                 self.run = h.session;
                 self.slots.clear();
@@ -288,7 +461,10 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                     records.len() - 1,
                     h.aux
                 ));
-                Ok(vec![Frame::new(h, hello::encode(&records))])
+                Ok(vec![Frame::new(
+                    h,
+                    hello::encode_hello(plan.as_deref(), &records),
+                )])
             }
             Kind::Cache if h.session == self.run => {
                 self.cache_ops(&frame.payload)?;
