@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use hesper_engine::file::ModelFile;
+use hesper_engine::model::HeadPlace;
 use hesper_engine::source::{read_header, FileSource};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::load::{load as load_model, AnyModel, LoadSettings, Progress};
@@ -65,6 +66,16 @@ pub fn load(args: &ModelArgs, layers: Option<Range<usize>>) -> Result<Loaded> {
 /// [`load`], or with `hot_swap` the model read into memory with every tensor hashed, so that
 /// [`AnyModel::reload_changed`] can swap in what changes on disk.
 pub fn load_with(args: &ModelArgs, layers: Option<Range<usize>>, hot_swap: bool) -> Result<Loaded> {
+    load_part(args, layers, HeadPlace::LastLayer, hot_swap)
+}
+
+/// [`load_with`], the LM head held where `head_place` says (a ring node's share).
+pub fn load_part(
+    args: &ModelArgs,
+    layers: Option<Range<usize>>,
+    head_place: HeadPlace,
+    hot_swap: bool,
+) -> Result<Loaded> {
     let start = Instant::now();
     args.check_threads()?;
     args.note_thread_cap();
@@ -87,6 +98,7 @@ pub fn load_with(args: &ModelArgs, layers: Option<Range<usize>>, hot_swap: bool)
         threads: args.threads(),
         head: args.lm_head.into(),
         layers,
+        head_place,
         repack: !args.no_repack,
         cpu_isa: args.cpu_kernels,
         hot_swap,

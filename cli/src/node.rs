@@ -8,18 +8,18 @@ use std::ops::Range;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use hesper_engine::backend::Backend;
-use hesper_engine::model::Model;
+use hesper_engine::model::{HeadPlace, Model};
 use hesper_engine::sampler::Sampler;
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_ring::TransportKind;
 use hesper_runtime::ring::{
-    serve, Formation, NodeSettings, RingError, RingEvaluator, RingNode, RingRunner,
+    serve, Formation, NodeSettings, RingError, RingEvaluator, RingNode, RingOptions, RingRunner,
 };
 use hesper_runtime::{run_model, settings, with_model, ModelRef};
 
 use crate::args::ContextArgs;
 use crate::generate::{drive, print_stats, GenerateArgs};
-use crate::load::load_with;
+use crate::load::load_part;
 use crate::report::note;
 use crate::ring_args::{resolve, Layers, RingNetArgs, Wire};
 use crate::ring_plan::{model_config, offer, plan};
@@ -143,6 +143,9 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
         if args.ring.standby.is_some() {
             bail!("--standby applies to --role master (the master re-forms a broken ring)");
         }
+        if args.ring.private {
+            bail!("--private applies to --role master (the master keeps the output to itself)");
+        }
     }
     let standby = args.ring.standby()?;
     g.check()?;
@@ -163,7 +166,7 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
         (Layers::Auto, Role::Master) => {
             let formation = Formation::probe(&settings, offer(&g.model, &args.ring)?)?;
             let n_ctx = g.ctx.n_ctx(config.n_ctx_train);
-            let (formation, plan) = plan(formation, &file, &config, n_ctx)?;
+            let (formation, plan) = plan(formation, &file, (&config, n_ctx), args.ring.private)?;
             let own = plan[0].clone();
             (Some((formation, plan)), own)
         }
@@ -172,7 +175,12 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
         }
     };
     drop(file);
-    let mut loaded = load_with(&g.model, Some(layers), g.hot_swap)?;
+    let head = if args.ring.private {
+        HeadPlace::Here
+    } else {
+        HeadPlace::LastLayer
+    };
+    let mut loaded = load_part(&g.model, Some(layers), head, g.hot_swap)?;
     match args.role {
         Role::Worker | Role::Standby => {
             let batch = g.ctx.batch_size;
@@ -203,6 +211,7 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
             let ring = RingStart {
                 settings: &settings,
                 standby,
+                private: args.ring.private,
                 formation,
             };
             if g.hot_swap {
@@ -237,7 +246,12 @@ fn auto_worker(args: &NodeArgs, settings: &NodeSettings, standby: bool) -> Resul
         if holds.as_ref() != Some(&layers) {
             // The layers held before are freed first.
             drop(loaded.take());
-            let l = load_with(&g.model, Some(layers), g.hot_swap)?;
+            let head = if node.private() {
+                HeadPlace::Elsewhere
+            } else {
+                HeadPlace::LastLayer
+            };
+            let l = load_part(&g.model, Some(layers), head, g.hot_swap)?;
             with_model!(&l.model, |m| say_worker(m, standby));
             loaded = Some(l);
         }
@@ -261,6 +275,8 @@ fn auto_worker(args: &NodeArgs, settings: &NodeSettings, standby: bool) -> Resul
 struct RingStart<'a> {
     settings: &'a NodeSettings,
     standby: Option<SocketAddr>,
+    /// Whether the master keeps the output to itself (`--private`).
+    private: bool,
     /// The Probe round's links and each node's layers, under `--layers auto`.
     formation: Option<(Formation, Vec<Range<usize>>)>,
 }
@@ -289,6 +305,7 @@ fn master_on<B: Backend, M: ModelRef<B>>(
     let RingStart {
         settings,
         standby,
+        private,
         formation,
     } = ring;
     let m = model.get();
@@ -297,7 +314,10 @@ fn master_on<B: Backend, M: ModelRef<B>>(
     // Read before the ring owns the model (a hot-swap may replace its file).
     let (file, backend) = (m.file.clone(), m.backend.name());
     let batch = args.ctx.batch_size.min(n_ctx);
-    let opts = RingEvaluator::<B, M>::options(n_ctx, batch, standby);
+    let opts = RingOptions {
+        private,
+        ..RingEvaluator::<B, M>::options(n_ctx, batch, standby)
+    };
     let runner = match formation {
         None => RingRunner::form(model, settings, opts)?,
         Some((f, plan)) => RingRunner::form_planned(model, f, settings, opts, plan)?,

@@ -29,6 +29,11 @@ pub struct RingNetArgs {
     /// replayed on it and generation goes on with the same tokens.
     #[arg(long = "standby", value_name = "HOST:PORT")]
     pub standby: Option<String>,
+    /// Keep the output on the master (master only): it also holds the LM head and samples, so
+    /// the other nodes see hidden states only — never a token id, the prompt or the answer as
+    /// text. Hidden states can still be inverted by a node that holds the model file.
+    #[arg(long = "private")]
+    pub private: bool,
     /// How frames travel between nodes.
     #[arg(long = "transport", value_enum, default_value_t = Transport::Tcp)]
     pub transport: Transport,
@@ -194,6 +199,7 @@ impl RingNetArgs {
             ("--listen", self.listen.is_some()),
             ("--next", self.next.is_some()),
             ("--standby", self.standby.is_some()),
+            ("--private", self.private),
             ("--transport", self.transport != defaults.transport),
             ("--wire", self.wire != defaults.wire),
             ("--form-timeout", self.form_timeout != defaults.form_timeout),

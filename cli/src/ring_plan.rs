@@ -59,16 +59,17 @@ pub fn offer(args: &ModelArgs, net: &RingNetArgs) -> Result<Offer> {
 }
 
 /// Each node's layers for the ring `formation` linked (its offers in ring order), for a model
-/// of `config` whose sequences hold `kv_positions` positions in all; the plan is printed. A
+/// of `config` whose sequences hold `kv_positions` positions in all, the LM head on the last
+/// node or (`head_on_master`) the master; the plan is printed. A
 /// model that fits in no plan ends the forming ring, every node told why.
 pub fn plan(
     formation: Formation,
     file: &ModelFile,
-    config: &Config,
-    kv_positions: usize,
+    (config, kv_positions): (&Config, usize),
+    head_on_master: bool,
 ) -> Result<(Formation, Vec<Range<usize>>)> {
     let bytes = ModelBytes::of(file.header(), config.n_layer, config.kv_dim(), kv_positions);
-    let plan = match assign(&formation.offers, &bytes, false) {
+    let plan = match assign(&formation.offers, &bytes, head_on_master) {
         Ok(plan) => plan,
         Err(why) => {
             formation.refuse(&why);

@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
+use hesper_engine::model::HeadPlace;
 use hesper_runtime::ring::{Formation, NodeSettings, RingOptions, RingRunner};
 use hesper_runtime::scheduler::{self, SchedulerConfig};
 use hesper_runtime::{run_model, with_model, ModelRef};
@@ -24,7 +25,7 @@ use serde_json::json;
 
 use crate::args::{ContextArgs, ModelArgs};
 use crate::chat_template::chat_template;
-use crate::load::{load_with, BUILTIN_LABEL};
+use crate::load::{load_part, BUILTIN_LABEL};
 use crate::report::note;
 use crate::ring_args::{resolve, Layers, RingNetArgs};
 use crate::ring_plan::{model_config, offer, plan};
@@ -255,7 +256,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(plan) => Some(plan.layers(&args)?),
         None => None,
     };
-    let loaded = load_with(&args.model, layers, args.hot_swap)?;
+    let head = match &ring {
+        Some(_) if args.ring_net.private => HeadPlace::Here,
+        _ => HeadPlace::LastLayer,
+    };
+    let loaded = load_part(&args.model, layers, head, args.hot_swap)?;
     let Some(tok) = loaded.tokenizer else {
         bail!(
             "{} has no tokenizer (tokenizer.ggml.model is missing or \"none\"); a server needs one",
@@ -338,6 +343,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 n_ctx,
                 batch: args.ctx.batch_size,
                 in_flight: args.ring_inflight,
+                private: args.ring_net.private,
             },
             state,
             ready,
@@ -415,7 +421,12 @@ impl RingPlan {
         let formation = Formation::probe(&self.settings, offer(&args.model, &args.ring_net)?)?;
         let n_ctx = args.ctx.n_ctx(config.n_ctx_train);
         let positions = args.kv_pool.unwrap_or(n_ctx.saturating_mul(args.parallel));
-        let (formation, plan) = plan(formation, &file, &config, positions)?;
+        let (formation, plan) = plan(
+            formation,
+            &file,
+            (&config, positions),
+            args.ring_net.private,
+        )?;
         let own = plan[0].clone();
         self.formation = Some((formation, plan));
         Ok(own)

@@ -914,3 +914,81 @@ fn layers_are_assigned_by_measurement_within_each_nodes_memory() {
         );
     }
 }
+
+/// `--private`: the master holds the LM head and samples, the last node hands back hidden
+/// states. The ring prints what `generate` prints, greedy and sampled, with layers given and
+/// assigned. Under `--layers auto` the last worker is not given the head at all: its copy of
+/// the file, with other bytes in the (tied) embedding table, forms a ring with the master and
+/// changes nothing in the output — the head's bytes on that node were never read — while the
+/// same copy, without `--private`, is refused for holding other head bytes than the master.
+#[test]
+fn a_private_ring_keeps_the_output_on_the_master() {
+    let model = four_layer_model("same");
+    let other_head = same_header_other_data("token_embd.weight");
+    let greedy = ["-p", "Once upon a time", "-n", "24", "--temp", "0"];
+    let sampled = [
+        "-p",
+        "Once upon a time",
+        "-n",
+        "24",
+        "--seed",
+        "3",
+        "--temp",
+        "0.9",
+    ];
+    let runs: [(&[&str], [&str; 3], &std::path::Path, bool); 4] = [
+        (&greedy, ["0..1", "1..3", "3..4"], &model, true),
+        (&sampled, ["0..2", "2..3", "3..4"], &model, true),
+        (&sampled, ["auto", "auto", "auto"], &other_head, true),
+        (&greedy, ["auto", "auto", "auto"], &other_head, false),
+    ];
+    for (flags, layers, last_file, private) in runs {
+        let expected = generate(&model, flags);
+        let ports = free_ports(3);
+        let part = |i: usize, role, file| on_cpu(role, layers[i], file);
+        let last = Proc::spawn(&node_args(
+            &part(2, "worker", last_file),
+            ports[2],
+            ports[0],
+            &[],
+        ));
+        let mid = Proc::spawn(&node_args(
+            &part(1, "worker", &model),
+            ports[1],
+            ports[2],
+            &[],
+        ));
+        let mut more: Vec<&str> = flags.to_vec();
+        if private {
+            more.push("--private");
+        }
+        let master = Proc::spawn(&node_args(
+            &part(0, "master", &model),
+            ports[0],
+            ports[1],
+            &more,
+        ));
+        let master = master.wait();
+        let (mid, last) = (mid.wait(), last.wait());
+        let what = format!("{flags:?} {layers:?} private {private}");
+        if !private {
+            assert!(!master.status.success(), "{what}");
+            let err = stderr(&master);
+            assert!(
+                err.contains("holds other data than the master in tensor token_embd.weight"),
+                "{what}: {err}"
+            );
+            continue;
+        }
+        assert!(master.status.success(), "{what}: {}", stderr(&master));
+        assert_eq!(
+            stdout(&master),
+            stdout(&expected),
+            "{what}: {}",
+            stderr(&master)
+        );
+        for w in [&mid, &last] {
+            assert!(w.status.success(), "{what}: {}", stderr(w));
+        }
+    }
+}

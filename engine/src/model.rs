@@ -240,6 +240,18 @@ impl HeadFormat {
     }
 }
 
+/// Which instance of a model split by layers runs its final norm and LM head.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeadPlace {
+    /// The one that holds the last layer (a ring's last node).
+    #[default]
+    LastLayer,
+    /// This one, whatever its layers (a ring's master that keeps the output to itself).
+    Here,
+    /// Not this one, even with the last layer.
+    Elsewhere,
+}
+
 /// Options for [`Model::load`].
 #[derive(Default)]
 pub struct LoadOptions<'a> {
@@ -247,6 +259,8 @@ pub struct LoadOptions<'a> {
     pub layers: Option<Range<usize>>,
     /// LM head storage.
     pub head: HeadFormat,
+    /// Which instance runs the final norm and LM head.
+    pub head_place: HeadPlace,
     /// Called after each loaded tensor with (done, total).
     pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
 }
@@ -479,7 +493,12 @@ impl<B: Backend> Model<B> {
             });
         }
         check_tensor_table(g, &config)?;
-        let plan = Plan::new(config, g, layer_range.clone(), opts.head);
+        let holds_head = match opts.head_place {
+            HeadPlace::LastLayer => layer_range.end == config.n_layer,
+            HeadPlace::Here => true,
+            HeadPlace::Elsewhere => false,
+        };
+        let plan = Plan::new(config, g, layer_range.clone(), opts.head, holds_head);
         let mut loader = Loader::new(&backend, &file, &plan, fetch, opts.progress);
         let embedding = loader.embedding().await?;
         let mut layers = Vec::with_capacity(layer_range.len());
@@ -1175,6 +1194,26 @@ impl<B: Backend> Model<B> {
         input: StepInput<'_>,
     ) -> Result<StepOutput, ModelError> {
         pollster::block_on(self.step_rows_async(scratch, seqs, input))
+    }
+
+    /// [`Model::step_rows_hidden_async`], waited for.
+    pub fn step_rows_hidden(
+        &self,
+        scratch: &mut BatchScratch<B>,
+        seqs: &mut [SeqRows<'_, B>],
+        input: StepInput<'_>,
+    ) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.step_rows_hidden_async(scratch, seqs, input))
+    }
+
+    /// [`Model::head_rows_async`], waited for.
+    pub fn head_rows(
+        &self,
+        scratch: &mut BatchScratch<B>,
+        hidden: &[f32],
+        asked: &[(Readout, usize)],
+    ) -> Result<Vec<Prediction>, ModelError> {
+        pollster::block_on(self.head_rows_async(scratch, hidden, asked))
     }
 
     /// [`Model::eval_greedy_async`], waited for.

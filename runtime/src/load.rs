@@ -150,6 +150,8 @@ pub struct LoadSettings {
     pub head: hesper_engine::model::HeadFormat,
     /// The layers to hold (`None`: all).
     pub layers: Option<std::ops::Range<usize>>,
+    /// Which instance of a split model runs the LM head.
+    pub head_place: hesper_engine::model::HeadPlace,
     /// Repack weights at load into the layout the CPU's kernels read best (see
     /// `hesper_cpu::CpuBackend::with_repack`); no effect on the GPU.
     pub repack: bool,
@@ -269,6 +271,7 @@ pub fn load_on<B: Backend>(
     let opts = LoadOptions {
         layers: settings.layers.clone(),
         head: settings.head,
+        head_place: settings.head_place,
         progress: Some(&mut tick),
     };
     #[cfg(unix)]

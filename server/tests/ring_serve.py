@@ -7,8 +7,10 @@ On free 127.0.0.1 ports with the built-in model (4 layers): a master holding lay
 workers (1..3, 3..4). The server checks of `openai_api.py` that do not depend on what runs a
 step (streaming, usage, n, stop strings, log-probabilities, logit_bias, errors, the prefix
 cache, 16 concurrent streams) pass against the ring; every answer of a set of seeded requests
-equals `serve` on one node's, one client at a time and 8 at once. A worker killed while 4
-streams run: with a standby every stream completes with the text of an unbroken run; without
+equals `serve` on one node's, one client at a time and 8 at once, and on a ring whose master
+keeps the output to itself (`--private`, every node's layers assigned). A worker killed while 4
+streams run (no node given its layers): with a standby, which is told what to hold, every
+stream completes with the text of an unbroken run; without
 one each stream ends with a server_error event naming the node, the server stays up, /health
 answers 503, then 200 once the worker is started again.
 """
@@ -122,6 +124,16 @@ def same_as_one_node():
         props = json.loads(srv.get("/props")[1])
         check(len(props.get("ring", [])) == 3, f"/props names the ring's nodes: {props}")
         check(srv.metric("hesper_steps_total") > 0, "steps counted")
+    finally:
+        srv.stop()
+        for n in nodes:
+            n.kill()
+    # The master keeping the output to itself (--private), every node's layers assigned.
+    srv, nodes = ring([(None, []), (None, [])], None, "-np", "8", "-c", "256",
+                      "--api-key", t.KEY, "--private", master="auto")
+    try:
+        got = answers(srv.client(), reqs, 8)
+        check(got == expect, "a private ring's answers equal one node's")
     finally:
         srv.stop()
         for n in nodes:

@@ -105,9 +105,15 @@ impl<B: Backend> Model<B> {
         })
     }
 
-    /// Whether this instance runs the final norm and LM head (it holds the last layer).
+    /// Whether this instance runs the final norm and LM head after its layers (it holds them
+    /// and the last layer): [`Model::step_rows_async`] then reads out predictions.
+    pub fn runs_head(&self) -> bool {
+        self.holds_head() && self.layer_range.end == self.config.n_layer
+    }
+
+    /// Whether this instance holds the final norm and LM head ([`Model::head_rows_async`]).
     pub fn holds_head(&self) -> bool {
-        self.output_norm.is_some() && self.layer_range.end == self.config.n_layer
+        self.output_norm.is_some()
     }
 
     /// Evaluates each step's tokens at its session's next positions, all in one pass over the
@@ -120,7 +126,7 @@ impl<B: Backend> Model<B> {
         steps: &mut [SeqStep<'_, B>],
     ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
         let c = &self.config;
-        if self.layer_range != (0..c.n_layer) || !self.holds_head() {
+        if self.layer_range != (0..c.n_layer) || !self.runs_head() {
             return Err(self.range_error(0..c.n_layer));
         }
         let all: Vec<u32> = steps
@@ -153,7 +159,7 @@ impl<B: Backend> Model<B> {
 
     /// Runs this instance's layers on every session's rows in one pass over the weights, each
     /// session's from its `pos0`; then, where the instance holds the LM head
-    /// ([`Model::holds_head`]), hands back each session's readout of its last row, else the
+    /// ([`Model::runs_head`]), hands back each session's readout of its last row, else the
     /// hidden states leaving its last layer. Nothing runs unless every session fits: rows and
     /// positions in range (sessions here do not shift), the input's size, and the scratch's
     /// rows and sessions.
@@ -163,10 +169,36 @@ impl<B: Backend> Model<B> {
         seqs: &mut [SeqRows<'_, B>],
         input: StepInput<'_>,
     ) -> Result<StepOutput, ModelError> {
+        self.step_rows_with(sc, seqs, input, true).await
+    }
+
+    /// [`Model::step_rows_async`] that hands back the hidden states leaving this instance's
+    /// last layer even where it runs the LM head (a ring's last node whose master keeps the
+    /// output to itself): the readouts are not computed.
+    pub async fn step_rows_hidden_async(
+        &self,
+        sc: &mut BatchScratch<B>,
+        seqs: &mut [SeqRows<'_, B>],
+        input: StepInput<'_>,
+    ) -> Result<Vec<f32>, ModelError> {
+        match self.step_rows_with(sc, seqs, input, false).await? {
+            StepOutput::Hidden(rows) => Ok(rows),
+            StepOutput::Predictions(_) => unreachable!("no readout without the head"),
+        }
+    }
+
+    /// [`Model::step_rows_async`], the head run only where `head` allows it.
+    async fn step_rows_with(
+        &self,
+        sc: &mut BatchScratch<B>,
+        seqs: &mut [SeqRows<'_, B>],
+        input: StepInput<'_>,
+        head: bool,
+    ) -> Result<StepOutput, ModelError> {
         let c = &self.config;
         let d = c.n_embd;
         let n: usize = seqs.iter().map(|s| s.n).sum();
-        let head = self.holds_head();
+        let head = head && self.runs_head();
         let m = if head {
             seqs.iter().filter(|s| s.readout.is_some()).count()
         } else {
@@ -292,6 +324,40 @@ impl<B: Backend> Model<B> {
                 .map(|st| st.readout.and_then(|_| read.pop()))
                 .collect(),
         ))
+    }
+
+    /// The final norm and LM head on `hidden` (`[m][n_embd]`, the residual stream leaving the
+    /// last layer, one row for each readout of `asked` with its position, for errors), and each
+    /// readout: what a ring's master that keeps the output to itself computes from the states
+    /// its last node hands back. Needs the head here ([`crate::model::HeadPlace::Here`]).
+    pub async fn head_rows_async(
+        &self,
+        sc: &mut BatchScratch<B>,
+        hidden: &[f32],
+        asked: &[(Readout, usize)],
+    ) -> Result<Vec<Prediction>, ModelError> {
+        let (c, m) = (&self.config, asked.len());
+        if m == 0 || hidden.len() != m * c.n_embd {
+            return Err(ModelError::HiddenSize {
+                got: hidden.len(),
+                n_tokens: m,
+                n_embd: c.n_embd,
+            });
+        }
+        if m > sc.seqs {
+            return Err(ModelError::BatchTooLarge {
+                tokens: m,
+                seqs: m,
+                max_tokens: sc.tokens,
+                max_seqs: sc.seqs,
+            });
+        }
+        let (norm, head) = self.head_parts()?;
+        let b = &self.backend;
+        b.write(&mut sc.last, hidden)?;
+        b.rms_norm(&sc.last, norm, m, c.eps, &mut sc.s.h);
+        b.matmul(head, &sc.s.h, m, &mut sc.s.logits);
+        self.read_predictions(&mut sc.s.logits, asked).await
     }
 
     /// Each readout of `asked` (with its row's position, for errors) from the logits rows at

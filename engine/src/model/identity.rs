@@ -22,6 +22,7 @@ impl<B: Backend> Model<B> {
             g,
             self.layer_range.clone(),
             HeadFormat::AsStored,
+            self.output_norm.is_some(),
         );
         let mut names: Vec<String> = g
             .tensors()

@@ -54,6 +54,8 @@ pub(super) struct Plan {
     pub layers: Range<usize>,
     /// LM head storage.
     pub head: HeadFormat,
+    /// Whether this instance runs the final norm and LM head.
+    pub holds_head: bool,
     /// No `output.weight`: the embedding table is the LM head.
     pub tied: bool,
     /// Which held layers have Q/K/V biases.
@@ -66,8 +68,15 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    /// The plan for holding `layers` of the model `g` describes.
-    pub fn new(config: Config, g: &Gguf, layers: Range<usize>, head: HeadFormat) -> Self {
+    /// The plan for holding `layers` of the model `g` describes, and its final norm and LM
+    /// head where `holds_head`.
+    pub fn new(
+        config: Config,
+        g: &Gguf,
+        layers: Range<usize>,
+        head: HeadFormat,
+        holds_head: bool,
+    ) -> Self {
         let biases = layers
             .clone()
             .map(|il| g.tensor(&format!("blk.{il}.attn_q.bias")).is_some())
@@ -80,6 +89,7 @@ impl Plan {
             config,
             layers,
             head,
+            holds_head,
             biases,
         }
     }
@@ -88,23 +98,23 @@ impl Plan {
         self.layers.start == 0
     }
 
-    fn last(&self) -> bool {
-        self.layers.end == self.config.n_layer
+    fn runs_head(&self) -> bool {
+        self.holds_head
     }
 
     /// Whether the embedding table is held: to embed tokens, or as the tied head.
     fn holds_embedding(&self) -> bool {
-        self.first() || (self.last() && self.tied)
+        self.first() || (self.runs_head() && self.tied)
     }
 
     /// Whether an LM head is held apart from the embedding table.
     fn holds_output(&self) -> bool {
-        self.last() && (!self.tied || self.head != HeadFormat::AsStored)
+        self.runs_head() && (!self.tied || self.head != HeadFormat::AsStored)
     }
 
     /// Whether the embedding table is read whole per token, as the LM head.
     pub fn head_is_embedding(&self) -> bool {
-        self.last() && self.tied && self.head == HeadFormat::AsStored
+        self.runs_head() && self.tied && self.head == HeadFormat::AsStored
     }
 
     fn has_bias(&self, il: usize) -> bool {
@@ -130,7 +140,7 @@ impl Plan {
                 parts
             }
             "output" if self.holds_output() => vec![Part::Output],
-            "output_norm" if self.last() => vec![Part::OutputNorm],
+            "output_norm" if self.runs_head() => vec![Part::OutputNorm],
             "rope_freqs" => vec![Part::RopeFactors],
             _ => self.layer_part_of(name).into_iter().collect(),
         }
@@ -180,7 +190,7 @@ impl Plan {
             .map(|il| per_layer + if self.has_bias(il) { 3 } else { 0 })
             .sum::<usize>()
             + usize::from(self.holds_embedding())
-            + usize::from(self.last())
+            + usize::from(self.runs_head())
             + usize::from(self.holds_output())
     }
 }
@@ -478,10 +488,10 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         Ok(Some(self.vector_data("rope_freqs.weight", half).await?))
     }
 
-    /// The final norm, where this instance holds the last layer.
+    /// The final norm, where this instance runs the LM head.
     pub async fn output_norm(&mut self) -> Result<Option<B::Vector>, ModelError> {
         self.start(Part::OutputNorm);
-        if !self.plan.last() {
+        if !self.plan.runs_head() {
             return Ok(None);
         }
         let d = self.plan.config.n_embd;

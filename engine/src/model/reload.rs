@@ -376,7 +376,13 @@ impl<B: Backend> Model<B> {
             });
         }
         check_tensor_table(g, &config)?;
-        let plan = Plan::new(config, g, self.layer_range.clone(), swap.head);
+        let plan = Plan::new(
+            config,
+            g,
+            self.layer_range.clone(),
+            swap.head,
+            self.output_norm.is_some(),
+        );
         self.check_tensor_set(&plan, g, &shown)?;
 
         // Which tensors changed: every one is read and hashed, on as many threads as there

@@ -53,6 +53,7 @@ impl<B: Backend, M: ModelRef<B>> RingEvaluator<B, M> {
             n_ctx,
             batch,
             in_flight: None,
+            private: false,
         }
     }
 

@@ -16,7 +16,7 @@ use hesper_engine::model::{
     BatchScratch, Model, ModelError, Prediction, Readout, Reload, ReloadError, SeqRows, Session,
     StepInput, StepOutput,
 };
-use hesper_ring::{wire, Frame, Header, Kind, Link, Net};
+use hesper_ring::{wire, Dtype, Frame, Header, Kind, Link, Net};
 
 use super::form::{join, join_over, run_id, verify, Formation, Hello, Links};
 use super::hello::{self, NodeRecord};
@@ -24,7 +24,7 @@ use super::protocol::{
     decode_prediction, encode_entries, encode_ops, prediction_len, CacheOp, Entry,
 };
 use super::reload::{self, Found};
-use super::{NodeSettings, RingError, FLUSH, HELLO_SERVES, MAX_FRAME_ROWS};
+use super::{NodeSettings, RingError, FLUSH, HELLO_PRIVATE, HELLO_SERVES, MAX_FRAME_ROWS};
 use crate::evaluator::ModelRef;
 use crate::scheduler::{RunStep, SeqCache, StepError, StepRunner};
 use crate::RuntimeError;
@@ -44,6 +44,9 @@ pub struct RingOptions {
     pub batch: usize,
     /// Steps kept in flight at once (`None`: one per node of the ring).
     pub in_flight: Option<usize>,
+    /// Whether the master keeps the output to itself: it holds the LM head and samples, and
+    /// the other nodes see hidden states only, never a token.
+    pub private: bool,
 }
 
 /// A sequence's cache in a ring: the master's session for its own layers, and the slot that
@@ -71,10 +74,12 @@ impl<B: Backend> SeqCache for RingCache<B> {
 /// A step sent round the ring whose predictions have not all come back.
 struct Pending {
     seq: u64,
-    /// The readouts asked for, in entry order.
-    readouts: Vec<Readout>,
+    /// The readouts asked for, in entry order, with the position of each one's row.
+    readouts: Vec<(Readout, usize)>,
     /// The predictions come so far, by index.
     got: Vec<Option<Prediction>>,
+    /// The hidden states of the rows read out, where the master keeps the output to itself.
+    states: Option<Vec<f32>>,
     /// Each entry's index among the readouts, or `None` for an entry that asked for none.
     entries: Vec<Option<usize>>,
     /// A node's report that the step failed.
@@ -83,7 +88,7 @@ struct Pending {
 
 impl Pending {
     fn complete(&self) -> bool {
-        self.failed.is_some() || self.got.iter().all(Option::is_some)
+        self.failed.is_some() || self.states.is_some() || self.got.iter().all(Option::is_some)
     }
 }
 
@@ -113,10 +118,19 @@ pub struct RingRunner<B: Backend, M: ModelRef<B>> {
     split: Option<String>,
     /// Each node's layers when the master assigned them (`--layers auto`).
     plan: Option<Vec<Range<usize>>>,
+    /// Scratch for the LM head where the master keeps the output to itself, grown to the
+    /// readouts a step asks for.
+    head_scratch: Option<BatchScratch<B>>,
 }
 
-/// Refuses a master whose layers do not start the ring.
-fn check_master<B: Backend>(m: &Model<B>) -> Result<(), RingError> {
+/// Refuses a master whose layers do not start the ring, or that keeps the output to itself
+/// without the LM head.
+fn check_master<B: Backend>(m: &Model<B>, opts: &RingOptions) -> Result<(), RingError> {
+    if opts.private && !m.holds_head() {
+        return Err(RingError::Config(
+            "a master that keeps the output to itself must hold the LM head".into(),
+        ));
+    }
     if m.layer_range().start != 0 || m.layer_range().end >= m.config.n_layer {
         return Err(RingError::Config(format!(
             "the master holds the embedding and the ring's first layers, so its layers must start at 0 and end before the last (it holds {}..{} of {})",
@@ -133,7 +147,7 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
     /// what comes back ([`hello::check`]). A ring that fails the check is ended with the
     /// reason (every worker prints it) and the same reason is returned.
     pub fn form(model: M, settings: &NodeSettings, opts: RingOptions) -> Result<Self, RingError> {
-        check_master(model.get())?;
+        check_master(model.get(), &opts)?;
         let mut net = Net::new(settings.net.clone())?;
         let bound = net.listen(settings.listen)?;
         let me = NodeRecord::of(model.get(), bound)?;
@@ -167,7 +181,7 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
         opts: RingOptions,
         plan: Vec<Range<usize>>,
     ) -> Result<Self, RingError> {
-        check_master(model.get())?;
+        check_master(model.get(), &opts)?;
         if plan.first() != Some(&model.get().layer_range()) {
             return Err(RingError::Config(format!(
                 "the plan gives the master layers {:?}, it holds {:?}",
@@ -229,6 +243,7 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
             down: None,
             split: None,
             plan,
+            head_scratch: None,
         })
     }
 
@@ -322,11 +337,15 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
                 })
             })
             .collect();
-        let readouts: Vec<Readout> = entries.iter().filter_map(|e| e.readout).collect();
+        let readouts: Vec<(Readout, usize)> = entries
+            .iter()
+            .filter_map(|e| e.readout.map(|r| (r, e.pos0 + e.n - 1)))
+            .collect();
         self.pending.push_back(Pending {
             seq: self.seq,
             got: vec![None; readouts.len()],
             readouts,
+            states: None,
             entries: slots,
             failed: None,
         });
@@ -355,7 +374,10 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
                 if let Some(why) = p.failed {
                     return Err(StepError::Failed(why));
                 }
-                let mut got = p.got;
+                let mut got = match &p.states {
+                    Some(states) => self.head(states, &p.readouts)?,
+                    None => p.got,
+                };
                 return Ok(p
                     .entries
                     .iter()
@@ -373,11 +395,60 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
         }
     }
 
-    /// Files a frame that came while steps are in flight: a step's predictions, or a node's
+    /// The master's own readouts of the states its last node handed back (it keeps the
+    /// output to itself).
+    fn head(
+        &mut self,
+        states: &[f32],
+        asked: &[(Readout, usize)],
+    ) -> Result<Vec<Option<Prediction>>, StepError> {
+        if asked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let model = self.model.get();
+        let fits = self
+            .head_scratch
+            .as_ref()
+            .is_some_and(|s| s.seqs() >= asked.len());
+        if !fits {
+            let n = asked.len();
+            self.head_scratch = None;
+            self.head_scratch = Some(
+                model
+                    .new_batch_scratch(n, n)
+                    .map_err(|e| StepError::Failed(e.to_string()))?,
+            );
+        }
+        let sc = self.head_scratch.as_mut().expect("made above");
+        let predictions = model
+            .head_rows(sc, states, asked)
+            .map_err(|e| StepError::Failed(e.to_string()))?;
+        Ok(predictions.into_iter().map(Some).collect())
+    }
+
+    /// Files a frame that came while steps are in flight: a step's predictions (or, where
+    /// the master keeps the output to itself, the states it reads them out of), or a node's
     /// report that a step failed. A fault about no step in flight breaks the ring.
     fn take_frame(&mut self, f: Frame) -> Result<(), RingError> {
         let h = f.header;
         match h.kind {
+            Kind::Prediction if h.session == self.run && h.dtype != Dtype::None => {
+                let d = self.model.get().config.n_embd;
+                let Some(p) = self.pending.iter_mut().find(|p| p.seq == h.seq) else {
+                    return Ok(());
+                };
+                if !self.opts.private || h.n_tokens as usize != p.readouts.len() {
+                    return Err(RingError::Protocol(format!(
+                        "{} hidden states for a step that asked for {} predictions",
+                        h.n_tokens,
+                        p.readouts.len()
+                    )));
+                }
+                let states = wire::decode(h.dtype, &f.payload, p.readouts.len() * d)
+                    .map_err(|e| RingError::Protocol(e.to_string()))?;
+                p.states = Some(states);
+                Ok(())
+            }
             Kind::Prediction if h.session == self.run => {
                 let n_vocab = self.model.get().sampled_vocab();
                 let Some(p) = self.pending.iter_mut().find(|p| p.seq == h.seq) else {
@@ -394,12 +465,12 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
                 }
                 let mut at = 0;
                 for i in first..first + count {
-                    let len = prediction_len(p.readouts[i], n_vocab);
+                    let len = prediction_len(p.readouts[i].0, n_vocab);
                     let bytes = f.payload.get(at..at + len).ok_or_else(|| {
                         RingError::Protocol("a Prediction frame ends inside a prediction".into())
                     })?;
                     p.got[i] = Some(
-                        decode_prediction(p.readouts[i], bytes, n_vocab)
+                        decode_prediction(p.readouts[i].0, bytes, n_vocab)
                             .map_err(RingError::Protocol)?,
                     );
                     at += len;
@@ -638,11 +709,14 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
 
 /// A Hello's flags for a master run with `opts`.
 fn hello_flags(opts: &RingOptions) -> u32 {
+    let mut flags = 0;
     if opts.serving {
-        HELLO_SERVES
-    } else {
-        0
+        flags |= HELLO_SERVES;
     }
+    if opts.private {
+        flags |= HELLO_PRIVATE;
+    }
+    flags
 }
 
 /// Longest wait of one attempt to form a lost ring again while serving.

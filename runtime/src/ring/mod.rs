@@ -51,6 +51,10 @@ const HELLO_SERVES: u32 = 1;
 /// plan, `--layers auto`).
 const HELLO_PLAN: u32 = 2;
 
+/// A Hello's flag: the master keeps the output to itself (it holds the LM head and samples);
+/// the last node hands back hidden states.
+const HELLO_PRIVATE: u32 = 4;
+
 /// How a node joins its ring.
 #[derive(Debug, Clone)]
 pub struct NodeSettings {

@@ -35,7 +35,7 @@ pub fn measure<B: Backend>(model: &Model<B>) -> Result<(f64, f64), ModelError> {
         Ok(ms[ms.len() / 2])
     };
     let layers = time(false)?;
-    let head = if model.holds_head() {
+    let head = if model.runs_head() {
         (time(true)? - layers).max(0.0)
     } else {
         0.0

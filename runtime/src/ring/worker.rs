@@ -20,7 +20,7 @@ use super::protocol::{
     decode_entries, decode_ops, encode_entries, encode_prediction, CacheOp, Entry,
 };
 use super::reload::{self, Found};
-use super::{NodeSettings, RingError, FLUSH, HELLO_PLAN, HELLO_SERVES};
+use super::{NodeSettings, RingError, FLUSH, HELLO_PLAN, HELLO_PRIVATE, HELLO_SERVES};
 use crate::evaluator::ModelRef;
 
 /// Serves `model` (a layer range) as a worker until the master ends the ring (`Ok`), or a
@@ -101,6 +101,14 @@ impl RingNode {
     /// The address this node listens on.
     pub fn bound(&self) -> SocketAddr {
         self.bound
+    }
+
+    /// Whether the ring the last Hello formed keeps its output on the master: this node
+    /// then needs no LM head, even with the last layer.
+    pub fn private(&self) -> bool {
+        self.formed
+            .as_ref()
+            .is_some_and(|f| f.hello.header.pos0 & HELLO_PRIVATE != 0)
     }
 
     /// Waits for the master's Hello (answering its Probe rounds with what `offer` gives the
@@ -280,6 +288,7 @@ impl RingNode {
             refused: HashMap::new(),
             scratch: None,
             serving: false,
+            private: false,
             log: self.settings.log,
         };
         let ended = node.run_ring(&mut self.net, formed, &self.settings);
@@ -316,6 +325,9 @@ struct Worker<B: Backend, M: ModelRef<B>> {
     /// Whether the master serves requests (its Hello says so): a lost ring is then awaited
     /// again.
     serving: bool,
+    /// Whether the master keeps the output to itself (its Hello says so): the last node then
+    /// hands back hidden states, not predictions.
+    private: bool,
     log: fn(&str),
 }
 
@@ -456,6 +468,7 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                 self.slots.clear();
                 self.refused.clear();
                 self.serving = h.pos0 & HELLO_SERVES != 0;
+                self.private = h.pos0 & HELLO_PRIVATE != 0;
                 (self.log)(&format!(
                     "joined the ring as node {} (context {})",
                     records.len() - 1,
@@ -557,6 +570,14 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
             payload.extend(wire::encode(h.dtype, &out));
             return Ok(vec![Frame::new(h, payload)]);
         }
+        if self.private {
+            return Ok(vec![last_states(h, &entries, &out, model.config.n_embd)]);
+        }
+        if !model.runs_head() {
+            return Err(RingError::Config(
+                "this node holds the last layer but not the LM head, and the master does not keep the output to itself".into(),
+            ));
+        }
         Ok(self.prediction_frames(h, &predictions))
     }
 
@@ -627,10 +648,16 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                     readout: p.readout,
                 })
                 .collect();
-            let ran = self
-                .model
-                .get()
-                .step_rows(scratch, &mut seq_rows, StepInput::Hidden(input));
+            let model = self.model.get();
+            let input = StepInput::Hidden(input);
+            // A master that keeps the output to itself reads it out of the states.
+            let ran = if self.private {
+                model
+                    .step_rows_hidden(scratch, &mut seq_rows, input)
+                    .map(StepOutput::Hidden)
+            } else {
+                model.step_rows(scratch, &mut seq_rows, input)
+            };
             drop(seq_rows);
             for (slot, s) in sessions {
                 self.slots.insert(slot, s);
@@ -672,4 +699,23 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
         frames.push(frame(first, predictions.len() - first, payload));
         frames
     }
+}
+
+/// The Prediction frame of a step whose master keeps the output to itself: the hidden state
+/// leaving the last layer at the last row of each entry that asked for a readout (`out`
+/// holds every row), in the step's wire format.
+fn last_states(h: Header, entries: &[Entry], out: &[f32], d: usize) -> Frame {
+    let mut rows = Vec::new();
+    let mut end = 0;
+    for e in entries {
+        end += e.n;
+        if e.readout.is_some() {
+            rows.extend_from_slice(&out[(end - 1) * d..end * d]);
+        }
+    }
+    let count = (rows.len() / d) as u32;
+    let mut f = Header::new(Kind::Prediction);
+    (f.session, f.seq, f.dtype) = (h.session, h.seq, h.dtype);
+    (f.pos0, f.n_tokens, f.aux) = (0, count, count);
+    Frame::new(f, wire::encode(h.dtype, &rows))
 }
