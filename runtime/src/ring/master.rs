@@ -26,7 +26,7 @@ use super::protocol::{
 use super::reload::{self, Found};
 use super::{NodeSettings, RingError, FLUSH, HELLO_PRIVATE, HELLO_SERVES, MAX_FRAME_ROWS};
 use crate::evaluator::ModelRef;
-use crate::scheduler::{RunStep, SeqCache, StepError, StepRunner};
+use crate::scheduler::{Landed, RunStep, SeqCache, StepError, StepRunner};
 use crate::RuntimeError;
 
 /// How a master runs its ring.
@@ -752,20 +752,13 @@ impl<B: Backend, M: ModelRef<B>> StepRunner for RingRunner<B, M> {
     fn start(&mut self, steps: &mut [RunStep<'_, RingCache<B>>]) -> Result<(), StepError> {
         let mut entries: Vec<(&mut RingCache<B>, &[u32], Option<Readout>)> = steps
             .iter_mut()
-            .map(|s| (&mut *s.cache, s.tokens, s.logits.then_some(Readout::Logits)))
+            .map(|s| (&mut *s.cache, s.tokens, s.readout))
             .collect();
         self.start_entries(&mut entries)
     }
 
-    fn finish(&mut self) -> Result<Vec<Option<Vec<f32>>>, StepError> {
-        Ok(self
-            .finish_predictions()?
-            .into_iter()
-            .map(|p| match p {
-                Some(Prediction::Logits(row)) => Some(row),
-                _ => None,
-            })
-            .collect())
+    fn finish(&mut self) -> Result<Landed, StepError> {
+        self.finish_predictions()
     }
 
     fn poll(&mut self) -> Result<(), StepError> {

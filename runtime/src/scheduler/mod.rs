@@ -22,14 +22,14 @@ use std::time::{Duration, Instant};
 
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{ModelError, Reload};
+use hesper_engine::model::{ModelError, Prediction, Readout, Reload};
 use hesper_engine::sampler::{top_candidates, Sampler, SamplerConfig};
 use hesper_engine::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::evaluator::ModelRef;
 use pool::Pool;
-pub use runner::{LocalRunner, RunStep, SeqCache, StepError, StepRunner};
+pub use runner::{Landed, LocalRunner, RunStep, SeqCache, StepError, StepRunner};
 
 /// How a scheduler runs.
 #[derive(Debug, Clone)]
@@ -641,10 +641,11 @@ impl<R: StepRunner> Sched<'_, R> {
             s.in_flight += 1;
             s.awaiting = logits;
             seqs.push((s.id, logits));
+            let readout = logits.then(|| readout_for(s));
             steps.push(RunStep {
                 cache: &mut s.cache,
                 tokens: &s.history[pos..pos + take[i]],
-                logits,
+                readout,
             });
         }
         self.gauges.steps.fetch_add(1, Ordering::Relaxed);
@@ -667,7 +668,7 @@ impl<R: StepRunner> Sched<'_, R> {
 
     /// Takes what came of the oldest step in flight: samples each sequence whose logits
     /// came, ends those that finished, or handles a failure.
-    fn land(&mut self, done: Result<Vec<Option<Vec<f32>>>, StepError>) {
+    fn land(&mut self, done: Result<Landed, StepError>) {
         let Some(flight) = self.flights.pop_front() else {
             return;
         };
@@ -682,9 +683,9 @@ impl<R: StepRunner> Sched<'_, R> {
             };
             let s = &mut self.running[i];
             s.in_flight -= 1;
-            let Some(row) = row else { continue };
+            let Some(prediction) = row else { continue };
             s.awaiting = false;
-            let ended = match sample(s, self.tok, &row, self.gauges) {
+            let ended = match sample(s, self.tok, prediction, self.gauges) {
                 Ok(None) => false,
                 Ok(Some(finish)) => {
                     let _ = s.job.events.send(JobEvent::Done(finish));
@@ -749,18 +750,42 @@ enum Admission<C> {
     Wait(Job),
 }
 
-/// Samples `s`'s next token from `row` (masked by its constraint), sends it, and says whether
-/// the sequence ended; an error is its constraint's.
+/// What a sequence's sampler needs of the logits: the most likely token when it is greedy, the
+/// top k when it draws among them alone, else the whole row (a grammar masks it, penalties
+/// or biases change it, or log-probabilities are asked for). Each gives the token the whole
+/// row would ([`Sampler::sample_top`]).
+fn readout_for<C>(s: &Seq<C>) -> Readout {
+    if s.job.constraint.is_some() || s.job.top_logprobs.is_some() {
+        return Readout::Logits;
+    }
+    if s.sampler.is_greedy() {
+        return Readout::Argmax;
+    }
+    s.sampler
+        .backend_top_k()
+        .map_or(Readout::Logits, Readout::Top)
+}
+
+/// Samples `s`'s next token from its `prediction` (a row masked by its constraint), sends it,
+/// and says whether the sequence ended; an error is its constraint's.
 fn sample<C: SeqCache>(
     s: &mut Seq<C>,
     tok: &Tokenizer,
-    row: &[f32],
+    prediction: Prediction,
     gauges: &Gauges,
 ) -> Result<Option<Finish>, String> {
+    let row = match prediction {
+        Prediction::Logits(row) => row,
+        Prediction::Top(top) => {
+            let id = s.sampler.sample_top(top);
+            return emit(s, tok, id, None, gauges);
+        }
+        Prediction::Token(id) => return emit(s, tok, id, None, gauges),
+    };
     let (id, complete) = match &mut s.job.constraint {
-        None => (s.sampler.sample(row), false),
+        None => (s.sampler.sample(&row), false),
         Some(c) => {
-            let mut masked = row.to_vec();
+            let mut masked = row.clone();
             c.mask(&mut masked)?;
             let id = s.sampler.sample(&masked);
             if tok.is_end_of_generation(id) {
@@ -769,15 +794,30 @@ fn sample<C: SeqCache>(
             (id, c.accept(id)?)
         }
     };
+    let logprobs = s.job.top_logprobs.map(|k| logprobs(&row, id, k));
+    let ended = emit(s, tok, id, logprobs, gauges)?;
+    // A constraint that admits nothing after this token makes it the last.
+    Ok(if complete { Some(Finish::Stop) } else { ended })
+}
+
+/// Takes sampled token `id` into `s` and sends it (with its log-probabilities), and says
+/// whether the sequence ended: an end-of-generation token (unless ignored), its token limit,
+/// a full context, or a client gone.
+fn emit<C: SeqCache>(
+    s: &mut Seq<C>,
+    tok: &Tokenizer,
+    id: u32,
+    logprobs: Option<Logprobs>,
+    gauges: &Gauges,
+) -> Result<Option<Finish>, String> {
     if tok.is_end_of_generation(id) && !s.job.ignore_eos {
         return Ok(Some(Finish::Stop));
     }
-    let logprobs = s.job.top_logprobs.map(|k| logprobs(row, id, k));
     s.sampler.accept(id);
     s.history.push(id);
     s.produced += 1;
     gauges.generated_tokens.fetch_add(1, Ordering::Relaxed);
-    if s.job.events.send(JobEvent::Token { id, logprobs }).is_err() || complete {
+    if s.job.events.send(JobEvent::Token { id, logprobs }).is_err() {
         return Ok(Some(Finish::Stop));
     }
     let full = s.history.len() >= s.cache.n_ctx();

@@ -5,7 +5,9 @@
 
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::Backend;
-use hesper_engine::model::{BatchScratch, ModelError, Reload, SeqStep, Session};
+use hesper_engine::model::{
+    BatchScratch, ModelError, Prediction, Readout, Reload, SeqRows, Session, StepInput, StepOutput,
+};
 
 use crate::evaluator::ModelRef;
 
@@ -39,9 +41,14 @@ pub struct RunStep<'a, C> {
     pub cache: &'a mut C,
     /// Tokens to evaluate (at least one).
     pub tokens: &'a [u32],
-    /// Whether the last token's logits are wanted.
-    pub logits: bool,
+    /// What is wanted of the last token's logits (the sampled vocabulary), if anything: the
+    /// whole row, or only the most likely token or tokens a sampler that needs no more draws
+    /// from (a ring then sends a few bytes back, not a row).
+    pub readout: Option<Readout>,
 }
+
+/// What came back of a step: each sequence's prediction, for those that asked, in order.
+pub type Landed = Vec<Option<Prediction>>;
 
 /// Why a step did not come back with its logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,9 +89,9 @@ pub trait StepRunner {
     /// has moved past its tokens when this returns.
     fn start(&mut self, steps: &mut [RunStep<'_, Self::Cache>]) -> Result<(), StepError>;
 
-    /// Waits for the oldest step in flight: the last token's logits (the sampled vocabulary)
-    /// of each of its sequences that asked, in the order they were given.
-    fn finish(&mut self) -> Result<Vec<Option<Vec<f32>>>, StepError>;
+    /// Waits for the oldest step in flight: the readout of each of its sequences that asked,
+    /// in the order they were given.
+    fn finish(&mut self) -> Result<Landed, StepError>;
 
     /// Between steps, with nothing in flight: notices what happened meanwhile (a ring that
     /// lost a node), as the error a step would have met.
@@ -113,7 +120,7 @@ pub struct LocalRunner<B: Backend, M: ModelRef<B>> {
     scratch: BatchScratch<B>,
     attention: AttentionConfig,
     batch: usize,
-    done: Option<Result<Vec<Option<Vec<f32>>>, StepError>>,
+    done: Option<Result<Landed, StepError>>,
 }
 
 impl<B: Backend, M: ModelRef<B>> LocalRunner<B, M> {
@@ -144,20 +151,32 @@ impl<B: Backend, M: ModelRef<B>> StepRunner for LocalRunner<B, M> {
     }
 
     fn start(&mut self, steps: &mut [RunStep<'_, Session<B>>]) -> Result<(), StepError> {
-        let mut seq_steps: Vec<SeqStep<'_, B>> = steps
+        let tokens: Vec<u32> = steps
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let mut rows: Vec<SeqRows<'_, B>> = steps
             .iter_mut()
-            .map(|s| SeqStep {
+            .map(|s| SeqRows {
+                pos0: s.cache.pos(),
+                n: s.tokens.len(),
+                readout: s.readout,
                 session: &mut *s.cache,
-                tokens: s.tokens,
-                logits: s.logits,
             })
             .collect();
-        let done = self.model.get().step(&mut self.scratch, &mut seq_steps);
-        self.done = Some(done.map_err(|e| StepError::Failed(e.to_string())));
+        let model = self.model.get();
+        let done = match model.step_rows(&mut self.scratch, &mut rows, StepInput::Tokens(&tokens)) {
+            Ok(StepOutput::Predictions(p)) => Ok(p),
+            Ok(StepOutput::Hidden(_)) => Err(StepError::Failed(
+                "the model does not hold every layer and its head".into(),
+            )),
+            Err(e) => Err(StepError::Failed(e.to_string())),
+        };
+        self.done = Some(done);
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<Vec<Option<Vec<f32>>>, StepError> {
+    fn finish(&mut self) -> Result<Landed, StepError> {
         self.done
             .take()
             .unwrap_or_else(|| Err(StepError::Failed("no step was started".into())))
