@@ -2,9 +2,11 @@
 //! from memory, per layout, beside the machine's read bandwidth (decode is one such product
 //! per weight matrix per token, so a layout's GB/s here is its share of the roofline).
 //!
-//! Usage: `cargo run --release -p hesper-benches --bin cpu_kernels -- [THREADS] [MIB]`
+//! Usage: `cargo run --release -p hesper-benches --bin cpu_kernels -- [THREADS] [MIB] [TOKENS]`
 //! For each layout, a random matrix of about MIB MiB (default 512, far above the caches) with
-//! the 2B4T widths, one token, best of 8 products, on THREADS threads (default: all cores).
+//! the 2B4T widths, best of 8 products, on THREADS threads (default: all cores), for each count
+//! of tokens in TOKENS (default 1; e.g. `1,2,4,8`: a server's batched decode multiplies one
+//! token of each sequence at once, and a good kernel reads the weights once for all of them).
 
 use std::time::Instant;
 
@@ -33,6 +35,10 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(0);
     let mib: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(512);
+    let counts: Vec<usize> = args
+        .next()
+        .map(|a| a.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1]);
     let backend = match CpuBackend::new(threads) {
         Ok(b) => b,
         Err(e) => {
@@ -51,24 +57,33 @@ fn main() {
         let rows = (mib << 20) / probe.row_bytes();
         let desc = desc(format, rows, cols);
         let matrix = CpuMatrix::owned(random_bytes(desc.range.end), desc, None);
-        let x: Vec<f32> = (0..cols)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
-            .collect();
-        let mut out = vec![0.0; rows];
-        let best = backend.install(|| {
-            (0..8)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    matrix.matmul(backend.isa(), &x, 1, &mut out);
-                    t0.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min)
-        });
-        std::hint::black_box(&out);
-        let rate = matrix.data().len() as f64 / best / 1e9;
-        println!(
-            "{name:<28} {rate:>6.1} GB/s  ({:.0} % of the read bandwidth)",
-            100.0 * rate / gbs
-        );
+        for &n in &counts {
+            let x: Vec<f32> = (0..cols * n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect();
+            let mut out = vec![0.0; rows * n];
+            let best = backend.install(|| {
+                (0..8)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        matrix.matmul(backend.isa(), &x, n, &mut out);
+                        t0.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            });
+            std::hint::black_box(&out);
+            let rate = matrix.data().len() as f64 / best / 1e9;
+            let tokens = if n == 1 {
+                String::new()
+            } else {
+                format!(" × {n} tokens")
+            };
+            println!(
+                "{:<40} {rate:>6.1} GB/s  ({:.0} % of the read bandwidth), {:.2} ms per token",
+                format!("{name}{tokens}"),
+                100.0 * rate / gbs,
+                best * 1e3 / n as f64
+            );
+        }
     }
 }

@@ -206,3 +206,40 @@ fn q4_0_and_k_quant_batches_equal_their_tokens_one_at_a_time() {
         }
     }
 }
+
+#[test]
+fn an_f16_matrix_multiplies_any_count_of_tokens_like_one_at_a_time() {
+    // An F16 LM head kept as the file stores it (a tied embedding table): one to nine tokens,
+    // so tiles of four, the two or three left over (the tile with a token repeated) and a
+    // single one left over all meet the decode kernel's values.
+    let (rows, cols) = (68usize, 200usize);
+    let data: Vec<u8> = activations(rows, cols)
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v * 0.1).to_le_bytes())
+        .collect();
+    let desc = MatrixDesc {
+        name: "head".into(),
+        rows,
+        cols,
+        format: Format::F16,
+        range: 0..data.len(),
+    };
+    let w = CpuMatrix::owned(data, desc, None);
+    let pool = two_threads();
+    for isa in Isa::supported() {
+        for n in 1..=9 {
+            let x = activations(n, cols);
+            let mut batched = vec![0.0; n * rows];
+            pool.install(|| w.matmul(isa, &x, n, &mut batched));
+            let single: Vec<f32> = x
+                .chunks_exact(cols)
+                .flat_map(|xt| {
+                    let mut out = vec![0.0; rows];
+                    pool.install(|| w.matmul(isa, xt, 1, &mut out));
+                    out
+                })
+                .collect();
+            assert_eq!(batched, single, "{isa:?}, {n} tokens");
+        }
+    }
+}

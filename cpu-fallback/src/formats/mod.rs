@@ -250,6 +250,9 @@ impl<L: CpuLayout> RowKernels for L {
                 // No tile kernel: one row at a time from here on.
                 break;
             }
+            t = rows4_leftover(*self, isa, quad, a, t..tokens.end, &mut |t, r, v| {
+                put(t, i + r, v)
+            });
             for r in 0..4 {
                 let row = &quad[r * row_bytes..(r + 1) * row_bytes];
                 row_tokens(*self, isa, row, a, t..tokens.end, &mut |t, v| {
@@ -262,6 +265,45 @@ impl<L: CpuLayout> RowKernels for L {
             row_tokens(*self, isa, row, a, tokens.clone(), &mut |t, v| put(t, i, v));
         }
     }
+}
+
+/// Four rows of `layout` (`quad`) against the fewer than four tokens `tokens` left over from
+/// its tiles: two or three through the tile with the last token repeated (a tile sums each row
+/// and token as alone, so the repeats change nothing), one through the kernel of four rows
+/// against a token (four accumulator chains, as decode runs them), where the layout has them.
+/// `put(token, row, value)` takes each result; returns the first token not done. Kept out of
+/// line: the tile loop of [`RowKernels::rows_tokens`] is compiled as tightly as without it.
+#[inline(never)]
+fn rows4_leftover<L: CpuLayout>(
+    layout: L,
+    isa: Isa,
+    quad: &[u8],
+    a: &[L::Act],
+    tokens: std::ops::Range<usize>,
+    put: &mut dyn FnMut(usize, usize, f32),
+) -> usize {
+    let (mut t, end) = (tokens.start, tokens.end);
+    if end - t >= 2 {
+        let pick = |k: usize| &a[(t + k).min(end - 1)];
+        if let Some(values) = layout.dot_rows4_x4(isa, quad, [pick(0), pick(1), pick(2), pick(3)]) {
+            for (r, values) in values.into_iter().enumerate() {
+                for (k, v) in values.into_iter().enumerate().take(end - t) {
+                    put(t + k, r, v);
+                }
+            }
+            return end;
+        }
+    }
+    while t < end {
+        let Some(values) = layout.dot_rows4(isa, quad, &a[t]) else {
+            break;
+        };
+        for (r, v) in values.into_iter().enumerate() {
+            put(t, r, v);
+        }
+        t += 1;
+    }
+    t
 }
 
 /// One row of `layout` against a range of tokens: four per pass where a kernel unpacks the
