@@ -21,39 +21,46 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${HESPER_BIN:-$root/target/release/hesper-rs}
 read -r -a extra <<< "${RING_FLAGS:-}"
 common=(-m "$model" -t 1 --backend cpu "${extra[@]}")
-serve=(serve "${common[@]}" -np 8 -c 512 --log-disable)
+serve=(serve "${common[@]}" -np 8 -c 512)
 base=$((20000 + RANDOM % 20000))
 pids=()
 cleanup() { kill "${pids[@]}" 2> /dev/null || true; wait 2> /dev/null || true; }
 trap cleanup EXIT
 wait_ready() { until curl -sf "http://127.0.0.1:$1/health" > /dev/null; do sleep 0.5; done; }
-# A ring on ports $1 (master), $1+1 (worker), HTTP $2, with the master's extra flags after.
+# A ring on ports $1 (master), $1+1 (worker), HTTP $2: the master holds $3 (a range or auto),
+# the worker $4 (a range, or "" to be assigned), then the master's extra flags.
 ring() {
-  local p=$1 http=$2; shift 2
-  taskset -c 1 "$bin" node --role worker "${common[@]}" --listen "127.0.0.1:$((p + 1))" \
-    --next "127.0.0.1:$p" --link-delay "$delay" 2> /dev/null &
+  local p=$1 http=$2 master=$3 worker=$4; shift 4
+  taskset -c 1 "$bin" node --role worker "${common[@]}" ${worker:+--layers "$worker"} \
+    --listen "127.0.0.1:$((p + 1))" --next "127.0.0.1:$p" --link-delay "$delay" 2> /dev/null &
   pids+=($!)
-  taskset -c 0 "$bin" "${serve[@]}" --port "$http" --ring --layers "$layers" \
+  taskset -c 0 "$bin" "${serve[@]}" --port "$http" --ring --layers "$master" \
     --listen "127.0.0.1:$p" --next "127.0.0.1:$((p + 1))" --link-delay "$delay" "$@" \
     2> "/tmp/ring-serve-$http.err" &
   pids+=($!)
 }
-taskset -c 0 "$bin" "${serve[@]}" --port $((base + 10)) 2> /dev/null &
+taskset -c 0 "$bin" "${serve[@]}" --port $((base + 10)) --log-disable 2> /dev/null &
 pids+=($!)
-ring "$base" $((base + 11))
-ring $((base + 2)) $((base + 12)) --ring-inflight 1
-for http in $((base + 10)) $((base + 11)) $((base + 12)); do wait_ready "$http"; done
+wait_ready $((base + 10))
+worker=""
+[ "$layers" = auto ] || worker="${layers#*..}..$("$bin" info -m "$model" 2> /dev/null | sed -n 's/^model: .*, \([0-9]*\) layers,.*/\1/p')"
+ring "$base" $((base + 11)) "$layers" "$worker"
+wait_ready $((base + 11))
+# The same split for the ring with one step in flight.
+split=$(sed -n 's/^hesper: ring node 0: .*(layers \([0-9]*\.\.[0-9]*\),.*/\1/p' "/tmp/ring-serve-$((base + 11)).err")
+n_layer=$("$bin" info -m "$model" 2> /dev/null | sed -n 's/^model: .*, \([0-9]*\) layers,.*/\1/p')
+end=${split#*..}
+ring $((base + 2)) $((base + 12)) "$split" "$end..$n_layer" --ring-inflight 1
+wait_ready $((base + 12))
 echo "commit $(git -C "$root" rev-parse --short HEAD), $(date -u +%F), $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p')), $model, link delay $delay ms, ${extra[*]:-}"
-sed -n '/^| node/,/^[^|]/p' "/tmp/ring-serve-$((base + 11)).err" | grep '^|' || true
+grep '^|' "/tmp/ring-serve-$((base + 11)).err" || echo "layers $split | $end..$n_layer (given)"
 python3 "$root/benches/serve.py" "one node=http://127.0.0.1:$((base + 10))" \
   "ring=http://127.0.0.1:$((base + 11))" "ring, 1 in flight=http://127.0.0.1:$((base + 12))" \
   --clients "$clients" --tokens "$tokens" --rounds "$rounds" --long-words 0
 cleanup
 pids=()
-# The command-line ring, one stream: its own closing line's tokens per second.
-split=$(sed -n 's/^hesper: ring node 0: .*(layers \([0-9]*\.\.[0-9]*\),.*/\1/p' "/tmp/ring-serve-$((base + 11)).err")
-n_layer=$("$bin" info -m "$model" 2> /dev/null | sed -n 's/^model: .*, \([0-9]*\) layers,.*/\1/p')
-end=${split#*..}
+# The command-line ring, one stream, on the same split: its own closing line's tokens per
+# second (no link delay: an earlier build cannot emulate one).
 echo
 echo "| command-line ring (one stream, layers $split, $end..$n_layer) | binary | tg t/s |"
 echo "|---|---|---:|"

@@ -1,5 +1,5 @@
-"""Serving benchmark: aggregate generated tokens/s, time to first token (p50/p99) and time per
-output token of N concurrent streaming clients against OpenAI-compatible servers (hesper-rs
+"""Serving benchmark: aggregate generated tokens/s (over the whole run, and while every stream
+decodes), time to first token (p50/p99) and time per output token of N concurrent streaming clients against OpenAI-compatible servers (hesper-rs
 serve, llama-server), rounds interleaved between servers; then the prefix cache: time to first
 token of a long prompt cold and re-submitted.
 
@@ -65,7 +65,10 @@ def round_(url, clients, tokens, words, salt):
     n = sum(len(r) for r in results)
     ttft = [r[0] for r in results if r]
     tpot = [(r[-1] - r[0]) / (len(r) - 1) for r in results if len(r) > 1]
-    return n / wall, ttft, tpot
+    # Every stream's decode rate (its tokens after the first over the time they took), summed:
+    # what the server generates while all of them decode at once.
+    decode = sum((len(r) - 1) / (r[-1] - r[0]) for r in results if len(r) > 1 and r[-1] > r[0])
+    return n / wall, ttft, tpot, decode
 
 
 def pct(v, p):
@@ -89,17 +92,18 @@ def main():
     for r in range(a.rounds):
         for c in map(int, a.clients.split(",")):
             for name, url in servers:
-                tps, ttft, tpot = round_(url, c, a.tokens, a.prompt_words, 100 * r + c)
-                rows.setdefault((name, c), []).append((tps, ttft, tpot))
-    print("| server | clients | aggregate t/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |")
-    print("|---|---:|---:|---:|---:|---:|")
+                tps, ttft, tpot, decode = round_(url, c, a.tokens, a.prompt_words, 100 * r + c)
+                rows.setdefault((name, c), []).append((tps, ttft, tpot, decode))
+    print("| server | clients | aggregate t/s | decode t/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for c in map(int, a.clients.split(",")):
         for name, _ in servers:
             runs = rows[(name, c)]
             tps = statistics.median(x[0] for x in runs)
+            decode = statistics.median(x[3] for x in runs)
             ttft = [t for x in runs for t in x[1]]
             tpot = [t for x in runs for t in x[2]]
-            print(f"| {name} | {c} | {tps:.1f} | {pct(ttft, 50) * 1e3:.0f} | {pct(ttft, 99) * 1e3:.0f} | {pct(tpot, 50) * 1e3:.1f} |")
+            print(f"| {name} | {c} | {tps:.1f} | {decode:.1f} | {pct(ttft, 50) * 1e3:.0f} | {pct(ttft, 99) * 1e3:.0f} | {pct(tpot, 50) * 1e3:.1f} |")
     if a.long_words == 0:
         return
     print()

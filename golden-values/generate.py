@@ -50,6 +50,9 @@ Optional:
                      llama-bench on the TQ files). The files are ~1.1-1.2 GB each and are written
                      tensor by tensor, so memory stays small.
                      Given alone, only this step runs.
+  --bench-layers N   The --bench-2b4t models with their first N layers only (default 30): a
+                     smaller file of the same shape, for benchmarks that try every split of a
+                     ring (benches/ring_plan.sh).
 
 Output format (read by the Rust tests), per model ``out/<stem>.json``::
 
@@ -84,6 +87,7 @@ import struct
 import sys
 import time
 import zlib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -1580,9 +1584,10 @@ def step_control() -> None:
 # Synthetic 2B4T-shaped models for benchmarks (streamed, not committed)
 # ============================================================================================
 
-def step_bench_2b4t(out_dir: Path, seed: int) -> None:
-    """Same generator as the tiny models, one tensor at a time into three files at once."""
-    hp = BITNET_2B4T
+def step_bench_2b4t(out_dir: Path, seed: int, n_layer: int = BITNET_2B4T.n_layer) -> None:
+    """Same generator as the tiny models, one tensor at a time into three files at once; with
+    `n_layer` below 30, the first layers of the same weights (a ring's splits are tried on it)."""
+    hp = dataclasses.replace(BITNET_2B4T, n_layer=n_layer)
     out_dir.mkdir(parents=True, exist_ok=True)
     i2s = Variant("bench-2b4t-i2s", "bitnet-b1.58", GGML_I2_S, False, GGML_F16, "relu2",
                   "per_token_i8")
@@ -1635,6 +1640,8 @@ def main() -> None:
                     help="where the geometry step writes its model (default /tmp/hesper-geo)")
     ap.add_argument("--bench-2b4t", metavar="DIR", type=Path,
                     help="write the 2B4T-shaped benchmark models (I2_S + TQ2_0) into DIR")
+    ap.add_argument("--bench-layers", metavar="N", type=int, default=BITNET_2B4T.n_layer,
+                    help="layers of the --bench-2b4t models (default 30, the model's)")
     a = ap.parse_args()
     steps = a.steps or ([] if a.bench_2b4t else ["models", "llama", "reference"])
     unknown = set(steps) - {"models", "llama", "reference", "geometry", "control"}
@@ -1648,7 +1655,7 @@ def main() -> None:
              "control": step_control}[step]()
     if a.bench_2b4t:
         print("== bench-2b4t")
-        step_bench_2b4t(a.bench_2b4t, a.seed)
+        step_bench_2b4t(a.bench_2b4t, a.seed, a.bench_layers)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,14 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
     let (file, config) = model_config(&g.model)?;
     let settings = args.settings(&config)?;
     let (formation, layers) = match (layers, args.role) {
+        (Layers::Range(r), Role::Master) => (None, r),
+        (Layers::Range(r), _) if r.is_empty() => {
+            bail!(
+                "--layers {}..{}: a worker holds at least one layer",
+                r.start,
+                r.end
+            )
+        }
         (Layers::Range(r), _) => (None, r),
         (Layers::Auto, Role::Master) => {
             let formation = Formation::probe(&settings, offer(&g.model, &args.ring)?)?;

@@ -164,7 +164,7 @@ impl FromStr for ChaosArg {
     }
 }
 
-/// `START..END`.
+/// `START..END` (or `0..0`: a master that holds the embedding and no layer).
 #[derive(Debug, Clone)]
 pub struct LayerRange(pub Range<usize>);
 
@@ -178,9 +178,10 @@ impl FromStr for LayerRange {
             a.trim().parse().map_err(|_| bad())?,
             b.trim().parse().map_err(|_| bad())?,
         );
-        if a >= b {
+        // 0..0 is a master's that holds the embedding and no layer.
+        if a > b || (a == b && a != 0) {
             return Err(format!(
-                "{s:?}: the range is empty (START must be below END)"
+                "{s:?}: the range is empty (START must be below END; 0..0 is a master's with no layer)"
             ));
         }
         Ok(Self(a..b))

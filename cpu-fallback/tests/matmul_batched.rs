@@ -35,6 +35,24 @@ fn activations(n: usize, cols: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `w` (`rows` × `cols`) times each token of `x` alone (decode's product), the outputs one
+/// after another.
+fn one_at_a_time(
+    w: &CpuMatrix,
+    isa: Isa,
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    pool: &rayon::ThreadPool,
+) -> Vec<f32> {
+    x.chunks_exact(cols)
+        .flat_map(|xt| {
+            let mut out = vec![0.0; rows];
+            pool.install(|| w.matmul(isa, xt, 1, &mut out));
+            out
+        })
+        .collect()
+}
+
 /// A pool of two threads, so that row chunks are split between them.
 fn two_threads() -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
@@ -54,15 +72,11 @@ fn a_batch_equals_its_tokens_one_at_a_time() {
     for isa in Isa::supported() {
         let mut batched = vec![0.0; n * rows];
         pool.install(|| w.matmul(isa, &x, n, &mut batched));
-        let single: Vec<f32> = x
-            .chunks_exact(cols)
-            .flat_map(|xt| {
-                let mut out = vec![0.0; rows];
-                pool.install(|| w.matmul(isa, xt, 1, &mut out));
-                out
-            })
-            .collect();
-        assert_eq!(batched, single, "{isa:?}");
+        assert_eq!(
+            batched,
+            one_at_a_time(&w, isa, &x, (rows, cols), &pool),
+            "{isa:?}"
+        );
     }
 }
 
@@ -231,14 +245,7 @@ fn an_f16_matrix_multiplies_any_count_of_tokens_like_one_at_a_time() {
             let x = activations(n, cols);
             let mut batched = vec![0.0; n * rows];
             pool.install(|| w.matmul(isa, &x, n, &mut batched));
-            let single: Vec<f32> = x
-                .chunks_exact(cols)
-                .flat_map(|xt| {
-                    let mut out = vec![0.0; rows];
-                    pool.install(|| w.matmul(isa, xt, 1, &mut out));
-                    out
-                })
-                .collect();
+            let single = one_at_a_time(&w, isa, &x, (rows, cols), &pool);
             assert_eq!(batched, single, "{isa:?}, {n} tokens");
         }
     }

@@ -2,7 +2,7 @@
 //! with a bitmap; the receiver acknowledges each whole frame and asks again for the chunks it
 //! is missing (a NACK), and the sender, waiting for the acknowledgement, probes when it hears
 //! nothing — so frames arrive whole, once and in order despite loss, duplication and
-//! reordering. One frame is in flight per direction (a ring step sends one frame per hop).
+//! reordering. One frame is in flight per direction: the next waits for its acknowledgement.
 //!
 //! ```text
 //! datagram: magic "HSRU" | type u8 (1 data, 2 ack, 3 nack) | 3 zero bytes | frame id u64

@@ -6,13 +6,13 @@ Usage: python server/tests/ring_serve.py PATH/TO/hesper-rs
 On free 127.0.0.1 ports with the built-in model (4 layers): a master holding layers 0..1 and two
 workers (1..3, 3..4). The server checks of `openai_api.py` that do not depend on what runs a
 step (streaming, usage, n, stop strings, log-probabilities, logit_bias, errors, the prefix
-cache, 16 concurrent streams) pass against the ring; every answer of a set of seeded requests
-equals `serve` on one node's, one client at a time and 8 at once, and on a ring whose master
-keeps the output to itself (`--private`, every node's layers assigned). A worker killed while 4
-streams run (no node given its layers): with a standby, which is told what to hold, every
-stream completes with the text of an unbroken run; without
-one each stream ends with a server_error event naming the node, the server stays up, /health
-answers 503, then 200 once the worker is started again.
+cache, 16 concurrent streams, 64 clients' bounded load) pass against the ring; every answer of
+a set of seeded requests equals `serve` on one node's, one client at a time and 8 at once, and
+on a ring whose master keeps the output to itself (`--private`, every node's layers assigned).
+A worker killed while 4 streams run (no node given its layers): with a standby, which is told
+what to hold, every stream completes with the text of an unbroken run; without one each stream
+ends with a server_error event naming the node, the server stays up, /health answers 503,
+then 200 once the worker is started again.
 """
 
 import json
@@ -121,6 +121,7 @@ def same_as_one_node():
         t.api(srv, c)
         t.errors(srv)
         t.concurrency(srv, c)
+        t.load(srv, c)
         props = json.loads(srv.get("/props")[1])
         check(len(props.get("ring", [])) == 3, f"/props names the ring's nodes: {props}")
         check(srv.metric("hesper_steps_total") > 0, "steps counted")
