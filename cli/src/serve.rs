@@ -399,9 +399,6 @@ impl RingPlan {
         if args.ctx.attention.config()? != AttentionConfig::default() {
             bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
         }
-        if args.embeddings {
-            bail!("--embeddings is not served over a ring yet (its final hidden states stay on the last node)");
-        }
         let (listen, next) = (resolve("--listen", listen)?, resolve("--next", next)?);
         let (_, config) = model_config(&args.model)?;
         Ok(Self {

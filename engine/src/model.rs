@@ -1206,6 +1206,15 @@ impl<B: Backend> Model<B> {
         pollster::block_on(self.step_rows_hidden_async(scratch, seqs, input))
     }
 
+    /// [`Model::final_norm_async`], waited for.
+    pub fn final_norm(
+        &self,
+        scratch: &mut BatchScratch<B>,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        pollster::block_on(self.final_norm_async(scratch, hidden))
+    }
+
     /// [`Model::head_rows_async`], waited for.
     pub fn head_rows(
         &self,

@@ -8,11 +8,12 @@ workers (1..3, 3..4). The server checks of `openai_api.py` that do not depend on
 step (streaming, usage, n, stop strings, log-probabilities, logit_bias, errors, the prefix
 cache, 16 concurrent streams, 64 clients' bounded load) pass against the ring; every answer of
 a set of seeded requests equals `serve` on one node's, one client at a time and 8 at once, and
-on a ring whose master keeps the output to itself (`--private`, every node's layers assigned).
+on a ring whose master keeps the output to itself (`--private`, every node's layers assigned),
+whose embeddings (`--embeddings`) are one node's too.
 A worker killed while 4 streams run (no node given its layers): with a standby, which is told
 what to hold, every stream completes with the text of an unbroken run; without one each stream
 ends with a server_error event naming the node, the server stays up, /health answers 503,
-then 200 once the worker is started again.
+then 200 once the worker is started again, and its embeddings are one node's.
 """
 
 import json
@@ -100,13 +101,24 @@ def answers(c, reqs, clients):
         return list(ex.map(one, reqs))
 
 
+EMBED = ["In the beginning God created the heaven and the earth.", "Hear, O Israel",
+         "And the LORD spake unto Moses, saying"]
+
+
+def embeddings(c):
+    """The embeddings of EMBED, as float lists."""
+    return [d.embedding for d in c.embeddings.create(model="x", input=EMBED).data]
+
+
 def same_as_one_node():
     prompts = ["In the beginning", "And it came to pass, when the king heard",
                "The LORD is my shepherd", "Hear, O Israel"]
     reqs = [(prompts[i % 4], 40 + i, 0.0 if i % 3 == 0 else 0.9) for i in range(16)]
-    local = t.Server("-np", "8", "-c", "256", "--api-key", t.KEY, "--backend", "cpu", "-t", "1")
+    local = t.Server("-np", "8", "-c", "256", "--api-key", t.KEY, "--backend", "cpu", "-t", "1",
+                     "--embeddings")
     try:
         expect = answers(local.client(), reqs, 1)
+        vectors = embeddings(local.client())
     finally:
         local.stop()
     srv, nodes = ring([("1..3", []), ("3..4", [])], None, "-np", "8", "-c", "256",
@@ -131,14 +143,16 @@ def same_as_one_node():
             n.kill()
     # The master keeping the output to itself (--private), every node's layers assigned.
     srv, nodes = ring([(None, []), (None, [])], None, "-np", "8", "-c", "256",
-                      "--api-key", t.KEY, "--private", master="auto")
+                      "--api-key", t.KEY, "--private", "--embeddings", master="auto")
     try:
         got = answers(srv.client(), reqs, 8)
         check(got == expect, "a private ring's answers equal one node's")
+        check(embeddings(srv.client()) == vectors, "a private ring's embeddings equal one node's")
     finally:
         srv.stop()
         for n in nodes:
             n.kill()
+    return vectors
 
 
 def streams(srv, n, max_tokens):
@@ -176,7 +190,7 @@ def kill_mid_stream(srv, worker, futures):
     return [f.result(timeout=120) for f in futures]
 
 
-def failover():
+def failover(vectors):
     n, max_tokens = 4, 400
     local = t.Server("-np", "4", "-c", "1024", "--api-key", t.KEY, "--backend", "cpu", "-t", "1")
     try:
@@ -203,7 +217,7 @@ def failover():
             node.kill()
     # Without one: error events naming the node, the server up, /health 503, then 200 once
     # the worker is back.
-    srv, nodes = ring([(None, [])], None, *flags, master="auto")
+    srv, nodes = ring([(None, [])], None, *flags, "--embeddings", master="auto")
     try:
         got = kill_mid_stream(srv, nodes[0], streams(srv, n, max_tokens))
         for text, e in got:
@@ -224,6 +238,7 @@ def failover():
         check(srv.get("/health")[0] == 200, "/health is 200 once the worker is back")
         again = [f.result() for f in streams(srv, 1, 24)]
         check(again[0][1] is None and len(again[0][0]) > 0, f"served again: {again}")
+        check(embeddings(srv.client()) == vectors, "the ring formed again gives one node's embeddings")
     finally:
         srv.stop()
         for node in nodes:
@@ -231,8 +246,8 @@ def failover():
 
 
 def main():
-    same_as_one_node()
-    failover()
+    vectors = same_as_one_node()
+    failover(vectors)
     if t.FAILURES:
         print(f"{len(t.FAILURES)} check(s) failed")
         sys.exit(1)

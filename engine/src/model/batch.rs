@@ -360,6 +360,33 @@ impl<B: Backend> Model<B> {
         self.read_predictions(&mut sc.s.logits, asked).await
     }
 
+    /// The final norm of each row of `hidden` (`[rows][n_embd]`, the residual stream leaving the
+    /// last layer): the states an embedding pools, as [`Model::hidden_states_async`] gives them
+    /// (llama.cpp's `result_norm`). Needs the head here ([`Model::holds_head`]).
+    pub async fn final_norm_async(
+        &self,
+        sc: &mut BatchScratch<B>,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let n = self.hidden_rows(hidden)?;
+        if n > sc.tokens {
+            return Err(ModelError::BatchTooLarge {
+                tokens: n,
+                seqs: 1,
+                max_tokens: sc.tokens,
+                max_seqs: sc.seqs,
+            });
+        }
+        let (norm, _) = self.head_parts()?;
+        let b = &self.backend;
+        b.write(&mut sc.s.x, hidden)?;
+        b.rms_norm(&sc.s.x, norm, n, c.eps, &mut sc.s.h);
+        let mut out = vec![0.0; hidden.len()];
+        b.read(&sc.s.h, &mut out).await?;
+        Ok(out)
+    }
+
     /// Each readout of `asked` (with its row's position, for errors) from the logits rows at
     /// the front of `logits`, one per readout in order. One row's argmax or top k is found by
     /// the backend (a GPU reads back only those); several rows are read back whole.

@@ -78,8 +78,11 @@ struct Pending {
     readouts: Vec<(Readout, usize)>,
     /// The predictions come so far, by index.
     got: Vec<Option<Prediction>>,
-    /// The hidden states of the rows read out, where the master keeps the output to itself.
+    /// The hidden states of the rows read out, where the master keeps the output to itself,
+    /// or of every row of an embedding's step.
     states: Option<Vec<f32>>,
+    /// Rows whose final states the step asks for (an embedding's), or 0.
+    state_rows: usize,
     /// Each entry's index among the readouts, or `None` for an entry that asked for none.
     entries: Vec<Option<usize>>,
     /// A node's report that the step failed.
@@ -88,7 +91,10 @@ struct Pending {
 
 impl Pending {
     fn complete(&self) -> bool {
-        self.failed.is_some() || self.states.is_some() || self.got.iter().all(Option::is_some)
+        // An embedding's step asks for no readout: it is complete when its states are here.
+        self.failed.is_some()
+            || self.states.is_some()
+            || (self.state_rows == 0 && self.got.iter().all(Option::is_some))
     }
 }
 
@@ -286,6 +292,16 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
         &mut self,
         steps: &mut [(&mut RingCache<B>, &[u32], Option<Readout>)],
     ) -> Result<(), StepError> {
+        self.start_step(steps, false)
+    }
+
+    /// [`RingRunner::start_entries`]; with `states`, the last node hands back every row's final
+    /// state instead of readouts (an embedding's step).
+    fn start_step(
+        &mut self,
+        steps: &mut [(&mut RingCache<B>, &[u32], Option<Readout>)],
+        states: bool,
+    ) -> Result<(), StepError> {
         if let Some(why) = self.refusal() {
             return Err(StepError::Failed(why));
         }
@@ -296,7 +312,8 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
                 slot: c.slot,
                 pos0: c.session.pos(),
                 n: tokens.len(),
-                readout: *readout,
+                readout: readout.filter(|_| !states),
+                states,
             })
             .collect();
         let mut rows: Vec<SeqRows<'_, B>> = steps
@@ -346,6 +363,7 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
             got: vec![None; readouts.len()],
             readouts,
             states: None,
+            state_rows: if states { all.len() } else { 0 },
             entries: slots,
             failed: None,
         });
@@ -365,24 +383,55 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
 
     /// Waits for the oldest step in flight: each entry's prediction, for those that asked.
     pub fn finish_predictions(&mut self) -> Result<Vec<Option<Prediction>>, StepError> {
+        let p = self.land_front()?;
+        let mut got = match &p.states {
+            Some(states) => self.head(states, &p.readouts)?,
+            None => p.got,
+        };
+        Ok(p.entries
+            .iter()
+            .map(|i| i.and_then(|i| got[i].take()))
+            .collect())
+    }
+
+    /// Waits for the oldest step in flight, an embedding's ([`RingRunner::start_step`]): the
+    /// final state of every row it evaluated.
+    fn finish_states(&mut self) -> Result<Vec<f32>, StepError> {
+        let p = self.land_front()?;
+        let Some(states) = p.states else {
+            return Err(StepError::Failed("the ring sent no hidden states".into()));
+        };
+        if !self.opts.private {
+            return Ok(states);
+        }
+        // The last node hands raw states to a master that keeps the output to itself.
+        let failed = |e: ModelError| StepError::Failed(e.to_string());
+        let model = self.model.get();
+        let d = model.config.n_embd;
+        let sc = match &mut self.head_scratch {
+            Some(sc) if sc.tokens() * d >= states.len() => sc,
+            slot => slot.insert(
+                model
+                    .new_batch_scratch(states.len() / d, 1)
+                    .map_err(failed)?,
+            ),
+        };
+        model.final_norm(sc, &states).map_err(failed)
+    }
+
+    /// Waits for the oldest step in flight to come back whole and takes it; a node's report
+    /// that it failed is its error, a lost node breaks the ring.
+    fn land_front(&mut self) -> Result<Pending, StepError> {
         loop {
             let Some(front) = self.pending.front() else {
                 return Err(StepError::Failed("no step is in flight".into()));
             };
             if front.complete() {
                 let p = self.pending.pop_front().expect("a step in flight");
-                if let Some(why) = p.failed {
-                    return Err(StepError::Failed(why));
-                }
-                let mut got = match &p.states {
-                    Some(states) => self.head(states, &p.readouts)?,
-                    None => p.got,
+                return match p.failed {
+                    Some(why) => Err(StepError::Failed(why)),
+                    None => Ok(p),
                 };
-                return Ok(p
-                    .entries
-                    .iter()
-                    .map(|i| i.and_then(|i| got[i].take()))
-                    .collect());
             }
             let frame = match self.recv_frame(Duration::from_secs(1)) {
                 Ok(Some(f)) => f,
@@ -437,14 +486,24 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
                 let Some(p) = self.pending.iter_mut().find(|p| p.seq == h.seq) else {
                     return Ok(());
                 };
-                if !self.opts.private || h.n_tokens as usize != p.readouts.len() {
+                let rows = match p.state_rows {
+                    0 if self.opts.private => p.readouts.len(),
+                    0 => 0,
+                    n => n,
+                };
+                if h.n_tokens as usize != rows {
                     return Err(RingError::Protocol(format!(
-                        "{} hidden states for a step that asked for {} predictions",
+                        "{} hidden states for a step that asked for {} predictions and {} states",
                         h.n_tokens,
-                        p.readouts.len()
+                        p.readouts.len(),
+                        p.state_rows
                     )));
                 }
-                let states = wire::decode(h.dtype, &f.payload, p.readouts.len() * d)
+                if rows == 0 {
+                    // A step that asked for nothing (a prompt's middle, kept private).
+                    return Ok(());
+                }
+                let states = wire::decode(h.dtype, &f.payload, rows * d)
                     .map_err(|e| RingError::Protocol(e.to_string()))?;
                 p.states = Some(states);
                 Ok(())
@@ -784,7 +843,35 @@ impl<B: Backend, M: ModelRef<B>> StepRunner for RingRunner<B, M> {
         self.reload_ring().map_err(|e| e.to_string())
     }
 
-    fn hidden_states(&mut self, _tokens: &[u32]) -> Result<Vec<f32>, String> {
-        Err("embeddings are not computed over a ring".into())
+    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<f32>, StepError> {
+        let failed = |e: ModelError| StepError::Failed(e.to_string());
+        let mut cache = self.new_cache(tokens.len()).map_err(failed)?;
+        let mut result = Ok(Vec::with_capacity(
+            tokens.len() * self.model.get().config.n_embd,
+        ));
+        let mut started = 0;
+        for chunk in tokens.chunks(self.opts.batch) {
+            match self.start_step(&mut [(&mut cache, chunk, None)], true) {
+                Ok(()) => started += 1,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        // Every step started is landed (a broken ring drops them all), so none is left for
+        // the scheduler's next step.
+        for _ in 0..started {
+            if self.pending.is_empty() {
+                break;
+            }
+            match (self.finish_states(), &mut result) {
+                (Ok(states), Ok(out)) => out.extend(states),
+                (Err(e), Ok(_)) => result = Err(e),
+                (_, Err(_)) => {}
+            }
+        }
+        self.free_cache(cache);
+        result
     }
 }

@@ -2,11 +2,14 @@
 //!
 //! * A **Forward** frame is one step over several sequences: a table of entries (each a
 //!   sequence's cache slot, the first position of its rows, how many, and what the last node
-//!   hands back for its last row: [`Readout`] or nothing), then every entry's hidden rows in
-//!   order. Its header's `n_tokens` counts the rows, `aux` the entries.
+//!   hands back for its last row: [`Readout`] or nothing; or every row's final state, for an
+//!   embedding), then every entry's hidden rows in order. Its header's `n_tokens` counts the rows, `aux` the entries.
 //! * A **Prediction** frame carries the predictions of a step's entries that asked, in entry
 //!   order, each encoded as its readout says: a step's may be cut into several frames (`pos0`:
-//!   the first prediction's index, `n_tokens`: how many, `aux`: the step's total).
+//!   the first prediction's index, `n_tokens`: how many, `aux`: the step's total). One whose
+//!   `dtype` is a float format carries hidden states instead (`n_tokens` rows): the final states
+//!   of an embedding's rows, or the last rows' states for a master that keeps the output to
+//!   itself.
 //! * A **Cache** frame tells each worker to make or free the KV cache of a slot (the master's
 //!   pool of sequences), in order before the steps that use it.
 
@@ -17,6 +20,9 @@ const NONE: u32 = 0;
 const ARGMAX: u32 = 1;
 const LOGITS: u32 = 2;
 const TOP: u32 = 3;
+/// `readout` code of an entry whose every row's final hidden state is asked for (an
+/// embedding's).
+const STATES: u32 = 4;
 
 /// Bytes of one entry in a Forward frame's table.
 pub const ENTRY_LEN: usize = 16;
@@ -32,6 +38,9 @@ pub struct Entry {
     pub n: usize,
     /// What the last node hands back for the last row.
     pub readout: Option<Readout>,
+    /// Whether the last node hands back every row's hidden state leaving the last layer,
+    /// normalized by the final norm (an embedding's; then `readout` is `None`).
+    pub states: bool,
 }
 
 /// A readout as a code.
@@ -61,7 +70,12 @@ fn readout_of(code: u32) -> Result<Option<Readout>, String> {
 pub fn encode_entries(entries: &[Entry]) -> Vec<u8> {
     let mut out = Vec::with_capacity(entries.len() * ENTRY_LEN);
     for e in entries {
-        for v in [e.slot, e.pos0 as u32, e.n as u32, readout_code(e.readout)] {
+        let code = if e.states {
+            STATES
+        } else {
+            readout_code(e.readout)
+        };
+        for v in [e.slot, e.pos0 as u32, e.n as u32, code] {
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
@@ -89,7 +103,11 @@ pub fn decode_entries(b: &[u8], count: usize, rows: usize) -> Result<(Vec<Entry>
                 slot: word(e, 0),
                 pos0: word(e, 4) as usize,
                 n: word(e, 8) as usize,
-                readout: readout_of(word(e, 12))?,
+                readout: match word(e, 12) {
+                    STATES => None,
+                    code => readout_of(code)?,
+                },
+                states: word(e, 12) == STATES,
             })
         })
         .collect::<Result<_, String>>()?;
@@ -235,18 +253,21 @@ mod tests {
                 pos0: 17,
                 n: 2,
                 readout: Some(Readout::Top(40)),
+                states: false,
             },
             Entry {
                 slot: 9,
                 pos0: 0,
                 n: 5,
                 readout: None,
+                states: true,
             },
             Entry {
                 slot: 1,
                 pos0: 4,
                 n: 1,
                 readout: Some(Readout::Argmax),
+                states: false,
             },
         ];
         let mut b = encode_entries(&entries);

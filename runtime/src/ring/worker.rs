@@ -11,7 +11,7 @@ use hesper_engine::backend::Backend;
 use hesper_engine::model::{
     BatchScratch, Prediction, ReloadError, SeqRows, Session, StepInput, StepOutput,
 };
-use hesper_ring::{wire, Frame, Header, Incoming, Kind, Link, Net, NetError, Side};
+use hesper_ring::{wire, Dtype, Frame, Header, Incoming, Kind, Link, Net, NetError, Side};
 
 use super::hello::{self, NodeRecord};
 use super::plan::{self, Offer};
@@ -563,12 +563,33 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                 }));
             }
         }
-        let (out, predictions) = self.run_pieces(&entries, &hidden)?;
+        // An embedding's step hands back every row's state, not a readout.
+        let states = entries.iter().any(|e| e.states);
+        let (out, predictions) = self.run_pieces(&entries, &hidden, states || self.private)?;
         let model = self.model.get();
         if model.layer_range().end < model.config.n_layer {
             let mut payload = encode_entries(&entries);
             payload.extend(wire::encode(h.dtype, &out));
             return Ok(vec![Frame::new(h, payload)]);
+        }
+        if states {
+            // The final norm here where this node holds it; else (a master that keeps the
+            // output to itself) on the master.
+            let rows = if self.private {
+                out
+            } else {
+                let scratch = self.scratch.as_mut().expect("made by the step");
+                let d = model.config.n_embd;
+                let mut normed = Vec::with_capacity(out.len());
+                for piece in out.chunks(scratch.tokens() * d) {
+                    normed.extend(model.final_norm(scratch, piece)?);
+                }
+                normed
+            };
+            let mut f = Header::new(Kind::Prediction);
+            (f.session, f.seq, f.dtype) = (h.session, h.seq, Dtype::F32);
+            f.n_tokens = h.n_tokens;
+            return Ok(vec![Frame::new(f, wire::encode(Dtype::F32, &rows))]);
         }
         if self.private {
             return Ok(vec![last_states(h, &entries, &out, model.config.n_embd)]);
@@ -582,12 +603,13 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
     }
 
     /// Runs a step's entries in pieces of at most the node's batch of rows: the hidden states
-    /// leaving this node's layers (every row, in order), or where it runs the LM head, the
-    /// predictions of the entries that asked (in order).
+    /// leaving this node's layers (every row, in order), or where it runs the LM head (and not
+    /// `hidden_only`), the predictions of the entries that asked (in order).
     fn run_pieces(
         &mut self,
         entries: &[Entry],
         hidden: &[f32],
+        hidden_only: bool,
     ) -> Result<(Vec<f32>, Vec<Prediction>), RingError> {
         let d = self.model.get().config.n_embd;
         let cap = self.batch;
@@ -651,7 +673,7 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
             let model = self.model.get();
             let input = StepInput::Hidden(input);
             // A master that keeps the output to itself reads it out of the states.
-            let ran = if self.private {
+            let ran = if hidden_only {
                 model
                     .step_rows_hidden(scratch, &mut seq_rows, input)
                     .map(StepOutput::Hidden)

@@ -508,7 +508,17 @@ impl<R: StepRunner> Sched<'_, R> {
                 self.config.n_ctx
             ));
         }
-        self.runner.hidden_states(tokens)
+        match self.runner.hidden_states(tokens) {
+            Ok(states) => Ok(states),
+            Err(StepError::Failed(why)) => Err(why),
+            Err(e) => {
+                let why = match &e {
+                    StepError::Reformed(w) | StepError::Down(w) | StepError::Failed(w) => w.clone(),
+                };
+                self.lose_flights(e);
+                Err(why)
+            }
+        }
     }
 
     /// Sets the gauges that follow the running sequences and the pool.

@@ -110,8 +110,9 @@ pub trait StepRunner {
     fn reload(&mut self) -> Result<Reload, String>;
 
     /// The final normalized hidden states `[n][n_embd]` of `tokens` evaluated alone from
-    /// position 0, between two steps, in a cache of their own.
-    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String>;
+    /// position 0, between two steps, in a cache of their own. A [`StepError::Reformed`] or
+    /// [`StepError::Down`] concerns the running sequences as a step's would.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<f32>, StepError>;
 }
 
 /// A model holding every layer in this process: a step runs when it is started.
@@ -189,13 +190,12 @@ impl<B: Backend, M: ModelRef<B>> StepRunner for LocalRunner<B, M> {
         }
     }
 
-    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
+    fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<f32>, StepError> {
+        let failed = |e: ModelError| StepError::Failed(e.to_string());
         let model = self.model.get();
         let mut s = model
             .new_session_with(tokens.len(), self.batch, &self.attention)
-            .map_err(|e| e.to_string())?;
-        model
-            .hidden_states(&mut s, tokens)
-            .map_err(|e| e.to_string())
+            .map_err(failed)?;
+        model.hidden_states(&mut s, tokens).map_err(failed)
     }
 }
