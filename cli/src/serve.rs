@@ -73,6 +73,12 @@ pub struct ServeArgs {
     /// Answer GET /metrics (Prometheus' text format).
     #[arg(long = "metrics")]
     metrics: bool,
+    /// Answer GET /slots with 501 (it shows every running request's prompt and answer).
+    #[arg(long = "no-slots")]
+    no_slots: bool,
+    /// Serve no chat page at / (the API only).
+    #[arg(long = "no-webui")]
+    no_webui: bool,
     /// The model's name in answers and /v1/models [default: the file's name].
     #[arg(short = 'a', long = "alias", value_name = "NAME")]
     alias: Option<String>,
@@ -214,6 +220,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         api_keys,
         alias: alias.clone(),
         metrics: args.metrics,
+        slots: !args.no_slots,
+        webui: !args.no_webui,
         timeout: Duration::from_secs(args.timeout),
         header_timeout: HEADER_TIMEOUT.min(Duration::from_secs(args.timeout)),
         max_body: MAX_BODY,
@@ -325,6 +333,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tool_format,
         submitter,
         n_ctx,
+        n_batch: args.ctx.batch_size,
         parallel,
     };
     let serving = format!(

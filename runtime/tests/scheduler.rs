@@ -1,7 +1,7 @@
 //! The continuous-batching scheduler on the built-in trained model (CPU): a sequence's tokens
 //! do not depend on what runs beside it, a shared prefix is reused bit for bit, a client that
 //! goes away frees its sequence, a full queue refuses, a sequence waits for room in the KV
-//! pool, and hidden states (embeddings) are computed between steps.
+//! pool, hidden states (embeddings) are computed between steps, and the slots show what runs.
 
 use std::sync::atomic::Ordering;
 
@@ -341,5 +341,62 @@ fn hidden_states_are_the_final_norm_of_the_residual_stream() {
                 .expect("answered");
             assert!(r.is_err());
         }
+    });
+}
+
+#[test]
+fn slots_show_each_running_sequence_in_the_lowest_free_slot() {
+    let (_, tok) = kjv();
+    with_scheduler(config(4, 16), 4, |sub| {
+        let ask = || {
+            sub.slots()
+                .expect("asked")
+                .blocking_recv()
+                .expect("answered")
+        };
+        let idle = ask();
+        assert_eq!((idle.slots.len(), idle.idle(), idle.n_ctx), (4, 4, 256));
+        assert_eq!(idle.kv_capacity, 4 * 256);
+        let start = |prompt: &str, seed: u64| {
+            let (mut j, mut rx) = job(&tok, prompt, seed, 120);
+            j.ignore_eos = true;
+            let prompt = j.prompt.clone();
+            sub.submit(j).expect("queued");
+            // Admitted, and one token generated.
+            assert!(matches!(rx.blocking_recv(), Some(JobEvent::Started { .. })));
+            assert!(matches!(rx.blocking_recv(), Some(JobEvent::Token { .. })));
+            (prompt, rx)
+        };
+        let (a_prompt, mut a_rx) = start(PROMPTS[0], 1);
+        let (b_prompt, mut b_rx) = start(PROMPTS[2], 2);
+        // Asked between two steps: each sequence is a step or two past its first token, far
+        // from its 120th.
+        let busy = ask();
+        assert_eq!(busy.idle(), 2);
+        for (slot, prompt) in [(0, &a_prompt), (1, &b_prompt)] {
+            let s = busy.slots[slot].seq.as_ref().expect("running");
+            assert_eq!(&s.prompt, prompt, "slot {slot}");
+            assert!(!s.generated.is_empty() && s.generated.len() < 10, "{s:?}");
+            assert_eq!(s.generated.len() + s.remaining, 120);
+            assert_eq!(s.sampling.seed, slot as u64 + 1);
+            assert!(s.kv_positions >= prompt.len() + 120);
+            assert!(s.evaluated >= prompt.len());
+        }
+        assert!(busy.kv_held >= 2 * (a_prompt.len() + 120));
+        let (a_tokens, _, _) = drain(&mut a_rx);
+        let a_seq = busy.slots[0].seq.as_ref().unwrap();
+        // What the slot showed is what the sequence sent (its first token was read above).
+        assert!(a_tokens.starts_with(&a_seq.generated[1..]));
+        drain(&mut b_rx);
+        // Slot 0 is free again: the next sequence takes it, its prompt's prefix cached.
+        let (_, mut c_rx) = start(PROMPTS[0], 3);
+        let again = ask();
+        let c = again.slots[0].seq.as_ref().expect("slot 0 runs again");
+        assert!(c.cached > 0, "{c:?}");
+        assert!(again.slots[1..].iter().all(|s| s.seq.is_none()));
+        drain(&mut c_rx);
+        let done = ask();
+        assert_eq!(done.idle(), 4);
+        assert!(done.cached_prefixes.iter().any(|&n| n >= a_prompt.len()));
     });
 }

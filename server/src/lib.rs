@@ -10,7 +10,9 @@
 //! * [`reasoning`]: `<think>` thoughts apart from the answer (`reasoning_content`);
 //! * [`reload`]: hot-swap checks (`/health` and `POST /reload` with `--hot-swap`);
 //! * [`conn`]: the accept loop (connection limit, header timeout);
-//! * [`log`]: one line per request on stderr.
+//! * [`log`]: one line per request on stderr;
+//! * [`slots`]: `/slots`, the sequence slots and what runs in them;
+//! * [`webui`]: the chat page at `/`.
 
 pub mod completion;
 pub mod conn;
@@ -22,9 +24,11 @@ pub mod reasoning;
 pub mod reload;
 pub mod request;
 pub mod routes;
+pub mod slots;
 pub mod stop;
 pub mod structured;
 pub mod tools;
+pub mod webui;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -44,6 +48,10 @@ pub struct ServerConfig {
     pub alias: String,
     /// Whether `/metrics` answers.
     pub metrics: bool,
+    /// Whether `/slots` answers.
+    pub slots: bool,
+    /// Whether the chat page answers at `/`.
+    pub webui: bool,
     /// How long a request body may take to arrive.
     pub timeout: Duration,
     /// How long a request's headers may take to arrive (a slow client is dropped).
@@ -84,6 +92,8 @@ pub struct Ready {
     pub submitter: Submitter,
     /// Positions one sequence may use.
     pub n_ctx: usize,
+    /// Tokens one step evaluates at most (`-b`).
+    pub n_batch: usize,
     /// Ids a prediction may pick.
     pub n_vocab: usize,
     /// The width of a hidden state (an embedding's length).

@@ -2,6 +2,7 @@
 //! errors for unknown paths and methods, and the small endpoints (`/health`, `/v1/models`,
 //! `/props`, `/tokenize`, `/detokenize`, `/metrics`; `/reload` is the hot-swap's).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -42,13 +43,21 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/responses", post(completion::responses::create))
         .route("/v1/completions", post(completion::text))
         .route("/completion", post(completion::native::create))
+        .route("/infill", post(completion::infill::create))
         .route("/completions", post(completion::text))
         .route("/apply-template", post(completion::apply_template))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/props", get(props))
         .route("/metrics", get(metrics))
-        .route("/reload", post(crate::reload::reload))
+        .route("/slots", get(crate::slots::slots))
+        .route("/reload", post(crate::reload::reload));
+    if state.config.webui {
+        for (path, _, _) in crate::webui::FILES {
+            app = app.route(path, get(move || async move { crate::webui::file(path) }));
+        }
+    }
+    app = app
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authorize));
@@ -97,7 +106,9 @@ pub fn allowed_origins(origins: &[String]) -> Result<Option<AllowOrigin>, String
 /// Refuses a request without a valid key (when keys are set), comparing in constant time.
 async fn authorize(Ext(state): Ext<Arc<State>>, req: Request, next: Next) -> Response {
     let keys = &state.config.api_keys;
-    if keys.is_empty() || PUBLIC.contains(&req.uri().path()) || req.method() == Method::OPTIONS {
+    let path = req.uri().path();
+    let page = state.config.webui && crate::webui::is_page(path);
+    if keys.is_empty() || PUBLIC.contains(&path) || page || req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
     let given = key_of(req.headers());
@@ -203,6 +214,11 @@ async fn props(Ext(state): Ext<Arc<State>>) -> Result<Json<Value>, ApiError> {
     let mut props = ready.props.clone();
     props["total_slots"] = json!(ready.parallel);
     props["default_generation_settings"] = json!({ "n_ctx": ready.n_ctx });
+    let g = ready.submitter.gauges();
+    props["kv_pool"] = json!({
+        "capacity": g.kv_capacity.load(Ordering::Relaxed),
+        "held": g.kv_positions.load(Ordering::Relaxed),
+    });
     props["model_alias"] = json!(state.config.alias);
     props["build_info"] = json!(concat!("hesper-rs ", env!("CARGO_PKG_VERSION")));
     Ok(Json(props))

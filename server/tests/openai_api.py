@@ -179,6 +179,8 @@ def main():
     hot_swap()
     cors()
     hostile_template()
+    infill()
+    switches()
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed")
         sys.exit(1)
@@ -1223,6 +1225,15 @@ def full_queue_and_disconnect(srv):
     resp.fp.readline()
     resp.fp.readline()
     check(srv.metric("hesper_sequences_running") == 1, "one sequence runs")
+    # /slots shows it in slot 0, and a probe for an idle slot is refused.
+    s, body = srv.get("/slots")
+    slots = json.loads(body) if s == 200 else []
+    busy = slots[0] if slots else {}
+    check(len(slots) == 1 and busy.get("is_processing") is True and "And" in busy.get("prompt", "")
+          and busy.get("next_token", [{}])[0].get("n_decoded", 0) >= 2
+          and busy.get("params", {}).get("temperature") == 1.0
+          and busy.get("n_kv_positions", 0) >= 4000, f"/slots while busy: {s} {body[:400]}")
+    error_of(srv.get("/slots?fail_on_no_slot=1"), 503)
     # With it running and one request waiting, the next is refused with 503 and Retry-After.
     waiting = threading.Thread(target=lambda: srv.post("/v1/completions", {"prompt": "And", "max_tokens": 2}))
     waiting.start()
@@ -1247,6 +1258,130 @@ def full_queue_and_disconnect(srv):
     e = error_of(srv.post("/v1/completions", {"prompt": "And", "max_tokens": 2, "n": 2})[:2], 400, "n")
     check("--queue 1" in e.get("message", ""), f"names --queue: {e}")
     e = error_of(srv.post("/v1/completions", {"prompt": ["And", "It"], "max_tokens": 2})[:2], 400, "prompt")
+
+
+KJV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "hesper-kjv.gguf")
+
+
+def with_u32_keys(src, dst, keys):
+    """Copies the GGUF file `src` to `dst` with the u32 metadata `keys` ({name: value}) added
+    (the tensors' data moved to the next aligned offset, their offsets unchanged)."""
+    import struct
+    data = open(src, "rb").read()
+    at = 24
+    n_tensors, n_kv = struct.unpack_from("<QQ", data, 8)
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    align = 32
+
+    def string(at):
+        n, = struct.unpack_from("<Q", data, at)
+        return data[at + 8:at + 8 + n].decode(), at + 8 + n
+
+    def value(t, at):
+        if t == 8:
+            return string(at)[1]
+        if t == 9:
+            et, n = struct.unpack_from("<IQ", data, at)
+            at += 12
+            for _ in range(n):
+                at = value(et, at)
+            return at
+        return at + sizes[t]
+
+    for _ in range(n_kv):
+        key, at = string(at)
+        t, = struct.unpack_from("<I", data, at)
+        if key == "general.alignment":
+            align, = struct.unpack_from("<I", data, at + 4)
+        at = value(t, at + 4)
+    kv_end = at
+    for _ in range(n_tensors):
+        _, at = string(at)
+        n_dims, = struct.unpack_from("<I", data, at)
+        at += 4 + 8 * n_dims + 4 + 8
+    tensor_start = (at + align - 1) // align * align
+    added = b"".join(struct.pack("<Q", len(k)) + k.encode() + struct.pack("<II", 4, v)
+                     for k, v in keys.items())
+    head = (data[:16] + struct.pack("<Q", n_kv + len(keys)) + data[24:kv_end] + added
+            + data[kv_end:at])
+    head += b"\0" * (-len(head) % align)
+    with open(dst, "wb") as f:
+        f.write(head + data[tensor_start:])
+
+
+def infill():
+    """POST /infill: a model without fill-in-the-middle tokens is a 400 naming them; with them
+    (the built-in model's file with three of its tokens named FIM prefix, suffix and middle),
+    the prompt is llama-server's layout — the other files after snippet separators, BOS, PRE,
+    the prefix's last 3/4 of a batch, the prompt, SUF, the suffix's start, MID — and the
+    answer is /completion's for those ids."""
+    srv = Server("--api-key", KEY)
+    try:
+        e = error_of(srv.post("/infill", {"input_prefix": "a", "input_suffix": "b"})[:2], 400)
+        check("prefix, suffix and middle tokens" in e.get("message", ""), f"infill refused: {e}")
+    finally:
+        srv.stop()
+    d = tempfile.mkdtemp()
+    model = os.path.join(d, "fim.gguf")
+    pre, suf, mid = 5, 6, 7
+    with_u32_keys(KJV, model, {"tokenizer.ggml.fim_pre_token_id": pre,
+                               "tokenizer.ggml.fim_suf_token_id": suf,
+                               "tokenizer.ggml.fim_mid_token_id": mid})
+    srv = Server("-m", model, "--api-key", KEY, "-b", "64", "-c", "256")
+    try:
+        tok = lambda text: json.loads(srv.post("/tokenize", {"content": text, "parse_special": False})[1])["tokens"]
+        bos = json.loads(srv.post("/tokenize", {"content": "", "add_special": True})[1])["tokens"]
+        prefix = "And God said, Let there be light: and there was light. " * 4
+        suffix = " and the evening and the morning were the first day. " * 3
+        req = {"input_prefix": prefix, "input_suffix": suffix, "prompt": "And God",
+               "input_extra": [{"filename": "a.txt", "text": "In the beginning"}],
+               "n_predict": 6, "temperature": 0}
+        s, body, _ = srv.post("/infill", req)
+        got = json.loads(body) if s == 200 else {}
+        # Batch 64: the prefix keeps its last 48 tokens, the suffix 16 - 2 - |prompt|.
+        p, x, q = tok(prefix), tok(suffix), tok("And God")
+        extra = tok("\n\n--- snippet ---\n\n") + tok("In the beginning")
+        want = extra + bos + [pre] + p[-48:] + q + [suf] + x[:16 - 2 - len(q)] + [mid]
+        check(len(p) > 48 and len(x) > 16, f"the texts outgrow the batch: {len(p)} {len(x)}")
+        check(got.get("tokens_evaluated") == len(want), f"/infill: {s} {body[:300]} want {len(want)}")
+        s2, body2, _ = srv.post("/completion", {"prompt": want, "n_predict": 6, "temperature": 0})
+        plain = json.loads(body2) if s2 == 200 else {}
+        check(got.get("prompt") == plain.get("prompt") and got.get("content") == plain.get("content")
+              and got.get("tokens_predicted") == 6, f"/infill {body[:300]} vs /completion {body2[:300]}")
+        error_of(srv.post("/infill", {"input_suffix": "b"})[:2], 400, "input_prefix")
+        error_of(srv.post("/infill", {"input_prefix": "a", "input_suffix": "b",
+                                      "input_extra": [{"filename": "x"}]})[:2], 400, "input_extra")
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def switches():
+    """The chat page at / and /slots are on by default (the page without a key) and off with
+    --no-webui and --no-slots; /props shows the KV pool."""
+    srv = Server("--api-key", KEY, "-np", "3")
+    try:
+        s, body, r = srv.request("GET", "/")
+        check(s == 200 and "<title>hesper-rs</title>" in body
+              and r.getheader("Content-Type").startswith("text/html"), f"/: {s} {body[:200]}")
+        s, body, _ = srv.request("GET", "/webui/app.js")
+        check(s == 200 and "v1/chat/completions" in body, f"/webui/app.js: {s}")
+        error_of(srv.request("GET", "/v1/models")[:2], 401)
+        s, body = srv.get("/slots")
+        check(s == 200 and [(x["id"], x["is_processing"]) for x in json.loads(body)]
+              == [(0, False), (1, False), (2, False)], f"/slots idle: {body[:300]}")
+        check(srv.get("/slots?fail_on_no_slot=1")[0] == 200, "an idle slot is found")
+        pool = json.loads(srv.get("/props")[1]).get("kv_pool", {})
+        check(pool.get("capacity") == 3 * 256 and 0 < pool.get("held", 0) <= pool["capacity"],
+              f"/props kv_pool {pool}")
+    finally:
+        srv.stop()
+    srv = Server("--api-key", KEY, "--no-webui", "--no-slots")
+    try:
+        error_of(srv.get("/"), 404)
+        error_of(srv.get("/slots"), 501)
+    finally:
+        srv.stop()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 // What the browser tests and measurements share: a static server for the page (web/www) with
-// extra folders mounted, and Debian's headless Chromium with WebGPU (SwiftShader) on.
+// extra folders mounted, and Debian's headless Chromium with WebGPU (SwiftShader) on (also
+// for the chat page `hesper-rs serve` answers at `/`, webui.test.mjs).
 import { createReadStream, statSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { dirname, extname, join, normalize, resolve } from 'node:path';
@@ -29,14 +30,7 @@ export async function startPage(mounts, profileDir) {
     createReadStream(file).pipe(res);
   });
   await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  const browser = await puppeteer.launch({
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    headless: true,
-    userDataDir: profileDir,
-    protocolTimeout: 1_800_000,
-    args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-gpu-sandbox', '--disable-background-networking',
-      '--disable-component-update', '--no-first-run', '--disable-sync', '--no-default-browser-check'],
-  });
+  const browser = await launchBrowser(profileDir);
   return {
     base: `http://127.0.0.1:${server.address().port}/`,
     browser,
@@ -45,4 +39,16 @@ export async function startPage(mounts, profileDir) {
       server.close();
     },
   };
+}
+
+/// Debian's headless Chromium with WebGPU (SwiftShader) on and a fresh profile in `profileDir`.
+export function launchBrowser(profileDir) {
+  return puppeteer.launch({
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    userDataDir: profileDir,
+    protocolTimeout: 1_800_000,
+    args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-gpu-sandbox', '--disable-background-networking',
+      '--disable-component-update', '--no-first-run', '--disable-sync', '--no-default-browser-check'],
+  });
 }

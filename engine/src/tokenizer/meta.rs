@@ -6,6 +6,7 @@
 
 use crate::gguf::{Array, Gguf, Value};
 
+use super::fim::FimTokens;
 use super::TokenizerError;
 
 /// `tokenizer.ggml.model`.
@@ -40,6 +41,8 @@ pub(crate) struct SpecialKeys {
     pub unk: Option<u32>,
     pub add_bos: Option<bool>,
     pub add_space_prefix: Option<bool>,
+    /// The fill-in-the-middle tokens the metadata names.
+    pub fim: FimTokens,
 }
 
 /// Everything the tokenizer reads from the file, checked.
@@ -157,6 +160,24 @@ fn read_special(
     let eot = id("tokenizer.ggml.eot_token_id")?;
     let eom = id("tokenizer.ggml.eom_token_id")?;
     let unk = id("tokenizer.ggml.unknown_token_id")?;
+    // The older keys, where present, win (llama.cpp reads them last).
+    let mut fim = FimTokens {
+        pre: id("tokenizer.ggml.fim_pre_token_id")?,
+        suf: id("tokenizer.ggml.fim_suf_token_id")?,
+        mid: id("tokenizer.ggml.fim_mid_token_id")?,
+        pad: id("tokenizer.ggml.fim_pad_token_id")?,
+        rep: id("tokenizer.ggml.fim_rep_token_id")?,
+        sep: id("tokenizer.ggml.fim_sep_token_id")?,
+    };
+    for (key, slot) in [
+        ("tokenizer.ggml.prefix_token_id", &mut fim.pre),
+        ("tokenizer.ggml.suffix_token_id", &mut fim.suf),
+        ("tokenizer.ggml.middle_token_id", &mut fim.mid),
+    ] {
+        if let Some(t) = id(key)? {
+            *slot = Some(t);
+        }
+    }
     let flag = |key: &'static str| -> Result<Option<bool>, TokenizerError> {
         match g.get(key) {
             None => Ok(None),
@@ -172,6 +193,7 @@ fn read_special(
         unk,
         add_bos: flag("tokenizer.ggml.add_bos_token")?,
         add_space_prefix: flag("tokenizer.ggml.add_space_prefix")?,
+        fim,
     })
 }
 

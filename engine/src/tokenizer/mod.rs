@@ -19,6 +19,7 @@ mod bpe;
 mod byte_level;
 mod error;
 mod fast_hash;
+mod fim;
 mod meta;
 mod pre;
 mod special;
@@ -29,6 +30,7 @@ mod vocab;
 use crate::gguf::Gguf;
 
 pub use error::TokenizerError;
+pub use fim::FimTokens;
 pub use pre::PreTokenizer;
 pub use stream::TextStream;
 
@@ -61,6 +63,7 @@ pub struct Tokenizer {
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
+    fim: FimTokens,
     /// End-of-generation flag per id.
     eog: Vec<bool>,
     model_name: String,
@@ -121,6 +124,7 @@ impl Tokenizer {
             }
         }
         let specials = SpecialTokens::new(&vocab);
+        let fim = FimTokens::find(keys.fim, &vocab);
         Ok(Some(Tokenizer {
             vocab,
             engine,
@@ -129,6 +133,7 @@ impl Tokenizer {
             bos,
             eos,
             add_bos,
+            fim,
             eog,
             model_name: meta.model_name,
             pre_note,
@@ -246,6 +251,11 @@ impl Tokenizer {
     /// (true for SentencePiece and for the Llama-3 split, false for the `default` split).
     pub fn add_bos(&self) -> bool {
         self.add_bos
+    }
+
+    /// The fill-in-the-middle tokens (code models'), where the vocabulary has them.
+    pub fn fim(&self) -> FimTokens {
+        self.fim
     }
 
     /// True for tokens that end generation: EOS, EOT, EOM (from metadata) and tokens whose text

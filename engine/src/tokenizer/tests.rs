@@ -264,3 +264,34 @@ fn pre_tokenizer_names() {
     );
     assert_eq!(PreTokenizer::from_name("falcon-h1"), None);
 }
+
+#[test]
+fn fill_in_the_middle_tokens_from_metadata_or_their_text() {
+    // Qwen's texts: found by their text (ids 256.. in the order given).
+    let qwen = [
+        "<|fim_prefix|>",
+        "<|fim_suffix|>",
+        "<|fim_middle|>",
+        "<|file_sep|>",
+    ];
+    let t = load(gpt2(&qwen, &[], Some("llama-bpe")), None);
+    let fim = t.fim();
+    assert_eq!(
+        (fim.pre, fim.suf, fim.mid, fim.sep, fim.rep, fim.pad),
+        (Some(256), Some(257), Some(258), Some(259), None, None)
+    );
+    assert_eq!(fim.infill(), Ok((256, 257, 258)));
+    // The metadata wins over the text; the older key over the newer one.
+    let b = gpt2(&qwen, &[], Some("llama-bpe"))
+        .kv("tokenizer.ggml.fim_pre_token_id", Value::U32(7))
+        .kv("tokenizer.ggml.fim_mid_token_id", Value::U32(8))
+        .kv("tokenizer.ggml.middle_token_id", Value::U32(9));
+    let fim = load(b, None).fim();
+    assert_eq!((fim.pre, fim.suf, fim.mid), (Some(7), Some(257), Some(9)));
+    // A vocabulary without them cannot infill, and says which are missing.
+    let none = load(gpt2(&["<|fim_suffix|>"], &[], Some("llama-bpe")), None).fim();
+    assert_eq!(
+        none.infill(),
+        Err("the model has no fill-in-the-middle prefix and middle tokens".into())
+    );
+}

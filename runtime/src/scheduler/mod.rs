@@ -14,6 +14,7 @@
 
 mod pool;
 mod runner;
+mod slots;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
@@ -30,6 +31,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::evaluator::ModelRef;
 use pool::Pool;
 pub use runner::{Landed, LocalRunner, RunStep, SeqCache, StepError, StepRunner};
+pub use slots::{Slot, SlotSeq, Slots};
 
 /// How a scheduler runs.
 #[derive(Debug, Clone)]
@@ -178,6 +180,7 @@ pub struct Submitter {
     capacity: usize,
     reloads: SyncSender<tokio::sync::oneshot::Sender<Reloaded>>,
     embeds: SyncSender<HiddenStates>,
+    slots: SyncSender<tokio::sync::oneshot::Sender<Slots>>,
     gauges: Arc<Gauges>,
 }
 
@@ -205,6 +208,7 @@ pub struct Inbox {
     jobs: Receiver<Job>,
     reloads: Receiver<tokio::sync::oneshot::Sender<Reloaded>>,
     embeds: Receiver<HiddenStates>,
+    slots: Receiver<tokio::sync::oneshot::Sender<Slots>>,
 }
 
 /// How long an idle scheduler waits for a job before it looks for hot-swap checks.
@@ -251,6 +255,17 @@ impl Submitter {
         Ok(rx)
     }
 
+    /// Asks for the scheduler's slots and KV pool ([`Slots`]), taken between two steps; the
+    /// answer comes on the receiver.
+    pub fn slots(&self) -> Result<tokio::sync::oneshot::Receiver<Slots>, SubmitError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.slots.try_send(tx).map_err(|e| match e {
+            TrySendError::Full(_) => SubmitError::Full,
+            TrySendError::Disconnected(_) => SubmitError::Closed,
+        })?;
+        Ok(rx)
+    }
+
     /// Jobs the admission queue holds at most: a request of more answers can never be
     /// queued whole.
     pub fn capacity(&self) -> usize {
@@ -268,6 +283,7 @@ pub fn queue(queue: usize) -> (Submitter, Inbox) {
     let (tx, jobs) = std::sync::mpsc::sync_channel(queue);
     let (reloads_tx, reloads) = std::sync::mpsc::sync_channel(queue);
     let (embeds_tx, embeds) = std::sync::mpsc::sync_channel(queue);
+    let (slots_tx, slots) = std::sync::mpsc::sync_channel(queue);
     let gauges = Arc::new(Gauges::default());
     (
         Submitter {
@@ -275,12 +291,14 @@ pub fn queue(queue: usize) -> (Submitter, Inbox) {
             capacity: queue,
             reloads: reloads_tx,
             embeds: embeds_tx,
+            slots: slots_tx,
             gauges,
         },
         Inbox {
             jobs,
             reloads,
             embeds,
+            slots,
         },
     )
 }
@@ -289,6 +307,10 @@ pub fn queue(queue: usize) -> (Submitter, Inbox) {
 struct Seq<C> {
     /// Its number, unique in the scheduler (steps in flight name their sequences by it).
     id: u64,
+    /// Its slot, `0..parallel` (`/slots`).
+    slot: usize,
+    /// Prompt tokens taken from the prefix cache.
+    cached: usize,
     cache: C,
     /// Every token its KV cache holds or will hold: prompt, then generated; those from the
     /// cache's position on are still to be evaluated.
@@ -380,6 +402,9 @@ impl<R: StepRunner> Sched<'_, R> {
         // A job taken from the queue that waits for room in the pool (the queue stays in order).
         let mut waiting: Option<Job> = None;
         loop {
+            while let Ok(reply) = inbox.slots.try_recv() {
+                let _ = reply.send(self.slots());
+            }
             if let Some(why) = self.gauges.outage() {
                 if !self.recover(inbox, &mut waiting, &why) {
                     return Ok(());
@@ -521,6 +546,36 @@ impl<R: StepRunner> Sched<'_, R> {
         }
     }
 
+    /// The slots and the KV pool as they are now.
+    fn slots(&self) -> Slots {
+        let mut slots: Vec<Slot> = (0..self.parallel)
+            .map(|id| Slot { id, seq: None })
+            .collect();
+        for s in &self.running {
+            let n_prompt = s.job.prompt.len();
+            let seq = SlotSeq {
+                id: s.id,
+                prompt: s.job.prompt.clone(),
+                generated: s.history.get(n_prompt..).unwrap_or_default().to_vec(),
+                cached: s.cached,
+                evaluated: s.cache.pos(),
+                kv_positions: s.cache.n_ctx(),
+                remaining: s.job.max_tokens.saturating_sub(s.produced),
+                sampling: s.job.sampling.clone(),
+            };
+            if let Some(slot) = slots.get_mut(s.slot) {
+                slot.seq = Some(seq);
+            }
+        }
+        Slots {
+            slots,
+            n_ctx: self.config.n_ctx,
+            kv_capacity: self.pool.budget(),
+            kv_held: self.pool.held(),
+            cached_prefixes: self.pool.idle_tokens(),
+        }
+    }
+
     /// Sets the gauges that follow the running sequences and the pool.
     fn show(&self) {
         let g = self.gauges;
@@ -595,8 +650,11 @@ impl<R: StepRunner> Sched<'_, R> {
             cached_tokens: cached,
         });
         self.next_id += 1;
+        let slot = slots::free_slot(self.running.iter().map(|s| s.slot), self.parallel);
         Ok(Admission::Running(Box::new(Seq {
             id: self.next_id,
+            slot,
+            cached,
             cache,
             history: job.prompt.clone(),
             sampler,

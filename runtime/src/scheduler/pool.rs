@@ -137,6 +137,11 @@ impl<C: SeqCache> Pool<C> {
         runner.free_cache(s.session);
     }
 
+    /// Tokens each idle session holds for its prefix, least recently used first.
+    pub(crate) fn idle_tokens(&self) -> Vec<usize> {
+        self.idle.iter().map(|i| i.tokens.len()).collect()
+    }
+
     /// Positions allocated to sessions, running and idle.
     pub(crate) fn held(&self) -> usize {
         self.held

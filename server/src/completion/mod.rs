@@ -34,6 +34,7 @@ use crate::tools::stream::{AnswerStream, Delta, Piece};
 use crate::tools::{self, Said, Tools};
 use crate::{Ready, State};
 
+pub mod infill;
 pub mod messages;
 pub mod native;
 pub mod responses;
@@ -484,7 +485,7 @@ type Started = (Value, Plan, UnboundedReceiver<(usize, Update)>);
 async fn start_translated(
     state: &State,
     body: Body,
-    translate: fn(&Value) -> Result<Value, ApiError>,
+    translate: impl FnOnce(&Value) -> Result<Value, ApiError>,
     kind: Kind,
 ) -> Result<Started, ApiError> {
     state.metrics.requests.fetch_add(1, Ordering::Relaxed);

@@ -27,12 +27,22 @@ use crate::State;
 
 /// `POST /completion`.
 pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
+    respond(state, body, completion_body).await
+}
+
+/// A request `translate` reads as a `/completion` one (`POST /infill`'s), answered as
+/// `/completion` answers.
+pub(crate) async fn respond(
+    state: Arc<State>,
+    body: Body,
+    translate: impl FnOnce(&Value) -> Result<Value, ApiError>,
+) -> Response {
     let arrived = Instant::now();
-    let (request, plan, updates) =
-        match start_translated(&state, body, completion_body, Kind::Text).await {
-            Ok(s) => s,
-            Err(e) => return e.into_response(),
-        };
+    let (request, plan, updates) = match start_translated(&state, body, translate, Kind::Text).await
+    {
+        Ok(s) => s,
+        Err(e) => return e.into_response(),
+    };
     let n = Native {
         a: Answer::new(plan, state, arrived),
         n_probs: request.get("n_probs").and_then(Value::as_u64).unwrap_or(0) > 0,
@@ -46,7 +56,7 @@ pub async fn create(Ext(state): Ext<Arc<State>>, body: Body) -> Response {
 }
 
 /// The text-completion request a `/completion` request asks for (its own fields checked).
-fn completion_body(r: &Value) -> Result<Value, ApiError> {
+pub(crate) fn completion_body(r: &Value) -> Result<Value, ApiError> {
     let r = r
         .as_object()
         .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
