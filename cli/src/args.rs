@@ -78,10 +78,11 @@ impl From<BackendChoice> for hesper_runtime::load::BackendChoice {
     }
 }
 
-/// Which model to load and how to run it.
+/// Which model file, and how its text is split into tokens: what every command that reads a
+/// model takes.
 #[derive(Args, Debug, Clone)]
-#[command(next_help_heading = "Model and backend")]
-pub struct ModelArgs {
+#[command(next_help_heading = "Model")]
+pub struct FileArgs {
     /// GGUF model file (default: hesper-kjv, the tiny model built into hesper-rs).
     #[arg(
         long = "gguf",
@@ -100,19 +101,19 @@ pub struct ModelArgs {
     /// The file of --hf-repo to use (also -hff), instead of :QUANT.
     #[arg(long = "hf-file", value_name = "FILE", requires = "hf_repo")]
     pub hf_file: Option<String>,
-    /// LM head storage: exact, q8_0 or q6_k.
-    ///
-    /// LM head storage: `exact` (as in the file), `q8_0` or `q6_k` (re-quantized at load: 53 % or
-    /// 41 % of an F16 head's bytes per token, at a small quality cost measured in BENCHMARKS.md;
-    /// q6_k runs on the CPU backend only).
-    #[arg(long = "lm-head", value_enum, default_value_t = LmHead::Exact)]
-    pub lm_head: LmHead,
     /// Override the tokenizer's pre-tokenizer split (llama3, default).
     ///
     /// Override the tokenizer's pre-tokenizer split: `llama3` (Llama-3, what the 2B4T model was
     /// trained with), `default` (llama.cpp's fallback when tokenizer.ggml.pre is missing).
     #[arg(long = "tokenizer-pre", value_name = "NAME")]
     pub tokenizer_pre: Option<String>,
+}
+
+/// Which backend and kernels would run the model: what `info` describes and every command
+/// that runs a model takes.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Backend")]
+pub struct KernelArgs {
     /// Where to run: auto, cpu or gpu.
     ///
     /// Where to run: `auto` (a hardware GPU if there is one, else the CPU; says which on
@@ -120,12 +121,6 @@ pub struct ModelArgs {
     /// restricts the choice).
     #[arg(long = "backend", value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
-    /// CPU threads (default: all cores).
-    ///
-    /// CPU threads (default or 0: all cores; at most 4 per core); `bench` also takes a list
-    /// or range (`1,2,4`, `1-8*2`) and loads the model once per count.
-    #[arg(short = 't', long = "threads", value_name = "N", value_parser = parse_list)]
-    pub threads: Option<List>,
     /// Compute from the file's weights as they are (no repacking at load).
     ///
     /// Compute from the file's weights as they are: by default the CPU backend repacks I2_S
@@ -141,6 +136,31 @@ pub struct ModelArgs {
     /// `neon-dotprod` (to compare them, or to work around one).
     #[arg(long = "cpu-kernels", value_name = "NAME", value_parser = parse_isa)]
     pub cpu_kernels: Option<Isa>,
+}
+
+/// Which model to load and how to run it.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Backend")]
+pub struct ModelArgs {
+    /// The file.
+    #[command(flatten)]
+    pub file: FileArgs,
+    /// The backend and its kernels.
+    #[command(flatten)]
+    pub kernels: KernelArgs,
+    /// LM head storage: exact, q8_0 or q6_k.
+    ///
+    /// LM head storage: `exact` (as in the file), `q8_0` or `q6_k` (re-quantized at load: 53 % or
+    /// 41 % of an F16 head's bytes per token, at a small quality cost measured in BENCHMARKS.md;
+    /// q6_k runs on the CPU backend only).
+    #[arg(long = "lm-head", value_enum, default_value_t = LmHead::Exact)]
+    pub lm_head: LmHead,
+    /// CPU threads (default: all cores).
+    ///
+    /// CPU threads (default or 0: all cores; at most 4 per core); `bench` also takes a list
+    /// or range (`1,2,4`, `1-8*2`) and loads the model once per count.
+    #[arg(short = 't', long = "threads", value_name = "N", value_parser = parse_list)]
+    pub threads: Option<List>,
     /// llama.cpp's -ngl: accepted; every layer runs on --backend.
     ///
     /// llama.cpp's layer offload count (also -ngl): accepted for its scripts; every layer runs
@@ -168,7 +188,7 @@ fn parse_isa(name: &str) -> Result<Isa, String> {
     })
 }
 
-impl ModelArgs {
+impl FileArgs {
     /// The tokenizer of `g`, with the `--tokenizer-pre` override applied.
     pub fn tokenizer(&self, g: &Gguf) -> anyhow::Result<Option<Tokenizer>> {
         let pre = match &self.tokenizer_pre {
@@ -181,7 +201,9 @@ impl ModelArgs {
         };
         Ok(Tokenizer::from_gguf_with(g, pre)?)
     }
+}
 
+impl ModelArgs {
     /// Worker threads to use: `-t` (0 = default), else one per core; capped at
     /// [`MAX_THREADS_PER_CORE`] per core (each is an OS thread: a hundred thousand take minutes
     /// to start and then only contend).
@@ -214,7 +236,7 @@ impl ModelArgs {
     /// Says on stderr what llama.cpp's -ngl and -fa mean here, when given.
     pub fn note_llama_flags(&self) {
         if let Some(n) = self.n_gpu_layers {
-            note!("hesper: -ngl {n}: every layer runs on the backend --backend picks (now {}); to split layers use a ring (`hesper-rs node`)", self.backend.flag());
+            note!("hesper: -ngl {n}: every layer runs on the backend --backend picks (now {}); to split layers use a ring (`hesper-rs node`)", self.kernels.backend.flag());
         }
         if let Some(fa) = &self.flash_attn {
             note!("hesper: -fa {fa}: hesper-rs has one attention implementation per backend; this changes nothing");
@@ -294,6 +316,16 @@ const LLAMA_SPELLINGS: &[(&str, &str)] = &[
     ("-hff", "--hf-file"),
     ("-pg", "--prompt-gen"),
 ];
+
+/// `hesper-rs help --help` (or `-h`) as `hesper-rs --help`: the help of `help` is the list of
+/// commands it gives help on (clap would read `--help` as a command's name).
+pub fn help_of_help(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let asks = |a: &std::ffi::OsString| a == "--help" || a == "-h";
+    if args.len() == 3 && args[1] == "help" && asks(&args[2]) {
+        args.remove(1);
+    }
+    args
+}
 
 /// The command line with llama.cpp's several-letter flags ([`LLAMA_SPELLINGS`]) rewritten.
 pub fn llama_spellings(

@@ -4,11 +4,11 @@
 use hesper_cpu::Isa;
 use hesper_engine::gguf::{GgmlType, Gguf};
 
-use crate::args::ModelArgs;
+use crate::args::KernelArgs;
 
 /// The CPU kernels `args` would run on the model `g` and the layout each of its weight types
 /// gets: "avx2 kernels, F16 repacked sixteen rows deep at load (Q8_0 as in the file)".
-pub fn describe(args: &ModelArgs, g: &Gguf) -> String {
+pub fn describe(args: &KernelArgs, g: &Gguf) -> String {
     let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
     // The matrices' types: an F16 embedding table is looked up and, tied, multiplied one token
     // at a time from the file's layout, so it is never repacked.

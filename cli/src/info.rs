@@ -9,7 +9,7 @@ use hesper_engine::config::{Config, RopePairs};
 use hesper_engine::gguf::{Array, Value};
 use hesper_runtime::load::gpu_backend;
 
-use crate::args::{BackendChoice, ModelArgs};
+use crate::args::{BackendChoice, FileArgs, KernelArgs};
 use crate::attention::AttentionArgs;
 use crate::load::open_file;
 
@@ -17,7 +17,9 @@ use crate::load::open_file;
 #[derive(Args, Debug)]
 pub struct InfoArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    model: FileArgs,
+    #[command(flatten)]
+    kernels: KernelArgs,
     /// Print every tensor (default: the first 40 and a summary).
     #[arg(long = "all-tensors")]
     all_tensors: bool,
@@ -133,18 +135,18 @@ pub fn run(args: InfoArgs) -> Result<()> {
         Ok(None) => writeln!(out, "tokenizer: none (feed token ids)")?,
         Err(e) => writeln!(out, "tokenizer: unusable: {e}")?,
     }
-    match args.model.backend {
+    match args.kernels.backend {
         BackendChoice::Cpu => writeln!(
             out,
             "\nbackend:   cpu: {}",
-            crate::cpu_layout::describe(&args.model, g)
+            crate::cpu_layout::describe(&args.kernels, g)
         )?,
         choice => match gpu_backend(choice.into())? {
             Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
             None => writeln!(
                 out,
                 "\nbackend:   cpu: {} (no hardware GPU adapter; --backend gpu uses any)",
-                crate::cpu_layout::describe(&args.model, g)
+                crate::cpu_layout::describe(&args.kernels, g)
             )?,
         },
     }

@@ -14,7 +14,7 @@ use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::load::{load as load_model, AnyModel, LoadSettings, Progress};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::ModelArgs;
+use crate::args::{FileArgs, ModelArgs};
 use crate::report::note;
 
 /// The default model built into the binary: tiny, trained on the King James Bible
@@ -38,7 +38,7 @@ pub struct Loaded {
 }
 
 /// Opens the file named by `args` (or the built-in model) without building a model.
-pub fn open_file(args: &ModelArgs) -> Result<Arc<ModelFile>> {
+pub fn open_file(args: &FileArgs) -> Result<Arc<ModelFile>> {
     match model_path(args)? {
         Some(path) => Ok(ModelFile::open(&path)?),
         None => Ok(ModelFile::from_bytes(
@@ -50,7 +50,7 @@ pub fn open_file(args: &ModelArgs) -> Result<Arc<ModelFile>> {
 
 /// The path of the model file `args` names (after a download for `-hf`); `None` for the
 /// built-in model.
-fn model_path(args: &ModelArgs) -> Result<Option<PathBuf>> {
+fn model_path(args: &FileArgs) -> Result<Option<PathBuf>> {
     Ok(match (&args.hf_repo, &args.gguf) {
         (Some(repo), _) => Some(crate::pull::model_path(repo, args.hf_file.as_deref())?),
         (None, path) => path.clone(),
@@ -81,26 +81,27 @@ pub fn load_part(
     args.note_thread_cap();
     args.note_llama_flags();
     let (file, hot_swap) = if hot_swap {
-        let Some(path) = model_path(args)? else {
+        let Some(path) = model_path(&args.file)? else {
             bail!("--hot-swap watches a model file: name one with -m FILE (the built-in model has none)");
         };
         // Only the header is read here; the load reads each tensor into memory.
         let mut source = FileSource::open(&path)?;
         (pollster::block_on(read_header(&mut source))?, Some(path))
     } else {
-        (open_file(args)?, None)
+        (open_file(&args.file)?, None)
     };
     let tokenizer = args
+        .file
         .tokenizer(file.header())
         .with_context(|| format!("{}: cannot build the tokenizer", file.source))?;
     let settings = LoadSettings {
-        backend: args.backend.into(),
+        backend: args.kernels.backend.into(),
         threads: args.threads(),
         head: args.lm_head.into(),
         layers,
         head_place,
-        repack: !args.no_repack,
-        cpu_isa: args.cpu_kernels,
+        repack: !args.kernels.no_repack,
+        cpu_isa: args.kernels.cpu_kernels,
         hot_swap,
     };
     let mut bars = Bars::new(&file);

@@ -42,7 +42,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     let ids = args.tokens.as_deref().map(parse_ids).transpose()?;
     args.ctx.attention.config()?;
     // Started first: an unwritable path, or the model's own file, fails before any work.
-    let inputs: Vec<&Path> = args.model.gguf.iter().map(PathBuf::as_path).collect();
+    let inputs: Vec<&Path> = args.model.file.gguf.iter().map(PathBuf::as_path).collect();
     let mut out = OutputFile::create(&args.out, &inputs)?;
     let loaded = load(&args.model, None)?;
     let tokens: Vec<u32> = match (ids, &args.prompt) {

@@ -76,7 +76,7 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids.
     Detokenize(tokenize::DetokenizeArgs),
-    /// Print a shell completion script: `hesper-rs completions bash > /etc/bash_completion.d/hesper-rs`.
+    /// Print a shell completion script: `hesper-rs completions bash > ~/.local/share/bash-completion/completions/hesper-rs`.
     Completions {
         /// The shell.
         #[arg(value_enum)]
@@ -93,7 +93,9 @@ fn main() -> ExitCode {
     quiet_mesa();
     let parsed = Cli::command()
         .long_version(long_version())
-        .try_get_matches_from(args::llama_spellings(std::env::args_os()))
+        .try_get_matches_from(args::help_of_help(args::llama_spellings(
+            std::env::args_os(),
+        )))
         .and_then(|m| Cli::from_arg_matches(&m));
     let cli = match parsed {
         Ok(cli) => cli,

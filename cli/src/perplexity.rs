@@ -72,7 +72,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     // model or the text, fails before any work.
     let base_file = match (&args.kl_base, args.kl_divergence) {
         (Some(path), false) => {
-            let inputs: Vec<&Path> = (args.model.gguf.iter().chain(&args.file))
+            let inputs: Vec<&Path> = (args.model.file.gguf.iter().chain(&args.file))
                 .map(PathBuf::as_path)
                 .collect();
             Some((path, OutputFile::create(path, &inputs)?))

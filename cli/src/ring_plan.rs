@@ -20,7 +20,7 @@ use crate::ring_args::RingNetArgs;
 
 /// The model file `args` name and its configuration, without loading it.
 pub fn model_config(args: &ModelArgs) -> Result<(Arc<ModelFile>, Config)> {
-    let file = open_file(args)?;
+    let file = open_file(&args.file)?;
     let g = file.header();
     let n_vocab = g.tensor("token_embd.weight").map(|t| t.ne[1] as usize);
     let config = Config::from_gguf(g, n_vocab)

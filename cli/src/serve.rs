@@ -209,7 +209,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let alias = args
         .alias
         .clone()
-        .unwrap_or_else(|| match &args.model.gguf {
+        .unwrap_or_else(|| match &args.model.file.gguf {
             Some(p) => p.file_name().map_or_else(
                 || p.display().to_string(),
                 |n| n.to_string_lossy().into_owned(),
@@ -300,7 +300,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let tok = Arc::new(tok);
     let backend = hesper_runtime::with_model!(&loaded.model, |m| m.backend.name());
     let source = loaded.model.file().source.clone();
-    let model_label = if args.model.gguf.is_none() {
+    let model_label = if args.model.file.gguf.is_none() {
         BUILTIN_LABEL.to_string()
     } else {
         source

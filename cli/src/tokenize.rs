@@ -8,14 +8,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hesper_engine::tokenizer::Tokenizer;
 
-use crate::args::ModelArgs;
+use crate::args::FileArgs;
 use crate::load::open_file;
 
 /// Flags of `tokenize`.
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    model: FileArgs,
     /// The text to tokenize (or the positional TEXT; neither: stdin).
     #[arg(short = 'p', long = "prompt", value_name = "TEXT")]
     prompt: Option<String>,
@@ -45,14 +45,14 @@ pub struct TokenizeArgs {
 #[derive(Args, Debug)]
 pub struct DetokenizeArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    model: FileArgs,
     /// Token ids, comma- or space-separated (`1,2,3`; `[1, 2, 3]` as `tokenize --ids` prints).
     #[arg(value_name = "IDS", required = true, num_args = 1..)]
     ids: Vec<String>,
 }
 
 /// The tokenizer of the file `model` names.
-fn tokenizer(model: &ModelArgs) -> Result<Tokenizer> {
+fn tokenizer(model: &FileArgs) -> Result<Tokenizer> {
     let file = open_file(model)?;
     model
         .tokenizer(file.header())

@@ -751,3 +751,71 @@ fn gpu_runs_speak_plainly() {
         "{text}\n{err}"
     );
 }
+
+/// Every command's `--help` shows only flags it reads: the flags that choose how a model runs
+/// (backend, kernels, threads, LM head, llama.cpp's -ngl and -fa) only on commands that run
+/// one (`info` shows the backend and kernels it describes), sampling and prompts only on the
+/// commands that generate, the server's and the ring's flags only on theirs. `help --help`
+/// and `help COMMAND` behave as `--help` and `COMMAND --help`.
+#[test]
+fn each_commands_help_shows_only_flags_it_uses() {
+    let runs = ["--lm-head", "--threads", "--n-gpu-layers", "--flash-attn"];
+    let kernels = ["--backend", "--no-repack", "--cpu-kernels"];
+    let sampling = ["--temp", "--top-k", "--seed", "--n-predict", "--chat"];
+    let serving = ["--api-key", "--parallel", "--embeddings", "--no-webui"];
+    let ring = ["--listen", "--next", "--ring-key", "--standby"];
+    let root = stdout(&hesper(&["--help"]));
+    let commands: Vec<&str> = root
+        .split("Commands:")
+        .nth(1)
+        .expect("a command list")
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|&c| c != "help")
+        .collect();
+    assert!(commands.len() >= 13, "{commands:?}");
+    for command in commands {
+        let o = hesper(&[command, "--help"]);
+        assert!(o.status.success(), "{command}: {}", stderr(&o));
+        let help = stdout(&o);
+        let shown = |flag: &str| {
+            help.lines()
+                .any(|l| l.trim_start().split([' ', ',']).any(|w| w == flag))
+        };
+        let mut forbidden: Vec<&str> = Vec::new();
+        match command {
+            "tokenize" | "detokenize" | "quantize" | "pull" | "completions" => {
+                forbidden.extend(runs.iter().chain(&kernels).chain(&sampling))
+            }
+            "info" => forbidden.extend(runs.iter().chain(&sampling)),
+            "logits" | "perplexity" | "bench" => forbidden.extend(&sampling),
+            _ => {}
+        }
+        if command != "serve" {
+            forbidden.extend(&serving);
+        }
+        if command != "serve" && command != "node" {
+            forbidden.extend(&ring);
+        }
+        for flag in forbidden {
+            assert!(
+                !shown(flag),
+                "{command} --help shows {flag}, which it ignores:\n{help}"
+            );
+        }
+        let via_help = hesper(&["help", command]);
+        assert_eq!(stdout(&via_help), help, "help {command}");
+    }
+    // A flag a command ignores is refused, not accepted silently.
+    let o = hesper(&["tokenize", "--backend", "cpu", "x"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--backend"),
+        "{}",
+        stderr(&o)
+    );
+    let o = hesper(&["help", "--help"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), root);
+}

@@ -3,7 +3,7 @@
 Usage: python server/tests/openai_api.py PATH/TO/hesper-rs
 
 Starts servers on free 127.0.0.1 ports with the built-in model and checks every endpoint and
-field the README lists: streamed text equals non-streamed, the chunk sequence and `usage` as
+field docs/server.md lists: streamed text equals non-streamed, the chunk sequence and `usage` as
 OpenAI defines them, each error with its status and JSON, 16 concurrent clients getting what
 each gets alone, a disconnect freeing its sequence, a full queue answering 503, a shared system
 prompt served from the prefix cache, a slow client dropped while others are served, a
@@ -13,7 +13,9 @@ batch-mates unchanged), tool calls (`tool_choice` enforced, streamed calls equal
 `with_structured_output` and `bind_tools`, thoughts in `reasoning_content`,
 the Responses API (`responses.create`, streamed events),
 `--hot-swap`'s swaps on /health (shared, spaced checks) and POST /reload, a hostile chat
-template, and the request log lines (text, and JSON with bodies under -v).
+template, the request log lines (text, and JSON with bodies under -v), llama-server's /infill
+(its prompt layout, on a copy of the built-in model with fill-in-the-middle tokens) and /slots,
+and the chat page's files and the switches that turn it and /slots off.
 """
 
 import http.client

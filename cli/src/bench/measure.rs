@@ -204,7 +204,7 @@ pub fn measure<B: Backend>(
         attention: attention.describe(),
         cpu_layout: gpu
             .is_none()
-            .then(|| crate::cpu_layout::describe(model_args, model.file.header())),
+            .then(|| crate::cpu_layout::describe(&model_args.kernels, model.file.header())),
         bytes_per_token: model.bytes_per_token(),
         resident_mib,
         bandwidth,
