@@ -350,7 +350,7 @@ def step_bench(out_dir: Path, seed: int, threads: int) -> None:
     # The Llama-1B-shaped F16 file through llama.cpp's quantizer into the types people download
     source = Family("bench-llama1b-f16", "llama", LLAMA_1B, 64, GGML_F16, False, False, True,
                     False)
-    for name, ftype in (("q4_0", 2), ("q4_k_m", 15), ("q6_k", 18)):
+    for name, ftype in (("q4_0", 2), ("q4_k_m", 15), ("q5_k_m", 17), ("q6_k", 18)):
         quantize(Quantized(f"bench-llama1b-{name}", source, ftype, ""), threads,
                  src=out_dir / "bench-llama1b-f16.gguf", dst=out_dir / f"bench-llama1b-{name}.gguf")
 
@@ -459,7 +459,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
     ap.add_argument("--bench", metavar="DIR", type=Path,
                     help="write the benchmark models (Llama-3.2-1B-shaped F16 and Q8_0, then "
-                         "llama.cpp's Q4_0, Q4_K_M and Q6_K of the F16 one, Falcon3-3B-shaped "
+                         "llama.cpp's Q4_0, Q4_K_M, Q5_K_M and Q6_K of the F16 one, Falcon3-3B-shaped "
                          "I2_S; 0.7-2.5 GB each) into DIR; alone, only this")
     ap.add_argument("--bitnet-cpp", type=Path, default=Path("/tmp/hesper-bitnet-cpp"),
                     help="bitnet-cpp/build.sh's work folder (default /tmp/hesper-bitnet-cpp)")

@@ -2,11 +2,14 @@
 //! from memory, per layout, beside the machine's read bandwidth (decode is one such product
 //! per weight matrix per token, so a layout's GB/s here is its share of the roofline).
 //!
-//! Usage: `cargo run --release -p hesper-benches --bin cpu_kernels -- [THREADS] [MIB] [TOKENS]`
+//! Usage: `cargo run --release -p hesper-benches --bin cpu_kernels -- [THREADS] [MIB] [TOKENS]
+//! [LAYOUT]`
 //! For each layout, a random matrix of about MIB MiB (default 512, far above the caches) with
 //! the 2B4T widths, best of 8 products, on THREADS threads (default: all cores), for each count
 //! of tokens in TOKENS (default 1; e.g. `1,2,4,8`: a server's batched decode multiplies one
-//! token of each sequence at once, and a good kernel reads the weights once for all of them).
+//! token of each sequence at once, and a good kernel reads the weights once for all of them),
+//! from the file's layout and, where this CPU's kernels interleave the layout at load, from the
+//! interleaved copy. LAYOUT (`q4_k`, say) measures only the cases whose name starts with it.
 
 use std::time::Instant;
 
@@ -52,12 +55,56 @@ fn main() {
         "{threads} thread(s), {} kernels; read bandwidth {gbs:.1} GB/s",
         backend.isa().name()
     );
+    let isa = backend.isa();
+    let only = args.next();
     for (name, format, cols) in CASES {
+        if only.as_ref().is_some_and(|o| !name.starts_with(o.as_str())) {
+            continue;
+        }
         let probe = desc(format, 1, cols);
-        let rows = (mib << 20) / probe.row_bytes();
+        let rows = (mib << 20) / probe.row_bytes() / 16 * 16;
         let desc = desc(format, rows, cols);
-        let matrix = CpuMatrix::owned(random_bytes(desc.range.end), desc, None);
-        for &n in &counts {
+        let bytes = desc.range.end as f64;
+        let file = CpuMatrix::owned(random_bytes(desc.range.end), desc.clone(), None);
+        let mut matrices = vec![(name.to_string(), file)];
+        if interleaves(isa, format) {
+            let copy = CpuMatrix::owned(random_bytes(desc.range.end), desc, None).interleaved();
+            matrices.push((format!("{name}, interleaved"), copy));
+        }
+        for (name, matrix) in &matrices {
+            measure(&backend, name, matrix, cols, rows, bytes, &counts, gbs);
+        }
+    }
+}
+
+/// Whether the backend's load interleaves a product matrix of `format` for `isa`.
+fn interleaves(isa: hesper_cpu::kernels::Isa, format: Format) -> bool {
+    match format {
+        Format::I2S { .. } => isa.interleaves_i2s(),
+        Format::Q8_0 => isa.interleaves_q8_0(),
+        Format::Q4_0 => isa.interleaves_q4_0(),
+        Format::Q4K | Format::Q5K => isa.interleaves_q4_k(),
+        Format::Q6K => isa.interleaves_q6_k(),
+        Format::F16 => isa.interleaves_f16(),
+        _ => false,
+    }
+}
+
+/// Prints the best of eight products of `matrix` (`bytes` of weights) with each count of
+/// tokens in `counts`.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    backend: &CpuBackend,
+    name: &str,
+    matrix: &CpuMatrix,
+    cols: usize,
+    rows: usize,
+    bytes: f64,
+    counts: &[usize],
+    gbs: f64,
+) {
+    {
+        for &n in counts {
             let x: Vec<f32> = (0..cols * n)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
                 .collect();
@@ -72,7 +119,7 @@ fn main() {
                     .fold(f64::INFINITY, f64::min)
             });
             std::hint::black_box(&out);
-            let rate = matrix.data().len() as f64 / best / 1e9;
+            let rate = bytes / best / 1e9;
             let tokens = if n == 1 {
                 String::new()
             } else {

@@ -123,10 +123,11 @@ pub struct KernelArgs {
     pub backend: BackendChoice,
     /// Compute from the file's weights as they are (no repacking at load).
     ///
-    /// Compute from the file's weights as they are: by default the CPU backend repacks I2_S
-    /// weights (AVX-512 or AVX-VNNI), Q8_0 weights (AVX-512 VNNI) and F16 weights (AVX-512)
-    /// at load into rows interleaved sixteen deep where its kernels gain from it (faster
-    /// prompt processing, a few tenths of a second more load).
+    /// Compute from the file's weights as they are: by default the CPU backend repacks F16
+    /// weights (every x86 CPU), Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights (AVX2, AVX-VNNI or
+    /// AVX-512 VNNI kernels) and I2_S weights (AVX-512 or AVX-VNNI) at load into rows
+    /// interleaved sixteen deep, which its kernels read faster (faster prompt processing, a few
+    /// tenths of a second more load).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// CPU kernels instead of the best this CPU runs (scalar, avx2, …).

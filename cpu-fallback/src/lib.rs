@@ -125,6 +125,9 @@ impl CpuBackend {
         self.repack
             && (self.isa.interleaves_i2s()
                 || self.isa.interleaves_q8_0()
+                || self.isa.interleaves_q4_0()
+                || self.isa.interleaves_q4_k()
+                || self.isa.interleaves_q6_k()
                 || self.isa.interleaves_f16())
     }
 

@@ -54,6 +54,13 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
             let (xq, d, bias) = p.parts::<T>();
             interleaved_q4_0::q4_0_rows16_vnni512::<T>(block, xq, d, bias)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: both variants are chosen only on CPUs with AVX2, FMA and F16C; the kernel
+        // asserts the shapes before reading.
+        Isa::Avx2 | Isa::AvxVnni => unsafe {
+            let (xq, d, bias) = p.parts::<T>();
+            interleaved_q4_0::q4_0_rows16_avx2::<T>(block, xq, d, bias)
+        },
         _ => {
             // The reference: each row taken back out of the block.
             let row_bytes = block.len() / ROWS;

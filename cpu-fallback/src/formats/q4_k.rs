@@ -137,6 +137,13 @@ pub(super) fn k_rows16_dot<const FIVE: bool, const T: usize>(
             let (xq, bsum, d) = p.parts::<T>();
             interleaved_q4_k::k_rows16_vnni512::<FIVE, T>(block, xq, bsum, d)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: both variants are chosen only on CPUs with AVX2, FMA and F16C; the kernel
+        // asserts the shapes before reading.
+        Isa::Avx2 | Isa::AvxVnni => unsafe {
+            let (xq, bsum, d) = p.parts::<T>();
+            interleaved_q4_k::k_rows16_avx2::<FIVE, T>(block, xq, bsum, d)
+        },
         _ => {
             // The reference: each row taken back out of the block.
             let cols = block.len() / crate::interleave_q4_k::block_bytes(FIVE) * 256;

@@ -107,6 +107,12 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
         Isa::Avx512Vnni => unsafe {
             interleaved_q8_0::q8_0_rows16_vnni512::<T>(block, &p.xq, &p.d, &p.bias)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: both variants are chosen only on CPUs with AVX2, FMA and F16C; the kernel
+        // asserts the shapes before reading.
+        Isa::Avx2 | Isa::AvxVnni => unsafe {
+            interleaved_q8_0::q8_0_rows16_avx2::<T>(block, &p.xq, &p.d)
+        },
         _ => {
             // The reference: each row taken back out of the block.
             let row_bytes = block.len() / ROWS;

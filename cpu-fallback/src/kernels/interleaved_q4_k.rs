@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernel over Q4_K and Q5_K weights interleaved sixteen rows deep
+//! AVX-512 VNNI and AVX2 kernels over Q4_K and Q5_K weights interleaved sixteen rows deep
 //! ([`crate::interleave_q4_k`]): sixteen rows × `T` tokens per pass, each 32-bit lane a row.
 //!
 //! Per sub-block of 32 columns, eight `vpdpbusd` (the codes unsigned, each activation dword
@@ -109,4 +109,206 @@ pub unsafe fn k_rows16_vnni512<const FIVE: bool, const T: usize>(
         }
     }
     rows16_out(acc)
+}
+
+/// [`k_rows16_vnni512`] on AVX2 (any x86 variant without VNNI): the sixteen rows as two halves
+/// of eight, one 256-bit register each. Without `vpdpbusd`, `vpmaddubsw` multiplies the
+/// unsigned codes by the signed activations in pairs; a sub-block's pairs are summed in 16 bits
+/// (low and high nibbles apart: at most 4 · 2 · 31 · 128 = 31 744, so exact for Q5_K's five-bit
+/// codes too), then widened by `vpmaddwd`. Tokens go four at a time, one half of the rows at a
+/// time (the block's tiles read again from L1); one or two tokens take both halves in one pass.
+/// The integer sums are exact and the float step is [`k_rows16_vnni512`]'s, lane by lane: the
+/// bits are the scalar kernel's.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the shapes are those of [`k_rows16_vnni512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn k_rows16_avx2<const FIVE: bool, const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    bsum: &[i32],
+    d: &[f32],
+) -> [Rows16; T] {
+    let block_size = block_bytes(FIVE);
+    let blocks = d.len() / T;
+    assert!(block.len() == blocks * block_size && d.len() == blocks * T);
+    assert!(xq.len() == 64 * d.len() && bsum.len() == 16 * d.len());
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its bytes, its 64·T
+        // dwords, 16·T sums and T scales.
+        unsafe {
+            let base = block.as_ptr().add(b * block_size);
+            let act = KAct {
+                xq: xq.as_ptr().add(64 * T * b),
+                bsum: bsum.as_ptr().add(16 * T * b),
+                d: d.as_ptr().add(T * b),
+            };
+            match T {
+                1 if !FIVE => k_pass_avx2::<FIVE, 2, 1, T>(base, [0, 1], &act, 0, &mut acc),
+                2 if !FIVE => k_pass_avx2::<FIVE, 2, 2, T>(base, [0, 1], &act, 0, &mut acc),
+                _ => {
+                    for h in 0..2 {
+                        for t0 in (0..T).step_by(4) {
+                            let acc = &mut acc[t0..(t0 + 4).min(T)];
+                            match acc.len() {
+                                4 => k_pass_avx2::<FIVE, 1, 4, T>(base, [h], &act, t0, acc),
+                                3 => k_pass_avx2::<FIVE, 1, 3, T>(base, [h], &act, t0, acc),
+                                2 => k_pass_avx2::<FIVE, 1, 2, T>(base, [h], &act, t0, acc),
+                                _ => k_pass_avx2::<FIVE, 1, 1, T>(base, [h], &act, t0, acc),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    rows16_out_avx2(acc)
+}
+
+/// One block's activations of `T` tokens, packed as [`crate::formats::q4_k::Packed`] holds
+/// them: 64 dwords, sixteen sums and one scale per token, token-minor.
+struct KAct {
+    xq: *const i32,
+    bsum: *const i32,
+    d: *const f32,
+}
+
+/// The halves `hs` (rows `8h..8h + 8` each) of one interleaved block at `base` times tokens
+/// `t0..t0 + U` of `T`: adds the block's float step into `acc[u][h]`. A sub-block's 16-bit sums
+/// are widened by `vpmaddwd` with the rows' scales (each row's scale in both halves of its
+/// lane: `scale · Σ`, exact in 32 bits), and the minimums meet the activations' sums two
+/// sub-blocks per `vpmaddwd` once the block is done.
+///
+/// # Safety
+/// As for [`k_rows16_avx2`]; `base` is the block's start and `act` its activations.
+#[inline(always)]
+unsafe fn k_pass_avx2<const FIVE: bool, const H: usize, const U: usize, const T: usize>(
+    base: *const u8,
+    hs: [usize; H],
+    act: &KAct,
+    t0: usize,
+    acc: &mut [[__m256; 2]],
+) {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut isum = [[_mm256_setzero_si256(); U]; H];
+    // SAFETY: the caller bounds the block's bytes and the activations of tokens t0..t0 + U.
+    unsafe {
+        // Eight bytes (one per row of a half) as eight lanes of two i16 each, `a` in the low
+        // and `b` in the high one.
+        let pairs = |a: *const u8, b: *const u8| {
+            let (a, b) = (_mm_loadl_epi64(a.cast()), _mm_loadl_epi64(b.cast()));
+            _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b))
+        };
+        for s in 0..8 {
+            if T == 1 && hs[0] == 0 {
+                // Decode streams the weights once: the block two ahead asked for an eighth at a
+                // time, in step with this one (all at once, most requests would be dropped).
+                let ahead = base.wrapping_add(2 * block_bytes(FIVE) + 384 * s);
+                for line in 0..6 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+                }
+            }
+            let at = |offset: usize, h: usize| base.add(offset + ROWS * s + 8 * h);
+            let sc = hs.map(|h| pairs(at(SCALES, h), at(SCALES, h)));
+            let mut lo = [[_mm256_setzero_si256(); U]; H];
+            let mut hi = [[_mm256_setzero_si256(); U]; H];
+            let fifth = hs.map(|h| {
+                if FIVE {
+                    _mm256_loadu_si256(base.add(HIGH + 64 * s + 32 * h).cast())
+                } else {
+                    _mm256_setzero_si256()
+                }
+            });
+            for k in 0..4 {
+                let g = 8 * s + 2 * k;
+                let x0: [__m256i; U] =
+                    std::array::from_fn(|u| _mm256_set1_epi32(*act.xq.add(g * T + t0 + u)));
+                let x1: [__m256i; U] =
+                    std::array::from_fn(|u| _mm256_set1_epi32(*act.xq.add((g + 1) * T + t0 + u)));
+                for (i, &h) in hs.iter().enumerate() {
+                    let tile =
+                        _mm256_loadu_si256(base.add(TILES + 64 * (4 * s + k) + 32 * h).cast());
+                    let (mut c0, mut c1) = (
+                        _mm256_and_si256(tile, low4),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(tile), low4),
+                    );
+                    if FIVE {
+                        // Bits 2k and 2k + 1 of each byte moved to bit 4 (a shift within
+                        // 16-bit lanes never carries a neighbour's bit into bit 4 here).
+                        let [b0, b1] = fifth_bits(fifth[i], k);
+                        c0 = _mm256_or_si256(c0, _mm256_and_si256(b0, bit4));
+                        c1 = _mm256_or_si256(c1, _mm256_and_si256(b1, bit4));
+                    }
+                    for u in 0..U {
+                        lo[i][u] = _mm256_add_epi16(lo[i][u], _mm256_maddubs_epi16(c0, x0[u]));
+                        hi[i][u] = _mm256_add_epi16(hi[i][u], _mm256_maddubs_epi16(c1, x1[u]));
+                    }
+                }
+            }
+            for i in 0..H {
+                for u in 0..U {
+                    let sub = _mm256_add_epi32(
+                        _mm256_madd_epi16(lo[i][u], sc[i]),
+                        _mm256_madd_epi16(hi[i][u], sc[i]),
+                    );
+                    isum[i][u] = _mm256_add_epi32(isum[i][u], sub);
+                }
+            }
+        }
+        for (i, &h) in hs.iter().enumerate() {
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
+            let dmw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(DMIN + 16 * h).cast()));
+            let mins: [__m256i; 4] = std::array::from_fn(|p| {
+                let at = |s: usize| base.add(MINS + ROWS * s + 8 * h);
+                pairs(at(2 * p), at(2 * p + 1))
+            });
+            for u in 0..U {
+                // Sub-blocks 2p and 2p + 1: the activations' sums of their 32 values each.
+                let mut msum = _mm256_setzero_si256();
+                for (p, &m) in mins.iter().enumerate() {
+                    let q = |s: usize| {
+                        let at = 2 * s * T + t0 + u;
+                        *act.bsum.add(at) + *act.bsum.add(at + T)
+                    };
+                    let (q0, q1) = (q(2 * p), q(2 * p + 1));
+                    let q = _mm256_set1_epi32((q0 & 0xFFFF) | (q1 << 16));
+                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(m, q));
+                }
+                let ad = _mm256_set1_ps(*act.d.add(t0 + u));
+                let sumi = _mm256_mul_ps(_mm256_mul_ps(dw, ad), _mm256_cvtepi32_ps(isum[i][u]));
+                let summ = _mm256_mul_ps(_mm256_mul_ps(dmw, ad), _mm256_cvtepi32_ps(msum));
+                acc[u][h] = _mm256_add_ps(acc[u][h], _mm256_sub_ps(sumi, summ));
+            }
+        }
+    }
+}
+
+/// The fifth bits of tile `k`'s low and high nibbles (bits `2k` and `2k + 1` of each byte of
+/// `fifth`) shifted to bit 4, other bits left as they fall (the caller keeps bit 4 alone).
+#[inline(always)]
+unsafe fn fifth_bits(fifth: __m256i, k: usize) -> [__m256i; 2] {
+    match k {
+        0 => [_mm256_slli_epi16::<4>(fifth), _mm256_slli_epi16::<3>(fifth)],
+        1 => [_mm256_slli_epi16::<2>(fifth), _mm256_slli_epi16::<1>(fifth)],
+        2 => [fifth, _mm256_srli_epi16::<1>(fifth)],
+        _ => [_mm256_srli_epi16::<2>(fifth), _mm256_srli_epi16::<3>(fifth)],
+    }
+}
+
+/// The sixteen lanes of each of `T` pairs of eight-lane accumulators: the rows' results of
+/// an interleaved AVX2 kernel.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn rows16_out_avx2<const T: usize>(acc: [[__m256; 2]; T]) -> [Rows16; T] {
+    let mut out = [[0.0f32; ROWS]; T];
+    for (o, [lo, hi]) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` holds sixteen floats.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), lo);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), hi);
+        }
+    }
+    out
 }

@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernel over Q6_K weights interleaved sixteen rows deep
+//! AVX-512 VNNI and AVX2 kernels over Q6_K weights interleaved sixteen rows deep
 //! ([`crate::interleave_q6_k`]): sixteen rows × `T` tokens per pass, each 32-bit lane a row.
 //!
 //! Per sub-block of 16 columns, four `vpdpbusd` (the six-bit codes unsigned, built from a nibble
@@ -86,4 +86,153 @@ pub unsafe fn q6_k_rows16_vnni512<const T: usize>(
         }
     }
     rows16_out(acc)
+}
+
+/// [`q6_k_rows16_vnni512`] on AVX2 (any x86 variant without VNNI): the sixteen rows as two
+/// halves of eight, one 256-bit register each. `vpmaddubsw` multiplies the six-bit codes by
+/// the signed activations in pairs; two of a sub-block's four products are summed in 16 bits
+/// (at most 2 · 2 · 63 · 128 = 32 256) and widened by `vpmaddwd` with the rows' scales (each
+/// row's scale in both halves of its lane). The codes' offset of 32 comes off once per block,
+/// as `32 · Σ scale · Σq` of the sixteen sub-blocks, two per `vpmaddwd`. Tokens go four at a
+/// time, one half of the rows at a time. The integer sums are exact and the float step is
+/// [`q6_k_rows16_vnni512`]'s, lane by lane: the bits are the scalar kernel's. (One token takes the halves in turn too: both in one pass
+/// leave too few registers, and decode measured 2.7× slower so.)
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the shapes are those of [`q6_k_rows16_vnni512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_rows16_avx2<const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    bsum: &[i32],
+    d: &[f32],
+) -> [Rows16; T] {
+    let blocks = d.len() / T;
+    assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
+    assert!(xq.len() == 64 * d.len() && bsum.len() == 16 * d.len());
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its bytes, its 64·T
+        // dwords, 16·T sums and T scales.
+        unsafe {
+            let base = block.as_ptr().add(b * BLOCK_BYTES);
+            let act = (
+                xq.as_ptr().add(64 * T * b),
+                bsum.as_ptr().add(16 * T * b),
+                d.as_ptr().add(T * b),
+            );
+            for h in 0..2 {
+                for t0 in (0..T).step_by(4) {
+                    let acc = &mut acc[t0..(t0 + 4).min(T)];
+                    match acc.len() {
+                        4 => q6_k_pass_avx2::<4, T>(base, h, act, t0, acc),
+                        3 => q6_k_pass_avx2::<3, T>(base, h, act, t0, acc),
+                        2 => q6_k_pass_avx2::<2, T>(base, h, act, t0, acc),
+                        _ => q6_k_pass_avx2::<1, T>(base, h, act, t0, acc),
+                    }
+                }
+            }
+        }
+    }
+    super::interleaved_q4_k::rows16_out_avx2(acc)
+}
+
+/// Half `h` (rows 8h..8h + 8) of one interleaved block at `base` times tokens `t0..t0 + U` of
+/// `T`, whose block's dwords, sums and scales start at `act`: adds the block's float step into
+/// `acc[u][h]`.
+///
+/// # Safety
+/// As for [`q6_k_rows16_avx2`].
+#[inline(always)]
+unsafe fn q6_k_pass_avx2<const U: usize, const T: usize>(
+    base: *const u8,
+    h: usize,
+    (x, bsum, d): (*const i32, *const i32, *const f32),
+    t0: usize,
+    acc: &mut [[__m256; 2]],
+) {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let high2 = _mm256_set1_epi8(0x30);
+    let mut isum = [_mm256_setzero_si256(); U];
+    // SAFETY: the caller bounds the block's bytes and tokens t0..t0 + U of its activations.
+    unsafe {
+        // Eight signed bytes (a half's rows) as eight lanes of two i16, `a` low and `b` high.
+        let pairs = |a: *const u8, b: *const u8| {
+            let (a, b) = (_mm_loadl_epi64(a.cast()), _mm_loadl_epi64(b.cast()));
+            _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b))
+        };
+        for s in 0..16 {
+            if T == 1 && h == 0 {
+                // Decode streams the weights once: the block two ahead asked for a sixteenth at
+                // a time, in step with this one (all at once, most requests would be dropped).
+                for line in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        base.wrapping_add(2 * BLOCK_BYTES + 64 * (4 * s + line))
+                            .cast(),
+                    );
+                }
+            }
+            let sc = {
+                let at = base.add(SCALES + ROWS * s + 8 * h);
+                pairs(at, at)
+            };
+            let g = 4 * s;
+            let at = |offset: usize| base.add(offset + 32 * h).cast();
+            let crumbs = _mm256_loadu_si256(at(CRUMBS + 64 * s));
+            // Products of columns 16s + 4j .. 16s + 4j + 4 (j even, then odd), summed in 16 bits.
+            let mut even = [_mm256_setzero_si256(); U];
+            let mut odd = [_mm256_setzero_si256(); U];
+            for j in 0..4 {
+                let xj: [__m256i; U] =
+                    std::array::from_fn(|u| _mm256_set1_epi32(*x.add((g + j) * T + t0 + u)));
+                // A nibble of tile 2s + j / 2, and crumb j moved to bits 4-5.
+                let n = _mm256_loadu_si256(at(NIBBLES + 64 * (2 * s + j / 2)));
+                let n = if j % 2 == 0 {
+                    n
+                } else {
+                    _mm256_srli_epi16::<4>(n)
+                };
+                let high = match j {
+                    0 => _mm256_slli_epi16::<4>(crumbs),
+                    1 => _mm256_slli_epi16::<2>(crumbs),
+                    2 => crumbs,
+                    _ => _mm256_srli_epi16::<2>(crumbs),
+                };
+                let code =
+                    _mm256_or_si256(_mm256_and_si256(n, low4), _mm256_and_si256(high, high2));
+                for u in 0..U {
+                    let p = _mm256_maddubs_epi16(code, xj[u]);
+                    if j % 2 == 0 {
+                        even[u] = _mm256_add_epi16(even[u], p);
+                    } else {
+                        odd[u] = _mm256_add_epi16(odd[u], p);
+                    }
+                }
+            }
+            for u in 0..U {
+                let sub = _mm256_add_epi32(
+                    _mm256_madd_epi16(even[u], sc),
+                    _mm256_madd_epi16(odd[u], sc),
+                );
+                isum[u] = _mm256_add_epi32(isum[u], sub);
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
+        // Sub-blocks 2p and 2p + 1: the rows' scales beside each other.
+        let scales: [__m256i; 8] = std::array::from_fn(|p| {
+            let at = |s: usize| base.add(SCALES + ROWS * s + 8 * h);
+            pairs(at(2 * p), at(2 * p + 1))
+        });
+        for u in 0..U {
+            let mut offset = _mm256_setzero_si256();
+            for (p, &sc) in scales.iter().enumerate() {
+                let q = |s: usize| *bsum.add(s * T + t0 + u);
+                let q = _mm256_set1_epi32((q(2 * p) & 0xFFFF) | (q(2 * p + 1) << 16));
+                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(sc, q));
+            }
+            let sumi = _mm256_sub_epi32(isum[u], _mm256_slli_epi32::<5>(offset));
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(t0 + u)));
+            acc[u][h] = _mm256_add_ps(acc[u][h], _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), scale));
+        }
+    }
 }

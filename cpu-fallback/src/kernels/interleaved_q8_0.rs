@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernel over Q8_0 weights interleaved sixteen rows deep
+//! AVX-512 VNNI and AVX2 kernels over Q8_0 weights interleaved sixteen rows deep
 //! ([`crate::interleave_q8_0`]): sixteen rows × `T` tokens per pass, each 32-bit lane a row.
 //!
 //! Per block of 32 columns, eight `vpdpbusd` (offset weights unsigned, each activation dword
@@ -72,6 +72,99 @@ pub unsafe fn q8_0_rows16_vnni512<const T: usize>(
         }
     }
     rows16_out(acc)
+}
+
+/// [`q8_0_rows16_vnni512`] on AVX2 (any x86 variant without VNNI): the sixteen rows as two
+/// halves of eight, one 256-bit register each. `vpmaddubsw` cannot take the offset weights
+/// (their pairs of products would saturate 16 bits), so each tile's weights are made signed
+/// again and multiplied as `|w| · (q with w's sign)` — at most 2 · 128 · 127 = 32 512 a pair,
+/// with activations within ±127 as Q8_0's are — then widened by `vpmaddwd`: the exact
+/// `Σ w·q`, with no offset to take off. Tokens go four at a time, one half of the rows at a
+/// time; one or two tokens take both halves in one pass. The float step is
+/// [`q8_0_rows16_vnni512`]'s, lane by lane: the bits are the scalar kernel's.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the shapes are those of [`q8_0_rows16_vnni512`]
+/// (`bias` is not read).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_rows16_avx2<const T: usize>(block: &[u8], xq: &[i32], d: &[f32]) -> [Rows16; T] {
+    let blocks = d.len() / T;
+    assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
+    assert!(xq.len() == 8 * d.len());
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its 544 bytes, its 8·T
+        // dwords and T scales.
+        unsafe {
+            let base = block.as_ptr().add(b * BLOCK_BYTES);
+            if T == 1 {
+                for line in (0..BLOCK_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(4 * BLOCK_BYTES + line).cast());
+                }
+            }
+            let act = (xq.as_ptr().add(8 * T * b), d.as_ptr().add(T * b));
+            match T {
+                1 => q8_0_pass_avx2::<2, 1, T>(base, [0, 1], act, 0, &mut acc),
+                2 => q8_0_pass_avx2::<2, 2, T>(base, [0, 1], act, 0, &mut acc),
+                _ => {
+                    for h in 0..2 {
+                        for t0 in (0..T).step_by(4) {
+                            let acc = &mut acc[t0..(t0 + 4).min(T)];
+                            match acc.len() {
+                                4 => q8_0_pass_avx2::<1, 4, T>(base, [h], act, t0, acc),
+                                3 => q8_0_pass_avx2::<1, 3, T>(base, [h], act, t0, acc),
+                                2 => q8_0_pass_avx2::<1, 2, T>(base, [h], act, t0, acc),
+                                _ => q8_0_pass_avx2::<1, 1, T>(base, [h], act, t0, acc),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    super::interleaved_q4_k::rows16_out_avx2(acc)
+}
+
+/// The halves `hs` of one interleaved block at `base` times tokens `t0..t0 + U` of `T`, whose
+/// block's dwords and scales start at `act`: adds the block's float step into `acc[u][h]`.
+///
+/// # Safety
+/// As for [`q8_0_rows16_avx2`].
+#[inline(always)]
+unsafe fn q8_0_pass_avx2<const H: usize, const U: usize, const T: usize>(
+    base: *const u8,
+    hs: [usize; H],
+    (x, d): (*const i32, *const f32),
+    t0: usize,
+    acc: &mut [[__m256; 2]],
+) {
+    let offset = _mm256_set1_epi8(-128);
+    let ones = _mm256_set1_epi16(1);
+    let mut sum = [[_mm256_setzero_si256(); U]; H];
+    // SAFETY: the caller bounds the block's bytes and tokens t0..t0 + U of its activations.
+    unsafe {
+        for g in 0..8 {
+            let xg: [__m256i; U] =
+                std::array::from_fn(|u| _mm256_set1_epi32(*x.add(g * T + t0 + u)));
+            for (i, &h) in hs.iter().enumerate() {
+                let tile = _mm256_loadu_si256(base.add(SCALE_BYTES + 64 * g + 32 * h).cast());
+                let w = _mm256_xor_si256(tile, offset);
+                let magnitude = _mm256_abs_epi8(w);
+                for u in 0..U {
+                    let p = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xg[u], w));
+                    sum[i][u] = _mm256_add_epi32(sum[i][u], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        for (i, &h) in hs.iter().enumerate() {
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
+            for u in 0..U {
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(t0 + u)));
+                let s = _mm256_cvtepi32_ps(sum[i][u]);
+                acc[u][h] = _mm256_add_ps(acc[u][h], _mm256_mul_ps(s, scale));
+            }
+        }
+    }
 }
 
 /// Asks for the `bytes` of the interleaved block `ahead` blocks of `bytes` after `base`: decode

@@ -164,30 +164,31 @@ impl Isa {
 
     /// Whether Q8_0 weights are interleaved sixteen rows deep at load for this instruction set
     /// ([`crate::interleave_q8_0`]): where [`crate::formats::q8_0::rows16_dot`] has a kernel
-    /// of its own (AVX-512 VNNI).
+    /// of its own (AVX-512 VNNI with `vpdpbusd`; AVX2 and AVX-VNNI with `vpmaddubsw`).
     pub fn interleaves_q8_0(self) -> bool {
-        matches!(self, Self::Avx512Vnni)
+        matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
     }
 
     /// Whether Q4_0 weights are interleaved sixteen rows deep at load for this instruction set
     /// ([`crate::interleave_q4_0`]): where [`crate::formats::q4_0::rows16_dot`] has a kernel
-    /// of its own (AVX-512 VNNI).
+    /// of its own (AVX-512 VNNI with `vpdpbusd`; AVX2 and AVX-VNNI with `vpmaddubsw`).
     pub fn interleaves_q4_0(self) -> bool {
-        matches!(self, Self::Avx512Vnni)
+        matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
     }
 
     /// Whether Q4_K and Q5_K weights are interleaved sixteen rows deep at load for this
     /// instruction set ([`crate::interleave_q4_k`]): where [`crate::formats::q4_k::rows16_dot`]
-    /// and its Q5_K twin have a kernel of their own (AVX-512 VNNI).
+    /// and its Q5_K twin have a kernel of their own (AVX-512 VNNI with `vpdpbusd`; AVX2 and
+    /// AVX-VNNI with `vpmaddubsw`).
     pub fn interleaves_q4_k(self) -> bool {
-        matches!(self, Self::Avx512Vnni)
+        matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
     }
 
     /// Whether Q6_K weights are interleaved sixteen rows deep at load for this instruction set
     /// ([`crate::interleave_q6_k`]): where [`crate::formats::q6_k::rows16_dot`] has a kernel
-    /// of its own (AVX-512 VNNI).
+    /// of its own (AVX-512 VNNI with `vpdpbusd`; AVX2 and AVX-VNNI with `vpmaddubsw`).
     pub fn interleaves_q6_k(self) -> bool {
-        matches!(self, Self::Avx512Vnni)
+        matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
     }
 
     /// Whether F16 weights are interleaved sixteen rows deep at load for this instruction set
