@@ -36,8 +36,16 @@ for round in $(seq 1 "$rounds"); do
   for f in "${files[@]}"; do
     [ -z "${HESPER_BEFORE:-}" ] || hesper_rows "$HESPER_BEFORE" "$f" "$round" before
     hesper_rows "$hesper" "$f" "$round" hesper
-    "$llama" -m "$dir/$f" -p "$pp" -n "$tg" -r 1 -t "$threads" -o json 2>/dev/null \
-      | python3 -c "import json,sys; [print('$round', '$f', 'llama', ('pp' if r['n_prompt'] else 'tg') + str(r['n_prompt'] or r['n_gen']), r['avg_ts']) for r in json.load(sys.stdin)]" >>"$out"
+    # A file llama.cpp cannot run (I2_S) leaves its column empty.
+    { "$llama" -m "$dir/$f" -p "$pp" -n "$tg" -r 1 -t "$threads" -o json 2>/dev/null || true; } \
+      | python3 -c "
+import json, sys
+try:
+    rows = json.load(sys.stdin)
+except ValueError:
+    rows = []
+for r in rows:
+    print('$round', '$f', 'llama', ('pp' if r['n_prompt'] else 'tg') + str(r['n_prompt'] or r['n_gen']), r['avg_ts'])" >>"$out"
   done
 done
 python3 - "$out" "$rounds" <<'EOF'
