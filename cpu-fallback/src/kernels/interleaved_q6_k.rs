@@ -179,42 +179,34 @@ unsafe fn q6_k_pass_avx2<const U: usize, const T: usize>(
             let g = 4 * s;
             let at = |offset: usize| base.add(offset + 32 * h).cast();
             let crumbs = _mm256_loadu_si256(at(CRUMBS + 64 * s));
-            // Products of columns 16s + 4j .. 16s + 4j + 4 (j even, then odd), summed in 16 bits.
-            let mut even = [_mm256_setzero_si256(); U];
-            let mut odd = [_mm256_setzero_si256(); U];
-            for j in 0..4 {
-                let xj: [__m256i; U] =
-                    std::array::from_fn(|u| _mm256_set1_epi32(*x.add((g + j) * T + t0 + u)));
-                // A nibble of tile 2s + j / 2, and crumb j moved to bits 4-5.
-                let n = _mm256_loadu_si256(at(NIBBLES + 64 * (2 * s + j / 2)));
-                let n = if j % 2 == 0 {
-                    n
-                } else {
-                    _mm256_srli_epi16::<4>(n)
-                };
-                let high = match j {
-                    0 => _mm256_slli_epi16::<4>(crumbs),
-                    1 => _mm256_slli_epi16::<2>(crumbs),
-                    2 => crumbs,
-                    _ => _mm256_srli_epi16::<2>(crumbs),
-                };
-                let code =
-                    _mm256_or_si256(_mm256_and_si256(n, low4), _mm256_and_si256(high, high2));
-                for u in 0..U {
-                    let p = _mm256_maddubs_epi16(code, xj[u]);
-                    if j % 2 == 0 {
-                        even[u] = _mm256_add_epi16(even[u], p);
+            // Products of columns 16s + 4j .. 16s + 4j + 4, two j at a time (even, then odd:
+            // the crumbs' shifts differ) summed in 16 bits, then widened with the scales.
+            for pair in [[0, 2], [1, 3]] {
+                let mut sum = [_mm256_setzero_si256(); U];
+                for j in pair {
+                    // A nibble of tile 2s + j / 2, and crumb j moved to bits 4-5.
+                    let n = _mm256_loadu_si256(at(NIBBLES + 64 * (2 * s + j / 2)));
+                    let n = if j % 2 == 0 {
+                        n
                     } else {
-                        odd[u] = _mm256_add_epi16(odd[u], p);
+                        _mm256_srli_epi16::<4>(n)
+                    };
+                    let high = match j {
+                        0 => _mm256_slli_epi16::<4>(crumbs),
+                        1 => _mm256_slli_epi16::<2>(crumbs),
+                        2 => crumbs,
+                        _ => _mm256_srli_epi16::<2>(crumbs),
+                    };
+                    let code =
+                        _mm256_or_si256(_mm256_and_si256(n, low4), _mm256_and_si256(high, high2));
+                    for (u, sum) in sum.iter_mut().enumerate() {
+                        let xj = _mm256_set1_epi32(*x.add((g + j) * T + t0 + u));
+                        *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(code, xj));
                     }
                 }
-            }
-            for u in 0..U {
-                let sub = _mm256_add_epi32(
-                    _mm256_madd_epi16(even[u], sc),
-                    _mm256_madd_epi16(odd[u], sc),
-                );
-                isum[u] = _mm256_add_epi32(isum[u], sub);
+                for (isum, sum) in isum.iter_mut().zip(sum) {
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(sum, sc));
+                }
             }
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
