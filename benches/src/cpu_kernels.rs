@@ -103,34 +103,32 @@ fn measure(
     counts: &[usize],
     gbs: f64,
 ) {
-    {
-        for &n in counts {
-            let x: Vec<f32> = (0..cols * n)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
-                .collect();
-            let mut out = vec![0.0; rows * n];
-            let best = backend.install(|| {
-                (0..8)
-                    .map(|_| {
-                        let t0 = Instant::now();
-                        matrix.matmul(backend.isa(), &x, n, &mut out);
-                        t0.elapsed().as_secs_f64()
-                    })
-                    .fold(f64::INFINITY, f64::min)
-            });
-            std::hint::black_box(&out);
-            let rate = bytes / best / 1e9;
-            let tokens = if n == 1 {
-                String::new()
-            } else {
-                format!(" × {n} tokens")
-            };
-            println!(
-                "{:<40} {rate:>6.1} GB/s  ({:.0} % of the read bandwidth), {:.2} ms per token",
-                format!("{name}{tokens}"),
-                100.0 * rate / gbs,
-                best * 1e3 / n as f64
-            );
-        }
+    for &n in counts {
+        let x: Vec<f32> = (0..cols * n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let mut out = vec![0.0; rows * n];
+        let best = backend.install(|| {
+            (0..8)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    matrix.matmul(backend.isa(), &x, n, &mut out);
+                    t0.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        });
+        std::hint::black_box(&out);
+        let rate = bytes / best / 1e9;
+        let tokens = if n == 1 {
+            String::new()
+        } else {
+            format!(" × {n} tokens")
+        };
+        println!(
+            "{:<40} {rate:>6.1} GB/s  ({:.0} % of the read bandwidth), {:.2} ms per token",
+            format!("{name}{tokens}"),
+            100.0 * rate / gbs,
+            best * 1e3 / n as f64
+        );
     }
 }
