@@ -105,15 +105,7 @@ pub unsafe fn f16_rows16_avx2<const T: usize>(block: &[u8], x: &[f32]) -> [[f32;
             }
         }
     }
-    let mut out = [[0.0f32; ROWS]; T];
-    for (o, [lo, hi]) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` holds sixteen floats.
-        unsafe {
-            _mm256_storeu_ps(o.as_mut_ptr(), lo);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), hi);
-        }
-    }
-    out
+    super::interleaved_q4_k::rows16_out_avx2(acc)
 }
 
 /// Adds `columns` of the block times tokens `t0..t0 + U` (of `T` packed per column) into
@@ -168,13 +160,5 @@ pub unsafe fn f16_blocks4_avx2(blocks: [&[u8]; 4], x: &[f32]) -> [[f32; ROWS]; 4
             }
         }
     }
-    let mut out = [[0.0f32; ROWS]; 4];
-    for (o, [lo, hi]) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` holds sixteen floats.
-        unsafe {
-            _mm256_storeu_ps(o.as_mut_ptr(), lo);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), hi);
-        }
-    }
-    out
+    super::interleaved_q4_k::rows16_out_avx2(acc)
 }
