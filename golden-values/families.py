@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2` and
-`qwen3` GGUF files and llama.cpp's logits and residual streams for them.
+"""Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2`, `qwen3`
+and `gemma3` GGUF files and llama.cpp's logits and residual streams for them.
 
 Steps (positional; default both):
 
@@ -15,6 +15,11 @@ Steps (positional; default both):
                                 Q and K RMS-normalized (attn_q_norm, attn_k_norm: gains spread
                                 over 0.5-3 so that a graph without them is far off), tied F16
                                 embedding
+             tiny-gemma3-f16    arch gemma3 in Gemma 3 1B's proportions: heads of 128 over n_embd
+                                256, one kv head, six layers of which the first five attend a
+                                sliding window of 5 positions (RoPE theta 10000 there, 1e6 on
+                                the sixth), Q/K head norms, norms after attention and after the
+                                FFN, GELU (tanh), the embedding scaled by sqrt(256), tied F16
              tiny-falcon3-f16   arch llama in Falcon3's head geometry: head width 256 named by
                                 attention.key_length (Q 512 wide over n_embd 256), GQA 2/1,
                                 theta 1000042, untied F16 output.weight; ternary values t*beta
@@ -92,14 +97,22 @@ class Family:
     rope_freqs: bool            # a rope_freqs.weight tensor (Llama 3.1)
     ternary: bool               # projections hold t*beta (Falcon3's 1.58-bit values)
     spm: bool = False           # a SentencePiece vocabulary (SPM_VOCAB) instead of ids only
-    qk_norm: bool = False       # each head's Q and K RMS-normalized (qwen3)
+    qk_norm: bool = False       # each head's Q and K RMS-normalized (qwen3, gemma3)
+    window: int = 0             # attention.sliding_window (gemma3: five layers of six)
 
     @property
     def path(self) -> Path:
         return MODELS_DIR / f"{self.stem}.gguf"
 
+    @property
+    def gemma(self) -> bool:
+        """Gemma 3's graph: post-norms, the embedding times sqrt(n_embd), GELU."""
+        return self.arch == "gemma3"
+
     # write_outputs() reads these from a generate.py Variant
-    activation = "silu"
+    @property
+    def activation(self) -> str:
+        return "gelu" if self.gemma else "silu"
 
     @property
     def act_quant(self) -> str:
@@ -128,6 +141,12 @@ MISTRAL = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_la
 # eps 1e-6
 QWEN3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, n_ctx=256,
                 rope_base=1e6, eps=1e-6)
+# Gemma 3 1B's proportions: heads of 256 named by key_length over a narrower stream (here 128
+# over 256), one kv head, theta 1e6 on the global layers (the sliding-window layers' 10000 is
+# llama.cpp's default, as Gemma 3 files leave rope.freq_base_swa out), eps 1e-6, six layers so
+# that the default pattern (five windowed, then one global) holds once
+GEMMA3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_layer=6, n_ctx=256,
+                 rope_base=1e6, eps=1e-6)
 FAMILIES = [
     Family("tiny-llama-f16", "llama", TINY, 64, GGML_F16, False, False, True, False),
     Family("tiny-llama-q8_0", "llama", TINY, 64, GGML_Q8_0, True, False, True, False),
@@ -139,6 +158,9 @@ FAMILIES = [
     Family("tiny-qwen2-tq2_0", "qwen2", TINY, 64, GGML_TQ2_0, True, True, False, True),
     Family("tiny-qwen3-f16", "qwen3", QWEN3, 128, GGML_F16, False, False, False, False,
            qk_norm=True),
+    # A window of 5 positions: every sequence (7, 16, 33 tokens) reaches past it
+    Family("tiny-gemma3-f16", "gemma3", GEMMA3, 128, GGML_F16, False, False, False, False,
+           qk_norm=True, window=5),
 ]
 
 
@@ -236,8 +258,11 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
     def add(name: str, ne: tuple[int, ...], ty: int, make: Callable[[], bytes]) -> None:
         out.append((TensorInfo(name, ne, ty), make))
 
+    # Gemma scales the embedding by sqrt(n_embd) as it enters: half the std, so that the scaled
+    # rows (std 2) do not drown the layers' normalized outputs the residual stream adds up
+    emb_std = hp.emb_std / 2 if f.gemma else hp.emb_std
     add("token_embd.weight", (E, hp.n_vocab), GGML_F16, lambda: (
-        hp.emb_std * tensor_rng(seed, "token_embd.0").standard_normal((hp.n_vocab, E))
+        emb_std * tensor_rng(seed, "token_embd.0").standard_normal((hp.n_vocab, E))
     ).astype(np.float16).tobytes())
     add("output_norm.weight", (E,), GGML_F32,
         lambda: gen_norm(seed, "output_norm.weight", E).tobytes())
@@ -277,6 +302,10 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
             if name == "attn_output":
                 add(p + "ffn_norm.weight", (E,), GGML_F32,
                     lambda p=p: gen_norm(seed, p + "ffn_norm.weight", E).tobytes())
+            if f.gemma and name in ("attn_output", "ffn_down"):
+                norm = p + ("post_attention_norm" if name == "attn_output" else "post_ffw_norm")
+                add(norm + ".weight", (E,), GGML_F32,
+                    lambda norm=norm: gen_norm(seed, norm + ".weight", E).tobytes())
     return out
 
 
@@ -297,6 +326,8 @@ def kvs(f: Family) -> list[KV]:
     if f.head_dim != hp.n_embd // hp.n_head:
         keys += [kv_u32(f"{A}.attention.key_length", f.head_dim),
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]
+    if f.window:
+        keys += [kv_u32(f"{A}.attention.sliding_window", f.window)]
     keys += [kv_u32("general.file_type", LLAMA_FTYPE[f.weight_type]),
              kv_u32("general.quantization_version", 2)]
     if f.spm:

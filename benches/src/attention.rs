@@ -89,6 +89,7 @@ fn shape(n_head: usize, n_head_kv: usize, head_dim: usize) -> AttentionShape {
         n_head,
         n_head_kv,
         head_dim,
+        window: None,
     }
 }
 

@@ -93,10 +93,19 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 (c.family.qk_norm, ", Q/K head norms"),
                 (g.tensor("rope_freqs.weight").is_some(), ", rope_freqs"),
                 (c.rope_scale != 1.0, ", linear RoPE scaling"),
+                (c.family.post_norms, ", post-attention and post-FFN norms"),
+                (c.family.embed_scale, ", embeddings times √n_embd"),
             ]
             .iter()
             .filter(|(on, _)| *on)
-            .map(|(_, what)| *what)
+            .map(|(_, what)| what.to_string())
+            .chain(c.window.map(|w| {
+                let windowed = c.windowed.iter().filter(|&&on| on).count();
+                format!(
+                    ", a sliding window of {w} on {windowed} of {} layers (RoPE base {} there)",
+                    c.n_layer, c.rope_base_window
+                )
+            }))
             .collect();
             writeln!(
                 out,

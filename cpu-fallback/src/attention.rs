@@ -192,11 +192,11 @@ impl KvCache {
         }
     }
 
-    /// The keys the query at `pos` attends.
-    fn keys(&self, pos: usize) -> Vec<Key> {
+    /// The keys the query at `pos` attends (a dense cache: from `start` on).
+    fn keys(&self, pos: usize, start: usize) -> Vec<Key> {
         match &self.sparse {
             Some(p) => p.keys(pos),
-            None => (0..=pos).map(Key::Position).collect(),
+            None => (start..=pos).map(Key::Position).collect(),
         }
     }
 }
@@ -222,6 +222,8 @@ pub fn attention(
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let width = s.n_head * hd;
+    // The first position the query at `pos` attends (its sliding window's start).
+    let start = |pos: usize| s.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let in_place = match (&cache.k, &cache.sparse) {
         (Store::F32(kc), None) => {
             let (Store::F32(vc), base) = (&cache.v, layer * cache.n_ctx * cache.kv_dim) else {
@@ -234,7 +236,7 @@ pub fn attention(
     // Rows of the keys and values of one task: in place for a dense f32 cache, else gathered.
     let rows = |t: usize, h: usize| -> (Vec<f32>, Vec<f32>, usize, usize) {
         let off = (h / group) * hd;
-        let keys = cache.keys(pos0 + t);
+        let keys = cache.keys(pos0 + t, start(pos0 + t));
         let mut kr = vec![0.0; keys.len() * hd];
         let mut vr = vec![0.0; keys.len() * hd];
         cache.gather(layer, &keys, off, false, &mut kr);
@@ -253,8 +255,9 @@ pub fn attention(
                 let gathered;
                 let (kh, vh, len, stride) = match in_place {
                     Some((kc, vc)) => {
-                        let off = (h / group) * hd;
-                        (&kc[off..], &vc[off..], pos0 + t + 1, cache.kv_dim)
+                        let (pos, kv) = (pos0 + t, cache.kv_dim);
+                        let off = start(pos) * kv + (h / group) * hd;
+                        (&kc[off..], &vc[off..], pos + 1 - start(pos), kv)
                     }
                     None => {
                         gathered = rows(t, h);
@@ -283,8 +286,9 @@ pub fn attention(
             let gathered;
             let (kh, vh, len, stride) = match in_place {
                 Some((kc, vc)) => {
-                    let off = (h / group) * hd;
-                    (&kc[off..], &vc[off..], pos0 + t + 1, cache.kv_dim)
+                    let (pos, kv) = (pos0 + t, cache.kv_dim);
+                    let off = start(pos) * kv + (h / group) * hd;
+                    (&kc[off..], &vc[off..], pos + 1 - start(pos), kv)
                 }
                 None => {
                     gathered = rows(t, h);
@@ -313,6 +317,7 @@ mod tests {
             n_head: 2,
             n_head_kv: 1,
             head_dim: 2,
+            window: None,
         };
         let mut cache = KvCache::new(1, 4, 2);
         let mut out = vec![0.0; 4];

@@ -334,6 +334,10 @@ impl Backend for CpuBackend {
             .time(Op::Glu, || ops::glu(gate, up, len, act, out));
     }
 
+    fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) {
+        x[..len].iter_mut().for_each(|v| *v *= s);
+    }
+
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
         self.profile.time(Op::Add, || {
             for (a, b) in x[..len].iter_mut().zip(&y[..len]) {

@@ -38,12 +38,34 @@ pub fn glu(gate: &[f32], up: &[f32], len: usize, act: Activation, out: &mut [f32
             let r = g.max(0.0);
             *o = r * r * u;
         }),
+        Activation::GeluTanh => it.for_each(|((o, &g), &u)| *o = gelu_tanh(g) * u),
     }
+}
+
+/// GELU's tanh approximation as [`Activation::GeluTanh`] defines it: `x / (1 + exp(−2u))`,
+/// `u = √(2/π)·(x + 0.044715·x³)`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let u = SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x);
+    x / (1.0 + (-2.0 * u).exp())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gelu_is_the_tanh_approximation() {
+        for x in [-6.0f32, -2.5, -1.0, -0.1, 0.0, 0.3, 1.0, 2.0, 7.5] {
+            let (xd, c) = (f64::from(x), (2.0 / std::f64::consts::PI).sqrt());
+            let want = 0.5 * xd * (1.0 + (c * (xd + 0.044715 * xd.powi(3))).tanh());
+            let got = f64::from(gelu_tanh(x));
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                "gelu({x}) = {got}, want {want}"
+            );
+        }
+    }
 
     #[test]
     fn rope_rotates_pairs_half_apart() {

@@ -52,6 +52,9 @@ pub struct AttentionShape {
     pub n_head_kv: usize,
     /// Width of a head.
     pub head_dim: usize,
+    /// A sliding window: the query at position `i` attends positions
+    /// `i + 1 − window ..= i` only (llama.cpp's standard SWA); `None`: every earlier position.
+    pub window: Option<usize>,
 }
 
 /// Rotary embedding parameters (NeoX "rotate half" pairing: `i` with `i + rope_dim/2`).
@@ -454,6 +457,8 @@ pub trait Backend {
         act: Activation,
         out: &mut Self::Buffer,
     );
+    /// `x *= s` over `len` values.
+    fn scale(&self, x: &mut Self::Buffer, len: usize, s: f32);
     /// `x += y` over `len` values.
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize);
     /// `x[i] += bias` for each of `n` rows of `bias`'s length (a projection's bias).

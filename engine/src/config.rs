@@ -2,15 +2,15 @@
 
 use thiserror::Error;
 
-use crate::gguf::Gguf;
+use crate::gguf::{Array, Gguf};
 
 /// The architectures hesper-rs runs, as its messages name them.
-pub const ARCHITECTURES: &str = "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2 and qwen3";
+pub const ARCHITECTURES: &str = "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3 and gemma3";
 
 /// How RoPE pairs the dims of a head (llama.cpp's rope types, by architecture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopePairs {
-    /// NeoX: dim `i` with `i + rope_dim/2` (`bitnet*`, `qwen2`, `qwen3`); what every backend
+    /// NeoX: dim `i` with `i + rope_dim/2` (`bitnet*`, `qwen2`, `qwen3`, `gemma3`); what every backend
     /// rotates.
     Neox,
     /// ggml's normal mode: dim `2i` with `2i + 1` (`llama`). The loader reorders the rows of
@@ -31,6 +31,15 @@ pub struct Family {
     pub rope_pairs: RopePairs,
     /// The FFN activation when the file does not name one (`<arch>.hidden_activation`).
     pub activation: Activation,
+    /// RMSNorms of the attention's and the FFN's outputs before each joins the residual
+    /// stream (`post_attention_norm`, `post_ffw_norm`: Gemma).
+    pub post_norms: bool,
+    /// The token embeddings scaled by √n_embd as they enter the first layer (Gemma).
+    pub embed_scale: bool,
+    /// Of every this many layers, all but the last attend a sliding window when the file names
+    /// `attention.sliding_window` (Gemma 3: five of six), unless the file's
+    /// `attention.sliding_window_pattern` says otherwise; `None`: the family has no window.
+    pub window_period: Option<usize>,
 }
 
 impl Family {
@@ -38,21 +47,81 @@ impl Family {
     /// official files (`bitnet-b1.58`, `bitnet-25`) default to ReLU², as 2B4T was trained;
     /// mainline llama.cpp's `bitnet` graph computes SiLU.
     pub fn of(arch: &str) -> Option<Self> {
-        let (sub_norms, qk_norm, rope_pairs, activation) = match arch {
-            "bitnet-b1.58" | "bitnet-25" => (true, false, RopePairs::Neox, Activation::Relu2),
-            "bitnet" => (true, false, RopePairs::Neox, Activation::Silu),
-            "llama" => (false, false, RopePairs::Adjacent, Activation::Silu),
-            "qwen2" => (false, false, RopePairs::Neox, Activation::Silu),
-            "qwen3" => (false, true, RopePairs::Neox, Activation::Silu),
-            _ => return None,
+        let plain = Self {
+            sub_norms: false,
+            qk_norm: false,
+            rope_pairs: RopePairs::Neox,
+            activation: Activation::Silu,
+            post_norms: false,
+            embed_scale: false,
+            window_period: None,
         };
-        Some(Self {
-            sub_norms,
-            qk_norm,
-            rope_pairs,
-            activation,
+        Some(match arch {
+            "bitnet-b1.58" | "bitnet-25" => Self {
+                sub_norms: true,
+                activation: Activation::Relu2,
+                ..plain
+            },
+            "bitnet" => Self {
+                sub_norms: true,
+                ..plain
+            },
+            "llama" => Self {
+                rope_pairs: RopePairs::Adjacent,
+                ..plain
+            },
+            "qwen2" => plain,
+            "qwen3" => Self {
+                qk_norm: true,
+                ..plain
+            },
+            "gemma3" => Self {
+                qk_norm: true,
+                activation: Activation::GeluTanh,
+                post_norms: true,
+                embed_scale: true,
+                window_period: Some(6),
+                ..plain
+            },
+            _ => return None,
         })
     }
+}
+
+/// Which of `n_layer` layers attend the sliding window: the file's
+/// `attention.sliding_window_pattern` (one bool a layer, or a period), else the family's period
+/// (all but the last layer of each period windowed, as llama.cpp's `set_swa_pattern`).
+fn windowed_layers(
+    g: &Gguf,
+    key: &str,
+    family: &Family,
+    window: Option<usize>,
+    n_layer: usize,
+) -> Result<Vec<bool>, ConfigError> {
+    let (Some(_), Some(default_period)) = (window, family.window_period) else {
+        return Ok(vec![false; n_layer]);
+    };
+    let invalid = |value: String, why: &str| ConfigError::Invalid {
+        key: key.into(),
+        value,
+        why: why.into(),
+    };
+    if let Some(values) = g.get_array(key) {
+        return match values {
+            Array::Bool(flags) if flags.len() == n_layer => Ok(flags.clone()),
+            other => Err(invalid(
+                format!("an array of {} {}", other.len(), other.type_name()),
+                &format!("must hold one bool per layer ({n_layer})"),
+            )),
+        };
+    }
+    let period = match g.get_u64(key) {
+        Some(p) => usize::try_from(p).map_err(|_| invalid(p.to_string(), "too large"))?,
+        None => default_period,
+    };
+    Ok((0..n_layer)
+        .map(|il| period == 0 || il % period < period - 1)
+        .collect())
 }
 
 /// The gated FFN's activation.
@@ -62,6 +131,10 @@ pub enum Activation {
     Silu,
     /// `relu(gate)² * up` (BitNet b1.58 2B4T as trained).
     Relu2,
+    /// `gelu(gate) * up` with GELU's tanh approximation (Gemma's `gelu_pytorch_tanh`),
+    /// computed as `x / (1 + exp(−2u))`, `u = √(2/π)·(x + 0.044715·x³)` (the same function:
+    /// `(1 + tanh u) / 2` is the logistic of `2u`).
+    GeluTanh,
 }
 
 impl Activation {
@@ -70,6 +143,7 @@ impl Activation {
         match self {
             Self::Silu => "SiLU",
             Self::Relu2 => "ReLU²",
+            Self::GeluTanh => "GELU (tanh)",
         }
     }
 }
@@ -107,6 +181,17 @@ pub struct Config {
     pub rope_dim: usize,
     /// FFN activation.
     pub activation: Activation,
+    /// Positions a sliding-window layer attends, itself included
+    /// (`attention.sliding_window`); `None`: every layer attends every earlier position.
+    pub window: Option<usize>,
+    /// Which layers attend the sliding window (every `false` without one).
+    pub windowed: Vec<bool>,
+    /// RoPE base frequency of the sliding-window layers (`rope.freq_base_swa`, 10000 when
+    /// absent, as llama.cpp reads it).
+    pub rope_base_window: f32,
+    /// What the queries are multiplied by besides `1/√head_dim` before attention (Gemma 3 27B
+    /// scales by `1/√(n_embd/n_head)` instead: folded into the query's head norm at load).
+    pub query_scale: f32,
 }
 
 /// Why the metadata does not describe a model hesper-rs can run.
@@ -234,11 +319,12 @@ impl Config {
         let activation = match g.get_str(&key("hidden_activation")) {
             Some("relu2" | "relu_squared" | "squared_relu") => Activation::Relu2,
             Some("silu" | "swish") => Activation::Silu,
+            Some("gelu" | "gelu_pytorch_tanh") => Activation::GeluTanh,
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     key: key("hidden_activation"),
                     value: other.into(),
-                    why: "hesper-rs knows relu2 and silu".into(),
+                    why: "hesper-rs knows relu2, silu and gelu".into(),
                 })
             }
             None => family.activation,
@@ -254,10 +340,41 @@ impl Config {
                 })
             }
         };
+        let n_layer = int("block_count")?;
+        if g.get_f64(&key("final_logit_softcapping"))
+            .is_some_and(|v| v != 0.0)
+        {
+            return Err(ConfigError::Invalid {
+                key: key("final_logit_softcapping"),
+                value: "set".into(),
+                why: "hesper-rs does not soft-cap logits".into(),
+            });
+        }
+        let window = match (
+            family.window_period,
+            g.get_u64(&key("attention.sliding_window")),
+        ) {
+            (Some(_), Some(w)) if w > 0 => Some(int("attention.sliding_window")?),
+            _ => None,
+        };
+        let windowed = windowed_layers(
+            g,
+            &key("attention.sliding_window_pattern"),
+            &family,
+            window,
+            n_layer,
+        )?;
+        // Gemma 3 27B (62 layers) scales its queries by 1/√(n_embd/n_head), the others by
+        // 1/√head_dim (llama.cpp's rule, after gemma_pytorch's config).
+        let query_scale = if arch == "gemma3" && n_layer == 62 {
+            (head_dim as f32 / (n_embd / n_head) as f32).sqrt()
+        } else {
+            1.0
+        };
         Ok(Self {
             n_vocab,
             n_embd,
-            n_layer: int("block_count")?,
+            n_layer,
             n_head,
             n_head_kv,
             head_dim,
@@ -268,9 +385,28 @@ impl Config {
             rope_scale,
             rope_dim,
             activation,
+            window,
+            windowed,
+            rope_base_window: float("rope.freq_base_swa", 10000.0)?,
+            query_scale,
             family,
             arch,
         })
+    }
+
+    /// The window layer `il` attends, if it is a sliding-window layer.
+    pub fn window_of(&self, il: usize) -> Option<usize> {
+        self.window
+            .filter(|_| self.windowed.get(il).copied().unwrap_or(false))
+    }
+
+    /// The RoPE base frequency of layer `il`.
+    pub fn rope_base_of(&self, il: usize) -> f32 {
+        if self.window_of(il).is_some() {
+            self.rope_base_window
+        } else {
+            self.rope_base
+        }
     }
 
     /// Width of the Q projection (all query heads).
@@ -281,5 +417,65 @@ impl Config {
     /// Width of the K and V projections.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgufBuilder, Value};
+
+    /// A `gemma3` header of `n_layer` layers with `extra` keys.
+    fn gemma3(n_layer: u32, extra: &[(&str, Value)]) -> Result<Config, ConfigError> {
+        let mut b = GgufBuilder::new()
+            .kv("general.architecture", Value::String("gemma3".into()))
+            .kv("gemma3.embedding_length", Value::U32(64))
+            .kv("gemma3.block_count", Value::U32(n_layer))
+            .kv("gemma3.feed_forward_length", Value::U32(128))
+            .kv("gemma3.attention.head_count", Value::U32(2))
+            .kv("gemma3.context_length", Value::U32(256))
+            .kv("gemma3.vocab_size", Value::U32(32));
+        for (k, v) in extra {
+            b = b.kv(k, v.clone());
+        }
+        Config::from_gguf(&Gguf::parse(&b.build()).expect("a header"), None)
+    }
+
+    #[test]
+    fn gemma3_windows_five_layers_of_six_unless_the_file_says_otherwise() {
+        let window = ("gemma3.attention.sliding_window", Value::U32(512));
+        let base = ("gemma3.rope.freq_base", Value::F32(1e6));
+        let c = gemma3(12, &[window.clone(), base]).expect("config");
+        let windowed: Vec<usize> = (0..12).filter(|&il| c.window_of(il).is_some()).collect();
+        assert_eq!(windowed, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]);
+        // The windowed layers rotate with llama.cpp's default base when the file names none.
+        assert_eq!((c.rope_base_of(0), c.rope_base_of(5)), (10000.0, 1e6));
+        // A period of 2 (Gemma 2's), and one bool per layer.
+        let c = gemma3(
+            4,
+            &[
+                window.clone(),
+                ("gemma3.attention.sliding_window_pattern", Value::U32(2)),
+            ],
+        )
+        .expect("config");
+        assert_eq!(c.windowed, [true, false, true, false]);
+        let flags = Value::Array(Array::Bool(vec![false, true, true]));
+        let pattern = ("gemma3.attention.sliding_window_pattern", flags);
+        let c = gemma3(3, &[window.clone(), pattern.clone()]).expect("config");
+        assert_eq!(c.windowed, [false, true, true]);
+        assert_eq!(c.window_of(1), Some(512));
+        // Too few flags, and no window at all.
+        let e = gemma3(4, &[window, pattern.clone()]).expect_err("refused");
+        assert!(e.to_string().contains("one bool per layer (4)"), "{e}");
+        let c = gemma3(3, &[pattern]).expect("config");
+        assert_eq!((c.window, c.window_of(1)), (None, None));
+    }
+
+    #[test]
+    fn soft_capped_logits_are_refused() {
+        let cap = ("gemma3.final_logit_softcapping", Value::F32(30.0));
+        let e = gemma3(2, &[cap]).expect_err("refused");
+        assert!(e.to_string().contains("does not soft-cap logits"), "{e}");
     }
 }

@@ -1,12 +1,15 @@
-//! The forward pass of every family (BitNet b1.58, `llama`, `qwen2`), written once over
-//! [`Backend`]; what differs between families is data in [`Config`].
+//! The forward pass of every family (BitNet b1.58, `llama`, `qwen2`, `qwen3`, `gemma3`),
+//! written once over [`Backend`]; what differs between families is data in [`Config`].
 //!
 //! ```text
-//! x = E[tokens]
-//! per layer: h = norm(x)·g_attn; q,k,v = W·h (+ b); rope(q,k); o = attn(q,k,v)
-//!            x += Wo · (norm(o)·g_attn_sub)           (BitNet; others: Wo · o)
+//! x = E[tokens]                              (Gemma: times √n_embd)
+//! per layer: h = norm(x)·g_attn; q,k,v = W·h (+ b); q,k = norm(q,k)·g_qk (Qwen3, Gemma 3)
+//!            rope(q,k); o = attn(q,k,v)      (Gemma 3: a sliding window on most layers)
+//!            x += Wo · (norm(o)·g_attn_sub)           (BitNet; others: Wo · o;
+//!                                                      Gemma: norm(Wo · o)·g_post_attn)
 //!            h = norm(x)·g_ffn; a = act(Wgate·h) ⊙ (Wup·h)
-//!            x += Wdown · (norm(a)·g_ffn_sub)         (BitNet; others: Wdown · a)
+//!            x += Wdown · (norm(a)·g_ffn_sub)         (BitNet; others: Wdown · a;
+//!                                                      Gemma: norm(Wdown · a)·g_post_ffn)
 //! logits = E_out · (norm(x)·g_out)          (E_out = E when the head is tied)
 //! ```
 //! A [`Model`] may hold only a layer range `[start, end)` (a ring node's share); it then
@@ -182,6 +185,9 @@ pub enum ModelError {
     /// A context shift this session cannot do.
     #[error("context shift: {0}")]
     ContextShift(String),
+    /// Sparse attention asked of a model whose layers attend a sliding window.
+    #[error("sparse attention is not computed for a model with sliding-window layers (its windows are the model's own): run it dense")]
+    SparseWithWindow,
 }
 
 /// Which logits [`Model::eval`] returns.
@@ -280,6 +286,8 @@ struct Layer<B: Backend> {
     /// BitNet's norm of the FFN activation (families with sub-norms).
     ffn_sub_norm: Option<B::Vector>,
     down: B::Matrix,
+    /// The gains of the norms of the attention's and the FFN's outputs (Gemma), both or none.
+    post_norms: Option<[B::Vector; 2]>,
 }
 
 /// A loaded model (or a layer range of one) on a backend.
@@ -321,6 +329,9 @@ pub struct Session<B: Backend> {
     shift_keep: Option<usize>,
     /// Positions discarded by context shifts so far.
     discarded: usize,
+    /// Whether its layers rotate keys with more than one RoPE base (the cache's shift
+    /// rotates every layer alike).
+    mixed_rope: bool,
     s: Scratch<B>,
 }
 
@@ -368,6 +379,11 @@ impl<B: Backend> Session<B> {
             if self.attention.sparse.is_some() {
                 return Err(ModelError::ContextShift(
                     "sparse attention does not shift its context (its landmarks follow the positions)".into(),
+                ));
+            }
+            if self.mixed_rope {
+                return Err(ModelError::ContextShift(
+                    "this model's sliding-window layers rotate keys with their own RoPE base, which a shift does not rotate back".into(),
                 ));
             }
             if keep.saturating_add(2) > self.n_ctx {
@@ -420,12 +436,15 @@ pub fn check_tensor_table(g: &crate::gguf::Gguf, config: &Config) -> Result<(), 
             second: b.name.clone(),
         });
     }
-    // Biases are read on Q, K and V only; head norms where the family has them.
+    // Biases are read on Q, K and V only; head norms and post-norms where the family has
+    // them.
     let unread = |name: &str| {
         let in_layer =
             |ends: &[&str]| name.starts_with("blk.") && ends.iter().any(|e| name.ends_with(e));
         (name.ends_with(".bias") && !in_layer(&["attn_q.bias", "attn_k.bias", "attn_v.bias"]))
             || (!config.family.qk_norm && in_layer(&["attn_q_norm.weight", "attn_k_norm.weight"]))
+            || (!config.family.post_norms
+                && in_layer(&["post_attention_norm.weight", "post_ffw_norm.weight"]))
     };
     if let Some(t) = g.tensors().iter().find(|t| unread(&t.name)) {
         return Err(ModelError::UnreadTensor {
@@ -562,6 +581,9 @@ impl<B: Backend> Model<B> {
         batch: usize,
         attention: &AttentionConfig,
     ) -> Result<Session<B>, ModelError> {
+        if attention.sparse.is_some() && self.config.window.is_some() {
+            return Err(ModelError::SparseWithWindow);
+        }
         let kv = self.config.kv_dim();
         let shape = SessionShape {
             n_layer: self.layers.len(),
@@ -582,6 +604,10 @@ impl<B: Backend> Model<B> {
             attention: attention.clone(),
             shift_keep: None,
             discarded: 0,
+            mixed_rope: self
+                .layer_range
+                .clone()
+                .any(|il| self.config.rope_base_of(il) != self.config.rope_base),
             s,
         })
     }
@@ -650,7 +676,7 @@ impl<B: Backend> Model<B> {
         let n_chunks = chunks.len();
         for (i, chunk) in chunks.enumerate() {
             let n = chunk.len();
-            self.backend.embed(embedding, chunk, &mut s.s.x);
+            self.embed_rows(embedding, chunk, &mut s.s.x);
             self.run_layers(s, n);
             match want {
                 Logits::All => out.extend(self.head(s, n, 0).await?),
@@ -790,7 +816,7 @@ impl<B: Backend> Model<B> {
         let n_chunks = chunks.len();
         for (i, chunk) in chunks.enumerate() {
             let n = chunk.len();
-            self.backend.embed(embedding, chunk, &mut s.s.x);
+            self.embed_rows(embedding, chunk, &mut s.s.x);
             self.run_layers(s, n);
             if i + 1 == n_chunks {
                 self.record_head(s, 1, n - 1)?;
@@ -851,8 +877,8 @@ impl<B: Backend> Model<B> {
         }
         self.check_tokens(tokens)?;
         self.seek(s, pos0)?;
-        self.forward_rows(s, tokens.len(), |b, rows, x| {
-            b.embed(embedding, &tokens[rows], x);
+        self.forward_rows(s, tokens.len(), |_, rows, x| {
+            self.embed_rows(embedding, &tokens[rows], x);
             Ok(())
         })
         .await
@@ -882,8 +908,7 @@ impl<B: Backend> Model<B> {
         let mut out = vec![0.0; tokens.len() * d];
         for (i, rows_out) in out.chunks_mut(s.batch * d).enumerate() {
             let (start, n) = (i * s.batch, rows_out.len() / d);
-            self.backend
-                .embed(embedding, &tokens[start..start + n], &mut s.s.x);
+            self.embed_rows(embedding, &tokens[start..start + n], &mut s.s.x);
             self.run_layers(s, n);
             let sc = &mut s.s;
             self.backend.rms_norm(&sc.x, norm, n, c.eps, &mut sc.h);
@@ -931,7 +956,7 @@ impl<B: Backend> Model<B> {
         self.check_tokens(tokens)?;
         let mut out = vec![0.0; tokens.len() * d];
         for (chunk, rows) in tokens.chunks(s.batch).zip(out.chunks_mut(s.batch * d)) {
-            self.backend.embed(embedding, chunk, &mut s.s.x);
+            self.embed_rows(embedding, chunk, &mut s.s.x);
             self.backend.read(&s.s.x, rows).await?;
         }
         Ok(out)
@@ -1065,19 +1090,6 @@ impl<B: Backend> Model<B> {
     fn layers_over(&self, sc: &mut Scratch<B>, n: usize, attend: &mut Attend<'_, B>) {
         let c = &self.config;
         let b = &self.backend;
-        let attn = AttentionShape {
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim: c.head_dim,
-        };
-        let rope_q = self.rope_shape();
-        let rope = [
-            rope_q,
-            RopeShape {
-                n_head: c.n_head_kv,
-                ..rope_q
-            },
-        ];
         let Scratch {
             x,
             h,
@@ -1091,6 +1103,25 @@ impl<B: Backend> Model<B> {
             ..
         } = sc;
         for (li, l) in self.layers.iter().enumerate() {
+            // A sliding-window layer attends its window with its own RoPE base.
+            let il = self.layer_range.start + li;
+            let attn = AttentionShape {
+                n_head: c.n_head,
+                n_head_kv: c.n_head_kv,
+                head_dim: c.head_dim,
+                window: c.window_of(il),
+            };
+            let rope_q = RopeShape {
+                base: c.rope_base_of(il),
+                ..self.rope_shape()
+            };
+            let rope = [
+                rope_q,
+                RopeShape {
+                    n_head: c.n_head_kv,
+                    ..rope_q
+                },
+            ];
             b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
             b.qkv(&l.qkv, h, n, [&mut *q, &mut *k, &mut *v]);
             if let Some([bq, bk, bv]) = &l.qkv_bias {
@@ -1125,7 +1156,16 @@ impl<B: Backend> Model<B> {
                 }
                 None => &*att,
             };
-            b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q);
+            match &l.post_norms {
+                // Gemma normalizes the attention's output before the residual add (into `q`,
+                // normalized into `h`: both free here).
+                Some([g, _]) => {
+                    b.matmul(&l.wo, wo_in, n, q);
+                    b.rms_norm(q, g, n, c.eps, h);
+                    b.add(x, h, n * c.n_embd);
+                }
+                None => b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q),
+            }
             b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.gate_up.first());
             b.gate_up(&l.gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
             let down_in = match &l.ffn_sub_norm {
@@ -1135,7 +1175,25 @@ impl<B: Backend> Model<B> {
                 }
                 None => &*act,
             };
-            b.matmul_add(&l.down, down_in, n, c.n_embd, x, q);
+            match &l.post_norms {
+                Some([_, g]) => {
+                    b.matmul(&l.down, down_in, n, q);
+                    b.rms_norm(q, g, n, c.eps, h);
+                    b.add(x, h, n * c.n_embd);
+                }
+                None => b.matmul_add(&l.down, down_in, n, c.n_embd, x, q),
+            }
+        }
+    }
+
+    /// The rows of `tokens` in `table` into `x`, as the first layer reads them (times
+    /// √n_embd where the family scales its embeddings).
+    fn embed_rows(&self, table: &B::Matrix, tokens: &[u32], x: &mut B::Buffer) {
+        let c = &self.config;
+        self.backend.embed(table, tokens, x);
+        if c.family.embed_scale {
+            self.backend
+                .scale(x, tokens.len() * c.n_embd, (c.n_embd as f32).sqrt());
         }
     }
 

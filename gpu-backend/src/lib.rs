@@ -39,6 +39,10 @@ pub const FLUSH_DISPATCHES: usize = 32;
 /// Most workgroups of the first argmax stage.
 const ARGMAX_GROUPS: usize = 256;
 
+/// RoPE tables kept at once: one per base of a model whose sliding-window layers rotate with
+/// their own (Gemma 3), so alternating layers do not rebuild them.
+const ROPE_TABLES: usize = 2;
+
 /// Largest head the attention kernel handles (a thread per two dimensions).
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -122,7 +126,9 @@ struct State {
     argmax: (GpuBuffer<f32>, GpuBuffer<u32>, GpuBuffer<u32>),
     /// Top-k candidates: `k` ids (as f32), then their `k` values.
     top: GpuBuffer<f32>,
-    rope: Option<RopeTable>,
+    /// RoPE tables of the bases a model's layers use (two where sliding-window layers have
+    /// their own), the most recently made last.
+    ropes: Vec<RopeTable>,
     /// The buffer whose rows the activation scratch holds quantized, when a fused RMSNorm
     /// left them there for the product that comes next (cleared by any other operation).
     quantized: Option<Quantized>,
@@ -237,7 +243,7 @@ impl GpuBackend {
                 ids,
                 argmax,
                 top,
-                rope: None,
+                ropes: Vec::new(),
                 quantized: None,
             }),
             name,
@@ -579,29 +585,34 @@ impl State {
         Ok(())
     }
 
-    /// Makes the rotary table cover positions `0..positions` for `shape`.
-    fn rope_table(&mut self, shape: &RopeShape, positions: usize) -> Result<(), GpuError> {
-        let fits = self.rope.as_ref().is_some_and(|t| {
+    /// Makes a rotary table cover positions `0..positions` for `shape`; its index in
+    /// `ropes`.
+    fn rope_table(&mut self, shape: &RopeShape, positions: usize) -> Result<usize, GpuError> {
+        let fits = self.ropes.iter().position(|t| {
             t.rope_dim == shape.rope_dim
                 && t.base == shape.base
                 && t.scale == shape.scale
                 && t.freq_factors.as_deref() == shape.freq_factors
                 && t.positions >= positions
         });
-        if !fits {
-            let positions = positions.next_power_of_two().max(256);
-            // A fresh buffer (not a queued write) so work recorded earlier keeps the old one.
-            let cs = self.gpu.upload("rope table", &shape.angles(0, positions))?;
-            self.rope = Some(RopeTable {
-                rope_dim: shape.rope_dim,
-                base: shape.base,
-                scale: shape.scale,
-                freq_factors: shape.freq_factors.map(<[f32]>::to_vec),
-                positions,
-                cs,
-            });
+        if let Some(at) = fits {
+            return Ok(at);
         }
-        Ok(())
+        let positions = positions.next_power_of_two().max(256);
+        // A fresh buffer (not a queued write) so work recorded earlier keeps the old one.
+        let cs = self.gpu.upload("rope table", &shape.angles(0, positions))?;
+        if self.ropes.len() == ROPE_TABLES {
+            self.ropes.remove(0);
+        }
+        self.ropes.push(RopeTable {
+            rope_dim: shape.rope_dim,
+            base: shape.base,
+            scale: shape.scale,
+            freq_factors: shape.freq_factors.map(<[f32]>::to_vec),
+            positions,
+            cs,
+        });
+        Ok(self.ropes.len() - 1)
     }
 }
 
@@ -1048,13 +1059,11 @@ impl Backend for GpuBackend {
 
     fn rope(&self, x: &mut GpuBuffer<f32>, n: usize, pos0: usize, shape: &RopeShape) {
         self.record(|st| {
-            st.rope_table(shape, pos0 + n)?;
+            let at = st.rope_table(shape, pos0 + n)?;
             let State {
-                gpu, batch, rope, ..
+                gpu, batch, ropes, ..
             } = st;
-            let Some(table) = rope else {
-                unreachable!("rope_table just made it");
-            };
+            let table = &ropes[at];
             let pairs = n * shape.n_head * shape.rope_dim / 2;
             // Each pair read and written, and its (cos, sin).
             let traffic = 24 * pairs as u64;
@@ -1141,10 +1150,8 @@ impl Backend for GpuBackend {
         }
         self.record(|st| {
             self.check_head(shape)?;
-            st.rope_table(rope_q, pos0 + n)?;
-            let Some(table) = &st.rope else {
-                unreachable!("rope_table just made it");
-            };
+            let at = st.rope_table(rope_q, pos0 + n)?;
+            let table = &st.ropes[at];
             let kv = cache.kv_dim;
             let pairs = n * shape.n_head * rope_q.rope_dim / 2;
             let threads = pairs + n * kv / 2;
@@ -1247,6 +1254,11 @@ impl Backend for GpuBackend {
                     &k::silu_mul::Args { gate, up, out, n },
                     k::silu_mul::grid_for(n),
                 ),
+                Activation::GeluTanh => st.batch.run(
+                    &mut st.gpu,
+                    &k::gelu_mul::Args { gate, up, out, n },
+                    k::gelu_mul::grid_for(n),
+                ),
             }
         });
     }
@@ -1263,6 +1275,20 @@ impl Backend for GpuBackend {
                     n: len,
                 },
                 k::add_bias::grid_for(len),
+            )
+        });
+    }
+
+    fn scale(&self, x: &mut GpuBuffer<f32>, len: usize, s: f32) {
+        self.record(|st| {
+            st.batch.run(
+                &mut st.gpu,
+                &k::scale_assign::Args {
+                    x,
+                    s,
+                    n: len as u32,
+                },
+                k::scale_assign::grid_for(len as u32),
             )
         });
     }
@@ -1320,10 +1346,11 @@ fn attend(
     let Some(sp) = &mut cache.sparse else {
         // Dense: the landmark and globals bindings are not read; the K cache stands in. Every
         // position's keys and values read once (each kv head serves its query heads from the
-        // same rows), the queries read and the outputs written.
+        // same rows), the queries read and the outputs written. A sliding window is the
+        // sparse pattern's window with nothing attended outside it.
         let element = if f16 == 1 { 2 } else { 4 };
-        let traffic =
-            (2 * (pos0 + n) * kv * element + 8 * n * shape.n_head * shape.head_dim) as u64;
+        let keys = shape.window.map_or(pos0 + n, |w| (pos0 + n).min(w + n - 1));
+        let traffic = (2 * keys * kv * element + 8 * n * shape.n_head * shape.head_dim) as u64;
         return st.batch.run_moving(
             &mut st.gpu,
             &k::attention::Args {
@@ -1340,7 +1367,7 @@ fn attend(
                 pos0: pos0 as u32,
                 scale,
                 f16,
-                window: 0,
+                window: shape.window.map_or(0, |w| w as u32),
                 n_global: 0,
                 log_stride: 0,
                 landmarks: 0,

@@ -15,6 +15,7 @@ pub fn glu_mode(act: Activation) -> u32 {
     match act {
         Activation::Relu2 => k::GLU_RELU2,
         Activation::Silu => k::GLU_SILU,
+        Activation::GeluTanh => k::GLU_GELU,
     }
 }
 

@@ -1,4 +1,4 @@
-//! Element-wise kernels: the residual add and the gated activations of the FFN.
+//! Element-wise kernels: the residual add, a scale and the gated activations of the FFN.
 
 use hesper_dsl::kernel;
 
@@ -8,6 +8,15 @@ pub fn add_assign(x: &mut [f32], y: &[f32], #[uniform] n: u32) {
     let i = gid();
     if i < n {
         x[i] = x[i] + y[i];
+    }
+}
+
+/// `x[i] *= s` (Gemma's embedding scale).
+#[kernel(workgroup = 256)]
+pub fn scale_assign(x: &mut [f32], #[uniform] s: f32, #[uniform] n: u32) {
+    let i = gid();
+    if i < n {
+        x[i] = x[i] * s;
     }
 }
 
@@ -37,6 +46,18 @@ pub fn relu2_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] n: u32) {
     if i < n {
         let r = gate[i].max(0.0);
         out[i] = r * r * up[i];
+    }
+}
+
+/// `out = gelu(gate) · up` with GELU's tanh approximation, as
+/// `hesper_engine::config::Activation::GeluTanh` defines it (Gemma's FFN).
+#[kernel(workgroup = 256)]
+pub fn gelu_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] n: u32) {
+    let i = gid();
+    if i < n {
+        let g = gate[i];
+        let u = 0.7978846 * g * (1.0 + 0.044715 * g * g);
+        out[i] = g / (1.0 + (-2.0 * u).exp()) * up[i];
     }
 }
 

@@ -322,7 +322,7 @@ fn gated_activations_match_glu() {
     let bg = g.upload("gate", &gate).unwrap();
     let bu = g.upload("up", &up).unwrap();
     let grid = k::relu2_mul::grid_for(n as u32);
-    for act in [Activation::Relu2, Activation::Silu] {
+    for act in [Activation::Relu2, Activation::Silu, Activation::GeluTanh] {
         let mut out = g.zeroed::<f32>("out", n).unwrap();
         /// Launches gated-activation kernel `k::$kernel` on `gate` and `up` into `out`.
         macro_rules! glu {
@@ -339,6 +339,7 @@ fn gated_activations_match_glu() {
         match act {
             Activation::Relu2 => glu!(relu2_mul),
             Activation::Silu => glu!(silu_mul),
+            Activation::GeluTanh => glu!(gelu_mul),
         }
         let got = read!(g, &out);
         let mut want = vec![0.0; n];
@@ -352,6 +353,9 @@ fn gated_activations_match_glu() {
             // WGSL allows exp 3 + 2|x| ulp (|x| < 2 here: 7 ulp) and the division 2.5 ulp;
             // through 1 + e^(−g) and the final products that stays below ~1e-6 relative.
             Activation::Silu => assert!(d <= 1e-6, "silu_mul: max relative diff {d}"),
+            // The same exp and division, of 2u = 2·√(2/π)·(g + 0.044715·g³) (|2u| < 5 here):
+            // exp's allowance grows to 13 ulp.
+            Activation::GeluTanh => assert!(d <= 2e-6, "gelu_mul: max relative diff {d}"),
         }
     }
 }
@@ -1007,6 +1011,19 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
         n_head: 4,
         n_head_kv: 2,
         head_dim: 64,
+        window: None,
+    });
+}
+
+/// A sliding window (Gemma 3's) of 129 positions, across the tile boundary at 128: the keys
+/// before it are left out as the CPU leaves them out (it reads them from the window's start).
+#[test]
+fn attention_over_a_sliding_window_matches_the_cpu() {
+    attention_against_the_cpu(AttentionShape {
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 128,
+        window: Some(129),
     });
 }
 
@@ -1017,6 +1034,7 @@ fn attention_of_heads_of_256_matches_the_cpu() {
         n_head: 2,
         n_head_kv: 1,
         head_dim: 256,
+        window: None,
     });
 }
 
@@ -1084,7 +1102,7 @@ fn attention_against_the_cpu(s: AttentionShape) {
             pos0: pos0 as u32,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             f16: 0,
-            window: 0,
+            window: s.window.map_or(0, |w| w as u32),
             n_global: 0,
             log_stride: 0,
             landmarks: 0,

@@ -156,7 +156,7 @@ pub const ALL: &[&str] = &[
     "tiny-i2s",
 ];
 
-/// The golden models of the other families (`llama`, `qwen2`, `qwen3`;
+/// The golden models of the other families (`llama`, `qwen2`, `qwen3`, `gemma3`;
 /// golden-values/families.py):
 /// llama.cpp's, and bitnet.cpp's for the `llama` + I2_S one.
 pub const FAMILIES: &[&str] = &[
@@ -169,6 +169,7 @@ pub const FAMILIES: &[&str] = &[
     "tiny-llama-tq1_0",
     "tiny-qwen2-tq2_0",
     "tiny-qwen3-f16",
+    "tiny-gemma3-f16",
 ];
 
 /// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16` and `tiny-mistral-f32`

@@ -128,6 +128,7 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
+            window: None,
         };
         backend.attention(
             &mut cache,

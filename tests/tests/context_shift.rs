@@ -18,6 +18,7 @@ const SHAPE: AttentionShape = AttentionShape {
     n_head: 8,
     n_head_kv: 2,
     head_dim: 64,
+    window: None,
 };
 
 const ROPE: RopeShape = RopeShape {

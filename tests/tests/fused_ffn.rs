@@ -185,7 +185,7 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
     for packed in [false, true] {
         let packed = gpu.set_packed_dot(packed);
         for format in FORMATS {
-            for act in [Activation::Relu2, Activation::Silu] {
+            for act in [Activation::Relu2, Activation::Silu, Activation::GeluTanh] {
                 for n in [1, 5] {
                     let what = format!("{format:?} {act:?} n={n} packed_dot={packed}");
                     let d0 = gpu.stats().dispatches;
@@ -393,6 +393,7 @@ fn rope_then_attention(
         n_head: 4,
         n_head_kv: 2,
         head_dim: 16,
+        window: None,
     };
     let rope_q = RopeShape {
         n_head: 4,

@@ -1,4 +1,4 @@
-//! The `llama`, `qwen2` and `qwen3` graphs (golden-values/families.py) against llama.cpp
+//! The `llama`, `qwen2`, `qwen3` and `gemma3` graphs (golden-values/families.py) against llama.cpp
 //! 0c1e57098, on
 //! the CPU (scalar and the best SIMD) and the GPU: end to end, every layer with teacher
 //! forcing, cached decode against prefill, and a layer split as a ring runs it.
@@ -19,7 +19,12 @@
 //! proportions (GQA 4/1, θ 1e6, an untied head) with F32 projections and a SentencePiece
 //! vocabulary, one of its sequences a text llama.cpp tokenized; `tiny-qwen3-f16` Qwen3's RMSNorm
 //! of each head's query and key (gains spread over 0.5–3) with heads of 128 over a residual
-//! stream of 256, θ 1e6, eps 1e-6.
+//! stream of 256, θ 1e6, eps 1e-6; `tiny-gemma3-f16` Gemma 3's graph over six layers: a
+//! sliding window of 5 positions on the first five (RoPE base 1e4 there, 1e6 on the sixth),
+//! norms after the attention and the FFN, GELU, the embedding scaled by √256. llama.cpp's CPU
+//! looks GELU up in a table of f16 inputs and outputs where we compute it in f32: one more
+//! f16 rounding of the FFN's activations, inside the F16 bounds (1.2e-2 end to end, every
+//! teacher-forced row within `F16_FLIP`).
 
 use hesper_cpu::Isa;
 use hesper_engine::model::Logits;
@@ -268,24 +273,111 @@ fn resized(name: &str, ne0: u64) -> std::sync::Arc<hesper_engine::file::ModelFil
     hesper_engine::file::ModelFile::from_bytes(bytes, "resized").expect("a valid file")
 }
 
-/// `tiny-qwen2-f16` whose metadata says `n_layer` layers, with every tensor it has.
-fn with_block_count(n_layer: u32) -> std::sync::Arc<hesper_engine::file::ModelFile> {
-    use hesper_engine::gguf::{GgufBuilder, Value};
-    let file =
-        hesper_engine::file::ModelFile::open(&Golden::load("tiny-qwen2-f16").model).expect("model");
+/// Golden model `stem` with its metadata key `key` set to `value` (added where missing), or
+/// left out where `value` is `None`; every tensor as it is.
+fn with_key(
+    stem: &str,
+    key: &str,
+    value: Option<hesper_engine::gguf::Value>,
+) -> std::sync::Arc<hesper_engine::file::ModelFile> {
+    use hesper_engine::gguf::GgufBuilder;
+    let file = hesper_engine::file::ModelFile::open(&Golden::load(stem).model).expect("model");
     let g = file.header();
     let mut b = GgufBuilder::new();
-    for (k, v) in g.metadata() {
-        b = match k.as_str() {
-            "qwen2.block_count" => b.kv(k, Value::U32(n_layer)),
-            _ => b.kv(k, v.clone()),
-        };
+    for (k, v) in g.metadata().iter().filter(|(k, _)| k.as_str() != key) {
+        b = b.kv(k, v.clone());
+    }
+    if let Some(v) = value {
+        b = b.kv(key, v);
     }
     for t in g.tensors() {
         let data = file.tensor_bytes(t).expect("tensor").to_vec();
         b = b.tensor(&t.name, t.dims(), t.ty.id(), data);
     }
-    hesper_engine::file::ModelFile::from_bytes(b.build(), "fewer layers").expect("a valid file")
+    hesper_engine::file::ModelFile::from_bytes(b.build(), "edited").expect("a valid file")
+}
+
+/// `tiny-qwen2-f16` whose metadata says `n_layer` layers, with every tensor it has.
+fn with_block_count(n_layer: u32) -> std::sync::Arc<hesper_engine::file::ModelFile> {
+    use hesper_engine::gguf::Value;
+    with_key(
+        "tiny-qwen2-f16",
+        "qwen2.block_count",
+        Some(Value::U32(n_layer)),
+    )
+}
+
+#[test]
+fn the_gemma3_golden_tells_its_windows_and_rope_bases_apart() {
+    // Gemma 3 read without its sliding window (every layer attending every position), or with
+    // the global RoPE base on the windowed layers too, is outside the bound the right graph
+    // meets: the golden's sequences reach past the window, and the two bases rotate apart.
+    use hesper_engine::gguf::Value;
+    let g = Golden::load("tiny-gemma3-f16");
+    for (what, file) in [
+        (
+            "no window",
+            with_key("tiny-gemma3-f16", "gemma3.attention.sliding_window", None),
+        ),
+        (
+            "one RoPE base",
+            with_key(
+                "tiny-gemma3-f16",
+                "gemma3.rope.freq_base_swa",
+                Some(Value::F32(1e6)),
+            ),
+        ),
+    ] {
+        let model = cpu_model(&file, Isa::detect(), None);
+        let ours: Vec<Vec<f32>> = g
+            .sequences
+            .iter()
+            .map(|s| logits_all(&model, &s.tokens, 64))
+            .collect();
+        let agreement = g.agreement(&ours);
+        println!("tiny-gemma3-f16 with {what}: {agreement}");
+        assert!(
+            agreement.max_abs > 10.0 * F16_MAX_ABS,
+            "{what}: {agreement}"
+        );
+    }
+}
+
+#[test]
+fn gemma3_attends_its_window_from_an_f16_cache_and_refuses_what_would_ignore_it() {
+    use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
+    let g = Golden::load("tiny-gemma3-f16");
+    let model = cpu_model(&g.file(), Isa::detect(), None);
+    let s = g.sequences.last().expect("a sequence");
+    // An f16 cache gathers the window's keys instead of reading them in place: its logits stay
+    // within the f16 rounding of the keys and values (a cache read past the window moves
+    // them by whole units, as above).
+    let f16 = AttentionConfig {
+        kv_type: KvType::F16,
+        sparse: None,
+    };
+    let mut session = model
+        .new_session_with(s.tokens.len(), 64, &f16)
+        .expect("session");
+    let ours = model
+        .eval(&mut session, &s.tokens, Logits::All)
+        .expect("eval");
+    let d = hesper_tests::max_abs_diff(&ours, &s.logits);
+    println!("tiny-gemma3-f16 with an f16 KV cache: max|Δlogit| {d:.3e}");
+    assert!(d <= 0.1, "f16 cache: max|Δlogit| {d}");
+    // Sparse attention would replace the model's windows; a context shift would rotate the
+    // windowed layers' keys back with the global base.
+    let sparse = AttentionConfig {
+        kv_type: KvType::F32,
+        sparse: Some(SparsePattern::default()),
+    };
+    let e = model
+        .new_session_with(64, 8, &sparse)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("sliding-window layers"), "{e}");
+    let e = session.set_context_shift(Some(4)).expect_err("refused");
+    assert!(e.to_string().contains("own RoPE base"), "{e}");
 }
 
 #[test]
@@ -339,11 +431,21 @@ fn what_the_graph_would_leave_out_is_refused() {
         e.contains("\"blk.0.attn_norm.weight\"'s data runs into tensor"),
         "{e}"
     );
+    // Gemma 3 without one of its post-norms.
+    let e = load(renamed(
+        "tiny-gemma3-f16",
+        "blk.2.post_ffw_norm",
+        "blk.2.post_ffw_nor2",
+    ));
+    assert!(
+        e.contains("\"blk.2.post_ffw_norm.weight\" is missing"),
+        "{e}"
+    );
     // An architecture hesper-rs does not run names the ones it does.
     let e = load(renamed("tiny-qwen2-f16", "qwen2", "gemma"));
     assert!(
         e.contains("\"gemma\"")
-            && e.contains("bitnet, bitnet-b1.58, bitnet-25, llama, qwen2 and qwen3"),
+            && e.contains("bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3 and gemma3"),
         "{e}"
     );
 }

@@ -32,6 +32,7 @@ impl Case {
             n_head,
             n_head_kv,
             head_dim,
+            window: None,
         };
         let (w, kv) = (n_head * head_dim, n_head_kv * head_dim);
         Self {

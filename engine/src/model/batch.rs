@@ -246,7 +246,7 @@ impl<B: Backend> Model<B> {
                     });
                 }
                 self.check_tokens(tokens)?;
-                b.embed(embedding, tokens, &mut sc.s.x);
+                self.embed_rows(embedding, tokens, &mut sc.s.x);
             }
             StepInput::Hidden(hidden) => {
                 if hidden.len() != n * d {

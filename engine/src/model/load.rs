@@ -44,6 +44,7 @@ pub(super) enum LayerPart {
     GateUp,
     FfnSubNorm,
     Down,
+    PostNorms,
 }
 
 /// What a model instance holds and how, decided from the file's header and the load options.
@@ -166,6 +167,7 @@ impl Plan {
             ("ffn_gate" | "ffn_up", _) => LayerPart::GateUp,
             ("ffn_sub_norm", _) => LayerPart::FfnSubNorm,
             ("ffn_down", _) => LayerPart::Down,
+            ("post_attention_norm" | "post_ffw_norm", _) => LayerPart::PostNorms,
             _ => return None,
         };
         Some(Part::Layer(il, part))
@@ -184,7 +186,10 @@ impl Plan {
     /// Tensors a load reads (each matrix, vector and bias), for progress.
     pub fn tensor_count(&self) -> usize {
         let family = &self.config.family;
-        let per_layer = 9 + 2 * usize::from(family.sub_norms) + 2 * usize::from(family.qk_norm);
+        let per_layer = 9
+            + 2 * usize::from(family.sub_norms)
+            + 2 * usize::from(family.qk_norm)
+            + 2 * usize::from(family.post_norms);
         self.layers
             .clone()
             .map(|il| per_layer + if self.has_bias(il) { 3 } else { 0 })
@@ -209,6 +214,7 @@ pub(super) enum Prepared<B: Backend> {
     GateUp(usize, GateUp<B::Matrix>),
     FfnSubNorm(usize, Option<B::Vector>),
     Down(usize, B::Matrix),
+    PostNorms(usize, Option<[B::Vector; 2]>),
     RopeFactors(Option<Vec<f32>>),
     OutputNorm(Option<B::Vector>),
     Output(Option<B::Matrix>),
@@ -319,6 +325,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
                 LayerPart::GateUp => Prepared::GateUp(il, self.gate_up(il).await?),
                 LayerPart::FfnSubNorm => Prepared::FfnSubNorm(il, self.ffn_sub_norm(il).await?),
                 LayerPart::Down => Prepared::Down(il, self.down(il).await?),
+                LayerPart::PostNorms => Prepared::PostNorms(il, self.post_norms(il).await?),
             },
             Part::RopeFactors => Prepared::RopeFactors(self.rope_factors().await?),
             Part::OutputNorm => Prepared::OutputNorm(self.output_norm().await?),
@@ -339,6 +346,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             gate_up: self.gate_up(il).await?,
             ffn_sub_norm: self.ffn_sub_norm(il).await?,
             down: self.down(il).await?,
+            post_norms: self.post_norms(il).await?,
         })
     }
 
@@ -408,12 +416,22 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         if !c.family.qk_norm {
             return Ok(None);
         }
-        // One head's gains, its dims in the order the loader put Q's and K's rows in.
+        // One head's gains, its dims in the order the loader put Q's and K's rows in; the
+        // queries' times the family's query scale (RoPE is linear, so scaling before it is
+        // scaling the scores).
         let order = rope_row_order(c, 1);
-        let hd = c.head_dim;
+        let (hd, query_scale) = (c.head_dim, c.query_scale);
+        let mut q = self.vector_data(&blk(il, "attn_q_norm.weight"), hd).await?;
+        if let Some(order) = &order {
+            q = order.iter().map(|&i| q[i]).collect();
+        }
+        if query_scale != 1.0 {
+            q.iter_mut().for_each(|g| *g *= query_scale);
+        }
+        let q = self.backend.load_vector(q)?;
+        self.tick();
         Ok(Some([
-            self.vector_in_order(&blk(il, "attn_q_norm.weight"), hd, order.as_deref())
-                .await?,
+            q,
             self.vector_in_order(&blk(il, "attn_k_norm.weight"), hd, order.as_deref())
                 .await?,
         ]))
@@ -476,6 +494,20 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         let (d, ff) = (c.n_embd, c.n_ff);
         self.matrix(&blk(il, "ffn_down.weight"), d, ff, MatrixUse::Product)
             .await
+    }
+
+    async fn post_norms(&mut self, il: usize) -> Result<Option<[B::Vector; 2]>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::PostNorms));
+        let c = &self.plan.config;
+        if !c.family.post_norms {
+            return Ok(None);
+        }
+        let d = c.n_embd;
+        Ok(Some([
+            self.vector(&blk(il, "post_attention_norm.weight"), d)
+                .await?,
+            self.vector(&blk(il, "post_ffw_norm.weight"), d).await?,
+        ]))
     }
 
     /// `rope_freqs.weight`, when the file has one.

@@ -490,6 +490,7 @@ impl<B: Backend> Model<B> {
             Prepared::GateUp(il, m) => self.layers[il - start].gate_up = m,
             Prepared::FfnSubNorm(il, v) => self.layers[il - start].ffn_sub_norm = v,
             Prepared::Down(il, m) => self.layers[il - start].down = m,
+            Prepared::PostNorms(il, v) => self.layers[il - start].post_norms = v,
             Prepared::RopeFactors(f) => self.rope_factors = f,
             Prepared::OutputNorm(v) => self.output_norm = v,
             Prepared::Output(m) => self.output = m,
@@ -515,6 +516,9 @@ fn config_difference(before: &Config, after: &Config) -> String {
             ("rope scaling", c.rope_scale.to_string()),
             ("rope.dimension_count", c.rope_dim.to_string()),
             ("activation", format!("{:?}", c.activation)),
+            ("attention.sliding_window", format!("{:?}", c.window)),
+            ("sliding-window layers", format!("{:?}", c.windowed)),
+            ("rope.freq_base_swa", c.rope_base_window.to_string()),
         ]
     };
     fields(before)
