@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2`, `qwen3`
-and `gemma3` GGUF files and llama.cpp's logits and residual streams for them.
+"""Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2`, `qwen3`,
+`qwen3moe` and `gemma3` GGUF files and llama.cpp's logits and residual streams for them.
 
 Steps (positional; default both):
 
@@ -15,6 +15,9 @@ Steps (positional; default both):
                                 Q and K RMS-normalized (attn_q_norm, attn_k_norm: gains spread
                                 over 0.5-3 so that a graph without them is far off), tied F16
                                 embedding
+             tiny-qwen3moe-f16  arch qwen3moe: tiny-qwen3-f16's attention, and a mixture of 8
+                                experts of n_ff 128 for the FFN, 2 used per token (an F32
+                                router, F16 experts stacked [cols, rows, 8])
              tiny-gemma3-f16    arch gemma3 in Gemma 3 1B's proportions: heads of 128 over n_embd
                                 256, one kv head, six layers of which the first five attend a
                                 sliding window of 5 positions (RoPE theta 10000 there, 1e6 on
@@ -99,6 +102,7 @@ class Family:
     spm: bool = False           # a SentencePiece vocabulary (SPM_VOCAB) instead of ids only
     qk_norm: bool = False       # each head's Q and K RMS-normalized (qwen3, gemma3)
     window: int = 0             # attention.sliding_window (gemma3: five layers of six)
+    experts: tuple[int, int, int] | None = None  # (count, used, each one's n_ff): qwen3moe
 
     @property
     def path(self) -> Path:
@@ -128,8 +132,11 @@ class Family:
         """(name, rows, cols) of a layer's projections."""
         E, F = self.hp.n_embd, self.hp.n_ff
         Q, KV_ = self.hp.n_head * self.head_dim, self.hp.n_head_kv * self.head_dim
-        return [("attn_q", Q, E), ("attn_k", KV_, E), ("attn_v", KV_, E), ("attn_output", E, Q),
-                ("ffn_gate", F, E), ("ffn_up", F, E), ("ffn_down", E, F)]
+        attention = [("attn_q", Q, E), ("attn_k", KV_, E), ("attn_v", KV_, E),
+                     ("attn_output", E, Q)]
+        if self.experts:        # the FFN is the experts' (expert_tensors)
+            return attention
+        return attention + [("ffn_gate", F, E), ("ffn_up", F, E), ("ffn_down", E, F)]
 
 
 FALCON3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=2, n_head_kv=1, n_layer=2, n_ctx=256,
@@ -158,6 +165,9 @@ FAMILIES = [
     Family("tiny-qwen2-tq2_0", "qwen2", TINY, 64, GGML_TQ2_0, True, True, False, True),
     Family("tiny-qwen3-f16", "qwen3", QWEN3, 128, GGML_F16, False, False, False, False,
            qk_norm=True),
+    # Qwen3-30B-A3B's routing (softmax, the best of 128 renormalized) with 8 experts, 2 used
+    Family("tiny-qwen3moe-f16", "qwen3moe", QWEN3, 128, GGML_F16, False, False, False, False,
+           qk_norm=True, experts=(8, 2, 128)),
     # A window of 5 positions: every sequence (7, 16, 33 tokens) reaches past it
     Family("tiny-gemma3-f16", "gemma3", GEMMA3, 128, GGML_F16, False, False, False, False,
            qk_norm=True, window=5),
@@ -302,10 +312,31 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
             if name == "attn_output":
                 add(p + "ffn_norm.weight", (E,), GGML_F32,
                     lambda p=p: gen_norm(seed, p + "ffn_norm.weight", E).tobytes())
+            if f.experts and name == "attn_output":
+                for info, make in expert_tensors(f, seed, p):
+                    out.append((info, make))
             if f.gemma and name in ("attn_output", "ffn_down"):
                 norm = p + ("post_attention_norm" if name == "attn_output" else "post_ffw_norm")
                 add(norm + ".weight", (E,), GGML_F32,
                     lambda norm=norm: gen_norm(seed, norm + ".weight", E).tobytes())
+    return out
+
+
+def expert_tensors(f: Family, seed: int, p: str) -> list[tuple[TensorInfo, Callable[[], bytes]]]:
+    """A mixture-of-experts layer's router (F32, logits of std ~2 so that no two experts tie)
+    and its experts' gate, up and down projections stacked `[cols, rows, n_expert]` (F16)."""
+    E = f.hp.n_embd
+    n_expert, _, F = f.experts
+    router = p + "ffn_gate_inp.weight"
+    out = [(TensorInfo(router, (E, n_expert), GGML_F32), lambda: (
+        2.0 * tensor_rng(seed, router).standard_normal((n_expert, E)) / np.sqrt(E)
+    ).astype(np.float32).tobytes())]
+    for name, rows, cols in (("ffn_gate_exps", F, E), ("ffn_up_exps", F, E),
+                             ("ffn_down_exps", E, F)):
+        w = p + name + ".weight"
+        out.append((TensorInfo(w, (cols, rows, n_expert), GGML_F16), lambda w=w, rows=rows, cols=cols: (
+            tensor_rng(seed, w).standard_normal((n_expert, rows, cols)) / np.sqrt(cols)
+        ).astype(np.float16).tobytes()))
     return out
 
 
@@ -328,6 +359,10 @@ def kvs(f: Family) -> list[KV]:
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]
     if f.window:
         keys += [kv_u32(f"{A}.attention.sliding_window", f.window)]
+    if f.experts:
+        n_expert, n_used, n_ff = f.experts
+        keys += [kv_u32(f"{A}.expert_count", n_expert), kv_u32(f"{A}.expert_used_count", n_used),
+                 kv_u32(f"{A}.expert_feed_forward_length", n_ff)]
     keys += [kv_u32("general.file_type", LLAMA_FTYPE[f.weight_type]),
              kv_u32("general.quantization_version", 2)]
     if f.spm:

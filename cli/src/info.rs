@@ -99,6 +99,26 @@ pub fn run(args: InfoArgs) -> Result<()> {
             .iter()
             .filter(|(on, _)| *on)
             .map(|(_, what)| what.to_string())
+            .chain(c.experts.map(|x| {
+                // Parameters a token reads: all but the share of the experts it does not use.
+                let count = |experts: bool| -> u64 {
+                    g.tensors()
+                        .iter()
+                        .filter(|t| t.name.contains("_exps.") == experts)
+                        .map(|t| t.n_elements())
+                        .sum()
+                };
+                let (dense, stacked) = (count(false), count(true));
+                let active = dense + stacked * x.n_used as u64 / x.n_expert as u64;
+                format!(
+                    ", {} experts of n_ff {} ({} used a token, softmax routing renormalized: {} of {} parameters active)",
+                    x.n_expert,
+                    x.n_ff,
+                    x.n_used,
+                    parameters(active),
+                    parameters(dense + stacked)
+                )
+            }))
             .chain(c.window.map(|w| {
                 let windowed = c.windowed.iter().filter(|&&on| on).count();
                 format!(
@@ -179,5 +199,13 @@ fn show(v: &Value) -> String {
             s.len()
         ),
         other => other.to_string(),
+    }
+}
+
+/// A parameter count as model cards give it (`30.53B`, `3.34M`).
+fn parameters(n: u64) -> String {
+    match n as f64 {
+        n if n >= 1e9 => format!("{:.2}B", n / 1e9),
+        n => format!("{:.2}M", n / 1e6),
     }
 }

@@ -174,6 +174,18 @@ fn info_names_what_each_family_computes() {
                 "llama SentencePiece (space prefix on), 512 tokens, BOS 1 added",
             ][..],
         ),
+        (
+            "models/tiny-gemma3-f16.gguf",
+            &[
+                "GELU (tanh) FFN",
+                "post-attention and post-FFN norms, embeddings times √n_embd",
+                "a sliding window of 5 on 5 of 6 layers (RoPE base 10000 there)",
+            ][..],
+        ),
+        (
+            "models/tiny-qwen3moe-f16.gguf",
+            &["8 experts of n_ff 128 (2 used a token, softmax routing renormalized: 1.32M of 2.50M parameters active)"][..],
+        ),
     ] {
         let o = hesper(&["info", "-m", &golden(model)]);
         assert!(o.status.success(), "{}", stderr(&o));

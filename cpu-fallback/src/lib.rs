@@ -1,6 +1,7 @@
 //! hesper-cpu: the CPU backend of hesper-rs (see the crate README).
 
 pub mod attention;
+pub mod experts;
 pub mod formats;
 pub mod interleave;
 pub mod interleave_f16;
@@ -21,9 +22,9 @@ use std::sync::Arc;
 
 use hesper_engine::attention::AttentionConfig;
 use hesper_engine::backend::{
-    matmul_each, AttentionShape, Backend, BackendError, MatrixUse, RopeShape,
+    matmul_each, AttentionShape, Backend, BackendError, MatrixUse, Moe, RopeShape,
 };
-use hesper_engine::config::Activation;
+use hesper_engine::config::{Activation, Experts};
 use hesper_engine::file::ModelFile;
 use hesper_engine::memory::MemoryLimits;
 use hesper_engine::weights::{Format, MatrixDesc};
@@ -332,6 +333,22 @@ impl Backend for CpuBackend {
     fn glu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, act: Activation, out: &mut Vec<f32>) {
         self.profile
             .time(Op::Glu, || ops::glu(gate, up, len, act, out));
+    }
+
+    fn runs_experts(&self) -> bool {
+        true
+    }
+
+    fn moe_ffn(
+        &self,
+        moe: &Moe<CpuMatrix>,
+        routing: &Experts,
+        act: Activation,
+        x: &Vec<f32>,
+        n: usize,
+        out: &mut Vec<f32>,
+    ) {
+        experts::moe_ffn(self, moe, routing, act, x, n, out);
     }
 
     fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) {

@@ -184,6 +184,23 @@ impl<M> Qkv<M> {
     }
 }
 
+/// One expert of a mixture-of-experts FFN: a gated FFN of its own.
+pub struct Expert<M> {
+    /// Its gate and up projections.
+    pub gate_up: GateUp<M>,
+    /// Its down projection.
+    pub down: M,
+}
+
+/// A mixture-of-experts FFN: the router (`n_expert` rows) and the experts, routed as
+/// [`crate::config::Experts`] says.
+pub struct Moe<M> {
+    /// The router's matrix (`ffn_gate_inp`).
+    pub router: M,
+    /// The experts, by id.
+    pub experts: Vec<Expert<M>>,
+}
+
 /// A compute backend.
 pub trait Backend {
     /// f32 activations `[n][width]`.
@@ -457,6 +474,26 @@ pub trait Backend {
         act: Activation,
         out: &mut Self::Buffer,
     );
+    /// Whether [`Backend::moe_ffn`] is computed (a model with mixture-of-experts layers is
+    /// refused at load by a backend that does not).
+    fn runs_experts(&self) -> bool {
+        false
+    }
+    /// The mixture-of-experts FFN of `n` rows of `x` (already normalized) into `out` (`n` rows
+    /// of `x`'s width), routed as `routing` says with activation `act`: each row's chosen
+    /// experts, weighted. Only called on a backend whose [`Backend::runs_experts`] is true.
+    fn moe_ffn(
+        &self,
+        moe: &Moe<Self::Matrix>,
+        routing: &crate::config::Experts,
+        act: Activation,
+        x: &Self::Buffer,
+        n: usize,
+        out: &mut Self::Buffer,
+    ) {
+        let _ = (moe, routing, act, x, n, out);
+        unreachable!("a backend that does not run experts refuses their models at load")
+    }
     /// `x *= s` over `len` values.
     fn scale(&self, x: &mut Self::Buffer, len: usize, s: f32);
     /// `x += y` over `len` values.

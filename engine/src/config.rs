@@ -5,7 +5,8 @@ use thiserror::Error;
 use crate::gguf::{Array, Gguf};
 
 /// The architectures hesper-rs runs, as its messages name them.
-pub const ARCHITECTURES: &str = "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3 and gemma3";
+pub const ARCHITECTURES: &str =
+    "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe and gemma3";
 
 /// How RoPE pairs the dims of a head (llama.cpp's rope types, by architecture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,9 @@ pub struct Family {
     /// `attention.sliding_window` (Gemma 3: five of six), unless the file's
     /// `attention.sliding_window_pattern` says otherwise; `None`: the family has no window.
     pub window_period: Option<usize>,
+    /// The FFN is a mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`: Qwen3-MoE),
+    /// its routing weights renormalized over the chosen experts.
+    pub moe: bool,
 }
 
 impl Family {
@@ -55,6 +59,7 @@ impl Family {
             post_norms: false,
             embed_scale: false,
             window_period: None,
+            moe: false,
         };
         Some(match arch {
             "bitnet-b1.58" | "bitnet-25" => Self {
@@ -75,6 +80,11 @@ impl Family {
                 qk_norm: true,
                 ..plain
             },
+            "qwen3moe" => Self {
+                qk_norm: true,
+                moe: true,
+                ..plain
+            },
             "gemma3" => Self {
                 qk_norm: true,
                 activation: Activation::GeluTanh,
@@ -85,6 +95,36 @@ impl Family {
             },
             _ => return None,
         })
+    }
+}
+
+impl Experts {
+    /// The experts one row's router `logits` choose, with their weights, most probable first
+    /// (the definition every backend computes; see the type's docs).
+    pub fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+        let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
+        let inv = (1.0 / sum) as f32;
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        // Stable: of equal probabilities the lower id comes first.
+        order.sort_by(|&a, &b| exps[b].total_cmp(&exps[a]));
+        let mut chosen: Vec<(usize, f32)> = order[..self.n_used.min(order.len())]
+            .iter()
+            .map(|&e| (e, exps[e] * inv))
+            .collect();
+        if self.normalize {
+            let total = chosen
+                .iter()
+                .map(|&(_, w)| w)
+                .sum::<f32>()
+                .max(6.103_515_6e-5);
+            chosen.iter_mut().for_each(|(_, w)| *w /= total);
+        }
+        if self.scale != 1.0 {
+            chosen.iter_mut().for_each(|(_, w)| *w *= self.scale);
+        }
+        chosen
     }
 }
 
@@ -192,6 +232,27 @@ pub struct Config {
     /// What the queries are multiplied by besides `1/√head_dim` before attention (Gemma 3 27B
     /// scales by `1/√(n_embd/n_head)` instead: folded into the query's head norm at load).
     pub query_scale: f32,
+    /// The mixture of experts of a family whose FFN is one.
+    pub experts: Option<Experts>,
+}
+
+/// A mixture-of-experts FFN's shape and routing (llama.cpp's `build_moe_ffn` with softmax
+/// gating): the router's logits over `n_expert` experts, their softmax, the `n_used` largest
+/// (ties to the lower id), their probabilities renormalized to sum to 1 where `normalize` (the
+/// sum at least 2⁻¹⁴) and times `scale`; the output is the weighted sum of the chosen experts'
+/// gated FFNs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Experts {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token uses (`expert_used_count`).
+    pub n_used: usize,
+    /// Each expert's FFN width (`expert_feed_forward_length`).
+    pub n_ff: usize,
+    /// Whether the chosen experts' probabilities are renormalized.
+    pub normalize: bool,
+    /// What the weights are multiplied by (`expert_weights_scale`; 1 when absent).
+    pub scale: f32,
 }
 
 /// Why the metadata does not describe a model hesper-rs can run.
@@ -371,6 +432,30 @@ impl Config {
         } else {
             1.0
         };
+        let experts = if family.moe {
+            let n_expert = int("expert_count")?;
+            let n_used = int("expert_used_count")?;
+            if n_used > n_expert {
+                return Err(invalid(
+                    "expert_used_count",
+                    n_used,
+                    &format!("must be at most expert_count ({n_expert})"),
+                ));
+            }
+            let scale = match g.get_f64(&key("expert_weights_scale")) {
+                Some(s) if s != 0.0 => float("expert_weights_scale", 1.0)?,
+                _ => 1.0,
+            };
+            Some(Experts {
+                n_expert,
+                n_used,
+                n_ff: int("expert_feed_forward_length")?,
+                normalize: true,
+                scale,
+            })
+        } else {
+            None
+        };
         Ok(Self {
             n_vocab,
             n_embd,
@@ -378,7 +463,11 @@ impl Config {
             n_head,
             n_head_kv,
             head_dim,
-            n_ff: int("feed_forward_length")?,
+            // A mixture of experts may name only its experts' width.
+            n_ff: match (&experts, g.get_u64(&key("feed_forward_length"))) {
+                (Some(x), None) => x.n_ff,
+                _ => int("feed_forward_length")?,
+            },
             n_ctx_train: int("context_length")?,
             eps: float("attention.layer_norm_rms_epsilon", 1e-5)?,
             rope_base: float("rope.freq_base", 10000.0)?,
@@ -389,6 +478,7 @@ impl Config {
             windowed,
             rope_base_window: float("rope.freq_base_swa", 10000.0)?,
             query_scale,
+            experts,
             family,
             arch,
         })

@@ -1,4 +1,5 @@
-//! The forward pass of every family (BitNet b1.58, `llama`, `qwen2`, `qwen3`, `gemma3`),
+//! The forward pass of every family (BitNet b1.58, `llama`, `qwen2`, `qwen3`, `qwen3moe`,
+//! `gemma3`),
 //! written once over [`Backend`]; what differs between families is data in [`Config`].
 //!
 //! ```text
@@ -10,6 +11,7 @@
 //!            h = norm(x)·g_ffn; a = act(Wgate·h) ⊙ (Wup·h)
 //!            x += Wdown · (norm(a)·g_ffn_sub)         (BitNet; others: Wdown · a;
 //!                                                      Gemma: norm(Wdown · a)·g_post_ffn)
+//!            (Qwen3-MoE: x += Σ w_e · FFN_e(h) over the experts the router chooses)
 //! logits = E_out · (norm(x)·g_out)          (E_out = E when the head is tied)
 //! ```
 //! A [`Model`] may hold only a layer range `[start, end)` (a ring node's share); it then
@@ -24,7 +26,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, GateUp, Qkv, RopeShape};
+use crate::backend::{AttentionShape, Backend, BackendError, GateUp, Moe, Qkv, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
 use crate::memory::{SessionShape, SizeError};
@@ -282,12 +284,34 @@ struct Layer<B: Backend> {
     attn_sub_norm: Option<B::Vector>,
     wo: B::Matrix,
     ffn_norm: B::Vector,
-    gate_up: GateUp<B::Matrix>,
+    ffn: Ffn<B::Matrix>,
     /// BitNet's norm of the FFN activation (families with sub-norms).
     ffn_sub_norm: Option<B::Vector>,
-    down: B::Matrix,
     /// The gains of the norms of the attention's and the FFN's outputs (Gemma), both or none.
     post_norms: Option<[B::Vector; 2]>,
+}
+
+/// A layer's FFN: one gated FFN, or a mixture of experts.
+enum Ffn<M> {
+    /// `down · act(gate · h) ⊙ (up · h)`.
+    Dense {
+        /// The gate and up projections.
+        gate_up: GateUp<M>,
+        /// The down projection.
+        down: M,
+    },
+    /// The chosen experts' FFNs, weighted ([`crate::config::Experts`]).
+    Experts(Moe<M>),
+}
+
+impl<M> Ffn<M> {
+    /// The matrix that reads the FFN's input first.
+    fn first(&self) -> &M {
+        match self {
+            Ffn::Dense { gate_up, .. } => gate_up.first(),
+            Ffn::Experts(moe) => &moe.router,
+        }
+    }
 }
 
 /// A loaded model (or a layer range of one) on a backend.
@@ -512,6 +536,13 @@ impl<B: Backend> Model<B> {
             });
         }
         check_tensor_table(g, &config)?;
+        if config.experts.is_some() && !backend.runs_experts() {
+            return Err(ModelError::Backend(BackendError::Unsupported {
+                backend: backend.name(),
+                tensor: "blk.0.ffn_gate_exps.weight".into(),
+                why: "mixture-of-experts layers run on the CPU backend only (--backend cpu)".into(),
+            }));
+        }
         let holds_head = match opts.head_place {
             HeadPlace::LastLayer => layer_range.end == config.n_layer,
             HeadPlace::Here => true,
@@ -1166,22 +1197,41 @@ impl<B: Backend> Model<B> {
                 }
                 None => b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q),
             }
-            b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.gate_up.first());
-            b.gate_up(&l.gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
-            let down_in = match &l.ffn_sub_norm {
-                Some(g) => {
-                    b.rms_norm_for(act, g, n, c.eps, gate, &l.down);
-                    &*gate
+            b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.ffn.first());
+            match &l.ffn {
+                Ffn::Dense { gate_up, down } => {
+                    b.gate_up(gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
+                    let down_in = match &l.ffn_sub_norm {
+                        Some(g) => {
+                            b.rms_norm_for(act, g, n, c.eps, gate, down);
+                            &*gate
+                        }
+                        None => &*act,
+                    };
+                    match &l.post_norms {
+                        Some([_, g]) => {
+                            b.matmul(down, down_in, n, q);
+                            b.rms_norm(q, g, n, c.eps, h);
+                            b.add(x, h, n * c.n_embd);
+                        }
+                        None => b.matmul_add(down, down_in, n, c.n_embd, x, q),
+                    }
                 }
-                None => &*act,
-            };
-            match &l.post_norms {
-                Some([_, g]) => {
-                    b.matmul(&l.down, down_in, n, q);
-                    b.rms_norm(q, g, n, c.eps, h);
-                    b.add(x, h, n * c.n_embd);
+                // The experts' weighted sum into `q`, then (normalized where the family
+                // normalizes the FFN's output) added to the residual stream.
+                Ffn::Experts(moe) => {
+                    let Some(routing) = &c.experts else {
+                        unreachable!("a layer of experts is loaded from a config with them")
+                    };
+                    b.moe_ffn(moe, routing, c.activation, h, n, q);
+                    match &l.post_norms {
+                        Some([_, g]) => {
+                            b.rms_norm(q, g, n, c.eps, h);
+                            b.add(x, h, n * c.n_embd);
+                        }
+                        None => b.add(x, q, n * c.n_embd),
+                    }
                 }
-                None => b.matmul_add(&l.down, down_in, n, c.n_embd, x, q),
             }
         }
     }

@@ -1,4 +1,4 @@
-//! The `llama`, `qwen2`, `qwen3` and `gemma3` graphs (golden-values/families.py) against llama.cpp
+//! The `llama`, `qwen2`, `qwen3`, `qwen3moe` and `gemma3` graphs (golden-values/families.py) against llama.cpp
 //! 0c1e57098, on
 //! the CPU (scalar and the best SIMD) and the GPU: end to end, every layer with teacher
 //! forcing, cached decode against prefill, and a layer split as a ring runs it.
@@ -19,7 +19,8 @@
 //! proportions (GQA 4/1, θ 1e6, an untied head) with F32 projections and a SentencePiece
 //! vocabulary, one of its sequences a text llama.cpp tokenized; `tiny-qwen3-f16` Qwen3's RMSNorm
 //! of each head's query and key (gains spread over 0.5–3) with heads of 128 over a residual
-//! stream of 256, θ 1e6, eps 1e-6; `tiny-gemma3-f16` Gemma 3's graph over six layers: a
+//! stream of 256, θ 1e6, eps 1e-6; `tiny-qwen3moe-f16` its attention with a mixture of 8
+//! experts, 2 a token (the CPU only: the GPU refuses it); `tiny-gemma3-f16` Gemma 3's graph over six layers: a
 //! sliding window of 5 positions on the first five (RoPE base 1e4 there, 1e6 on the sixth),
 //! norms after the attention and the FFN, GELU, the embedding scaled by √256. llama.cpp's CPU
 //! looks GELU up in a table of f16 inputs and outputs where we compute it in f32: one more
@@ -344,6 +345,33 @@ fn the_gemma3_golden_tells_its_windows_and_rope_bases_apart() {
 }
 
 #[test]
+fn the_qwen3moe_golden_tells_its_routing_apart() {
+    // One expert a token instead of two, or all eight: each far outside the bound the
+    // routing llama.cpp computes meets (the experts' outputs differ as whole FFNs do).
+    use hesper_engine::gguf::Value;
+    let g = Golden::load("tiny-qwen3moe-f16");
+    for used in [1, 8] {
+        let file = with_key(
+            "tiny-qwen3moe-f16",
+            "qwen3moe.expert_used_count",
+            Some(Value::U32(used)),
+        );
+        let model = cpu_model(&file, Isa::detect(), None);
+        let ours: Vec<Vec<f32>> = g
+            .sequences
+            .iter()
+            .map(|s| logits_all(&model, &s.tokens, 64))
+            .collect();
+        let agreement = g.agreement(&ours);
+        println!("tiny-qwen3moe-f16 with {used} experts a token: {agreement}");
+        assert!(
+            agreement.max_abs > 10.0 * F16_MAX_ABS,
+            "{used}: {agreement}"
+        );
+    }
+}
+
+#[test]
 fn gemma3_attends_its_window_from_an_f16_cache_and_refuses_what_would_ignore_it() {
     use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
     let g = Golden::load("tiny-gemma3-f16");
@@ -431,6 +459,13 @@ fn what_the_graph_would_leave_out_is_refused() {
         e.contains("\"blk.0.attn_norm.weight\"'s data runs into tensor"),
         "{e}"
     );
+    // A mixture of experts without one of its stacks.
+    let e = load(renamed(
+        "tiny-qwen3moe-f16",
+        "blk.1.ffn_up_exps",
+        "blk.1.ffn_up_exp2",
+    ));
+    assert!(e.contains("\"blk.1.ffn_up_exps.weight\" is missing"), "{e}");
     // Gemma 3 without one of its post-norms.
     let e = load(renamed(
         "tiny-gemma3-f16",
@@ -445,7 +480,9 @@ fn what_the_graph_would_leave_out_is_refused() {
     let e = load(renamed("tiny-qwen2-f16", "qwen2", "gemma"));
     assert!(
         e.contains("\"gemma\"")
-            && e.contains("bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3 and gemma3"),
+            && e.contains(
+                "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe and gemma3"
+            ),
         "{e}"
     );
 }
@@ -453,11 +490,35 @@ fn what_the_graph_would_leave_out_is_refused() {
 #[cfg(feature = "gpu")]
 mod gpu {
     use super::*;
-    use hesper_tests::{gpu_model, max_abs_diff};
+    use hesper_tests::{gpu_model, max_abs_diff, CPU_ONLY};
+
+    /// The family and quantized goldens the GPU runs.
+    fn on_gpu() -> impl Iterator<Item = &'static &'static str> {
+        FAMILIES
+            .iter()
+            .chain(QUANTS)
+            .filter(|stem| !CPU_ONLY.contains(stem))
+    }
+
+    #[test]
+    fn the_gpu_refuses_a_mixture_of_experts_in_one_line() {
+        for stem in CPU_ONLY {
+            let file = Golden::load(stem).file();
+            let backend = hesper_gpu_backend::GpuBackend::new().expect("a GPU adapter");
+            let e = hesper_engine::model::Model::load(backend, file, Default::default())
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(
+                e.contains("mixture-of-experts layers run on the CPU backend only"),
+                "{stem}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn families_match_llama_cpp_and_the_cpu_on_the_gpu() {
-        for stem in FAMILIES.iter().chain(QUANTS) {
+        for stem in on_gpu() {
             let g = Golden::load(stem);
             let file = g.file();
             let model = gpu_model(&file, None);
@@ -482,7 +543,7 @@ mod gpu {
 
     #[test]
     fn families_match_every_layer_with_teacher_forcing_on_the_gpu() {
-        for stem in FAMILIES.iter().chain(QUANTS) {
+        for stem in on_gpu() {
             let g = Golden::load(stem);
             let file = g.file();
             let worst =

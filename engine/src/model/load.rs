@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{HeadFormat, Layer, ModelError};
-use crate::backend::{Backend, GateUp, MatrixUse, Qkv};
+use super::{Ffn, HeadFormat, Layer, ModelError};
+use crate::backend::{Backend, Expert, GateUp, MatrixUse, Moe, Qkv};
 use crate::config::{Config, RopePairs};
 use crate::file::ModelFile;
 use crate::gguf::{Gguf, TensorError, TensorInfo};
@@ -45,6 +45,8 @@ pub(super) enum LayerPart {
     FfnSubNorm,
     Down,
     PostNorms,
+    /// A mixture of experts: the router and every expert.
+    Experts,
 }
 
 /// What a model instance holds and how, decided from the file's header and the load options.
@@ -168,6 +170,9 @@ impl Plan {
             ("ffn_sub_norm", _) => LayerPart::FfnSubNorm,
             ("ffn_down", _) => LayerPart::Down,
             ("post_attention_norm" | "post_ffw_norm", _) => LayerPart::PostNorms,
+            ("ffn_gate_inp" | "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps", _) => {
+                LayerPart::Experts
+            }
             _ => return None,
         };
         Some(Part::Layer(il, part))
@@ -186,7 +191,11 @@ impl Plan {
     /// Tensors a load reads (each matrix, vector and bias), for progress.
     pub fn tensor_count(&self) -> usize {
         let family = &self.config.family;
-        let per_layer = 9
+        // A layer of experts reads its router and three matrices an expert instead of the
+        // FFN's three.
+        let ffn = self.config.experts.map_or(3, |x| 1 + 3 * x.n_expert);
+        let per_layer = 6
+            + ffn
             + 2 * usize::from(family.sub_norms)
             + 2 * usize::from(family.qk_norm)
             + 2 * usize::from(family.post_norms);
@@ -215,6 +224,7 @@ pub(super) enum Prepared<B: Backend> {
     FfnSubNorm(usize, Option<B::Vector>),
     Down(usize, B::Matrix),
     PostNorms(usize, Option<[B::Vector; 2]>),
+    Experts(usize, Moe<B::Matrix>),
     RopeFactors(Option<Vec<f32>>),
     OutputNorm(Option<B::Vector>),
     Output(Option<B::Matrix>),
@@ -326,6 +336,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
                 LayerPart::FfnSubNorm => Prepared::FfnSubNorm(il, self.ffn_sub_norm(il).await?),
                 LayerPart::Down => Prepared::Down(il, self.down(il).await?),
                 LayerPart::PostNorms => Prepared::PostNorms(il, self.post_norms(il).await?),
+                LayerPart::Experts => Prepared::Experts(il, self.experts(il).await?),
             },
             Part::RopeFactors => Prepared::RopeFactors(self.rope_factors().await?),
             Part::OutputNorm => Prepared::OutputNorm(self.output_norm().await?),
@@ -343,9 +354,14 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             attn_sub_norm: self.attn_sub_norm(il).await?,
             wo: self.wo(il).await?,
             ffn_norm: self.ffn_norm(il).await?,
-            gate_up: self.gate_up(il).await?,
+            ffn: match self.plan.config.experts {
+                Some(_) => Ffn::Experts(self.experts(il).await?),
+                None => Ffn::Dense {
+                    gate_up: self.gate_up(il).await?,
+                    down: self.down(il).await?,
+                },
+            },
             ffn_sub_norm: self.ffn_sub_norm(il).await?,
-            down: self.down(il).await?,
             post_norms: self.post_norms(il).await?,
         })
     }
@@ -494,6 +510,88 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         let (d, ff) = (c.n_embd, c.n_ff);
         self.matrix(&blk(il, "ffn_down.weight"), d, ff, MatrixUse::Product)
             .await
+    }
+
+    /// Layer `il`'s router and experts; the bytes counted are what a token reads (the router,
+    /// and the experts' share a token uses).
+    async fn experts(&mut self, il: usize) -> Result<Moe<B::Matrix>, ModelError> {
+        let part = Part::Layer(il, LayerPart::Experts);
+        self.start(part);
+        let c = &self.plan.config;
+        let (d, Some(x)) = (c.n_embd, c.experts) else {
+            unreachable!("experts are loaded for a config with them")
+        };
+        let router = self
+            .matrix(
+                &blk(il, "ffn_gate_inp.weight"),
+                x.n_expert,
+                d,
+                MatrixUse::Product,
+            )
+            .await?;
+        let router_bytes = self.part_bytes[&part];
+        let stack = |me: &Self, name: &str, rows: usize, cols: usize| {
+            let info = me.info(&blk(il, name))?;
+            let whole = [cols as u64, rows as u64, x.n_expert as u64, 1];
+            let nbytes = info.nbytes.unwrap_or(0);
+            if info.ne != whole || !nbytes.is_multiple_of(x.n_expert as u64) {
+                return Err(ModelError::Weight(WeightError::Shape {
+                    name: info.name.clone(),
+                    got: info.dims().to_vec(),
+                    expected: whole[..3].to_vec(),
+                }));
+            }
+            Ok(info)
+        };
+        let gates = stack(self, "ffn_gate_exps.weight", x.n_ff, d)?;
+        let ups = stack(self, "ffn_up_exps.weight", x.n_ff, d)?;
+        let downs = stack(self, "ffn_down_exps.weight", d, x.n_ff)?;
+        let gates = self.stacked(gates, x.n_expert).await?;
+        let ups = self.stacked(ups, x.n_expert).await?;
+        let downs = self.stacked(downs, x.n_expert).await?;
+        let mut experts = Vec::with_capacity(x.n_expert);
+        for ((gate, up), down) in gates.into_iter().zip(ups).zip(downs) {
+            experts.push(Expert {
+                gate_up: self.backend.join_gate_up(gate, up)?,
+                down,
+            });
+        }
+        let all = self.part_bytes[&part] - router_bytes;
+        self.part_bytes.insert(
+            part,
+            router_bytes + all * x.n_used as u64 / x.n_expert as u64,
+        );
+        Ok(Moe { router, experts })
+    }
+
+    /// The `n` matrices stacked in the tensor `stack` describes (`[cols, rows, n]`), read as one
+    /// tensor (one read, one hash for a hot-swap) and prepared one by one.
+    async fn stacked(&mut self, stack: TensorInfo, n: usize) -> Result<Vec<B::Matrix>, ModelError> {
+        let (rows, cols) = (stack.ne[1] as usize, stack.ne[0] as usize);
+        let bytes = self.fetch.fetch(&stack).await?;
+        let mut out = Vec::with_capacity(n);
+        for e in 0..n {
+            let one = expert(&stack, e, n);
+            let m = match &bytes {
+                None => {
+                    let desc = MatrixDesc::new(&one, self.file.bytes(), rows, cols)?;
+                    self.count_bytes(desc.range.len());
+                    self.backend
+                        .load_matrix(self.file, desc, None, MatrixUse::Product)?
+                }
+                Some(all) => {
+                    let len = one.nbytes.unwrap_or(0) as usize;
+                    let data = all[e * len..(e + 1) * len].to_vec();
+                    let desc = MatrixDesc::new(&at_zero(&one), &data, rows, cols)?;
+                    self.count_bytes(desc.range.len());
+                    self.backend
+                        .load_owned_matrix(desc, data, None, MatrixUse::Product)?
+                }
+            };
+            self.tick();
+            out.push(m);
+        }
+        Ok(out)
     }
 
     async fn post_norms(&mut self, il: usize) -> Result<Option<[B::Vector; 2]>, ModelError> {
@@ -717,6 +815,20 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
 
     async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
         self.vector_in_order(name, len, None).await
+    }
+}
+
+/// Expert `e` of the `n_expert` matrices stacked in `stack` (`[cols, rows, n_expert]`): its
+/// rows, named `<stack>[e]` in messages.
+fn expert(stack: &TensorInfo, e: usize, n_expert: usize) -> TensorInfo {
+    let bytes = stack.nbytes.unwrap_or(0) / n_expert as u64;
+    TensorInfo {
+        name: format!("{}[{e}]", stack.name),
+        ne: [stack.ne[0], stack.ne[1], 1, 1],
+        n_dims: 2,
+        start: stack.start + e as u64 * bytes,
+        nbytes: Some(bytes),
+        ..stack.clone()
     }
 }
 

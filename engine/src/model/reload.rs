@@ -17,7 +17,7 @@ use thiserror::Error;
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use super::load::{tensor_len, Fetch, Loader, Part, Plan, Prepared, Streamed};
-use super::{check_tensor_table, HeadFormat, LoadOptions, Model, ModelError};
+use super::{check_tensor_table, Ffn, HeadFormat, LoadOptions, Model, ModelError};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::file::FileError;
@@ -487,9 +487,19 @@ impl<B: Backend> Model<B> {
             Prepared::AttnSubNorm(il, v) => self.layers[il - start].attn_sub_norm = v,
             Prepared::Wo(il, m) => self.layers[il - start].wo = m,
             Prepared::FfnNorm(il, v) => self.layers[il - start].ffn_norm = v,
-            Prepared::GateUp(il, m) => self.layers[il - start].gate_up = m,
+            // A layer's kind of FFN is the config's, which a swap keeps.
+            Prepared::GateUp(il, m) => {
+                if let Ffn::Dense { gate_up, .. } = &mut self.layers[il - start].ffn {
+                    *gate_up = m;
+                }
+            }
             Prepared::FfnSubNorm(il, v) => self.layers[il - start].ffn_sub_norm = v,
-            Prepared::Down(il, m) => self.layers[il - start].down = m,
+            Prepared::Down(il, m) => {
+                if let Ffn::Dense { down, .. } = &mut self.layers[il - start].ffn {
+                    *down = m;
+                }
+            }
+            Prepared::Experts(il, moe) => self.layers[il - start].ffn = Ffn::Experts(moe),
             Prepared::PostNorms(il, v) => self.layers[il - start].post_norms = v,
             Prepared::RopeFactors(f) => self.rope_factors = f,
             Prepared::OutputNorm(v) => self.output_norm = v,

@@ -1,0 +1,72 @@
+//! The mixture-of-experts FFN on the CPU: each row routed on the host
+//! ([`hesper_engine::config::Experts::route`]), the rows of a step grouped by expert so that
+//! each chosen expert's matrices are read once for all its rows, then every row's outputs
+//! weighted and summed in the order of its choice (as llama.cpp adds them up).
+
+use hesper_engine::backend::{Backend, Moe};
+use hesper_engine::config::{Activation, Experts};
+
+use crate::{CpuBackend, CpuMatrix};
+
+/// `out` = the mixture of `moe`'s experts over `n` rows of `x` (see [`Backend::moe_ffn`]).
+#[allow(clippy::ptr_arg)] // the backend's buffers, as its products take them
+pub fn moe_ffn(
+    b: &CpuBackend,
+    moe: &Moe<CpuMatrix>,
+    routing: &Experts,
+    act: Activation,
+    x: &Vec<f32>,
+    n: usize,
+    out: &mut [f32],
+) {
+    let d = moe.router.desc.cols;
+    let (n_expert, ff) = (routing.n_expert, routing.n_ff);
+    let mut logits = vec![0.0; n * n_expert];
+    b.matmul(&moe.router, x, n, &mut logits);
+    let routes: Vec<Vec<(usize, f32)>> = logits
+        .chunks_exact(n_expert)
+        .map(|row| routing.route(row))
+        .collect();
+    // Each expert's rows: (row, the rank of the expert among the row's choices).
+    let mut rows_of = vec![Vec::new(); n_expert];
+    for (t, route) in routes.iter().enumerate() {
+        for (rank, &(e, _)) in route.iter().enumerate() {
+            rows_of[e].push((t, rank));
+        }
+    }
+    let n_used = routing.n_used;
+    let mut ys = vec![0.0f32; n * n_used * d];
+    for (e, rows) in rows_of.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+        let m = rows.len();
+        let mut xs = Vec::with_capacity(m * d);
+        for &(t, _) in rows {
+            xs.extend_from_slice(&x[t * d..(t + 1) * d]);
+        }
+        let expert = &moe.experts[e];
+        let (mut gate, mut up, mut a) = (vec![0.0; m * ff], vec![0.0; m * ff], vec![0.0; m * ff]);
+        b.gate_up(
+            &expert.gate_up,
+            &xs,
+            m,
+            ff,
+            act,
+            [&mut gate, &mut up],
+            &mut a,
+        );
+        let mut y = vec![0.0; m * d];
+        b.matmul(&expert.down, &a, m, &mut y);
+        for (&(t, rank), yr) in rows.iter().zip(y.chunks_exact(d)) {
+            ys[(t * n_used + rank) * d..][..d].copy_from_slice(yr);
+        }
+    }
+    for (t, (route, o)) in routes.iter().zip(out.chunks_exact_mut(d)).enumerate() {
+        for (rank, &(_, w)) in route.iter().enumerate() {
+            let y = &ys[(t * n_used + rank) * d..][..d];
+            if rank == 0 {
+                o.iter_mut().zip(y).for_each(|(o, &y)| *o = y * w);
+            } else {
+                o.iter_mut().zip(y).for_each(|(o, &y)| *o += y * w);
+            }
+        }
+    }
+}
