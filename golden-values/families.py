@@ -16,7 +16,7 @@ Steps (positional; default both):
                                 over 0.5-3 so that a graph without them is far off), tied F16
                                 embedding
              tiny-qwen3moe-f16  arch qwen3moe: tiny-qwen3-f16's attention, and a mixture of 8
-                                experts of n_ff 128 for the FFN, 2 used per token (an F32
+                                experts of n_ff 256 for the FFN, 2 used per token (an F32
                                 router, F16 experts stacked [cols, rows, 8])
              tiny-gemma3-f16    arch gemma3 in Gemma 3 1B's proportions: heads of 128 over n_embd
                                 256, one kv head, six layers of which the first five attend a
@@ -40,7 +40,10 @@ Steps (positional; default both):
              tiny-llama-q4_0, -q4_k_m, -q5_k_m, -q6_k, -bf16 (the file types of those names,
              with llama.cpp's choice of type per tensor: Q6_K for the tied embedding, Q6_K
              for some attn_v and ffn_down tensors of a _M mix), and tiny-mistral-f32 into
-             tiny-mistral-q4_k_m (untied: a Q4_K token_embd, a Q6_K output.weight)
+             tiny-mistral-q4_k_m (untied: a Q4_K token_embd, a Q6_K output.weight), and
+             tiny-qwen3moe-f16 into tiny-qwen3moe-q4_k_m (stacked Q4_K and Q6_K experts, Q8_0
+             attn_v and Q5_K attn_output as llama.cpp mixes a mixture of experts, the router
+             kept F32)
   llama    Run llama.cpp (generate.py's LlamaCpp: CPU, flash attention off, F32 KV cache, one
            ubatch) on each model but the I2_S one and the three token sequences of
            generate.py (a SentencePiece model also SPM_TEXT as llama.cpp tokenizes it); write
@@ -167,7 +170,7 @@ FAMILIES = [
            qk_norm=True),
     # Qwen3-30B-A3B's routing (softmax, the best of 128 renormalized) with 8 experts, 2 used
     Family("tiny-qwen3moe-f16", "qwen3moe", QWEN3, 128, GGML_F16, False, False, False, False,
-           qk_norm=True, experts=(8, 2, 128)),
+           qk_norm=True, experts=(8, 2, 256)),
     # A window of 5 positions: every sequence (7, 16, 33 tokens) reaches past it
     Family("tiny-gemma3-f16", "gemma3", GEMMA3, 128, GGML_F16, False, False, False, False,
            qk_norm=True, window=5),
@@ -202,6 +205,8 @@ QUANTIZED = [
     Quantized("tiny-llama-bf16", FAMILIES[0], 32, "bf16"),
     # Untied, as Llama 3.1 8B's Q4_K_M: a Q4_K token_embd beside a Q6_K output.weight
     Quantized("tiny-mistral-q4_k_m", FAMILIES[4], 15, "q8_k"),
+    # Qwen3-30B-A3B's Q4_K_M: stacked Q4_K and Q6_K experts beside the F32 router
+    Quantized("tiny-qwen3moe-q4_k_m", FAMILIES[8], 15, "q8_k"),
 ]
 
 

@@ -184,7 +184,7 @@ fn info_names_what_each_family_computes() {
         ),
         (
             "models/tiny-qwen3moe-f16.gguf",
-            &["8 experts of n_ff 128 (2 used a token, softmax routing renormalized: 1.32M of 2.50M parameters active)"][..],
+            &["8 experts of n_ff 256 (2 used a token, softmax routing renormalized: 1.71M of 4.07M parameters active)"][..],
         ),
     ] {
         let o = hesper(&["info", "-m", &golden(model)]);

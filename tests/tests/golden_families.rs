@@ -329,19 +329,26 @@ fn the_gemma3_golden_tells_its_windows_and_rope_bases_apart() {
             ),
         ),
     ] {
-        let model = cpu_model(&file, Isa::detect(), None);
-        let ours: Vec<Vec<f32>> = g
-            .sequences
-            .iter()
-            .map(|s| logits_all(&model, &s.tokens, 64))
-            .collect();
-        let agreement = g.agreement(&ours);
-        println!("tiny-gemma3-f16 with {what}: {agreement}");
-        assert!(
-            agreement.max_abs > 10.0 * F16_MAX_ABS,
-            "{what}: {agreement}"
-        );
+        assert_far_off(&g, &file, what);
     }
+}
+
+/// Asserts that `file` (golden `g`'s model with `what` changed) is far outside the F16 bound
+/// `g`'s graph meets: the golden tells the change apart.
+fn assert_far_off(g: &Golden, file: &std::sync::Arc<hesper_engine::file::ModelFile>, what: &str) {
+    let model = cpu_model(file, Isa::detect(), None);
+    let ours: Vec<Vec<f32>> = g
+        .sequences
+        .iter()
+        .map(|s| logits_all(&model, &s.tokens, 64))
+        .collect();
+    let agreement = g.agreement(&ours);
+    let stem = g.model.file_stem().and_then(|s| s.to_str()).unwrap_or("?");
+    println!("{stem} with {what}: {agreement}");
+    assert!(
+        agreement.max_abs > 10.0 * F16_MAX_ABS,
+        "{what}: {agreement}"
+    );
 }
 
 #[test]
@@ -356,18 +363,7 @@ fn the_qwen3moe_golden_tells_its_routing_apart() {
             "qwen3moe.expert_used_count",
             Some(Value::U32(used)),
         );
-        let model = cpu_model(&file, Isa::detect(), None);
-        let ours: Vec<Vec<f32>> = g
-            .sequences
-            .iter()
-            .map(|s| logits_all(&model, &s.tokens, 64))
-            .collect();
-        let agreement = g.agreement(&ours);
-        println!("tiny-qwen3moe-f16 with {used} experts a token: {agreement}");
-        assert!(
-            agreement.max_abs > 10.0 * F16_MAX_ABS,
-            "{used}: {agreement}"
-        );
+        assert_far_off(&g, &file, &format!("{used} experts a token"));
     }
 }
 
