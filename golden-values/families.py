@@ -426,6 +426,23 @@ def step_bench(out_dir: Path, seed: int, threads: int) -> None:
                  src=out_dir / "bench-llama1b-f16.gguf", dst=out_dir / f"bench-llama1b-{name}.gguf")
 
 
+# Qwen3-30B-A3B's shape (n_embd 2048, heads 32/4 of 128, 128 experts of n_ff 768, 8 used, its
+# vocabulary) cut to its first 4 layers of 48 (`--bench-moe DIR`): a layer as the full model's,
+# in a file of 4.9 GB (F16) and 1.5 GB (llama.cpp's Q4_K_M of it)
+QWEN3_30B_A3B_4L = HParams(n_vocab=151936, n_embd=2048, n_ff=6144, n_head=32, n_head_kv=4,
+                           n_layer=4, n_ctx=4096, rope_base=1e6, eps=1e-6)
+BENCH_MOE = Family("bench-qwen3moe-a3b-4l-f16", "qwen3moe", QWEN3_30B_A3B_4L, 128, GGML_F16,
+                   True, False, False, False, qk_norm=True, experts=(128, 8, 768))
+
+
+def step_bench_moe(out_dir: Path, seed: int, threads: int) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / f"{BENCH_MOE.stem}.gguf"
+    write(BENCH_MOE, seed, src)
+    quantize(Quantized("bench-qwen3moe-a3b-4l-q4_k_m", BENCH_MOE, 15, ""), threads, src=src,
+             dst=out_dir / "bench-qwen3moe-a3b-4l-q4_k_m.gguf")
+
+
 def step_llama(threads: int) -> None:
     llama = LlamaCpp(threads)
     for f in FAMILIES + QUANTIZED:
@@ -532,10 +549,13 @@ def main() -> None:
                     help="write the benchmark models (Llama-3.2-1B-shaped F16 and Q8_0, then "
                          "llama.cpp's Q4_0, Q4_K_M, Q5_K_M and Q6_K of the F16 one, Falcon3-3B-shaped "
                          "I2_S; 0.7-2.5 GB each) into DIR; alone, only this")
+    ap.add_argument("--bench-moe", metavar="DIR", type=Path,
+                    help="write a Qwen3-30B-A3B-shaped mixture of experts cut to 4 layers (F16, "
+                         "then llama.cpp's Q4_K_M of it; 4.9 and 1.5 GB) into DIR; alone, only this")
     ap.add_argument("--bitnet-cpp", type=Path, default=Path("/tmp/hesper-bitnet-cpp"),
                     help="bitnet-cpp/build.sh's work folder (default /tmp/hesper-bitnet-cpp)")
     a = ap.parse_args()
-    steps = a.steps or ([] if a.bench else ["models", "llama"])
+    steps = a.steps or ([] if a.bench or a.bench_moe else ["models", "llama"])
     if set(steps) - {"models", "llama", "bitnet", "validate"}:
         ap.error("steps are models, llama, bitnet and validate")
     if "models" in steps:
@@ -548,6 +568,8 @@ def main() -> None:
         step_validate()
     if a.bench:
         step_bench(a.bench, a.seed, a.threads)
+    if a.bench_moe:
+        step_bench_moe(a.bench_moe, a.seed, a.threads)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ fn all() -> Vec<Kernel> {
         add_bias,
         silu_mul,
         relu2_mul,
+        gelu_mul,
+        scale_assign,
         interleave_rows,
         rms_norm,
         rms_norm_sg,

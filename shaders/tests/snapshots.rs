@@ -15,6 +15,8 @@ fn generated_wgsl_is_unchanged() {
         add_bias,
         silu_mul,
         relu2_mul,
+        gelu_mul,
+        scale_assign,
         interleave_rows,
         rms_norm,
         rms_norm_sg,
