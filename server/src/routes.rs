@@ -134,30 +134,73 @@ fn key_of(h: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
+/// How much of an over-long body is read and dropped before the 413 goes out, and for how long:
+/// a client that sends its whole body before it reads the answer (Python's `http.client`,
+/// curl without `Expect`) would otherwise meet a connection reset by the unread bytes instead of
+/// the 413 (the lingering close of Apache and nginx). Past either bound the connection closes.
+const DRAIN_BYTES: usize = 64 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Reads a request body of at most `--max-body` bytes: 413 past it, 408 when the whole of it
 /// has not arrived within `--timeout` (however it trickles in).
 pub async fn read_body(state: &State, body: Body) -> Result<Bytes, ApiError> {
     let limit = state.config.max_body;
-    let read = tokio::time::timeout(state.config.timeout, axum::body::to_bytes(body, limit));
+    let read = tokio::time::timeout(state.config.timeout, collect(body, limit));
     let Ok(read) = read.await else {
         return Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "the request body did not arrive within --timeout",
         ));
     };
-    read.map_err(|e| {
-        let e = e.into_inner();
-        // The cause may sit under layers of boxes (axum's, hyper's): look down the chain.
-        let chain = || std::iter::successors(Some(&*e as &dyn std::error::Error), |e| e.source());
-        if chain().any(|e| e.is::<http_body_util::LengthLimitError>()) {
-            ApiError::new(
+    match read {
+        Ok(bytes) => Ok(bytes),
+        Err(Collect::TooLarge(rest)) => {
+            let _ = tokio::time::timeout(DRAIN_TIME, drain(rest, DRAIN_BYTES)).await;
+            Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("the request body is over {limit} bytes"),
-            )
-        } else {
-            ApiError::bad_request(format!("cannot read the request body: {e}"))
+            ))
         }
-    })
+        Err(Collect::Failed(e)) => Err(ApiError::bad_request(format!(
+            "cannot read the request body: {e}"
+        ))),
+    }
+}
+
+/// Why a body was not collected.
+enum Collect {
+    /// It passed the limit; what is left of it.
+    TooLarge(Body),
+    /// The connection failed under it.
+    Failed(axum::Error),
+}
+
+/// The body's bytes, if they come to at most `limit`.
+async fn collect(mut body: Body, limit: usize) -> Result<Bytes, Collect> {
+    use http_body_util::BodyExt;
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(Collect::Failed)?.into_data() else {
+            continue;
+        };
+        if bytes.len() + data.len() > limit {
+            return Err(Collect::TooLarge(body));
+        }
+        bytes.extend_from_slice(&data);
+    }
+    Ok(bytes.into())
+}
+
+/// Reads and drops up to `most` bytes of what is left of `body`.
+async fn drain(mut body: Body, most: usize) {
+    use http_body_util::BodyExt;
+    let mut read = 0;
+    while read < most {
+        match body.frame().await {
+            Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
+            _ => return,
+        }
+    }
 }
 
 /// `{"status": "ok"}` once the model is ready (a 503 saying why while it loads, or while a
