@@ -193,10 +193,22 @@ pub const QUANTS: &[&str] = &[
 ];
 
 /// The instruction sets to test on this machine: the scalar reference and the best SIMD one.
+/// With `HESPER_TEST_SIMD_ONLY=1` only the SIMD one, which must then exist: CI sets it under
+/// emulation (aarch64 in qemu), where the scalar path would repeat, many times slower, the same
+/// target-independent Rust the native run has just checked.
 pub fn isas() -> Vec<Isa> {
+    let simd = Isa::detect();
+    if std::env::var_os("HESPER_TEST_SIMD_ONLY").is_some_and(|v| v == "1") {
+        assert_ne!(
+            simd,
+            Isa::Scalar,
+            "HESPER_TEST_SIMD_ONLY=1 on a machine without SIMD"
+        );
+        return vec![simd];
+    }
     let mut v = vec![Isa::Scalar];
-    if Isa::detect() != Isa::Scalar {
-        v.push(Isa::detect());
+    if simd != Isa::Scalar {
+        v.push(simd);
     }
     v
 }
