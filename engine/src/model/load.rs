@@ -437,17 +437,14 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         // scaling the scores).
         let order = rope_row_order(c, 1);
         let (hd, query_scale) = (c.head_dim, c.query_scale);
-        let mut q = self.vector_data(&blk(il, "attn_q_norm.weight"), hd).await?;
-        if let Some(order) = &order {
-            q = order.iter().map(|&i| q[i]).collect();
-        }
-        if query_scale != 1.0 {
-            q.iter_mut().for_each(|g| *g *= query_scale);
-        }
-        let q = self.backend.load_vector(q)?;
-        self.tick();
         Ok(Some([
-            q,
+            self.scaled_vector_in_order(
+                &blk(il, "attn_q_norm.weight"),
+                hd,
+                order.as_deref(),
+                query_scale,
+            )
+            .await?,
             self.vector_in_order(&blk(il, "attn_k_norm.weight"), hd, order.as_deref())
                 .await?,
         ]))
@@ -572,24 +569,18 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         let mut out = Vec::with_capacity(n);
         for e in 0..n {
             let one = expert(&stack, e, n);
-            let m = match &bytes {
-                None => {
-                    let desc = MatrixDesc::new(&one, self.file.bytes(), rows, cols)?;
-                    self.count_bytes(desc.range.len());
-                    self.backend
-                        .load_matrix(self.file, desc, None, MatrixUse::Product)?
-                }
+            let (desc, data) = match &bytes {
+                None => (MatrixDesc::new(&one, self.file.bytes(), rows, cols)?, None),
                 Some(all) => {
                     let len = one.nbytes.unwrap_or(0) as usize;
                     let data = all[e * len..(e + 1) * len].to_vec();
-                    let desc = MatrixDesc::new(&at_zero(&one), &data, rows, cols)?;
-                    self.count_bytes(desc.range.len());
-                    self.backend
-                        .load_owned_matrix(desc, data, None, MatrixUse::Product)?
+                    (
+                        MatrixDesc::new(&at_zero(&one), &data, rows, cols)?,
+                        Some(data),
+                    )
                 }
             };
-            self.tick();
-            out.push(m);
+            out.push(self.described(desc, data, None, MatrixUse::Product)?);
         }
         Ok(out)
     }
@@ -703,6 +694,18 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         usage: MatrixUse,
     ) -> Result<B::Matrix, ModelError> {
         let (desc, bytes, scale) = self.source(name, rows, cols).await?;
+        self.described(desc, bytes, scale, usage)
+    }
+
+    /// The matrix `desc` describes, handed to the backend: in the mapped file (`bytes` `None`)
+    /// or in `bytes` read for it.
+    fn described(
+        &mut self,
+        desc: MatrixDesc,
+        bytes: Option<Vec<u8>>,
+        scale: Option<f32>,
+        usage: MatrixUse,
+    ) -> Result<B::Matrix, ModelError> {
         self.count_bytes(desc.range.len());
         let m = match bytes {
             None => self.backend.load_matrix(self.file, desc, scale, usage)?,
@@ -804,9 +807,23 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         len: usize,
         order: Option<&[usize]>,
     ) -> Result<B::Vector, ModelError> {
+        self.scaled_vector_in_order(name, len, order, 1.0).await
+    }
+
+    /// [`Loader::vector_in_order`] times `scale`.
+    async fn scaled_vector_in_order(
+        &mut self,
+        name: &str,
+        len: usize,
+        order: Option<&[usize]>,
+        scale: f32,
+    ) -> Result<B::Vector, ModelError> {
         let mut data = self.vector_data(name, len).await?;
         if let Some(order) = order {
             data = order.iter().map(|&i| data[i]).collect();
+        }
+        if scale != 1.0 {
+            data.iter_mut().for_each(|g| *g *= scale);
         }
         let v = self.backend.load_vector(data)?;
         self.tick();
