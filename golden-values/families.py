@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2`, `qwen3`,
-`qwen3moe` and `gemma3` GGUF files and llama.cpp's logits and residual streams for them.
+`qwen3moe`, `gemma3` and `phi3` GGUF files and llama.cpp's logits and residual streams for them.
 
 Steps (positional; default both):
 
@@ -23,6 +23,13 @@ Steps (positional; default both):
                                 sliding window of 5 positions (RoPE theta 10000 there, 1e6 on
                                 the sixth), Q/K head norms, norms after attention and after the
                                 FFN, GELU (tanh), the embedding scaled by sqrt(256), tied F16
+             tiny-phi3-f16      arch phi3 in Phi-4-mini's proportions: Q, K and V in one
+                                attn_qkv tensor, gate and up in one ffn_up of 2*n_ff rows, GQA
+                                4/2 of heads of 64, RoPE on 48 of each head's 64 dims (NeoX
+                                pairs) with LongRoPE's factors (rope_factors_short 1-2.5,
+                                rope_factors_long 1-40, rope.scaling.attn_factor 1.19, original
+                                context 256 = n_ctx, so llama.cpp rotates with the short ones),
+                                tied F16 embedding
              tiny-falcon3-f16   arch llama in Falcon3's head geometry: head width 256 named by
                                 attention.key_length (Q 512 wide over n_embd 256), GQA 2/1,
                                 theta 1000042, untied F16 output.weight; ternary values t*beta
@@ -72,7 +79,7 @@ import numpy as np
 from generate import (GGML_F16, GGML_F32, GGML_I2_S, GGML_Q8_0, GGML_TQ1_0, GGML_TQ2_0,
                       GGUF_F32, GGUF_I32, GGUF_STR, KV, MODELS_DIR, ROOT, SEED, TINY, GGUFFile,
                       GGUFStreamWriter, HParams, LlamaCpp, TensorInfo, gen_norm, kv_arr, kv_bool,
-                      kv_str, kv_u32, pack_i2s, pack_q8_0, pack_tq1_0, pack_tq2_0, shape_kvs,
+                      kv_f32, kv_str, kv_u32, pack_i2s, pack_q8_0, pack_tq1_0, pack_tq2_0, shape_kvs,
                       tensor_rng, token_sequences, write_outputs)
 
 # llama.cpp's llama_ftype of a file whose projections are of the type
@@ -106,6 +113,17 @@ class Family:
     qk_norm: bool = False       # each head's Q and K RMS-normalized (qwen3, gemma3)
     window: int = 0             # attention.sliding_window (gemma3: five layers of six)
     experts: tuple[int, int, int] | None = None  # (count, used, each one's n_ff): qwen3moe
+    rope_dim: int = 0           # rope.dimension_count when RoPE turns only part of a head
+
+    @property
+    def fused(self) -> bool:
+        """Phi-3's tensors: Q, K and V in one attn_qkv, gate and up in one ffn_up (gate first)."""
+        return self.arch == "phi3"
+
+    @property
+    def longrope(self) -> bool:
+        """Phi-3.5's and Phi-4-mini's LongRoPE factors and attention factor."""
+        return self.arch == "phi3"
 
     @property
     def path(self) -> Path:
@@ -137,6 +155,9 @@ class Family:
         Q, KV_ = self.hp.n_head * self.head_dim, self.hp.n_head_kv * self.head_dim
         attention = [("attn_q", Q, E), ("attn_k", KV_, E), ("attn_v", KV_, E),
                      ("attn_output", E, Q)]
+        if self.fused:
+            return [("attn_qkv", Q + 2 * KV_, E), ("attn_output", E, Q), ("ffn_up", 2 * F, E),
+                    ("ffn_down", E, F)]
         if self.experts:        # the FFN is the experts' (expert_tensors)
             return attention
         return attention + [("ffn_gate", F, E), ("ffn_up", F, E), ("ffn_down", E, F)]
@@ -157,6 +178,8 @@ QWEN3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_laye
 # that the default pattern (five windowed, then one global) holds once
 GEMMA3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_layer=6, n_ctx=256,
                  rope_base=1e6, eps=1e-6)
+# Phi-4-mini's proportions: GQA 3/1 (here 4/2), RoPE over three quarters of each head
+PHI3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, n_ctx=256)
 FAMILIES = [
     Family("tiny-llama-f16", "llama", TINY, 64, GGML_F16, False, False, True, False),
     Family("tiny-llama-q8_0", "llama", TINY, 64, GGML_Q8_0, True, False, True, False),
@@ -174,6 +197,7 @@ FAMILIES = [
     # A window of 5 positions: every sequence (7, 16, 33 tokens) reaches past it
     Family("tiny-gemma3-f16", "gemma3", GEMMA3, 128, GGML_F16, False, False, False, False,
            qk_norm=True, window=5),
+    Family("tiny-phi3-f16", "phi3", PHI3, 64, GGML_F16, False, False, False, False, rope_dim=48),
 ]
 
 
@@ -287,6 +311,11 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
     if f.rope_freqs:
         add("rope_freqs.weight", (f.head_dim // 2,), GGML_F32,
             lambda: rope_freqs(hp, f.head_dim).tobytes())
+    if f.longrope:  # LongRoPE's divisors: short ones near 1, long ones up to 40 (Phi-4-mini's)
+        half = f.rope_dim // 2
+        for name, top in (("rope_factors_long", 40.0), ("rope_factors_short", 2.5)):
+            add(name + ".weight", (half,), GGML_F32, lambda name=name, top=top: np.sort(
+                tensor_rng(seed, name).uniform(1.0, top, half)).astype(np.float32).tobytes())
     for il in range(hp.n_layer):
         p = f"blk.{il}."
         add(p + "attn_norm.weight", (E,), GGML_F32,
@@ -358,12 +387,15 @@ def write(f: Family, seed: int, path: Path) -> None:
 
 def kvs(f: Family) -> list[KV]:
     A, hp = f.arch, f.hp
-    keys = shape_kvs(A, hp, f"hesper-rs {f.stem}", f.head_dim)
+    keys = shape_kvs(A, hp, f"hesper-rs {f.stem}", f.rope_dim or f.head_dim)
     if f.head_dim != hp.n_embd // hp.n_head:
         keys += [kv_u32(f"{A}.attention.key_length", f.head_dim),
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]
     if f.window:
         keys += [kv_u32(f"{A}.attention.sliding_window", f.window)]
+    if f.longrope:  # LongRoPE: Phi-4-mini's attn_factor, the short factors up to n_ctx
+        keys += [kv_f32(f"{A}.rope.scaling.attn_factor", 1.19),
+                 kv_u32(f"{A}.rope.scaling.original_context_length", hp.n_ctx)]
     if f.experts:
         n_expert, n_used, n_ff = f.experts
         keys += [kv_u32(f"{A}.expert_count", n_expert), kv_u32(f"{A}.expert_used_count", n_used),

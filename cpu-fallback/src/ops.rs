@@ -76,6 +76,7 @@ mod tests {
             base: 10000.0,
             scale: 1.0,
             freq_factors: None,
+            attn_factor: 1.0,
         };
         let mut x = vec![1.0, 0.0, 0.0, 0.0];
         rope(&mut x, 1, 1, &s);

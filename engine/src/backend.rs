@@ -71,13 +71,16 @@ pub struct RopeShape<'a> {
     /// Position scale (linear RoPE scaling; 1 without).
     pub scale: f32,
     /// Per-pair divisors of the angle (`rope_freqs.weight`: Llama 3.1's long-context
-    /// frequencies), `rope_dim/2` of them.
+    /// frequencies; LongRoPE's short or long factors), `rope_dim/2` of them.
     pub freq_factors: Option<&'a [f32]>,
+    /// What the rotated dims are multiplied by (`rope.scaling.attn_factor`: LongRoPE's
+    /// `√(1 + ln s / ln n_ctx_orig)`; 1 without), as ggml scales its cos and sin.
+    pub attn_factor: f32,
 }
 
 impl RopeShape<'_> {
     /// `(cos, sin)` of every rotated pair for positions `pos0..pos0+n`, interleaved as
-    /// `[n][rope_dim/2][2]`. Angle of pair `i` at position `p` is
+    /// `[n][rope_dim/2][2]`, each times `attn_factor`. Angle of pair `i` at position `p` is
     /// `scale · p · base^(−2i/rope_dim) / factor_i`, the power built by repeated f32
     /// multiplication as ggml does; every backend uses this table so they all rotate by the
     /// same angles.
@@ -90,8 +93,8 @@ impl RopeShape<'_> {
             for i in 0..half {
                 let factor = self.freq_factors.map_or(1.0, |f| f[i]);
                 let angle = self.scale * (theta / factor);
-                out.push(angle.cos());
-                out.push(angle.sin());
+                out.push(angle.cos() * self.attn_factor);
+                out.push(angle.sin() * self.attn_factor);
                 theta *= theta_scale;
             }
         }
@@ -100,9 +103,14 @@ impl RopeShape<'_> {
 
     /// `(cos, sin)` per rotated pair, `[rope_dim/2][2]`, that rotate a key stored at position
     /// `p` to `p − delta`: the angles of position `delta` with the sine negated (rotations
-    /// compose; the forward formula of the rotation applies them).
+    /// compose; the forward formula of the rotation applies them), without `attn_factor` (the
+    /// stored key has it already).
     pub fn shift_angles(&self, delta: usize) -> Vec<f32> {
-        let mut cs = self.angles(delta, 1);
+        let unscaled = RopeShape {
+            attn_factor: 1.0,
+            ..*self
+        };
+        let mut cs = unscaled.angles(delta, 1);
         cs.iter_mut().skip(1).step_by(2).for_each(|s| *s = -*s);
         cs
     }

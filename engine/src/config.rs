@@ -6,13 +6,13 @@ use crate::gguf::{Array, Gguf};
 
 /// The architectures hesper-rs runs, as its messages name them.
 pub const ARCHITECTURES: &str =
-    "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe and gemma3";
+    "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma3 and phi3";
 
 /// How RoPE pairs the dims of a head (llama.cpp's rope types, by architecture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopePairs {
-    /// NeoX: dim `i` with `i + rope_dim/2` (`bitnet*`, `qwen2`, `qwen3`, `gemma3`); what every backend
-    /// rotates.
+    /// NeoX: dim `i` with `i + rope_dim/2` (`bitnet*`, `qwen2`, `qwen3`, `gemma3`, `phi3`); what
+    /// every backend rotates.
     Neox,
     /// ggml's normal mode: dim `2i` with `2i + 1` (`llama`). The loader reorders the rows of
     /// Q and K (and their biases) inside each head so that NeoX pairing rotates the same
@@ -75,7 +75,9 @@ impl Family {
                 rope_pairs: RopePairs::Adjacent,
                 ..plain
             },
-            "qwen2" => plain,
+            // Phi-3/4: the plain graph; its fused `attn_qkv` and `ffn_up` (gate and up in one
+            // tensor) are split by the loader, whichever family a file with them is of.
+            "qwen2" | "phi3" => plain,
             "qwen3" => Self {
                 qk_norm: true,
                 ..plain
@@ -219,6 +221,12 @@ pub struct Config {
     pub rope_scale: f32,
     /// Dims rotated by RoPE per head.
     pub rope_dim: usize,
+    /// What RoPE multiplies the rotated dims by (`rope.scaling.attn_factor`; 1 when absent).
+    pub rope_attn_factor: f32,
+    /// The context the model was trained with before its RoPE was stretched
+    /// (`rope.scaling.original_context_length`; `n_ctx_train` when absent): a session longer
+    /// than this rotates with LongRoPE's long factors, a shorter one with its short factors.
+    pub n_ctx_orig: usize,
     /// FFN activation.
     pub activation: Activation,
     /// Positions a sliding-window layer attends, itself included
@@ -402,6 +410,7 @@ impl Config {
             }
         };
         let n_layer = int("block_count")?;
+        let n_ctx_train = int("context_length")?;
         if g.get_f64(&key("final_logit_softcapping"))
             .is_some_and(|v| v != 0.0)
         {
@@ -468,11 +477,16 @@ impl Config {
                 (Some(x), None) => x.n_ff,
                 _ => int("feed_forward_length")?,
             },
-            n_ctx_train: int("context_length")?,
+            n_ctx_train,
+            n_ctx_orig: match g.get_u64(&key("rope.scaling.original_context_length")) {
+                Some(_) => int("rope.scaling.original_context_length")?,
+                None => n_ctx_train,
+            },
             eps: float("attention.layer_norm_rms_epsilon", 1e-5)?,
             rope_base: float("rope.freq_base", 10000.0)?,
             rope_scale,
             rope_dim,
+            rope_attn_factor: float("rope.scaling.attn_factor", 1.0)?,
             activation,
             window,
             windowed,

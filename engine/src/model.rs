@@ -40,7 +40,7 @@ mod load;
 #[cfg(unix)]
 mod reload;
 pub use batch::{BatchScratch, SeqRows, SeqStep, StepInput, StepOutput};
-use load::{Fetch, InFile, Loader, Part, Plan, Streamed};
+use load::{Fetch, InFile, Loader, Part, Plan, RopeFactors, Streamed};
 #[cfg(unix)]
 pub use reload::{Reload, ReloadError, Swap};
 
@@ -327,8 +327,8 @@ pub struct Model<B: Backend> {
     embedding: Option<B::Matrix>,
     output: Option<B::Matrix>,
     output_norm: Option<B::Vector>,
-    /// `rope_freqs.weight`, when the file has one.
-    rope_factors: Option<Vec<f32>>,
+    /// The file's RoPE frequency factors.
+    rope_factors: RopeFactors,
     bytes_per_token: u64,
     /// Bytes of each part's matrices (what [`Model::bytes_per_token`] sums; a hot-swap
     /// updates it).
@@ -1037,7 +1037,7 @@ impl<B: Backend> Model<B> {
         let discard = ((s.pos - keep) / 2).max(s.pos + n - s.n_ctx);
         let rope_k = RopeShape {
             n_head: self.config.n_head_kv,
-            ..self.rope_shape()
+            ..self.rope_shape(s.n_ctx)
         };
         self.backend
             .shift_cache(&mut s.cache, keep, discard, s.pos, &rope_k);
@@ -1108,16 +1108,19 @@ impl<B: Backend> Model<B> {
     }
 
     fn run_layers(&self, s: &mut Session<B>, n: usize) {
-        let pos0 = s.pos;
+        let (pos0, n_ctx) = (s.pos, s.n_ctx);
         let cache = &mut s.cache;
         self.layers_over(&mut s.s, n, &mut |b, li, [q, k, v, att], rope, attn| {
-            b.rope_attention(cache, li, q, k, v, n, pos0, &rope[0], &rope[1], attn, att);
+            let [rope_q, rope_k] = self.rope_in_context(rope, n_ctx);
+            b.rope_attention(cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att);
         });
     }
 
     /// Runs this instance's layers on the `n` rows of `sc.x`; `attend` does each layer's
     /// attention (RoPE, the cache, softmax) on its queries, keys and values into `att`, given
-    /// the RoPE of the queries and of the keys: over one session, or over each of a batch's.
+    /// the RoPE of the queries and of the keys of a short session (each `attend` puts its
+    /// session's through [`Model::rope_in_context`]): over one session, or over each of a
+    /// batch's.
     fn layers_over(&self, sc: &mut Scratch<B>, n: usize, attend: &mut Attend<'_, B>) {
         let c = &self.config;
         let b = &self.backend;
@@ -1144,7 +1147,7 @@ impl<B: Backend> Model<B> {
             };
             let rope_q = RopeShape {
                 base: c.rope_base_of(il),
-                ..self.rope_shape()
+                ..self.rope_shape(0)
             };
             let rope = [
                 rope_q,
@@ -1247,8 +1250,9 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// The RoPE of this model's query heads.
-    fn rope_shape(&self) -> RopeShape<'_> {
+    /// The RoPE of this model's query heads in a session of `n_ctx` positions (LongRoPE's
+    /// factors depend on it).
+    fn rope_shape(&self, n_ctx: usize) -> RopeShape<'_> {
         let c = &self.config;
         RopeShape {
             n_head: c.n_head,
@@ -1256,8 +1260,20 @@ impl<B: Backend> Model<B> {
             rope_dim: c.rope_dim,
             base: c.rope_base,
             scale: c.rope_scale,
-            freq_factors: self.rope_factors.as_deref(),
+            freq_factors: self.rope_factors.for_context(n_ctx, c.n_ctx_orig),
+            attn_factor: c.rope_attn_factor,
         }
+    }
+
+    /// A layer's RoPE of queries and keys (`rope`, as [`Model::layers_over`] gives it) for a
+    /// session of `n_ctx` positions.
+    fn rope_in_context<'r>(
+        &'r self,
+        rope: &[RopeShape<'r>; 2],
+        n_ctx: usize,
+    ) -> [RopeShape<'r>; 2] {
+        let freq_factors = self.rope_factors.for_context(n_ctx, self.config.n_ctx_orig);
+        rope.map(|r| RopeShape { freq_factors, ..r })
     }
 }
 

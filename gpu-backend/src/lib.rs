@@ -96,6 +96,7 @@ struct RopeTable {
     base: f32,
     scale: f32,
     freq_factors: Option<Vec<f32>>,
+    attn_factor: f32,
     positions: usize,
     cs: GpuBuffer<f32>,
 }
@@ -593,6 +594,7 @@ impl State {
                 && t.base == shape.base
                 && t.scale == shape.scale
                 && t.freq_factors.as_deref() == shape.freq_factors
+                && t.attn_factor == shape.attn_factor
                 && t.positions >= positions
         });
         if let Some(at) = fits {
@@ -609,6 +611,7 @@ impl State {
             base: shape.base,
             scale: shape.scale,
             freq_factors: shape.freq_factors.map(<[f32]>::to_vec),
+            attn_factor: shape.attn_factor,
             positions,
             cs,
         });
@@ -1140,6 +1143,7 @@ impl Backend for GpuBackend {
             && rope_q.base == rope_k.base
             && rope_q.scale == rope_k.scale
             && rope_q.freq_factors == rope_k.freq_factors
+            && rope_q.attn_factor == rope_k.attn_factor
             && rope_q.head_dim == shape.head_dim
             && rope_k.head_dim == shape.head_dim
             && rope_q.rope_dim.is_multiple_of(2);

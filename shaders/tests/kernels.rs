@@ -489,6 +489,7 @@ macro_rules! rope_run {
             base: $base,
             scale: 1.0,
             freq_factors: None,
+            attn_factor: 1.0,
         };
         let x = data(n * shape.n_head * shape.head_dim, $seed);
         let table = shape.angles(0, pos0 + n);

@@ -116,6 +116,7 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
                     base: c.rope_base,
                     scale: c.rope_scale,
                     freq_factors: None,
+                    attn_factor: 1.0,
                 },
             );
             cmp(

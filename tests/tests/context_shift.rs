@@ -28,6 +28,7 @@ const ROPE: RopeShape = RopeShape {
     base: 10000.0,
     scale: 1.0,
     freq_factors: None,
+    attn_factor: 1.0,
 };
 
 /// Keys `raw` (un-rotated, `[n][kv_dim]`) rotated to positions `positions`.

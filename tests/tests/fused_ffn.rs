@@ -402,6 +402,7 @@ fn rope_then_attention(
         base: 10000.0,
         scale: 1.0,
         freq_factors: None,
+        attn_factor: 1.0,
     };
     let rope_k = RopeShape {
         n_head: 2,

@@ -1,4 +1,4 @@
-//! The `llama`, `qwen2`, `qwen3`, `qwen3moe` and `gemma3` graphs (golden-values/families.py) against llama.cpp
+//! The `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma3` and `phi3` graphs (golden-values/families.py) against llama.cpp
 //! 0c1e57098, on
 //! the CPU (scalar and the best SIMD) and the GPU: end to end, every layer with teacher
 //! forcing, cached decode against prefill, and a layer split as a ring runs it.
@@ -22,7 +22,10 @@
 //! stream of 256, θ 1e6, eps 1e-6; `tiny-qwen3moe-f16` its attention with a mixture of 8
 //! experts, 2 a token (the CPU only: the GPU refuses it); `tiny-gemma3-f16` Gemma 3's graph over six layers: a
 //! sliding window of 5 positions on the first five (RoPE base 1e4 there, 1e6 on the sixth),
-//! norms after the attention and the FFN, GELU, the embedding scaled by √256. llama.cpp's CPU
+//! norms after the attention and the FFN, GELU, the embedding scaled by √256; `tiny-phi3-f16`
+//! Phi-3's fused tensors (Q, K and V in one `attn_qkv`, gate and up in one `ffn_up`, split by
+//! rows at load) with RoPE on 48 of each head's 64 dims, as Phi-4-mini turns three quarters.
+//! llama.cpp's CPU
 //! looks GELU up in a table of f16 inputs and outputs where we compute it in f32: one more
 //! f16 rounding of the FFN's activations, inside the F16 bounds (1.2e-2 end to end, every
 //! teacher-forced row within `F16_FLIP`).
@@ -352,6 +355,28 @@ fn assert_far_off(g: &Golden, file: &std::sync::Arc<hesper_engine::file::ModelFi
 }
 
 #[test]
+fn phi3_rotates_with_longrope_factors_chosen_by_the_sessions_length() {
+    // The golden is llama.cpp's in a context of the file's original length (256): the short
+    // factors, times the attention factor. Without the attention factor, or with the long
+    // factors (the original context said to be 4, so every session is longer), the logits are
+    // far off; a session longer than 256 positions on the file as it is rotates with the long
+    // factors too, bit for bit as the edited file.
+    use hesper_engine::gguf::Value;
+    let g = Golden::load("tiny-phi3-f16");
+    let key = |k: &str, v| with_key("tiny-phi3-f16", k, Some(v));
+    let long = key("phi3.rope.scaling.original_context_length", Value::U32(4));
+    assert_far_off(&g, &long, "the long factors");
+    let unscaled = key("phi3.rope.scaling.attn_factor", Value::F32(1.0));
+    assert_far_off(&g, &unscaled, "no attention factor");
+    let tokens = &g.sequences[2].tokens;
+    let as_is = cpu_model(&g.file(), Isa::detect(), None);
+    let mut session = as_is.new_session(300, 64).expect("session");
+    let past_256 = as_is.eval(&mut session, tokens, Logits::All).expect("eval");
+    let edited = cpu_model(&long, Isa::detect(), None);
+    assert_eq!(past_256, logits_all(&edited, tokens, 64));
+}
+
+#[test]
 fn the_qwen3moe_golden_tells_its_routing_apart() {
     // One expert a token instead of two, or all eight: each far outside the bound the
     // routing llama.cpp computes meets (the experts' outputs differ as whole FFNs do).
@@ -472,12 +497,19 @@ fn what_the_graph_would_leave_out_is_refused() {
         e.contains("\"blk.2.post_ffw_norm.weight\" is missing"),
         "{e}"
     );
+    // A fused Q/K/V of the wrong height (it would split into wrong rows).
+    let e = load(with_key(
+        "tiny-phi3-f16",
+        "phi3.attention.head_count_kv",
+        Some(hesper_engine::gguf::Value::U32(1)),
+    ));
+    assert!(e.contains("blk.0.attn_qkv.weight"), "{e}");
     // An architecture hesper-rs does not run names the ones it does.
     let e = load(renamed("tiny-qwen2-f16", "qwen2", "gemma"));
     assert!(
         e.contains("\"gemma\"")
             && e.contains(
-                "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe and gemma3"
+                "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma3 and phi3"
             ),
         "{e}"
     );

@@ -263,28 +263,30 @@ impl<B: Backend> Model<B> {
             st.session.truncate(st.pos0);
         }
         let (qd, kv) = (c.q_dim(), c.kv_dim());
-        let mut segs: Vec<(&mut B::Cache, usize, usize, usize)> = Vec::with_capacity(seqs.len());
+        let mut segs: Vec<(&mut B::Cache, usize, usize, usize, usize)> =
+            Vec::with_capacity(seqs.len());
         let mut row = 0;
         for st in seqs.iter_mut() {
-            segs.push((&mut st.session.cache, row, st.n, st.pos0));
+            let n_ctx = st.session.n_ctx;
+            segs.push((&mut st.session.cache, row, st.n, st.pos0, n_ctx));
             row += st.n;
         }
         let one = &mut sc.one;
         self.layers_over(&mut sc.s, n, &mut |b, li, [q, k, v, att], rope, attn| {
-            if let [(cache, _, len, pos0)] = &mut segs[..] {
-                b.rope_attention(
-                    cache, li, q, k, v, *len, *pos0, &rope[0], &rope[1], attn, att,
-                );
+            if let [(cache, _, len, pos0, n_ctx)] = &mut segs[..] {
+                let [rope_q, rope_k] = self.rope_in_context(rope, *n_ctx);
+                b.rope_attention(cache, li, q, k, v, *len, *pos0, &rope_q, &rope_k, attn, att);
                 return;
             }
             let [oq, ok, ov, oatt] = one;
-            for (cache, row0, len, pos0) in segs.iter_mut() {
+            for (cache, row0, len, pos0, n_ctx) in segs.iter_mut() {
                 let (row0, len) = (*row0, *len);
+                let [rope_q, rope_k] = self.rope_in_context(rope, *n_ctx);
                 b.copy_rows(q, row0, len, qd, oq, 0);
                 b.copy_rows(k, row0, len, kv, ok, 0);
                 b.copy_rows(v, row0, len, kv, ov, 0);
                 b.rope_attention(
-                    cache, li, oq, ok, ov, len, *pos0, &rope[0], &rope[1], attn, oatt,
+                    cache, li, oq, ok, ov, len, *pos0, &rope_q, &rope_k, attn, oatt,
                 );
                 b.copy_rows(oatt, 0, len, qd, att, row0);
             }

@@ -63,8 +63,11 @@ pub(super) struct Plan {
     pub tied: bool,
     /// Which held layers have Q/K/V biases.
     biases: Vec<bool>,
-    /// Whether the file has `rope_freqs.weight`.
+    /// The file's RoPE frequency-factor tensors: `rope_freqs.weight`, or LongRoPE's short
+    /// and long ones.
     rope_freqs: bool,
+    rope_short: bool,
+    rope_long: bool,
     /// Rows of Q and K (and their biases) in the order NeoX RoPE rotates them.
     q_order: Option<Vec<usize>>,
     k_order: Option<Vec<usize>>,
@@ -89,6 +92,8 @@ impl Plan {
             k_order: rope_row_order(&config, config.n_head_kv),
             tied: g.tensor("output.weight").is_none(),
             rope_freqs: g.tensor("rope_freqs.weight").is_some(),
+            rope_short: g.tensor("rope_factors_short.weight").is_some(),
+            rope_long: g.tensor("rope_factors_long.weight").is_some(),
             config,
             layers,
             head,
@@ -144,7 +149,7 @@ impl Plan {
             }
             "output" if self.holds_output() => vec![Part::Output],
             "output_norm" if self.runs_head() => vec![Part::OutputNorm],
-            "rope_freqs" => vec![Part::RopeFactors],
+            "rope_freqs" | "rope_factors_short" | "rope_factors_long" => vec![Part::RopeFactors],
             _ => self.layer_part_of(name).into_iter().collect(),
         }
     }
@@ -160,7 +165,7 @@ impl Plan {
         let (base, suffix) = tensor.rsplit_once('.')?;
         let part = match (base, suffix) {
             ("attn_q" | "attn_k" | "attn_v", "bias") => LayerPart::QkvBias,
-            ("attn_q" | "attn_k" | "attn_v", _) => LayerPart::Qkv,
+            ("attn_q" | "attn_k" | "attn_v" | "attn_qkv", _) => LayerPart::Qkv,
             ("attn_norm", _) => LayerPart::AttnNorm,
             ("attn_q_norm" | "attn_k_norm", _) => LayerPart::QkNorm,
             ("attn_sub_norm", _) => LayerPart::AttnSubNorm,
@@ -225,7 +230,7 @@ pub(super) enum Prepared<B: Backend> {
     Down(usize, B::Matrix),
     PostNorms(usize, Option<[B::Vector; 2]>),
     Experts(usize, Moe<B::Matrix>),
-    RopeFactors(Option<Vec<f32>>),
+    RopeFactors(RopeFactors),
     OutputNorm(Option<B::Vector>),
     Output(Option<B::Matrix>),
 }
@@ -397,11 +402,23 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         let plan = self.plan;
         let c = &plan.config;
         let (d, qd, kv) = (c.n_embd, c.q_dim(), c.kv_dim());
+        let (q_order, k_order) = (plan.q_order.as_deref(), plan.k_order.as_deref());
+        let fused = blk(il, "attn_qkv.weight");
+        if self.file.header().tensor(&fused).is_some() {
+            // Phi-3's one tensor: Q's rows, then K's, then V's.
+            let parts = [
+                (0..qd, q_order),
+                (qd..qd + kv, k_order),
+                (qd + kv..qd + 2 * kv, None),
+            ];
+            let [q, k, v] = self.split_rows(&fused, d, parts).await?;
+            return Ok(self.backend.join_qkv(q, k, v)?);
+        }
         let q = self
-            .matrix_in_order(&blk(il, "attn_q.weight"), qd, d, plan.q_order.as_deref())
+            .matrix_in_order(&blk(il, "attn_q.weight"), qd, d, q_order)
             .await?;
         let k = self
-            .matrix_in_order(&blk(il, "attn_k.weight"), kv, d, plan.k_order.as_deref())
+            .matrix_in_order(&blk(il, "attn_k.weight"), kv, d, k_order)
             .await?;
         let v = self
             .matrix(&blk(il, "attn_v.weight"), kv, d, MatrixUse::Product)
@@ -480,6 +497,17 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         self.start(Part::Layer(il, LayerPart::GateUp));
         let c = &self.plan.config;
         let (d, ff) = (c.n_embd, c.n_ff);
+        if self
+            .file
+            .header()
+            .tensor(&blk(il, "ffn_gate.weight"))
+            .is_none()
+        {
+            // Phi-3's one `ffn_up` of 2·n_ff rows: the gate's, then the up projection's.
+            let parts = [(0..ff, None), (ff..2 * ff, None)];
+            let [gate, up] = self.split_rows(&blk(il, "ffn_up.weight"), d, parts).await?;
+            return Ok(self.backend.join_gate_up(gate, up)?);
+        }
         let gate = self
             .matrix(&blk(il, "ffn_gate.weight"), ff, d, MatrixUse::Product)
             .await?;
@@ -599,14 +627,26 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         ]))
     }
 
-    /// `rope_freqs.weight`, when the file has one.
-    pub async fn rope_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
+    /// The file's RoPE frequency factors.
+    pub async fn rope_factors(&mut self) -> Result<RopeFactors, ModelError> {
         self.start(Part::RopeFactors);
-        if !self.plan.rope_freqs {
-            return Ok(None);
-        }
-        let half = self.plan.config.rope_dim / 2;
-        Ok(Some(self.vector_data("rope_freqs.weight", half).await?))
+        let plan = self.plan;
+        let half = plan.config.rope_dim / 2;
+        let mut read = async |present: bool, name: &str| match present {
+            true => self.vector_data(name, half).await.map(Some),
+            false => Ok(None),
+        };
+        Ok(if plan.rope_freqs {
+            RopeFactors {
+                short: read(true, "rope_freqs.weight").await?,
+                long: None,
+            }
+        } else {
+            RopeFactors {
+                short: read(plan.rope_short, "rope_factors_short.weight").await?,
+                long: read(plan.rope_long, "rope_factors_long.weight").await?,
+            }
+        })
     }
 
     /// The final norm, where this instance runs the LM head.
@@ -728,41 +768,72 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         cols: usize,
         order: Option<&[usize]>,
     ) -> Result<B::Matrix, ModelError> {
-        let Some(order) = order else {
+        if order.is_none() {
             return self.matrix(name, rows, cols, MatrixUse::Product).await;
-        };
-        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
-        let rb = desc.row_bytes();
-        let stored = match &bytes {
-            None => &self.file.bytes()[desc.range.clone()],
-            Some(bytes) => &bytes[desc.range.clone()],
-        };
-        let mut data = Vec::with_capacity(stored.len());
-        for &r in order {
-            data.extend_from_slice(&stored[r * rb..(r + 1) * rb]);
         }
-        drop(bytes);
-        let desc = MatrixDesc {
-            range: 0..data.len(),
-            ..desc
-        };
-        self.owned_product(desc, data, scale)
+        let [m] = self.split_rows(name, cols, [(0..rows, order)]).await?;
+        Ok(m)
     }
 
-    /// A product matrix made here (rows reordered, re-quantized): its bytes count as read per
-    /// token, and the backend takes them over.
-    fn owned_product(
+    /// The product matrices stacked by rows in the tensor `name` (`cols` wide): each of `parts`
+    /// is a range of its rows, in `order` where one is given (row `i` of that matrix is row
+    /// `order[i]` of the range; `None`: as stored). The tensor is read once; a range of a
+    /// mapped file in stored order is described in place, any other is copied.
+    async fn split_rows<const N: usize>(
         &mut self,
-        desc: MatrixDesc,
-        data: Vec<u8>,
-        scale: Option<f32>,
-    ) -> Result<B::Matrix, ModelError> {
-        self.count_bytes(data.len());
-        let m = self
-            .backend
-            .load_owned_matrix(desc, data, scale, MatrixUse::Product)?;
-        self.tick();
-        Ok(m)
+        name: &str,
+        cols: usize,
+        parts: [(Range<usize>, Option<&[usize]>); N],
+    ) -> Result<[B::Matrix; N], ModelError> {
+        let rows = parts.iter().map(|(r, _)| r.end).max().unwrap_or(0);
+        let (desc, bytes, scale) = self.source(name, rows, cols).await?;
+        let rb = desc.row_bytes();
+        let file = self.file;
+        let stored = match &bytes {
+            None => &file.bytes()[desc.range.clone()],
+            Some(bytes) => &bytes[desc.range.clone()],
+        };
+        let mut out = Vec::with_capacity(N);
+        for (range, order) in parts {
+            let part = MatrixDesc {
+                rows: range.len(),
+                ..desc.clone()
+            };
+            let m = match (order, &bytes) {
+                (None, None) => {
+                    let start = desc.range.start + range.start * rb;
+                    let range = start..start + range.len() * rb;
+                    self.described(
+                        MatrixDesc { range, ..part },
+                        None,
+                        scale,
+                        MatrixUse::Product,
+                    )?
+                }
+                (order, _) => {
+                    let mut data = Vec::with_capacity(range.len() * rb);
+                    let mut row = |r: usize| {
+                        let r = range.start + r;
+                        data.extend_from_slice(&stored[r * rb..(r + 1) * rb]);
+                    };
+                    match order {
+                        Some(order) => order.iter().for_each(|&r| row(r)),
+                        None => (0..range.len()).for_each(row),
+                    }
+                    let range = 0..data.len();
+                    self.described(
+                        MatrixDesc { range, ..part },
+                        Some(data),
+                        scale,
+                        MatrixUse::Product,
+                    )?
+                }
+            };
+            out.push(m);
+        }
+        Ok(out
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one matrix a part")))
     }
 
     async fn requantized(
@@ -785,7 +856,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             Some(bytes) => requantize(&desc, bytes, format)?,
         };
         drop(bytes);
-        self.owned_product(requantized, data, scale)
+        self.described(requantized, Some(data), scale, MatrixUse::Product)
     }
 
     async fn vector_data(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
@@ -832,6 +903,26 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
 
     async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
         self.vector_in_order(name, len, None).await
+    }
+}
+
+/// RoPE's per-pair frequency divisors from the file: `rope_freqs.weight` (Llama 3.1) for every
+/// session as `short`, or LongRoPE's pair (Phi-3.5-mini, Phi-4-mini: `rope_factors_short` for a
+/// session of up to `n_ctx_orig` positions, `rope_factors_long` for a longer one, as llama.cpp
+/// chooses by the context's length).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct RopeFactors {
+    short: Option<Vec<f32>>,
+    long: Option<Vec<f32>>,
+}
+
+impl RopeFactors {
+    /// The factors a session of `n_ctx` positions rotates with.
+    pub fn for_context(&self, n_ctx: usize, n_ctx_orig: usize) -> Option<&[f32]> {
+        match &self.long {
+            Some(long) if n_ctx > n_ctx_orig => Some(long),
+            _ => self.short.as_deref(),
+        }
     }
 }
 
