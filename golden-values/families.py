@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2`, `qwen3`,
-`qwen3moe`, `gemma3` and `phi3` GGUF files and llama.cpp's logits and residual streams for them.
+`qwen3moe`, `gemma2`, `gemma3` and `phi3` GGUF files and llama.cpp's logits and residual streams for them.
 
 Steps (positional; default both):
 
@@ -23,6 +23,10 @@ Steps (positional; default both):
                                 sliding window of 5 positions (RoPE theta 10000 there, 1e6 on
                                 the sixth), Q/K head norms, norms after attention and after the
                                 FFN, GELU (tanh), the embedding scaled by sqrt(256), tied F16
+             tiny-gemma2-f16    arch gemma2: Gemma 3's graph without head norms, four layers
+                                of which the even ones attend a sliding window of 5 positions
+                                (one RoPE base, 1e4), the attention scores soft-capped at 5
+                                (Gemma 2's 50 would not show at this size) and the logits at 30
              tiny-phi3-f16      arch phi3 in Phi-4-mini's proportions: Q, K and V in one
                                 attn_qkv tensor, gate and up in one ffn_up of 2*n_ff rows, GQA
                                 4/2 of heads of 64, RoPE on 48 of each head's 64 dims (NeoX
@@ -131,8 +135,8 @@ class Family:
 
     @property
     def gemma(self) -> bool:
-        """Gemma 3's graph: post-norms, the embedding times sqrt(n_embd), GELU."""
-        return self.arch == "gemma3"
+        """Gemma's graph: post-norms, the embedding times sqrt(n_embd), GELU."""
+        return self.arch in ("gemma2", "gemma3")
 
     # write_outputs() reads these from a generate.py Variant
     @property
@@ -178,6 +182,10 @@ QWEN3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_laye
 # that the default pattern (five windowed, then one global) holds once
 GEMMA3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_layer=6, n_ctx=256,
                  rope_base=1e6, eps=1e-6)
+# Gemma 2 2B's proportions: heads of 256 over 2304 (here 128 over 256), GQA 2/1, theta 1e4,
+# four layers so that the window pattern (even layers windowed) holds twice
+GEMMA2 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=4, n_ctx=256,
+                 rope_base=1e4, eps=1e-6)
 # Phi-4-mini's proportions: GQA 3/1 (here 4/2), RoPE over three quarters of each head
 PHI3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, n_ctx=256)
 FAMILIES = [
@@ -197,6 +205,9 @@ FAMILIES = [
     # A window of 5 positions: every sequence (7, 16, 33 tokens) reaches past it
     Family("tiny-gemma3-f16", "gemma3", GEMMA3, 128, GGML_F16, False, False, False, False,
            qk_norm=True, window=5),
+    # Gemma 2's window on every other layer, its scores and logits soft-capped
+    Family("tiny-gemma2-f16", "gemma2", GEMMA2, 128, GGML_F16, False, False, False, False,
+           window=5),
     Family("tiny-phi3-f16", "phi3", PHI3, 64, GGML_F16, False, False, False, False, rope_dim=48),
 ]
 
@@ -393,6 +404,9 @@ def kvs(f: Family) -> list[KV]:
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]
     if f.window:
         keys += [kv_u32(f"{A}.attention.sliding_window", f.window)]
+    if f.arch == "gemma2":     # soft caps: Gemma 2's final one, a tight one on the scores
+        keys += [kv_f32(f"{A}.attn_logit_softcapping", 5.0),
+                 kv_f32(f"{A}.final_logit_softcapping", 30.0)]
     if f.longrope:  # LongRoPE: Phi-4-mini's attn_factor, the short factors up to n_ctx
         keys += [kv_f32(f"{A}.rope.scaling.attn_factor", 1.19),
                  kv_u32(f"{A}.rope.scaling.original_context_length", hp.n_ctx)]

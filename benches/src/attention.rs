@@ -90,6 +90,7 @@ fn shape(n_head: usize, n_head_kv: usize, head_dim: usize) -> AttentionShape {
         n_head_kv,
         head_dim,
         window: None,
+        softcap: None,
     }
 }
 

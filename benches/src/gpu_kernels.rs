@@ -181,6 +181,7 @@ fn run() -> Result<(), GpuError> {
                     log_stride: 0,
                     landmarks: 0,
                     block: 1,
+                    softcap: 0.0,
                 },
                 k::attention_grid(N_HEAD as u32, 1),
             )

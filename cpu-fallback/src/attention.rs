@@ -269,7 +269,7 @@ pub fn attention(
                 isa.scores_x4(q4, kh, stride, four(scores.chunks_exact_mut(len)));
                 scores
                     .chunks_exact_mut(len)
-                    .for_each(|row| isa.softmax(row, scale));
+                    .for_each(|row| softmax(isa, row, scale, s.softcap));
                 let p4 = four(scores.chunks_exact(len));
                 isa.weighted_sum_x4(p4, vh, stride, four(o.chunks_exact_mut(hd)));
             });
@@ -297,9 +297,20 @@ pub fn attention(
             };
             let mut scores = vec![0.0f32; len];
             isa.scores(qh, kh, stride, &mut scores);
-            isa.softmax(&mut scores, scale);
+            softmax(isa, &mut scores, scale, s.softcap);
             isa.weighted_sum(&scores, vh, stride, o);
         });
+}
+
+/// The softmax of the scores `row` times `scale`, soft-capped at `cap` first where given.
+fn softmax(isa: Isa, row: &mut [f32], scale: f32, cap: Option<f32>) {
+    match cap {
+        Some(cap) => {
+            crate::ops::softcap(row, scale, cap);
+            isa.softmax(row, 1.0);
+        }
+        None => isa.softmax(row, scale),
+    }
 }
 
 /// The first four items of `it` (which holds four).
@@ -318,6 +329,7 @@ mod tests {
             n_head_kv: 1,
             head_dim: 2,
             window: None,
+            softcap: None,
         };
         let mut cache = KvCache::new(1, 4, 2);
         let mut out = vec![0.0; 4];

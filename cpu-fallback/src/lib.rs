@@ -355,6 +355,10 @@ impl Backend for CpuBackend {
         x[..len].iter_mut().for_each(|v| *v *= s);
     }
 
+    fn softcap(&self, x: &mut Vec<f32>, len: usize, cap: f32) {
+        ops::softcap(&mut x[..len], 1.0, cap);
+    }
+
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
         self.profile.time(Op::Add, || {
             for (a, b) in x[..len].iter_mut().zip(&y[..len]) {

@@ -29,6 +29,13 @@ pub fn rope(x: &mut [f32], n: usize, pos0: usize, s: &RopeShape) {
     }
 }
 
+/// `x = cap · tanh(x · scale / cap)`: a soft cap of scaled values (Gemma 2's attention scores
+/// and logits).
+pub fn softcap(x: &mut [f32], scale: f32, cap: f32) {
+    x.iter_mut()
+        .for_each(|v| *v = cap * (*v * scale / cap).tanh());
+}
+
 /// `out = act(gate) · up`.
 pub fn glu(gate: &[f32], up: &[f32], len: usize, act: Activation, out: &mut [f32]) {
     let it = out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]);

@@ -30,6 +30,7 @@ fn a_batch_attends_like_its_tokens_one_at_a_time() {
             n_head_kv,
             head_dim: 72,
             window: None,
+            softcap: None,
         };
         let (width, kv_dim) = (n_head * 72, n_head_kv * 72);
         for isa in Isa::supported() {

@@ -548,7 +548,7 @@ impl<'a> Lowerer<'a> {
         let name = m.method.to_string();
         let ty = recv.ty();
         Ok(match (name.as_str(), args.len()) {
-            ("sqrt" | "exp" | "abs" | "floor" | "round" | "trunc", 0)
+            ("sqrt" | "exp" | "tanh" | "abs" | "floor" | "round" | "trunc", 0)
             | ("clamp", 2)
             | ("max" | "min", 1) => {
                 args.insert(0, recv);

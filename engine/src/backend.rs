@@ -55,6 +55,9 @@ pub struct AttentionShape {
     /// A sliding window: the query at position `i` attends positions
     /// `i + 1 − window ..= i` only (llama.cpp's standard SWA); `None`: every earlier position.
     pub window: Option<usize>,
+    /// Each scaled score `s` becomes `cap · tanh(s / cap)` before the softmax (Gemma 2's
+    /// `attn_logit_softcapping`); `None`: as it is.
+    pub softcap: Option<f32>,
 }
 
 /// Rotary embedding parameters (NeoX "rotate half" pairing: `i` with `i + rope_dim/2`).
@@ -504,6 +507,8 @@ pub trait Backend {
     }
     /// `x *= s` over `len` values.
     fn scale(&self, x: &mut Self::Buffer, len: usize, s: f32);
+    /// `x = cap · tanh(x / cap)` over `len` values (Gemma 2's soft-capped logits).
+    fn softcap(&self, x: &mut Self::Buffer, len: usize, cap: f32);
     /// `x += y` over `len` values.
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize);
     /// `x[i] += bias` for each of `n` rows of `bias`'s length (a projection's bias).

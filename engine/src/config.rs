@@ -6,7 +6,7 @@ use crate::gguf::{Array, Gguf};
 
 /// The architectures hesper-rs runs, as its messages name them.
 pub const ARCHITECTURES: &str =
-    "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma3 and phi3";
+    "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3";
 
 /// How RoPE pairs the dims of a head (llama.cpp's rope types, by architecture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub enum RopePairs {
 }
 
 /// What an architecture fixes about the graph: the rows of llama.cpp's tables, as data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Family {
     /// RMSNorms before `attn_output` and `ffn_down` (`attn_sub_norm`, `ffn_sub_norm`: BitNet).
     pub sub_norms: bool,
@@ -41,6 +41,13 @@ pub struct Family {
     /// `attention.sliding_window` (Gemma 3: five of six), unless the file's
     /// `attention.sliding_window_pattern` says otherwise; `None`: the family has no window.
     pub window_period: Option<usize>,
+    /// The RoPE base of the sliding-window layers when the file has no `rope.freq_base_swa`
+    /// (Gemma 3: 10000, as llama.cpp reads it); `None`: the global layers' base (Gemma 2).
+    pub window_rope_base: Option<f32>,
+    /// The soft caps of the attention scores and of the logits, `cap · tanh(x / cap)`, when
+    /// the file names none (`attn_logit_softcapping`, `final_logit_softcapping`: Gemma 2's 50
+    /// and 30); `None`: the family caps neither, and refuses a file that asks for it.
+    pub softcaps: Option<(f32, f32)>,
     /// The FFN is a mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`: Qwen3-MoE),
     /// its routing weights renormalized over the chosen experts.
     pub moe: bool,
@@ -59,6 +66,8 @@ impl Family {
             post_norms: false,
             embed_scale: false,
             window_period: None,
+            window_rope_base: None,
+            softcaps: None,
             moe: false,
         };
         Some(match arch {
@@ -87,12 +96,21 @@ impl Family {
                 moe: true,
                 ..plain
             },
+            "gemma2" => Self {
+                activation: Activation::GeluTanh,
+                post_norms: true,
+                embed_scale: true,
+                window_period: Some(2),
+                softcaps: Some((50.0, 30.0)),
+                ..plain
+            },
             "gemma3" => Self {
                 qk_norm: true,
                 activation: Activation::GeluTanh,
                 post_norms: true,
                 embed_scale: true,
                 window_period: Some(6),
+                window_rope_base: Some(10000.0),
                 ..plain
             },
             _ => return None,
@@ -234,12 +252,17 @@ pub struct Config {
     pub window: Option<usize>,
     /// Which layers attend the sliding window (every `false` without one).
     pub windowed: Vec<bool>,
-    /// RoPE base frequency of the sliding-window layers (`rope.freq_base_swa`, 10000 when
-    /// absent, as llama.cpp reads it).
+    /// RoPE base frequency of the sliding-window layers (`rope.freq_base_swa`; when absent the
+    /// family's default, as llama.cpp reads it).
     pub rope_base_window: f32,
-    /// What the queries are multiplied by besides `1/√head_dim` before attention (Gemma 3 27B
-    /// scales by `1/√(n_embd/n_head)` instead: folded into the query's head norm at load).
+    /// What the queries are multiplied by besides `1/√head_dim` before attention (Gemma 2 and 3
+    /// 27B scale by `1/√(n_embd/n_head)` instead): folded into the query's head norm at load
+    /// where the family has one, else applied to the queries.
     pub query_scale: f32,
+    /// The attention scores' soft cap (`attn_logit_softcapping`: Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// The logits' soft cap (`final_logit_softcapping`: Gemma 2).
+    pub final_softcap: Option<f32>,
     /// The mixture of experts of a family whose FFN is one.
     pub experts: Option<Experts>,
 }
@@ -411,15 +434,25 @@ impl Config {
         };
         let n_layer = int("block_count")?;
         let n_ctx_train = int("context_length")?;
-        if g.get_f64(&key("final_logit_softcapping"))
-            .is_some_and(|v| v != 0.0)
-        {
-            return Err(ConfigError::Invalid {
-                key: key("final_logit_softcapping"),
-                value: "set".into(),
-                why: "hesper-rs does not soft-cap logits".into(),
-            });
-        }
+        let (attn_softcap, final_softcap) = match family.softcaps {
+            Some((attn, last)) => (
+                Some(float("attn_logit_softcapping", attn.into())?),
+                Some(float("final_logit_softcapping", last.into())?),
+            ),
+            None => {
+                if let Some(k) = ["attn_logit_softcapping", "final_logit_softcapping"]
+                    .into_iter()
+                    .find(|k| g.get_f64(&key(k)).is_some_and(|v| v != 0.0))
+                {
+                    return Err(ConfigError::Invalid {
+                        key: key(k),
+                        value: "set".into(),
+                        why: format!("the {arch} graph hesper-rs computes does not soft-cap"),
+                    });
+                }
+                (None, None)
+            }
+        };
         let window = match (
             family.window_period,
             g.get_u64(&key("attention.sliding_window")),
@@ -434,13 +467,14 @@ impl Config {
             window,
             n_layer,
         )?;
-        // Gemma 3 27B (62 layers) scales its queries by 1/√(n_embd/n_head), the others by
-        // 1/√head_dim (llama.cpp's rule, after gemma_pytorch's config).
-        let query_scale = if arch == "gemma3" && n_layer == 62 {
-            (head_dim as f32 / (n_embd / n_head) as f32).sqrt()
-        } else {
-            1.0
-        };
+        // Gemma 2 and 3 27B (46 and 62 layers) scale their queries by 1/√(n_embd/n_head), the
+        // others by 1/√head_dim (llama.cpp's rule, after gemma_pytorch's config).
+        let query_scale =
+            if (arch == "gemma2" && n_layer == 46) || (arch == "gemma3" && n_layer == 62) {
+                (head_dim as f32 / (n_embd / n_head) as f32).sqrt()
+            } else {
+                1.0
+            };
         let experts = if family.moe {
             let n_expert = int("expert_count")?;
             let n_used = int("expert_used_count")?;
@@ -490,7 +524,15 @@ impl Config {
             activation,
             window,
             windowed,
-            rope_base_window: float("rope.freq_base_swa", 10000.0)?,
+            rope_base_window: match family.window_rope_base {
+                Some(base) => float("rope.freq_base_swa", base.into())?,
+                None => float(
+                    "rope.freq_base_swa",
+                    float("rope.freq_base", 10000.0)?.into(),
+                )?,
+            },
+            attn_softcap,
+            final_softcap,
             query_scale,
             experts,
             family,
@@ -531,14 +573,20 @@ mod tests {
 
     /// A `gemma3` header of `n_layer` layers with `extra` keys.
     fn gemma3(n_layer: u32, extra: &[(&str, Value)]) -> Result<Config, ConfigError> {
+        header("gemma3", n_layer, extra)
+    }
+
+    /// An `arch` header of `n_layer` small layers with `extra` keys.
+    fn header(arch: &str, n_layer: u32, extra: &[(&str, Value)]) -> Result<Config, ConfigError> {
+        let key = |k: &str| format!("{arch}.{k}");
         let mut b = GgufBuilder::new()
-            .kv("general.architecture", Value::String("gemma3".into()))
-            .kv("gemma3.embedding_length", Value::U32(64))
-            .kv("gemma3.block_count", Value::U32(n_layer))
-            .kv("gemma3.feed_forward_length", Value::U32(128))
-            .kv("gemma3.attention.head_count", Value::U32(2))
-            .kv("gemma3.context_length", Value::U32(256))
-            .kv("gemma3.vocab_size", Value::U32(32));
+            .kv("general.architecture", Value::String(arch.into()))
+            .kv(&key("embedding_length"), Value::U32(64))
+            .kv(&key("block_count"), Value::U32(n_layer))
+            .kv(&key("feed_forward_length"), Value::U32(128))
+            .kv(&key("attention.head_count"), Value::U32(2))
+            .kv(&key("context_length"), Value::U32(256))
+            .kv(&key("vocab_size"), Value::U32(32));
         for (k, v) in extra {
             b = b.kv(k, v.clone());
         }
@@ -577,9 +625,19 @@ mod tests {
     }
 
     #[test]
-    fn soft_capped_logits_are_refused() {
+    fn soft_caps_are_gemma2s_and_refused_elsewhere() {
         let cap = ("gemma3.final_logit_softcapping", Value::F32(30.0));
         let e = gemma3(2, &[cap]).expect_err("refused");
-        assert!(e.to_string().contains("does not soft-cap logits"), "{e}");
+        assert!(e.to_string().contains("does not soft-cap"), "{e}");
+        let extra = [
+            ("gemma2.attention.sliding_window", Value::U32(8)),
+            ("gemma2.rope.freq_base", Value::F32(5e4)),
+            ("gemma2.final_logit_softcapping", Value::F32(10.0)),
+        ];
+        let c = header("gemma2", 4, &extra).expect("config");
+        assert_eq!((c.attn_softcap, c.final_softcap), (Some(50.0), Some(10.0)));
+        // Every other layer windowed, rotating with the global base.
+        assert_eq!(c.windowed, [true, false, true, false]);
+        assert_eq!((c.rope_base_of(0), c.rope_base_of(1)), (5e4, 5e4));
     }
 }

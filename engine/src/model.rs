@@ -1091,8 +1091,17 @@ impl<B: Backend> Model<B> {
         let sc = &mut s.s;
         b.copy_rows(&sc.x, row0, n, c.n_embd, &mut sc.att, 0);
         b.rms_norm(&sc.att, norm, n, c.eps, &mut sc.h);
-        b.matmul(head, &sc.h, n, &mut sc.logits);
+        self.logits_of(head, &sc.h, n, &mut sc.logits);
         Ok(())
+    }
+
+    /// The logits of `n` normalized rows `h` into `logits`: the LM head's product, soft-capped
+    /// where the family caps them.
+    fn logits_of(&self, head: &B::Matrix, h: &B::Buffer, n: usize, logits: &mut B::Buffer) {
+        self.backend.matmul(head, h, n, logits);
+        if let Some(cap) = self.config.final_softcap {
+            self.backend.softcap(logits, n * self.config.n_vocab, cap);
+        }
     }
 
     /// The final norm's gains and the LM head (needs the last layer here).
@@ -1144,6 +1153,7 @@ impl<B: Backend> Model<B> {
                 n_head_kv: c.n_head_kv,
                 head_dim: c.head_dim,
                 window: c.window_of(il),
+                softcap: c.attn_softcap,
             };
             let rope_q = RopeShape {
                 base: c.rope_base_of(il),
@@ -1162,6 +1172,9 @@ impl<B: Backend> Model<B> {
                 b.add_bias(q, bq, n);
                 b.add_bias(k, bk, n);
                 b.add_bias(v, bv, n);
+            }
+            if l.qk_norm.is_none() && c.query_scale != 1.0 {
+                b.scale(q, n * c.q_dim(), c.query_scale);
             }
             match &l.qk_norm {
                 // Each head's query and key normalized: the queries into `att`, the keys into

@@ -1297,6 +1297,20 @@ impl Backend for GpuBackend {
         });
     }
 
+    fn softcap(&self, x: &mut GpuBuffer<f32>, len: usize, cap: f32) {
+        self.record(|st| {
+            st.batch.run(
+                &mut st.gpu,
+                &k::softcap_assign::Args {
+                    x,
+                    cap,
+                    n: len as u32,
+                },
+                k::softcap_assign::grid_for(len as u32),
+            )
+        });
+    }
+
     fn add(&self, x: &mut GpuBuffer<f32>, y: &GpuBuffer<f32>, len: usize) {
         self.record(|st| {
             st.batch.run(
@@ -1376,6 +1390,7 @@ fn attend(
                 log_stride: 0,
                 landmarks: 0,
                 block: 1,
+                softcap: shape.softcap.unwrap_or(0.0),
             },
             k::attention_grid(n_head, n as u32),
             traffic,
@@ -1420,6 +1435,7 @@ fn attend(
             log_stride: u32::from(p.log_stride),
             landmarks: u32::from(sp.n_block > 0),
             block: p.block as u32,
+            softcap: shape.softcap.unwrap_or(0.0),
         },
         k::attention_grid(n_head, n as u32),
     )

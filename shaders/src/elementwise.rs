@@ -20,6 +20,15 @@ pub fn scale_assign(x: &mut [f32], #[uniform] s: f32, #[uniform] n: u32) {
     }
 }
 
+/// `x[i] = cap · tanh(x[i] / cap)` (Gemma 2's soft-capped logits).
+#[kernel(workgroup = 256)]
+pub fn softcap_assign(x: &mut [f32], #[uniform] cap: f32, #[uniform] n: u32) {
+    let i = gid();
+    if i < n {
+        x[i] = cap * (x[i] / cap).tanh();
+    }
+}
+
 /// `x[i] += b[i % width]` over `n` values: a bias of `width` added to every row.
 #[kernel(workgroup = 256)]
 pub fn add_bias(x: &mut [f32], b: &[f32], #[uniform] width: u32, #[uniform] n: u32) {

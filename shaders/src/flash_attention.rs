@@ -18,7 +18,8 @@ use crate::reduce::tree_max;
 /// means dense; otherwise the first `n_global` entries of `globals` (distinct, at most 96) and,
 /// with `log_stride` set, positions `i − 2^k` are attended outside the window, and with
 /// `landmarks` set the means `lk`/`lv` (`[block][kv_dim]`) of whole blocks of `block`
-/// positions before it.
+/// positions before it. With `softcap > 0` each scaled score `s` becomes
+/// `softcap · tanh(s / softcap)` (Gemma 2).
 #[kernel(workgroup = 128, uses(tree_max))]
 pub fn attention(
     q: &[f32],
@@ -39,6 +40,7 @@ pub fn attention(
     #[uniform] log_stride: u32,
     #[uniform] landmarks: u32,
     #[uniform] block: u32,
+    #[uniform] softcap: f32,
     #[shared] qs: &mut [f32; 256],
     #[shared] ps: &mut [f32; 128],
     #[shared] rows: &mut [u32; 128],
@@ -145,6 +147,9 @@ pub fn attention(
                 }
             }
             s = dot * scale;
+            if softcap > 0.0 {
+                s = softcap * (s / softcap).tanh();
+            }
         }
         acc[t] = s;
         rows[t] = row;

@@ -1013,6 +1013,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
         n_head_kv: 2,
         head_dim: 64,
         window: None,
+        softcap: None,
     });
 }
 
@@ -1025,6 +1026,19 @@ fn attention_over_a_sliding_window_matches_the_cpu() {
         n_head_kv: 1,
         head_dim: 128,
         window: Some(129),
+        softcap: None,
+    });
+}
+
+/// Gemma 2's soft cap on the scores, tight enough (2, scores up to ~5) to bend most of them.
+#[test]
+fn attention_with_soft_capped_scores_matches_the_cpu() {
+    attention_against_the_cpu(AttentionShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        window: None,
+        softcap: Some(2.0),
     });
 }
 
@@ -1036,6 +1050,7 @@ fn attention_of_heads_of_256_matches_the_cpu() {
         n_head_kv: 1,
         head_dim: 256,
         window: None,
+        softcap: None,
     });
 }
 
@@ -1108,6 +1123,7 @@ fn attention_against_the_cpu(s: AttentionShape) {
             log_stride: 0,
             landmarks: 0,
             block: 1,
+            softcap: s.softcap.unwrap_or(0.0),
         },
         k::attention_grid(s.n_head as u32, n as u32),
     );

@@ -28,6 +28,7 @@ fn all() -> Vec<Kernel> {
         relu2_mul,
         gelu_mul,
         scale_assign,
+        softcap_assign,
         interleave_rows,
         rms_norm,
         rms_norm_sg,

@@ -17,6 +17,7 @@ fn generated_wgsl_is_unchanged() {
         relu2_mul,
         gelu_mul,
         scale_assign,
+        softcap_assign,
         interleave_rows,
         rms_norm,
         rms_norm_sg,

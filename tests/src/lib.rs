@@ -156,8 +156,8 @@ pub const ALL: &[&str] = &[
     "tiny-i2s",
 ];
 
-/// The golden models of the other families (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma3`,
-/// `phi3`;
+/// The golden models of the other families (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`,
+/// `gemma3`, `phi3`;
 /// golden-values/families.py):
 /// llama.cpp's, and bitnet.cpp's for the `llama` + I2_S one.
 pub const FAMILIES: &[&str] = &[
@@ -171,6 +171,7 @@ pub const FAMILIES: &[&str] = &[
     "tiny-qwen2-tq2_0",
     "tiny-qwen3-f16",
     "tiny-qwen3moe-f16",
+    "tiny-gemma2-f16",
     "tiny-gemma3-f16",
     "tiny-phi3-f16",
 ];

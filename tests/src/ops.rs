@@ -130,6 +130,7 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
             window: None,
+            softcap: None,
         };
         backend.attention(
             &mut cache,

@@ -19,6 +19,7 @@ const SHAPE: AttentionShape = AttentionShape {
     n_head_kv: 2,
     head_dim: 64,
     window: None,
+    softcap: None,
 };
 
 const ROPE: RopeShape = RopeShape {

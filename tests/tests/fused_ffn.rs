@@ -394,6 +394,7 @@ fn rope_then_attention(
         n_head_kv: 2,
         head_dim: 16,
         window: None,
+        softcap: None,
     };
     let rope_q = RopeShape {
         n_head: 4,

@@ -1,4 +1,4 @@
-//! The `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma3` and `phi3` graphs (golden-values/families.py) against llama.cpp
+//! The `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3` and `phi3` graphs (golden-values/families.py) against llama.cpp
 //! 0c1e57098, on
 //! the CPU (scalar and the best SIMD) and the GPU: end to end, every layer with teacher
 //! forcing, cached decode against prefill, and a layer split as a ring runs it.
@@ -22,7 +22,9 @@
 //! stream of 256, θ 1e6, eps 1e-6; `tiny-qwen3moe-f16` its attention with a mixture of 8
 //! experts, 2 a token (the CPU only: the GPU refuses it); `tiny-gemma3-f16` Gemma 3's graph over six layers: a
 //! sliding window of 5 positions on the first five (RoPE base 1e4 there, 1e6 on the sixth),
-//! norms after the attention and the FFN, GELU, the embedding scaled by √256; `tiny-phi3-f16`
+//! norms after the attention and the FFN, GELU, the embedding scaled by √256; `tiny-gemma2-f16`
+//! the same without head norms over four layers, the even ones windowed with the global RoPE
+//! base, the attention scores soft-capped at 5 and the logits at 30; `tiny-phi3-f16`
 //! Phi-3's fused tensors (Q, K and V in one `attn_qkv`, gate and up in one `ffn_up`, split by
 //! rows at load) with RoPE on 48 of each head's 64 dims, as Phi-4-mini turns three quarters.
 //! llama.cpp's CPU
@@ -355,6 +357,21 @@ fn assert_far_off(g: &Golden, file: &std::sync::Arc<hesper_engine::file::ModelFi
 }
 
 #[test]
+fn the_gemma2_golden_tells_its_soft_caps_apart() {
+    // Gemma 2 without the cap on its attention scores, or on its logits (a cap of 10⁶ leaves
+    // them as they are), is far outside the bound the capped graph meets.
+    use hesper_engine::gguf::Value;
+    let g = Golden::load("tiny-gemma2-f16");
+    for (what, key) in [
+        ("uncapped scores", "gemma2.attn_logit_softcapping"),
+        ("uncapped logits", "gemma2.final_logit_softcapping"),
+    ] {
+        let file = with_key("tiny-gemma2-f16", key, Some(Value::F32(1e6)));
+        assert_far_off(&g, &file, what);
+    }
+}
+
+#[test]
 fn phi3_rotates_with_longrope_factors_chosen_by_the_sessions_length() {
     // The golden is llama.cpp's in a context of the file's original length (256): the short
     // factors, times the attention factor. Without the attention factor, or with the long
@@ -509,7 +526,7 @@ fn what_the_graph_would_leave_out_is_refused() {
     assert!(
         e.contains("\"gemma\"")
             && e.contains(
-                "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma3 and phi3"
+                "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3"
             ),
         "{e}"
     );

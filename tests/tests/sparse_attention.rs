@@ -33,6 +33,7 @@ impl Case {
             n_head_kv,
             head_dim,
             window: None,
+            softcap: None,
         };
         let (w, kv) = (n_head * head_dim, n_head_kv * head_dim);
         Self {

@@ -212,11 +212,12 @@ test('stop ends a generation mid-way', async () => {
 // The BitNet files (float, TQ2_0, TQ1_0, I2_S), then the other families
 // (golden-values/families.py): llama (Llama 3.1's geometry with
 // Q8_0 and TQ1_0; Falcon3's geometry as I2_S; Mistral's with F32 and a SentencePiece
-// vocabulary, and as llama.cpp's Q4_K_M with a Q4_K embedding), qwen2 (F16, TQ2_0), gemma3
-// (F16: sliding-window layers, post-norms, GELU, the embedding scaled) and phi3 (F16: fused
+// vocabulary, and as llama.cpp's Q4_K_M with a Q4_K embedding), qwen2 (F16, TQ2_0), gemma2
+// (F16: soft-capped scores and logits), gemma3 (F16: sliding-window layers, post-norms, GELU,
+// the embedding scaled) and phi3 (F16: fused
 // Q/K/V and gate/up tensors read in parts, RoPE on part of each head).
 const PAGE_GOLDENS = ['tiny-f32', 'tiny-tq2_0', 'tiny-tq1_0', 'tiny-i2s', 'tiny-llama-q8_0', 'tiny-llama-tq1_0', 'tiny-qwen2-f16',
-  'tiny-qwen2-tq2_0', 'tiny-falcon3-i2s', 'tiny-mistral-f32', 'tiny-mistral-q4_k_m', 'tiny-gemma3-f16', 'tiny-phi3-f16'];
+  'tiny-qwen2-tq2_0', 'tiny-falcon3-i2s', 'tiny-mistral-f32', 'tiny-mistral-q4_k_m', 'tiny-gemma2-f16', 'tiny-gemma3-f16', 'tiny-phi3-f16'];
 for (const stem of PAGE_GOLDENS) {
   test(`${stem} picked from disk: logits in the page equal the golden values`, async () => {
     const g = goldenCase(stem);

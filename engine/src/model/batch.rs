@@ -314,7 +314,7 @@ impl<B: Backend> Model<B> {
         }
         let (norm, head) = self.head_parts()?;
         b.rms_norm(&sc.last, norm, m, c.eps, &mut sc.s.h);
-        b.matmul(head, &sc.s.h, m, &mut sc.s.logits);
+        self.logits_of(head, &sc.s.h, m, &mut sc.s.logits);
         let asked: Vec<(Readout, usize)> = seqs
             .iter()
             .filter_map(|st| st.readout.map(|r| (r, st.pos0 + st.n - 1)))
@@ -358,7 +358,7 @@ impl<B: Backend> Model<B> {
         let b = &self.backend;
         b.write(&mut sc.last, hidden)?;
         b.rms_norm(&sc.last, norm, m, c.eps, &mut sc.s.h);
-        b.matmul(head, &sc.s.h, m, &mut sc.s.logits);
+        self.logits_of(head, &sc.s.h, m, &mut sc.s.logits);
         self.read_predictions(&mut sc.s.logits, asked).await
     }
 
