@@ -44,10 +44,10 @@ pub struct Family {
     /// The RoPE base of the sliding-window layers when the file has no `rope.freq_base_swa`
     /// (Gemma 3: 10000, as llama.cpp reads it); `None`: the global layers' base (Gemma 2).
     pub window_rope_base: Option<f32>,
-    /// The soft caps of the attention scores and of the logits, `cap · tanh(x / cap)`, when
-    /// the file names none (`attn_logit_softcapping`, `final_logit_softcapping`: Gemma 2's 50
-    /// and 30); `None`: the family caps neither, and refuses a file that asks for it.
-    pub softcaps: Option<(f32, f32)>,
+    /// The soft cap `cap · tanh(x / cap)` of the attention scores (`attn_logit_softcapping`).
+    pub attn_softcap: Softcap,
+    /// The soft cap of the logits (`final_logit_softcapping`).
+    pub final_softcap: Softcap,
     /// The FFN is a mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`: Qwen3-MoE),
     /// its routing weights renormalized over the chosen experts.
     pub moe: bool,
@@ -67,7 +67,8 @@ impl Family {
             embed_scale: false,
             window_period: None,
             window_rope_base: None,
-            softcaps: None,
+            attn_softcap: Softcap::Refused,
+            final_softcap: Softcap::Refused,
             moe: false,
         };
         Some(match arch {
@@ -101,7 +102,8 @@ impl Family {
                 post_norms: true,
                 embed_scale: true,
                 window_period: Some(2),
-                softcaps: Some((50.0, 30.0)),
+                attn_softcap: Softcap::Default(50.0),
+                final_softcap: Softcap::Default(30.0),
                 ..plain
             },
             "gemma3" => Self {
@@ -111,11 +113,24 @@ impl Family {
                 embed_scale: true,
                 window_period: Some(6),
                 window_rope_base: Some(10000.0),
+                final_softcap: Softcap::IfNamed,
                 ..plain
             },
             _ => return None,
         })
     }
+}
+
+/// Whether a family soft-caps a set of values (`cap · tanh(x / cap)`), as llama.cpp's graph of
+/// it does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Softcap {
+    /// Never: a file that names a cap is refused (its graph would run without it).
+    Refused,
+    /// With the file's cap, where it names one (Gemma 3's logits).
+    IfNamed,
+    /// Always: the file's cap, else this one (Gemma 2's 50 on the scores, 30 on the logits).
+    Default(f32),
 }
 
 impl Experts {
@@ -434,25 +449,21 @@ impl Config {
         };
         let n_layer = int("block_count")?;
         let n_ctx_train = int("context_length")?;
-        let (attn_softcap, final_softcap) = match family.softcaps {
-            Some((attn, last)) => (
-                Some(float("attn_logit_softcapping", attn.into())?),
-                Some(float("final_logit_softcapping", last.into())?),
-            ),
-            None => {
-                if let Some(k) = ["attn_logit_softcapping", "final_logit_softcapping"]
-                    .into_iter()
-                    .find(|k| g.get_f64(&key(k)).is_some_and(|v| v != 0.0))
-                {
-                    return Err(ConfigError::Invalid {
-                        key: key(k),
-                        value: "set".into(),
-                        why: format!("the {arch} graph hesper-rs computes does not soft-cap"),
-                    });
-                }
-                (None, None)
+        let softcap = |k: &str, rule: Softcap| -> Result<Option<f32>, ConfigError> {
+            let named = g.get_f64(&key(k)).is_some_and(|v| v != 0.0);
+            match (rule, named) {
+                (Softcap::Default(cap), _) => Ok(Some(float(k, cap.into())?)),
+                (Softcap::IfNamed, true) => Ok(Some(float(k, 1.0)?)),
+                (Softcap::Refused, true) => Err(ConfigError::Invalid {
+                    key: key(k),
+                    value: "set".into(),
+                    why: format!("the {arch} graph hesper-rs computes does not soft-cap"),
+                }),
+                (_, false) => Ok(None),
             }
         };
+        let attn_softcap = softcap("attn_logit_softcapping", family.attn_softcap)?;
+        let final_softcap = softcap("final_logit_softcapping", family.final_softcap)?;
         let window = match (
             family.window_period,
             g.get_u64(&key("attention.sliding_window")),
@@ -625,9 +636,15 @@ mod tests {
     }
 
     #[test]
-    fn soft_caps_are_gemma2s_and_refused_elsewhere() {
+    fn soft_caps_are_gemma2s_and_gemma3s_logits_where_named_and_refused_elsewhere() {
         let cap = ("gemma3.final_logit_softcapping", Value::F32(30.0));
+        assert_eq!(gemma3(2, &[cap]).expect("config").final_softcap, Some(30.0));
+        assert_eq!(gemma3(2, &[]).expect("config").final_softcap, None);
+        let cap = ("gemma3.attn_logit_softcapping", Value::F32(50.0));
         let e = gemma3(2, &[cap]).expect_err("refused");
+        assert!(e.to_string().contains("does not soft-cap"), "{e}");
+        let cap = ("qwen2.final_logit_softcapping", Value::F32(30.0));
+        let e = header("qwen2", 2, &[cap]).expect_err("refused");
         assert!(e.to_string().contains("does not soft-cap"), "{e}");
         let extra = [
             ("gemma2.attention.sliding_window", Value::U32(8)),

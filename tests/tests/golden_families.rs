@@ -514,6 +514,13 @@ fn what_the_graph_would_leave_out_is_refused() {
         e.contains("\"blk.2.post_ffw_norm.weight\" is missing"),
         "{e}"
     );
+    // A gate missing beside an `ffn_up` of n_ff rows (not Phi-3's fused gate and up).
+    let e = load(renamed(
+        "tiny-llama-f16",
+        "blk.1.ffn_gate",
+        "blk.1.ffn_gatX",
+    ));
+    assert!(e.contains("\"blk.1.ffn_gate.weight\" is missing"), "{e}");
     // A fused Q/K/V of the wrong height (it would split into wrong rows).
     let e = load(with_key(
         "tiny-phi3-f16",

@@ -497,12 +497,9 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         self.start(Part::Layer(il, LayerPart::GateUp));
         let c = &self.plan.config;
         let (d, ff) = (c.n_embd, c.n_ff);
-        if self
-            .file
-            .header()
-            .tensor(&blk(il, "ffn_gate.weight"))
-            .is_none()
-        {
+        let header = self.file.header();
+        let up_rows = header.tensor(&blk(il, "ffn_up.weight")).map(|t| t.ne[1]);
+        if header.tensor(&blk(il, "ffn_gate.weight")).is_none() && up_rows == Some(2 * ff as u64) {
             // Phi-3's one `ffn_up` of 2·n_ff rows: the gate's, then the up projection's.
             let parts = [(0..ff, None), (ff..2 * ff, None)];
             let [gate, up] = self.split_rows(&blk(il, "ffn_up.weight"), d, parts).await?;
