@@ -1,7 +1,8 @@
 //! Our tokenizer against llama.cpp, id for id.
 //!
 //! Vocabularies and expected ids live in `golden-values/tokenizer/`:
-//! * `ggml-vocab-llama-{bpe,spm}.gguf(.inp/.out)`: llama.cpp's own tokenizer test files (from the
+//! * `ggml-vocab-{llama-bpe,llama-spm,qwen2,phi-3}.gguf(.inp/.out)`: llama.cpp's own tokenizer
+//!   test files (from the
 //!   llama-cpp-python 0.3.36 sdist, `vendor/llama.cpp/models`, llama.cpp commit 0c1e57098);
 //! * `llama-bpe.json`, `llama-spm.json`, `llama-bpe-nopre.json`: ids from that llama.cpp for
 //!   more strings and flag combinations, and `random.json` (1000 random strings, all three
@@ -18,6 +19,7 @@ const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../golden-values/tokeniz
 const BPE_VOCAB: &str = "ggml-vocab-llama-bpe.gguf";
 const SPM_VOCAB: &str = "ggml-vocab-llama-spm.gguf";
 const QWEN2_VOCAB: &str = "ggml-vocab-qwen2.gguf";
+const PHI3_VOCAB: &str = "ggml-vocab-phi-3.gguf";
 
 fn read(name: &str) -> Vec<u8> {
     std::fs::read(format!("{DIR}{name}")).unwrap_or_else(|e| panic!("cannot read {DIR}{name}: {e}"))
@@ -183,6 +185,56 @@ fn qwen2_matches_llama_cpp_test_file() {
     let t = build(&read(QWEN2_VOCAB), None);
     assert_eq!(t.pre_tokenizer(), PreTokenizer::Qwen2);
     check_inp_out(&t, QWEN2_VOCAB);
+}
+
+#[test]
+fn phi3_matches_llama_cpp_test_file() {
+    // Phi-3's SentencePiece vocabulary: Llama 2's with its chat tokens (`<|user|>`,
+    // `<|end|>`, ...) past id 32000.
+    let t = build(&read(PHI3_VOCAB), None);
+    assert_eq!(t.pre_tokenizer(), PreTokenizer::Spm);
+    check_inp_out(&t, PHI3_VOCAB);
+    // A chat turn: llama.cpp (its `llama_tokenize`, BOS and specials on, and off) takes the
+    // whitespace after each chat token with it, by the model's name, but not after
+    // `<|endoftext|>`.
+    let cases: [(&str, &[u32], &[u32]); 2] = [
+        (
+            "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>",
+            &[
+                1, 32010, 1724, 338, 29871, 29906, 29974, 29906, 29973, 32007, 32001,
+            ],
+            &[
+                529, 29989, 1792, 29989, 29958, 13, 5618, 338, 29871, 29906, 29974, 29906, 29973,
+                29966, 29989, 355, 29989, 29958, 13, 29966, 29989, 465, 22137, 29989, 29958,
+            ],
+        ),
+        (
+            " <|system|> hi <|endoftext|>",
+            &[1, 259, 32006, 7251, 29871, 32000],
+            &[
+                29871, 529, 29989, 5205, 29989, 29958, 7251, 529, 29989, 355, 974, 726, 29989,
+                29958,
+            ],
+        ),
+    ];
+    for (text, special, plain) in cases {
+        assert_eq!(
+            t.encode(text, true, true).expect("encodes"),
+            special,
+            "{text:?}"
+        );
+        assert_eq!(
+            t.encode(text, false, false).expect("encodes"),
+            plain,
+            "{text:?}"
+        );
+    }
+    // Another model's vocabulary keeps the whitespace: Llama 2's `</s>` then a newline
+    // (llama.cpp's ids).
+    assert_eq!(
+        spm().encode("</s>\nHi", false, true).expect("encodes"),
+        [2, 29871, 13, 18567]
+    );
 }
 
 #[test]

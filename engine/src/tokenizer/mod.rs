@@ -123,7 +123,7 @@ impl Tokenizer {
                 eog[id as usize] = true;
             }
         }
-        let specials = SpecialTokens::new(&vocab);
+        let specials = SpecialTokens::new(&vocab, g.get_str("general.name").unwrap_or_default());
         let fim = FimTokens::find(keys.fim, &vocab);
         Ok(Some(Tokenizer {
             vocab,

@@ -5,6 +5,10 @@
 //! searched, left to right, in every text fragment left by the previous ones. Without
 //! `parse_special`, control and unknown tokens are not searched (their text is tokenized as
 //! plain text) but user-defined tokens still are.
+//!
+//! A token may take the whitespace beside it with it (llama.cpp's `RSTRIP` token attribute,
+//! which it gives by the model's `general.name`: every special token of a Phi-3 model but
+//! `<unk>`, `<s>` and `<|endoftext|>`, so `<|user|>\nHi` is `<|user|>`, `Hi`).
 
 use super::vocab::{TokenKind, Vocab};
 
@@ -22,11 +26,16 @@ pub(crate) enum Fragment<'a> {
 pub(crate) struct SpecialTokens {
     /// Ids, longest text first (ties by id, so the order is reproducible).
     order: Vec<u32>,
+    /// The ids whose match takes the whitespace after it, sorted.
+    rstrip: Vec<u32>,
 }
 
+/// The special tokens a Phi-3 model's vocabulary keeps the whitespace after (llama.cpp).
+const PHI3_KEEPS_SPACE: [&str; 3] = ["<unk>", "<s>", "<|endoftext|>"];
+
 impl SpecialTokens {
-    /// Collects the candidates of `vocab`.
-    pub fn new(vocab: &Vocab) -> Self {
+    /// Collects the candidates of `vocab`, of the model named `name` (`general.name`).
+    pub fn new(vocab: &Vocab, name: &str) -> Self {
         let mut order: Vec<u32> = (0..vocab.len() as u32)
             .filter(|&id| {
                 matches!(
@@ -36,7 +45,18 @@ impl SpecialTokens {
             })
             .collect();
         order.sort_by_key(|&id| (std::cmp::Reverse(vocab.texts[id as usize].len()), id));
-        Self { order }
+        let name = name.to_lowercase();
+        let mut rstrip: Vec<u32> = if name.contains("phi-3") || name.contains("phi3") {
+            order
+                .iter()
+                .copied()
+                .filter(|&id| !PHI3_KEEPS_SPACE.contains(&vocab.texts[id as usize].as_str()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        rstrip.sort_unstable();
+        Self { order, rstrip }
     }
 
     /// Splits `text` into fragments.
@@ -66,10 +86,11 @@ impl SpecialTokens {
             if !found {
                 continue;
             }
+            let rstrip = self.rstrip.binary_search(&id).is_ok();
             let mut next = Vec::with_capacity(frags.len() + 2);
             for frag in frags {
                 match frag {
-                    Fragment::Text(s) => split_one(s, needle, id, &mut next),
+                    Fragment::Text(s) => split_one(s, needle, id, rstrip, &mut next),
                     token => next.push(token),
                 }
             }
@@ -79,13 +100,18 @@ impl SpecialTokens {
     }
 }
 
-fn split_one<'a>(mut s: &'a str, needle: &str, id: u32, out: &mut Vec<Fragment<'a>>) {
+/// Cuts every `needle` (token `id`) out of `s`; with `rstrip` the ASCII whitespace after each
+/// goes with it (C's `isspace`, as llama.cpp tests each byte).
+fn split_one<'a>(mut s: &'a str, needle: &str, id: u32, rstrip: bool, out: &mut Vec<Fragment<'a>>) {
     while let Some(pos) = s.find(needle) {
         if pos > 0 {
             out.push(Fragment::Text(&s[..pos]));
         }
         out.push(Fragment::Token(id));
         s = &s[pos + needle.len()..];
+        if rstrip {
+            s = s.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+        }
     }
     if !s.is_empty() {
         out.push(Fragment::Text(s));
