@@ -13,16 +13,19 @@ Steps (positional; default both):
              tiny-qwen3-f16     arch qwen3 in Qwen3's head geometry: heads of 128 over n_embd
                                 256 (Q twice as wide), GQA 4/2, theta 1e6, eps 1e-6, each head's
                                 Q and K RMS-normalized (attn_q_norm, attn_k_norm: gains spread
-                                over 0.5-3 so that a graph without them is far off), tied F16
-                                embedding
+                                over 0.5-3 so that a graph without them is far off), YaRN RoPE
+                                scaling (factor 4 over an original 32768 positions, as Qwen3's
+                                128K files), tied F16 embedding
              tiny-qwen3moe-f16  arch qwen3moe: tiny-qwen3-f16's attention, and a mixture of 8
                                 experts of n_ff 256 for the FFN, 2 used per token (an F32
                                 router, F16 experts stacked [cols, rows, 8])
              tiny-gemma3-f16    arch gemma3 in Gemma 3 1B's proportions: heads of 128 over n_embd
                                 256, one kv head, six layers of which the first five attend a
                                 sliding window of 5 positions (RoPE theta 10000 there, 1e6 on
-                                the sixth), Q/K head norms, norms after attention and after the
-                                FFN, GELU (tanh), the embedding scaled by sqrt(256), tied F16
+                                the sixth, whose positions alone are scaled by 1/8: the 4B-27B
+                                files' linear scaling), Q/K head norms, norms after attention
+                                and after the FFN, GELU (tanh), the embedding scaled by
+                                sqrt(256), tied F16
              tiny-gemma2-f16    arch gemma2: Gemma 3's graph without head norms, four layers
                                 of which the even ones attend a sliding window of 5 positions
                                 (one RoPE base, 1e4), the attention scores soft-capped at 5
@@ -118,6 +121,7 @@ class Family:
     window: int = 0             # attention.sliding_window (gemma3: five layers of six)
     experts: tuple[int, int, int] | None = None  # (count, used, each one's n_ff): qwen3moe
     rope_dim: int = 0           # rope.dimension_count when RoPE turns only part of a head
+    yarn: tuple[float, int] | None = None  # YaRN's (factor, original context): Qwen3's 128K files
 
     @property
     def fused(self) -> bool:
@@ -197,8 +201,9 @@ FAMILIES = [
            spm=True),
     Family("tiny-llama-tq1_0", "llama", TINY, 64, GGML_TQ1_0, False, False, True, True),
     Family("tiny-qwen2-tq2_0", "qwen2", TINY, 64, GGML_TQ2_0, True, True, False, True),
+    # Qwen3's 128K files: YaRN, 4 × its original 32768 positions
     Family("tiny-qwen3-f16", "qwen3", QWEN3, 128, GGML_F16, False, False, False, False,
-           qk_norm=True),
+           qk_norm=True, yarn=(4.0, 32768)),
     # Qwen3-30B-A3B's routing (softmax, the best of 128 renormalized) with 8 experts, 2 used
     Family("tiny-qwen3moe-f16", "qwen3moe", QWEN3, 128, GGML_F16, False, False, False, False,
            qk_norm=True, experts=(8, 2, 256)),
@@ -404,6 +409,14 @@ def kvs(f: Family) -> list[KV]:
                  kv_u32(f"{A}.attention.value_length", f.head_dim)]
     if f.window:
         keys += [kv_u32(f"{A}.attention.sliding_window", f.window)]
+    if f.yarn:
+        factor, n_ctx_orig = f.yarn
+        keys += [kv_str(f"{A}.rope.scaling.type", "yarn"),
+                 kv_f32(f"{A}.rope.scaling.factor", factor),
+                 kv_u32(f"{A}.rope.scaling.original_context_length", n_ctx_orig)]
+    if f.arch == "gemma3":     # Gemma 3 4B-27B's positions scaled by 8 (on its global layers)
+        keys += [kv_str(f"{A}.rope.scaling.type", "linear"),
+                 kv_f32(f"{A}.rope.scaling.factor", 8.0)]
     if f.arch == "gemma2":     # soft caps: Gemma 2's final one, a tight one on the scores
         keys += [kv_f32(f"{A}.attn_logit_softcapping", 5.0),
                  kv_f32(f"{A}.final_logit_softcapping", 30.0)]

@@ -92,7 +92,11 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 (g.tensor("blk.0.attn_q.bias").is_some(), ", Q/K/V biases"),
                 (c.family.qk_norm, ", Q/K head norms"),
                 (g.tensor("rope_freqs.weight").is_some(), ", rope_freqs"),
-                (c.rope_scale != 1.0, ", linear RoPE scaling"),
+                (
+                    c.rope_scale != 1.0 && c.rope_yarn.is_none(),
+                    ", linear RoPE scaling",
+                ),
+                (c.rope_yarn.is_some(), ", YaRN RoPE scaling"),
                 (c.family.post_norms, ", post-attention and post-FFN norms"),
                 (c.family.embed_scale, ", embeddings times √n_embd"),
             ]

@@ -84,6 +84,7 @@ mod tests {
             scale: 1.0,
             freq_factors: None,
             attn_factor: 1.0,
+            yarn: None,
         };
         let mut x = vec![1.0, 0.0, 0.0, 0.0];
         rope(&mut x, 1, 1, &s);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::attention::AttentionConfig;
-use crate::config::Activation;
+use crate::config::{Activation, Yarn};
 use crate::file::ModelFile;
 use crate::memory::MemoryLimits;
 use crate::weights::MatrixDesc;
@@ -79,25 +79,47 @@ pub struct RopeShape<'a> {
     /// What the rotated dims are multiplied by (`rope.scaling.attn_factor`: LongRoPE's
     /// `√(1 + ln s / ln n_ctx_orig)`; 1 without), as ggml scales its cos and sin.
     pub attn_factor: f32,
+    /// YaRN's blend of scaled and unscaled angles, where the model's scaling is YaRN.
+    pub yarn: Option<Yarn>,
 }
 
 impl RopeShape<'_> {
     /// `(cos, sin)` of every rotated pair for positions `pos0..pos0+n`, interleaved as
-    /// `[n][rope_dim/2][2]`, each times `attn_factor`. Angle of pair `i` at position `p` is
-    /// `scale · p · base^(−2i/rope_dim) / factor_i`, the power built by repeated f32
-    /// multiplication as ggml does; every backend uses this table so they all rotate by the
-    /// same angles.
+    /// `[n][rope_dim/2][2]`, each times `attn_factor` (and YaRN's magnitude). Angle of pair `i`
+    /// at position `p` is `scale · p · base^(−2i/rope_dim) / factor_i` (with YaRN, blended with
+    /// the unscaled angle by its ramp), the power built by repeated f32 multiplication as ggml
+    /// does; every backend uses this table so they all rotate by the same angles.
     pub fn angles(&self, pos0: usize, n: usize) -> Vec<f32> {
+        // ggml's `rope_yarn`: the magnitude grows with the scaling.
+        let yarn_magnitude = match self.yarn {
+            Some(_) => 1.0 + 0.1 * (1.0 / self.scale).ln(),
+            None => 1.0,
+        };
+        self.table(pos0, n, self.attn_factor * yarn_magnitude)
+    }
+
+    /// [`RopeShape::angles`] with the cos and sin times `magnitude`.
+    fn table(&self, pos0: usize, n: usize, magnitude: f32) -> Vec<f32> {
         let half = self.rope_dim / 2;
         let theta_scale = self.base.powf(-2.0 / self.rope_dim as f32);
+        let ramp = self.yarn.map(|y| y.ramp(self.rope_dim, self.base));
         let mut out = Vec::with_capacity(n * half * 2);
         for p in pos0..pos0 + n {
             let mut theta = p as f32;
             for i in 0..half {
                 let factor = self.freq_factors.map_or(1.0, |f| f[i]);
-                let angle = self.scale * (theta / factor);
-                out.push(angle.cos() * self.attn_factor);
-                out.push(angle.sin() * self.attn_factor);
+                let unscaled = theta / factor;
+                let scaled = self.scale * unscaled;
+                let angle = match ramp {
+                    None => scaled,
+                    Some([low, high]) => {
+                        let y = (i as f32 - low) / (high - low).max(0.001);
+                        let mix = 1.0 - y.clamp(0.0, 1.0);
+                        scaled * (1.0 - mix) + unscaled * mix
+                    }
+                };
+                out.push(angle.cos() * magnitude);
+                out.push(angle.sin() * magnitude);
                 theta *= theta_scale;
             }
         }
@@ -106,14 +128,10 @@ impl RopeShape<'_> {
 
     /// `(cos, sin)` per rotated pair, `[rope_dim/2][2]`, that rotate a key stored at position
     /// `p` to `p − delta`: the angles of position `delta` with the sine negated (rotations
-    /// compose; the forward formula of the rotation applies them), without `attn_factor` (the
-    /// stored key has it already).
+    /// compose, every angle being linear in the position; the forward formula of the rotation
+    /// applies them), without any magnitude (the stored key has it already).
     pub fn shift_angles(&self, delta: usize) -> Vec<f32> {
-        let unscaled = RopeShape {
-            attn_factor: 1.0,
-            ..*self
-        };
-        let mut cs = unscaled.angles(delta, 1);
+        let mut cs = self.table(delta, 1, 1.0);
         cs.iter_mut().skip(1).step_by(2).for_each(|s| *s = -*s);
         cs
     }
@@ -537,5 +555,61 @@ pub fn matmul_each<B: Backend + ?Sized>(
 ) {
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
         b.matmul(w, x, n, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(scale: f32, yarn: Option<Yarn>) -> RopeShape<'static> {
+        RopeShape {
+            n_head: 1,
+            head_dim: 128,
+            rope_dim: 128,
+            base: 1e6,
+            scale,
+            freq_factors: None,
+            attn_factor: 1.0,
+            yarn,
+        }
+    }
+
+    #[test]
+    fn yarn_keeps_fast_pairs_scales_slow_ones_and_grows_the_magnitude() {
+        // Qwen3's 128K files: 4 × 32768. Pairs 0..=23 turn more than 32 times in 32768
+        // positions and keep their angle; pairs from 40 on turn less than once and are scaled.
+        let yarn = Yarn {
+            n_ctx_orig: 32768,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        assert_eq!(yarn.ramp(128, 1e6), [23.0, 40.0]);
+        let p = 1000;
+        let (ours, unscaled, scaled) = (
+            shape(0.25, Some(yarn)).angles(p, 1),
+            shape(1.0, None).angles(p, 1),
+            shape(0.25, None).angles(p, 1),
+        );
+        let magnitude = 1.0 + 0.1 * 4f32.ln();
+        let pair = |t: &[f32], i: usize| [t[2 * i], t[2 * i + 1]];
+        for i in [0, 10, 23] {
+            let [c, s] = pair(&unscaled, i);
+            assert_eq!(pair(&ours, i), [c * magnitude, s * magnitude], "pair {i}");
+        }
+        for i in [40, 50, 63] {
+            let [c, s] = pair(&scaled, i);
+            assert_eq!(pair(&ours, i), [c * magnitude, s * magnitude], "pair {i}");
+        }
+        // Between them a blend: neither angle.
+        let [c, _] = pair(&ours, 31);
+        assert!(c != pair(&unscaled, 31)[0] * magnitude && c != pair(&scaled, 31)[0] * magnitude);
+        // A context shift rotates by the blended angle without the magnitude.
+        let shift = shape(0.25, Some(yarn)).shift_angles(p);
+        for i in 0..64 {
+            let [c, s] = pair(&ours, i);
+            let [sc, ss] = pair(&shift, i);
+            assert!((sc * magnitude - c).abs() < 1e-6 && (ss * magnitude + s).abs() < 1e-6);
+        }
     }
 }

@@ -41,6 +41,17 @@ pub struct Family {
     /// `attention.sliding_window` (Gemma 3: five of six), unless the file's
     /// `attention.sliding_window_pattern` says otherwise; `None`: the family has no window.
     pub window_period: Option<usize>,
+    /// The window of a family with one when the file names no `attention.sliding_window`
+    /// (Gemma 2: 4096, as llama.cpp assumes); `None`: no window then (Gemma 3).
+    pub window_default: Option<usize>,
+    /// Whether the sliding-window layers scale their RoPE positions as the global layers do
+    /// (`rope.scaling.factor`: Gemma 2), or rotate unscaled (Gemma 3, whose 4B–27B files
+    /// scale only the global layers' positions, by 8).
+    pub window_rope_scaled: bool,
+    /// The layer count of the variant whose queries are scaled by `1/√(n_embd/n_head)` instead
+    /// of `1/√head_dim` (Gemma 2 27B: 46, Gemma 3 27B: 62; llama.cpp's rule, after
+    /// gemma_pytorch's configs).
+    pub query_scale_by_width_at: Option<usize>,
     /// The RoPE base of the sliding-window layers when the file has no `rope.freq_base_swa`
     /// (Gemma 3: 10000, as llama.cpp reads it); `None`: the global layers' base (Gemma 2).
     pub window_rope_base: Option<f32>,
@@ -66,6 +77,9 @@ impl Family {
             post_norms: false,
             embed_scale: false,
             window_period: None,
+            window_default: None,
+            window_rope_scaled: false,
+            query_scale_by_width_at: None,
             window_rope_base: None,
             attn_softcap: Softcap::Refused,
             final_softcap: Softcap::Refused,
@@ -102,6 +116,9 @@ impl Family {
                 post_norms: true,
                 embed_scale: true,
                 window_period: Some(2),
+                window_default: Some(4096),
+                window_rope_scaled: true,
+                query_scale_by_width_at: Some(46),
                 attn_softcap: Softcap::Default(50.0),
                 final_softcap: Softcap::Default(30.0),
                 ..plain
@@ -112,6 +129,7 @@ impl Family {
                 post_norms: true,
                 embed_scale: true,
                 window_period: Some(6),
+                query_scale_by_width_at: Some(62),
                 window_rope_base: Some(10000.0),
                 final_softcap: Softcap::IfNamed,
                 ..plain
@@ -250,8 +268,11 @@ pub struct Config {
     pub eps: f32,
     /// RoPE base frequency.
     pub rope_base: f32,
-    /// RoPE position scale (`1 / rope.scaling.factor` for linear scaling, else 1).
+    /// RoPE position scale (`1 / rope.scaling.factor`; 1 without).
     pub rope_scale: f32,
+    /// YaRN's blend of the scaled and unscaled frequencies (`rope.scaling.type` = `yarn`: Qwen3's
+    /// and Qwen2.5's long-context files); `None`: every pair scaled alike.
+    pub rope_yarn: Option<Yarn>,
     /// Dims rotated by RoPE per head.
     pub rope_dim: usize,
     /// What RoPE multiplies the rotated dims by (`rope.scaling.attn_factor`; 1 when absent).
@@ -270,6 +291,8 @@ pub struct Config {
     /// RoPE base frequency of the sliding-window layers (`rope.freq_base_swa`; when absent the
     /// family's default, as llama.cpp reads it).
     pub rope_base_window: f32,
+    /// RoPE position scale of the sliding-window layers (`rope_scale` or 1, by the family).
+    pub rope_scale_window: f32,
     /// What the queries are multiplied by besides `1/√head_dim` before attention (Gemma 2 and 3
     /// 27B scale by `1/√(n_embd/n_head)` instead): folded into the query's head norm at load
     /// where the family has one, else applied to the queries.
@@ -280,6 +303,38 @@ pub struct Config {
     pub final_softcap: Option<f32>,
     /// The mixture of experts of a family whose FFN is one.
     pub experts: Option<Experts>,
+}
+
+/// YaRN RoPE scaling (llama.cpp's `rope_yarn`, extrapolation factor 1): pair `i`'s angle blends
+/// the scaled one (`scale · θ`) and the unscaled one (`θ`) by a ramp over the pairs that turn
+/// between `beta_fast` and `beta_slow` times in the original context — pairs turning faster
+/// keep their angle, slower ones are scaled — and the rotated dims are multiplied by
+/// `1 + 0.1 · ln(1/scale)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    /// The context the model was trained with before scaling
+    /// (`rope.scaling.original_context_length`).
+    pub n_ctx_orig: usize,
+    /// Turns over the original context above which a pair keeps its angle (32).
+    pub beta_fast: f32,
+    /// Turns below which a pair is fully scaled (1).
+    pub beta_slow: f32,
+}
+
+impl Yarn {
+    /// The ramp's first and last pair index for `rope_dim` rotated dims at base `base`
+    /// (ggml's `ggml_rope_yarn_corr_dims`).
+    pub fn ramp(&self, rope_dim: usize, base: f32) -> [f32; 2] {
+        let n_dims = rope_dim as f32;
+        let dim = |turns: f32| {
+            n_dims * (self.n_ctx_orig as f32 / (turns * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        [
+            dim(self.beta_fast).floor().max(0.0),
+            dim(self.beta_slow).ceil().min(n_dims - 1.0),
+        ]
+    }
 }
 
 /// A mixture-of-experts FFN's shape and routing (llama.cpp's `build_moe_ffn` with softmax
@@ -436,19 +491,41 @@ impl Config {
             }
             None => family.activation,
         };
-        let rope_scale = match g.get_str(&key("rope.scaling.type")) {
-            None | Some("none") => 1.0,
-            Some("linear") => 1.0 / float("rope.scaling.factor", 1.0)?,
+        // llama.cpp's default type is linear: a factor without a type scales too. LongRoPE's
+        // factors are tensors; its positions scale as linear ones.
+        let n_ctx_train = int("context_length")?;
+        let n_ctx_orig = match g.get_u64(&key("rope.scaling.original_context_length")) {
+            Some(_) => int("rope.scaling.original_context_length")?,
+            None => n_ctx_train,
+        };
+        let factor_key = ["rope.scaling.factor", "rope.scale_linear"]
+            .into_iter()
+            .find(|k| g.get(&key(k)).is_some());
+        let factor = match factor_key {
+            Some(k) if g.get_f64(&key(k)) != Some(0.0) => float(k, 1.0)?,
+            _ => 1.0,
+        };
+        let rope_yarn = match g.get_str(&key("rope.scaling.type")) {
+            None | Some("linear" | "longrope") => None,
+            Some("none") => None,
+            Some("yarn") => Some(Yarn {
+                n_ctx_orig,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            }),
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     key: key("rope.scaling.type"),
                     value: other.into(),
-                    why: "hesper-rs computes no and linear RoPE scaling".into(),
+                    why: "hesper-rs computes none, linear, longrope and yarn".into(),
                 })
             }
         };
+        let rope_scale = match g.get_str(&key("rope.scaling.type")) {
+            Some("none") => 1.0,
+            _ => 1.0 / factor,
+        };
         let n_layer = int("block_count")?;
-        let n_ctx_train = int("context_length")?;
         let softcap = |k: &str, rule: Softcap| -> Result<Option<f32>, ConfigError> {
             let named = g.get_f64(&key(k)).is_some_and(|v| v != 0.0);
             match (rule, named) {
@@ -468,8 +545,9 @@ impl Config {
             family.window_period,
             g.get_u64(&key("attention.sliding_window")),
         ) {
-            (Some(_), Some(w)) if w > 0 => Some(int("attention.sliding_window")?),
-            _ => None,
+            (None, _) | (Some(_), Some(0)) => None,
+            (Some(_), Some(_)) => Some(int("attention.sliding_window")?),
+            (Some(_), None) => family.window_default,
         };
         let windowed = windowed_layers(
             g,
@@ -478,14 +556,12 @@ impl Config {
             window,
             n_layer,
         )?;
-        // Gemma 2 and 3 27B (46 and 62 layers) scale their queries by 1/√(n_embd/n_head), the
-        // others by 1/√head_dim (llama.cpp's rule, after gemma_pytorch's config).
-        let query_scale =
-            if (arch == "gemma2" && n_layer == 46) || (arch == "gemma3" && n_layer == 62) {
-                (head_dim as f32 / (n_embd / n_head) as f32).sqrt()
-            } else {
-                1.0
-            };
+        let query_scale = if family.query_scale_by_width_at == Some(n_layer) {
+            (head_dim as f32 / (n_embd / n_head) as f32).sqrt()
+        } else {
+            1.0
+        };
+        let rope_base = float("rope.freq_base", 10000.0)?;
         let experts = if family.moe {
             let n_expert = int("expert_count")?;
             let n_used = int("expert_used_count")?;
@@ -523,25 +599,25 @@ impl Config {
                 _ => int("feed_forward_length")?,
             },
             n_ctx_train,
-            n_ctx_orig: match g.get_u64(&key("rope.scaling.original_context_length")) {
-                Some(_) => int("rope.scaling.original_context_length")?,
-                None => n_ctx_train,
-            },
+            n_ctx_orig,
             eps: float("attention.layer_norm_rms_epsilon", 1e-5)?,
-            rope_base: float("rope.freq_base", 10000.0)?,
+            rope_base,
             rope_scale,
+            rope_yarn,
             rope_dim,
             rope_attn_factor: float("rope.scaling.attn_factor", 1.0)?,
             activation,
             window,
             windowed,
-            rope_base_window: match family.window_rope_base {
-                Some(base) => float("rope.freq_base_swa", base.into())?,
-                None => float(
-                    "rope.freq_base_swa",
-                    float("rope.freq_base", 10000.0)?.into(),
-                )?,
+            rope_scale_window: if family.window_rope_scaled {
+                rope_scale
+            } else {
+                1.0
             },
+            rope_base_window: float(
+                "rope.freq_base_swa",
+                family.window_rope_base.unwrap_or(rope_base).into(),
+            )?,
             attn_softcap,
             final_softcap,
             query_scale,
@@ -563,6 +639,15 @@ impl Config {
             self.rope_base_window
         } else {
             self.rope_base
+        }
+    }
+
+    /// The RoPE position scale of layer `il`.
+    pub fn rope_scale_of(&self, il: usize) -> f32 {
+        if self.window_of(il).is_some() {
+            self.rope_scale_window
+        } else {
+            self.rope_scale
         }
     }
 
@@ -628,20 +713,103 @@ mod tests {
         let c = gemma3(3, &[window.clone(), pattern.clone()]).expect("config");
         assert_eq!(c.windowed, [false, true, true]);
         assert_eq!(c.window_of(1), Some(512));
-        // Too few flags, and no window at all.
+        // Too few flags; no window named (none for Gemma 3, 4096 for Gemma 2, as llama.cpp
+        // reads them); a window of 0, none.
         let e = gemma3(4, &[window, pattern.clone()]).expect_err("refused");
         assert!(e.to_string().contains("one bool per layer (4)"), "{e}");
-        let c = gemma3(3, &[pattern]).expect("config");
+        let c = gemma3(3, std::slice::from_ref(&pattern)).expect("config");
+        assert_eq!((c.window, c.window_of(1)), (None, None));
+        let c = header("gemma2", 2, &[]).expect("config");
+        assert_eq!((c.window_of(0), c.window_of(1)), (Some(4096), None));
+        let none = ("gemma3.attention.sliding_window", Value::U32(0));
+        let c = gemma3(3, &[pattern, none]).expect("config");
         assert_eq!((c.window, c.window_of(1)), (None, None));
     }
 
     #[test]
+    fn gemma3_scales_positions_on_its_global_layers_only() {
+        // Gemma 3 4B–27B: linear scaling by 8 on the global layers, none on the windowed ones;
+        // Gemma 2 scales both (llama.cpp's rope_freq_scale_train_swa).
+        let scales = |arch: &str, n_layer: usize| {
+            let keys = [
+                (format!("{arch}.attention.sliding_window"), Value::U32(8)),
+                (
+                    format!("{arch}.rope.scaling.type"),
+                    Value::String("linear".into()),
+                ),
+                (format!("{arch}.rope.scaling.factor"), Value::F32(8.0)),
+            ];
+            let extra: Vec<(&str, Value)> =
+                keys.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            let c = header(arch, n_layer as u32, &extra).expect("config");
+            (0..n_layer)
+                .map(|il| c.rope_scale_of(il))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(scales("gemma3", 6), [1.0, 1.0, 1.0, 1.0, 1.0, 0.125]);
+        assert_eq!(scales("gemma2", 2), [0.125, 0.125]);
+    }
+
+    #[test]
+    fn rope_scaling_reads_as_llama_cpp_reads_it() {
+        let with = |extra: &[(&str, Value)]| header("qwen3", 2, extra).expect("config");
+        let factor = ("qwen3.rope.scaling.factor", Value::F32(4.0));
+        // A factor without a type is linear scaling (llama.cpp's default type), as is
+        // LongRoPE's; `none` ignores the factor.
+        let kind = |t: &str| ("qwen3.rope.scaling.type", Value::String(t.into()));
+        for c in [
+            with(std::slice::from_ref(&factor)),
+            with(&[factor.clone(), kind("linear")]),
+            with(&[factor.clone(), kind("longrope")]),
+            with(&[("qwen3.rope.scale_linear", Value::F32(4.0))]),
+        ] {
+            assert_eq!((c.rope_scale, c.rope_yarn), (0.25, None));
+        }
+        assert_eq!(with(&[factor.clone(), kind("none")]).rope_scale, 1.0);
+        // YaRN over the original context (the training context where none is named).
+        let orig = ("qwen3.rope.scaling.original_context_length", Value::U32(32));
+        let c = with(&[factor.clone(), kind("yarn"), orig]);
+        let yarn = c.rope_yarn.expect("yarn");
+        assert_eq!((c.rope_scale, yarn.n_ctx_orig), (0.25, 32));
+        assert_eq!((yarn.beta_fast, yarn.beta_slow), (32.0, 1.0));
+        let c = with(&[factor.clone(), kind("yarn")]);
+        assert_eq!(c.rope_yarn.map(|y| y.n_ctx_orig), Some(256));
+        let e = header("qwen3", 2, &[factor, kind("ntk")]).expect_err("refused");
+        assert!(
+            e.to_string().contains("none, linear, longrope and yarn"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_27b_variants_scale_their_queries_by_the_width_per_head() {
+        // 64 wide, two heads of 64 (key_length): 1/√32 instead of 1/√64 at 46 layers (Gemma 2
+        // 27B) and 62 (Gemma 3 27B), the head width's elsewhere.
+        let head = |arch: &str| (format!("{arch}.attention.key_length"), Value::U32(64));
+        let window = |arch: &str| (format!("{arch}.attention.sliding_window"), Value::U32(8));
+        let scale = |arch: &str, n_layer| {
+            let (k, w) = (head(arch), window(arch));
+            header(arch, n_layer, &[(&k.0, k.1), (&w.0, w.1)])
+                .expect("config")
+                .query_scale
+        };
+        assert_eq!(scale("gemma2", 46), 2f32.sqrt());
+        assert_eq!(scale("gemma3", 62), 2f32.sqrt());
+        assert_eq!(scale("gemma2", 62), 1.0);
+        assert_eq!(scale("gemma3", 46), 1.0);
+        assert_eq!(scale("qwen3", 46), 1.0);
+    }
+
+    #[test]
     fn soft_caps_are_gemma2s_and_gemma3s_logits_where_named_and_refused_elsewhere() {
+        let window = ("gemma3.attention.sliding_window", Value::U32(8));
         let cap = ("gemma3.final_logit_softcapping", Value::F32(30.0));
-        assert_eq!(gemma3(2, &[cap]).expect("config").final_softcap, Some(30.0));
-        assert_eq!(gemma3(2, &[]).expect("config").final_softcap, None);
+        let c = gemma3(2, &[window.clone(), cap]).expect("config");
+        assert_eq!(c.final_softcap, Some(30.0));
+        let c = gemma3(2, std::slice::from_ref(&window)).expect("config");
+        assert_eq!(c.final_softcap, None);
         let cap = ("gemma3.attn_logit_softcapping", Value::F32(50.0));
-        let e = gemma3(2, &[cap]).expect_err("refused");
+        let e = gemma3(2, &[window, cap]).expect_err("refused");
         assert!(e.to_string().contains("does not soft-cap"), "{e}");
         let cap = ("qwen2.final_logit_softcapping", Value::F32(30.0));
         let e = header("qwen2", 2, &[cap]).expect_err("refused");

@@ -39,6 +39,7 @@ mod identity;
 mod load;
 #[cfg(unix)]
 mod reload;
+mod tensors;
 pub use batch::{BatchScratch, SeqRows, SeqStep, StepInput, StepOutput};
 use load::{Fetch, InFile, Loader, Part, Plan, RopeFactors, Streamed};
 #[cfg(unix)]
@@ -407,7 +408,7 @@ impl<B: Backend> Session<B> {
             }
             if self.mixed_rope {
                 return Err(ModelError::ContextShift(
-                    "this model's sliding-window layers rotate keys with their own RoPE base, which a shift does not rotate back".into(),
+                    "this model's sliding-window layers rotate keys with their own RoPE base or position scale, which a shift does not rotate back".into(),
                 ));
             }
             if keep.saturating_add(2) > self.n_ctx {
@@ -433,9 +434,9 @@ impl<B: Backend> Session<B> {
 }
 
 /// What [`Model::load`] refuses in a file's tensor table before reading any tensor: tensors
-/// of layers past the metadata's count (llama.cpp refuses them too: "wrong number of
-/// tensors"), data ranges that overlap, and biases the graph does not read — each would be
-/// silently left out or read wrong. `info` reports it without loading.
+/// of layers past the metadata's count, data ranges that overlap, and tensors the family's
+/// graph does not read (llama.cpp refuses both kinds of extra tensor too: "wrong number of
+/// tensors") — each would be silently left out or read wrong. `info` reports it without loading.
 pub fn check_tensor_table(g: &crate::gguf::Gguf, config: &Config) -> Result<(), ModelError> {
     let layer_of = |name: &str| {
         name.strip_prefix("blk.")?
@@ -460,16 +461,10 @@ pub fn check_tensor_table(g: &crate::gguf::Gguf, config: &Config) -> Result<(), 
             second: b.name.clone(),
         });
     }
-    // Biases are read on Q, K and V only; head norms and post-norms where the family has
-    // them.
-    let unread = |name: &str| {
-        let in_layer =
-            |ends: &[&str]| name.starts_with("blk.") && ends.iter().any(|e| name.ends_with(e));
-        (name.ends_with(".bias") && !in_layer(&["attn_q.bias", "attn_k.bias", "attn_v.bias"]))
-            || (!config.family.qk_norm && in_layer(&["attn_q_norm.weight", "attn_k_norm.weight"]))
-            || (!config.family.post_norms
-                && in_layer(&["post_attention_norm.weight", "post_ffw_norm.weight"]))
-    };
+    // Every tensor must be one the family's graph reads (the table in `tensors.rs`): a bias
+    // on another product, head norms or post-norms in a family without them, another
+    // family's FFN, a name no family has.
+    let unread = |name: &str| tensors::role_of(name, &config.family).is_none();
     if let Some(t) = g.tensors().iter().find(|t| unread(&t.name)) {
         return Err(ModelError::UnreadTensor {
             name: t.name.clone(),
@@ -635,10 +630,10 @@ impl<B: Backend> Model<B> {
             attention: attention.clone(),
             shift_keep: None,
             discarded: 0,
-            mixed_rope: self
-                .layer_range
-                .clone()
-                .any(|il| self.config.rope_base_of(il) != self.config.rope_base),
+            mixed_rope: self.layer_range.clone().any(|il| {
+                let c = &self.config;
+                c.rope_base_of(il) != c.rope_base || c.rope_scale_of(il) != c.rope_scale
+            }),
             s,
         })
     }
@@ -1157,6 +1152,7 @@ impl<B: Backend> Model<B> {
             };
             let rope_q = RopeShape {
                 base: c.rope_base_of(il),
+                scale: c.rope_scale_of(il),
                 ..self.rope_shape(0)
             };
             let rope = [
@@ -1275,6 +1271,7 @@ impl<B: Backend> Model<B> {
             scale: c.rope_scale,
             freq_factors: self.rope_factors.for_context(n_ctx, c.n_ctx_orig),
             attn_factor: c.rope_attn_factor,
+            yarn: c.rope_yarn,
         }
     }
 

@@ -97,6 +97,7 @@ struct RopeTable {
     scale: f32,
     freq_factors: Option<Vec<f32>>,
     attn_factor: f32,
+    yarn: Option<hesper_engine::config::Yarn>,
     positions: usize,
     cs: GpuBuffer<f32>,
 }
@@ -595,6 +596,7 @@ impl State {
                 && t.scale == shape.scale
                 && t.freq_factors.as_deref() == shape.freq_factors
                 && t.attn_factor == shape.attn_factor
+                && t.yarn == shape.yarn
                 && t.positions >= positions
         });
         if let Some(at) = fits {
@@ -612,6 +614,7 @@ impl State {
             scale: shape.scale,
             freq_factors: shape.freq_factors.map(<[f32]>::to_vec),
             attn_factor: shape.attn_factor,
+            yarn: shape.yarn,
             positions,
             cs,
         });
@@ -1144,6 +1147,7 @@ impl Backend for GpuBackend {
             && rope_q.scale == rope_k.scale
             && rope_q.freq_factors == rope_k.freq_factors
             && rope_q.attn_factor == rope_k.attn_factor
+            && rope_q.yarn == rope_k.yarn
             && rope_q.head_dim == shape.head_dim
             && rope_k.head_dim == shape.head_dim
             && rope_q.rope_dim.is_multiple_of(2);

@@ -490,6 +490,7 @@ macro_rules! rope_run {
             scale: 1.0,
             freq_factors: None,
             attn_factor: 1.0,
+            yarn: None,
         };
         let x = data(n * shape.n_head * shape.head_dim, $seed);
         let table = shape.angles(0, pos0 + n);

@@ -117,6 +117,7 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
                     scale: c.rope_scale,
                     freq_factors: None,
                     attn_factor: 1.0,
+                    yarn: None,
                 },
             );
             cmp(

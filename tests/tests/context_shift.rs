@@ -30,6 +30,7 @@ const ROPE: RopeShape = RopeShape {
     scale: 1.0,
     freq_factors: None,
     attn_factor: 1.0,
+    yarn: None,
 };
 
 /// Keys `raw` (un-rotated, `[n][kv_dim]`) rotated to positions `positions`.

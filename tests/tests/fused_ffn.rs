@@ -404,6 +404,7 @@ fn rope_then_attention(
         scale: 1.0,
         freq_factors: None,
         attn_factor: 1.0,
+        yarn: None,
     };
     let rope_k = RopeShape {
         n_head: 2,

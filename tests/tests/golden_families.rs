@@ -286,17 +286,37 @@ fn with_key(
     key: &str,
     value: Option<hesper_engine::gguf::Value>,
 ) -> std::sync::Arc<hesper_engine::file::ModelFile> {
+    rebuilt(stem, Some((key, value)), None)
+}
+
+/// Golden model `stem` without its tensor `name`.
+fn without(stem: &str, name: &str) -> std::sync::Arc<hesper_engine::file::ModelFile> {
+    rebuilt(stem, None, Some(name))
+}
+
+/// Golden model `stem` written again, with metadata key `.0` of `key` set to `.1` (or left
+/// out where `None`) and without tensor `drop`.
+fn rebuilt(
+    stem: &str,
+    key: Option<(&str, Option<hesper_engine::gguf::Value>)>,
+    drop: Option<&str>,
+) -> std::sync::Arc<hesper_engine::file::ModelFile> {
     use hesper_engine::gguf::GgufBuilder;
     let file = hesper_engine::file::ModelFile::open(&Golden::load(stem).model).expect("model");
     let g = file.header();
     let mut b = GgufBuilder::new();
-    for (k, v) in g.metadata().iter().filter(|(k, _)| k.as_str() != key) {
+    let edited = key.as_ref().map(|(k, _)| *k);
+    for (k, v) in g
+        .metadata()
+        .iter()
+        .filter(|(k, _)| Some(k.as_str()) != edited)
+    {
         b = b.kv(k, v.clone());
     }
-    if let Some(v) = value {
-        b = b.kv(key, v);
+    if let Some((k, Some(v))) = key {
+        b = b.kv(k, v);
     }
-    for t in g.tensors() {
+    for t in g.tensors().iter().filter(|t| Some(t.name.as_str()) != drop) {
         let data = file.tensor_bytes(t).expect("tensor").to_vec();
         b = b.tensor(&t.name, t.dims(), t.ty.id(), data);
     }
@@ -315,9 +335,10 @@ fn with_block_count(n_layer: u32) -> std::sync::Arc<hesper_engine::file::ModelFi
 
 #[test]
 fn the_gemma3_golden_tells_its_windows_and_rope_bases_apart() {
-    // Gemma 3 read without its sliding window (every layer attending every position), or with
-    // the global RoPE base on the windowed layers too, is outside the bound the right graph
-    // meets: the golden's sequences reach past the window, and the two bases rotate apart.
+    // Gemma 3 read without its sliding window (every layer attending every position), with
+    // the global RoPE base on the windowed layers too, or without the global layer's position
+    // scale is outside the bound the right graph meets: the golden's sequences reach past the
+    // window, and the two bases and scales rotate apart.
     use hesper_engine::gguf::Value;
     let g = Golden::load("tiny-gemma3-f16");
     for (what, file) in [
@@ -333,8 +354,28 @@ fn the_gemma3_golden_tells_its_windows_and_rope_bases_apart() {
                 Some(Value::F32(1e6)),
             ),
         ),
+        (
+            "unscaled positions",
+            with_key("tiny-gemma3-f16", "gemma3.rope.scaling.factor", None),
+        ),
     ] {
         assert_far_off(&g, &file, what);
+    }
+}
+
+#[test]
+fn the_qwen3_golden_tells_yarn_from_plain_scaling() {
+    // Qwen3's YaRN read as linear scaling (every pair's angle scaled, no magnitude), or not
+    // scaled at all, is far outside the bound the YaRN llama.cpp computes meets.
+    use hesper_engine::gguf::Value;
+    let g = Golden::load("tiny-qwen3-f16");
+    for scaling in ["linear", "none"] {
+        let file = with_key(
+            "tiny-qwen3-f16",
+            "qwen3.rope.scaling.type",
+            Some(Value::String(scaling.into())),
+        );
+        assert_far_off(&g, &file, &format!("{scaling} RoPE scaling"));
     }
 }
 
@@ -447,6 +488,40 @@ fn gemma3_attends_its_window_from_an_f16_cache_and_refuses_what_would_ignore_it(
 }
 
 #[test]
+fn a_loads_progress_counts_each_tensor_it_reads_once() {
+    // The count comes from the tensor table, the ticks from the reads: whole models, one node's
+    // layers with and without the head, a head re-quantized from a tied embedding (read twice).
+    use hesper_engine::model::{HeadFormat, HeadPlace, LoadOptions, Model};
+    for stem in FAMILIES.iter().chain(QUANTS).chain(hesper_tests::ALL) {
+        let g = Golden::load(stem);
+        let (file, n_layer) = (g.file(), g.n_layer);
+        let splits = [
+            (None, HeadPlace::LastLayer, HeadFormat::AsStored),
+            (Some(0..1), HeadPlace::Elsewhere, HeadFormat::AsStored),
+            (Some(1..n_layer), HeadPlace::LastLayer, HeadFormat::Q8_0),
+        ];
+        for (layers, head_place, head) in splits {
+            let mut seen = Vec::new();
+            let mut progress = |done, total| seen.push((done, total));
+            let backend = hesper_cpu::CpuBackend::with_isa(1, Isa::Scalar).expect("cpu");
+            let opts = LoadOptions {
+                layers: layers.clone(),
+                head,
+                head_place,
+                progress: Some(&mut progress),
+            };
+            Model::load(backend, file.clone(), opts).expect("load");
+            let total = seen.last().map_or(0, |&(_, total)| total);
+            let expected: Vec<_> = (1..=total).map(|done| (done, total)).collect();
+            assert!(
+                total > 0 && seen == expected,
+                "{stem} {layers:?} {head:?}: {seen:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn what_the_graph_would_leave_out_is_refused() {
     let load = |file| {
         let backend = hesper_cpu::CpuBackend::with_isa(1, Isa::Scalar).expect("cpu");
@@ -472,19 +547,25 @@ fn what_the_graph_would_leave_out_is_refused() {
         e.contains("\"blk.0.attn_q_norm.weight\" is not part of the qwen2 graph"),
         "{e}"
     );
-    let e = load(renamed(
-        "tiny-qwen3-f16",
-        "blk.1.attn_k_norm",
-        "blk.1.attn_k_nor2",
-    ));
+    let e = load(without("tiny-qwen3-f16", "blk.1.attn_k_norm.weight"));
     assert!(e.contains("\"blk.1.attn_k_norm.weight\" is missing"), "{e}");
-    // Q without K and V biases: the loader takes the three together.
-    let e = load(renamed(
-        "tiny-qwen2-f16",
-        "blk.0.attn_k.bias",
-        "blk.0.attn_k.bia2",
-    ));
+    // Q without K's bias, or K and V without Q's: the loader takes the three together (K and V
+    // alone were once left out with Q's).
+    let e = load(without("tiny-qwen2-f16", "blk.0.attn_k.bias"));
     assert!(e.contains("\"blk.0.attn_k.bias\" is missing"), "{e}");
+    let e = load(without("tiny-qwen2-f16", "blk.1.attn_q.bias"));
+    assert!(e.contains("\"blk.1.attn_q.bias\" is missing"), "{e}");
+    // A tensor no family has in its layers (llama.cpp refuses it too: "wrong number of
+    // tensors").
+    let e = load(renamed(
+        "tiny-llama-f16",
+        "blk.1.ffn_gate",
+        "blk.1.ffn_gatX",
+    ));
+    assert!(
+        e.contains("\"blk.1.ffn_gatX.weight\" is not part of the llama graph"),
+        "{e}"
+    );
     // Layers past the metadata's count (they ran as a shorter model, silently).
     let e = load(with_block_count(1));
     assert!(
@@ -498,28 +579,16 @@ fn what_the_graph_would_leave_out_is_refused() {
         "{e}"
     );
     // A mixture of experts without one of its stacks.
-    let e = load(renamed(
-        "tiny-qwen3moe-f16",
-        "blk.1.ffn_up_exps",
-        "blk.1.ffn_up_exp2",
-    ));
+    let e = load(without("tiny-qwen3moe-f16", "blk.1.ffn_up_exps.weight"));
     assert!(e.contains("\"blk.1.ffn_up_exps.weight\" is missing"), "{e}");
     // Gemma 3 without one of its post-norms.
-    let e = load(renamed(
-        "tiny-gemma3-f16",
-        "blk.2.post_ffw_norm",
-        "blk.2.post_ffw_nor2",
-    ));
+    let e = load(without("tiny-gemma3-f16", "blk.2.post_ffw_norm.weight"));
     assert!(
         e.contains("\"blk.2.post_ffw_norm.weight\" is missing"),
         "{e}"
     );
     // A gate missing beside an `ffn_up` of n_ff rows (not Phi-3's fused gate and up).
-    let e = load(renamed(
-        "tiny-llama-f16",
-        "blk.1.ffn_gate",
-        "blk.1.ffn_gatX",
-    ));
+    let e = load(without("tiny-llama-f16", "blk.1.ffn_gate.weight"));
     assert!(e.contains("\"blk.1.ffn_gate.weight\" is missing"), "{e}");
     // A fused Q/K/V of the wrong height (it would split into wrong rows).
     let e = load(with_key(

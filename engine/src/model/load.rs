@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::tensors::{role_of, Global, Role};
 use super::{Ffn, HeadFormat, Layer, ModelError};
 use crate::backend::{Backend, Expert, GateUp, MatrixUse, Moe, Qkv};
 use crate::config::{Config, RopePairs};
@@ -71,6 +72,8 @@ pub(super) struct Plan {
     /// Rows of Q and K (and their biases) in the order NeoX RoPE rotates them.
     q_order: Option<Vec<usize>>,
     k_order: Option<Vec<usize>>,
+    /// Tensors a load of this plan reads.
+    tensor_count: usize,
 }
 
 impl Plan {
@@ -83,11 +86,17 @@ impl Plan {
         head: HeadFormat,
         holds_head: bool,
     ) -> Self {
+        // A layer with any of the three biases is read with all three (a missing one is
+        // named, not left out).
         let biases = layers
             .clone()
-            .map(|il| g.tensor(&format!("blk.{il}.attn_q.bias")).is_some())
+            .map(|il| {
+                ["attn_q", "attn_k", "attn_v"]
+                    .iter()
+                    .any(|p| g.tensor(&format!("blk.{il}.{p}.bias")).is_some())
+            })
             .collect();
-        Self {
+        let mut plan = Self {
             q_order: rope_row_order(&config, config.n_head),
             k_order: rope_row_order(&config, config.n_head_kv),
             tied: g.tensor("output.weight").is_none(),
@@ -99,7 +108,14 @@ impl Plan {
             head,
             holds_head,
             biases,
-        }
+            tensor_count: 0,
+        };
+        plan.tensor_count = g
+            .tensors()
+            .iter()
+            .map(|t| plan.parts_of(&t.name).len())
+            .sum();
+        plan
     }
 
     fn first(&self) -> bool {
@@ -129,15 +145,11 @@ impl Plan {
         self.biases[il - self.layers.start]
     }
 
-    /// The held parts made from tensor `name` (none for a tensor of another node's layers).
-    #[cfg_attr(not(unix), allow(dead_code))] // hot-swap reads files: not in a browser
+    /// The held parts made from tensor `name` (none for a tensor of another node's layers,
+    /// or one the family's graph does not read).
     pub fn parts_of(&self, name: &str) -> Vec<Part> {
-        let base = name
-            .strip_suffix(".weight")
-            .or_else(|| name.strip_suffix(".scale"))
-            .unwrap_or(name);
-        match base {
-            "token_embd" => {
+        match role_of(name, &self.config.family) {
+            Some(Role::Global(Global::Embedding)) => {
                 let mut parts = Vec::new();
                 if self.holds_embedding() {
                     parts.push(Part::Embedding);
@@ -147,40 +159,14 @@ impl Plan {
                 }
                 parts
             }
-            "output" if self.holds_output() => vec![Part::Output],
-            "output_norm" if self.runs_head() => vec![Part::OutputNorm],
-            "rope_freqs" | "rope_factors_short" | "rope_factors_long" => vec![Part::RopeFactors],
-            _ => self.layer_part_of(name).into_iter().collect(),
-        }
-    }
-
-    #[cfg_attr(not(unix), allow(dead_code))]
-    fn layer_part_of(&self, name: &str) -> Option<Part> {
-        let rest = name.strip_prefix("blk.")?;
-        let (il, tensor) = rest.split_once('.')?;
-        let il = il
-            .parse::<usize>()
-            .ok()
-            .filter(|il| self.layers.contains(il))?;
-        let (base, suffix) = tensor.rsplit_once('.')?;
-        let part = match (base, suffix) {
-            ("attn_q" | "attn_k" | "attn_v", "bias") => LayerPart::QkvBias,
-            ("attn_q" | "attn_k" | "attn_v" | "attn_qkv", _) => LayerPart::Qkv,
-            ("attn_norm", _) => LayerPart::AttnNorm,
-            ("attn_q_norm" | "attn_k_norm", _) => LayerPart::QkNorm,
-            ("attn_sub_norm", _) => LayerPart::AttnSubNorm,
-            ("attn_output", _) => LayerPart::Wo,
-            ("ffn_norm", _) => LayerPart::FfnNorm,
-            ("ffn_gate" | "ffn_up", _) => LayerPart::GateUp,
-            ("ffn_sub_norm", _) => LayerPart::FfnSubNorm,
-            ("ffn_down", _) => LayerPart::Down,
-            ("post_attention_norm" | "post_ffw_norm", _) => LayerPart::PostNorms,
-            ("ffn_gate_inp" | "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps", _) => {
-                LayerPart::Experts
+            Some(Role::Global(Global::Output)) if self.holds_output() => vec![Part::Output],
+            Some(Role::Global(Global::OutputNorm)) if self.runs_head() => vec![Part::OutputNorm],
+            Some(Role::Global(Global::RopeFactors)) => vec![Part::RopeFactors],
+            Some(Role::Layer(il, part)) if self.layers.contains(&il) => {
+                vec![Part::Layer(il, part)]
             }
-            _ => return None,
-        };
-        Some(Part::Layer(il, part))
+            _ => Vec::new(),
+        }
     }
 
     /// Weight bytes a decoded token reads, from the bytes of each part's matrices: every
@@ -193,24 +179,9 @@ impl Plan {
             .sum()
     }
 
-    /// Tensors a load reads (each matrix, vector and bias), for progress.
+    /// Tensors a load reads, for progress: each once for every held part made from it.
     pub fn tensor_count(&self) -> usize {
-        let family = &self.config.family;
-        // A layer of experts reads its router and three matrices an expert instead of the
-        // FFN's three.
-        let ffn = self.config.experts.map_or(3, |x| 1 + 3 * x.n_expert);
-        let per_layer = 6
-            + ffn
-            + 2 * usize::from(family.sub_norms)
-            + 2 * usize::from(family.qk_norm)
-            + 2 * usize::from(family.post_norms);
-        self.layers
-            .clone()
-            .map(|il| per_layer + if self.has_bias(il) { 3 } else { 0 })
-            .sum::<usize>()
-            + usize::from(self.holds_embedding())
-            + usize::from(self.runs_head())
-            + usize::from(self.holds_output())
+        self.tensor_count
     }
 }
 
@@ -591,6 +562,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
     async fn stacked(&mut self, stack: TensorInfo, n: usize) -> Result<Vec<B::Matrix>, ModelError> {
         let (rows, cols) = (stack.ne[1] as usize, stack.ne[0] as usize);
         let bytes = self.fetch.fetch(&stack).await?;
+        self.tick();
         let mut out = Vec::with_capacity(n);
         for e in 0..n {
             let one = expert(&stack, e, n);
@@ -709,7 +681,9 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             Some(_) => Some(self.vector_data(&scale_name, 1).await?[0]),
             None => None,
         };
-        Ok(match self.fetch.fetch(&info).await? {
+        let fetched = self.fetch.fetch(&info).await?;
+        self.tick();
+        Ok(match fetched {
             None => (
                 MatrixDesc::new(&info, self.file.bytes(), rows, cols)?,
                 None,
@@ -744,16 +718,14 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         usage: MatrixUse,
     ) -> Result<B::Matrix, ModelError> {
         self.count_bytes(desc.range.len());
-        let m = match bytes {
+        Ok(match bytes {
             None => self.backend.load_matrix(self.file, desc, scale, usage)?,
             Some(mut bytes) => {
                 // I2_S descriptions cover the codes only; the scale after them was read.
                 bytes.truncate(desc.range.end);
                 self.backend.load_owned_matrix(desc, bytes, scale, usage)?
             }
-        };
-        self.tick();
-        Ok(m)
+        })
     }
 
     /// [`Loader::matrix`] of a product matrix whose rows are stored in `order` (row `i` of
@@ -858,7 +830,9 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
 
     async fn vector_data(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let info = self.info(name)?;
-        Ok(match self.fetch.fetch(&info).await? {
+        let fetched = self.fetch.fetch(&info).await?;
+        self.tick();
+        Ok(match fetched {
             None => read_f32_vector(
                 &info,
                 self.file.tensor_bytes(&info).map_err(WeightError::from)?,
@@ -893,9 +867,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         if scale != 1.0 {
             data.iter_mut().for_each(|g| *g *= scale);
         }
-        let v = self.backend.load_vector(data)?;
-        self.tick();
-        Ok(v)
+        Ok(self.backend.load_vector(data)?)
     }
 
     async fn vector(&mut self, name: &str, len: usize) -> Result<B::Vector, ModelError> {
