@@ -37,6 +37,10 @@ Steps (positional; default both):
                                 rope_factors_long 1-40, rope.scaling.attn_factor 1.19, original
                                 context 256 = n_ctx, so llama.cpp rotates with the short ones),
                                 tied F16 embedding
+             tiny-mixtral-f16   arch llama in Mixtral's form: Mistral's attention (GQA 4/1,
+                                theta 1e6, untied head) and 8 experts of feed_forward_length
+                                256, 2 used per token, named by expert_count alone (an F32
+                                router, F16 experts stacked [cols, rows, 8])
              tiny-falcon3-f16   arch llama in Falcon3's head geometry: head width 256 named by
                                 attention.key_length (Q 512 wide over n_embd 256), GQA 2/1,
                                 theta 1000042, untied F16 output.weight; ternary values t*beta
@@ -176,6 +180,9 @@ FALCON3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=2, n_head_kv=1, n_la
 # Mistral 7B's proportions: GQA 4/1, theta 1e6, an untied head, no rope_freqs
 MISTRAL = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_layer=2, n_ctx=256,
                   rope_base=1e6)
+# Mixtral 8x7B's: Mistral's, each expert's FFN (and feed_forward_length) 256 wide here
+MIXTRAL = HParams(n_vocab=512, n_embd=256, n_ff=256, n_head=4, n_head_kv=1, n_layer=2, n_ctx=256,
+                  rope_base=1e6)
 # Qwen3's geometry: heads of 128 whatever n_embd (Q wider than the residual stream), theta 1e6,
 # eps 1e-6
 QWEN3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, n_ctx=256,
@@ -214,6 +221,9 @@ FAMILIES = [
     Family("tiny-gemma2-f16", "gemma2", GEMMA2, 128, GGML_F16, False, False, False, False,
            window=5),
     Family("tiny-phi3-f16", "phi3", PHI3, 64, GGML_F16, False, False, False, False, rope_dim=48),
+    # Mixtral's: Mistral's graph (arch llama, untied) with 8 experts, 2 used
+    Family("tiny-mixtral-f16", "llama", MIXTRAL, 64, GGML_F16, True, False, False, False,
+           experts=(8, 2, 256)),
 ]
 
 
@@ -425,8 +435,11 @@ def kvs(f: Family) -> list[KV]:
                  kv_u32(f"{A}.rope.scaling.original_context_length", hp.n_ctx)]
     if f.experts:
         n_expert, n_used, n_ff = f.experts
-        keys += [kv_u32(f"{A}.expert_count", n_expert), kv_u32(f"{A}.expert_used_count", n_used),
-                 kv_u32(f"{A}.expert_feed_forward_length", n_ff)]
+        keys += [kv_u32(f"{A}.expert_count", n_expert), kv_u32(f"{A}.expert_used_count", n_used)]
+        if A == "llama":    # Mixtral's experts are feed_forward_length wide, named once
+            assert n_ff == hp.n_ff
+        else:
+            keys += [kv_u32(f"{A}.expert_feed_forward_length", n_ff)]
     keys += [kv_u32("general.file_type", LLAMA_FTYPE[f.weight_type]),
              kv_u32("general.quantization_version", 2)]
     if f.spm:

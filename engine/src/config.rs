@@ -59,9 +59,20 @@ pub struct Family {
     pub attn_softcap: Softcap,
     /// The soft cap of the logits (`final_logit_softcapping`).
     pub final_softcap: Softcap,
-    /// The FFN is a mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`: Qwen3-MoE),
-    /// its routing weights renormalized over the chosen experts.
-    pub moe: bool,
+    /// Whether the FFN is a mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`), its
+    /// routing weights renormalized over the chosen experts.
+    pub moe: Mixture,
+}
+
+/// Whether a family's FFN is a mixture of experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixture {
+    /// Never: one gated FFN.
+    Never,
+    /// Always (Qwen3-MoE).
+    Always,
+    /// Where the file names `expert_count` (Mixtral's files are `llama` with experts).
+    WhereNamed,
 }
 
 impl Family {
@@ -83,7 +94,7 @@ impl Family {
             window_rope_base: None,
             attn_softcap: Softcap::Refused,
             final_softcap: Softcap::Refused,
-            moe: false,
+            moe: Mixture::Never,
         };
         Some(match arch {
             "bitnet-b1.58" | "bitnet-25" => Self {
@@ -95,8 +106,10 @@ impl Family {
                 sub_norms: true,
                 ..plain
             },
+            // Mixtral: Llama's graph with a mixture of experts.
             "llama" => Self {
                 rope_pairs: RopePairs::Adjacent,
+                moe: Mixture::WhereNamed,
                 ..plain
             },
             // Phi-3/4: the plain graph; its fused `attn_qkv` and `ffn_up` (gate and up in one
@@ -108,7 +121,7 @@ impl Family {
             },
             "qwen3moe" => Self {
                 qk_norm: true,
-                moe: true,
+                moe: Mixture::Always,
                 ..plain
             },
             "gemma2" => Self {
@@ -562,7 +575,12 @@ impl Config {
             1.0
         };
         let rope_base = float("rope.freq_base", 10000.0)?;
-        let experts = if family.moe {
+        let moe = match family.moe {
+            Mixture::Never => false,
+            Mixture::Always => true,
+            Mixture::WhereNamed => g.get_u64(&key("expert_count")).is_some_and(|n| n > 0),
+        };
+        let experts = if moe {
             let n_expert = int("expert_count")?;
             let n_used = int("expert_used_count")?;
             if n_used > n_expert {
@@ -579,7 +597,11 @@ impl Config {
             Some(Experts {
                 n_expert,
                 n_used,
-                n_ff: int("expert_feed_forward_length")?,
+                // Mixtral's experts are `feed_forward_length` wide (llama.cpp's `llama` graph).
+                n_ff: match g.get_u64(&key("expert_feed_forward_length")) {
+                    Some(_) => int("expert_feed_forward_length")?,
+                    None => int("feed_forward_length")?,
+                },
                 normalize: true,
                 scale,
             })

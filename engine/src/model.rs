@@ -464,7 +464,8 @@ pub fn check_tensor_table(g: &crate::gguf::Gguf, config: &Config) -> Result<(), 
     // Every tensor must be one the family's graph reads (the table in `tensors.rs`): a bias
     // on another product, head norms or post-norms in a family without them, another
     // family's FFN, a name no family has.
-    let unread = |name: &str| tensors::role_of(name, &config.family).is_none();
+    let moe = config.experts.is_some();
+    let unread = |name: &str| tensors::role_of(name, &config.family, moe).is_none();
     if let Some(t) = g.tensors().iter().find(|t| unread(&t.name)) {
         return Err(ModelError::UnreadTensor {
             name: t.name.clone(),

@@ -174,12 +174,13 @@ pub const FAMILIES: &[&str] = &[
     "tiny-gemma2-f16",
     "tiny-gemma3-f16",
     "tiny-phi3-f16",
+    "tiny-mixtral-f16",
 ];
 
 /// The golden models the GPU backend refuses (its products do not route to experts yet, so a
 /// model with mixture-of-experts layers runs on the CPU backend): the GPU's golden tests leave
 /// them out, and `golden_families.rs` checks the refusal.
-pub const CPU_ONLY: &[&str] = &["tiny-qwen3moe-f16"];
+pub const CPU_ONLY: &[&str] = &["tiny-qwen3moe-f16", "tiny-mixtral-f16"];
 
 /// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16` and `tiny-mistral-f32`
 /// (golden-values/families.py): the file types people download — Q4_0, Q4_K_M, Q5_K_M, Q6_K,

@@ -1,4 +1,5 @@
-//! The `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3` and `phi3` graphs (golden-values/families.py) against llama.cpp
+//! The `llama` (and Mixtral's), `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3` and `phi3` graphs
+//! (golden-values/families.py) against llama.cpp
 //! 0c1e57098, on
 //! the CPU (scalar and the best SIMD) and the GPU: end to end, every layer with teacher
 //! forcing, cached decode against prefill, and a layer split as a ring runs it.
@@ -19,9 +20,12 @@
 //! proportions (GQA 4/1, θ 1e6, an untied head) with F32 projections and a SentencePiece
 //! vocabulary, one of its sequences a text llama.cpp tokenized; `tiny-qwen3-f16` Qwen3's RMSNorm
 //! of each head's query and key (gains spread over 0.5–3) with heads of 128 over a residual
-//! stream of 256, θ 1e6, eps 1e-6; `tiny-qwen3moe-f16` its attention with a mixture of 8
-//! experts, 2 a token (the CPU only: the GPU refuses it); `tiny-gemma3-f16` Gemma 3's graph over six layers: a
-//! sliding window of 5 positions on the first five (RoPE base 1e4 there, 1e6 on the sixth),
+//! stream of 256, θ 1e6, eps 1e-6, and Qwen3's YaRN (4 × 32768); `tiny-qwen3moe-f16` its
+//! attention with a mixture of 8 experts, 2 a token (the CPU only: the GPU refuses it);
+//! `tiny-mixtral-f16` Mixtral's form: `llama` with 8 experts named by `expert_count` alone,
+//! 2 a token, over Mistral's attention (the CPU only); `tiny-gemma3-f16` Gemma 3's graph over
+//! six layers: a sliding window of 5 positions on the first five (RoPE base 1e4 there, 1e6 on
+//! the sixth, whose positions alone are scaled by 1/8),
 //! norms after the attention and the FFN, GELU, the embedding scaled by √256; `tiny-gemma2-f16`
 //! the same without head norms over four layers, the even ones windowed with the global RoPE
 //! base, the attention scores soft-capped at 5 and the logits at 30; `tiny-phi3-f16`
@@ -435,18 +439,20 @@ fn phi3_rotates_with_longrope_factors_chosen_by_the_sessions_length() {
 }
 
 #[test]
-fn the_qwen3moe_golden_tells_its_routing_apart() {
+fn the_moe_goldens_tell_their_routing_apart() {
     // One expert a token instead of two, or all eight: each far outside the bound the
     // routing llama.cpp computes meets (the experts' outputs differ as whole FFNs do).
     use hesper_engine::gguf::Value;
-    let g = Golden::load("tiny-qwen3moe-f16");
-    for used in [1, 8] {
-        let file = with_key(
-            "tiny-qwen3moe-f16",
-            "qwen3moe.expert_used_count",
-            Some(Value::U32(used)),
-        );
-        assert_far_off(&g, &file, &format!("{used} experts a token"));
+    for (stem, arch) in [
+        ("tiny-qwen3moe-f16", "qwen3moe"),
+        ("tiny-mixtral-f16", "llama"),
+    ] {
+        let g = Golden::load(stem);
+        for used in [1, 8] {
+            let key = format!("{arch}.expert_used_count");
+            let file = with_key(stem, &key, Some(Value::U32(used)));
+            assert_far_off(&g, &file, &format!("{used} experts a token"));
+        }
     }
 }
 

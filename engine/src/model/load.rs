@@ -148,7 +148,8 @@ impl Plan {
     /// The held parts made from tensor `name` (none for a tensor of another node's layers,
     /// or one the family's graph does not read).
     pub fn parts_of(&self, name: &str) -> Vec<Part> {
-        match role_of(name, &self.config.family) {
+        let moe = self.config.experts.is_some();
+        match role_of(name, &self.config.family, moe) {
             Some(Role::Global(Global::Embedding)) => {
                 let mut parts = Vec::new();
                 if self.holds_embedding() {

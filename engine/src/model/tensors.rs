@@ -34,9 +34,10 @@ impl Kind {
 enum ReadBy {
     /// Every family.
     All,
-    /// Families whose FFN is one gated FFN.
+    /// Models whose FFN is one gated FFN.
     Dense,
-    /// Families whose FFN is a mixture of experts ([`Family::moe`]).
+    /// Models whose FFN is a mixture of experts ([`Family::moe`], by the file where the family
+    /// leaves it to it).
     Moe,
     /// Families with BitNet's sub-norms ([`Family::sub_norms`]).
     SubNorms,
@@ -47,11 +48,11 @@ enum ReadBy {
 }
 
 impl ReadBy {
-    fn includes(self, f: &Family) -> bool {
+    fn includes(self, f: &Family, moe: bool) -> bool {
         match self {
             ReadBy::All => true,
-            ReadBy::Dense => !f.moe,
-            ReadBy::Moe => f.moe,
+            ReadBy::Dense => !moe,
+            ReadBy::Moe => moe,
             ReadBy::SubNorms => f.sub_norms,
             ReadBy::QkNorm => f.qk_norm,
             ReadBy::PostNorms => f.post_norms,
@@ -145,16 +146,17 @@ pub(super) enum Role {
     Global(Global),
 }
 
-/// What the tensor `name` is to the graph of `family`, or `None` where that graph does not
-/// read it (a tensor of another family, or one no family has).
-pub(super) fn role_of(name: &str, family: &Family) -> Option<Role> {
+/// What the tensor `name` is to the graph of `family` (with a mixture-of-experts FFN where
+/// `moe`), or `None` where that graph does not read it (a tensor of another family, or one no
+/// family has).
+pub(super) fn role_of(name: &str, family: &Family, moe: bool) -> Option<Role> {
     let (base, suffix) = name.rsplit_once('.')?;
     if let Some(rest) = base.strip_prefix("blk.") {
         let (il, tensor) = rest.split_once('.')?;
         let il = il.parse::<usize>().ok()?;
         return LAYER_TENSORS
             .iter()
-            .find(|t| t.name == tensor && t.kind.takes(suffix) && t.read_by.includes(family))
+            .find(|t| t.name == tensor && t.kind.takes(suffix) && t.read_by.includes(family, moe))
             .map(|t| Role::Layer(il, t.part));
     }
     GLOBAL_TENSORS
@@ -166,13 +168,15 @@ pub(super) fn role_of(name: &str, family: &Family) -> Option<Role> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Mixture;
 
     fn family(arch: &str) -> Family {
         Family::of(arch).expect("a family hesper-rs runs")
     }
 
     fn part(name: &str, arch: &str) -> Option<LayerPart> {
-        match role_of(name, &family(arch))? {
+        let moe = family(arch).moe == Mixture::Always;
+        match role_of(name, &family(arch), moe)? {
             Role::Layer(_, part) => Some(part),
             Role::Global(_) => None,
         }
@@ -186,6 +190,18 @@ mod tests {
         );
         assert_eq!(part("blk.3.ffn_gate_inp.weight", "qwen3"), None);
         assert_eq!(part("blk.3.ffn_gate.weight", "qwen3moe"), None);
+        // Llama's FFN is what its file says (Mixtral's experts).
+        let llama = family("llama");
+        let gate = |name: &str, moe| match role_of(name, &llama, moe) {
+            Some(Role::Layer(_, part)) => Some(part),
+            _ => None,
+        };
+        assert_eq!(
+            gate("blk.0.ffn_gate_exps.weight", true),
+            Some(LayerPart::Experts)
+        );
+        assert_eq!(gate("blk.0.ffn_gate_exps.weight", false), None);
+        assert_eq!(gate("blk.0.ffn_gate.weight", true), None);
         assert_eq!(
             part("blk.3.ffn_gate.weight", "qwen3"),
             Some(LayerPart::GateUp)
@@ -217,14 +233,14 @@ mod tests {
         assert_eq!(part("blk.1.attn_norm.scale", "llama"), None);
         assert_eq!(part("blk.x.attn_norm.weight", "llama"), None);
         assert!(matches!(
-            role_of("token_embd.weight", &family("llama")),
+            role_of("token_embd.weight", &family("llama"), false),
             Some(Role::Global(Global::Embedding))
         ));
         assert!(matches!(
-            role_of("rope_factors_long.weight", &family("phi3")),
+            role_of("rope_factors_long.weight", &family("phi3"), false),
             Some(Role::Global(Global::RopeFactors))
         ));
-        assert!(role_of("output_norm.bias", &family("llama")).is_none());
-        assert!(role_of("token_types.weight", &family("llama")).is_none());
+        assert!(role_of("output_norm.bias", &family("llama"), false).is_none());
+        assert!(role_of("token_types.weight", &family("llama"), false).is_none());
     }
 }
