@@ -504,8 +504,6 @@ impl Config {
             }
             None => family.activation,
         };
-        // llama.cpp's default type is linear: a factor without a type scales too. LongRoPE's
-        // factors are tensors; its positions scale as linear ones.
         let n_ctx_train = int("context_length")?;
         let n_ctx_orig = match g.get_u64(&key("rope.scaling.original_context_length")) {
             Some(_) => int("rope.scaling.original_context_length")?,
@@ -518,14 +516,19 @@ impl Config {
             Some(k) if g.get_f64(&key(k)) != Some(0.0) => float(k, 1.0)?,
             _ => 1.0,
         };
-        let rope_yarn = match g.get_str(&key("rope.scaling.type")) {
-            None | Some("linear" | "longrope") => None,
-            Some("none") => None,
-            Some("yarn") => Some(Yarn {
-                n_ctx_orig,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-            }),
+        // llama.cpp's default type is linear: a factor without a type scales too. LongRoPE's
+        // factors are tensors; its positions scale as linear ones.
+        let (rope_scale, rope_yarn) = match g.get_str(&key("rope.scaling.type")) {
+            Some("none") => (1.0, None),
+            None | Some("linear" | "longrope") => (1.0 / factor, None),
+            Some("yarn") => (
+                1.0 / factor,
+                Some(Yarn {
+                    n_ctx_orig,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                }),
+            ),
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     key: key("rope.scaling.type"),
@@ -533,10 +536,6 @@ impl Config {
                     why: "hesper-rs computes none, linear, longrope and yarn".into(),
                 })
             }
-        };
-        let rope_scale = match g.get_str(&key("rope.scaling.type")) {
-            Some("none") => 1.0,
-            _ => 1.0 / factor,
         };
         let n_layer = int("block_count")?;
         let softcap = |k: &str, rule: Softcap| -> Result<Option<f32>, ConfigError> {
