@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden values for the model families beside BitNet: tiny synthetic `llama`, `qwen2`, `qwen3`,
-`qwen3moe`, `gemma2`, `gemma3` and `phi3` GGUF files and llama.cpp's logits and residual streams for them.
+`qwen3moe`, `gemma2`, `gemma3`, `phi3` and `gpt-oss` GGUF files and llama.cpp's logits and residual streams for them.
 
 Steps (positional; default both):
 
@@ -41,6 +41,16 @@ Steps (positional; default both):
                                 theta 1e6, untied head) and 8 experts of feed_forward_length
                                 256, 2 used per token, named by expert_count alone (an F32
                                 router, F16 experts stacked [cols, rows, 8])
+             tiny-gpt-oss-f16   arch gpt-oss in gpt-oss-20b's proportions: heads of 64 over
+                                n_embd 256 (Q twice as wide), GQA 8/2, Q/K/V and output biases,
+                                a learned attention sink per head, a sliding window of 5 on
+                                layer 0 of 2 (gpt-oss: 128 on every other layer), theta 150000
+                                with YaRN (factor 32 over an original 4096 positions), the norm
+                                before the FFN named post_attention_norm, 8 experts of n_ff 256
+                                with 4 used (top-k of the biased router's logits, softmax over
+                                those), every expert's gate, up and down biased, gate and up
+                                spread to std ~4 so that the clamped SwiGLU (limit 7) clamps,
+                                untied F16 head
              tiny-falcon3-f16   arch llama in Falcon3's head geometry: head width 256 named by
                                 attention.key_length (Q 512 wide over n_embd 256), GQA 2/1,
                                 theta 1000042, untied F16 output.weight; ternary values t*beta
@@ -61,7 +71,8 @@ Steps (positional; default both):
              tiny-mistral-q4_k_m (untied: a Q4_K token_embd, a Q6_K output.weight), and
              tiny-qwen3moe-f16 into tiny-qwen3moe-q4_k_m (stacked Q4_K and Q6_K experts, Q8_0
              attn_v and Q5_K attn_output as llama.cpp mixes a mixture of experts, the router
-             kept F32)
+             kept F32), and tiny-gpt-oss-f16 into tiny-gpt-oss-mxfp4 (MXFP4_MOE, as gpt-oss is
+             published: MXFP4 experts, Q8_0 for the other matrices)
   llama    Run llama.cpp (generate.py's LlamaCpp: CPU, flash attention off, F32 KV cache, one
            ubatch) on each model but the I2_S one and the three token sequences of
            generate.py (a SentencePiece model also SPM_TEXT as llama.cpp tokenizes it); write
@@ -126,6 +137,11 @@ class Family:
     experts: tuple[int, int, int] | None = None  # (count, used, each one's n_ff): qwen3moe
     rope_dim: int = 0           # rope.dimension_count when RoPE turns only part of a head
     yarn: tuple[float, int] | None = None  # YaRN's (factor, original context): Qwen3's 128K files
+
+    @property
+    def oss(self) -> bool:
+        """gpt-oss's graph: biases on every product, attention sinks, a clamped SwiGLU."""
+        return self.arch == "gpt-oss"
 
     @property
     def fused(self) -> bool:
@@ -197,6 +213,10 @@ GEMMA3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, n_lay
 # four layers so that the window pattern (even layers windowed) holds twice
 GEMMA2 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=4, n_ctx=256,
                  rope_base=1e4, eps=1e-6)
+# gpt-oss-20b's proportions: heads of 64 over a narrower stream (Q 512 over 256), GQA 8/2 (4
+# query heads a kv head, as its 64/8), theta 150000, two layers: the first windowed
+GPT_OSS = HParams(n_vocab=512, n_embd=256, n_ff=256, n_head=8, n_head_kv=2, n_layer=2, n_ctx=256,
+                  rope_base=150000.0)
 # Phi-4-mini's proportions: GQA 3/1 (here 4/2), RoPE over three quarters of each head
 PHI3 = HParams(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, n_ctx=256)
 FAMILIES = [
@@ -224,6 +244,9 @@ FAMILIES = [
     # Mixtral's: Mistral's graph (arch llama, untied) with 8 experts, 2 used
     Family("tiny-mixtral-f16", "llama", MIXTRAL, 64, GGML_F16, True, False, False, False,
            experts=(8, 2, 256)),
+    # gpt-oss: biases, sinks, a window of 5 on every other layer, YaRN, 8 experts of which 4
+    Family("tiny-gpt-oss-f16", "gpt-oss", GPT_OSS, 64, GGML_F16, True, True, False, False,
+           window=5, experts=(8, 4, 256), yarn=(32.0, 4096)),
 ]
 
 
@@ -257,6 +280,8 @@ QUANTIZED = [
     Quantized("tiny-mistral-q4_k_m", FAMILIES[4], 15, "q8_k"),
     # Qwen3-30B-A3B's Q4_K_M: stacked Q4_K and Q6_K experts beside the F32 router
     Quantized("tiny-qwen3moe-q4_k_m", FAMILIES[8], 15, "q8_k"),
+    # gpt-oss as published: MXFP4 experts (MXFP4_MOE), Q8_0 for every other matrix
+    Quantized("tiny-gpt-oss-mxfp4", FAMILIES[13], 38, "q8_0"),
 ]
 
 
@@ -369,9 +394,19 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
                 bias = p + name + ".bias"
                 add(bias, (rows,), GGML_F32, lambda bias=bias, rows=rows: (
                     0.5 * tensor_rng(seed, bias).standard_normal(rows)).astype(np.float32).tobytes())
+            if f.oss and name == "attn_output":
+                bias, sinks = p + "attn_output.bias", p + "attn_sinks.weight"
+                add(bias, (E,), GGML_F32, lambda bias=bias: (
+                    0.5 * tensor_rng(seed, bias).standard_normal(E)).astype(np.float32).tobytes())
+                # Sinks around the scores' scale, so that each takes a visible share
+                add(sinks, (hp.n_head,), GGML_F32, lambda sinks=sinks: (
+                    1.0 + tensor_rng(seed, sinks).standard_normal(hp.n_head)
+                ).astype(np.float32).tobytes())
             if name == "attn_output":
-                add(p + "ffn_norm.weight", (E,), GGML_F32,
-                    lambda p=p: gen_norm(seed, p + "ffn_norm.weight", E).tobytes())
+                # gpt-oss names its norm before the FFN post_attention_norm
+                norm = p + ("post_attention_norm" if f.oss else "ffn_norm") + ".weight"
+                add(norm, (E,), GGML_F32,
+                    lambda norm=norm: gen_norm(seed, norm, E).tobytes())
             if f.experts and name == "attn_output":
                 for info, make in expert_tensors(f, seed, p):
                     out.append((info, make))
@@ -384,19 +419,32 @@ def tensors(f: Family, seed: int) -> list[tuple[TensorInfo, Callable[[], bytes]]
 
 def expert_tensors(f: Family, seed: int, p: str) -> list[tuple[TensorInfo, Callable[[], bytes]]]:
     """A mixture-of-experts layer's router (F32, logits of std ~2 so that no two experts tie)
-    and its experts' gate, up and down projections stacked `[cols, rows, n_expert]` (F16)."""
+    and its experts' gate, up and down projections stacked `[cols, rows, n_expert]` (F16);
+    gpt-oss's also with their biases (F32: the router's `[n_expert]`, the experts'
+    `[rows, n_expert]`), its gate and up spread 4 times wider so that its SwiGLU's clamps at
+    7 take hold."""
     E = f.hp.n_embd
     n_expert, _, F = f.experts
     router = p + "ffn_gate_inp.weight"
     out = [(TensorInfo(router, (E, n_expert), GGML_F32), lambda: (
         2.0 * tensor_rng(seed, router).standard_normal((n_expert, E)) / np.sqrt(E)
     ).astype(np.float32).tobytes())]
+
+    def bias(name: str, ne: tuple[int, ...]) -> None:
+        out.append((TensorInfo(name, ne, GGML_F32), lambda: (
+            0.5 * tensor_rng(seed, name).standard_normal(ne[::-1])).astype(np.float32).tobytes()))
+
+    if f.oss:
+        bias(p + "ffn_gate_inp.bias", (n_expert,))
     for name, rows, cols in (("ffn_gate_exps", F, E), ("ffn_up_exps", F, E),
                              ("ffn_down_exps", E, F)):
         w = p + name + ".weight"
-        out.append((TensorInfo(w, (cols, rows, n_expert), GGML_F16), lambda w=w, rows=rows, cols=cols: (
-            tensor_rng(seed, w).standard_normal((n_expert, rows, cols)) / np.sqrt(cols)
+        spread = 4.0 if f.oss and name != "ffn_down_exps" else 1.0
+        out.append((TensorInfo(w, (cols, rows, n_expert), GGML_F16), lambda w=w, rows=rows, cols=cols, spread=spread: (
+            spread * tensor_rng(seed, w).standard_normal((n_expert, rows, cols)) / np.sqrt(cols)
         ).astype(np.float16).tobytes()))
+        if f.oss:
+            bias(p + name + ".bias", (rows, n_expert))
     return out
 
 

@@ -84,13 +84,14 @@ fn main() {
     }
 }
 
-fn shape(n_head: usize, n_head_kv: usize, head_dim: usize) -> AttentionShape {
+fn shape(n_head: usize, n_head_kv: usize, head_dim: usize) -> AttentionShape<'static> {
     AttentionShape {
         n_head,
         n_head_kv,
         head_dim,
         window: None,
         softcap: None,
+        sinks: None,
     }
 }
 

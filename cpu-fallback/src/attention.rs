@@ -269,7 +269,8 @@ pub fn attention(
                 isa.scores_x4(q4, kh, stride, four(scores.chunks_exact_mut(len)));
                 scores
                     .chunks_exact_mut(len)
-                    .for_each(|row| softmax(isa, row, scale, s.softcap));
+                    .enumerate()
+                    .for_each(|(g, row)| softmax(isa, row, scale, s, h + g));
                 let p4 = four(scores.chunks_exact(len));
                 isa.weighted_sum_x4(p4, vh, stride, four(o.chunks_exact_mut(hd)));
             });
@@ -297,20 +298,40 @@ pub fn attention(
             };
             let mut scores = vec![0.0f32; len];
             isa.scores(qh, kh, stride, &mut scores);
-            softmax(isa, &mut scores, scale, s.softcap);
+            softmax(isa, &mut scores, scale, s, h);
             isa.weighted_sum(&scores, vh, stride, o);
         });
 }
 
-/// The softmax of the scores `row` times `scale`, soft-capped at `cap` first where given.
-fn softmax(isa: Isa, row: &mut [f32], scale: f32, cap: Option<f32>) {
-    match cap {
-        Some(cap) => {
+/// The softmax of query head `head`'s scores `row` times `scale`, soft-capped first where `s`
+/// caps them, with the head's sink in the denominator where `s` has sinks.
+fn softmax(isa: Isa, row: &mut [f32], scale: f32, s: &AttentionShape, head: usize) {
+    match (s.softcap, s.sinks) {
+        (cap, Some(sinks)) => softmax_with_sink(row, scale, cap, sinks[head]),
+        (Some(cap), None) => {
             crate::ops::softcap(row, scale, cap);
             isa.softmax(row, 1.0);
         }
-        None => isa.softmax(row, scale),
+        (None, None) => isa.softmax(row, scale),
     }
+}
+
+/// The softmax of the scaled (and capped) scores `row` with `sink` as one more logit that
+/// weighs no value: its maximum includes the sink and its sum `exp(sink − max)`, summed in f64
+/// as ggml's `soft_max` sums.
+fn softmax_with_sink(row: &mut [f32], scale: f32, cap: Option<f32>, sink: f32) {
+    match cap {
+        Some(cap) => crate::ops::softcap(row, scale, cap),
+        None => row.iter_mut().for_each(|v| *v *= scale),
+    }
+    let max = row.iter().copied().fold(sink, f32::max);
+    let mut sum = f64::from((sink - max).exp());
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    row.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// The first four items of `it` (which holds four).
@@ -330,6 +351,7 @@ mod tests {
             head_dim: 2,
             window: None,
             softcap: None,
+            sinks: None,
         };
         let mut cache = KvCache::new(1, 4, 2);
         let mut out = vec![0.0; 4];
@@ -361,6 +383,40 @@ mod tests {
         );
         assert!(out[0] < 3.0 && out[0] > 1.0 && out[1] > -1.0);
         assert!(out[0] < out[2], "head 1 attends less to the new key");
+    }
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax_and_weighs_no_value() {
+        // One position: its score q·k/√2 = 0 and head 0's sink 0 split the weight in half;
+        // head 1's sink of ln 3 takes three quarters. Neither scales the sink.
+        let sinks = [0.0, 3f32.ln()];
+        let s = AttentionShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 2,
+            window: None,
+            softcap: None,
+            sinks: Some(&sinks),
+        };
+        let mut cache = KvCache::new(1, 4, 2);
+        let mut out = vec![0.0; 4];
+        attention(
+            Isa::Scalar,
+            &mut cache,
+            0,
+            &[0.0, 0.0, 0.0, 0.0],
+            &[1.0, 1.0],
+            &[4.0, -8.0],
+            1,
+            0,
+            &s,
+            &mut out,
+        );
+        let want = [2.0, -4.0, 1.0, -2.0];
+        assert!(
+            out.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The mixture-of-experts FFN on the CPU: each row routed on the host
 //! ([`hesper_engine::config::Experts::route`]), the rows of a step grouped by expert so that
 //! each chosen expert's matrices are read once for all its rows, then every row's outputs
-//! weighted and summed in the order of its choice (as llama.cpp adds them up).
+//! weighted and summed in the order of its choice (as llama.cpp adds them up). Where the
+//! family has biases (gpt-oss), the router's is added to its logits and each expert's to its
+//! gate, up and down products.
 
-use hesper_engine::backend::{Backend, Moe};
+use hesper_engine::backend::{Backend, GateUp, Moe};
 use hesper_engine::config::{Activation, Experts};
 
 use crate::{CpuBackend, CpuMatrix};
@@ -12,7 +14,7 @@ use crate::{CpuBackend, CpuMatrix};
 #[allow(clippy::ptr_arg)] // the backend's buffers, as its products take them
 pub fn moe_ffn(
     b: &CpuBackend,
-    moe: &Moe<CpuMatrix>,
+    moe: &Moe<CpuMatrix, Vec<f32>>,
     routing: &Experts,
     act: Activation,
     x: &Vec<f32>,
@@ -23,6 +25,9 @@ pub fn moe_ffn(
     let (n_expert, ff) = (routing.n_expert, routing.n_ff);
     let mut logits = vec![0.0; n * n_expert];
     b.matmul(&moe.router, x, n, &mut logits);
+    if let Some(bias) = &moe.router_bias {
+        b.add_bias(&mut logits, bias, n);
+    }
     let routes: Vec<Vec<(usize, f32)>> = logits
         .chunks_exact(n_expert)
         .map(|row| routing.route(row))
@@ -44,17 +49,32 @@ pub fn moe_ffn(
         }
         let expert = &moe.experts[e];
         let (mut gate, mut up, mut a) = (vec![0.0; m * ff], vec![0.0; m * ff], vec![0.0; m * ff]);
-        b.gate_up(
-            &expert.gate_up,
-            &xs,
-            m,
-            ff,
-            act,
-            [&mut gate, &mut up],
-            &mut a,
-        );
+        match &expert.biases {
+            Some([gate_bias, up_bias, _]) => {
+                let GateUp::Apart { gate: wg, up: wu } = &expert.gate_up else {
+                    unreachable!("the CPU keeps gate and up apart (the default join_gate_up)")
+                };
+                b.matmul(wg, &xs, m, &mut gate);
+                b.add_bias(&mut gate, gate_bias, m);
+                b.matmul(wu, &xs, m, &mut up);
+                b.add_bias(&mut up, up_bias, m);
+                b.glu(&gate, &up, m * ff, act, &mut a);
+            }
+            None => b.gate_up(
+                &expert.gate_up,
+                &xs,
+                m,
+                ff,
+                act,
+                [&mut gate, &mut up],
+                &mut a,
+            ),
+        }
         let mut y = vec![0.0; m * d];
         b.matmul(&expert.down, &a, m, &mut y);
+        if let Some([.., down_bias]) = &expert.biases {
+            b.add_bias(&mut y, down_bias, m);
+        }
         for (&(t, rank), yr) in rows.iter().zip(y.chunks_exact(d)) {
             ys[(t * n_used + rank) * d..][..d].copy_from_slice(yr);
         }

@@ -341,7 +341,7 @@ impl Backend for CpuBackend {
 
     fn moe_ffn(
         &self,
-        moe: &Moe<CpuMatrix>,
+        moe: &Moe<CpuMatrix, Vec<f32>>,
         routing: &Experts,
         act: Activation,
         x: &Vec<f32>,

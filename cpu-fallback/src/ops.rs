@@ -46,7 +46,17 @@ pub fn glu(gate: &[f32], up: &[f32], len: usize, act: Activation, out: &mut [f32
             *o = r * r * u;
         }),
         Activation::GeluTanh => it.for_each(|((o, &g), &u)| *o = gelu_tanh(g) * u),
+        Activation::SwigluClamped => it.for_each(|((o, &g), &u)| *o = swiglu_clamped(g, u)),
     }
+}
+
+/// gpt-oss's clamped SwiGLU as [`Activation::SwigluClamped`] defines it (ggml's `swiglu_oai`
+/// step by step): the gate capped, its SiLU of slope α, times the clamped up projection + 1.
+pub fn swiglu_clamped(g: f32, u: f32) -> f32 {
+    let limit = Activation::CLAMPED_LIMIT;
+    let x = g.min(limit);
+    let y = u.clamp(-limit, limit);
+    x / (1.0 + (Activation::CLAMPED_ALPHA * -x).exp()) * (y + 1.0)
 }
 
 /// GELU's tanh approximation as [`Activation::GeluTanh`] defines it: `x / (1 + exp(−2u))`,
@@ -72,6 +82,29 @@ mod tests {
                 "gelu({x}) = {got}, want {want}"
             );
         }
+    }
+
+    #[test]
+    fn the_clamped_swiglu_caps_the_gate_and_clamps_the_up_projection() {
+        let silu = |x: f64| x / (1.0 + (-1.702 * x).exp());
+        for (g, u) in [
+            (0.5f32, 2.0f32),
+            (-3.0, -9.0),
+            (9.0, 1.0),
+            (8.0, 12.0),
+            (-20.0, 0.0),
+        ] {
+            let (gd, ud) = (f64::from(g).min(7.0), f64::from(u).clamp(-7.0, 7.0));
+            let want = silu(gd) * (ud + 1.0);
+            let got = f64::from(swiglu_clamped(g, u));
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                "swiglu_clamped({g}, {u}) = {got}, want {want}"
+            );
+        }
+        // Past the limits nothing moves.
+        assert_eq!(swiglu_clamped(7.0, 7.0), swiglu_clamped(70.0, 70.0));
+        assert_eq!(swiglu_clamped(1.0, -7.0), swiglu_clamped(1.0, -70.0));
     }
 
     #[test]

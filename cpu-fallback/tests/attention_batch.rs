@@ -31,6 +31,7 @@ fn a_batch_attends_like_its_tokens_one_at_a_time() {
             head_dim: 72,
             window: None,
             softcap: None,
+            sinks: None,
         };
         let (width, kv_dim) = (n_head * 72, n_head_kv * 72);
         for isa in Isa::supported() {

@@ -10,7 +10,9 @@ use hesper_cpu::{
     interleave, interleave_f16, interleave_q4_0, interleave_q4_k, interleave_q6_k, interleave_q8_0,
 };
 use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
-use hesper_engine::formats::{q8_0_block, Tq1_0, Tq2_0, F16, F32, Q4K, Q4_0, Q5K, Q6K, Q8_0};
+use hesper_engine::formats::{
+    q8_0_block, Mxfp4, Tq1_0, Tq2_0, F16, F32, Q4K, Q4_0, Q5K, Q6K, Q8_0,
+};
 use proptest::prelude::*;
 
 /// Every SIMD instruction set this CPU runs, each forced in turn rather than only the one
@@ -108,6 +110,15 @@ impl Lcg {
                     half::f16::from_f32(self.float(-0.01, 0) + (self.next() % 100) as f32 / 5000.0);
                 blk[at..at + 2].copy_from_slice(&d.to_le_bytes());
             }
+        }
+        row
+    }
+
+    /// A row of random MXFP4 blocks (every code), their exponents around 1 (2^-8 to 2^7).
+    fn mxfp4_row(&mut self, blocks: usize) -> Vec<u8> {
+        let mut row = self.blocks(blocks, 17, &[]);
+        for blk in row.chunks_exact_mut(17) {
+            blk[0] = 120 + (self.next() % 16) as u8;
         }
         row
     }
@@ -267,23 +278,25 @@ proptest! {
         }
     }
 
-    /// Q4_0 × Q8_0, Q4_K and Q5_K × Q8_K: bit-identical (exact integer block sums, the same
-    /// float order), with every code, scale and minimum the formats can hold.
+    /// Q4_0 and MXFP4 × Q8_0, Q4_K and Q5_K × Q8_K: bit-identical (exact integer block sums,
+    /// the same float order), with every code, scale and minimum the formats can hold.
     #[test]
     fn q4_0_and_k_quants_match_scalar(blocks in 1usize..20, seed in any::<u64>()) {
         let mut g = Lcg(seed);
         let q4_0 = g.blocks(8 * blocks + blocks % 4, 18, &[0]);
         let q4_0_act = quantize_q8_0(&(0..(8 * blocks + blocks % 4) * 32).map(|_| g.float(-10.0, 20)).collect::<Vec<_>>());
+        let mxfp4 = g.mxfp4_row(8 * blocks + blocks % 4);
         let (q4_k, q5_k) = (g.blocks(blocks, 144, &[0, 2]), g.blocks(blocks, 176, &[0, 2]));
         let act = g.q8_k(blocks * 256);
         for isa in simds() {
             prop_assert_eq!(Q4_0.dot(isa, &q4_0, &q4_0_act).to_bits(), scalar::q4_0_dot(&q4_0, &q4_0_act).to_bits(), "{:?}", isa);
+            prop_assert_eq!(Mxfp4.dot(isa, &mxfp4, &q4_0_act).to_bits(), scalar::mxfp4_dot(&mxfp4, &q4_0_act).to_bits(), "{:?} MXFP4", isa);
             prop_assert_eq!(Q4K.dot(isa, &q4_k, &act).to_bits(), scalar::q4_k_dot(&q4_k, &act).to_bits(), "{:?}", isa);
             prop_assert_eq!(Q5K.dot(isa, &q5_k, &act).to_bits(), scalar::q5_k_dot(&q5_k, &act).to_bits(), "{:?}", isa);
         }
     }
 
-    /// The four-token Q4_0, Q4_K, Q5_K and Q6_K kernels and the four-row Q4_0, Q4_K and Q5_K
+    /// The four-token Q4_0, MXFP4, Q4_K, Q5_K and Q6_K kernels and the four-row Q4_0, Q4_K and Q5_K
     /// ones: every token and row bit for bit the scalar dot.
     #[test]
     fn k_quant_tiles_match_scalar(blocks in 1usize..8, seed in any::<u64>()) {
@@ -292,6 +305,7 @@ proptest! {
         let q5_k: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(blocks, 176, &[0, 2])).collect();
         let q6_k = g.q6_k_row(blocks);
         let q4_0: Vec<Vec<u8>> = (0..4).map(|_| g.blocks(8 * blocks, 18, &[0])).collect();
+        let mxfp4 = g.mxfp4_row(8 * blocks);
         let q4_0_acts: Vec<_> = (0..4)
             .map(|_| quantize_q8_0(&(0..blocks * 256).map(|_| g.float(-10.0, 20)).collect::<Vec<_>>()))
             .collect();
@@ -306,6 +320,13 @@ proptest! {
                 prop_assert!(!cfg!(target_arch = "x86_64"), "{:?}: no Q6_K four-token kernel", isa);
             }
             let q4_0_four = [&q4_0_acts[0], &q4_0_acts[1], &q4_0_acts[2], &q4_0_acts[3]];
+            if let Some(x4) = Mxfp4.dot_x4(isa, &mxfp4, q4_0_four) {
+                for k in 0..4 {
+                    prop_assert_eq!(x4[k].to_bits(), scalar::mxfp4_dot(&mxfp4, &q4_0_acts[k]).to_bits(), "{:?} MXFP4 token {}", isa, k);
+                }
+            } else {
+                prop_assert!(!cfg!(target_arch = "x86_64"), "{:?}: no MXFP4 four-token kernel", isa);
+            }
             let q4_0_tiles = (Q4_0.dot_x4(isa, &q4_0[0], q4_0_four), Q4_0.dot_rows4(isa, &q4_0.concat(), &q4_0_acts[0]));
             if let (Some(x4), Some(rows4)) = q4_0_tiles {
                 for k in 0..4 {
@@ -714,7 +735,7 @@ fn q6_k_dot_agrees_with_the_decoder() {
     }
 }
 
-/// The Q4_0, Q4_K and Q5_K dots mean what their decoders say: Σ decode(w)·(d·q), up to f32
+/// The Q4_0, MXFP4, Q4_K and Q5_K dots mean what their decoders say: Σ decode(w)·(d·q), up to f32
 /// rounding (the dots sum exact integers per block, the oracle sums products in f64). A dot
 /// that dropped the minimums, the fifth bit or a sub-block's scale would be off by far more.
 #[test]
@@ -752,4 +773,5 @@ fn q4_0_and_k_quant_dots_agree_with_their_decoders() {
     );
     let q: Vec<(f32, &[i8])> = act.iter().map(|a| (a.d, &a.qs[..])).collect();
     check(Q4_0, &g.blocks(8 * blocks, 18, &[0]), &act, &q);
+    check(Mxfp4, &g.mxfp4_row(8 * blocks), &act, &q);
 }

@@ -45,7 +45,7 @@ pub enum BackendError {
 
 /// Geometry of attention for one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttentionShape {
+pub struct AttentionShape<'a> {
     /// Query heads.
     pub n_head: usize,
     /// Key/value heads; query head `h` reads kv head `h / (n_head / n_head_kv)`.
@@ -58,6 +58,10 @@ pub struct AttentionShape {
     /// Each scaled score `s` becomes `cap · tanh(s / cap)` before the softmax (Gemma 2's
     /// `attn_logit_softcapping`); `None`: as it is.
     pub softcap: Option<f32>,
+    /// One logit per query head that joins its softmax's denominator (unscaled) and weighs
+    /// no value: ggml's `soft_max_ext` sinks (gpt-oss's `attn_sinks`). Only a backend that runs
+    /// experts is handed them (gpt-oss is refused elsewhere at load).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Rotary embedding parameters (NeoX "rotate half" pairing: `i` with `i + rope_dim/2`).
@@ -214,20 +218,24 @@ impl<M> Qkv<M> {
 }
 
 /// One expert of a mixture-of-experts FFN: a gated FFN of its own.
-pub struct Expert<M> {
+pub struct Expert<M, V> {
     /// Its gate and up projections.
     pub gate_up: GateUp<M>,
     /// Its down projection.
     pub down: M,
+    /// The biases added to its gate, up and down products (gpt-oss), all or none.
+    pub biases: Option<[V; 3]>,
 }
 
 /// A mixture-of-experts FFN: the router (`n_expert` rows) and the experts, routed as
 /// [`crate::config::Experts`] says.
-pub struct Moe<M> {
+pub struct Moe<M, V> {
     /// The router's matrix (`ffn_gate_inp`).
     pub router: M,
+    /// The bias added to the router's logits (gpt-oss).
+    pub router_bias: Option<V>,
     /// The experts, by id.
-    pub experts: Vec<Expert<M>>,
+    pub experts: Vec<Expert<M, V>>,
 }
 
 /// A compute backend.
@@ -513,7 +521,7 @@ pub trait Backend {
     /// experts, weighted. Only called on a backend whose [`Backend::runs_experts`] is true.
     fn moe_ffn(
         &self,
-        moe: &Moe<Self::Matrix>,
+        moe: &Moe<Self::Matrix, Self::Vector>,
         routing: &crate::config::Experts,
         act: Activation,
         x: &Self::Buffer,

@@ -5,8 +5,8 @@ use thiserror::Error;
 use crate::gguf::{Array, Gguf};
 
 /// The architectures hesper-rs runs, as its messages name them.
-pub const ARCHITECTURES: &str =
-    "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3";
+pub const ARCHITECTURES: &str = "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, \
+     gemma2, gemma3, phi3 and gpt-oss";
 
 /// How RoPE pairs the dims of a head (llama.cpp's rope types, by architecture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +62,14 @@ pub struct Family {
     /// Whether the FFN is a mixture of experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`), its
     /// routing weights renormalized over the chosen experts.
     pub moe: Mixture,
+    /// The name of the norm before the FFN (`ffn_norm`; gpt-oss: `post_attention_norm`).
+    pub ffn_norm: &'static str,
+    /// A learned logit per query head that joins each softmax's denominator and weighs no
+    /// value (`attn_sinks`: gpt-oss).
+    pub sinks: bool,
+    /// Biases on the attention's output and on the router's and every expert's products
+    /// (`attn_output.bias`, `ffn_gate_inp.bias`, `ffn_{gate,up,down}_exps.bias`: gpt-oss).
+    pub biases: bool,
 }
 
 /// Whether a family's FFN is a mixture of experts.
@@ -95,6 +103,9 @@ impl Family {
             attn_softcap: Softcap::Refused,
             final_softcap: Softcap::Refused,
             moe: Mixture::Never,
+            ffn_norm: "ffn_norm",
+            sinks: false,
+            biases: false,
         };
         Some(match arch {
             "bitnet-b1.58" | "bitnet-25" => Self {
@@ -145,6 +156,20 @@ impl Family {
                 query_scale_by_width_at: Some(62),
                 window_rope_base: Some(10000.0),
                 final_softcap: Softcap::IfNamed,
+                ..plain
+            },
+            // gpt-oss: a mixture of experts with biases everywhere, attention sinks, a window of
+            // 128 on every other layer (the first of each pair, its positions scaled as the
+            // others') and a clamped SwiGLU.
+            "gpt-oss" => Self {
+                activation: Activation::SwigluClamped,
+                window_period: Some(2),
+                window_default: Some(128),
+                window_rope_scaled: true,
+                moe: Mixture::Always,
+                ffn_norm: "post_attention_norm",
+                sinks: true,
+                biases: true,
                 ..plain
             },
             _ => return None,
@@ -241,6 +266,16 @@ pub enum Activation {
     /// computed as `x / (1 + exp(−2u))`, `u = √(2/π)·(x + 0.044715·x³)` (the same function:
     /// `(1 + tanh u) / 2` is the logistic of `2u`).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `g · σ(1.702 · g) · (u + 1)` with the gate `g` capped at 7
+    /// and the up projection `u` clamped to ±7 (llama.cpp's `swiglu_oai`).
+    SwigluClamped,
+}
+
+impl Activation {
+    /// [`Activation::SwigluClamped`]'s slope inside the logistic.
+    pub const CLAMPED_ALPHA: f32 = 1.702;
+    /// [`Activation::SwigluClamped`]'s bound on the gate and the up projection.
+    pub const CLAMPED_LIMIT: f32 = 7.0;
 }
 
 impl Activation {
@@ -250,6 +285,7 @@ impl Activation {
             Self::Silu => "SiLU",
             Self::Relu2 => "ReLU²",
             Self::GeluTanh => "GELU (tanh)",
+            Self::SwigluClamped => "SwiGLU (clamped)",
         }
     }
 }

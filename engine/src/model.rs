@@ -1,17 +1,19 @@
 //! The forward pass of every family (BitNet b1.58, `llama`, `qwen2`, `qwen3`, `qwen3moe`,
-//! `gemma3`),
+//! `gemma2`, `gemma3`, `phi3`, `gpt-oss`),
 //! written once over [`Backend`]; what differs between families is data in [`Config`].
 //!
 //! ```text
 //! x = E[tokens]                              (Gemma: times √n_embd)
 //! per layer: h = norm(x)·g_attn; q,k,v = W·h (+ b); q,k = norm(q,k)·g_qk (Qwen3, Gemma 3)
-//!            rope(q,k); o = attn(q,k,v)      (Gemma 3: a sliding window on most layers)
-//!            x += Wo · (norm(o)·g_attn_sub)           (BitNet; others: Wo · o;
+//!            rope(q,k); o = attn(q,k,v)      (Gemma 3: a sliding window on most layers;
+//!                                             gpt-oss: a sink in each head's softmax)
+//!            x += Wo · (norm(o)·g_attn_sub)           (BitNet; others: Wo · o (+ b);
 //!                                                      Gemma: norm(Wo · o)·g_post_attn)
 //!            h = norm(x)·g_ffn; a = act(Wgate·h) ⊙ (Wup·h)
 //!            x += Wdown · (norm(a)·g_ffn_sub)         (BitNet; others: Wdown · a;
 //!                                                      Gemma: norm(Wdown · a)·g_post_ffn)
-//!            (Qwen3-MoE: x += Σ w_e · FFN_e(h) over the experts the router chooses)
+//!            (Qwen3-MoE, gpt-oss: x += Σ w_e · FFN_e(h) over the experts the router
+//!             chooses)
 //! logits = E_out · (norm(x)·g_out)          (E_out = E when the head is tied)
 //! ```
 //! A [`Model`] may hold only a layer range `[start, end)` (a ring node's share); it then
@@ -284,8 +286,12 @@ struct Layer<B: Backend> {
     /// BitNet's norm of the attention output (families with sub-norms).
     attn_sub_norm: Option<B::Vector>,
     wo: B::Matrix,
+    /// The bias of the attention's output (gpt-oss).
+    wo_bias: Option<B::Vector>,
+    /// Each query head's attention sink (gpt-oss).
+    sinks: Option<Vec<f32>>,
     ffn_norm: B::Vector,
-    ffn: Ffn<B::Matrix>,
+    ffn: Ffn<B::Matrix, B::Vector>,
     /// BitNet's norm of the FFN activation (families with sub-norms).
     ffn_sub_norm: Option<B::Vector>,
     /// The gains of the norms of the attention's and the FFN's outputs (Gemma), both or none.
@@ -293,7 +299,7 @@ struct Layer<B: Backend> {
 }
 
 /// A layer's FFN: one gated FFN, or a mixture of experts.
-enum Ffn<M> {
+enum Ffn<M, V> {
     /// `down · act(gate · h) ⊙ (up · h)`.
     Dense {
         /// The gate and up projections.
@@ -302,10 +308,10 @@ enum Ffn<M> {
         down: M,
     },
     /// The chosen experts' FFNs, weighted ([`crate::config::Experts`]).
-    Experts(Moe<M>),
+    Experts(Moe<M, V>),
 }
 
-impl<M> Ffn<M> {
+impl<M, V> Ffn<M, V> {
     /// The matrix that reads the FFN's input first.
     fn first(&self) -> &M {
         match self {
@@ -1150,6 +1156,7 @@ impl<B: Backend> Model<B> {
                 head_dim: c.head_dim,
                 window: c.window_of(il),
                 softcap: c.attn_softcap,
+                sinks: l.sinks.as_deref(),
             };
             let rope_q = RopeShape {
                 base: c.rope_base_of(il),
@@ -1200,15 +1207,20 @@ impl<B: Backend> Model<B> {
                 }
                 None => &*att,
             };
-            match &l.post_norms {
+            match (&l.post_norms, &l.wo_bias) {
                 // Gemma normalizes the attention's output before the residual add (into `q`,
                 // normalized into `h`: both free here).
-                Some([g, _]) => {
+                (Some([g, _]), _) => {
                     b.matmul(&l.wo, wo_in, n, q);
                     b.rms_norm(q, g, n, c.eps, h);
                     b.add(x, h, n * c.n_embd);
                 }
-                None => b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q),
+                (None, Some(bias)) => {
+                    b.matmul(&l.wo, wo_in, n, q);
+                    b.add_bias(q, bias, n);
+                    b.add(x, q, n * c.n_embd);
+                }
+                (None, None) => b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q),
             }
             b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.ffn.first());
             match &l.ffn {

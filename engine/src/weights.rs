@@ -30,6 +30,8 @@ pub enum Format {
     Q5K,
     /// ggml Q6_K blocks (see [`crate::formats::q6_k`]).
     Q6K,
+    /// MXFP4 blocks (see [`crate::formats::Mxfp4`]).
+    MXFP4,
     /// ggml TQ1_0 blocks.
     TQ1_0,
     /// ggml TQ2_0 blocks.
@@ -60,7 +62,7 @@ pub struct MatrixDesc {
 #[derive(Debug, Error, PartialEq)]
 pub enum WeightError {
     /// The tensor's type is not usable as a weight matrix.
-    #[error("tensor {name:?} has type {ty}, which hesper-rs cannot compute with (it runs F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, I2_S, TQ1_0 and TQ2_0)")]
+    #[error("tensor {name:?} has type {ty}, which hesper-rs cannot compute with (it runs F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4, I2_S, TQ1_0 and TQ2_0)")]
     UnsupportedType {
         /// Tensor name.
         name: String,
@@ -159,6 +161,7 @@ impl MatrixDesc {
             GgmlType::Q4K => Format::Q4K,
             GgmlType::Q5K => Format::Q5K,
             GgmlType::Q6K => Format::Q6K,
+            GgmlType::MXFP4 => Format::MXFP4,
             GgmlType::TQ1_0 => Format::TQ1_0,
             GgmlType::TQ2_0 => Format::TQ2_0,
             // β is read below, once the rows are known to be whole groups.

@@ -1267,6 +1267,11 @@ impl Backend for GpuBackend {
                     &k::gelu_mul::Args { gate, up, out, n },
                     k::gelu_mul::grid_for(n),
                 ),
+                Activation::SwigluClamped => st.batch.run(
+                    &mut st.gpu,
+                    &k::swiglu_clamped_mul::Args { gate, up, out, n },
+                    k::swiglu_clamped_mul::grid_for(n),
+                ),
             }
         });
     }

@@ -16,6 +16,7 @@ pub fn glu_mode(act: Activation) -> u32 {
         Activation::Relu2 => k::GLU_RELU2,
         Activation::Silu => k::GLU_SILU,
         Activation::GeluTanh => k::GLU_GELU,
+        Activation::SwigluClamped => k::GLU_CLAMPED,
     }
 }
 

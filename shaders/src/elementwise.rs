@@ -70,6 +70,18 @@ pub fn gelu_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] n: u32) {
     }
 }
 
+/// `out = min(g, 7) · σ(1.702 · min(g, 7)) · (clamp(u, −7, 7) + 1)`, as
+/// `hesper_engine::config::Activation::SwigluClamped` defines it (gpt-oss's experts).
+#[kernel(workgroup = 256)]
+pub fn swiglu_clamped_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] n: u32) {
+    let i = gid();
+    if i < n {
+        let g = gate[i].min(7.0);
+        let u = up[i].max(-7.0).min(7.0);
+        out[i] = g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+    }
+}
+
 /// Interleaves the rows of two `rows × row_words` matrices (row `i` of `a` becomes row `2i`, of
 /// `b` row `2i + 1`): how a gate/up pair is joined on the GPU for one fused pass
 /// ([`crate::GLU_RELU2`]). One thread per output word.

@@ -21,7 +21,7 @@ pub use argmax::{argmax_final, argmax_partial, take_top, NON_FINITE};
 pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
 pub use elementwise::{
     add_assign, add_bias, gelu_mul, interleave_rows, relu2_mul, scale_assign, silu_mul,
-    softcap_assign,
+    softcap_assign, swiglu_clamped_mul,
 };
 pub use embed::{embed_f16, embed_f32};
 pub use flash_attention::attention;
@@ -35,4 +35,4 @@ pub use matvec::{matvec_bf16, matvec_f16, matvec_f32, matvec_q8_0};
 pub use norm::{rms_norm, rms_norm_quantize_i8_packed_sg, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};
-pub use tile::{store_rows, ADD, GLU_GELU, GLU_RELU2, GLU_SILU, SPLIT_QKV, STORE};
+pub use tile::{store_rows, ADD, GLU_CLAMPED, GLU_GELU, GLU_RELU2, GLU_SILU, SPLIT_QKV, STORE};

@@ -13,10 +13,11 @@
 //! | [`GLU_RELU2`] | rows interleave gate (even) and up (odd): `out[tok·rows/2 + row/2] = relu(g)²·u` |
 //! | [`GLU_SILU`] | as above with `silu(g)·u` |
 //! | [`GLU_GELU`] | as above with `gelu(g)·u` (tanh approximation) |
+//! | [`GLU_CLAMPED`] | as above with gpt-oss's clamped SwiGLU |
 //! | [`SPLIT_QKV`] | rows of Q, then K from `split_k`, then V from `split_v` (a joined matrix): `out`, `out_k`, `out_v[tok·width + row − start] = v·scale`, `v·scale_odd`, `v·scale_v` |
 //!
 //! with `g = v_even·scale`, `u = v_odd·scale_odd`: the same arithmetic, in the same order, as
-//! a plain product followed by `add_assign`, `relu2_mul`, `silu_mul` or `gelu_mul` (or three products of
+//! a plain product followed by `add_assign`, `relu2_mul`, `silu_mul`, `gelu_mul` or `swiglu_clamped_mul` (or three products of
 //! their own), so fusing them changes no bit. `out_k` and `out_v` are written only by
 //! [`SPLIT_QKV`].
 
@@ -34,6 +35,8 @@ pub const GLU_SILU: u32 = 3;
 pub const SPLIT_QKV: u32 = 4;
 /// `out = gelu(g)·u` (tanh approximation) over interleaved gate/up rows.
 pub const GLU_GELU: u32 = 5;
+/// `out = min(g, 7)·σ(1.702·min(g, 7))·(clamp(u, −7, 7) + 1)` over interleaved gate/up rows.
+pub const GLU_CLAMPED: u32 = 6;
 
 /// Writes the tile's row totals `res[64·j + t]` (held by each row's first thread) to `out` as
 /// `mode` says (see the module docs); every thread of the workgroup calls it.
@@ -91,6 +94,9 @@ pub fn store_rows(
                 } else if mode == 5u32 {
                     let a = 0.7978846 * g * (1.0 + 0.044715 * g * g);
                     out[i] = g / (1.0 + (-2.0 * a).exp()) * u;
+                } else if mode == 6u32 {
+                    let c = g.min(7.0);
+                    out[i] = c / (1.0 + (-1.702 * c).exp()) * (u.max(-7.0).min(7.0) + 1.0);
                 } else {
                     out[i] = g / (1.0 + (-g).exp()) * u;
                 }

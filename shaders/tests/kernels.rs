@@ -318,11 +318,26 @@ fn add_assign_is_exact() {
 fn gated_activations_match_glu() {
     let mut g = gpu();
     let n = 1000; // not a multiple of 256
-    let (gate, up) = (data(n, 3), data(n, 4));
-    let bg = g.upload("gate", &gate).unwrap();
-    let bu = g.upload("up", &up).unwrap();
     let grid = k::relu2_mul::grid_for(n as u32);
-    for act in [Activation::Relu2, Activation::Silu, Activation::GeluTanh] {
+    let acts = [
+        Activation::Relu2,
+        Activation::Silu,
+        Activation::GeluTanh,
+        Activation::SwigluClamped,
+    ];
+    for act in acts {
+        // Values in ±2, in ±10 for the clamped SwiGLU (past its limit of 7 on both sides).
+        let spread = if act == Activation::SwigluClamped {
+            5.0
+        } else {
+            1.0
+        };
+        let (gate, up): (Vec<f32>, Vec<f32>) = (
+            data(n, 3).iter().map(|v| v * spread).collect(),
+            data(n, 4).iter().map(|v| v * spread).collect(),
+        );
+        let bg = g.upload("gate", &gate).unwrap();
+        let bu = g.upload("up", &up).unwrap();
         let mut out = g.zeroed::<f32>("out", n).unwrap();
         /// Launches gated-activation kernel `k::$kernel` on `gate` and `up` into `out`.
         macro_rules! glu {
@@ -340,6 +355,7 @@ fn gated_activations_match_glu() {
             Activation::Relu2 => glu!(relu2_mul),
             Activation::Silu => glu!(silu_mul),
             Activation::GeluTanh => glu!(gelu_mul),
+            Activation::SwigluClamped => glu!(swiglu_clamped_mul),
         }
         let got = read!(g, &out);
         let mut want = vec![0.0; n];
@@ -356,6 +372,11 @@ fn gated_activations_match_glu() {
             // The same exp and division, of 2u = 2·√(2/π)·(g + 0.044715·g³) (|2u| < 5 here):
             // exp's allowance grows to 13 ulp.
             Activation::GeluTanh => assert!(d <= 2e-6, "gelu_mul: max relative diff {d}"),
+            // SiLU's exp and division, of 1.702·g (|g| ≤ 7 after the cap: |x| < 12, exp's
+            // allowance 27 ulp), times u + 1.
+            Activation::SwigluClamped => {
+                assert!(d <= 4e-6, "swiglu_clamped_mul: max relative diff {d}")
+            }
         }
     }
 }
@@ -1015,6 +1036,7 @@ fn attention_matches_the_cpu_across_a_tile_boundary() {
         head_dim: 64,
         window: None,
         softcap: None,
+        sinks: None,
     });
 }
 
@@ -1028,6 +1050,7 @@ fn attention_over_a_sliding_window_matches_the_cpu() {
         head_dim: 128,
         window: Some(129),
         softcap: None,
+        sinks: None,
     });
 }
 
@@ -1040,6 +1063,7 @@ fn attention_with_soft_capped_scores_matches_the_cpu() {
         head_dim: 64,
         window: None,
         softcap: Some(2.0),
+        sinks: None,
     });
 }
 
@@ -1052,6 +1076,7 @@ fn attention_of_heads_of_256_matches_the_cpu() {
         head_dim: 256,
         window: None,
         softcap: None,
+        sinks: None,
     });
 }
 

@@ -16,6 +16,7 @@ fn generated_wgsl_is_unchanged() {
         silu_mul,
         relu2_mul,
         gelu_mul,
+        swiglu_clamped_mul,
         scale_assign,
         softcap_assign,
         interleave_rows,

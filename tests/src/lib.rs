@@ -157,7 +157,7 @@ pub const ALL: &[&str] = &[
 ];
 
 /// The golden models of the other families (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`,
-/// `gemma3`, `phi3`;
+/// `gemma3`, `phi3`, `gpt-oss`;
 /// golden-values/families.py):
 /// llama.cpp's, and bitnet.cpp's for the `llama` + I2_S one.
 pub const FAMILIES: &[&str] = &[
@@ -175,16 +175,23 @@ pub const FAMILIES: &[&str] = &[
     "tiny-gemma3-f16",
     "tiny-phi3-f16",
     "tiny-mixtral-f16",
+    "tiny-gpt-oss-f16",
 ];
 
 /// The golden models the GPU backend refuses (its products do not route to experts yet, so a
 /// model with mixture-of-experts layers runs on the CPU backend): the GPU's golden tests leave
 /// them out, and `golden_families.rs` checks the refusal.
-pub const CPU_ONLY: &[&str] = &["tiny-qwen3moe-f16", "tiny-mixtral-f16"];
+pub const CPU_ONLY: &[&str] = &[
+    "tiny-qwen3moe-f16",
+    "tiny-mixtral-f16",
+    "tiny-gpt-oss-f16",
+    "tiny-gpt-oss-mxfp4",
+];
 
-/// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16` and `tiny-mistral-f32`
-/// (golden-values/families.py): the file types people download — Q4_0, Q4_K_M, Q5_K_M, Q6_K,
-/// BF16, and an untied Q4_K_M (a Q4_K embedding) — with llama.cpp's logits for them.
+/// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16`, `tiny-mistral-f32` and
+/// `tiny-gpt-oss-f16` (golden-values/families.py): the file types people download — Q4_0,
+/// Q4_K_M, Q5_K_M, Q6_K, BF16, an untied Q4_K_M (a Q4_K embedding), and gpt-oss's MXFP4 experts
+/// beside Q8_0 matrices — with llama.cpp's logits for them.
 /// (`tiny-qwen3moe-q4_k_m` is committed but not listed: on NEON one of its layers moves two
 /// rows past 1e-4 where the per-layer rule allows one; its bound is not yet set.)
 pub const QUANTS: &[&str] = &[
@@ -194,6 +201,7 @@ pub const QUANTS: &[&str] = &[
     "tiny-llama-q6_k",
     "tiny-llama-bf16",
     "tiny-mistral-q4_k_m",
+    "tiny-gpt-oss-mxfp4",
 ];
 
 /// The instruction sets to test on this machine: the scalar reference and the best SIMD one.

@@ -132,6 +132,7 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
             head_dim: c.head_dim,
             window: None,
             softcap: None,
+            sinks: None,
         };
         backend.attention(
             &mut cache,

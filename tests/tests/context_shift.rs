@@ -20,6 +20,7 @@ const SHAPE: AttentionShape = AttentionShape {
     head_dim: 64,
     window: None,
     softcap: None,
+    sinks: None,
 };
 
 const ROPE: RopeShape = RopeShape {

@@ -77,6 +77,14 @@ fn weights(format: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
                 b
             })
             .collect(),
+        // An exponent byte of 2^-7 to 2^-4 (values up to 12 times it), then random codes.
+        Format::MXFP4 => (0..n / 32)
+            .flat_map(|_| {
+                let mut b = vec![121 + (rng.next_u64() % 4) as u8];
+                b.extend((0..16).map(|_| rng.next_u64() as u8));
+                b
+            })
+            .collect(),
         // d and dmin, then random sub-block scales, minimums and codes.
         Format::Q4K => (0..n / 256)
             .flat_map(|_| {
@@ -165,17 +173,25 @@ fn ffn<B: Backend>(
     (hidden, read(b, &y, n * D))
 }
 
-const FORMATS: [Format; 10] = [
+const FORMATS: [Format; 11] = [
     Format::F32,
     Format::F16,
     Format::BF16,
     Format::Q8_0,
     Format::Q4_0,
+    Format::MXFP4,
     Format::Q4K,
     Format::Q6K,
     Format::I2S { beta: 0.5 },
     Format::TQ1_0,
     Format::TQ2_0,
+];
+
+const ACTIVATIONS: [Activation; 4] = [
+    Activation::Relu2,
+    Activation::Silu,
+    Activation::GeluTanh,
+    Activation::SwigluClamped,
 ];
 
 #[test]
@@ -185,7 +201,7 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
     for packed in [false, true] {
         let packed = gpu.set_packed_dot(packed);
         for format in FORMATS {
-            for act in [Activation::Relu2, Activation::Silu, Activation::GeluTanh] {
+            for act in ACTIVATIONS {
                 for n in [1, 5] {
                     let what = format!("{format:?} {act:?} n={n} packed_dot={packed}");
                     let d0 = gpu.stats().dispatches;
@@ -395,6 +411,7 @@ fn rope_then_attention(
         head_dim: 16,
         window: None,
         softcap: None,
+        sinks: None,
     };
     let rope_q = RopeShape {
         n_head: 4,

@@ -20,7 +20,7 @@ const TOTAL: usize = 80;
 /// Attention of `TOTAL` positions, prompt first, then one token at a time (`one_by_one`: every
 /// position alone).
 struct Case {
-    shape: AttentionShape,
+    shape: AttentionShape<'static>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -34,6 +34,7 @@ impl Case {
             head_dim,
             window: None,
             softcap: None,
+            sinks: None,
         };
         let (w, kv) = (n_head * head_dim, n_head_kv * head_dim);
         Self {

@@ -43,6 +43,7 @@ macro_rules! x86_only {
 
 pub mod float;
 pub mod i2s;
+mod mxfp4;
 pub mod q4_0;
 pub mod q4_k;
 pub mod q5_k;
@@ -65,7 +66,7 @@ pub enum ActivationKind {
     I8Row,
     /// ggml Q8_K blocks (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K).
     Q8K,
-    /// ggml Q8_0 blocks (Q8_0, Q4_0).
+    /// ggml Q8_0 blocks (Q8_0, Q4_0, MXFP4).
     Q8_0,
     /// f32 rounded through f16.
     F16,

@@ -10,8 +10,8 @@ use hesper_engine::formats::q6_k::{
     q6_k_code, q6_k_d, q6_k_scale_index, Q6_K_BLOCK_BYTES, Q6_K_SCALES,
 };
 use hesper_engine::formats::{
-    i2s_code, q4_0_code, tq1_0_code, tq2_0_code, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES,
-    TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
+    i2s_code, mxfp4_code, mxfp4_scale, q4_0_code, tq1_0_code, tq2_0_code, MXFP4_BLOCK_BYTES,
+    MXFP4_VALUES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES,
 };
 
 use crate::quant::{Q8KBlock, Q8_0Block, QK_K};
@@ -77,6 +77,20 @@ pub fn q4_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
             .map(|e| (i32::from(q4_0_code(blk, e)) - 8) * i32::from(a.qs[e]))
             .sum();
         acc += sumi as f32 * (f16::from_le_bytes([blk[0], blk[1]]).to_f32() * a.d);
+    }
+    acc
+}
+
+/// One MXFP4 row · Q8_0 activations: per block the exact integer Σ value·q over the doubled
+/// E2M1 values, then `acc += sumi · (scale · d_act)` in f32, block after block (ggml's
+/// `ggml_vec_dot_mxfp4_q8_0`).
+pub fn mxfp4_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(MXFP4_BLOCK_BYTES).zip(act) {
+        let sumi: i32 = (0..32)
+            .map(|e| i32::from(MXFP4_VALUES[usize::from(mxfp4_code(blk, e))]) * i32::from(a.qs[e]))
+            .sum();
+        acc += sumi as f32 * (mxfp4_scale(blk[0]) * a.d);
     }
     acc
 }

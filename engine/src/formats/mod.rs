@@ -9,6 +9,7 @@
 mod float;
 mod i2s;
 mod k_quant;
+mod mxfp4;
 mod q4_0;
 pub mod q4_k;
 pub mod q5_k;
@@ -19,6 +20,7 @@ mod tq2_0;
 
 pub use float::{Bf16, F16, F32};
 pub use i2s::{i2s_code, I2s, I2S_GROUP};
+pub use mxfp4::{mxfp4_code, mxfp4_scale, Mxfp4, MXFP4_BLOCK_BYTES, MXFP4_VALUES};
 pub use q4_0::{q4_0_code, Q4_0, Q4_0_BLOCK_BYTES};
 pub use q4_k::Q4K;
 pub use q5_k::Q5K;
@@ -94,7 +96,7 @@ macro_rules! with_layout {
     ($format:expr, |$layout:ident| $body:expr) => {
         $crate::with_layout!(@table $format, $layout, $body;
             F32 => F32, F16 => F16, BF16 => Bf16, Q8_0 => Q8_0, Q4_0 => Q4_0, Q4K => Q4K,
-            Q5K => Q5K, Q6K => Q6K,
+            Q5K => Q5K, Q6K => Q6K, MXFP4 => Mxfp4,
             TQ1_0 => Tq1_0, TQ2_0 => Tq2_0, I2S { beta } => I2s { beta })
     };
     (@table $format:expr, $layout:ident, $body:expr;
@@ -148,6 +150,7 @@ mod tests {
             (Format::Q4K, 144),
             (Format::Q5K, 176),
             (Format::Q6K, 210),
+            (Format::MXFP4, 8 * 17),
             (Format::TQ1_0, 54),
             (Format::TQ2_0, 66),
             (Format::I2S { beta: 2.0 }, 64),

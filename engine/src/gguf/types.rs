@@ -32,6 +32,9 @@ pub enum GgmlType {
     /// bitnet.cpp's I2_S (id 36 in its files): 2-bit codes in 128-element groups, MSB-first,
     /// one f32 scale per tensor right after the codes, `nbytes = n/4 + 32`.
     I2S,
+    /// OCP microscaling FP4 (id 39, gpt-oss's experts): 32-element blocks of an E8M0 exponent
+    /// byte and 32 four-bit E2M1 values.
+    MXFP4,
     /// A known ggml type that hesper-rs can size but does not compute with.
     Other(KnownOther),
     /// An id hesper-rs does not know at all.
@@ -137,6 +140,7 @@ impl GgmlType {
             34 => Self::TQ1_0,
             35 => Self::TQ2_0,
             36 => Self::I2S,
+            39 => Self::MXFP4,
             _ => OTHERS
                 .iter()
                 .find(|o| o.id == id)
@@ -158,6 +162,7 @@ impl GgmlType {
             Self::TQ1_0 => 34,
             Self::TQ2_0 => 35,
             Self::I2S => 36,
+            Self::MXFP4 => 39,
             Self::Other(o) => o.id,
             Self::Unknown(id) => id,
         }
@@ -176,6 +181,7 @@ impl GgmlType {
             Self::Q6K => Some((256, 210)),
             Self::TQ1_0 => Some((256, 54)),
             Self::TQ2_0 => Some((256, 66)),
+            Self::MXFP4 => Some((32, 17)),
             Self::Other(o) => Some((o.block, o.block_bytes)),
             Self::I2S | Self::Unknown(_) => None,
         }
@@ -213,6 +219,7 @@ impl fmt::Display for GgmlType {
             Self::TQ1_0 => f.write_str("TQ1_0"),
             Self::TQ2_0 => f.write_str("TQ2_0"),
             Self::I2S => f.write_str("I2_S"),
+            Self::MXFP4 => f.write_str("MXFP4"),
             Self::Other(o) => f.write_str(o.name),
             Self::Unknown(id) => write!(f, "unknown type {id}"),
         }

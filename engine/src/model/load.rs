@@ -40,6 +40,9 @@ pub(super) enum LayerPart {
     QkvBias,
     QkNorm,
     AttnSubNorm,
+    /// Attention sinks, kept on the host.
+    Sinks,
+    /// The attention's output matrix and its bias.
     Wo,
     FfnNorm,
     GateUp,
@@ -195,13 +198,14 @@ pub(super) enum Prepared<B: Backend> {
     QkvBias(usize, Option<[B::Vector; 3]>),
     QkNorm(usize, Option<[B::Vector; 2]>),
     AttnSubNorm(usize, Option<B::Vector>),
-    Wo(usize, B::Matrix),
+    Sinks(usize, Option<Vec<f32>>),
+    Wo(usize, B::Matrix, Option<B::Vector>),
     FfnNorm(usize, B::Vector),
     GateUp(usize, GateUp<B::Matrix>),
     FfnSubNorm(usize, Option<B::Vector>),
     Down(usize, B::Matrix),
     PostNorms(usize, Option<[B::Vector; 2]>),
-    Experts(usize, Moe<B::Matrix>),
+    Experts(usize, Moe<B::Matrix, B::Vector>),
     RopeFactors(RopeFactors),
     OutputNorm(Option<B::Vector>),
     Output(Option<B::Matrix>),
@@ -307,7 +311,11 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
                 LayerPart::QkvBias => Prepared::QkvBias(il, self.qkv_bias(il).await?),
                 LayerPart::QkNorm => Prepared::QkNorm(il, self.qk_norm(il).await?),
                 LayerPart::AttnSubNorm => Prepared::AttnSubNorm(il, self.attn_sub_norm(il).await?),
-                LayerPart::Wo => Prepared::Wo(il, self.wo(il).await?),
+                LayerPart::Sinks => Prepared::Sinks(il, self.sinks(il).await?),
+                LayerPart::Wo => {
+                    let (wo, bias) = self.wo(il).await?;
+                    Prepared::Wo(il, wo, bias)
+                }
                 LayerPart::FfnNorm => Prepared::FfnNorm(il, self.ffn_norm(il).await?),
                 LayerPart::GateUp => Prepared::GateUp(il, self.gate_up(il).await?),
                 LayerPart::FfnSubNorm => Prepared::FfnSubNorm(il, self.ffn_sub_norm(il).await?),
@@ -323,13 +331,22 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
 
     /// Layer `il`, whole.
     pub async fn layer(&mut self, il: usize) -> Result<Layer<B>, ModelError> {
+        let attn_norm = self.attn_norm(il).await?;
+        let qkv = self.qkv(il).await?;
+        let qkv_bias = self.qkv_bias(il).await?;
+        let qk_norm = self.qk_norm(il).await?;
+        let attn_sub_norm = self.attn_sub_norm(il).await?;
+        let sinks = self.sinks(il).await?;
+        let (wo, wo_bias) = self.wo(il).await?;
         Ok(Layer {
-            attn_norm: self.attn_norm(il).await?,
-            qkv: self.qkv(il).await?,
-            qkv_bias: self.qkv_bias(il).await?,
-            qk_norm: self.qk_norm(il).await?,
-            attn_sub_norm: self.attn_sub_norm(il).await?,
-            wo: self.wo(il).await?,
+            attn_norm,
+            qkv,
+            qkv_bias,
+            qk_norm,
+            attn_sub_norm,
+            sinks,
+            wo,
+            wo_bias,
             ffn_norm: self.ffn_norm(il).await?,
             ffn: match self.plan.config.experts {
                 Some(_) => Ffn::Experts(self.experts(il).await?),
@@ -451,18 +468,39 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         ))
     }
 
-    async fn wo(&mut self, il: usize) -> Result<B::Matrix, ModelError> {
+    async fn sinks(&mut self, il: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        self.start(Part::Layer(il, LayerPart::Sinks));
+        let c = &self.plan.config;
+        if !c.family.sinks {
+            return Ok(None);
+        }
+        let n_head = c.n_head;
+        Ok(Some(
+            self.vector_data(&blk(il, "attn_sinks.weight"), n_head)
+                .await?,
+        ))
+    }
+
+    /// The attention's output matrix, and its bias where the family has one.
+    async fn wo(&mut self, il: usize) -> Result<(B::Matrix, Option<B::Vector>), ModelError> {
         self.start(Part::Layer(il, LayerPart::Wo));
         let c = &self.plan.config;
-        let (d, qd) = (c.n_embd, c.q_dim());
-        self.matrix(&blk(il, "attn_output.weight"), d, qd, MatrixUse::Product)
-            .await
+        let (d, qd, biased) = (c.n_embd, c.q_dim(), c.family.biases);
+        let wo = self
+            .matrix(&blk(il, "attn_output.weight"), d, qd, MatrixUse::Product)
+            .await?;
+        let bias = match biased {
+            true => Some(self.vector(&blk(il, "attn_output.bias"), d).await?),
+            false => None,
+        };
+        Ok((wo, bias))
     }
 
     async fn ffn_norm(&mut self, il: usize) -> Result<B::Vector, ModelError> {
         self.start(Part::Layer(il, LayerPart::FfnNorm));
-        self.vector(&blk(il, "ffn_norm.weight"), self.plan.config.n_embd)
-            .await
+        let c = &self.plan.config;
+        let name = format!("{}.weight", c.family.ffn_norm);
+        self.vector(&blk(il, &name), c.n_embd).await
     }
 
     async fn gate_up(&mut self, il: usize) -> Result<GateUp<B::Matrix>, ModelError> {
@@ -508,7 +546,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
 
     /// Layer `il`'s router and experts; the bytes counted are what a token reads (the router,
     /// and the experts' share a token uses).
-    async fn experts(&mut self, il: usize) -> Result<Moe<B::Matrix>, ModelError> {
+    async fn experts(&mut self, il: usize) -> Result<Moe<B::Matrix, B::Vector>, ModelError> {
         let part = Part::Layer(il, LayerPart::Experts);
         self.start(part);
         let c = &self.plan.config;
@@ -523,6 +561,14 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
                 MatrixUse::Product,
             )
             .await?;
+        let biased = c.family.biases;
+        let router_bias = match biased {
+            true => Some(
+                self.vector(&blk(il, "ffn_gate_inp.bias"), x.n_expert)
+                    .await?,
+            ),
+            false => None,
+        };
         let router_bytes = self.part_bytes[&part];
         let stack = |me: &Self, name: &str, rows: usize, cols: usize| {
             let info = me.info(&blk(il, name))?;
@@ -543,11 +589,33 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         let gates = self.stacked(gates, x.n_expert).await?;
         let ups = self.stacked(ups, x.n_expert).await?;
         let downs = self.stacked(downs, x.n_expert).await?;
+        // Each expert's biases: row `e` of `[rows, n_expert]` tensors.
+        let mut biases = Vec::with_capacity(x.n_expert);
+        if biased {
+            let mut rows_of = async |name: &str, rows: usize| {
+                let all = self.vector_data(&blk(il, name), rows * x.n_expert).await?;
+                Ok::<_, ModelError>(all.chunks_exact(rows).map(<[f32]>::to_vec).collect())
+            };
+            let gate_b: Vec<Vec<f32>> = rows_of("ffn_gate_exps.bias", x.n_ff).await?;
+            let up_b: Vec<Vec<f32>> = rows_of("ffn_up_exps.bias", x.n_ff).await?;
+            let down_b: Vec<Vec<f32>> = rows_of("ffn_down_exps.bias", d).await?;
+            for ((g, u), dn) in gate_b.into_iter().zip(up_b).zip(down_b) {
+                let b = self.backend;
+                biases.push(Some([
+                    b.load_vector(g)?,
+                    b.load_vector(u)?,
+                    b.load_vector(dn)?,
+                ]));
+            }
+        } else {
+            biases.resize_with(x.n_expert, || None);
+        }
         let mut experts = Vec::with_capacity(x.n_expert);
-        for ((gate, up), down) in gates.into_iter().zip(ups).zip(downs) {
+        for (((gate, up), down), biases) in gates.into_iter().zip(ups).zip(downs).zip(biases) {
             experts.push(Expert {
                 gate_up: self.backend.join_gate_up(gate, up)?,
                 down,
+                biases,
             });
         }
         let all = self.part_bytes[&part] - router_bytes;
@@ -555,7 +623,11 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             part,
             router_bytes + all * x.n_used as u64 / x.n_expert as u64,
         );
-        Ok(Moe { router, experts })
+        Ok(Moe {
+            router,
+            router_bias,
+            experts,
+        })
     }
 
     /// The `n` matrices stacked in the tensor `stack` describes (`[cols, rows, n]`), read as one

@@ -485,7 +485,12 @@ impl<B: Backend> Model<B> {
             Prepared::QkvBias(il, v) => self.layers[il - start].qkv_bias = v,
             Prepared::QkNorm(il, v) => self.layers[il - start].qk_norm = v,
             Prepared::AttnSubNorm(il, v) => self.layers[il - start].attn_sub_norm = v,
-            Prepared::Wo(il, m) => self.layers[il - start].wo = m,
+            Prepared::Sinks(il, v) => self.layers[il - start].sinks = v,
+            Prepared::Wo(il, m, bias) => {
+                let layer = &mut self.layers[il - start];
+                layer.wo = m;
+                layer.wo_bias = bias;
+            }
             Prepared::FfnNorm(il, v) => self.layers[il - start].ffn_norm = v,
             // A layer's kind of FFN is the config's, which a swap keeps.
             Prepared::GateUp(il, m) => {

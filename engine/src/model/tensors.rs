@@ -45,10 +45,16 @@ enum ReadBy {
     QkNorm,
     /// Families with norms of the attention's and the FFN's outputs ([`Family::post_norms`]).
     PostNorms,
+    /// Families whose norm before the FFN has the row's name ([`Family::ffn_norm`]).
+    FfnNorm,
+    /// Families with attention sinks ([`Family::sinks`]).
+    Sinks,
+    /// Families with biases on the attention's output and the experts ([`Family::biases`]).
+    Biases,
 }
 
 impl ReadBy {
-    fn includes(self, f: &Family, moe: bool) -> bool {
+    fn includes(self, name: &str, f: &Family, moe: bool) -> bool {
         match self {
             ReadBy::All => true,
             ReadBy::Dense => !moe,
@@ -56,6 +62,9 @@ impl ReadBy {
             ReadBy::SubNorms => f.sub_norms,
             ReadBy::QkNorm => f.qk_norm,
             ReadBy::PostNorms => f.post_norms,
+            ReadBy::FfnNorm => f.ffn_norm == name,
+            ReadBy::Sinks => f.sinks,
+            ReadBy::Biases => f.biases,
         }
     }
 }
@@ -100,9 +109,12 @@ const LAYER_TENSORS: &[LayerTensor] = {
         t("attn_q_norm", Vector, P::QkNorm, QkNorm),
         t("attn_k_norm", Vector, P::QkNorm, QkNorm),
         t("attn_sub_norm", Vector, P::AttnSubNorm, SubNorms),
+        t("attn_sinks", Vector, P::Sinks, Sinks),
         t("attn_output", Matrix, P::Wo, All),
+        t("attn_output", Bias, P::Wo, Biases),
         t("post_attention_norm", Vector, P::PostNorms, PostNorms),
-        t("ffn_norm", Vector, P::FfnNorm, All),
+        t("ffn_norm", Vector, P::FfnNorm, FfnNorm),
+        t("post_attention_norm", Vector, P::FfnNorm, FfnNorm),
         t("ffn_gate", Matrix, P::GateUp, Dense),
         t("ffn_up", Matrix, P::GateUp, Dense),
         t("ffn_sub_norm", Vector, P::FfnSubNorm, SubNorms),
@@ -111,6 +123,10 @@ const LAYER_TENSORS: &[LayerTensor] = {
         t("ffn_gate_exps", Matrix, P::Experts, Moe),
         t("ffn_up_exps", Matrix, P::Experts, Moe),
         t("ffn_down_exps", Matrix, P::Experts, Moe),
+        t("ffn_gate_inp", Bias, P::Experts, Biases),
+        t("ffn_gate_exps", Bias, P::Experts, Biases),
+        t("ffn_up_exps", Bias, P::Experts, Biases),
+        t("ffn_down_exps", Bias, P::Experts, Biases),
         t("post_ffw_norm", Vector, P::PostNorms, PostNorms),
     ]
 };
@@ -156,7 +172,9 @@ pub(super) fn role_of(name: &str, family: &Family, moe: bool) -> Option<Role> {
         let il = il.parse::<usize>().ok()?;
         return LAYER_TENSORS
             .iter()
-            .find(|t| t.name == tensor && t.kind.takes(suffix) && t.read_by.includes(family, moe))
+            .find(|t| {
+                t.name == tensor && t.kind.takes(suffix) && t.read_by.includes(t.name, family, moe)
+            })
             .map(|t| Role::Layer(il, t.part));
     }
     GLOBAL_TENSORS
@@ -221,6 +239,26 @@ mod tests {
             Some(LayerPart::FfnSubNorm)
         );
         assert_eq!(part("blk.0.ffn_sub_norm.weight", "qwen2"), None);
+        // gpt-oss's norm before the FFN is named as Gemma's norm of the attention's output.
+        assert_eq!(
+            part("blk.0.post_attention_norm.weight", "gpt-oss"),
+            Some(LayerPart::FfnNorm)
+        );
+        assert_eq!(
+            part("blk.0.post_attention_norm.weight", "gemma3"),
+            Some(LayerPart::PostNorms)
+        );
+        assert_eq!(part("blk.0.ffn_norm.weight", "gpt-oss"), None);
+        assert_eq!(
+            part("blk.0.attn_sinks.weight", "gpt-oss"),
+            Some(LayerPart::Sinks)
+        );
+        assert_eq!(part("blk.0.attn_sinks.weight", "qwen3moe"), None);
+        assert_eq!(
+            part("blk.0.ffn_down_exps.bias", "gpt-oss"),
+            Some(LayerPart::Experts)
+        );
+        assert_eq!(part("blk.0.ffn_down_exps.bias", "qwen3moe"), None);
     }
 
     #[test]
@@ -230,6 +268,10 @@ mod tests {
         assert_eq!(part("blk.1.attn_q.scale", "bitnet"), Some(LayerPart::Qkv));
         assert_eq!(part("blk.1.attn_q.bias", "qwen2"), Some(LayerPart::QkvBias));
         assert_eq!(part("blk.1.attn_output.bias", "qwen2"), None);
+        assert_eq!(
+            part("blk.1.attn_output.bias", "gpt-oss"),
+            Some(LayerPart::Wo)
+        );
         assert_eq!(part("blk.1.attn_norm.scale", "llama"), None);
         assert_eq!(part("blk.x.attn_norm.weight", "llama"), None);
         assert!(matches!(

@@ -6,6 +6,7 @@
 mod float;
 mod i2s;
 mod k_quants;
+mod mxfp4;
 mod q4_0;
 mod q4_k;
 mod q5_k;

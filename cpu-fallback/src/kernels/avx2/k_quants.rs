@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use hesper_engine::formats::q4_k::{k_scales_mins, Q4_K_BLOCK_BYTES, Q4_K_QS};
 use hesper_engine::formats::q5_k::{Q5_K_BLOCK_BYTES, Q5_K_QH, Q5_K_QS};
-use hesper_engine::formats::Q4_0_BLOCK_BYTES;
+use hesper_engine::formats::{mxfp4_scale, MXFP4_BLOCK_BYTES, MXFP4_VALUES, Q4_0_BLOCK_BYTES};
 
 use super::{hsum_i32, prefetch, prefetch_ahead, totals4, ROWS4_PREFETCH_AHEAD};
 use crate::quant::{Q8KBlock, Q8_0Block};
@@ -100,7 +100,8 @@ unsafe fn q4_0_weights(blk: &[u8]) -> __m256i {
     _mm256_sub_epi8(codes, _mm256_set1_epi8(8))
 }
 
-/// Eight i32 lanes whose total is Σ w·q over one block's weights `w` (|w| ≤ 8) and activations.
+/// Eight i32 lanes whose total is Σ w·q over one block's weights `w` (|w| ≤ 12: each pair of
+/// products stays inside maddubs' i16) and activations.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q4_0_pairs(w: __m256i, a: &Q8_0Block) -> __m256i {
@@ -420,4 +421,76 @@ unsafe fn k_block_lanes(
     let bsums = unsafe { _mm256_loadu_si256(a.bsums.as_ptr().cast()) };
     // Lane s: min_s · (bsums[2s] + bsums[2s + 1]) (|bsum| ≤ 16·127, min ≤ 63).
     (sum, _mm256_madd_epi16(bsums, head.mins))
+}
+
+/// The 32 doubled E2M1 values of an MXFP4 block, looked up from its nibbles: elements 0..16
+/// (low nibbles) in the low half, 16..32 (high nibbles) in the high one.
+///
+/// # Safety
+/// `blk` holds a whole block (17 bytes).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn mxfp4_weights(blk: &[u8]) -> __m256i {
+    debug_assert!(blk.len() >= MXFP4_BLOCK_BYTES);
+    // SAFETY: the 16 nibble bytes follow the exponent byte; the table is 16 bytes.
+    let (b, table) = unsafe {
+        (
+            _mm_loadu_si128(blk.as_ptr().add(1).cast()),
+            _mm_loadu_si128(MXFP4_VALUES.as_ptr().cast()),
+        )
+    };
+    let codes = _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(b), b),
+        _mm256_set1_epi8(0x0F),
+    );
+    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), codes)
+}
+
+/// AVX2 version of [`crate::kernels::scalar::mxfp4_dot`]; bit-identical.
+///
+/// # Safety
+/// The CPU must support AVX2; `row` holds `act.len()` MXFP4 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mxfp4_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
+    assert!(row.len() == act.len() * MXFP4_BLOCK_BYTES);
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(MXFP4_BLOCK_BYTES).zip(act) {
+        // SAFETY: a whole block and its activations; a prefetch hint never faults.
+        unsafe {
+            prefetch_ahead(blk.as_ptr());
+            let s = hsum_i32(q4_0_pairs(mxfp4_weights(blk), a));
+            acc += s as f32 * (mxfp4_scale(blk[0]) * a.d);
+        }
+    }
+    acc
+}
+
+/// [`mxfp4_dot`] of one row against four tokens (prefill), each block unpacked once; each
+/// result bit-identical to [`mxfp4_dot`]'s.
+///
+/// # Safety
+/// The CPU must support AVX2; `row` holds as many MXFP4 blocks as each token.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mxfp4_dot_x4(row: &[u8], act: [&[Q8_0Block]; 4]) -> [f32; 4] {
+    assert!(act.iter().all(|a| row.len() == a.len() * MXFP4_BLOCK_BYTES));
+    let mut acc = [0.0f32; 4];
+    for (b, blk) in row.chunks_exact(MXFP4_BLOCK_BYTES).enumerate() {
+        // SAFETY: a whole block; each token's block holds 32 activations.
+        unsafe {
+            let w = mxfp4_weights(blk);
+            let p = [
+                q4_0_pairs(w, &act[0][b]),
+                q4_0_pairs(w, &act[1][b]),
+                q4_0_pairs(w, &act[2][b]),
+                q4_0_pairs(w, &act[3][b]),
+            ];
+            let mut sumi = [0i32; 4];
+            _mm_storeu_si128(sumi.as_mut_ptr().cast(), totals4(p));
+            let d = mxfp4_scale(blk[0]);
+            for ((acc, s), a) in acc.iter_mut().zip(sumi).zip(act) {
+                *acc += s as f32 * (d * a[b].d);
+            }
+        }
+    }
+    acc
 }

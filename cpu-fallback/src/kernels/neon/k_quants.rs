@@ -6,7 +6,7 @@ use std::arch::aarch64::*;
 
 use hesper_engine::formats::q4_k::{k_d_dmin, k_scales_mins, Q4_K_BLOCK_BYTES, Q4_K_QS};
 use hesper_engine::formats::q5_k::{Q5_K_BLOCK_BYTES, Q5_K_QH, Q5_K_QS};
-use hesper_engine::formats::Q4_0_BLOCK_BYTES;
+use hesper_engine::formats::{mxfp4_scale, MXFP4_BLOCK_BYTES, MXFP4_VALUES, Q4_0_BLOCK_BYTES};
 
 use super::{load_f16, totals4, Dot};
 use crate::kernels::scalar::k_mins_sum;
@@ -33,6 +33,33 @@ pub(super) unsafe fn q4_0_dot<D: Dot>(row: &[u8], act: &[Q8_0Block]) -> f32 {
             let sum = D::mac_wide(vdupq_n_s32(0), lo, vld1q_s8(x));
             let sum = D::mac_wide(sum, hi, vld1q_s8(x.add(16)));
             acc += vaddvq_s32(sum) as f32 * (load_f16(blk.as_ptr()) * a.d);
+        }
+    }
+    acc
+}
+
+/// MXFP4 row · Q8_0 activations, bit-identical to [`crate::kernels::scalar::mxfp4_dot`].
+///
+/// # Safety
+/// The CPU must run `D`.
+#[inline(always)]
+pub(super) unsafe fn mxfp4_dot<D: Dot>(row: &[u8], act: &[Q8_0Block]) -> f32 {
+    assert!(row.len() == act.len() * MXFP4_BLOCK_BYTES);
+    let low4 = vdupq_n_u8(0x0F);
+    // SAFETY: the table is 16 bytes.
+    let table = unsafe { vld1q_s8(MXFP4_VALUES.as_ptr()) };
+    let mut acc = 0.0f32;
+    for (blk, a) in row.chunks_exact(MXFP4_BLOCK_BYTES).zip(act) {
+        // SAFETY: a block is 1 exponent byte + 16 nibble bytes; `a.qs` holds 32 activations.
+        unsafe {
+            let b = vld1q_u8(blk.as_ptr().add(1));
+            let lo = vqtbl1q_s8(table, vandq_u8(b, low4));
+            let hi = vqtbl1q_s8(table, vshrq_n_u8::<4>(b));
+            let x = a.qs.as_ptr();
+            // |value| ≤ 12: within `Dot::mac_wide`'s bound.
+            let sum = D::mac_wide(vdupq_n_s32(0), lo, vld1q_s8(x));
+            let sum = D::mac_wide(sum, hi, vld1q_s8(x.add(16)));
+            acc += vaddvq_s32(sum) as f32 * (mxfp4_scale(blk[0]) * a.d);
         }
     }
     acc

@@ -315,6 +315,8 @@ variants! {
     fn q6_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 = blocks::q6_k_dot;
     /// Q4_0 row · Q8_0 activations, bit-identical to [`crate::kernels::scalar::q4_0_dot`].
     fn q4_0_dot(row: &[u8], act: &[Q8_0Block]) -> f32 = k_quants::q4_0_dot;
+    /// MXFP4 row · Q8_0 activations, bit-identical to [`crate::kernels::scalar::mxfp4_dot`].
+    fn mxfp4_dot(row: &[u8], act: &[Q8_0Block]) -> f32 = k_quants::mxfp4_dot;
     /// Q4_K row · Q8_K activations, bit-identical to [`crate::kernels::scalar::q4_k_dot`].
     fn q4_k_dot(row: &[u8], act: &[Q8KBlock]) -> f32 = k_quants::q4_k_dot;
     /// Q5_K row · Q8_K activations, bit-identical to [`crate::kernels::scalar::q5_k_dot`].
