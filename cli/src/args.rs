@@ -101,7 +101,7 @@ pub struct FileArgs {
     /// The file of --hf-repo to use (also -hff), instead of :QUANT.
     #[arg(long = "hf-file", value_name = "FILE", requires = "hf_repo")]
     pub hf_file: Option<String>,
-    /// Override the tokenizer's pre-tokenizer split (llama3, default).
+    /// Override the tokenizer's pre-tokenizer split (llama3, default, qwen2, gpt-4o).
     ///
     /// Override the tokenizer's pre-tokenizer split: `llama3` (Llama-3, what the 2B4T model was
     /// trained with), `default` (llama.cpp's fallback when tokenizer.ggml.pre is missing).
@@ -196,7 +196,7 @@ impl FileArgs {
             None => None,
             Some(name) => Some(PreTokenizer::from_name(name).ok_or_else(|| {
                 anyhow::anyhow!(
-                    "--tokenizer-pre {name:?}: expected llama3, llama-bpe, default or spm"
+                    "--tokenizer-pre {name:?}: expected llama3, llama-bpe, default, qwen2, gpt-4o or spm"
                 )
             })?),
         };

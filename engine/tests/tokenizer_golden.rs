@@ -4,9 +4,9 @@
 //! * `ggml-vocab-{llama-bpe,llama-spm,qwen2,phi-3}.gguf(.inp/.out)`: llama.cpp's own tokenizer
 //!   test files (from the
 //!   llama-cpp-python 0.3.36 sdist, `vendor/llama.cpp/models`, llama.cpp commit 0c1e57098);
-//! * `llama-bpe.json`, `llama-spm.json`, `llama-bpe-nopre.json`: ids from that llama.cpp for
-//!   more strings and flag combinations, and `random.json` (1000 random strings, all three
-//!   configurations), written by `make_tokenizer_golden.py`.
+//! * `llama-bpe.json`, `llama-spm.json`, `llama-bpe-nopre.json`, `llama-bpe-gpt4o.json`: ids
+//!   from that llama.cpp for more strings and flag combinations, and `random.json` (1000 random
+//!   strings, all four configurations), written by `make_tokenizer_golden.py`.
 
 use std::sync::OnceLock;
 
@@ -55,6 +55,25 @@ fn stripped_bpe_bytes() -> &'static [u8] {
             }
         }
         b.build()
+    })
+}
+
+/// The llama-bpe vocabulary with `tokenizer.ggml.pre = gpt-4o` (gpt-oss's split over Llama 3's
+/// merges: llama.cpp has no `o200k` vocabulary among its test files).
+fn gpt4o_bpe() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        let bytes = read(BPE_VOCAB);
+        let g = Gguf::parse(&bytes).expect("golden vocabulary parses");
+        let mut b = GgufBuilder::new();
+        for (key, value) in g.metadata() {
+            let value = match key.as_str() {
+                "tokenizer.ggml.pre" => Value::String("gpt-4o".into()),
+                _ => value.clone(),
+            };
+            b = b.kv(key, value);
+        }
+        build(&b.build(), None)
     })
 }
 
@@ -254,6 +273,24 @@ fn llama_spm_matches_llama_cpp_json() {
 }
 
 #[test]
+fn the_gpt4o_split_matches_llama_cpp_json() {
+    let t = gpt4o_bpe();
+    assert_eq!(t.pre_tokenizer(), PreTokenizer::Gpt4o);
+    assert!(!t.add_bos(), "llama.cpp adds no BOS with the GPT-4o split");
+    check_cases(t, &json_cases("llama-bpe-gpt4o.json"), "llama-bpe-gpt4o");
+    // Where it parts from Llama 3's split: a lowercase letter before a capitalized run ends a
+    // word (" iPhone" is one piece of Llama 3's, " i" and "Phone" here).
+    assert_eq!(
+        bpe().encode(" iPhone", false, false).expect("encode"),
+        [12443]
+    );
+    assert_eq!(
+        t.encode(" iPhone", false, false).expect("encode"),
+        [602, 7084]
+    );
+}
+
+#[test]
 fn forced_default_split_emulates_llama_cpp_without_pre() {
     let t = build(stripped_bpe_bytes(), Some(PreTokenizer::LlamaCppDefault));
     assert_eq!(t.pre_tokenizer(), PreTokenizer::LlamaCppDefault);
@@ -302,6 +339,7 @@ fn random_strings_match_llama_cpp() {
         ("llama-bpe", bpe()),
         ("llama-bpe-nopre", &forced_default),
         ("llama-spm", spm()),
+        ("llama-bpe-gpt4o", gpt4o_bpe()),
     ] {
         let expected = doc[name].as_array().expect("ids per text");
         let cases: Vec<Case> = texts

@@ -214,6 +214,34 @@ def gguf_without_key(src, dst, drop):
     write_tensorless_gguf(dst, kept)
 
 
+# Where GPT-4o's split parts from Llama 3's: a capitalized run before lowercase letters starts
+# a word of its own (CamelCase, all-caps acronyms before a word), contractions of any case stay
+# on their word, punctuation keeps the newlines and slashes after it, non-ASCII letters count
+# as upper or lower case
+GPT4O_EXTRA = [
+    "HelloWorld and iPhone and McDonald's",
+    "XMLHttpRequest parseJSONString getHTTPResponseCode",
+    "DON'T YOU'RE WE'LL they'VE i'M",
+    "ABCdef ABC def aBC",
+    "path/to/file.txt http://example.com/a/b?c=d",
+    "end.\n\nnext;\r\nline//comment\n",
+    "ÉcoleNormale ÜberMensch ΑθήναΠόλη МоскваГород",
+    "12345678 3.14159 1,000,000 2024-12-02",
+    "foo_barBaz __init__ camelCaseVar SCREAMING_SNAKE",
+    "   leading and trailing   ",
+    "emoji🦙Llama and 日本語Text",
+]
+
+
+def gguf_with_text_key(src, dst, key, text):
+    """Copies a GGUF v3 file that has no tensors, with the string metadata `key` set to `text`."""
+    n_tensors, kvs = gguf_metadata(src)
+    if n_tensors != 0 or key not in [k for k, _ in kvs]:
+        sys.exit(f"{src}: expected a tensor-less GGUF v3 file with key {key}")
+    value = struct.pack("<I", 8) + gguf_text(text)
+    write_tensorless_gguf(dst, [(k, value if k == key else v) for k, v in kvs])
+
+
 def cases_for(model, strings):
     cases = []
     for text in strings:
@@ -253,10 +281,16 @@ def main():
         nopre = load(stripped)
         write("llama-bpe-nopre.json", "ggml-vocab-llama-bpe.gguf without tokenizer.ggml.pre", nopre,
               bpe_strings, "tokenizer.ggml.pre removed: llama.cpp's 'default' split, add_bos off")
-        write_random(load(bpe_file), nopre, load(spm_file))
+        gpt4o_file = os.path.join(tmp, "ggml-vocab-llama-bpe-gpt4o.gguf")
+        gguf_with_text_key(bpe_file, gpt4o_file, "tokenizer.ggml.pre", "gpt-4o")
+        gpt4o = load(gpt4o_file)
+        write("llama-bpe-gpt4o.json", "ggml-vocab-llama-bpe.gguf with tokenizer.ggml.pre = gpt-4o",
+              gpt4o, bpe_strings + GPT4O_EXTRA, "tokenizer.ggml.pre = gpt-4o: llama.cpp's GPT-4o split "
+              "(gpt-oss's o200k) over Llama 3's merges, add_bos off")
+        write_random(load(bpe_file), nopre, load(spm_file), gpt4o)
 
 
-def write_random(bpe, nopre, spm):
+def write_random(bpe, nopre, spm, gpt4o):
     """random.json: seeded random strings, add_special = parse_special = false, ids per vocab."""
     strings = random_strings(20261122, 1000)
     doc = {
@@ -267,11 +301,12 @@ def write_random(bpe, nopre, spm):
         "llama-bpe": [tokenize(bpe, s, False, False) for s in strings],
         "llama-bpe-nopre": [tokenize(nopre, s, False, False) for s in strings],
         "llama-spm": [tokenize(spm, s, False, False) for s in strings],
+        "llama-bpe-gpt4o": [tokenize(gpt4o, s, False, False) for s in strings],
     }
     with open(os.path.join(HERE, "random.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
-    print(f"random.json: {len(strings)} strings x 3 vocabularies")
+    print(f"random.json: {len(strings)} strings x 4 vocabularies")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ pub enum PreTokenizer {
     /// Qwen2's split: Llama 3's with digits one by one, merges always applied. llama.cpp uses it
     /// for `tokenizer.ggml.pre` = `qwen2` or `deepseek-r1-qwen`.
     Qwen2,
+    /// GPT-4o's split (tiktoken's `o200k_base`, gpt-oss's `o200k_harmony`): words keep a
+    /// leading capitalized run, contractions and one leading non-letter; digits in threes;
+    /// merges always applied. llama.cpp uses it for `tokenizer.ggml.pre` = `gpt-4o` (and
+    /// `llama4`, `kanana2`, `talkie`).
+    Gpt4o,
     /// llama's SentencePiece: no split; a space prefix and `▁` for spaces.
     Spm,
 }
@@ -29,19 +34,21 @@ impl PreTokenizer {
             Self::Llama3 => "llama3",
             Self::LlamaCppDefault => "default",
             Self::Qwen2 => "qwen2",
+            Self::Gpt4o => "gpt-4o",
             Self::Spm => "spm",
         }
     }
 
     /// Parses a `--tokenizer-pre` value: a [`name`](Self::name) or a `tokenizer.ggml.pre`
     /// value llama.cpp maps to the same split (`llama-bpe`, `llama-v3`, `falcon3`,
-    /// `deepseek-r1-qwen`), or ik_llama.cpp does (`falcon_e`, which bitnet.cpp writes in
+    /// `deepseek-r1-qwen`, `llama4`), or ik_llama.cpp does (`falcon_e`, which bitnet.cpp writes in
     /// Falcon-E's 1.58-bit files and mainline llama.cpp does not know).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon_e" => Some(Self::Llama3),
             "default" => Some(Self::LlamaCppDefault),
             "qwen2" | "deepseek-r1-qwen" => Some(Self::Qwen2),
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => Some(Self::Gpt4o),
             "spm" => Some(Self::Spm),
             _ => None,
         }
@@ -60,6 +67,16 @@ impl PreTokenizer {
             Self::Qwen2 => &[concat!(
                 r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])",
                 r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+            )],
+            // llama.cpp's spelling of `tokenizer.json`'s regex: its classes of upper- and
+            // lower-case letters (`\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}`, `\p{Ll}\p{Lm}\p{Lo}\p{M}`)
+            // as "a letter but not a–z" and "a letter but not A–Z".
+            Self::Gpt4o => &[concat!(
+                r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+",
+                r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
+                r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*",
+                r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
             )],
             Self::LlamaCppDefault => &[
                 r"[\p{P}\$\+<=>\^~\|]+",
@@ -83,6 +100,7 @@ impl fmt::Display for PreTokenizer {
             Self::Llama3 => "Llama-3 split",
             Self::LlamaCppDefault => "llama.cpp 'default' split",
             Self::Qwen2 => "Qwen2 split",
+            Self::Gpt4o => "GPT-4o split",
             Self::Spm => "SentencePiece",
         })
     }
