@@ -7,7 +7,7 @@
 //! * [`stop`]: stop strings across token boundaries; [`metrics`]: `/metrics`;
 //! * [`structured`]: `response_format`, `json_schema` and `grammar` as a grammar;
 //! * [`tools`]: tool calls (llama.cpp's generic format, `tool_choice` as a grammar);
-//! * [`reasoning`]: `<think>` thoughts apart from the answer (`reasoning_content`);
+//! * [`reasoning`]: `<think>` thoughts (and gpt-oss's analysis channel) apart from the answer (`reasoning_content`);
 //! * [`reload`]: hot-swap checks (`/health` and `POST /reload` with `--hot-swap`);
 //! * [`conn`]: the accept loop (connection limit, header timeout);
 //! * [`log`]: one line per request on stderr;

@@ -2,7 +2,10 @@
 //! (DeepSeek-R1's distills, Qwen3, QwQ) gets its thought in `message.reasoning_content` and
 //! only the answer in `content` (streamed as `delta.reasoning_content`, then `delta.content`),
 //! as llama-server's `--reasoning-format deepseek` does. A template that opens the thought in
-//! the prompt (`…<think>\n`) starts the answer inside it.
+//! the prompt (`…<think>\n`) starts the answer inside it. gpt-oss writes Harmony's channels
+//! instead (`<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…`):
+//! the analysis channel is the thought, the final one (and a commentary preamble) the answer, the
+//! messages' headers dropped, as llama-server parses them.
 
 use std::str::FromStr;
 
@@ -33,6 +36,163 @@ impl FromStr for ReasoningFormat {
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
+
+/// How a model writes its thoughts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Syntax {
+    /// `<think>…</think>` before the answer; `opened`: the prompt ended inside the thought.
+    Think {
+        /// Whether the prompt opened the thought.
+        opened: bool,
+    },
+    /// gpt-oss's Harmony channels.
+    Harmony,
+}
+
+impl Syntax {
+    /// The syntax of a vocabulary that has the token `has(text)`: Harmony's where it has
+    /// `<|channel|>` and `<|message|>`, `<think>`'s where it has both tags (`None`: neither).
+    pub fn of_vocabulary(has: impl Fn(&str) -> bool, opened: bool) -> Option<Self> {
+        if has("<|channel|>") && has("<|message|>") {
+            Some(Self::Harmony)
+        } else if has(OPEN) && has(CLOSE) {
+            Some(Self::Think { opened })
+        } else {
+            None
+        }
+    }
+}
+
+/// Splits an answer's text into thought and answer as its [`Syntax`] says.
+#[derive(Debug, Clone)]
+pub enum Splitter {
+    /// `<think>` tags.
+    Think(Thoughts),
+    /// Harmony's channels.
+    Harmony(Channels),
+}
+
+impl Splitter {
+    /// A splitter for `syntax`.
+    pub fn new(syntax: Syntax) -> Self {
+        match syntax {
+            Syntax::Think { opened } => Self::Think(Thoughts::new(opened)),
+            Syntax::Harmony => Self::Harmony(Channels::default()),
+        }
+    }
+
+    /// Takes the next piece of text; returns the thought and the answer to send now.
+    pub fn push(&mut self, piece: &str) -> (String, String) {
+        match self {
+            Self::Think(t) => t.push(piece),
+            Self::Harmony(c) => c.push(piece),
+        }
+    }
+
+    /// The answer has ended: what is still held, as thought or answer.
+    pub fn finish(&mut self) -> (String, String) {
+        match self {
+            Self::Think(t) => t.finish(),
+            Self::Harmony(c) => c.finish(),
+        }
+    }
+}
+
+const MESSAGE: &str = "<|message|>";
+const END: &str = "<|end|>";
+/// What a Harmony header starts with: the first message's (the prompt ends with
+/// `<|start|>assistant`), then the next ones'.
+const HEADERS: [&str; 2] = ["<|channel|>", "<|start|>"];
+
+/// Where a Harmony answer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Channel {
+    /// In a message's header (up to `<|message|>`).
+    #[default]
+    Header,
+    /// In a message's body (up to `<|end|>`): the analysis channel's is thought.
+    Body {
+        /// Whether the body is the analysis channel's.
+        thought: bool,
+    },
+    /// Text that is not Harmony's: all answer.
+    Plain,
+}
+
+/// Splits a gpt-oss answer into its analysis channel (thought) and its final and commentary
+/// channels (answer); text that may be the start of a marker is held until the next piece says.
+#[derive(Debug, Clone, Default)]
+pub struct Channels {
+    part: Channel,
+    held: String,
+}
+
+impl Channels {
+    /// Takes the next piece of text; returns the thought and the answer to send now.
+    pub fn push(&mut self, piece: &str) -> (String, String) {
+        self.held.push_str(piece);
+        let (mut thought, mut answer) = (String::new(), String::new());
+        loop {
+            match self.part {
+                Channel::Header => match self.held.find(MESSAGE) {
+                    Some(at) => {
+                        let header = &self.held[..at];
+                        let thought = header.contains("<|channel|>analysis");
+                        self.held.drain(..at + MESSAGE.len());
+                        self.part = Channel::Body { thought };
+                    }
+                    None => {
+                        let harmony = HEADERS
+                            .iter()
+                            .any(|h| self.held.starts_with(h) || h.starts_with(self.held.as_str()));
+                        if !harmony {
+                            self.part = Channel::Plain;
+                            continue;
+                        }
+                        return (thought, answer);
+                    }
+                },
+                Channel::Body {
+                    thought: is_thought,
+                } => {
+                    let to = if is_thought {
+                        &mut thought
+                    } else {
+                        &mut answer
+                    };
+                    match self.held.find(END) {
+                        Some(at) => {
+                            to.push_str(&self.held[..at]);
+                            self.held.drain(..at + END.len());
+                            self.part = Channel::Header;
+                        }
+                        None => {
+                            let send = self.held.len() - partial_suffix(&self.held, END);
+                            to.push_str(&self.held[..send]);
+                            self.held.drain(..send);
+                            return (thought, answer);
+                        }
+                    }
+                }
+                Channel::Plain => {
+                    answer.push_str(&self.held);
+                    self.held.clear();
+                    return (thought, answer);
+                }
+            }
+        }
+    }
+
+    /// The answer has ended: what is still held (a cut-short thought, an unfinished header or
+    /// marker) as thought or answer.
+    pub fn finish(&mut self) -> (String, String) {
+        let held = std::mem::take(&mut self.held);
+        match self.part {
+            Channel::Body { thought: true } => (held, String::new()),
+            _ => (String::new(), held),
+        }
+    }
+}
 
 /// Where an answer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +299,7 @@ fn partial_suffix(s: &str, tag: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::Thoughts;
+    use super::{Channels, Thoughts};
 
     /// The text split in pieces of `n` bytes (on character boundaries).
     fn split(text: &str, opened: bool, n: usize) -> (String, String) {
@@ -173,6 +333,56 @@ mod tests {
             assert_eq!(split("<think>cut short", false, n), s("cut short", ""));
             assert_eq!(split("<think>a</thin", false, n), s("a</thin", ""));
             assert_eq!(split("", true, n), s("", ""));
+        }
+    }
+
+    /// Harmony's text split in pieces of `n` characters.
+    fn channels(text: &str, n: usize) -> (String, String) {
+        let mut c = Channels::default();
+        let (mut thought, mut answer) = (String::new(), String::new());
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(n) {
+            let (a, b) = c.push(&piece.iter().collect::<String>());
+            thought.push_str(&a);
+            answer.push_str(&b);
+        }
+        let (a, b) = c.finish();
+        (thought + &a, answer + &b)
+    }
+
+    #[test]
+    fn harmony_channels_in_any_pieces() {
+        for n in 1..14 {
+            let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+            assert_eq!(
+                channels(
+                    "<|channel|>analysis<|message|>User says hi.<|end|>\
+                     <|start|>assistant<|channel|>final<|message|>Hello!",
+                    n
+                ),
+                s("User says hi.", "Hello!")
+            );
+            // A commentary preamble is answer, as llama-server reads it.
+            assert_eq!(
+                channels(
+                    "<|channel|>analysis<|message|>a<|end|><|start|>assistant\
+                     <|channel|>commentary<|message|>b<|end|>\
+                     <|start|>assistant<|channel|>final<|message|>c",
+                    n
+                ),
+                s("a", "bc")
+            );
+            // No channels at all: the text is the answer.
+            assert_eq!(
+                channels("Plain <|end|> text", n),
+                s("", "Plain <|end|> text")
+            );
+            // Cut short inside the thought, or inside a header.
+            assert_eq!(
+                channels("<|channel|>analysis<|message|>Hmm <|en", n),
+                s("Hmm <|en", "")
+            );
+            assert_eq!(channels("<|channel|>fin", n), s("", "<|channel|>fin"));
         }
     }
 }

@@ -123,6 +123,9 @@ impl Tokenizer {
                 eog[id as usize] = true;
             }
         }
+        if let Some(end) = vocab.harmony_end() {
+            eog[end as usize] = false;
+        }
         let specials = SpecialTokens::new(&vocab, g.get_str("general.name").unwrap_or_default());
         let fim = FimTokens::find(keys.fim, &vocab);
         Ok(Some(Tokenizer {
@@ -259,7 +262,8 @@ impl Tokenizer {
     }
 
     /// True for tokens that end generation: EOS, EOT, EOM (from metadata) and tokens whose text
-    /// llama.cpp treats as such (`<|eot_id|>`, `<|end_of_text|>`, `<|eom_id|>`, `<|im_end|>`, …).
+    /// llama.cpp treats as such (`<|eot_id|>`, `<|end_of_text|>`, `<|eom_id|>`, `<|im_end|>`, …;
+    /// gpt-oss's `<|return|>` and `<|call|>`, but not its `<|end|>`, which ends a message).
     pub fn is_end_of_generation(&self, id: u32) -> bool {
         self.eog.get(id as usize).copied().unwrap_or(false)
     }

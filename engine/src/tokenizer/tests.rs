@@ -295,3 +295,44 @@ fn fill_in_the_middle_tokens_from_metadata_or_their_text() {
         Err("the model has no fill-in-the-middle prefix and middle tokens".into())
     );
 }
+
+#[test]
+fn harmony_ends_messages_with_end_and_generations_with_return_or_call() {
+    // gpt-oss's vocabulary, as llama.cpp reads it: <|end|> is rendered and does not stop
+    // generation where <|return|> and <|call|> do; the channel markers are rendered without
+    // `special`.
+    let extra = [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+    ];
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| byte_level::byte_to_char(b).to_string())
+        .collect();
+    tokens.extend(extra.iter().map(|s| s.to_string()));
+    // The file marks them all control tokens.
+    let mut types = vec![1i32; 256];
+    types.resize(tokens.len(), 3);
+    let b = GgufBuilder::new()
+        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String("gpt-4o".into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
+        .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
+        .kv("tokenizer.ggml.merges", strings(&[]));
+    let t = load(b, None);
+    let id = |text| t.token_id(text).expect("in the vocabulary");
+    assert!(!t.is_end_of_generation(id("<|end|>")));
+    assert!(t.is_end_of_generation(id("<|return|>")));
+    assert!(t.is_end_of_generation(id("<|call|>")));
+    for text in ["<|end|>", "<|channel|>", "<|message|>", "<|start|>"] {
+        assert_eq!(t.token_piece(id(text), false), text.as_bytes(), "{text}");
+    }
+    assert!(t.token_piece(id("<|return|>"), false).is_empty());
+    // Without <|call|> (another family's <|end|>: Phi-3's), <|end|> ends the generation.
+    let phi = load(gpt2(&["<|end|>", "<|return|>"], &[], None), None);
+    let end = phi.token_id("<|end|>").expect("in the vocabulary");
+    assert!(phi.is_end_of_generation(end));
+}

@@ -44,6 +44,8 @@ pub(crate) const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
     "<end_of_turn>",
     "<|endoftext|>",
     "<|eom_id|>",
@@ -53,6 +55,10 @@ pub(crate) const EOG_TEXTS: &[&str] = &[
     "<end_of_utterance>",
     "<｜end▁of▁sentence｜>",
 ];
+
+/// gpt-oss's Harmony tokens that llama.cpp marks user-defined so that they are always
+/// rendered (the server reads the channels from the generated text).
+const HARMONY_RENDERED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 /// The vocabulary of one tokenizer.
 #[derive(Debug, Clone)]
@@ -96,13 +102,32 @@ impl Vocab {
                 kinds[id as usize] = TokenKind::Control;
             }
         }
-        Ok(Self {
+        for text in HARMONY_RENDERED {
+            if let Some(&id) = index.get(*text) {
+                kinds[id as usize] = TokenKind::UserDefined;
+            }
+        }
+        let mut vocab = Self {
             kind: meta.kind,
             texts,
             kinds,
             scores: std::mem::take(&mut meta.scores),
             index,
-        })
+        };
+        if let Some(end) = vocab.harmony_end() {
+            vocab.kinds[end as usize] = TokenKind::UserDefined;
+        }
+        Ok(vocab)
+    }
+
+    /// Harmony's `<|end|>` (gpt-oss's), where the vocabulary also has `<|return|>` and
+    /// `<|call|>`: it ends a message, not the generation (those two do), and is rendered, as
+    /// llama.cpp makes it.
+    pub fn harmony_end(&self) -> Option<u32> {
+        let has = |text| self.index.contains_key(text);
+        (has("<|return|>") && has("<|call|>"))
+            .then(|| self.index.get("<|end|>").copied())
+            .flatten()
     }
 
     /// Number of tokens.

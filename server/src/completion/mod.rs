@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
-use crate::reasoning::{ReasoningFormat, Thoughts};
+use crate::reasoning::{ReasoningFormat, Splitter, Syntax};
 use crate::request::{parse, CompletionBody, Content, Message, Prompt};
 use crate::routes::read_body;
 use crate::stop::StopText;
@@ -111,8 +111,8 @@ struct Plan {
     tools: Option<Arc<Tools>>,
     /// Control tokens the answer's text keeps (a tool format's markers).
     kept_tokens: Vec<u32>,
-    /// Chat: whether thoughts go to `reasoning_content`, and whether the prompt opened one.
-    thoughts: Option<bool>,
+    /// Chat: how thoughts are split off to `reasoning_content`, if they are.
+    thoughts: Option<Syntax>,
 }
 
 /// Reads and checks a request: every error it can have is found here.
@@ -336,14 +336,15 @@ fn template_variables(b: &CompletionBody) -> Result<Map<String, Value>, ApiError
     Ok(vars)
 }
 
-/// Whether a chat's thoughts go to `reasoning_content` (`Some`), and whether its prompt
-/// opened one (the answer then starts inside it).
+/// How a chat's thoughts are split off to `reasoning_content` (`None`: they are not): the
+/// vocabulary's syntax, with whether the prompt opened a `<think>` (the answer then starts
+/// inside it).
 fn thoughts(
     state: &State,
     ready: &Ready,
     b: &CompletionBody,
     prompt: &[u32],
-) -> Result<Option<bool>, ApiError> {
+) -> Result<Option<Syntax>, ApiError> {
     let format = match &b.reasoning_format {
         Some(f) => f.parse().map_err(|e| {
             ApiError::bad_param("reasoning_format", format!("reasoning_format {e}"))
@@ -351,18 +352,15 @@ fn thoughts(
         None => state.config.reasoning_format,
     };
     let tok = &ready.tok;
-    let on = match format {
-        ReasoningFormat::None => false,
-        ReasoningFormat::Deepseek => true,
-        ReasoningFormat::Auto => {
-            tok.token_id("<think>").is_some() && tok.token_id("</think>").is_some()
-        }
-    };
-    if !on {
-        return Ok(None);
-    }
     let tail = tok.decode(&prompt[prompt.len().saturating_sub(4)..]);
-    Ok(Some(tail.trim_end().ends_with("<think>")))
+    let opened = tail.trim_end().ends_with("<think>");
+    let syntax = Syntax::of_vocabulary(|t| tok.token_id(t).is_some(), opened);
+    Ok(match format {
+        ReasoningFormat::None => None,
+        // Forced: `<think>` tags where the vocabulary has no syntax of its own.
+        ReasoningFormat::Deepseek => Some(syntax.unwrap_or(Syntax::Think { opened })),
+        ReasoningFormat::Auto => syntax,
+    })
 }
 
 /// The chat's messages (with the tools of a native format, and the request's template
@@ -624,8 +622,8 @@ fn start(state: &State, plan: &Plan) -> Result<UnboundedReceiver<(usize, Update)
 struct Answering {
     ready: Arc<Ready>,
     stops: Vec<String>,
-    /// Whether thoughts are split from the answer, and whether the prompt opened one.
-    thoughts: Option<bool>,
+    /// How thoughts are split from the answer, if they are.
+    thoughts: Option<Syntax>,
     /// Control tokens the text keeps.
     kept_tokens: Vec<u32>,
     index: usize,
@@ -638,7 +636,7 @@ impl Answering {
         let tok = &self.ready.tok;
         let mut text = TextStream::for_display(tok).keeping(&self.kept_tokens);
         let mut stop = StopText::new(self.stops.clone());
-        let mut thoughts = self.thoughts.map(Thoughts::new);
+        let mut thoughts = self.thoughts.map(Splitter::new);
         let mut tokens = 0;
         let send = |u: Update| self.out.send((self.index, u)).is_ok();
         while let Some(event) = events.recv().await {
