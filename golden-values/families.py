@@ -555,12 +555,24 @@ BENCH_MOE = Family("bench-qwen3moe-a3b-4l-f16", "qwen3moe", QWEN3_30B_A3B_4L, 12
                    True, False, False, False, qk_norm=True, experts=(128, 8, 768))
 
 
+# gpt-oss-20b's shape (n_embd 2880, heads 64/8 of 64, 32 experts of n_ff 2880, 4 used, window
+# 128 on every other layer, YaRN, its 201 088-token vocabulary, untied) cut to its first 2
+# layers of 24 (one windowed, one global): 5.5 GB (F16), then llama.cpp's MXFP4_MOE of it
+# (MXFP4 experts, Q8_0 elsewhere, as gpt-oss is published: 2.1 GB)
+GPT_OSS_20B_2L = HParams(n_vocab=201088, n_embd=2880, n_ff=2880, n_head=64, n_head_kv=8,
+                         n_layer=2, n_ctx=4096, rope_base=150000.0)
+BENCH_OSS = Family("bench-gpt-oss-20b-2l-f16", "gpt-oss", GPT_OSS_20B_2L, 64, GGML_F16, True,
+                   True, False, False, window=128, experts=(32, 4, 2880), yarn=(32.0, 4096))
+
+
 def step_bench_moe(out_dir: Path, seed: int, threads: int) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    src = out_dir / f"{BENCH_MOE.stem}.gguf"
-    write(BENCH_MOE, seed, src)
-    quantize(Quantized("bench-qwen3moe-a3b-4l-q4_k_m", BENCH_MOE, 15, ""), threads, src=src,
-             dst=out_dir / "bench-qwen3moe-a3b-4l-q4_k_m.gguf")
+    for source, ftype, name in ((BENCH_MOE, 15, "bench-qwen3moe-a3b-4l-q4_k_m"),
+                                (BENCH_OSS, 38, "bench-gpt-oss-20b-2l-mxfp4")):
+        src = out_dir / f"{source.stem}.gguf"
+        write(source, seed, src)
+        quantize(Quantized(name, source, ftype, ""), threads, src=src,
+                 dst=out_dir / f"{name}.gguf")
 
 
 def step_llama(threads: int) -> None:
@@ -671,7 +683,9 @@ def main() -> None:
                          "I2_S; 0.7-2.5 GB each) into DIR; alone, only this")
     ap.add_argument("--bench-moe", metavar="DIR", type=Path,
                     help="write a Qwen3-30B-A3B-shaped mixture of experts cut to 4 layers (F16, "
-                         "then llama.cpp's Q4_K_M of it; 4.9 and 1.5 GB) into DIR; alone, only this")
+                         "then llama.cpp's Q4_K_M of it; 4.9 and 1.5 GB) and a gpt-oss-20b-shaped "
+                         "one cut to 2 (F16, then llama.cpp's MXFP4_MOE; 5.5 and 2.1 GB) into DIR; "
+                         "alone, only this")
     ap.add_argument("--bitnet-cpp", type=Path, default=Path("/tmp/hesper-bitnet-cpp"),
                     help="bitnet-cpp/build.sh's work folder (default /tmp/hesper-bitnet-cpp)")
     a = ap.parse_args()

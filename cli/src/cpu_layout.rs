@@ -50,6 +50,7 @@ fn repacks(isa: Isa, ty: GgmlType) -> bool {
         GgmlType::I2S => isa.interleaves_i2s(),
         GgmlType::Q8_0 => isa.interleaves_q8_0(),
         GgmlType::Q4_0 => isa.interleaves_q4_0(),
+        GgmlType::MXFP4 => isa.interleaves_mxfp4(),
         GgmlType::Q4K | GgmlType::Q5K => isa.interleaves_q4_k(),
         GgmlType::Q6K => isa.interleaves_q6_k(),
         GgmlType::F16 => isa.interleaves_f16(),

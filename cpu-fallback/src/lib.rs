@@ -5,6 +5,7 @@ pub mod experts;
 pub mod formats;
 pub mod interleave;
 pub mod interleave_f16;
+pub mod interleave_mxfp4;
 pub mod interleave_q4_0;
 pub mod interleave_q4_k;
 pub mod interleave_q6_k;
@@ -106,6 +107,9 @@ impl CpuBackend {
                 Format::Q4_0 => {
                     self.isa.interleaves_q4_0() && interleave_q4_0::fits(desc.rows, desc.cols)
                 }
+                Format::MXFP4 => {
+                    self.isa.interleaves_mxfp4() && interleave_mxfp4::fits(desc.rows, desc.cols)
+                }
                 Format::Q4K | Format::Q5K => {
                     self.isa.interleaves_q4_k() && interleave_q4_k::fits(desc.rows, desc.cols)
                 }
@@ -127,6 +131,7 @@ impl CpuBackend {
             && (self.isa.interleaves_i2s()
                 || self.isa.interleaves_q8_0()
                 || self.isa.interleaves_q4_0()
+                || self.isa.interleaves_mxfp4()
                 || self.isa.interleaves_q4_k()
                 || self.isa.interleaves_q6_k()
                 || self.isa.interleaves_f16())

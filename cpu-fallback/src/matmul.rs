@@ -8,7 +8,7 @@ use hesper_engine::weights::{Format, MatrixDesc};
 use rayon::prelude::*;
 
 use crate::formats::{
-    float, i2s, q4_0, q4_k, q5_k, q6_k, q8_0, row_kernels, Activations, RowKernels,
+    float, i2s, mxfp4, q4_0, q4_k, q5_k, q6_k, q8_0, row_kernels, Activations, RowKernels,
 };
 use crate::interleave::ROWS;
 use crate::kernels::Isa;
@@ -62,9 +62,10 @@ impl CpuMatrix {
         }
     }
 
-    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_0, Q4_K, Q5_K,
-    /// Q6_K or F16 rows (see the `fits` of [`crate::interleave`], [`crate::interleave_q8_0`],
-    /// [`crate::interleave_q4_0`], [`crate::interleave_q4_k`], [`crate::interleave_q6_k`] and
+    /// The same matrix computing from an interleaved copy of its I2_S, Q8_0, Q4_0, MXFP4, Q4_K,
+    /// Q5_K, Q6_K or F16 rows (see the `fits` of [`crate::interleave`],
+    /// [`crate::interleave_q8_0`], [`crate::interleave_q4_0`], [`crate::interleave_mxfp4`],
+    /// [`crate::interleave_q4_k`], [`crate::interleave_q6_k`] and
     /// [`crate::interleave_f16`] for the shapes that can be; other layouts stay as they are):
     /// the file's pages are given back, so the resident size stays about the same. Owned bytes
     /// of the layouts but I2_S are dropped: their rows are then decoded from the copy.
@@ -74,6 +75,7 @@ impl CpuMatrix {
             Format::I2S { .. } => crate::interleave::interleave(self.data(), row_bytes),
             Format::Q8_0 => crate::interleave_q8_0::interleave(self.data(), row_bytes),
             Format::Q4_0 => crate::interleave_q4_0::interleave(self.data(), row_bytes),
+            Format::MXFP4 => crate::interleave_mxfp4::interleave(self.data(), row_bytes),
             Format::Q4K => crate::interleave_q4_k::interleave::<false>(self.data(), row_bytes),
             Format::Q5K => crate::interleave_q4_k::interleave::<true>(self.data(), row_bytes),
             Format::Q6K => crate::interleave_q6_k::interleave(self.data(), row_bytes),
@@ -113,6 +115,7 @@ impl CpuMatrix {
                 match self.desc.format {
                     Format::F16 => crate::interleave_f16::row(tiles, row.len(), r, &mut row),
                     Format::Q4_0 => crate::interleave_q4_0::row(tiles, row.len(), r, &mut row),
+                    Format::MXFP4 => crate::interleave_mxfp4::row(tiles, row.len(), r, &mut row),
                     Format::Q4K => {
                         crate::interleave_q4_k::row::<false>(tiles, self.desc.cols, r, &mut row)
                     }
@@ -151,6 +154,10 @@ impl CpuMatrix {
                 }
                 (Activations::Q8_0(a), Format::Q4_0) => {
                     let dot = self.packed_blocks(isa, a, &groups, q8_0::Packed::new, tiles!(q4_0));
+                    return self.matmul_tiles(tiles, n, out, &groups, &dot);
+                }
+                (Activations::Q8_0(a), Format::MXFP4) => {
+                    let dot = self.packed_blocks(isa, a, &groups, q8_0::Packed::new, tiles!(mxfp4));
                     return self.matmul_tiles(tiles, n, out, &groups, &dot);
                 }
                 (Activations::Q8K(a), Format::Q4K) => {
@@ -494,6 +501,10 @@ impl CpuMatrix {
                 (Format::Q4_0, Activations::Q8_0(a)) => {
                     let packed = one(&a[0]);
                     return self.rows16_one(isa, tiles, r0, out, &packed, q4_0::rows16_dot::<1>);
+                }
+                (Format::MXFP4, Activations::Q8_0(a)) => {
+                    let packed = one(&a[0]);
+                    return self.rows16_one(isa, tiles, r0, out, &packed, mxfp4::rows16_dot::<1>);
                 }
                 (Format::Q4K, Activations::Q8K(a)) => {
                     let packed = one_k(&a[0]);

@@ -150,11 +150,13 @@ fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
     }
 }
 
-/// Rows of random Q4_0, Q4_K, Q5_K or Q6_K blocks with small scales of either sign (every code,
-/// sub-block scale and minimum), from a fixed generator.
+/// Rows of random Q4_0, MXFP4, Q4_K, Q5_K or Q6_K blocks with small scales of either sign
+/// (every code, sub-block scale and minimum; MXFP4's exponents 2^-8 to 2^-5), from a fixed
+/// generator.
 fn block_rows(format: Format, rows: usize, cols: usize) -> Vec<u8> {
     let (block, bytes, halves): (usize, usize, &[usize]) = match format {
         Format::Q4_0 => (32, 18, &[0]),
+        Format::MXFP4 => (32, 17, &[]),
         Format::Q4K => (256, 144, &[0, 2]),
         Format::Q5K => (256, 176, &[0, 2]),
         _ => (256, 210, &[208]),
@@ -170,6 +172,9 @@ fn block_rows(format: Format, rows: usize, cols: usize) -> Vec<u8> {
         .map(|_| next() as u8)
         .collect();
     for blk in data.chunks_exact_mut(bytes) {
+        if format == Format::MXFP4 {
+            blk[0] = 120 + (next() % 4) as u8;
+        }
         for &at in halves {
             let d = half::f16::from_f32((next() % 200) as f32 / 10000.0 - 0.01);
             blk[at..at + 2].copy_from_slice(&d.to_le_bytes());
@@ -178,17 +183,23 @@ fn block_rows(format: Format, rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-/// Q4_0 and K-quant products of a batch (four-row and four-token kernels, the interleaved copy
-/// of Q4_K, row chunks across threads) equal the same tokens one at a time bit for bit, and the
-/// scalar kernels' results, on every instruction set.
+/// Q4_0, MXFP4 and K-quant products of a batch (four-row and four-token kernels, the
+/// interleaved copies, row chunks across threads) equal the same tokens one at a time bit for
+/// bit, and the scalar kernels' results, on every instruction set.
 #[test]
-fn q4_0_and_k_quant_batches_equal_their_tokens_one_at_a_time() {
+fn q4_0_mxfp4_and_k_quant_batches_equal_their_tokens_one_at_a_time() {
     // 320 rows: twenty blocks of sixteen; 37 tokens: four-token kernels, then a rest of one,
     // and the interleaved kernel's passes of eight, four and one.
     let (rows, cols, n) = (320usize, 512usize, 37usize);
     let pool = two_threads();
     let x = activations(n, cols);
-    for format in [Format::Q4_0, Format::Q4K, Format::Q5K, Format::Q6K] {
+    for format in [
+        Format::Q4_0,
+        Format::MXFP4,
+        Format::Q4K,
+        Format::Q5K,
+        Format::Q6K,
+    ] {
         let data = block_rows(format, rows, cols);
         let desc = MatrixDesc {
             name: "w".into(),

@@ -1,13 +1,14 @@
 //! Every SIMD kernel against the scalar reference on random inputs, including sizes that are
 //! not multiples of the vector width.
 
-use hesper_cpu::formats::{float, i2s, q4_0, q4_k, q5_k, q6_k, q8_0, CpuLayout};
+use hesper_cpu::formats::{float, i2s, mxfp4, q4_0, q4_k, q5_k, q6_k, q8_0, CpuLayout};
 use hesper_cpu::kernels::{scalar, Isa};
 use hesper_cpu::quant::{
     quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, Q8KBlock, Q8_0Block,
 };
 use hesper_cpu::{
-    interleave, interleave_f16, interleave_q4_0, interleave_q4_k, interleave_q6_k, interleave_q8_0,
+    interleave, interleave_f16, interleave_mxfp4, interleave_q4_0, interleave_q4_k,
+    interleave_q6_k, interleave_q8_0,
 };
 use hesper_engine::formats::q6_k::{decode_q6_k_block, q6_k_block, Q6_K_BLOCK_BYTES};
 use hesper_engine::formats::{
@@ -588,6 +589,48 @@ proptest! {
                 let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
                 prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
                 prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+            }
+        }
+    }
+
+    /// The interleaved MXFP4 kernel (sixteen rows × 1, 2, 3, 4 or 8 tokens) equals single
+    /// scalar dots bit for bit: every code, exponents from 2^-8 to 2^7 and the two subnormal
+    /// ones.
+    #[test]
+    fn mxfp4_rows16_matches_scalar(blocks in 1usize..40, seed in any::<u64>()) {
+        let mut g = Lcg(seed);
+        let cols = blocks * 32;
+        let row_bytes = blocks * 17;
+        let mut rows = g.mxfp4_row(16 * blocks);
+        rows[0] = 0;
+        rows[17] = 1;
+        let tiles = interleave_mxfp4::interleave(&rows, row_bytes);
+        let acts: Vec<_> = (0..8)
+            .map(|_| quantize_q8_0(&(0..cols).map(|_| g.float(-3.0, 6)).collect::<Vec<_>>()))
+            .collect();
+        let want: Vec<Vec<u32>> = acts
+            .iter()
+            .map(|a| rows.chunks_exact(row_bytes).map(|r| scalar::mxfp4_dot(r, a).to_bits()).collect())
+            .collect();
+        let a: Vec<&[Q8_0Block]> = acts.iter().map(Vec::as_slice).collect();
+        let pack = |r: std::ops::Range<usize>| q8_0::Packed::new(&a[r]);
+        for isa in Isa::supported() {
+            let got: Vec<[f32; 16]> = [
+                mxfp4::rows16_dot::<1>(isa, &tiles, &pack(0..1)).to_vec(),
+                mxfp4::rows16_dot::<2>(isa, &tiles, &pack(1..3)).to_vec(),
+                mxfp4::rows16_dot::<1>(isa, &tiles, &pack(3..4)).to_vec(),
+                mxfp4::rows16_dot::<4>(isa, &tiles, &pack(4..8)).to_vec(),
+            ]
+            .concat();
+            let eight = mxfp4::rows16_dot::<8>(isa, &tiles, &pack(0..8));
+            let three = mxfp4::rows16_dot::<3>(isa, &tiles, &pack(0..3));
+            for t in 0..8 {
+                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
+                prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
+                prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+                if t < 3 {
+                    prop_assert_eq!(&bits(&three[t]), &want[t], "{:?}, token {} of 3", isa, t);
+                }
             }
         }
     }

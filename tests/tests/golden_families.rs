@@ -1,4 +1,5 @@
-//! The `llama` (and Mixtral's), `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3` and `phi3` graphs
+//! The `llama` (and Mixtral's), `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3` and
+//! `gpt-oss` graphs
 //! (golden-values/families.py) against llama.cpp
 //! 0c1e57098, on
 //! the CPU (scalar and the best SIMD) and the GPU: end to end, every layer with teacher
@@ -30,7 +31,10 @@
 //! the same without head norms over four layers, the even ones windowed with the global RoPE
 //! base, the attention scores soft-capped at 5 and the logits at 30; `tiny-phi3-f16`
 //! Phi-3's fused tensors (Q, K and V in one `attn_qkv`, gate and up in one `ffn_up`, split by
-//! rows at load) with RoPE on 48 of each head's 64 dims, as Phi-4-mini turns three quarters.
+//! rows at load) with RoPE on 48 of each head's 64 dims, as Phi-4-mini turns three quarters;
+//! `tiny-gpt-oss-f16` gpt-oss's attention sinks, biases on every product, a window on every other
+//! layer, YaRN, 8 experts of which 4 with the clamped SwiGLU (the CPU only), and
+//! `tiny-gpt-oss-mxfp4` the same through llama.cpp's MXFP4_MOE (MXFP4 experts, Q8_0 elsewhere).
 //! llama.cpp's CPU
 //! looks GELU up in a table of f16 inputs and outputs where we compute it in f32: one more
 //! f16 rounding of the FFN's activations, inside the F16 bounds (1.2e-2 end to end, every

@@ -43,7 +43,7 @@ macro_rules! x86_only {
 
 pub mod float;
 pub mod i2s;
-mod mxfp4;
+pub mod mxfp4;
 pub mod q4_0;
 pub mod q4_k;
 pub mod q5_k;

@@ -11,6 +11,8 @@ pub mod interleaved;
 #[cfg(target_arch = "x86_64")]
 pub mod interleaved_f16;
 #[cfg(target_arch = "x86_64")]
+pub mod interleaved_mxfp4;
+#[cfg(target_arch = "x86_64")]
 pub mod interleaved_q4_0;
 #[cfg(target_arch = "x86_64")]
 pub mod interleaved_q4_k;
@@ -174,6 +176,16 @@ impl Isa {
     /// of its own (AVX-512 VNNI with `vpdpbusd`; AVX2 and AVX-VNNI with `vpmaddubsw`).
     pub fn interleaves_q4_0(self) -> bool {
         matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
+    }
+
+    /// Whether MXFP4 weights are interleaved sixteen rows deep at load for this instruction set
+    /// ([`crate::interleave_mxfp4`]): on every x86 variant, whose AVX2 `vpmaddubsw` kernel
+    /// [`crate::formats::mxfp4::rows16_dot`] runs.
+    pub fn interleaves_mxfp4(self) -> bool {
+        matches!(
+            self,
+            Self::Avx2 | Self::Avx512Bw | Self::AvxVnni | Self::Avx512Vnni
+        )
     }
 
     /// Whether Q4_K and Q5_K weights are interleaved sixteen rows deep at load for this
