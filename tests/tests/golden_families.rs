@@ -687,7 +687,7 @@ fn what_the_graph_would_leave_out_is_refused() {
     assert!(
         e.contains("\"gemma\"")
             && e.contains(
-                "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3"
+                "bitnet, bitnet-b1.58, bitnet-25, llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and gpt-oss"
             ),
         "{e}"
     );
