@@ -90,6 +90,11 @@ pub fn run(args: InfoArgs) -> Result<()> {
             };
             let extras: String = [
                 (g.tensor("blk.0.attn_q.bias").is_some(), ", Q/K/V biases"),
+                (
+                    c.family.biases,
+                    ", biases on the attention's output, the router and every expert",
+                ),
+                (c.family.sinks, ", attention sinks"),
                 (c.family.qk_norm, ", Q/K head norms"),
                 (g.tensor("rope_freqs.weight").is_some(), ", rope_freqs"),
                 (

@@ -186,6 +186,15 @@ fn info_names_what_each_family_computes() {
             "models/tiny-qwen3moe-f16.gguf",
             &["8 experts of n_ff 256 (2 used a token, softmax routing renormalized: 1.71M of 4.07M parameters active)"][..],
         ),
+        (
+            "models/tiny-gpt-oss-f16.gguf",
+            &[
+                "SwiGLU (clamped) FFN",
+                "biases on the attention's output, the router and every expert, attention sinks",
+                "8 experts of n_ff 256 (4 used a token",
+                "a sliding window of 5 on 1 of 2 layers",
+            ][..],
+        ),
     ] {
         let o = hesper(&["info", "-m", &golden(model)]);
         assert!(o.status.success(), "{}", stderr(&o));
