@@ -343,44 +343,42 @@ fn four<T: Default>(mut it: impl Iterator<Item = T>) -> [T; 4] {
 mod tests {
     use super::*;
 
-    #[test]
-    fn attention_of_one_position_returns_its_value() {
-        let s = AttentionShape {
+    /// One position's attention at `pos` (its key and value appended to layer 0 of `cache`).
+    fn attend(
+        s: &AttentionShape,
+        cache: &mut KvCache,
+        q: &[f32],
+        kv: [&[f32]; 2],
+        pos: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![0.0; q.len()];
+        let [k, v] = kv;
+        attention(Isa::Scalar, cache, 0, q, k, v, 1, pos, s, &mut out);
+        out
+    }
+
+    /// Two heads of 2 over one kv head, with `sinks`.
+    fn two_heads(sinks: Option<&[f32]>) -> AttentionShape<'_> {
+        AttentionShape {
             n_head: 2,
             n_head_kv: 1,
             head_dim: 2,
             window: None,
             softcap: None,
-            sinks: None,
-        };
+            sinks,
+        }
+    }
+
+    #[test]
+    fn attention_of_one_position_returns_its_value() {
+        let s = two_heads(None);
         let mut cache = KvCache::new(1, 4, 2);
-        let mut out = vec![0.0; 4];
-        attention(
-            Isa::Scalar,
-            &mut cache,
-            0,
-            &[1.0, 0.0, 0.0, 1.0],
-            &[0.5, 0.5],
-            &[3.0, -1.0],
-            1,
-            0,
-            &s,
-            &mut out,
-        );
+        let q = [1.0, 0.0, 0.0, 1.0];
+        let out = attend(&s, &mut cache, &q, [&[0.5, 0.5], &[3.0, -1.0]], 0);
         assert_eq!(out, vec![3.0, -1.0, 3.0, -1.0]);
         // A second position with a key aligned to head 0's query gets more weight there.
-        attention(
-            Isa::Scalar,
-            &mut cache,
-            0,
-            &[10.0, 0.0, 0.0, 10.0],
-            &[1.0, 0.0],
-            &[1.0, 1.0],
-            1,
-            1,
-            &s,
-            &mut out,
-        );
+        let q = [10.0, 0.0, 0.0, 10.0];
+        let out = attend(&s, &mut cache, &q, [&[1.0, 0.0], &[1.0, 1.0]], 1);
         assert!(out[0] < 3.0 && out[0] > 1.0 && out[1] > -1.0);
         assert!(out[0] < out[2], "head 1 attends less to the new key");
     }
@@ -390,28 +388,9 @@ mod tests {
         // One position: its score q·k/√2 = 0 and head 0's sink 0 split the weight in half;
         // head 1's sink of ln 3 takes three quarters. Neither scales the sink.
         let sinks = [0.0, 3f32.ln()];
-        let s = AttentionShape {
-            n_head: 2,
-            n_head_kv: 1,
-            head_dim: 2,
-            window: None,
-            softcap: None,
-            sinks: Some(&sinks),
-        };
+        let s = two_heads(Some(&sinks));
         let mut cache = KvCache::new(1, 4, 2);
-        let mut out = vec![0.0; 4];
-        attention(
-            Isa::Scalar,
-            &mut cache,
-            0,
-            &[0.0, 0.0, 0.0, 0.0],
-            &[1.0, 1.0],
-            &[4.0, -8.0],
-            1,
-            0,
-            &s,
-            &mut out,
-        );
+        let out = attend(&s, &mut cache, &[0.0; 4], [&[1.0, 1.0], &[4.0, -8.0]], 0);
         let want = [2.0, -4.0, 1.0, -2.0];
         assert!(
             out.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6),

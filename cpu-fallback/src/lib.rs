@@ -197,7 +197,10 @@ impl Backend for CpuBackend {
         }
         // Interleaved as from a file, so that a streamed load computes the same bits.
         let interleave = self.interleaves(&desc, usage)
-            && matches!(desc.format, Format::Q8_0 | Format::Q4K | Format::F16);
+            && matches!(
+                desc.format,
+                Format::Q8_0 | Format::Q4K | Format::F16 | Format::MXFP4
+            );
         let matrix = CpuMatrix::owned(data, desc, scale);
         Ok(if interleave {
             self.pool.install(|| matrix.interleaved())

@@ -299,11 +299,11 @@ fn partial_suffix(s: &str, tag: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Channels, Thoughts};
+    use super::{Splitter, Syntax};
 
-    /// The text split in pieces of `n` bytes (on character boundaries).
-    fn split(text: &str, opened: bool, n: usize) -> (String, String) {
-        let mut t = Thoughts::new(opened);
+    /// `text` fed to a splitter of `syntax` in pieces of `n` characters.
+    fn pieces(syntax: Syntax, text: &str, n: usize) -> (String, String) {
+        let mut t = Splitter::new(syntax);
         let (mut thought, mut answer) = (String::new(), String::new());
         let chars: Vec<char> = text.chars().collect();
         for piece in chars.chunks(n) {
@@ -336,18 +336,14 @@ mod tests {
         }
     }
 
+    /// `<think>` text split in pieces of `n` characters.
+    fn split(text: &str, opened: bool, n: usize) -> (String, String) {
+        pieces(Syntax::Think { opened }, text, n)
+    }
+
     /// Harmony's text split in pieces of `n` characters.
     fn channels(text: &str, n: usize) -> (String, String) {
-        let mut c = Channels::default();
-        let (mut thought, mut answer) = (String::new(), String::new());
-        let chars: Vec<char> = text.chars().collect();
-        for piece in chars.chunks(n) {
-            let (a, b) = c.push(&piece.iter().collect::<String>());
-            thought.push_str(&a);
-            answer.push_str(&b);
-        }
-        let (a, b) = c.finish();
-        (thought + &a, answer + &b)
+        pieces(Syntax::Harmony, text, n)
     }
 
     #[test]

@@ -29,11 +29,6 @@ impl CpuLayout for Mxfp4 {
             scalar: scalar::mxfp4_dot(row, act),
         )
     }
-
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    fn dot_x4(self, isa: Isa, row: &[u8], act: [&Vec<Q8_0Block>; 4]) -> Option<[f32; 4]> {
-        x86_only!(isa, avx2::mxfp4_dot_x4(row, act.map(Vec::as_slice)))
-    }
 }
 
 /// Sixteen MXFP4 rows interleaved into one block (`block`, see [`crate::interleave_mxfp4`])

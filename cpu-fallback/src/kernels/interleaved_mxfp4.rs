@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use hesper_engine::formats::MXFP4_VALUES;
 
-use super::interleaved_q8_0::Rows16;
+use super::interleaved_q8_0::{halves_and_tokens, Rows16};
 use crate::interleave_mxfp4::{BLOCK_BYTES, SCALE_BYTES};
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
@@ -45,23 +45,7 @@ pub unsafe fn mxfp4_rows16_avx2<const T: usize>(
                 }
             }
             let act = (xq.as_ptr().add(8 * T * b), d.as_ptr().add(T * b));
-            match T {
-                1 => pass::<2, 1, T>(base, [0, 1], act, 0, &mut acc),
-                2 => pass::<2, 2, T>(base, [0, 1], act, 0, &mut acc),
-                _ => {
-                    for h in 0..2 {
-                        for t0 in (0..T).step_by(4) {
-                            let acc = &mut acc[t0..(t0 + 4).min(T)];
-                            match acc.len() {
-                                4 => pass::<1, 4, T>(base, [h], act, t0, acc),
-                                3 => pass::<1, 3, T>(base, [h], act, t0, acc),
-                                2 => pass::<1, 2, T>(base, [h], act, t0, acc),
-                                _ => pass::<1, 1, T>(base, [h], act, t0, acc),
-                            }
-                        }
-                    }
-                }
-            }
+            halves_and_tokens!(pass, base, act, acc);
         }
     }
     super::interleaved_q4_k::rows16_out_avx2(acc)

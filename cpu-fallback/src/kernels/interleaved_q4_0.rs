@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved_q8_0::{prefetch_block, rows16_out, Rows16};
+use super::interleaved_q8_0::{halves_and_tokens, prefetch_block, rows16_out, Rows16};
 use crate::interleave_q4_0::{BLOCK_BYTES, SCALE_BYTES};
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
@@ -110,23 +110,7 @@ pub unsafe fn q4_0_rows16_avx2<const T: usize>(
                 d.as_ptr().add(T * b),
                 bias.as_ptr().add(T * b),
             );
-            match T {
-                1 => q4_0_pass_avx2::<2, 1, T>(base, [0, 1], act, 0, &mut acc),
-                2 => q4_0_pass_avx2::<2, 2, T>(base, [0, 1], act, 0, &mut acc),
-                _ => {
-                    for h in 0..2 {
-                        for t0 in (0..T).step_by(4) {
-                            let acc = &mut acc[t0..(t0 + 4).min(T)];
-                            match acc.len() {
-                                4 => q4_0_pass_avx2::<1, 4, T>(base, [h], act, t0, acc),
-                                3 => q4_0_pass_avx2::<1, 3, T>(base, [h], act, t0, acc),
-                                2 => q4_0_pass_avx2::<1, 2, T>(base, [h], act, t0, acc),
-                                _ => q4_0_pass_avx2::<1, 1, T>(base, [h], act, t0, acc),
-                            }
-                        }
-                    }
-                }
-            }
+            halves_and_tokens!(q4_0_pass_avx2, base, act, acc);
         }
     }
     super::interleaved_q4_k::rows16_out_avx2(acc)

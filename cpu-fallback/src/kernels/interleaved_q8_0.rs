@@ -74,6 +74,33 @@ pub unsafe fn q8_0_rows16_vnni512<const T: usize>(
     rows16_out(acc)
 }
 
+/// One interleaved block's passes for `T` tokens (`T` the caller's const parameter): both halves
+/// of the sixteen rows at once for one or two tokens, else each half for up to four tokens at a
+/// time. `$pass::<H, U, T>(base, halves, act, t0, acc)` adds the block's float step for the `H`
+/// halves and tokens `t0..t0 + U` into `acc[u][h]`.
+macro_rules! halves_and_tokens {
+    ($pass:ident, $base:expr, $act:expr, $acc:expr) => {
+        match T {
+            1 => $pass::<2, 1, T>($base, [0, 1], $act, 0, &mut $acc),
+            2 => $pass::<2, 2, T>($base, [0, 1], $act, 0, &mut $acc),
+            _ => {
+                for h in 0..2 {
+                    for t0 in (0..T).step_by(4) {
+                        let acc = &mut $acc[t0..(t0 + 4).min(T)];
+                        match acc.len() {
+                            4 => $pass::<1, 4, T>($base, [h], $act, t0, acc),
+                            3 => $pass::<1, 3, T>($base, [h], $act, t0, acc),
+                            2 => $pass::<1, 2, T>($base, [h], $act, t0, acc),
+                            _ => $pass::<1, 1, T>($base, [h], $act, t0, acc),
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+pub(crate) use halves_and_tokens;
+
 /// [`q8_0_rows16_vnni512`] on AVX2 (any x86 variant without VNNI): the sixteen rows as two
 /// halves of eight, one 256-bit register each. `vpmaddubsw` cannot take the offset weights
 /// (their pairs of products would saturate 16 bits), so each tile's weights are made signed
@@ -103,23 +130,7 @@ pub unsafe fn q8_0_rows16_avx2<const T: usize>(block: &[u8], xq: &[i32], d: &[f3
                 }
             }
             let act = (xq.as_ptr().add(8 * T * b), d.as_ptr().add(T * b));
-            match T {
-                1 => q8_0_pass_avx2::<2, 1, T>(base, [0, 1], act, 0, &mut acc),
-                2 => q8_0_pass_avx2::<2, 2, T>(base, [0, 1], act, 0, &mut acc),
-                _ => {
-                    for h in 0..2 {
-                        for t0 in (0..T).step_by(4) {
-                            let acc = &mut acc[t0..(t0 + 4).min(T)];
-                            match acc.len() {
-                                4 => q8_0_pass_avx2::<1, 4, T>(base, [h], act, t0, acc),
-                                3 => q8_0_pass_avx2::<1, 3, T>(base, [h], act, t0, acc),
-                                2 => q8_0_pass_avx2::<1, 2, T>(base, [h], act, t0, acc),
-                                _ => q8_0_pass_avx2::<1, 1, T>(base, [h], act, t0, acc),
-                            }
-                        }
-                    }
-                }
-            }
+            halves_and_tokens!(q8_0_pass_avx2, base, act, acc);
         }
     }
     super::interleaved_q4_k::rows16_out_avx2(acc)

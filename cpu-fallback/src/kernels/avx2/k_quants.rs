@@ -464,33 +464,3 @@ pub unsafe fn mxfp4_dot(row: &[u8], act: &[Q8_0Block]) -> f32 {
     }
     acc
 }
-
-/// [`mxfp4_dot`] of one row against four tokens (prefill), each block unpacked once; each
-/// result bit-identical to [`mxfp4_dot`]'s.
-///
-/// # Safety
-/// The CPU must support AVX2; `row` holds as many MXFP4 blocks as each token.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn mxfp4_dot_x4(row: &[u8], act: [&[Q8_0Block]; 4]) -> [f32; 4] {
-    assert!(act.iter().all(|a| row.len() == a.len() * MXFP4_BLOCK_BYTES));
-    let mut acc = [0.0f32; 4];
-    for (b, blk) in row.chunks_exact(MXFP4_BLOCK_BYTES).enumerate() {
-        // SAFETY: a whole block; each token's block holds 32 activations.
-        unsafe {
-            let w = mxfp4_weights(blk);
-            let p = [
-                q4_0_pairs(w, &act[0][b]),
-                q4_0_pairs(w, &act[1][b]),
-                q4_0_pairs(w, &act[2][b]),
-                q4_0_pairs(w, &act[3][b]),
-            ];
-            let mut sumi = [0i32; 4];
-            _mm_storeu_si128(sumi.as_mut_ptr().cast(), totals4(p));
-            let d = mxfp4_scale(blk[0]);
-            for ((acc, s), a) in acc.iter_mut().zip(sumi).zip(act) {
-                *acc += s as f32 * (d * a[b].d);
-            }
-        }
-    }
-    acc
-}

@@ -20,8 +20,8 @@ pub use float::{
 };
 pub use grouped::{scores_x4, weighted_sum_x4};
 pub use k_quants::{
-    mxfp4_dot, mxfp4_dot_x4, q4_0_dot, q4_0_dot_rows4, q4_0_dot_x4, q4_k_dot, q4_k_dot_rows4,
-    q4_k_dot_x4, q5_k_dot, q5_k_dot_rows4, q5_k_dot_x4,
+    mxfp4_dot, q4_0_dot, q4_0_dot_rows4, q4_0_dot_x4, q4_k_dot, q4_k_dot_rows4, q4_k_dot_x4,
+    q5_k_dot, q5_k_dot_rows4, q5_k_dot_x4,
 };
 pub use softmax::softmax;
 pub use ternary::{
