@@ -160,19 +160,10 @@ impl Channels {
                     } else {
                         &mut answer
                     };
-                    match self.held.find(END) {
-                        Some(at) => {
-                            to.push_str(&self.held[..at]);
-                            self.held.drain(..at + END.len());
-                            self.part = Channel::Header;
-                        }
-                        None => {
-                            let send = self.held.len() - partial_suffix(&self.held, END);
-                            to.push_str(&self.held[..send]);
-                            self.held.drain(..send);
-                            return (thought, answer);
-                        }
+                    if !take_until(&mut self.held, END, to) {
+                        return (thought, answer);
                     }
+                    self.part = Channel::Header;
                 }
                 Channel::Plain => {
                     answer.push_str(&self.held);
@@ -243,21 +234,13 @@ impl Thoughts {
                         self.part = Part::Answer;
                     }
                 }
-                Part::Thought => match self.held.find(CLOSE) {
-                    Some(at) => {
-                        thought.push_str(&self.held[..at]);
-                        self.held.drain(..at + CLOSE.len());
-                        self.part = Part::Answer;
-                        self.after_close = true;
-                    }
-                    None => {
-                        let keep = partial_suffix(&self.held, CLOSE);
-                        let send = self.held.len() - keep;
-                        thought.push_str(&self.held[..send]);
-                        self.held.drain(..send);
+                Part::Thought => {
+                    if !take_until(&mut self.held, CLOSE, &mut thought) {
                         return (thought, answer);
                     }
-                },
+                    self.part = Part::Answer;
+                    self.after_close = true;
+                }
                 Part::Answer => {
                     if self.after_close {
                         let rest = self.held.trim_start();
@@ -283,6 +266,24 @@ impl Thoughts {
             Part::Thought => (held, String::new()),
             Part::Answer if self.after_close => (String::new(), held.trim_start().to_string()),
             _ => (String::new(), held),
+        }
+    }
+}
+
+/// Moves `held`'s text before `tag` to `out` and drops the tag: `true`. Where `held` has no
+/// `tag`, moves all but an end that may start one (kept for the next piece): `false`.
+fn take_until(held: &mut String, tag: &str, out: &mut String) -> bool {
+    match held.find(tag) {
+        Some(at) => {
+            out.push_str(&held[..at]);
+            held.drain(..at + tag.len());
+            true
+        }
+        None => {
+            let send = held.len() - partial_suffix(held, tag);
+            out.push_str(&held[..send]);
+            held.drain(..send);
+            false
         }
     }
 }
