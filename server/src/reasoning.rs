@@ -5,9 +5,12 @@
 //! the prompt (`…<think>\n`) starts the answer inside it. gpt-oss writes Harmony's channels
 //! instead (`<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…`):
 //! the analysis channel is the thought, the final one (and a commentary preamble) the answer, the
-//! messages' headers dropped, as llama-server parses them.
+//! messages' headers dropped, as llama-server parses them; a call's header keeps its recipient
+//! (`to=functions.NAME…<|message|>`) for the tool reader.
 
 use std::str::FromStr;
+
+use crate::tools::format::HARMONY_CALL;
 
 /// `--reasoning-format` / `reasoning_format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -101,8 +104,25 @@ impl Splitter {
 const MESSAGE: &str = "<|message|>";
 const END: &str = "<|end|>";
 /// What a Harmony header starts with: the first message's (the prompt ends with
-/// `<|start|>assistant`), then the next ones'.
-const HEADERS: [&str; 2] = ["<|channel|>", "<|start|>"];
+/// `<|start|>assistant`: its channel, or a call's recipient), then the next ones'.
+const HEADERS: [&str; 3] = ["<|channel|>", " to=", "<|start|>"];
+
+/// The Lark grammar of a Harmony answer that ends in `last` (a Lark expression that may name
+/// the rule `channel`: `<|channel|>analysis` or `commentary`) after any analysis and
+/// commentary messages, as llama.cpp's. Harmony's markers are text here: gpt-oss's vocabulary
+/// renders them (as llama.cpp marks them), so a message's body is one lexeme ending at `<|end|>`.
+pub fn harmony_lark(last: &str) -> String {
+    format!(
+        "start: (message \"<|start|>assistant\")* last\n\
+         message: channel \"<|message|>\" BODY\n\
+         channel: \"<|channel|>\" (\"analysis\" | \"commentary\")\n\
+         last: {last}\n\
+         BODY: /(.|\\n)*/ \"<|end|>\" & ~(/(.|\\n)*/ \"<|end|>\" /(.|\\n)+/)\n"
+    )
+}
+
+/// The type a Harmony header may give a JSON body (` <|constrain|>json`, ` json` or none), in Lark.
+pub const HARMONY_JSON_TYPE: &str = "(\" \" \"<|constrain|>\"? \"json\")?";
 
 /// Where a Harmony answer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -137,7 +157,13 @@ impl Channels {
                 Channel::Header => match self.held.find(MESSAGE) {
                     Some(at) => {
                         let header = &self.held[..at];
-                        let thought = header.contains("<|channel|>analysis");
+                        // A call to a function: its recipient onwards goes on with the answer,
+                        // where the tool reader finds it.
+                        let call = header.find(HARMONY_CALL);
+                        let thought = call.is_none() && header.contains("<|channel|>analysis");
+                        if let Some(to) = call {
+                            answer.push_str(&self.held[to..at + MESSAGE.len()]);
+                        }
                         self.held.drain(..at + MESSAGE.len());
                         self.part = Channel::Body { thought };
                     }
@@ -380,6 +406,41 @@ mod tests {
                 s("Hmm <|en", "")
             );
             assert_eq!(channels("<|channel|>fin", n), s("", "<|channel|>fin"));
+            // A call keeps its recipient onwards, in either header's spelling.
+            assert_eq!(
+                channels(
+                    "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant\
+                     <|channel|>commentary to=functions.get_weather <|constrain|>json\
+                     <|message|>{\"city\": \"Ur\"}",
+                    n
+                ),
+                s(
+                    "Look it up.",
+                    "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Ur\"}"
+                )
+            );
+            assert_eq!(
+                channels(
+                    "<|channel|>commentary<|message|>Checking.<|end|>\
+                     <|start|>assistant to=functions.get_time<|channel|>commentary json\
+                     <|message|>{}",
+                    n
+                ),
+                s(
+                    "",
+                    "Checking.to=functions.get_time<|channel|>commentary json<|message|>{}"
+                )
+            );
+            assert_eq!(
+                channels(
+                    " to=functions.get_time<|channel|>commentary json<|message|>{}",
+                    n
+                ),
+                s(
+                    "",
+                    "to=functions.get_time<|channel|>commentary json<|message|>{}"
+                )
+            );
         }
     }
 }

@@ -126,6 +126,8 @@ pub struct Message {
     pub tool_call_id: Option<String>,
     /// A `tool` or `function` turn: the function that answered.
     pub name: Option<String>,
+    /// An assistant turn's thought, as this server answered it.
+    pub reasoning_content: Option<String>,
 }
 
 /// A tool call in the conversation's history.

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use hesper_runtime::grammar::{
-    gbnf_to_lark, GrammarConstraint, GrammarError, GrammarSpec, Grammars,
+    gbnf_to_lark, prepared_schema, GrammarConstraint, GrammarError, GrammarSpec, Grammars,
 };
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::reasoning::{harmony_lark, HARMONY_JSON_TYPE};
 use crate::request::CompletionBody;
 use crate::Ready;
 
@@ -22,6 +23,27 @@ pub struct Structure {
     pub spec: GrammarSpec,
     /// `response_format`, `json_schema` or `grammar`.
     pub param: &'static str,
+}
+
+impl Structure {
+    /// A JSON structure as the body of a Harmony answer's final channel, after any analysis
+    /// and commentary messages (as llama.cpp constrains gpt-oss); a grammar of the client's
+    /// own is left as it is.
+    pub fn in_final_channel(self) -> Self {
+        let schema = match &self.spec {
+            GrammarSpec::JsonObject => serde_json::json!({"type": "object"}),
+            GrammarSpec::JsonSchema(schema) => schema.clone(),
+            _ => return self,
+        };
+        let last = format!(
+            "\"<|channel|>final\" {HARMONY_JSON_TYPE} \"<|message|>\" %json {}",
+            prepared_schema(schema)
+        );
+        Self {
+            spec: GrammarSpec::Lark(harmony_lark(&last)),
+            param: self.param,
+        }
+    }
 }
 
 /// The structure `b` asks for, if any; more than one field asking is a 400.

@@ -173,6 +173,7 @@ def main():
     finally:
         agent.stop()
     native_tools()
+    harmony()
     gpu = Server("--backend", "gpu", "-np", "4", "--api-key", KEY)
     try:
         on_the_gpu(gpu)
@@ -677,12 +678,13 @@ NATIVE = [
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", "Llama 3.x JSON", '"name": "get_weather"'),
     ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "Mistral [TOOL_CALLS] [ARGS]",
      '[AVAILABLE_TOOLS][{"type": "function"'),
+    ("openai-gpt-oss-120b.jinja", "Harmony (gpt-oss)", "namespace functions {"),
 ]
 
 
 # Where each format's calls begin.
 MARKERS = {"Hermes <tool_call>": "<tool_call>", "Llama 3.x JSON": "{",
-           "Mistral [TOOL_CALLS] [ARGS]": "[TOOL_CALLS]"}
+           "Mistral [TOOL_CALLS] [ARGS]": "[TOOL_CALLS]", "Harmony (gpt-oss)": "to=functions."}
 
 
 def native_tools():
@@ -740,6 +742,12 @@ def native_tools():
                 s, body, _ = srv.post("/apply-template", {"messages": history, "tools": TOOLS})
                 check(s == 200 and m.tool_calls[0].function.name in json.loads(body)["prompt"]
                       and "Sun" in json.loads(body)["prompt"], f"{file}: history {body[:300]}")
+                if "gpt-oss" in file:
+                    # A call's analysis goes back to gpt-oss (its template reads `thinking`).
+                    history[1]["reasoning_content"] = "Weather first."
+                    s, body, _ = srv.post("/apply-template", {"messages": history, "tools": TOOLS})
+                    check("<|channel|>analysis<|message|>Weather first.<|end|><|start|>assistant to="
+                          in json.loads(body)["prompt"], f"{file}: thought {body[-400:]}")
                 r = c.chat.completions.create(model="x", messages=history, tools=TOOLS,
                                               max_tokens=100, tool_choice="required",
                                               parallel_tool_calls=False, temperature=0)
@@ -747,6 +755,62 @@ def native_tools():
                             short)
         finally:
             srv.stop()
+
+
+HARMONY = ["<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>",
+           "<|constrain|>"]
+
+
+def harmony():
+    """gpt-oss's Harmony end to end, on the built-in model's file with seven byte tokens no
+    UTF-8 text uses (0xF9-0xFF) renamed as Harmony's and gpt-oss's template: a required call
+    is written in its channels and read back as the tool call (streamed the same, the header
+    never in `content`), and a JSON schema shapes its final channel (the content is the JSON
+    alone)."""
+    d = tempfile.mkdtemp()
+    model = os.path.join(d, "harmony.gguf")
+    edited_gguf(KJV, model, tokens={0xF9 + 3 + i: t for i, t in enumerate(HARMONY)})
+    srv = Server("-m", model, "--chat-template-file",
+                 os.path.join(TEMPLATES, "openai-gpt-oss-120b.jinja"), "-c", "2048",
+                 "--api-key", KEY)
+    try:
+        c = srv.client()
+        s, body, _ = srv.post("/tokenize", {"content": "<|start|>assistant<|channel|>",
+                                            "parse_special": True})
+        check(json.loads(body)["tokens"][0] == 0xF9 + 3 + 2, f"harmony: tokens {body}")
+        ask = [{"role": "user", "content": "What weather shall there be in Jerusalem?"}]
+        call = lambda **kw: c.chat.completions.create(
+            model="x", messages=ask, tools=TOOLS, max_tokens=100, parallel_tool_calls=False,
+            tool_choice="required", temperature=0.9, **kw)
+        for seed in (1, 3):
+            whole = call(seed=seed)
+            m = whole.choices[0].message
+            check(whole.choices[0].finish_reason == "tool_calls" and len(m.tool_calls or []) == 1
+                  and not m.content, f"harmony: one call, seed {seed}: {whole.choices[0]}")
+            valid_calls(m.tool_calls, PARAMS, f"harmony: required, seed {seed}")
+            got, content = {"name": "", "arguments": ""}, ""
+            for ch in call(seed=seed, stream=True):
+                content += ch.choices[0].delta.content or ""
+                for d in ch.choices[0].delta.tool_calls or []:
+                    got["name"] += d.function.name or ""
+                    got["arguments"] += d.function.arguments or ""
+            want = {"name": m.tool_calls[0].function.name,
+                    "arguments": m.tool_calls[0].function.arguments} if m.tool_calls else None
+            check(got == want and not content, f"harmony: streamed {got} {content!r} vs {want}")
+        schema = {"type": "object", "properties": {"king": {"type": "string", "maxLength": 12},
+                                                    "years": {"type": "integer"}},
+                  "required": ["king", "years"]}
+        for seed in (1, 2):
+            r = c.chat.completions.create(
+                model="x", messages=ask, max_tokens=100, temperature=0.9, seed=seed,
+                response_format={"type": "json_schema", "json_schema": {"name": "k", "schema": schema}})
+            text = r.choices[0].message.content or ""
+            try:
+                jsonschema.validate(json.loads(text), schema)
+            except (ValueError, jsonschema.ValidationError) as e:
+                check(False, f"harmony: the final channel's JSON, seed {seed}: {text!r}: {e}")
+    finally:
+        srv.stop()
 
 
 def messages(srv, c):
@@ -1265,15 +1329,18 @@ def full_queue_and_disconnect(srv):
 KJV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "hesper-kjv.gguf")
 
 
-def with_u32_keys(src, dst, keys):
+def edited_gguf(src, dst, keys=None, tokens=None):
     """Copies the GGUF file `src` to `dst` with the u32 metadata `keys` ({name: value}) added
-    (the tensors' data moved to the next aligned offset, their offsets unchanged)."""
+    and the tokens `tokens` ({id: text}) renamed as control tokens (the tensors' data moved to
+    the next aligned offset, their offsets unchanged)."""
     import struct
+    keys, tokens = keys or {}, tokens or {}
     data = open(src, "rb").read()
     at = 24
     n_tensors, n_kv = struct.unpack_from("<QQ", data, 8)
     sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
     align = 32
+    pack_str = lambda s: struct.pack("<Q", len(s.encode())) + s.encode()
 
     def string(at):
         n, = struct.unpack_from("<Q", data, at)
@@ -1290,21 +1357,39 @@ def with_u32_keys(src, dst, keys):
             return at
         return at + sizes[t]
 
+    kvs = b""
     for _ in range(n_kv):
+        start = at
         key, at = string(at)
         t, = struct.unpack_from("<I", data, at)
         if key == "general.alignment":
             align, = struct.unpack_from("<I", data, at + 4)
-        at = value(t, at + 4)
+        end = value(t, at + 4)
+        if key == "tokenizer.ggml.tokens" and tokens:
+            n, = struct.unpack_from("<Q", data, at + 8)
+            texts, p = [], at + 16
+            for _ in range(n):
+                text, p = string(p)
+                texts.append(text)
+            for i, text in tokens.items():
+                texts[i] = text
+            kvs += pack_str(key) + struct.pack("<IIQ", 9, 8, n) + b"".join(map(pack_str, texts))
+        elif key == "tokenizer.ggml.token_type" and tokens:
+            entry = bytearray(data[start:end])
+            for i in tokens:
+                struct.pack_into("<i", entry, at - start + 16 + 4 * i, 3)
+            kvs += bytes(entry)
+        else:
+            kvs += data[start:end]
+        at = end
     kv_end = at
     for _ in range(n_tensors):
         _, at = string(at)
         n_dims, = struct.unpack_from("<I", data, at)
         at += 4 + 8 * n_dims + 4 + 8
     tensor_start = (at + align - 1) // align * align
-    added = b"".join(struct.pack("<Q", len(k)) + k.encode() + struct.pack("<II", 4, v)
-                     for k, v in keys.items())
-    head = (data[:16] + struct.pack("<Q", n_kv + len(keys)) + data[24:kv_end] + added
+    added = b"".join(pack_str(k) + struct.pack("<II", 4, v) for k, v in keys.items())
+    head = (data[:16] + struct.pack("<Q", n_kv + len(keys)) + kvs + added
             + data[kv_end:at])
     head += b"\0" * (-len(head) % align)
     with open(dst, "wb") as f:
@@ -1326,9 +1411,9 @@ def infill():
     d = tempfile.mkdtemp()
     model = os.path.join(d, "fim.gguf")
     pre, suf, mid = 5, 6, 7
-    with_u32_keys(KJV, model, {"tokenizer.ggml.fim_pre_token_id": pre,
-                               "tokenizer.ggml.fim_suf_token_id": suf,
-                               "tokenizer.ggml.fim_mid_token_id": mid})
+    edited_gguf(KJV, model, keys={"tokenizer.ggml.fim_pre_token_id": pre,
+                                  "tokenizer.ggml.fim_suf_token_id": suf,
+                                  "tokenizer.ggml.fim_mid_token_id": mid})
     srv = Server("-m", model, "--api-key", KEY, "-b", "64", "-c", "256")
     try:
         tok = lambda text: json.loads(srv.post("/tokenize", {"content": text, "parse_special": False})[1])["tokens"]

@@ -31,7 +31,7 @@ use crate::routes::read_body;
 use crate::stop::StopText;
 use crate::structured::{self, Structure};
 use crate::tools::stream::{AnswerStream, Delta, Piece};
-use crate::tools::{self, Said, Tools};
+use crate::tools::{self, Family, Said, Tools};
 use crate::{Ready, State};
 
 pub mod infill;
@@ -168,6 +168,10 @@ async fn plan(state: &State, b: CompletionBody, kind: Kind) -> Result<Plan, ApiE
             "stream_options needs stream: true",
         ));
     }
+    let thoughts = match kind {
+        Kind::Chat => thoughts(state, &ready, &b, &prompts[0])?,
+        Kind::Text => None,
+    };
     let structure = match (structured::requested(&b)?, &tools) {
         (Some(s), Some(_)) => {
             return Err(ApiError::bad_param(
@@ -175,6 +179,8 @@ async fn plan(state: &State, b: CompletionBody, kind: Kind) -> Result<Plan, ApiE
                 format!("{} and tools both shape the answer: give one", s.param),
             ))
         }
+        // gpt-oss thinks before its answer: a schema shapes its final channel.
+        (Some(s), None) if thoughts == Some(Syntax::Harmony) => Some(s.in_final_channel()),
         (Some(s), None) => Some(s),
         (None, Some(t)) => t.grammar().map(|spec| Structure {
             spec,
@@ -217,10 +223,7 @@ async fn plan(state: &State, b: CompletionBody, kind: Kind) -> Result<Plan, ApiE
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         stream,
-        thoughts: match kind {
-            Kind::Chat => thoughts(state, &ready, &b, &prompts[0])?,
-            Kind::Text => None,
-        },
+        thoughts,
         prompts,
         constraint,
         kept_tokens: tools
@@ -243,6 +246,7 @@ fn chat_messages(b: &CompletionBody, tools: Option<&Tools>) -> Result<Vec<Value>
         return Err(ApiError::bad_param("messages", "messages is empty"));
     }
     let native = tools.is_some_and(Tools::native);
+    let harmony = tools.is_some_and(|t| t.format().family() == Family::Harmony);
     let mut out = Vec::with_capacity(messages.len() + 1);
     for (i, m) in messages.iter().enumerate() {
         let role = match m.role.as_str() {
@@ -279,7 +283,7 @@ fn chat_messages(b: &CompletionBody, tools: Option<&Tools>) -> Result<Vec<Value>
             }
             _ => json!({"role": role.as_str(), "content": text}),
         };
-        out.push(message);
+        out.push(with_thought(message, m, harmony));
     }
     if let Some(t) = tools.filter(|t| !t.native()) {
         let prompt = t.system_prompt();
@@ -292,6 +296,27 @@ fn chat_messages(b: &CompletionBody, tools: Option<&Tools>) -> Result<Vec<Value>
         }
     }
     Ok(out)
+}
+
+/// An assistant turn with the thought its client sent back, as llama-server passes it: as
+/// `reasoning_content` (which Qwen3's template reads), and to gpt-oss's template (`harmony`)
+/// as `thinking`, a call's turn without its content (the template keeps a call's analysis
+/// for the next turn, from one field or the other).
+fn with_thought(mut message: Value, m: &Message, harmony: bool) -> Value {
+    if let Some(thought) = m
+        .reasoning_content
+        .as_deref()
+        .filter(|_| m.role == "assistant")
+    {
+        message["reasoning_content"] = json!(thought);
+        if harmony {
+            message["thinking"] = json!(thought);
+            if message.get("tool_calls").is_some() {
+                message.as_object_mut().map(|o| o.remove("content"));
+            }
+        }
+    }
+    message
 }
 
 /// Message `i`'s text: its content, or its text parts joined (other parts are refused).

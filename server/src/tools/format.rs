@@ -1,7 +1,8 @@
 //! How a model writes tool calls, chosen from its chat template as llama.cpp chooses: the
 //! template that renders `<tool_call>` is Hermes' format (Qwen2.5, Qwen3, QwQ, Hermes 2/3),
 //! `[TOOL_CALLS]` Mistral's (Nemo: a JSON list; Small 3.x with `[ARGS]`: name, then arguments),
-//! an `ipython` turn Llama 3.x's JSON. Those models are given the tools through their own
+//! an `ipython` turn Llama 3.x's JSON, Harmony's channels gpt-oss's (a `commentary` message to
+//! `functions.NAME` whose body is the arguments). Those models are given the tools through their own
 //! template and read back in their own format; any other model (or none: the built-in model)
 //! gets the generic format of the parent module.
 //!
@@ -16,6 +17,8 @@
 use hesper_engine::chat::{ChatTemplate, TemplateOrigin};
 use hesper_engine::tokenizer::Tokenizer;
 use hesper_runtime::grammar::prepared_schema;
+
+use crate::reasoning::{harmony_lark, HARMONY_JSON_TYPE};
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
@@ -36,6 +39,9 @@ pub enum Family {
     MistralList,
     /// `[TOOL_CALLS]name[ARGS]{…}`, once per call.
     MistralArgs,
+    /// gpt-oss's `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}`,
+    /// one call a turn (`<|call|>` ends it, and the answer).
+    Harmony,
 }
 
 /// A marker a format writes: its text, and its id when it is one control token (which the
@@ -81,6 +87,7 @@ impl ToolFormat {
             Family::Llama3 => &["<|python_tag|>"],
             Family::MistralList => &["[TOOL_CALLS]"],
             Family::MistralArgs => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            Family::Harmony => &[],
         };
         Self {
             family,
@@ -109,6 +116,7 @@ impl ToolFormat {
             Family::Llama3 => "Llama 3.x JSON",
             Family::MistralList => "Mistral [TOOL_CALLS] list",
             Family::MistralArgs => "Mistral [TOOL_CALLS] [ARGS]",
+            Family::Harmony => "Harmony (gpt-oss)",
         }
     }
 
@@ -150,6 +158,7 @@ impl ToolFormat {
         // two calls (`None`: one marker opens all the calls).
         let (marker, rest, between) = match self.family {
             Family::Generic => return None,
+            Family::Harmony => return Self::harmony_grammar(tools, may_reply),
             Family::Llama3 => {
                 let call = format!("%json {}", prepared_schema(call_schema("parameters")));
                 let reply = r#"REPLY: /(.|\n)+/ & ~(/[ \t\r\n]*/ "{" /(.|\n)*/)"#;
@@ -262,8 +271,67 @@ impl ToolFormat {
                     .collect::<Result<Vec<_>, _>>();
                 Some(calls.map(|c| Parsed::new(&text[..start], c)))
             }
+            Family::Harmony => {
+                let start = text.find(HARMONY_CALL)?;
+                Some(
+                    harmony_call(&text[start..])
+                        .map(|c| Parsed::new(harmony_before(text, start), vec![c])),
+                )
+            }
         }
     }
+
+    /// Harmony's grammar of a turn that calls one of `tools`, as llama.cpp's: any analysis
+    /// and commentary messages, then the call, its recipient in the channel's header or the
+    /// role's; `None` where it may reply instead: the model writes its channels freely then,
+    /// and the call is read back from what it wrote.
+    fn harmony_grammar(tools: &[&Tool], may_reply: bool) -> Option<String> {
+        if may_reply {
+            return None;
+        }
+        let calls: Vec<String> = tools
+            .iter()
+            .map(|t| {
+                let to = Value::from(format!(" {HARMONY_CALL}{}", t.name));
+                format!(
+                    "(channel {to} | {to} channel) {HARMONY_JSON_TYPE} \"<|message|>\" %json {}",
+                    prepared_schema(t.parameters.clone())
+                )
+            })
+            .collect();
+        Some(harmony_lark(&calls.join(" | ")))
+    }
+}
+
+/// What begins a Harmony call: its recipient, in the role's header or the channel's.
+pub(crate) const HARMONY_CALL: &str = "to=functions.";
+
+/// The text before a Harmony call whose recipient is at `start`: the header that holds it cut
+/// off (a raw answer's: from its `<|start|>`, or the first message's `<|channel|>`; the
+/// channels' splitter passes on only the recipient onwards).
+fn harmony_before(text: &str, start: usize) -> &str {
+    let before = &text[..start];
+    let header = before
+        .rfind("<|start|>")
+        .or_else(|| before.rfind("<|channel|>"));
+    header.map_or(before, |at| &before[..at])
+}
+
+/// `to=functions.NAME…<|message|>{…}`: the name up to white space or a marker, the arguments
+/// after `<|message|>` (up to `<|call|>`, which the answer's text does not hold).
+fn harmony_call(text: &str) -> Result<Call, String> {
+    let after = &text[HARMONY_CALL.len()..];
+    let name_end = after
+        .find(|c: char| c.is_whitespace() || c == '<')
+        .unwrap_or(after.len());
+    let name = &after[..name_end];
+    let (_, body) = after
+        .split_once("<|message|>")
+        .ok_or_else(|| format!("a call to {name:?} without <|message|>"))?;
+    named_call(
+        name,
+        body.split("<|call|>").next().unwrap_or_default().trim(),
+    )
 }
 
 /// An answer's calls and the text before them.
@@ -295,6 +363,8 @@ fn family_of(source: &str) -> Family {
         }
     } else if source.contains("<tool_call>") {
         Family::Hermes
+    } else if source.contains("<|channel|>") && source.contains("<|call|>") {
+        Family::Harmony
     } else if source.contains("<|start_header_id|>ipython<|end_header_id|>")
         || source.contains("<|start_header_id|>ipython")
     {
@@ -324,9 +394,16 @@ fn mistral_args_call(segment: &str) -> Result<Call, String> {
         .split_once("[ARGS]")
         .ok_or_else(|| format!("a call without [ARGS]: {:?}", clip(segment)))?;
     let name = head.split("[CALL_ID]").next().unwrap_or_default().trim();
-    let arguments = arguments.trim();
+    named_call(name, arguments.trim())
+}
+
+/// A call to `name` (not empty) with `arguments`, the JSON text of an object.
+fn named_call(name: &str, arguments: &str) -> Result<Call, String> {
+    if name.is_empty() {
+        return Err("a call without a name".into());
+    }
     match serde_json::from_str::<Value>(arguments) {
-        Ok(Value::Object(_)) if !name.is_empty() => Ok(Call {
+        Ok(Value::Object(_)) => Ok(Call {
             name: name.to_string(),
             arguments: arguments.to_string(),
         }),
@@ -430,6 +507,7 @@ mod tests {
                 "Mistral-Small-3.2-24B-Instruct-2506.jinja",
                 Family::MistralArgs,
             ),
+            ("openai-gpt-oss-120b.jinja", Family::Harmony),
             ("google-gemma-2-2b-it.jinja", Family::Generic),
             ("microsoft-Phi-3.5-mini-instruct.jinja", Family::Generic),
         ] {
@@ -564,6 +642,75 @@ mod tests {
         assert!(text(&nemo, false, true, &list));
         assert!(text(&nemo, false, true, "No [TOOL_CALL] here."));
         assert!(!text(&nemo, false, true, "No [TOOL_CALLS] here."));
+        // Harmony's markers are text in gpt-oss's vocabulary (it renders them).
+        let harmony = format(Family::Harmony);
+        assert_eq!(harmony.grammar(&tools, false, true), None, "auto is free");
+        let weather_args = r#"{"city": "Ur"}"#;
+        for (answer, want) in [
+            (
+                format!("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{weather_args}"),
+                true,
+            ),
+            (
+                "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant\
+                 <|channel|>commentary to=functions.get_time<|message|>{}"
+                    .to_string(),
+                true,
+            ),
+            (
+                " to=functions.get_time<|channel|>commentary json<|message|>{}".to_string(),
+                true,
+            ),
+            (
+                "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant\
+                 <|channel|>analysis to=functions.get_time<|message|>{}"
+                    .to_string(),
+                true,
+            ),
+            (
+                "<|channel|>commentary to=functions.get_weather<|message|>{}".to_string(),
+                false,
+            ),
+            (
+                "<|channel|>commentary to=functions.smite<|message|>{}".to_string(),
+                false,
+            ),
+            ("<|channel|>final<|message|>Sunny.".to_string(), false),
+            (
+                "<|channel|>analysis<|message|>a<|end|> b<|end|><|start|>assistant\
+                 <|channel|>commentary to=functions.get_time<|message|>{}"
+                    .to_string(),
+                false,
+            ),
+        ] {
+            assert_eq!(text(&harmony, false, false, &answer), want, "{answer:?}");
+        }
+
+        // A JSON schema shapes gpt-oss's final channel, after any analysis.
+        let structure = crate::structured::Structure {
+            spec: GrammarSpec::JsonSchema(json!({"type": "object",
+                "properties": {"a": {"type": "integer"}}, "required": ["a"]})),
+            param: "response_format",
+        };
+        let GrammarSpec::Lark(json_final) = structure.in_final_channel().spec else {
+            panic!("a Lark grammar")
+        };
+        for (answer, want) in [
+            (r#"<|channel|>final<|message|>{"a": 1}"#, true),
+            (
+                r#"<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{"a": 1}"#,
+                true,
+            ),
+            (r#"{"a": 1}"#, false),
+            (r#"<|channel|>final<|message|>{"b": 1}"#, false),
+        ] {
+            assert_eq!(
+                admits(&g, &tok, &json_final, &[Piece::Text(answer)]),
+                want,
+                "{answer:?}"
+            );
+        }
+
         let llama = format(Family::Llama3);
         for (answer, want) in [
             ("It is hot.", true),
@@ -680,10 +827,34 @@ mod tests {
         let small = format(Family::MistralArgs);
         assert_eq!(
             small.parse("Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Ur\"}[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{}"),
-            Some(Ok(Parsed { content: Some("Checking.".into()), calls: vec![weather, time] }))
+            Some(Ok(Parsed { content: Some("Checking.".into()), calls: vec![weather.clone(), time.clone()] }))
         );
         assert!(matches!(
             small.parse("[TOOL_CALLS]get_weather{}"),
+            Some(Err(_))
+        ));
+        let harmony = format(Family::Harmony);
+        assert_eq!(
+            harmony.parse(
+                "Checking.to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Ur\"}"
+            ),
+            Some(Ok(Parsed {
+                content: Some("Checking.".into()),
+                calls: vec![weather.clone()]
+            }))
+        );
+        // A raw answer (no channels' splitter): the call's header is not content.
+        assert_eq!(
+            harmony.parse("<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}"),
+            Some(Ok(Parsed { content: Some("<|channel|>analysis<|message|>x<|end|>".into()), calls: vec![time] }))
+        );
+        assert_eq!(harmony.parse("Sunny in to=wn."), None);
+        assert!(matches!(
+            harmony.parse("to=functions.get_time<|message|>{\"a\""),
+            Some(Err(_))
+        ));
+        assert!(matches!(
+            harmony.parse("to=functions.get_time json"),
             Some(Err(_))
         ));
         // Arguments are an object.

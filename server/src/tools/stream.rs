@@ -6,8 +6,9 @@
 //! while what arrived may be the marker's beginning, and trailing white space while calls may
 //! follow, which the finished answer's content leaves out), then calls: a JSON
 //! `"name": "…"` followed by `"arguments": {…}` (or Llama's `"parameters"`), or Mistral's
-//! `[TOOL_CALLS]name[ARGS]{…}`.
+//! `[TOOL_CALLS]name[ARGS]{…}`, or Harmony's `to=functions.NAME…<|message|>{…}`.
 
+use super::format::HARMONY_CALL;
 use super::Family;
 use crate::stop::partial_suffix;
 
@@ -53,7 +54,9 @@ impl AnswerStream {
     pub fn new(family: Family, may_reply: bool) -> Self {
         let reading = match family {
             _ if !may_reply => Reading::Calls(0),
-            Family::Hermes | Family::MistralList | Family::MistralArgs => Reading::Text,
+            Family::Hermes | Family::MistralList | Family::MistralArgs | Family::Harmony => {
+                Reading::Text
+            }
             Family::Generic | Family::Llama3 => Reading::Undecided,
         };
         Self {
@@ -133,6 +136,7 @@ impl AnswerStream {
         match self.family {
             Family::Hermes => Some("<tool_call>"),
             Family::MistralList | Family::MistralArgs => Some("[TOOL_CALLS]"),
+            Family::Harmony => Some(HARMONY_CALL),
             Family::Generic | Family::Llama3 => None,
         }
     }
@@ -277,8 +281,7 @@ struct CallStream {
     pos: usize,
     at: At,
     index: usize,
-    /// Mistral's `[TOOL_CALLS]name[ARGS]` instead of JSON keys.
-    args_marker: bool,
+    family: Family,
 }
 
 impl CallStream {
@@ -289,7 +292,7 @@ impl CallStream {
             pos: 0,
             at: At::Name,
             index: 0,
-            args_marker: family == Family::MistralArgs,
+            family,
         }
     }
 
@@ -312,10 +315,10 @@ impl CallStream {
                     self.at = At::Key;
                 }
                 At::Key => {
-                    let keys: &[&str] = if self.args_marker {
-                        &["[ARGS]"]
-                    } else {
-                        &["\"arguments\": ", "\"parameters\": "]
+                    let keys: &[&str] = match self.family {
+                        Family::MistralArgs => &["[ARGS]"],
+                        Family::Harmony => &["<|message|>"],
+                        _ => &["\"arguments\": ", "\"parameters\": "],
                     };
                     let found = keys
                         .iter()
@@ -353,13 +356,22 @@ impl CallStream {
 
     /// The next call's name in `rest`, and the bytes read up to its end.
     fn name(&self, rest: &str) -> Option<(String, usize)> {
-        if self.args_marker {
-            let start = rest.find("[TOOL_CALLS]")? + "[TOOL_CALLS]".len();
-            let end = ["[ARGS]", "[CALL_ID]"]
-                .iter()
-                .filter_map(|m| rest[start..].find(m))
-                .min()?;
-            return Some((rest[start..start + end].trim().to_string(), start + end));
+        match self.family {
+            Family::MistralArgs => {
+                let start = rest.find("[TOOL_CALLS]")? + "[TOOL_CALLS]".len();
+                let end = ["[ARGS]", "[CALL_ID]"]
+                    .iter()
+                    .filter_map(|m| rest[start..].find(m))
+                    .min()?;
+                return Some((rest[start..start + end].trim().to_string(), start + end));
+            }
+            // The name ends where white space or a marker does.
+            Family::Harmony => {
+                let start = rest.find(HARMONY_CALL)? + HARMONY_CALL.len();
+                let end = rest[start..].find(|c: char| c.is_whitespace() || c == '<')?;
+                return Some((rest[start..start + end].to_string(), start + end));
+            }
+            _ => {}
         }
         const KEY: &str = "\"name\": \"";
         let start = rest.find(KEY)? + KEY.len();
@@ -453,6 +465,13 @@ mod tests {
                 "mistral, {n}"
             );
         }
+        let harmony = "to=functions.get_time <|constrain|>json<|message|>{\"zone\": \"é\"}";
+        for n in [1, 2, 5, 1000] {
+            assert_eq!(
+                streamed(Family::Harmony, harmony, n),
+                vec![("get_time".to_string(), r#"{"zone": "é"}"#.to_string())]
+            );
+        }
         let llama = r#"{"name": "get_time", "parameters": {"zone": "é"}}"#;
         assert_eq!(
             streamed(Family::Llama3, llama, 1),
@@ -526,6 +545,20 @@ mod tests {
                     (reply.into(), vec![])
                 );
             }
+            // gpt-oss: a preamble (the channels' splitter's answer), then the call.
+            assert_eq!(
+                answered(
+                    Family::Harmony,
+                    true,
+                    "Checking. to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Ur\"}",
+                    n
+                ),
+                ("Checking.".into(), vec![weather.clone()])
+            );
+            assert_eq!(
+                answered(Family::Harmony, true, "It is sunny in to=wn.", n),
+                ("It is sunny in to=wn.".into(), vec![])
+            );
             assert_eq!(
                 answered(Family::MistralArgs, true, small, n),
                 ("Checking.".into(), vec![weather.clone(), time.clone()])
