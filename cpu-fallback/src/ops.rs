@@ -36,9 +36,20 @@ pub fn softcap(x: &mut [f32], scale: f32, cap: f32) {
         .for_each(|v| *v = cap * (*v * scale / cap).tanh());
 }
 
-/// `out = act(gate) · up`.
+/// `out = act(gate) · up`, split between the threads (each value on its own: the same bits).
 pub fn glu(gate: &[f32], up: &[f32], len: usize, act: Activation, out: &mut [f32]) {
-    let it = out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]);
+    /// Values per task: enough to outweigh a task's cost, small enough to share a prompt's.
+    const CHUNK: usize = 16 << 10;
+    out[..len]
+        .par_chunks_mut(CHUNK)
+        .zip(gate[..len].par_chunks(CHUNK))
+        .zip(up[..len].par_chunks(CHUNK))
+        .for_each(|((o, g), u)| glu_chunk(g, u, act, o));
+}
+
+/// [`glu`] over one stretch of values.
+fn glu_chunk(gate: &[f32], up: &[f32], act: Activation, out: &mut [f32]) {
+    let it = out.iter_mut().zip(gate).zip(up);
     match act {
         Activation::Silu => it.for_each(|((o, &g), &u)| *o = g / (1.0 + (-g).exp()) * u),
         Activation::Relu2 => it.for_each(|((o, &g), &u)| {
