@@ -169,6 +169,7 @@ fn run() -> Result<(), GpuError> {
                     lk: &x,
                     lv: &x,
                     globals: &kc,
+                    sink: &x,
                     out: &mut out,
                     n_head: N_HEAD as u32,
                     n_head_kv: N_HEAD_KV as u32,
@@ -182,6 +183,7 @@ fn run() -> Result<(), GpuError> {
                     landmarks: 0,
                     block: 1,
                     softcap: 0.0,
+                    sinks: 0,
                 },
                 k::attention_grid(N_HEAD as u32, 1),
             )

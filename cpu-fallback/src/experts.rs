@@ -6,7 +6,7 @@
 //! gate, up and down products.
 
 use hesper_engine::backend::{Backend, GateUp, Moe};
-use hesper_engine::config::{Activation, Experts};
+use hesper_engine::config::{Activation, Experts, Routes};
 
 use crate::{CpuBackend, CpuMatrix};
 
@@ -28,17 +28,7 @@ pub fn moe_ffn(
     if let Some(bias) = &moe.router_bias {
         b.add_bias(&mut logits, bias, n);
     }
-    let routes: Vec<Vec<(usize, f32)>> = logits
-        .chunks_exact(n_expert)
-        .map(|row| routing.route(row))
-        .collect();
-    // Each expert's rows: (row, the rank of the expert among the row's choices).
-    let mut rows_of = vec![Vec::new(); n_expert];
-    for (t, route) in routes.iter().enumerate() {
-        for (rank, &(e, _)) in route.iter().enumerate() {
-            rows_of[e].push((t, rank));
-        }
-    }
+    let Routes { chosen, rows_of } = routing.routes(&logits);
     let n_used = routing.n_used;
     let mut ys = vec![0.0f32; n * n_used * d];
     for (e, rows) in rows_of.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
@@ -79,7 +69,7 @@ pub fn moe_ffn(
             ys[(t * n_used + rank) * d..][..d].copy_from_slice(yr);
         }
     }
-    for (t, (route, o)) in routes.iter().zip(out.chunks_exact_mut(d)).enumerate() {
+    for (t, (route, o)) in chosen.iter().zip(out.chunks_exact_mut(d)).enumerate() {
         for (rank, &(_, w)) in route.iter().enumerate() {
             let y = &ys[(t * n_used + rank) * d..][..d];
             if rank == 0 {

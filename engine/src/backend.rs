@@ -60,7 +60,7 @@ pub struct AttentionShape<'a> {
     pub softcap: Option<f32>,
     /// One logit per query head that joins its softmax's denominator (unscaled) and weighs
     /// no value: ggml's `soft_max_ext` sinks (gpt-oss's `attn_sinks`). Only a backend that runs
-    /// experts is handed them (gpt-oss is refused elsewhere at load).
+    /// experts is handed them (gpt-oss, a mixture, is refused by the others at load).
     pub sinks: Option<&'a [f32]>,
 }
 

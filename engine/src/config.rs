@@ -217,6 +217,31 @@ impl Experts {
         }
         chosen
     }
+
+    /// The routes of a step's rows, whose router logits are `logits` (`n_expert` a row).
+    pub fn routes(&self, logits: &[f32]) -> Routes {
+        let chosen: Vec<Vec<(usize, f32)>> = logits
+            .chunks_exact(self.n_expert)
+            .map(|row| self.route(row))
+            .collect();
+        let mut rows_of = vec![Vec::new(); self.n_expert];
+        for (t, route) in chosen.iter().enumerate() {
+            for (rank, &(e, _)) in route.iter().enumerate() {
+                rows_of[e].push((t, rank));
+            }
+        }
+        Routes { chosen, rows_of }
+    }
+}
+
+/// A step's rows routed to their experts ([`Experts::routes`]): what every backend's
+/// mixture computes from, so that each chosen expert's matrices are read once for all its rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routes {
+    /// Each row's experts and weights, in the order of choice ([`Experts::route`]).
+    pub chosen: Vec<Vec<(usize, f32)>>,
+    /// Each expert's rows, with the expert's rank among the row's choices.
+    pub rows_of: Vec<Vec<(usize, usize)>>,
 }
 
 /// Which of `n_layer` layers attend the sliding window: the file's

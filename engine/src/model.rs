@@ -542,7 +542,7 @@ impl<B: Backend> Model<B> {
             return Err(ModelError::Backend(BackendError::Unsupported {
                 backend: backend.name(),
                 tensor: "blk.0.ffn_gate_exps.weight".into(),
-                why: "mixture-of-experts layers run on the CPU backend only (--backend cpu)".into(),
+                why: "mixture-of-experts layers run on the CPU and on a native GPU, not here (--backend cpu)".into(),
             }));
         }
         let holds_head = match opts.head_place {

@@ -7,6 +7,8 @@
 //! waiting for the whole step. Errors raised while recording are kept and returned by that
 //! read.
 
+#[cfg(not(target_arch = "wasm32"))]
+mod experts;
 mod formats;
 mod matrix;
 mod product;
@@ -57,6 +59,8 @@ pub struct GpuKvCache {
     kv_dim: usize,
     kv_type: KvType,
     sparse: Option<Sparse>,
+    /// Each layer's attention sinks (gpt-oss), uploaded by its first attention.
+    sinks: Vec<Option<GpuBuffer<f32>>>,
 }
 
 /// What a sparse cache adds: its pattern, its globals on the GPU and the landmarks of each
@@ -758,10 +762,12 @@ impl Backend for GpuBackend {
             kv_dim,
             kv_type,
             sparse,
+            sinks: Vec::with_capacity(n_layer),
         };
         for _ in 0..n_layer {
             cache.k.push(alloc("K cache")?);
             cache.v.push(alloc("V cache")?);
+            cache.sinks.push(None);
         }
         Ok(cache)
     }
@@ -1276,6 +1282,26 @@ impl Backend for GpuBackend {
         });
     }
 
+    /// Natively: the router's logits are read back once per layer and step, which a browser
+    /// cannot wait for inside a step.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn runs_experts(&self) -> bool {
+        true
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn moe_ffn(
+        &self,
+        moe: &hesper_engine::backend::Moe<GpuMatrix, GpuBuffer<f32>>,
+        routing: &hesper_engine::config::Experts,
+        act: Activation,
+        x: &GpuBuffer<f32>,
+        n: usize,
+        out: &mut GpuBuffer<f32>,
+    ) {
+        experts::moe_ffn(self, moe, routing, act, x, n, out);
+    }
+
     fn add_bias(&self, x: &mut GpuBuffer<f32>, bias: &GpuBuffer<f32>, n: usize) {
         let len = (n * bias.len()) as u32;
         self.record(|st| {
@@ -1368,6 +1394,14 @@ fn attend(
     let kv = cache.kv_dim;
     let f16 = u32::from(cache.kv_type == KvType::F16);
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    if let (Some(sinks), None) = (shape.sinks, &cache.sinks[layer]) {
+        cache.sinks[layer] = Some(st.gpu.upload("attention sinks", sinks)?);
+    }
+    // Unread without sinks: the queries stand in.
+    let (sink, sinks) = match &cache.sinks[layer] {
+        Some(b) if shape.sinks.is_some() => (b, 1),
+        _ => (q, 0),
+    };
     let (n_head, n_head_kv) = (shape.n_head as u32, shape.n_head_kv as u32);
     let head_dim = shape.head_dim as u32;
     let Some(sp) = &mut cache.sparse else {
@@ -1387,6 +1421,7 @@ fn attend(
                 lk: q,
                 lv: q,
                 globals: &cache.k[layer],
+                sink,
                 out,
                 n_head,
                 n_head_kv,
@@ -1400,6 +1435,7 @@ fn attend(
                 landmarks: 0,
                 block: 1,
                 softcap: shape.softcap.unwrap_or(0.0),
+                sinks,
             },
             k::attention_grid(n_head, n as u32),
             traffic,
@@ -1432,6 +1468,7 @@ fn attend(
             lk: &sp.lk[layer],
             lv: &sp.lv[layer],
             globals: &sp.globals,
+            sink,
             out,
             n_head,
             n_head_kv,
@@ -1445,6 +1482,7 @@ fn attend(
             landmarks: u32::from(sp.n_block > 0),
             block: p.block as u32,
             softcap: shape.softcap.unwrap_or(0.0),
+            sinks,
         },
         k::attention_grid(n_head, n as u32),
     )

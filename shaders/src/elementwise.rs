@@ -1,4 +1,5 @@
-//! Element-wise kernels: the residual add, a scale and the gated activations of the FFN.
+//! Element-wise kernels: the residual add, a scale, the gated activations of the FFN and the
+//! weighted sum of a mixture's experts.
 
 use hesper_dsl::kernel;
 
@@ -79,6 +80,31 @@ pub fn swiglu_clamped_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] 
         let g = gate[i].min(7.0);
         let u = up[i].max(-7.0).min(7.0);
         out[i] = g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+    }
+}
+
+/// `out[t][c] = Σ_r w[t·n_used + r] · ys[t·n_used + r][c]` over the `n` values of `out` (rows
+/// of `width`): each row's expert outputs weighted and added in the order they were chosen (a
+/// mixture of experts' output, as the CPU backend adds them up).
+#[kernel(workgroup = 256)]
+pub fn moe_combine(
+    ys: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    #[uniform] width: u32,
+    #[uniform] n_used: u32,
+    #[uniform] n: u32,
+) {
+    let i = gid();
+    if i < n {
+        let t = i / width;
+        let c = i % width;
+        let mut acc: f32 = 0.0;
+        for r in 0u32..n_used {
+            let k = t * n_used + r;
+            acc = acc + ys[k * width + c] * w[k];
+        }
+        out[i] = acc;
     }
 }
 

@@ -19,7 +19,9 @@ use crate::reduce::tree_max;
 /// with `log_stride` set, positions `i − 2^k` are attended outside the window, and with
 /// `landmarks` set the means `lk`/`lv` (`[block][kv_dim]`) of whole blocks of `block`
 /// positions before it. With `softcap > 0` each scaled score `s` becomes
-/// `softcap · tanh(s / softcap)` (Gemma 2).
+/// `softcap · tanh(s / softcap)` (Gemma 2). With `sinks` set, head `h`'s softmax has one more
+/// logit, `sink[h]`, in its denominator that weighs no value (gpt-oss's attention sinks): the
+/// running max starts at it and the running sum at its `exp(0) = 1`.
 #[kernel(workgroup = 128, uses(tree_max))]
 pub fn attention(
     q: &[f32],
@@ -28,6 +30,7 @@ pub fn attention(
     lk: &[f32],
     lv: &[f32],
     globals: &[u32],
+    sink: &[f32],
     out: &mut [f32],
     #[uniform] n_head: u32,
     #[uniform] n_head_kv: u32,
@@ -41,6 +44,7 @@ pub fn attention(
     #[uniform] landmarks: u32,
     #[uniform] block: u32,
     #[uniform] softcap: f32,
+    #[uniform] sinks: u32,
     #[shared] qs: &mut [f32; 256],
     #[shared] ps: &mut [f32; 128],
     #[shared] rows: &mut [u32; 128],
@@ -82,6 +86,10 @@ pub fn attention(
     }
     let mut m: f32 = -3.4028235e38;
     let mut l: f32 = 0.0;
+    if sinks != 0u32 {
+        m = sink[h];
+        l = 1.0;
+    }
     let mut o: f32 = 0.0;
     let mut o_hi: f32 = 0.0;
     for tile in 0u32..tiles {

@@ -20,8 +20,8 @@ mod tile;
 pub use argmax::{argmax_final, argmax_partial, take_top, NON_FINITE};
 pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
 pub use elementwise::{
-    add_assign, add_bias, gelu_mul, interleave_rows, relu2_mul, scale_assign, silu_mul,
-    softcap_assign, swiglu_clamped_mul,
+    add_assign, add_bias, gelu_mul, interleave_rows, moe_combine, relu2_mul, scale_assign,
+    silu_mul, softcap_assign, swiglu_clamped_mul,
 };
 pub use embed::{embed_f16, embed_f32};
 pub use flash_attention::attention;

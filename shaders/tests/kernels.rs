@@ -381,6 +381,44 @@ fn gated_activations_match_glu() {
     }
 }
 
+/// The mixture's weighted sum: 5 rows of 300 (not a multiple of 256), 3 experts a row, each
+/// row's outputs weighted and added in the order chosen, as the CPU backend's experts add them
+/// (`o = y₀·w₀`, then `o += yᵣ·wᵣ`): within an ulp or two of a possibly fused multiply-add.
+#[test]
+fn moe_combine_weighs_each_rows_experts_in_order() {
+    let mut g = gpu();
+    let (n, width, n_used) = (5usize, 300usize, 3usize);
+    let ys = data(n * n_used * width, 40);
+    let w: Vec<f32> = data(n * n_used, 41).iter().map(|v| v.abs() + 0.1).collect();
+    let (bys, bw) = (g.upload("ys", &ys).unwrap(), g.upload("w", &w).unwrap());
+    let mut out = g.zeroed::<f32>("out", n * width).unwrap();
+    let len = (n * width) as u32;
+    launch(
+        &mut g,
+        &k::moe_combine::Args {
+            ys: &bys,
+            w: &bw,
+            out: &mut out,
+            width: width as u32,
+            n_used: n_used as u32,
+            n: len,
+        },
+        k::moe_combine::grid_for(len),
+    );
+    let got = read!(g, &out);
+    let mut want = vec![0.0f32; n * width];
+    for (t, o) in want.chunks_exact_mut(width).enumerate() {
+        for r in 0..n_used {
+            let k = t * n_used + r;
+            for (c, o) in o.iter_mut().enumerate() {
+                *o += ys[k * width + c] * w[k];
+            }
+        }
+    }
+    let d = max_rel_diff(&got, &want);
+    assert!(d <= 1e-6, "moe_combine: max relative diff {d}");
+}
+
 /// Runs RMS-norm kernel `k::$kernel` (one workgroup a row) on 3 rows of 1000 (not a multiple
 /// of 256) with eps 1e-5, rows and weights from data seeds `$seed_x` and `$seed_w`; evaluates
 /// to its max relative diff from the CPU's `ops::rms_norm`. A macro: each kernel has its own
@@ -1067,6 +1105,20 @@ fn attention_with_soft_capped_scores_matches_the_cpu() {
     });
 }
 
+/// gpt-oss's attention sinks and window: one logit per head in each softmax's denominator
+/// (one larger than every score, one within them, one far below), over a window of 128.
+#[test]
+fn attention_with_sinks_matches_the_cpu() {
+    attention_against_the_cpu(AttentionShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        window: Some(128),
+        softcap: None,
+        sinks: Some(&[6.0, 0.5, -30.0, 2.0]),
+    });
+}
+
 /// Heads of 256 (Falcon3's): each thread owns two output dimensions.
 #[test]
 fn attention_of_heads_of_256_matches_the_cpu() {
@@ -1127,6 +1179,7 @@ fn attention_against_the_cpu(s: AttentionShape) {
     let bq = g.upload("q", &q).unwrap();
     let bk = g.upload("k_cache", &bits(&kc)).unwrap();
     let bv = g.upload("v_cache", &bits(&vc)).unwrap();
+    let sink = g.upload("sink", s.sinks.unwrap_or(&[0.0])).unwrap();
     let mut out = g.zeroed::<f32>("out", n * width).unwrap();
     launch(
         &mut g,
@@ -1137,6 +1190,7 @@ fn attention_against_the_cpu(s: AttentionShape) {
             lk: &bq,
             lv: &bq,
             globals: &bk,
+            sink: &sink,
             out: &mut out,
             n_head: s.n_head as u32,
             n_head_kv: s.n_head_kv as u32,
@@ -1150,6 +1204,7 @@ fn attention_against_the_cpu(s: AttentionShape) {
             landmarks: 0,
             block: 1,
             softcap: s.softcap.unwrap_or(0.0),
+            sinks: u32::from(s.sinks.is_some()),
         },
         k::attention_grid(s.n_head as u32, n as u32),
     );

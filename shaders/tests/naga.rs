@@ -30,6 +30,7 @@ fn all() -> Vec<Kernel> {
         scale_assign,
         softcap_assign,
         interleave_rows,
+        moe_combine,
         rms_norm,
         rms_norm_sg,
         rms_norm_quantize_i8_packed_sg,

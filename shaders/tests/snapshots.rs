@@ -20,6 +20,7 @@ fn generated_wgsl_is_unchanged() {
         scale_assign,
         softcap_assign,
         interleave_rows,
+        moe_combine,
         rms_norm,
         rms_norm_sg,
         rms_norm_quantize_i8_packed_sg,

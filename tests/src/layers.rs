@@ -15,7 +15,8 @@
 //! llama.cpp we round the head's input to f16 for an F16 head, and its goldens do the same, so
 //! only summation order differs (1e-4 of |logit| ≤ 17); our float64 reference and bitnet.cpp
 //! do not round (`UNROUNDED_HEAD_REFERENCES`), so there the bound is the f16 step 2^-11 times
-//! Σ|x·w| ≈ 20 for these rows (≈ 1e-2).
+//! Σ|x·w| ≈ 20 for these rows (≈ 1e-2). A quantized head's input may flip as a layer's does,
+//! under the same rule (tokens for rows).
 
 use std::ops::Range;
 
@@ -123,7 +124,6 @@ pub fn check_layers_with<B: Backend>(
         let logits = head
             .logits_from_hidden(&mut hs, layer_out(g.n_layer - 1))
             .expect("head");
-        let diff = max_abs_diff(&logits, &s.logits);
         let unrounded = UNROUNDED_HEAD_REFERENCES
             .iter()
             .any(|r| g.reference.starts_with(r));
@@ -132,9 +132,32 @@ pub fn check_layers_with<B: Backend>(
         } else {
             1e-4 * 17.0
         };
+        // A quantized head's input may flip a code as a layer's may (the GPU's Q8_0 scale
+        // goes through WGSL's 2.5-ulp division): as many tokens as a layer of the same size
+        // may move, each nearly parallel.
+        let vocab = logits.len() / n;
+        let mut flipped = 0;
+        for (t, (a, b)) in logits.chunks(vocab).zip(s.logits.chunks(vocab)).enumerate() {
+            let diff = max_abs_diff(a, b);
+            if diff <= bound {
+                continue;
+            }
+            flipped += 1;
+            let c = cosine(a, b);
+            println!("{stem} {label} LM head token {t}: max |Δlogit| {diff:.3e}, cosine {c:.7} (quantization flip)");
+            assert!(
+                g.act_quant != "none" && c >= 0.99999,
+                "{stem} {label} LM head token {t}: max |Δlogit| {diff} > {bound}, cosine {c}"
+            );
+        }
+        let allowed = match g.act_quant.as_str() {
+            "none" => 0,
+            "q8_0" => (n * d / 2048).max(1),
+            _ => (n * d / 16384).max(1),
+        };
         assert!(
-            diff <= bound,
-            "{stem} {label} LM head: max |Δlogit| {diff} > {bound}"
+            flipped <= allowed,
+            "{stem} {label} LM head: {flipped} tokens beyond {bound} (allowed {allowed})"
         );
     }
     worst

@@ -178,16 +178,6 @@ pub const FAMILIES: &[&str] = &[
     "tiny-gpt-oss-f16",
 ];
 
-/// The golden models the GPU backend refuses (its products do not route to experts yet, so a
-/// model with mixture-of-experts layers runs on the CPU backend): the GPU's golden tests leave
-/// them out, and `golden_families.rs` checks the refusal.
-pub const CPU_ONLY: &[&str] = &[
-    "tiny-qwen3moe-f16",
-    "tiny-mixtral-f16",
-    "tiny-gpt-oss-f16",
-    "tiny-gpt-oss-mxfp4",
-];
-
 /// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16`, `tiny-mistral-f32` and
 /// `tiny-gpt-oss-f16` (golden-values/families.py): the file types people download — Q4_0,
 /// Q4_K_M, Q5_K_M, Q6_K, BF16, an untied Q4_K_M (a Q4_K embedding), and gpt-oss's MXFP4 experts

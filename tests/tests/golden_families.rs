@@ -22,9 +22,9 @@
 //! vocabulary, one of its sequences a text llama.cpp tokenized; `tiny-qwen3-f16` Qwen3's RMSNorm
 //! of each head's query and key (gains spread over 0.5–3) with heads of 128 over a residual
 //! stream of 256, θ 1e6, eps 1e-6, and Qwen3's YaRN (4 × 32768); `tiny-qwen3moe-f16` its
-//! attention with a mixture of 8 experts, 2 a token (the CPU only: the GPU refuses it);
+//! attention with a mixture of 8 experts, 2 a token;
 //! `tiny-mixtral-f16` Mixtral's form: `llama` with 8 experts named by `expert_count` alone,
-//! 2 a token, over Mistral's attention (the CPU only); `tiny-gemma3-f16` Gemma 3's graph over
+//! 2 a token, over Mistral's attention; `tiny-gemma3-f16` Gemma 3's graph over
 //! six layers: a sliding window of 5 positions on the first five (RoPE base 1e4 there, 1e6 on
 //! the sixth, whose positions alone are scaled by 1/8),
 //! norms after the attention and the FFN, GELU, the embedding scaled by √256; `tiny-gemma2-f16`
@@ -33,7 +33,7 @@
 //! Phi-3's fused tensors (Q, K and V in one `attn_qkv`, gate and up in one `ffn_up`, split by
 //! rows at load) with RoPE on 48 of each head's 64 dims, as Phi-4-mini turns three quarters;
 //! `tiny-gpt-oss-f16` gpt-oss's attention sinks, biases on every product, a window on every other
-//! layer, YaRN, 8 experts of which 4 with the clamped SwiGLU (the CPU only), and
+//! layer, YaRN, 8 experts of which 4 with the clamped SwiGLU, and
 //! `tiny-gpt-oss-mxfp4` the same through llama.cpp's MXFP4_MOE (MXFP4 experts, Q8_0 elsewhere).
 //! llama.cpp's CPU
 //! looks GELU up in a table of f16 inputs and outputs where we compute it in f32: one more
@@ -696,30 +696,11 @@ fn what_the_graph_would_leave_out_is_refused() {
 #[cfg(feature = "gpu")]
 mod gpu {
     use super::*;
-    use hesper_tests::{gpu_model, max_abs_diff, CPU_ONLY};
+    use hesper_tests::{gpu_model, max_abs_diff};
 
-    /// The family and quantized goldens the GPU runs.
+    /// The family and quantized goldens the GPU runs: every one (mixtures of experts too).
     fn on_gpu() -> impl Iterator<Item = &'static &'static str> {
-        FAMILIES
-            .iter()
-            .chain(QUANTS)
-            .filter(|stem| !CPU_ONLY.contains(stem))
-    }
-
-    #[test]
-    fn the_gpu_refuses_a_mixture_of_experts_in_one_line() {
-        for stem in CPU_ONLY {
-            let file = Golden::load(stem).file();
-            let backend = hesper_gpu_backend::GpuBackend::new().expect("a GPU adapter");
-            let e = hesper_engine::model::Model::load(backend, file, Default::default())
-                .err()
-                .expect("refused")
-                .to_string();
-            assert!(
-                e.contains("mixture-of-experts layers run on the CPU backend only"),
-                "{stem}: {e}"
-            );
-        }
+        FAMILIES.iter().chain(QUANTS)
     }
 
     #[test]

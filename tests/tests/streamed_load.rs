@@ -12,7 +12,7 @@ use hesper_engine::file::ModelFile;
 use hesper_engine::model::{LoadOptions, Logits, Model};
 use hesper_engine::source::{read_header, FileSource, ReadError, TensorSource};
 use hesper_gpu_backend::GpuBackend;
-use hesper_tests::{Golden, ALL, CPU_ONLY, FAMILIES, QUANTS};
+use hesper_tests::{Golden, ALL, FAMILIES, QUANTS};
 
 /// A file source that records its reads.
 struct Counting {
@@ -102,7 +102,6 @@ fn a_streamed_load_equals_a_load_from_the_whole_file_on_the_gpu() {
         .iter()
         .chain(FAMILIES)
         .chain(QUANTS)
-        .filter(|stem| !CPU_ONLY.contains(stem))
         .map(|stem| {
             let g = Golden::load(stem);
             let tokens = g.sequences.last().expect("a sequence").tokens.clone();

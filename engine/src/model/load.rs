@@ -613,7 +613,11 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         let mut experts = Vec::with_capacity(x.n_expert);
         for (((gate, up), down), biases) in gates.into_iter().zip(ups).zip(downs).zip(biases) {
             experts.push(Expert {
-                gate_up: self.backend.join_gate_up(gate, up)?,
+                // Biases are added to the gate and up products apart, before the activation.
+                gate_up: match biases {
+                    Some(_) => GateUp::Apart { gate, up },
+                    None => self.backend.join_gate_up(gate, up)?,
+                },
                 down,
                 biases,
             });
