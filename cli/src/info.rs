@@ -119,8 +119,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 };
                 let (dense, stacked) = (count(false), count(true));
                 let active = dense + stacked * x.n_used as u64 / x.n_expert as u64;
+                let routing = match (x.normalize, x.scale) {
+                    (true, 1.0) => "softmax routing renormalized".to_string(),
+                    (false, 1.0) => "softmax routing".to_string(),
+                    (true, s) => format!("softmax routing renormalized, weights ×{s}"),
+                    (false, s) => format!("softmax routing, weights ×{s}"),
+                };
                 format!(
-                    ", {} experts of n_ff {} ({} used a token, softmax routing renormalized: {} of {} parameters active)",
+                    ", {} experts of n_ff {} ({} used a token, {routing}: {} of {} parameters active)",
                     x.n_expert,
                     x.n_ff,
                     x.n_used,
