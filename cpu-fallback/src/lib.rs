@@ -195,12 +195,9 @@ impl Backend for CpuBackend {
                 why: "the data is shorter than the matrix".into(),
             });
         }
-        // Interleaved as from a file, so that a streamed load computes the same bits.
-        let interleave = self.interleaves(&desc, usage)
-            && matches!(
-                desc.format,
-                Format::Q8_0 | Format::Q4K | Format::F16 | Format::MXFP4
-            );
+        // Interleaved as from a file, so that a streamed load computes the same bits at the
+        // same speed.
+        let interleave = self.interleaves(&desc, usage);
         let matrix = CpuMatrix::owned(data, desc, scale);
         Ok(if interleave {
             self.pool.install(|| matrix.interleaved())

@@ -94,6 +94,12 @@ impl CpuMatrix {
         self
     }
 
+    /// Whether the kernels read an interleaved copy made at load ([`CpuMatrix::interleaved`])
+    /// rather than the rows as stored.
+    pub fn is_interleaved(&self) -> bool {
+        self.tiles.is_some()
+    }
+
     fn storage_bytes(&self) -> &[u8] {
         match &self.storage {
             Storage::File(f) => f.bytes(),

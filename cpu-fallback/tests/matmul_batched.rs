@@ -1,7 +1,8 @@
 //! A batch of tokens multiplies exactly like the same tokens one at a time: the prefill path
 //! (token blocks, four-token kernels, row chunks across threads) only reorders work.
 
-use hesper_cpu::{CpuMatrix, Isa};
+use hesper_cpu::{CpuBackend, CpuMatrix, Isa};
+use hesper_engine::backend::{Backend, MatrixUse};
 use hesper_engine::formats::{Encode, Layout, Q8_0};
 use hesper_engine::weights::{Format, MatrixDesc};
 
@@ -111,24 +112,10 @@ fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
     // seven blocks.
     let (rows, n) = (301usize, 39usize);
     let pool = two_threads();
-    let f16 = |cols: usize| -> Vec<u8> {
-        activations(rows, cols)
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v / 4.0).to_le_bytes())
-            .collect()
-    };
-    let q8_0 = |cols: usize| -> Vec<u8> {
-        let values = activations(rows, cols);
-        let mut data = vec![0; values.len() / Q8_0::BLOCK * Q8_0::BLOCK_BYTES];
-        for (b, out) in values
-            .chunks_exact(Q8_0::BLOCK)
-            .zip(data.chunks_exact_mut(Q8_0::BLOCK_BYTES))
-        {
-            Q8_0::encode_block(b, out);
-        }
-        data
-    };
-    for (format, cols, data) in [(Format::F16, 203, f16(203)), (Format::Q8_0, 224, q8_0(224))] {
+    for (format, cols, data) in [
+        (Format::F16, 203, f16_rows(rows, 203)),
+        (Format::Q8_0, 224, q8_0_rows(rows, 224)),
+    ] {
         let x = activations(n, cols);
         let desc = MatrixDesc {
             name: "w".into(),
@@ -148,6 +135,27 @@ fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
             assert_eq!(batched, single, "{format:?} {isa:?}");
         }
     }
+}
+
+/// Rows of F16 weights in [-1, 1).
+fn f16_rows(rows: usize, cols: usize) -> Vec<u8> {
+    activations(rows, cols)
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v / 4.0).to_le_bytes())
+        .collect()
+}
+
+/// Rows of Q8_0 blocks of values in [-4, 4).
+fn q8_0_rows(rows: usize, cols: usize) -> Vec<u8> {
+    let values = activations(rows, cols);
+    let mut data = vec![0; values.len() / Q8_0::BLOCK * Q8_0::BLOCK_BYTES];
+    for (b, out) in values
+        .chunks_exact(Q8_0::BLOCK)
+        .zip(data.chunks_exact_mut(Q8_0::BLOCK_BYTES))
+    {
+        Q8_0::encode_block(b, out);
+    }
+    data
 }
 
 /// Rows of random Q4_0, MXFP4, Q4_K, Q5_K or Q6_K blocks with small scales of either sign
@@ -228,6 +236,58 @@ fn q4_0_mxfp4_and_k_quant_batches_equal_their_tokens_one_at_a_time() {
                     "{format:?} {isa:?}: one at a time"
                 );
             }
+        }
+    }
+}
+
+/// Bytes handed over (a streamed load: the ring's nodes, the page) are interleaved at load
+/// wherever a matrix of the file would be, so those loads run the same kernels at the same
+/// speed: every layout the instruction set repacks.
+#[test]
+fn a_matrix_handed_over_is_repacked_as_one_in_a_file() {
+    let (rows, cols) = (320usize, 512usize);
+    for isa in Isa::supported() {
+        let backend = CpuBackend::with_isa(1, isa).expect("cpu");
+        for (format, data, repacked) in [
+            (Format::Q8_0, q8_0_rows(rows, cols), isa.interleaves_q8_0()),
+            (Format::F16, f16_rows(rows, cols), isa.interleaves_f16()),
+            (
+                Format::Q4_0,
+                block_rows(Format::Q4_0, rows, cols),
+                isa.interleaves_q4_0(),
+            ),
+            (
+                Format::MXFP4,
+                block_rows(Format::MXFP4, rows, cols),
+                isa.interleaves_mxfp4(),
+            ),
+            (
+                Format::Q4K,
+                block_rows(Format::Q4K, rows, cols),
+                isa.interleaves_q4_k(),
+            ),
+            (
+                Format::Q5K,
+                block_rows(Format::Q5K, rows, cols),
+                isa.interleaves_q4_k(),
+            ),
+            (
+                Format::Q6K,
+                block_rows(Format::Q6K, rows, cols),
+                isa.interleaves_q6_k(),
+            ),
+        ] {
+            let desc = MatrixDesc {
+                name: "w".into(),
+                rows,
+                cols,
+                format,
+                range: 0..data.len(),
+            };
+            let w = backend
+                .load_owned_matrix(desc, data, None, MatrixUse::Product)
+                .expect("load");
+            assert_eq!(w.is_interleaved(), repacked, "{format:?} on {isa:?}");
         }
     }
 }
