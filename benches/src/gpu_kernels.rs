@@ -117,6 +117,8 @@ fn run() -> Result<(), GpuError> {
     // One window, as large as the adapter binds (the backend splits the head the same way).
     let head_rows = HEAD_ROWS.min(g.max_binding() as usize / (D * 2));
     let head = g.upload("lm head", &pattern_u32(head_rows * D / 2))?;
+    // The token's activations as `pack_f16` leaves them: halves, two to a word.
+    let xh = g.upload("x as halves", &pattern_u32(D / 2))?;
     time(
         &mut g,
         reps,
@@ -128,7 +130,7 @@ fn run() -> Result<(), GpuError> {
                 g,
                 &k::matvec_f16::Args {
                     w: &head,
-                    x: &x,
+                    xh: &xh,
                     out: &mut out,
                     out_k: &mut unused.0,
                     out_v: &mut unused.1,

@@ -624,7 +624,6 @@ impl<'a> Lowerer<'a> {
                 "y",
                 Ty::F32,
             )),
-            ("round_to_f16", 1) => call("quantizeToF16", args, Ty::F32),
             ("f32_to_bits", 1) => call("bitcast<u32>", args, Ty::U32),
             ("barrier", 0) => call("workgroupBarrier", args, Ty::Unknown),
             ("select", 3) => {
@@ -633,7 +632,7 @@ impl<'a> Lowerer<'a> {
             }
             (name, _) => Err(unsupported(
                 c,
-                &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, round_to_f16, f32_to_bits, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
+                &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, f32_to_bits, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
             )),
         }
     }

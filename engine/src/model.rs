@@ -1092,7 +1092,7 @@ impl<B: Backend> Model<B> {
         let (norm, head) = self.head_parts()?;
         let sc = &mut s.s;
         b.copy_rows(&sc.x, row0, n, c.n_embd, &mut sc.att, 0);
-        b.rms_norm(&sc.att, norm, n, c.eps, &mut sc.h);
+        b.rms_norm_for(&sc.att, norm, n, c.eps, &mut sc.h, head);
         self.logits_of(head, &sc.h, n, &mut sc.logits);
         Ok(())
     }

@@ -120,6 +120,8 @@ struct State {
     packed: (GpuBuffer<u32>, GpuBuffer<i32>),
     /// Whether the I2_S path uses `dot4I8Packed`.
     packed_dot: bool,
+    /// The activations of an F16 product as halves, two to a word (`pack_f16`).
+    halves: GpuBuffer<u32>,
     /// Bound as the K and V outputs of the matrix kernels that write only one.
     unused: (GpuBuffer<f32>, GpuBuffer<f32>),
     /// Whether RMSNorm sums with subgroup operations.
@@ -141,11 +143,12 @@ struct State {
 }
 
 /// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, packed
-/// for a product of I2_S matrices `cols` wide over `n` rows.
+/// for a product of I2_S matrices (`halves`: of F16 matrices) `cols` wide over `n` rows.
 struct Quantized {
     buffer: hesper_gpu::wgpu::Buffer,
     cols: usize,
     n: usize,
+    halves: bool,
 }
 
 /// The WebGPU backend.
@@ -217,6 +220,7 @@ impl GpuBackend {
             gpu.zeroed("activation sums", 1).map_err(device_error)?,
         );
         let packed_dot = supports_packed_dot(&gpu);
+        let halves = gpu.zeroed("f16 activations", 1).map_err(device_error)?;
         let unused = (
             gpu.zeroed("unused outputs", 1).map_err(device_error)?,
             gpu.zeroed("unused outputs", 1).map_err(device_error)?,
@@ -243,6 +247,7 @@ impl GpuBackend {
                 q,
                 packed,
                 packed_dot,
+                halves,
                 unused,
                 subgroups,
                 act_scale,
@@ -591,6 +596,16 @@ impl State {
         Ok(())
     }
 
+    /// Makes the f16 activation scratch hold at least `words` words.
+    fn reserve_halves(&mut self, words: usize) -> Result<(), GpuError> {
+        if self.halves.len() < words {
+            self.halves = self
+                .gpu
+                .zeroed("f16 activations", words.next_power_of_two())?;
+        }
+        Ok(())
+    }
+
     /// Makes a rotary table cover positions `0..positions` for `shape`; its index in
     /// `ropes`.
     fn rope_table(&mut self, shape: &RopeShape, positions: usize) -> Result<usize, GpuError> {
@@ -901,10 +916,11 @@ impl Backend for GpuBackend {
 
     /// RMSNorm and, where the device has subgroups and `next` is I2_S on the packed path
     /// (`dot4I8Packed`), its per-token int8 codes in the same kernel, left for `next`'s
-    /// product. TQ's Q8_K quantizer stays a kernel of its own: fused, one workgroup per row
-    /// quantizing the row's 256-value blocks in turn (the quantizer has one per block) took
-    /// 33.8 µs per 2560-wide row on an H100 against 21.4 µs for the two kernels, and decoding
-    /// the 2B4T shape slowed from 70.5 to 64.3 tokens/s.
+    /// product; where `next` is F16, its halves (`pack_f16`'s) the same way. TQ's Q8_K
+    /// quantizer stays a kernel of its own: fused, one workgroup per row quantizing the row's
+    /// 256-value blocks in turn (the quantizer has one per block) took 33.8 µs per 2560-wide
+    /// row on an H100 against 21.4 µs for the two kernels, and decoding the 2B4T shape slowed
+    /// from 70.5 to 64.3 tokens/s.
     fn rms_norm_for(
         &self,
         x: &GpuBuffer<f32>,
@@ -916,40 +932,64 @@ impl Backend for GpuBackend {
     ) {
         self.record(|st| {
             let cols = w.len();
-            let fused = st.subgroups
-                && st.packed_dot
-                && matches!(next.kind, Kind::I2s { .. })
-                && next.desc.cols == cols;
-            if !fused {
+            // Fused where the device has subgroups: I2_S's codes on the packed path, or halves.
+            let halves = match next.kind {
+                Kind::I2s { .. } if st.packed_dot => false,
+                Kind::F16 => true,
+                _ => return st.rms_norm(x, w, n, eps, out),
+            };
+            if !st.subgroups || next.desc.cols != cols {
                 return st.rms_norm(x, w, n, eps, out);
             }
-            st.reserve(n * cols, n)?;
-            let State {
-                gpu,
-                batch,
-                packed,
-                act_scale,
-                ..
-            } = st;
-            batch.run_moving(
-                gpu,
-                &k::rms_norm_quantize_i8_packed_sg::Args {
-                    x,
-                    w,
-                    y: out,
-                    q: &mut packed.0,
-                    scale: act_scale,
-                    sum: &mut packed.1,
-                    width: cols as u32,
-                    eps,
-                },
-                k::row_grid(n as u32),
-                norm_bytes(n, cols) + product::activation_bytes(next.kind, true, n, cols),
-            )?;
+            let traffic = norm_bytes(n, cols) + product::activation_bytes(next.kind, true, n, cols);
+            if halves {
+                st.reserve_halves(n * cols / 2)?;
+                let State {
+                    gpu, batch, halves, ..
+                } = st;
+                batch.run_moving(
+                    gpu,
+                    &k::rms_norm_pack_f16_sg::Args {
+                        x,
+                        w,
+                        y: out,
+                        h: halves,
+                        width: cols as u32,
+                        eps,
+                    },
+                    k::row_grid(n as u32),
+                    traffic,
+                )?;
+            } else {
+                st.reserve(n * cols, n)?;
+                let State {
+                    gpu,
+                    batch,
+                    packed,
+                    act_scale,
+                    ..
+                } = st;
+                batch.run_moving(
+                    gpu,
+                    &k::rms_norm_quantize_i8_packed_sg::Args {
+                        x,
+                        w,
+                        y: out,
+                        q: &mut packed.0,
+                        scale: act_scale,
+                        sum: &mut packed.1,
+                        width: cols as u32,
+                        eps,
+                    },
+                    k::row_grid(n as u32),
+                    traffic,
+                )?;
+            }
             st.quantized = Some(Quantized {
                 buffer: out.raw().clone(),
                 cols,
                 n,
+                halves,
             });
             Ok(())
         });

@@ -29,7 +29,8 @@ pub fn activation_bytes(kind: Kind, packed_dot: bool, n: usize, cols: usize) -> 
         Kind::I2s { .. } => 4 * n * cols + 4 * n,
         Kind::Tq | Kind::Kq { .. } => 4 * n * cols + 4 * n * cols / 256,
         Kind::Q8_0 => 4 * n * cols + 4 * n * cols / 32,
-        Kind::F32 | Kind::F16 | Kind::Bf16 => 4 * n * cols,
+        Kind::F16 => 2 * n * cols,
+        Kind::F32 | Kind::Bf16 => 4 * n * cols,
     }
 }
 
@@ -38,8 +39,8 @@ pub fn same_input(a: &GpuMatrix, b: &GpuMatrix) -> bool {
     std::mem::discriminant(&a.kind) == std::mem::discriminant(&b.kind) && a.desc.cols == b.desc.cols
 }
 
-/// Quantizes `n` rows of `x` as `w`'s layout reads them, into the state's activation scratch
-/// (nothing for F32 and F16, which read `x` itself).
+/// Quantizes `n` rows of `x` as `w`'s layout reads them, into the state's activation scratch:
+/// int8 codes and scales, or halves for F16 (nothing for F32 and BF16, which read `x` itself).
 pub fn quantize(
     st: &mut State,
     w: &GpuMatrix,
@@ -49,12 +50,12 @@ pub fn quantize(
     let cols = w.desc.cols;
     // Rows a fused RMSNorm already quantized for this product.
     if let Some(done) = st.quantized.take() {
-        if matches!(w.kind, Kind::I2s { .. })
-            && st.packed_dot
-            && done.buffer == *x.raw()
-            && done.cols == cols
-            && done.n == n
-        {
+        let layout = match w.kind {
+            Kind::I2s { .. } => st.packed_dot && !done.halves,
+            Kind::F16 => done.halves,
+            _ => false,
+        };
+        if layout && done.buffer == *x.raw() && done.cols == cols && done.n == n {
             return Ok(());
         }
     }
@@ -62,7 +63,8 @@ pub fn quantize(
         Kind::I2s { .. } => (n, cols),
         Kind::Tq | Kind::Kq { .. } => (n * cols / 256, 256),
         Kind::Q8_0 => (n * cols / 32, 32),
-        Kind::F32 | Kind::F16 | Kind::Bf16 => return Ok(()),
+        Kind::F16 => return pack_halves(st, x, n * cols),
+        Kind::F32 | Kind::Bf16 => return Ok(()),
     };
     st.reserve(blocks * per_block, blocks)?;
     let State {
@@ -120,6 +122,26 @@ pub fn quantize(
     }
 }
 
+/// Rounds the `len` values of `x` to halves in the state's f16 scratch, once for every F16
+/// product that reads them (the kernel would otherwise round each value once per weight row).
+fn pack_halves(st: &mut State, x: &GpuBuffer<f32>, len: usize) -> Result<(), GpuError> {
+    let words = len / 2;
+    st.reserve_halves(words)?;
+    let State {
+        gpu, batch, halves, ..
+    } = st;
+    batch.run_moving(
+        gpu,
+        &k::pack_f16::Args {
+            x,
+            h: halves,
+            len: len as u32,
+        },
+        k::pack_f16::grid_for(words as u32),
+        6 * len as u64,
+    )
+}
+
 /// Where a product's rows go.
 pub enum Outputs<'a> {
     /// One buffer, written as the mode says ([`k::STORE`], [`k::ADD`], a gated pair's).
@@ -156,6 +178,7 @@ pub fn multiply_into(
         packed,
         packed_dot,
         act_scale,
+        halves,
         unused,
         ..
     } = st;
@@ -250,7 +273,10 @@ pub fn multiply_into(
                 sub: sub,
             }),
             Kind::F32 => launch!(matvec_f32 { w: &win.data, x: x }),
-            Kind::F16 => launch!(matvec_f16 { w: &win.data, x: x }),
+            Kind::F16 => launch!(matvec_f16 {
+                w: &win.data,
+                xh: &*halves
+            }),
             Kind::Bf16 => launch!(matvec_bf16 { w: &win.data, x: x }),
         }
     }

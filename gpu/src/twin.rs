@@ -145,11 +145,6 @@ pub fn unpack_f16_hi(_w: u32) -> f32 {
     unreachable!("{NOT_RUN}")
 }
 
-/// `quantizeToF16(x)`: `x` rounded to the nearest f16.
-pub fn round_to_f16(_x: f32) -> f32 {
-    unreachable!("{NOT_RUN}")
-}
-
 /// `bitcast<u32>(x)`.
 pub fn f32_to_bits(_x: f32) -> u32 {
     unreachable!("{NOT_RUN}")

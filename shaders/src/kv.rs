@@ -1,48 +1,11 @@
 //! The KV-cache write and the landmarks of a sparse cache.
 //!
-//! A cache word holds one f32 (its bits) or two f16 ([`f16_bits`], the lower position in the
+//! A cache word holds one f32 (its bits) or two f16 ([`f16_bits`](crate::half::f16_bits), the lower position in the
 //! low half), as the session's `--kv-type` says; attention reads both.
 
-use hesper_dsl::{kernel, kernel_fn};
+use hesper_dsl::kernel;
 
-/// The bits of the IEEE half nearest `x`, ties to even (what the CPU cache's
-/// `half::f16::from_f32` stores; NaN payloads aside), in integer operations: WGSL leaves the
-/// rounding of `quantizeToF16` and `pack2x16float` to the implementation, and lavapipe's is not
-/// to nearest even.
-#[kernel_fn]
-pub fn f16_bits(x: f32) -> u32 {
-    let b = f32_to_bits(x);
-    let sign = (b >> 16u32) & 32768u32;
-    let e = (b >> 23u32) & 255u32;
-    let m = b & 8388607u32;
-    let mut h = 0u32;
-    if e == 255u32 {
-        // ∞, or NaN (kept quiet).
-        h = 31744u32 | select(0u32, 512u32, m != 0u32);
-    } else if e > 142u32 {
-        // Past the largest half: ∞.
-        h = 31744u32;
-    } else if e > 112u32 {
-        // A normal half: exponent e − 112, the top ten mantissa bits, then rounding (a carry
-        // out of the mantissa steps the exponent, up to ∞, as it should).
-        h = ((e - 112u32) << 10u32) | (m >> 13u32);
-        let rest = m & 8191u32;
-        if rest > 4096u32 || (rest == 4096u32 && (h & 1u32) == 1u32) {
-            h += 1u32;
-        }
-    } else if e > 101u32 {
-        // A subnormal half: units of 2^−24.
-        let full = m | 8388608u32;
-        let shift = 126u32 - e;
-        h = full >> shift;
-        let rest = full & ((1u32 << shift) - 1u32);
-        let tie = 1u32 << (shift - 1u32);
-        if rest > tie || (rest == tie && (h & 1u32) == 1u32) {
-            h += 1u32;
-        }
-    }
-    sign | h
-}
+use crate::half::f16_bits;
 
 /// Writes the keys and values of `n` new tokens (`[n][kv_dim]` each, `len` values) into one
 /// layer's caches at value offset `at`, both in one dispatch. f32 (`f16 == 0`): thread `i`

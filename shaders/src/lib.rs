@@ -8,6 +8,7 @@ mod elementwise;
 mod embed;
 mod flash_attention;
 mod geometry;
+mod half;
 mod k_quants;
 mod kv;
 mod matvec;
@@ -29,10 +30,11 @@ pub use geometry::{
     attention_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid,
     MATRIX_WORKGROUP, Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE,
 };
+pub use half::pack_f16;
 pub use k_quants::matvec_kq;
 pub use kv::{kv_shift, kv_write, landmark_update, rope_neox_kv_write};
 pub use matvec::{matvec_bf16, matvec_f16, matvec_f32, matvec_q8_0};
-pub use norm::{rms_norm, rms_norm_quantize_i8_packed_sg, rms_norm_sg};
+pub use norm::{rms_norm, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};
 pub use tile::{store_rows, ADD, GLU_CLAMPED, GLU_GELU, GLU_RELU2, GLU_SILU, SPLIT_QKV, STORE};

@@ -74,12 +74,13 @@ pub fn matvec_f32<const TILE: u32>(
     );
 }
 
-/// F16 weights (two per word, the lower first; `cols` even); the activations are rounded
-/// through f16 first, as ggml does for F16 matrices.
+/// F16 weights (two per word, the lower first; `cols` even) times activations rounded to f16
+/// as ggml does for F16 matrices, packed the same way by [`crate::pack_f16`] (`xh`: `cols / 2`
+/// words a token).
 #[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
 pub fn matvec_f16<const TILE: u32>(
     w: &[u32],
-    x: &[f32],
+    xh: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -112,8 +113,8 @@ pub fn matvec_f16<const TILE: u32>(
         let hi = unpack_f16_hi(word);
         for j in 0..TILE {
             if t0 + j < n {
-                let a = (t0 + j) * cols + 2u32 * i;
-                f[j] += lo * round_to_f16(x[a]) + hi * round_to_f16(x[a + 1u32]);
+                let a = xh[(t0 + j) * half + i];
+                f[j] += lo * unpack_f16_lo(a) + hi * unpack_f16_hi(a);
             }
         }
     }

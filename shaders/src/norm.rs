@@ -11,6 +11,7 @@
 
 use hesper_dsl::kernel;
 
+use crate::half::f16_bits;
 use crate::reduce::{tree_max, tree_sum};
 
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
@@ -165,5 +166,48 @@ pub fn rms_norm_quantize_i8_packed_sg(
     if t == 0 {
         scale[row] = s;
         sum[row] = sums[0];
+    }
+}
+
+/// [`rms_norm_sg`] and, in the same pass, [`pack_f16`](crate::pack_f16) of its output: `y` as
+/// `rms_norm_sg` writes it (the squares summed in the same order), and its values rounded to
+/// halves, two to a word, in `h` (`width / 2` words a row) for the F16 product that reads `y`
+/// next. `width` is even.
+#[kernel(workgroup = 256, features(subgroups), uses(f16_bits))]
+pub fn rms_norm_pack_f16_sg(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    h: &mut [u32],
+    #[uniform] width: u32,
+    #[uniform] eps: f32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let row = wid();
+    let t = lid();
+    let base = row * width;
+    let mut squares: f32 = 0.0;
+    for i in (t..width).step_by(256) {
+        let v = x[base + i];
+        squares += v * v;
+    }
+    let part = subgroup_add(squares);
+    if subgroup_invocation() == 0u32 {
+        acc[subgroup_index()] = part;
+    }
+    barrier();
+    let mut total: f32 = 0.0;
+    for s in 0u32..subgroup_count() {
+        total += acc[s];
+    }
+    let norm = 1.0 / (total / (width as f32) + eps).sqrt();
+    let words = width / 2u32;
+    for wd in (t..words).step_by(256) {
+        let i = 2u32 * wd;
+        let v0 = x[base + i] * norm * w[i];
+        let v1 = x[base + i + 1u32] * norm * w[i + 1u32];
+        y[base + i] = v0;
+        y[base + i + 1u32] = v1;
+        h[row * words + wd] = f16_bits(v0) | (f16_bits(v1) << 16u32);
     }
 }

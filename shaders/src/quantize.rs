@@ -2,6 +2,7 @@
 
 use hesper_dsl::kernel;
 
+use crate::half::f16_bits;
 use crate::reduce::{tree_max, tree_sum};
 
 /// Per-token int8 (bitnet.cpp's I2_S activations, the BitNet b1.58 A8 rule), one row per
@@ -80,9 +81,9 @@ pub fn quantize_q8k(
 }
 
 /// ggml Q8_0 blocks (activations multiplied with Q8_0 weights), 8 blocks of 32 per workgroup, as
-/// llama.cpp's x86 CPU backend quantizes them: `d = amax/127` (kept rounded to f16),
-/// `q = x · (127/amax)` rounded half to even.
-#[kernel(workgroup = 256)]
+/// llama.cpp's x86 CPU backend quantizes them: `d = amax/127` (kept rounded to the nearest
+/// f16, ties to even), `q = x · (127/amax)` rounded half to even.
+#[kernel(workgroup = 256, uses(f16_bits))]
 pub fn quantize_q8_0(
     x: &[f32],
     q: &mut [i32],
@@ -117,7 +118,7 @@ pub fn quantize_q8_0(
     if b < blocks {
         q[b * 32u32 + lane] = r as i32;
         if lane == 0u32 {
-            d[b] = round_to_f16(amax / 127.0);
+            d[b] = unpack_f16_lo(f16_bits(amax / 127.0));
         }
     }
 }

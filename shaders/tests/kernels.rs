@@ -928,6 +928,69 @@ fn matvec_f32_matches_f32_dot() {
     );
 }
 
+/// `x` rounded to halves as the CPU rounds them, packed as [`k::pack_f16`] packs them.
+fn halves_of(x: &[f32]) -> Vec<u32> {
+    let bits: Vec<u16> = x
+        .iter()
+        .map(|&v| half::f16::from_f32(v).to_bits())
+        .collect();
+    pack_f16(&bits)
+}
+
+#[test]
+fn pack_f16_rounds_to_the_nearest_half_as_the_cpu_does() {
+    let mut g = gpu();
+    // Random values over the halves' whole range (normal, subnormal, past the largest), and
+    // the edges: ties between two halves (to even, both ways), a hair either side of a tie,
+    // the subnormal ties, the largest half and the first value that rounds to infinity.
+    let ulp = |x: f32| f32::from_bits(x.to_bits() + 1);
+    let mut x: Vec<f32> = data(2000, 41)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * 2f32.powi((i % 48) as i32 - 30))
+        .collect();
+    let one = 1.0f32;
+    let tie_even = one + 2f32.powi(-11); // between 1 and 1 + 2^-10: to 1
+    let tie_odd = one + 3.0 * 2f32.powi(-11); // between 1 + 2^-10 and 1 + 2^-9: up
+    let sub_tie = 2f32.powi(-25); // half of the smallest subnormal: to 0
+    let sub_tie_odd = 3.0 * 2f32.powi(-25); // between 2^-24 and 2^-23: up
+    for v in [
+        tie_even,
+        tie_odd,
+        ulp(tie_even),
+        f32::from_bits(tie_odd.to_bits() - 1),
+        sub_tie,
+        sub_tie_odd,
+        ulp(sub_tie),
+        65504.0,
+        65519.99,
+        65520.0,
+        1e6,
+        f32::INFINITY,
+        0.0,
+        -0.0,
+        2f32.powi(-14),
+        f32::from_bits(2f32.powi(-14).to_bits() - 1),
+    ] {
+        x.push(v);
+        x.push(-v);
+    }
+    let bx = g.upload("x", &x).unwrap();
+    let mut bh = g.zeroed::<u32>("h", x.len() / 2).unwrap();
+    launch(
+        &mut g,
+        &k::pack_f16::Args {
+            x: &bx,
+            h: &mut bh,
+            len: x.len() as u32,
+        },
+        k::pack_f16::grid_for((x.len() / 2) as u32),
+    );
+    // Bit for bit. WGSL's own quantizeToF16 may return either neighbour and flush subnormal
+    // halves: lavapipe's flushes them (every value below 2^-14 here came back ±0).
+    assert_eq!(read!(g, &bh), halves_of(&x));
+}
+
 #[test]
 fn matvec_f16_matches_f16_dot() {
     let mut g = gpu();
@@ -937,21 +1000,20 @@ fn matvec_f16_matches_f16_dot() {
     let wf = f16_to_f32(&wbits);
     let x = data(n * cols, 19);
     let bw = g.upload("w", &pack_f16(&wbits)).unwrap();
-    let bx = g.upload("x", &x).unwrap();
+    let bx = g.upload("x", &halves_of(&x)).unwrap();
     let row_bytes: Vec<Vec<u8>> = wbits
         .chunks_exact(cols)
         .map(|wb| wb.iter().flat_map(|b| b.to_le_bytes()).collect())
         .collect();
-    // f16 weights widen exactly; the activations round through f16 on both sides
-    // (quantizeToF16 vs half's round-to-nearest-even). Left is the summation order, as
-    // for matvec_f32: 5e-6 of Σ|w·x|.
+    // f16 weights and activations widen exactly (the activations rounded as `pack_f16` rounds
+    // them). Left is the summation order, as for matvec_f32: 5e-6 of Σ|w·x|.
     let (want, magnitude) = matvec_reference(&wf, &round_f16(&x), cols, out_scale, |r, xh| {
         f16_dot(&row_bytes[r], xh)
     });
     sweep_matrix(
         &mut g,
         Matrix::new("matvec_f16", rows, cols, n),
-        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 { w: &bw, x: &bx }),
+        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 { w: &bw, xh: &bx }),
         |got| dot_error(got, &want, &magnitude),
         "diff of Σ|w·x|",
         5e-6,

@@ -34,6 +34,7 @@ fn all() -> Vec<Kernel> {
         rms_norm,
         rms_norm_sg,
         rms_norm_quantize_i8_packed_sg,
+        rms_norm_pack_f16_sg,
         argmax_partial,
         argmax_final,
         take_top,
@@ -55,6 +56,7 @@ fn all() -> Vec<Kernel> {
         matvec_bf16,
         matvec_kq,
         quantize_q8_0,
+        pack_f16,
         embed_f32,
         embed_f16,
         attention
@@ -62,7 +64,7 @@ fn all() -> Vec<Kernel> {
 }
 
 /// What every WebGPU implementation offers: naga's default set plus
-/// `SHADER_FLOAT16_IN_FLOAT32` (`unpack2x16float` and `quantizeToF16` are core WGSL; naga
+/// `SHADER_FLOAT16_IN_FLOAT32` (`unpack2x16float` is core WGSL; naga
 /// gates them only for old GL targets). No subgroups, no `f16` type.
 fn web() -> Capabilities {
     Capabilities::default() | Capabilities::SHADER_FLOAT16_IN_FLOAT32

@@ -209,12 +209,11 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                     let d1 = gpu.stats().dispatches;
                     let (h_apart, y_apart) = ffn(&gpu, format, false, act, n);
                     let d2 = gpu.stats().dispatches;
-                    // Fused: quantize + joined product, quantize + product-and-add (float
-                    // layouts skip the quantizers; the join at load is not in the counters, which
+                    // Fused: quantize + joined product, quantize + product-and-add (F32 and BF16
+                    // skip the quantizers; the join at load is not in the counters, which
                     // count the backend's recorded work). Apart: the input quantized once for
                     // gate and up, two products, glu; then quantize, product and add.
-                    let quantizers =
-                        u64::from(!matches!(format, Format::F32 | Format::F16 | Format::BF16));
+                    let quantizers = u64::from(!matches!(format, Format::F32 | Format::BF16));
                     assert_eq!(d1 - d0, 2 + 2 * quantizers, "{what}: fused dispatches");
                     assert_eq!(d2 - d1, 5 + 2 * quantizers, "{what}: unfused dispatches");
                     let same = |a: &[f32], b: &[f32]| {
@@ -313,10 +312,9 @@ fn joined_qkv_equals_three_products_bit_for_bit() {
                     );
                     assert_eq!(bits(a), bits(b), "{what} {name}");
                 }
-                // The input quantized once (float layouts: not at all), then one product
+                // The input quantized once (F32 and BF16: not at all), then one product
                 // instead of three.
-                let quantizer =
-                    u64::from(!matches!(format, Format::F32 | Format::F16 | Format::BF16));
+                let quantizer = u64::from(!matches!(format, Format::F32 | Format::BF16));
                 assert_eq!(d_apart, quantizer + 3, "{what}: dispatches apart");
                 assert_eq!(d_joined, quantizer + 1, "{what}: dispatches joined");
             }
@@ -378,15 +376,15 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
                         norm_then_product(&gpu, format, false, touch, n);
                     assert_eq!(bits(&h_fused), bits(&h_apart), "{what}: normalized rows");
                     assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
-                    // Norm, quantize, product (float layouts: no quantizer); fused, the I2_S
-                    // quantizer of the packed path is the norm's own pass unless the rows
-                    // changed in between.
+                    // Norm, quantize, product (F32 and BF16: no quantizer; F16's rounds to
+                    // halves); fused, the quantizer of the packed I2_S path and F16's halves
+                    // are the norm's own pass unless the rows changed in between.
                     let i2s = matches!(format, Format::I2S { .. }) && packed;
-                    let quantizer =
-                        u64::from(!matches!(format, Format::F32 | Format::F16 | Format::BF16));
+                    let f16 = format == Format::F16;
+                    let quantizer = u64::from(!matches!(format, Format::F32 | Format::BF16));
                     let add = u64::from(touch);
                     assert_eq!(d_apart, 2 + quantizer + add, "{what}: unfused dispatches");
-                    let saved = u64::from(i2s && !touch);
+                    let saved = u64::from((i2s || f16) && !touch);
                     assert_eq!(d_fused, d_apart - saved, "{what}: fused dispatches");
                 }
             }

@@ -313,7 +313,7 @@ impl<B: Backend> Model<B> {
             return Ok(StepOutput::Predictions(seqs.iter().map(|_| None).collect()));
         }
         let (norm, head) = self.head_parts()?;
-        b.rms_norm(&sc.last, norm, m, c.eps, &mut sc.s.h);
+        b.rms_norm_for(&sc.last, norm, m, c.eps, &mut sc.s.h, head);
         self.logits_of(head, &sc.s.h, m, &mut sc.s.logits);
         let asked: Vec<(Readout, usize)> = seqs
             .iter()
@@ -357,7 +357,7 @@ impl<B: Backend> Model<B> {
         let (norm, head) = self.head_parts()?;
         let b = &self.backend;
         b.write(&mut sc.last, hidden)?;
-        b.rms_norm(&sc.last, norm, m, c.eps, &mut sc.s.h);
+        b.rms_norm_for(&sc.last, norm, m, c.eps, &mut sc.s.h, head);
         self.logits_of(head, &sc.s.h, m, &mut sc.s.logits);
         self.read_predictions(&mut sc.s.logits, asked).await
     }
