@@ -3,16 +3,19 @@
 //! per weight matrix per token, so a layout's GB/s here is its share of the roofline).
 //!
 //! Usage: `cargo run --release -p hesper-benches --bin cpu_kernels -- [THREADS] [MIB] [TOKENS]
-//! [LAYOUT]`
+//! [LAYOUT] [KERNELS]`
 //! For each layout, a random matrix of about MIB MiB (default 512, far above the caches) with
 //! the 2B4T widths, best of 8 products, on THREADS threads (default: all cores), for each count
 //! of tokens in TOKENS (default 1; e.g. `1,2,4,8`: a server's batched decode multiplies one
 //! token of each sequence at once, and a good kernel reads the weights once for all of them),
 //! from the file's layout and, where this CPU's kernels interleave the layout at load, from the
-//! interleaved copy. LAYOUT (`q4_k`, say) measures only the cases whose name starts with it.
+//! interleaved copy. LAYOUT (`q4_k`, say) measures only the cases whose name starts with it
+//! (`all` for every one); KERNELS names an instruction set as `--cpu-kernels` does (`avx2` on an
+//! AVX-512 machine, say; default: the best this CPU has).
 
 use std::time::Instant;
 
+use hesper_cpu::kernels::Isa;
 use hesper_cpu::{CpuBackend, CpuMatrix};
 use hesper_engine::weights::Format;
 
@@ -42,7 +45,18 @@ fn main() {
         .next()
         .map(|a| a.split(',').filter_map(|n| n.parse().ok()).collect())
         .unwrap_or_else(|| vec![1]);
-    let backend = match CpuBackend::new(threads) {
+    let only = args.next().filter(|o| o != "all");
+    let isa = match args.next() {
+        Some(name) => match Isa::from_name(&name) {
+            Some(isa) => isa,
+            None => {
+                eprintln!("cpu_kernels: no kernels named {name:?}");
+                std::process::exit(1);
+            }
+        },
+        None => Isa::detect(),
+    };
+    let backend = match CpuBackend::with_isa(threads, isa) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("cpu_kernels: {e}");
@@ -55,8 +69,6 @@ fn main() {
         "{threads} thread(s), {} kernels; read bandwidth {gbs:.1} GB/s",
         backend.isa().name()
     );
-    let isa = backend.isa();
-    let only = args.next();
     for (name, format, cols) in CASES {
         if only.as_ref().is_some_and(|o| !name.starts_with(o.as_str())) {
             continue;
@@ -78,7 +90,7 @@ fn main() {
 }
 
 /// Whether the backend's load interleaves a product matrix of `format` for `isa`.
-fn interleaves(isa: hesper_cpu::kernels::Isa, format: Format) -> bool {
+fn interleaves(isa: Isa, format: Format) -> bool {
     match format {
         Format::I2S { .. } => isa.interleaves_i2s(),
         Format::Q8_0 => isa.interleaves_q8_0(),

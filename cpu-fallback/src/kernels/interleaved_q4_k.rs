@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved_q8_0::{prefetch_block, rows16_out, Rows16};
+use super::interleaved_q8_0::{prefetch_part, rows16_out, Rows16};
 use crate::interleave::ROWS;
 use crate::interleave_q4_k::{block_bytes, DMIN, HIGH, MINS, SCALES, TILES};
 
@@ -43,15 +43,16 @@ pub unsafe fn k_rows16_vnni512<const FIVE: bool, const T: usize>(
         // 16·T sums and T scales.
         unsafe {
             let base = block.as_ptr().add(b * block_size);
-            if T == 1 {
-                prefetch_block(base, block_size, 2);
-            }
             let x = xq.add(64 * T * b);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
             let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(DMIN).cast()));
             let mut isum = [_mm512_setzero_si512(); T];
             let mut msum = [_mm512_setzero_si512(); T];
             for s in 0..8 {
+                if T == 1 {
+                    // Decode streams the weights once: the block two ahead, an eighth at a time.
+                    prefetch_part(base, block_size, 2, s, 8);
+                }
                 let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(base.add(SCALES + ROWS * s).cast()));
                 let mn = _mm512_cvtepu8_epi32(_mm_loadu_si128(base.add(MINS + ROWS * s).cast()));
                 // Two chains per token (low and high nibbles) so that one token alone does not
@@ -203,12 +204,8 @@ unsafe fn k_pass_avx2<const FIVE: bool, const H: usize, const U: usize, const T:
         };
         for s in 0..8 {
             if T == 1 && hs[0] == 0 {
-                // Decode streams the weights once: the block two ahead asked for an eighth at a
-                // time, in step with this one (all at once, most requests would be dropped).
-                let ahead = base.wrapping_add(2 * block_bytes(FIVE) + 384 * s);
-                for line in 0..6 {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
-                }
+                // Decode streams the weights once: the block two ahead, an eighth at a time.
+                prefetch_part(base, block_bytes(FIVE), 2, s, 8);
             }
             let at = |offset: usize, h: usize| base.add(offset + ROWS * s + 8 * h);
             let sc = hs.map(|h| pairs(at(SCALES, h), at(SCALES, h)));

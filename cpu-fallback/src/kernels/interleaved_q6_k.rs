@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved_q8_0::{prefetch_block, rows16_out, Rows16};
+use super::interleaved_q8_0::{prefetch_part, rows16_out, Rows16};
 use crate::interleave::ROWS;
 use crate::interleave_q6_k::{BLOCK_BYTES, CRUMBS, NIBBLES, SCALES};
 
@@ -40,13 +40,15 @@ pub unsafe fn q6_k_rows16_vnni512<const T: usize>(
         // 16·T sums and T scales.
         unsafe {
             let base = block.as_ptr().add(b * BLOCK_BYTES);
-            if T == 1 {
-                prefetch_block(base, BLOCK_BYTES, 2);
-            }
             let x = xq.add(64 * T * b);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
             let mut isum = [_mm512_setzero_si512(); T];
             for s in 0..16 {
+                if T == 1 {
+                    // Decode streams the weights once: the block two ahead, a sixteenth at a
+                    // time.
+                    prefetch_part(base, BLOCK_BYTES, 2, s, 16);
+                }
                 let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(base.add(SCALES + ROWS * s).cast()));
                 let crumbs = _mm512_loadu_si512(base.add(CRUMBS + 64 * s).cast());
                 let n0 = _mm512_loadu_si512(base.add(NIBBLES + 64 * (2 * s)).cast());
@@ -163,14 +165,8 @@ unsafe fn q6_k_pass_avx2<const U: usize, const T: usize>(
         };
         for s in 0..16 {
             if T == 1 && h == 0 {
-                // Decode streams the weights once: the block two ahead asked for a sixteenth at
-                // a time, in step with this one (all at once, most requests would be dropped).
-                for line in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        base.wrapping_add(2 * BLOCK_BYTES + 64 * (4 * s + line))
-                            .cast(),
-                    );
-                }
+                // Decode streams the weights once: the block two ahead, a sixteenth at a time.
+                prefetch_part(base, BLOCK_BYTES, 2, s, 16);
             }
             let sc = {
                 let at = base.add(SCALES + ROWS * s + 8 * h);
