@@ -7,15 +7,19 @@ use hesper_engine::gguf::{GgmlType, Gguf};
 use crate::args::KernelArgs;
 
 /// The CPU kernels `args` would run on the model `g` and the layout each of its weight types
-/// gets: "avx2 kernels, F16 repacked sixteen rows deep at load (Q8_0 as in the file)".
-pub fn describe(args: &KernelArgs, g: &Gguf) -> String {
+/// gets: "avx2 kernels, F16 repacked sixteen rows deep at load (Q8_0 as in the file)";
+/// `head_as_stored`: no `--lm-head` re-quantizes the head.
+pub fn describe(args: &KernelArgs, g: &Gguf, head_as_stored: bool) -> String {
     let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
-    // The matrices' types: an F16 embedding table is looked up and, tied, multiplied one token
-    // at a time from the file's layout, so it is never repacked.
+    // The matrices' types: an F16 embedding table that is only looked up stays as stored; one
+    // that is also the LM head (tied, not re-quantized) is repacked with the products.
+    let tied_head = head_as_stored && g.tensor("output.weight").is_none();
     let mut types: Vec<GgmlType> = g
         .tensors()
         .iter()
-        .filter(|t| t.n_dims >= 2 && (t.name != "token_embd.weight" || t.ty != GgmlType::F16))
+        .filter(|t| {
+            t.n_dims >= 2 && (t.name != "token_embd.weight" || t.ty != GgmlType::F16 || tied_head)
+        })
         .map(|t| t.ty)
         .collect();
     types.sort_by_key(|ty| ty.to_string());

@@ -183,14 +183,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
         BackendChoice::Cpu => writeln!(
             out,
             "\nbackend:   cpu: {}",
-            crate::cpu_layout::describe(&args.kernels, g)
+            crate::cpu_layout::describe(&args.kernels, g, true)
         )?,
         choice => match gpu_backend(choice.into())? {
             Some(gpu) => writeln!(out, "\n{}", gpu.describe())?,
             None => writeln!(
                 out,
                 "\nbackend:   cpu: {} (no hardware GPU adapter; --backend gpu uses any)",
-                crate::cpu_layout::describe(&args.kernels, g)
+                crate::cpu_layout::describe(&args.kernels, g, true)
             )?,
         },
     }

@@ -241,7 +241,8 @@ fn info_describes_model_and_tokenizer() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains(" kernels, weights as in the file"), "{text}");
     // AVX2's kernels read F16, Q4_0 and K-quant matrices from a copy interleaved sixteen rows
-    // deep, and ternary ones from the file; --no-repack keeps every layout.
+    // deep, and ternary ones from the file (the TQ1_0 file's tied F16 embedding, its LM head,
+    // is repacked); --no-repack keeps every layout.
     #[cfg(target_arch = "x86_64")]
     for (model, flags, layout) in [
         ("f16", &[][..], "F16 repacked sixteen rows deep at load"),
@@ -252,7 +253,11 @@ fn info_describes_model_and_tokenizer() {
             "Q4_K, Q6_K repacked sixteen rows deep at load",
         ),
         ("q4_k_m", &["--no-repack"][..], "weights as in the file"),
-        ("tq1_0", &[][..], "weights as in the file"),
+        (
+            "tq1_0",
+            &[][..],
+            "F16 repacked sixteen rows deep at load (TQ1_0 as in the file)",
+        ),
     ] {
         let model = golden(&format!("models/tiny-llama-{model}.gguf"));
         let args = [

@@ -160,9 +160,18 @@ impl RopeShape<'_> {
 pub enum MatrixUse {
     /// Multiplied with activations (a layer's weight, an LM head of its own).
     Product,
-    /// The token embedding table: its rows are looked up per token, and it may also be the
-    /// tied LM head.
+    /// The token embedding table: its rows are looked up per token.
     Embedding,
+    /// The token embedding table that is also the LM head, as stored (a tied head): looked up
+    /// per token and multiplied every step.
+    TiedHead,
+}
+
+impl MatrixUse {
+    /// Whether the matrix's rows are looked up per token (the embedding table, tied or not).
+    pub fn looked_up(self) -> bool {
+        matches!(self, Self::Embedding | Self::TiedHead)
+    }
 }
 
 /// An FFN's gate and up projections, as [`Backend::join_gate_up`] prepared them.

@@ -660,7 +660,7 @@ impl Backend for GpuBackend {
     ) -> Result<GpuMatrix, BackendError> {
         let st = self.state.borrow();
         let mut m = GpuMatrix::upload(&st.gpu, desc, file.bytes(), scale, &self.name)?;
-        if usage == MatrixUse::Embedding && !m.kind.fetched_on_gpu() {
+        if usage.looked_up() && !m.kind.fetched_on_gpu() {
             m.host = Some(HostRows::File(file.clone()));
         }
         Ok(m)
@@ -675,7 +675,7 @@ impl Backend for GpuBackend {
     ) -> Result<GpuMatrix, BackendError> {
         let st = self.state.borrow();
         let mut m = GpuMatrix::upload(&st.gpu, desc, &data, scale, &self.name)?;
-        if usage == MatrixUse::Embedding && !m.kind.fetched_on_gpu() {
+        if usage.looked_up() && !m.kind.fetched_on_gpu() {
             m.host = Some(HostRows::Owned(data));
         }
         Ok(m)

@@ -15,7 +15,7 @@ use super::gpu_profile::{kernel_profile, KernelProfile};
 use super::op_profile::OpTable;
 use super::plan::Test;
 use super::BenchArgs;
-use crate::args::ModelArgs;
+use crate::args::{LmHead, ModelArgs};
 use crate::load::{BUILTIN_FILE, BUILTIN_LABEL};
 use crate::report::note;
 
@@ -202,9 +202,10 @@ pub fn measure<B: Backend>(
         backend: model.backend.name(),
         threads: model_args.threads(),
         attention: attention.describe(),
-        cpu_layout: gpu
-            .is_none()
-            .then(|| crate::cpu_layout::describe(&model_args.kernels, model.file.header())),
+        cpu_layout: gpu.is_none().then(|| {
+            let head_as_stored = model_args.lm_head == LmHead::Exact;
+            crate::cpu_layout::describe(&model_args.kernels, model.file.header(), head_as_stored)
+        }),
         bytes_per_token: model.bytes_per_token(),
         resident_mib,
         bandwidth,

@@ -374,9 +374,13 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         }
         let c = &self.plan.config;
         let (n_vocab, d) = (c.n_vocab, c.n_embd);
+        let usage = if self.plan.runs_head() && !self.plan.holds_output() {
+            MatrixUse::TiedHead
+        } else {
+            MatrixUse::Embedding
+        };
         Ok(Some(
-            self.matrix("token_embd.weight", n_vocab, d, MatrixUse::Embedding)
-                .await?,
+            self.matrix("token_embd.weight", n_vocab, d, usage).await?,
         ))
     }
 
