@@ -24,27 +24,41 @@ const MAX_SHARED_BYTES: u32 = 16 * 1024;
 /// reference; WGSL cannot pass those, so each kernel instantiates the helper with its own
 /// arrays in their place (see `hesper_gpu::wgsl_text`), and a helper generic over their
 /// element type (`<T: Scalar>`) serves arrays of any. A trailing expression is the result.
-/// The entry point's built-ins (`gid()`, `lid()`, ..) must be passed in.
+/// The entry point's built-ins (`gid()`, `lid()`, `subgroup_index()`, ..) must be passed in.
+/// `#[kernel_fn(features(subgroups))]` lets a helper use subgroup operations; only kernels that
+/// declare the feature may call it.
 #[proc_macro_attribute]
 pub fn kernel_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = parse_macro_input!(item as ItemFn);
-    if !attr.is_empty() {
-        return syn::Error::new(
-            proc_macro2::Span::call_site(),
-            "`#[kernel_fn]` takes no arguments",
-        )
-        .to_compile_error()
-        .into();
-    }
-    match expand_helper(&func) {
+    match parse_helper_attr(attr.into()).and_then(|subgroups| expand_helper(&func, subgroups)) {
         Ok(tokens) => tokens.into(),
         Err(e) => e.to_compile_error().into(),
     }
 }
 
-fn expand_helper(func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
+/// What `#[kernel_fn(..)]` says: nothing, or `features(subgroups)` (whether it is said).
+fn parse_helper_attr(attr: proc_macro2::TokenStream) -> syn::Result<bool> {
+    let mut subgroups = false;
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("features") {
+            return meta.parse_nested_meta(|f| {
+                if f.path.is_ident("subgroups") {
+                    subgroups = true;
+                    Ok(())
+                } else {
+                    Err(f.error("known features: subgroups"))
+                }
+            });
+        }
+        Err(meta.error("`#[kernel_fn]` takes only `features(subgroups)`"))
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    Ok(subgroups)
+}
+
+fn expand_helper(func: &ItemFn, subgroups: bool) -> syn::Result<proc_macro2::TokenStream> {
     let (sig, ret) = signature::Signature::parse_helper(func)?;
-    let body = lower::Lowerer::for_helper(&sig).block(&func.block)?;
+    let body = lower::Lowerer::for_helper(&sig, subgroups).block(&func.block)?;
     let name = &func.sig.ident;
     let wgsl = wgsl::helper(&sig.helper_params(), ret, &body);
     let wgsl = LitStr::new(&wgsl, name.span());
@@ -58,6 +72,8 @@ fn expand_helper(func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
             /// The WGSL function as a template: its name and its array parameters are filled
             /// in by each kernel that calls it (`hesper_gpu::wgsl_text`).
             pub const WGSL: &str = #wgsl;
+            /// Whether it uses subgroup operations (a kernel that calls it must declare them).
+            pub const SUBGROUPS: bool = #subgroups;
         }
         #twin
     })
@@ -105,6 +121,17 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
     // With helpers, the module text is each instance of their templates followed by the
     // kernel's text, joined at compile time into one `&'static str`.
     let instances = lowerer.instances();
+    // A helper that uses subgroups needs a kernel that declares them (its WGSL would not
+    // compile otherwise): checked when the kernel's module is compiled.
+    let feature_checks = instances.iter().map(|inst| {
+        let helper = format_ident!("{}", inst.helper);
+        let message = format!(
+            "`{name}` calls `{}`, which uses subgroups: declare `#[kernel(.., features(subgroups))]`",
+            inst.helper,
+            name = func.sig.ident
+        );
+        quote! { const _: () = assert!(#subgroups || !super::#helper::SUBGROUPS, #message); }
+    });
     let wgsl_const = if instances.is_empty() {
         quote! { pub const WGSL: &str = #wgsl; }
     } else {
@@ -179,6 +206,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
         #vis mod #module {
             /// The WGSL module.
             #wgsl_const
+            #(#feature_checks)*
             /// Entry point name.
             pub const ENTRY_POINT: &str = "main";
             /// Invocations per workgroup (x; y and z are 1).
@@ -321,7 +349,7 @@ mod tests {
     fn helpers_print_as_wgsl_functions() {
         let func: ItemFn =
             syn::parse_str("fn relu2(x: f32) -> f32 { let r = x.max(0.0); r * r }").unwrap();
-        let out = expand_helper(&func).unwrap().to_string();
+        let out = expand_helper(&func, false).unwrap().to_string();
         // The name is a placeholder each kernel fills in (`hesper_gpu::wgsl_text::NAME`).
         assert!(out.contains(r"fn \u{2}(x: f32) -> f32"), "{out}");
         assert!(out.contains("return r * r;"), "{out}");
@@ -329,7 +357,7 @@ mod tests {
         let arrays: ItemFn =
             syn::parse_str("fn f(a: &mut [f32; _], b: &[u32], t: u32) { a[t] = b.len() as f32; }")
                 .unwrap();
-        let out = expand_helper(&arrays).unwrap().to_string();
+        let out = expand_helper(&arrays, false).unwrap().to_string();
         assert!(out.contains(r"fn \u{2}(t: u32)"), "{out}");
         assert!(
             out.contains(r"\u{1}0\u{1}[t] = f32(arrayLength(&\u{1}1\u{1}))"),
@@ -337,7 +365,7 @@ mod tests {
         );
         let uses_lid: ItemFn =
             syn::parse_str("fn f(acc: &mut [f32; 4]) { acc[lid()] = 1.0; }").unwrap();
-        let err = expand_helper(&uses_lid).unwrap_err().to_string();
+        let err = expand_helper(&uses_lid, false).unwrap_err().to_string();
         assert!(err.contains("pass it in as a parameter"), "{err}");
         // A kernel calls only the helpers it lists.
         let k = "fn k(y: &mut [f32]) { y[0] = relu2(1.0); }";
@@ -345,6 +373,45 @@ mod tests {
         assert!(expand_str("workgroup = 1", k)
             .unwrap_err()
             .contains("helpers are listed in `uses(..)`"));
+    }
+
+    #[test]
+    fn a_helper_uses_subgroups_only_when_it_declares_them() {
+        let total: ItemFn = syn::parse_str(
+            "fn total(part: f32, acc: &mut [f32; _], invocation: u32, index: u32) -> f32 {
+                let sum = subgroup_add(part);
+                if invocation == 0u32 { acc[index] = sum; }
+                barrier();
+                acc[0]
+            }",
+        )
+        .unwrap();
+        let out = expand_helper(&total, true).unwrap().to_string();
+        assert!(out.contains("subgroupAdd(part)"), "{out}");
+        assert!(out.contains("pub const SUBGROUPS : bool = true"), "{out}");
+        let err = expand_helper(&total, false).unwrap_err().to_string();
+        assert!(err.contains("features(subgroups)"), "{err}");
+        // The subgroup built-ins belong to the entry point, as `lid()` does.
+        let index: ItemFn =
+            syn::parse_str("fn f(acc: &mut [f32; 4]) { acc[subgroup_index()] = 1.0; }").unwrap();
+        let err = expand_helper(&index, true).unwrap_err().to_string();
+        assert!(err.contains("pass it in as a parameter"), "{err}");
+        // A kernel that calls a helper is checked against the helper's `SUBGROUPS` when its
+        // module compiles.
+        let k = "fn k(y: &mut [f32], #[shared] acc: &mut [f32; 8]) { y[0] = total(1.0, acc, 0u32, 0u32); }";
+        let out = expand_str("workgroup = 8, uses(total)", k).unwrap();
+        assert!(
+            out.contains("assert ! (false || ! super :: total :: SUBGROUPS"),
+            "{out}"
+        );
+        let out = expand_str("workgroup = 8, uses(total), features(subgroups)", k).unwrap();
+        assert!(
+            out.contains("assert ! (true || ! super :: total :: SUBGROUPS"),
+            "{out}"
+        );
+        let parse = |attr: &str| parse_helper_attr(attr.parse().unwrap());
+        assert!(!parse("").unwrap() && parse("features(subgroups)").unwrap());
+        assert!(parse("features(f16)").is_err() && parse("workgroup = 1").is_err());
     }
 
     #[test]
@@ -396,7 +463,7 @@ mod tests {
     fn float_literals_print_as_every_wgsl_compiler_reads_them() {
         let print = |body: &str| {
             let func: ItemFn = syn::parse_str(&format!("fn f() -> f32 {{ {body} }}")).unwrap();
-            expand_helper(&func).map(|t| t.to_string())
+            expand_helper(&func, false).map(|t| t.to_string())
         };
         // f32::MAX's shortest decimal lies beyond it before rounding: printed exactly.
         assert!(print("-3.4028235e38")

@@ -217,11 +217,12 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// A lowering of the body of a `#[kernel_fn]` helper with signature `sig`.
-    pub fn for_helper(sig: &'a Signature) -> Self {
+    /// A lowering of the body of a `#[kernel_fn]` helper with signature `sig` (which may use
+    /// subgroup operations when `subgroups`).
+    pub fn for_helper(sig: &'a Signature, subgroups: bool) -> Self {
         Self {
             helper: true,
-            ..Self::new(sig, &[], false)
+            ..Self::new(sig, &[], subgroups)
         }
     }
 
@@ -587,7 +588,18 @@ impl<'a> Lowerer<'a> {
             .iter()
             .map(|a| self.expr(a))
             .collect::<syn::Result<Vec<_>>>()?;
-        if self.helper && matches!(name.as_str(), "gid" | "lid" | "wid" | "wid_y") {
+        let builtin = matches!(
+            name.as_str(),
+            "gid"
+                | "lid"
+                | "wid"
+                | "wid_y"
+                | "subgroup_invocation"
+                | "subgroup_size"
+                | "subgroup_index"
+                | "subgroup_count"
+        );
+        if self.helper && builtin {
             return Err(unsupported(
                 c,
                 &format!("`{name}()` in a helper (pass it in as a parameter)"),

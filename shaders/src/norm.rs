@@ -12,7 +12,7 @@
 use hesper_dsl::kernel;
 
 use crate::half::f16_bits;
-use crate::reduce::{tree_max, tree_sum};
+use crate::reduce::{subgroup_total, tree_max, tree_sum};
 
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
 /// reduction in workgroup memory (correct for any subgroup size: no subgroup operations).
@@ -47,7 +47,12 @@ pub fn rms_norm(
 /// `acc[subgroup_index]`, and every thread adds the `subgroup_count` partials. That holds
 /// whatever the subgroup size (4 to 128) and however threads are grouped, and takes one barrier
 /// instead of eight.
-#[kernel(workgroup = 256, features(subgroups), consts(AHEAD = 4))]
+#[kernel(
+    workgroup = 256,
+    features(subgroups),
+    uses(subgroup_total),
+    consts(AHEAD = 4)
+)]
 pub fn rms_norm_sg<const AHEAD: u32>(
     x: &[f32],
     w: &[f32],
@@ -72,15 +77,13 @@ pub fn rms_norm_sg<const AHEAD: u32>(
             }
         }
     }
-    let part = subgroup_add(sum);
-    if subgroup_invocation() == 0u32 {
-        acc[subgroup_index()] = part;
-    }
-    barrier();
-    let mut total: f32 = 0.0;
-    for s in 0u32..subgroup_count() {
-        total += acc[s];
-    }
+    let total = subgroup_total(
+        sum,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
     let scale = 1.0 / (total / (width as f32) + eps).sqrt();
     for i in (t..width).step_by(256 * AHEAD) {
         let mut v = [0.0f32; AHEAD];
@@ -104,7 +107,11 @@ pub fn rms_norm_sg<const AHEAD: u32>(
 /// `clamp(rne(y·s), −128, 127)` four to a word, `scale[row] = s` and `Σq` of the row in `sum`.
 /// The products of `y` are computed again, not read back, with the same operations in the same
 /// order: the same bits as the two kernels one after the other. `width` is a multiple of 4.
-#[kernel(workgroup = 256, features(subgroups), uses(tree_max, tree_sum))]
+#[kernel(
+    workgroup = 256,
+    features(subgroups),
+    uses(subgroup_total, tree_max, tree_sum)
+)]
 pub fn rms_norm_quantize_i8_packed_sg(
     x: &[f32],
     w: &[f32],
@@ -125,15 +132,13 @@ pub fn rms_norm_quantize_i8_packed_sg(
         let v = x[base + i];
         squares += v * v;
     }
-    let part = subgroup_add(squares);
-    if subgroup_invocation() == 0u32 {
-        acc[subgroup_index()] = part;
-    }
-    barrier();
-    let mut total: f32 = 0.0;
-    for s in 0u32..subgroup_count() {
-        total += acc[s];
-    }
+    let total = subgroup_total(
+        squares,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
     let norm = 1.0 / (total / (width as f32) + eps).sqrt();
     let mut m: f32 = 0.0;
     for i in (t..width).step_by(256) {
@@ -173,7 +178,7 @@ pub fn rms_norm_quantize_i8_packed_sg(
 /// `rms_norm_sg` writes it (the squares summed in the same order), and its values rounded to
 /// halves, two to a word, in `h` (`width / 2` words a row) for the F16 product that reads `y`
 /// next. `width` is even.
-#[kernel(workgroup = 256, features(subgroups), uses(f16_bits))]
+#[kernel(workgroup = 256, features(subgroups), uses(subgroup_total, f16_bits))]
 pub fn rms_norm_pack_f16_sg(
     x: &[f32],
     w: &[f32],
@@ -191,15 +196,13 @@ pub fn rms_norm_pack_f16_sg(
         let v = x[base + i];
         squares += v * v;
     }
-    let part = subgroup_add(squares);
-    if subgroup_invocation() == 0u32 {
-        acc[subgroup_index()] = part;
-    }
-    barrier();
-    let mut total: f32 = 0.0;
-    for s in 0u32..subgroup_count() {
-        total += acc[s];
-    }
+    let total = subgroup_total(
+        squares,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
     let norm = 1.0 / (total / (width as f32) + eps).sqrt();
     let words = width / 2u32;
     for wd in (t..words).step_by(256) {

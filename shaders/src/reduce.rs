@@ -1,7 +1,8 @@
 //! Workgroup reductions shared by the kernels (`#[kernel_fn]` helpers). Every thread of the
-//! workgroup must call them (they contain barriers) with the same `width`/`lanes`. None uses
-//! subgroup operations, so they are correct for every subgroup size. A kernel passes its own
-//! workgroup arrays (of any name; the generic ones of any element type).
+//! workgroup must call them (they contain barriers) with the same `width`/`lanes`. All but
+//! [`subgroup_total`] use no subgroup operations, so they are correct for every subgroup size.
+//! A kernel passes its own workgroup arrays (of any name; the generic ones of any element
+//! type).
 
 use hesper_dsl::kernel_fn;
 use hesper_gpu::twin::Scalar;
@@ -66,4 +67,28 @@ pub fn row_sums<T: Scalar>(acc: &mut [T; _], t: u32, lane: u32, lanes: u32, tile
         barrier();
         stride = stride >> 1u32;
     }
+}
+
+/// The sum of every thread's `part` over the workgroup through subgroup sums: the first thread
+/// of each subgroup (`invocation` 0) writes its subgroup's sum to `acc[index]` (`index` of
+/// `count` subgroups), then every thread adds `acc[0..count]` in order, so all get the same
+/// total. For kernels with `features(subgroups)`, which pass their subgroup built-ins in.
+#[kernel_fn(features(subgroups))]
+pub fn subgroup_total(
+    part: f32,
+    acc: &mut [f32; _],
+    invocation: u32,
+    index: u32,
+    count: u32,
+) -> f32 {
+    let sum = subgroup_add(part);
+    if invocation == 0u32 {
+        acc[index] = sum;
+    }
+    barrier();
+    let mut total: f32 = 0.0;
+    for s in 0u32..count {
+        total += acc[s];
+    }
+    total
 }
