@@ -240,6 +240,51 @@ fn q4_0_mxfp4_and_k_quant_batches_equal_their_tokens_one_at_a_time() {
     }
 }
 
+/// An F16 embedding table is repacked only when it is also the LM head (a tied head, multiplied
+/// every step); either way its rows come back as the file holds them, and the tied head's
+/// products are the scalar kernel's.
+#[test]
+fn an_f16_embedding_is_repacked_only_as_a_tied_head() {
+    let (rows, cols) = (64usize, 256usize);
+    let data = f16_rows(rows, cols);
+    let desc = MatrixDesc {
+        name: "token_embd.weight".into(),
+        rows,
+        cols,
+        format: Format::F16,
+        range: 0..data.len(),
+    };
+    let x = activations(3, cols);
+    let tokens = [0u32, 17, 63];
+    for isa in Isa::supported() {
+        let backend = CpuBackend::with_isa(1, isa).expect("cpu");
+        let load = |usage| {
+            backend
+                .load_owned_matrix(desc.clone(), data.clone(), None, usage)
+                .expect("load")
+        };
+        let (table, head) = (load(MatrixUse::Embedding), load(MatrixUse::TiedHead));
+        assert!(!table.is_interleaved(), "{isa:?}");
+        assert_eq!(head.is_interleaved(), isa.interleaves_f16(), "{isa:?}");
+        let (mut from_table, mut from_head) = (vec![0.0; 3 * cols], vec![0.0; 3 * cols]);
+        backend.embed(&table, &tokens, &mut from_table);
+        backend.embed(&head, &tokens, &mut from_head);
+        assert_eq!(from_table, from_head, "{isa:?}: embedding rows");
+        assert!(from_table.iter().any(|&v| v != 0.0));
+        // The copy's kernels sum each row in column order, as the scalar kernel does (the
+        // file layout's SIMD dot sums eight lanes apart).
+        let reference = if head.is_interleaved() {
+            Isa::Scalar
+        } else {
+            isa
+        };
+        let (mut want, mut got) = (vec![0.0; 3 * rows], vec![0.0; 3 * rows]);
+        table.matmul(reference, &x, 3, &mut want);
+        head.matmul(isa, &x, 3, &mut got);
+        assert_eq!(got, want, "{isa:?}: products");
+    }
+}
+
 /// Bytes handed over (a streamed load: the ring's nodes, the page) are interleaved at load
 /// wherever a matrix of the file would be, so those loads run the same kernels at the same
 /// speed: every layout the instruction set repacks.
