@@ -28,7 +28,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, GateUp, Moe, Qkv, RopeShape};
+use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
 use crate::memory::{SessionShape, SizeError};
@@ -38,11 +38,13 @@ use crate::weights::{read_f32_vector, Format, MatrixDesc, WeightError};
 mod batch;
 #[cfg(unix)]
 mod identity;
+mod layer;
 mod load;
 #[cfg(unix)]
 mod reload;
 mod tensors;
 pub use batch::{BatchScratch, SeqRows, SeqStep, StepInput, StepOutput};
+use layer::{Ffn, Layer};
 use load::{Fetch, InFile, Loader, Part, Plan, RopeFactors, Streamed};
 #[cfg(unix)]
 pub use reload::{Reload, ReloadError, Swap};
@@ -274,51 +276,6 @@ pub struct LoadOptions<'a> {
     pub head_place: HeadPlace,
     /// Called after each loaded tensor with (done, total).
     pub progress: Option<&'a mut dyn FnMut(usize, usize)>,
-}
-
-struct Layer<B: Backend> {
-    attn_norm: B::Vector,
-    qkv: Qkv<B::Matrix>,
-    /// Q, K and V biases (`qwen2`), all or none.
-    qkv_bias: Option<[B::Vector; 3]>,
-    /// The gains of each head's query and key norms (`qwen3`), both or none.
-    qk_norm: Option<[B::Vector; 2]>,
-    /// BitNet's norm of the attention output (families with sub-norms).
-    attn_sub_norm: Option<B::Vector>,
-    wo: B::Matrix,
-    /// The bias of the attention's output (gpt-oss).
-    wo_bias: Option<B::Vector>,
-    /// Each query head's attention sink (gpt-oss).
-    sinks: Option<Vec<f32>>,
-    ffn_norm: B::Vector,
-    ffn: Ffn<B::Matrix, B::Vector>,
-    /// BitNet's norm of the FFN activation (families with sub-norms).
-    ffn_sub_norm: Option<B::Vector>,
-    /// The gains of the norms of the attention's and the FFN's outputs (Gemma), both or none.
-    post_norms: Option<[B::Vector; 2]>,
-}
-
-/// A layer's FFN: one gated FFN, or a mixture of experts.
-enum Ffn<M, V> {
-    /// `down · act(gate · h) ⊙ (up · h)`.
-    Dense {
-        /// The gate and up projections.
-        gate_up: GateUp<M>,
-        /// The down projection.
-        down: M,
-    },
-    /// The chosen experts' FFNs, weighted ([`crate::config::Experts`]).
-    Experts(Moe<M, V>),
-}
-
-impl<M, V> Ffn<M, V> {
-    /// The matrix that reads the FFN's input first.
-    fn first(&self) -> &M {
-        match self {
-            Ffn::Dense { gate_up, .. } => gate_up.first(),
-            Ffn::Experts(moe) => &moe.router,
-        }
-    }
 }
 
 /// A loaded model (or a layer range of one) on a backend.

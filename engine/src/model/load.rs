@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::layer::{Ffn, LayerPart, Piece};
 use super::tensors::{role_of, Global, Role};
-use super::{Ffn, HeadFormat, Layer, ModelError};
+use super::{HeadFormat, ModelError};
 use crate::backend::{Backend, Expert, GateUp, MatrixUse, Moe, Qkv};
 use crate::config::{Config, RopePairs};
 use crate::file::ModelFile;
@@ -29,28 +30,6 @@ pub(super) enum Part {
     OutputNorm,
     /// An LM head held on its own (`output.weight`, or a re-quantized copy of the embedding).
     Output,
-}
-
-/// The pieces of a layer. Joined matrices (Q/K/V, gate/up) are one piece: a change to either
-/// joins them again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) enum LayerPart {
-    AttnNorm,
-    Qkv,
-    QkvBias,
-    QkNorm,
-    AttnSubNorm,
-    /// Attention sinks, kept on the host.
-    Sinks,
-    /// The attention's output matrix and its bias.
-    Wo,
-    FfnNorm,
-    GateUp,
-    FfnSubNorm,
-    Down,
-    PostNorms,
-    /// A mixture of experts: the router and every expert.
-    Experts,
 }
 
 /// What a model instance holds and how, decided from the file's header and the load options.
@@ -193,19 +172,8 @@ impl Plan {
 #[cfg_attr(not(unix), allow(dead_code))]
 pub(super) enum Prepared<B: Backend> {
     Embedding(Option<B::Matrix>),
-    AttnNorm(usize, B::Vector),
-    Qkv(usize, Qkv<B::Matrix>),
-    QkvBias(usize, Option<[B::Vector; 3]>),
-    QkNorm(usize, Option<[B::Vector; 2]>),
-    AttnSubNorm(usize, Option<B::Vector>),
-    Sinks(usize, Option<Vec<f32>>),
-    Wo(usize, B::Matrix, Option<B::Vector>),
-    FfnNorm(usize, B::Vector),
-    GateUp(usize, GateUp<B::Matrix>),
-    FfnSubNorm(usize, Option<B::Vector>),
-    Down(usize, B::Matrix),
-    PostNorms(usize, Option<[B::Vector; 2]>),
-    Experts(usize, Moe<B::Matrix, B::Vector>),
+    /// A piece of layer `.0`.
+    Layer(usize, Piece<B>),
     RopeFactors(RopeFactors),
     OutputNorm(Option<B::Vector>),
     Output(Option<B::Matrix>),
@@ -305,63 +273,15 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
     pub async fn prepare(&mut self, part: Part) -> Result<Prepared<B>, ModelError> {
         Ok(match part {
             Part::Embedding => Prepared::Embedding(self.embedding().await?),
-            Part::Layer(il, lp) => match lp {
-                LayerPart::AttnNorm => Prepared::AttnNorm(il, self.attn_norm(il).await?),
-                LayerPart::Qkv => Prepared::Qkv(il, self.qkv(il).await?),
-                LayerPart::QkvBias => Prepared::QkvBias(il, self.qkv_bias(il).await?),
-                LayerPart::QkNorm => Prepared::QkNorm(il, self.qk_norm(il).await?),
-                LayerPart::AttnSubNorm => Prepared::AttnSubNorm(il, self.attn_sub_norm(il).await?),
-                LayerPart::Sinks => Prepared::Sinks(il, self.sinks(il).await?),
-                LayerPart::Wo => {
-                    let (wo, bias) = self.wo(il).await?;
-                    Prepared::Wo(il, wo, bias)
-                }
-                LayerPart::FfnNorm => Prepared::FfnNorm(il, self.ffn_norm(il).await?),
-                LayerPart::GateUp => Prepared::GateUp(il, self.gate_up(il).await?),
-                LayerPart::FfnSubNorm => Prepared::FfnSubNorm(il, self.ffn_sub_norm(il).await?),
-                LayerPart::Down => Prepared::Down(il, self.down(il).await?),
-                LayerPart::PostNorms => Prepared::PostNorms(il, self.post_norms(il).await?),
-                LayerPart::Experts => Prepared::Experts(il, self.experts(il).await?),
-            },
+            Part::Layer(il, lp) => Prepared::Layer(il, self.piece(il, lp).await?),
             Part::RopeFactors => Prepared::RopeFactors(self.rope_factors().await?),
             Part::OutputNorm => Prepared::OutputNorm(self.output_norm().await?),
             Part::Output => Prepared::Output(self.output().await?),
         })
     }
 
-    /// Layer `il`, whole.
-    pub async fn layer(&mut self, il: usize) -> Result<Layer<B>, ModelError> {
-        let attn_norm = self.attn_norm(il).await?;
-        let qkv = self.qkv(il).await?;
-        let qkv_bias = self.qkv_bias(il).await?;
-        let qk_norm = self.qk_norm(il).await?;
-        let attn_sub_norm = self.attn_sub_norm(il).await?;
-        let sinks = self.sinks(il).await?;
-        let (wo, wo_bias) = self.wo(il).await?;
-        Ok(Layer {
-            attn_norm,
-            qkv,
-            qkv_bias,
-            qk_norm,
-            attn_sub_norm,
-            sinks,
-            wo,
-            wo_bias,
-            ffn_norm: self.ffn_norm(il).await?,
-            ffn: match self.plan.config.experts {
-                Some(_) => Ffn::Experts(self.experts(il).await?),
-                None => Ffn::Dense {
-                    gate_up: self.gate_up(il).await?,
-                    down: self.down(il).await?,
-                },
-            },
-            ffn_sub_norm: self.ffn_sub_norm(il).await?,
-            post_norms: self.post_norms(il).await?,
-        })
-    }
-
     /// Starts preparing `part`: its matrices' bytes are counted from here.
-    fn start(&mut self, part: Part) {
+    pub(super) fn start(&mut self, part: Part) {
         self.current = part;
         self.part_bytes.insert(part, 0);
     }
@@ -384,14 +304,15 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         ))
     }
 
-    async fn attn_norm(&mut self, il: usize) -> Result<B::Vector, ModelError> {
-        self.start(Part::Layer(il, LayerPart::AttnNorm));
+    // A layer's pieces, one method each, named as the layer's field they fill
+    // (`layer.rs` calls them; `start` has marked the piece).
+
+    pub(super) async fn attn_norm(&mut self, il: usize) -> Result<B::Vector, ModelError> {
         self.vector(&blk(il, "attn_norm.weight"), self.plan.config.n_embd)
             .await
     }
 
-    async fn qkv(&mut self, il: usize) -> Result<Qkv<B::Matrix>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::Qkv));
+    pub(super) async fn qkv(&mut self, il: usize) -> Result<Qkv<B::Matrix>, ModelError> {
         let plan = self.plan;
         let c = &plan.config;
         let (d, qd, kv) = (c.n_embd, c.q_dim(), c.kv_dim());
@@ -419,8 +340,10 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         Ok(self.backend.join_qkv(q, k, v)?)
     }
 
-    async fn qkv_bias(&mut self, il: usize) -> Result<Option<[B::Vector; 3]>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::QkvBias));
+    pub(super) async fn qkv_bias(
+        &mut self,
+        il: usize,
+    ) -> Result<Option<[B::Vector; 3]>, ModelError> {
         let plan = self.plan;
         if !plan.has_bias(il) {
             return Ok(None);
@@ -436,8 +359,10 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         ]))
     }
 
-    async fn qk_norm(&mut self, il: usize) -> Result<Option<[B::Vector; 2]>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::QkNorm));
+    pub(super) async fn qk_norm(
+        &mut self,
+        il: usize,
+    ) -> Result<Option<[B::Vector; 2]>, ModelError> {
         let c = &self.plan.config;
         if !c.family.qk_norm {
             return Ok(None);
@@ -460,8 +385,10 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         ]))
     }
 
-    async fn attn_sub_norm(&mut self, il: usize) -> Result<Option<B::Vector>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::AttnSubNorm));
+    pub(super) async fn attn_sub_norm(
+        &mut self,
+        il: usize,
+    ) -> Result<Option<B::Vector>, ModelError> {
         let c = &self.plan.config;
         if !c.family.sub_norms {
             return Ok(None);
@@ -472,8 +399,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         ))
     }
 
-    async fn sinks(&mut self, il: usize) -> Result<Option<Vec<f32>>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::Sinks));
+    pub(super) async fn sinks(&mut self, il: usize) -> Result<Option<Vec<f32>>, ModelError> {
         let c = &self.plan.config;
         if !c.family.sinks {
             return Ok(None);
@@ -485,30 +411,42 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         ))
     }
 
-    /// The attention's output matrix, and its bias where the family has one.
-    async fn wo(&mut self, il: usize) -> Result<(B::Matrix, Option<B::Vector>), ModelError> {
-        self.start(Part::Layer(il, LayerPart::Wo));
+    /// The attention's output matrix.
+    pub(super) async fn wo(&mut self, il: usize) -> Result<B::Matrix, ModelError> {
         let c = &self.plan.config;
-        let (d, qd, biased) = (c.n_embd, c.q_dim(), c.family.biases);
-        let wo = self
-            .matrix(&blk(il, "attn_output.weight"), d, qd, MatrixUse::Product)
-            .await?;
-        let bias = match biased {
-            true => Some(self.vector(&blk(il, "attn_output.bias"), d).await?),
-            false => None,
-        };
-        Ok((wo, bias))
+        let (d, qd) = (c.n_embd, c.q_dim());
+        self.matrix(&blk(il, "attn_output.weight"), d, qd, MatrixUse::Product)
+            .await
     }
 
-    async fn ffn_norm(&mut self, il: usize) -> Result<B::Vector, ModelError> {
-        self.start(Part::Layer(il, LayerPart::FfnNorm));
+    /// The bias of the attention's output, where the family has one.
+    pub(super) async fn wo_bias(&mut self, il: usize) -> Result<Option<B::Vector>, ModelError> {
+        let c = &self.plan.config;
+        if !c.family.biases {
+            return Ok(None);
+        }
+        let d = c.n_embd;
+        Ok(Some(self.vector(&blk(il, "attn_output.bias"), d).await?))
+    }
+
+    pub(super) async fn ffn_norm(&mut self, il: usize) -> Result<B::Vector, ModelError> {
         let c = &self.plan.config;
         let name = format!("{}.weight", c.family.ffn_norm);
         self.vector(&blk(il, &name), c.n_embd).await
     }
 
+    /// Layer `il`'s FFN: the router and experts where the config has them, else one gated FFN.
+    pub(super) async fn ffn(&mut self, il: usize) -> Result<Ffn<B::Matrix, B::Vector>, ModelError> {
+        Ok(match self.plan.config.experts {
+            Some(_) => Ffn::Experts(self.experts(il).await?),
+            None => Ffn::Dense {
+                gate_up: self.gate_up(il).await?,
+                down: self.down(il).await?,
+            },
+        })
+    }
+
     async fn gate_up(&mut self, il: usize) -> Result<GateUp<B::Matrix>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::GateUp));
         let c = &self.plan.config;
         let (d, ff) = (c.n_embd, c.n_ff);
         let header = self.file.header();
@@ -528,8 +466,10 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         Ok(self.backend.join_gate_up(gate, up)?)
     }
 
-    async fn ffn_sub_norm(&mut self, il: usize) -> Result<Option<B::Vector>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::FfnSubNorm));
+    pub(super) async fn ffn_sub_norm(
+        &mut self,
+        il: usize,
+    ) -> Result<Option<B::Vector>, ModelError> {
         let c = &self.plan.config;
         if !c.family.sub_norms {
             return Ok(None);
@@ -541,7 +481,6 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
     }
 
     async fn down(&mut self, il: usize) -> Result<B::Matrix, ModelError> {
-        self.start(Part::Layer(il, LayerPart::Down));
         let c = &self.plan.config;
         let (d, ff) = (c.n_embd, c.n_ff);
         self.matrix(&blk(il, "ffn_down.weight"), d, ff, MatrixUse::Product)
@@ -551,8 +490,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
     /// Layer `il`'s router and experts; the bytes counted are what a token reads (the router,
     /// and the experts' share a token uses).
     async fn experts(&mut self, il: usize) -> Result<Moe<B::Matrix, B::Vector>, ModelError> {
-        let part = Part::Layer(il, LayerPart::Experts);
-        self.start(part);
+        let part = self.current;
         let c = &self.plan.config;
         let (d, Some(x)) = (c.n_embd, c.experts) else {
             unreachable!("experts are loaded for a config with them")
@@ -663,8 +601,10 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         Ok(out)
     }
 
-    async fn post_norms(&mut self, il: usize) -> Result<Option<[B::Vector; 2]>, ModelError> {
-        self.start(Part::Layer(il, LayerPart::PostNorms));
+    pub(super) async fn post_norms(
+        &mut self,
+        il: usize,
+    ) -> Result<Option<[B::Vector; 2]>, ModelError> {
         let c = &self.plan.config;
         if !c.family.post_norms {
             return Ok(None);

@@ -17,7 +17,7 @@ use thiserror::Error;
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use super::load::{tensor_len, Fetch, Loader, Part, Plan, Prepared, Streamed};
-use super::{check_tensor_table, Ffn, HeadFormat, LoadOptions, Model, ModelError};
+use super::{check_tensor_table, HeadFormat, LoadOptions, Model, ModelError};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::file::FileError;
@@ -480,32 +480,7 @@ impl<B: Backend> Model<B> {
         let start = self.layer_range.start;
         match p {
             Prepared::Embedding(m) => self.embedding = m,
-            Prepared::AttnNorm(il, v) => self.layers[il - start].attn_norm = v,
-            Prepared::Qkv(il, m) => self.layers[il - start].qkv = m,
-            Prepared::QkvBias(il, v) => self.layers[il - start].qkv_bias = v,
-            Prepared::QkNorm(il, v) => self.layers[il - start].qk_norm = v,
-            Prepared::AttnSubNorm(il, v) => self.layers[il - start].attn_sub_norm = v,
-            Prepared::Sinks(il, v) => self.layers[il - start].sinks = v,
-            Prepared::Wo(il, m, bias) => {
-                let layer = &mut self.layers[il - start];
-                layer.wo = m;
-                layer.wo_bias = bias;
-            }
-            Prepared::FfnNorm(il, v) => self.layers[il - start].ffn_norm = v,
-            // A layer's kind of FFN is the config's, which a swap keeps.
-            Prepared::GateUp(il, m) => {
-                if let Ffn::Dense { gate_up, .. } = &mut self.layers[il - start].ffn {
-                    *gate_up = m;
-                }
-            }
-            Prepared::FfnSubNorm(il, v) => self.layers[il - start].ffn_sub_norm = v,
-            Prepared::Down(il, m) => {
-                if let Ffn::Dense { down, .. } = &mut self.layers[il - start].ffn {
-                    *down = m;
-                }
-            }
-            Prepared::Experts(il, moe) => self.layers[il - start].ffn = Ffn::Experts(moe),
-            Prepared::PostNorms(il, v) => self.layers[il - start].post_norms = v,
+            Prepared::Layer(il, piece) => self.layers[il - start].put(piece),
             Prepared::RopeFactors(f) => self.rope_factors = f,
             Prepared::OutputNorm(v) => self.output_norm = v,
             Prepared::Output(m) => self.output = m,

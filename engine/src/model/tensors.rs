@@ -3,7 +3,7 @@
 //! prepares again, the tensors a ring node holds and the load's progress count are all read
 //! from here, so a family's tensors are named once.
 
-use super::load::LayerPart;
+use super::layer::LayerPart;
 use crate::config::Family;
 
 /// What a tensor of the table is: the suffixes its name may take.
@@ -111,22 +111,22 @@ const LAYER_TENSORS: &[LayerTensor] = {
         t("attn_sub_norm", Vector, P::AttnSubNorm, SubNorms),
         t("attn_sinks", Vector, P::Sinks, Sinks),
         t("attn_output", Matrix, P::Wo, All),
-        t("attn_output", Bias, P::Wo, Biases),
+        t("attn_output", Bias, P::WoBias, Biases),
         t("post_attention_norm", Vector, P::PostNorms, PostNorms),
         t("ffn_norm", Vector, P::FfnNorm, FfnNorm),
         t("post_attention_norm", Vector, P::FfnNorm, FfnNorm),
-        t("ffn_gate", Matrix, P::GateUp, Dense),
-        t("ffn_up", Matrix, P::GateUp, Dense),
+        t("ffn_gate", Matrix, P::Ffn, Dense),
+        t("ffn_up", Matrix, P::Ffn, Dense),
         t("ffn_sub_norm", Vector, P::FfnSubNorm, SubNorms),
-        t("ffn_down", Matrix, P::Down, Dense),
-        t("ffn_gate_inp", Matrix, P::Experts, Moe),
-        t("ffn_gate_exps", Matrix, P::Experts, Moe),
-        t("ffn_up_exps", Matrix, P::Experts, Moe),
-        t("ffn_down_exps", Matrix, P::Experts, Moe),
-        t("ffn_gate_inp", Bias, P::Experts, Biases),
-        t("ffn_gate_exps", Bias, P::Experts, Biases),
-        t("ffn_up_exps", Bias, P::Experts, Biases),
-        t("ffn_down_exps", Bias, P::Experts, Biases),
+        t("ffn_down", Matrix, P::Ffn, Dense),
+        t("ffn_gate_inp", Matrix, P::Ffn, Moe),
+        t("ffn_gate_exps", Matrix, P::Ffn, Moe),
+        t("ffn_up_exps", Matrix, P::Ffn, Moe),
+        t("ffn_down_exps", Matrix, P::Ffn, Moe),
+        t("ffn_gate_inp", Bias, P::Ffn, Biases),
+        t("ffn_gate_exps", Bias, P::Ffn, Biases),
+        t("ffn_up_exps", Bias, P::Ffn, Biases),
+        t("ffn_down_exps", Bias, P::Ffn, Biases),
         t("post_ffw_norm", Vector, P::PostNorms, PostNorms),
     ]
 };
@@ -204,7 +204,7 @@ mod tests {
     fn each_family_reads_its_own_ffn_and_norms_only() {
         assert_eq!(
             part("blk.3.ffn_gate_inp.weight", "qwen3moe"),
-            Some(LayerPart::Experts)
+            Some(LayerPart::Ffn)
         );
         assert_eq!(part("blk.3.ffn_gate_inp.weight", "qwen3"), None);
         assert_eq!(part("blk.3.ffn_gate.weight", "qwen3moe"), None);
@@ -216,14 +216,11 @@ mod tests {
         };
         assert_eq!(
             gate("blk.0.ffn_gate_exps.weight", true),
-            Some(LayerPart::Experts)
+            Some(LayerPart::Ffn)
         );
         assert_eq!(gate("blk.0.ffn_gate_exps.weight", false), None);
         assert_eq!(gate("blk.0.ffn_gate.weight", true), None);
-        assert_eq!(
-            part("blk.3.ffn_gate.weight", "qwen3"),
-            Some(LayerPart::GateUp)
-        );
+        assert_eq!(part("blk.3.ffn_gate.weight", "qwen3"), Some(LayerPart::Ffn));
         assert_eq!(
             part("blk.0.attn_q_norm.weight", "gemma3"),
             Some(LayerPart::QkNorm)
@@ -256,7 +253,7 @@ mod tests {
         assert_eq!(part("blk.0.attn_sinks.weight", "qwen3moe"), None);
         assert_eq!(
             part("blk.0.ffn_down_exps.bias", "gpt-oss"),
-            Some(LayerPart::Experts)
+            Some(LayerPart::Ffn)
         );
         assert_eq!(part("blk.0.ffn_down_exps.bias", "qwen3moe"), None);
     }
@@ -270,7 +267,7 @@ mod tests {
         assert_eq!(part("blk.1.attn_output.bias", "qwen2"), None);
         assert_eq!(
             part("blk.1.attn_output.bias", "gpt-oss"),
-            Some(LayerPart::Wo)
+            Some(LayerPart::WoBias)
         );
         assert_eq!(part("blk.1.attn_norm.scale", "llama"), None);
         assert_eq!(part("blk.x.attn_norm.weight", "llama"), None);
