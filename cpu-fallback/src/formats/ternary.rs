@@ -62,11 +62,25 @@ macro_rules! ternary {
 
             #[inline]
             fn dot_rows4(self, isa: Isa, rows: &[u8], act: &Vec<Q8KBlock>) -> Option<[f32; 4]> {
-                Some(by_isa!(isa,
-                    x86: avx2::ternary_dot_rows4::<$bytes>(rows, act),
-                    neon: $rows4(rows, act),
-                    scalar: each_of_four_rows(rows, |row| scalar::$dot(row, act)),
-                ))
+                Some(match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as for `dot_x4`; `rows` holds four whole rows.
+                    Isa::Avx512Vnni => unsafe { avx2::ternary_dot_rows4_vnni::<$bytes>(rows, act) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    Isa::AvxVnni => unsafe { avx2::ternary_dot_rows4_avxvnni::<$bytes>(rows, act) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    Isa::Avx2 | Isa::Avx512Bw => unsafe {
+                        avx2::ternary_dot_rows4_avx2::<$bytes>(rows, act)
+                    },
+                    #[cfg(target_arch = "aarch64")]
+                    Isa::Neon => neon::plain::$rows4(rows, act),
+                    #[cfg(target_arch = "aarch64")]
+                    // SAFETY: as for `dot`.
+                    Isa::NeonDot => unsafe { neon::dotprod::$rows4(rows, act) },
+                    _ => each_of_four_rows(rows, |row| scalar::$dot(row, act)),
+                })
             }
         }
     };

@@ -26,8 +26,8 @@ pub use k_quants::{
 pub use softmax::softmax;
 pub use ternary::{
     i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4_avx2, i2s_code_dot_x4_avxvnni,
-    i2s_code_dot_x4_vnni, ternary_dot, ternary_dot_rows4, ternary_dot_x4_avx2,
-    ternary_dot_x4_avxvnni, ternary_dot_x4_vnni,
+    i2s_code_dot_x4_vnni, ternary_dot, ternary_dot_rows4_avx2, ternary_dot_rows4_avxvnni,
+    ternary_dot_rows4_vnni, ternary_dot_x4_avx2, ternary_dot_x4_avxvnni, ternary_dot_x4_vnni,
 };
 
 use std::arch::x86_64::*;

@@ -408,12 +408,17 @@ pub unsafe fn ternary_dot_x4<const BYTES: usize, P: BytePairs>(
 }
 
 /// [`ternary_dot`] of four consecutive rows (`rows` holds all four) against one token
-/// (decode), the four rows read as one stream. Bit-identical to four single dots.
+/// (decode), the four rows read as one stream; `P` adds the byte products. Bit-identical to
+/// four single dots.
 ///
 /// # Safety
-/// As for [`ternary_dot`]; `rows` holds four rows of `act.len()` blocks.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+/// As for [`ternary_dot`]; `rows` holds four rows of `act.len()` blocks; the CPU also runs
+/// `P`'s instructions.
+#[inline(always)]
+pub unsafe fn ternary_dot_rows4<const BYTES: usize, P: BytePairs>(
+    rows: &[u8],
+    act: &[Q8KBlock],
+) -> [f32; 4] {
     debug_assert!(rows.len() == 4 * act.len() * BYTES);
     let row_bytes = rows.len() / 4;
     let p = rows.as_ptr();
@@ -432,7 +437,7 @@ pub unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock
             let mut scales = [0.0f32; 4];
             for k in 0..4 {
                 let blk = p.add(k * row_bytes + at);
-                sums[k] = codes_dot::<Maddubs>(&block_codes::<BYTES>(blk), a.qs.as_ptr());
+                sums[k] = codes_dot::<P>(&block_codes::<BYTES>(blk), a.qs.as_ptr());
                 scales[k] = block_scale::<BYTES>(blk);
             }
             let d = _mm_mul_ps(_mm_set1_ps(a.d), _mm_loadu_ps(scales.as_ptr()));
@@ -442,9 +447,9 @@ pub unsafe fn ternary_dot_rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock
     lanes(acc)
 }
 
-/// The four-token kernels compiled for one way of adding byte products.
+/// The four-token and four-row kernels compiled for one way of adding byte products.
 macro_rules! four_token_kernels {
-    ($i2s:ident, $ternary:ident, $pairs:ty, $features:literal, $what:literal) => {
+    ($i2s:ident, $ternary:ident, $rows4:ident, $pairs:ty, $features:literal, $what:literal) => {
         #[doc = concat!("[`i2s_code_dot_x4`] with ", $what, ".")]
         ///
         /// # Safety
@@ -464,12 +469,23 @@ macro_rules! four_token_kernels {
             // SAFETY: forwarded from the caller.
             unsafe { ternary_dot_x4::<BYTES, $pairs>(row, act) }
         }
+
+        #[doc = concat!("[`ternary_dot_rows4`] with ", $what, ".")]
+        ///
+        /// # Safety
+        /// As for [`ternary_dot_rows4`], on a CPU with these features.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $rows4<const BYTES: usize>(rows: &[u8], act: &[Q8KBlock]) -> [f32; 4] {
+            // SAFETY: forwarded from the caller.
+            unsafe { ternary_dot_rows4::<BYTES, $pairs>(rows, act) }
+        }
     };
 }
 
 four_token_kernels!(
     i2s_code_dot_x4_avx2,
     ternary_dot_x4_avx2,
+    ternary_dot_rows4_avx2,
     Maddubs,
     "avx2,f16c",
     "AVX2's `vpmaddubsw`"
@@ -477,6 +493,7 @@ four_token_kernels!(
 four_token_kernels!(
     i2s_code_dot_x4_vnni,
     ternary_dot_x4_vnni,
+    ternary_dot_rows4_vnni,
     Vnni256,
     "avx2,f16c,avx512f,avx512vl,avx512vnni",
     "AVX-512 VNNI's 256-bit `vpdpbusd`"
@@ -484,6 +501,7 @@ four_token_kernels!(
 four_token_kernels!(
     i2s_code_dot_x4_avxvnni,
     ternary_dot_x4_avxvnni,
+    ternary_dot_rows4_avxvnni,
     AvxVnni,
     "avx2,f16c,avxvnni",
     "AVX-VNNI's `vpdpbusd`"
