@@ -7,7 +7,8 @@ use hesper_engine::gguf::{GgmlType, Gguf};
 use crate::args::KernelArgs;
 
 /// The CPU kernels `args` would run on the model `g` and the layout each of its weight types
-/// gets: "avx2 kernels, F16 repacked sixteen rows deep at load (Q8_0 as in the file)";
+/// gets: "avx2 kernels, F16 repacked sixteen rows deep at load (Q8_0 as in the file)", with
+/// ", TQ1_0 rewritten as TQ2_0 at load" where its TQ1_0 matrices are;
 /// `head_as_stored`: no `--lm-head` re-quantizes the head.
 pub fn describe(args: &KernelArgs, g: &Gguf, head_as_stored: bool) -> String {
     let isa = args.cpu_kernels.unwrap_or_else(Isa::detect);
@@ -24,21 +25,30 @@ pub fn describe(args: &KernelArgs, g: &Gguf, head_as_stored: bool) -> String {
         .collect();
     types.sort_by_key(|ty| ty.to_string());
     types.dedup();
+    let rewrites_tq1_0 =
+        !args.no_repack && isa.rewrites_tq1_0() && types.contains(&GgmlType::TQ1_0);
     let (repacked, kept): (Vec<GgmlType>, Vec<GgmlType>) = types
         .into_iter()
+        .filter(|&ty| !(rewrites_tq1_0 && ty == GgmlType::TQ1_0))
         .partition(|&ty| !args.no_repack && repacks(isa, ty));
     let names = |types: &[GgmlType]| {
         let names: Vec<String> = types.iter().map(GgmlType::to_string).collect();
         names.join(", ")
     };
-    let layout = match (repacked.is_empty(), kept.is_empty()) {
+    let mut changed = Vec::new();
+    if !repacked.is_empty() {
+        changed.push(format!(
+            "{} repacked sixteen rows deep at load",
+            names(&repacked)
+        ));
+    }
+    if rewrites_tq1_0 {
+        changed.push("TQ1_0 rewritten as TQ2_0 at load".to_string());
+    }
+    let layout = match (changed.is_empty(), kept.is_empty()) {
         (true, _) => "weights as in the file".to_string(),
-        (false, true) => format!("{} repacked sixteen rows deep at load", names(&repacked)),
-        (false, false) => format!(
-            "{} repacked sixteen rows deep at load ({} as in the file)",
-            names(&repacked),
-            names(&kept)
-        ),
+        (false, true) => changed.join(", "),
+        (false, false) => format!("{} ({} as in the file)", changed.join(", "), names(&kept)),
     };
     let runs = if isa.is_supported() {
         ""

@@ -241,8 +241,8 @@ fn info_describes_model_and_tokenizer() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains(" kernels, weights as in the file"), "{text}");
     // AVX2's kernels read F16, Q4_0 and K-quant matrices from a copy interleaved sixteen rows
-    // deep, and ternary ones from the file (the TQ1_0 file's tied F16 embedding, its LM head,
-    // is repacked); --no-repack keeps every layout.
+    // deep, and TQ1_0 ones rewritten as TQ2_0 (the TQ1_0 file's tied F16 embedding, its LM
+    // head, is repacked); --no-repack keeps every layout.
     #[cfg(target_arch = "x86_64")]
     for (model, flags, layout) in [
         ("f16", &[][..], "F16 repacked sixteen rows deep at load"),
@@ -256,8 +256,9 @@ fn info_describes_model_and_tokenizer() {
         (
             "tq1_0",
             &[][..],
-            "F16 repacked sixteen rows deep at load (TQ1_0 as in the file)",
+            "F16 repacked sixteen rows deep at load, TQ1_0 rewritten as TQ2_0 at load",
         ),
+        ("tq1_0", &["--no-repack"][..], "weights as in the file"),
     ] {
         let model = golden(&format!("models/tiny-llama-{model}.gguf"));
         let args = [

@@ -17,6 +17,7 @@ pub mod meminfo;
 pub mod ops;
 pub mod profile;
 pub mod quant;
+pub mod tq1_0_as_tq2_0;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -74,8 +75,9 @@ impl CpuBackend {
     /// Whether to repack weights at load into the layout this instruction set's kernels read
     /// best (I2_S interleaved sixteen rows deep on AVX-512 and AVX-VNNI, Q8_0, Q4_0 and the
     /// K-quants on AVX-512 VNNI, F16 on every x86 variant; see [`interleave`],
-    /// [`interleave_q8_0`] and [`interleave_f16`]); on by
-    /// default, off computes from the memory-mapped file as it is.
+    /// [`interleave_q8_0`] and [`interleave_f16`]; TQ1_0 rewritten as TQ2_0 on every x86
+    /// variant, [`tq1_0_as_tq2_0`]); on by default, off computes from the memory-mapped file
+    /// as it is.
     pub fn with_repack(mut self, repack: bool) -> Self {
         self.repack = repack;
         self
@@ -125,6 +127,23 @@ impl CpuBackend {
             }
     }
 
+    /// `matrix` as this backend's kernels read it best for `usage`: interleaved sixteen rows
+    /// deep ([`CpuMatrix::interleaved`]), TQ1_0 rewritten as TQ2_0 ([`CpuMatrix::as_tq2_0`]),
+    /// or as it is.
+    fn repacked(&self, matrix: CpuMatrix, usage: MatrixUse) -> CpuMatrix {
+        if self.interleaves(&matrix.desc, usage) {
+            self.pool.install(|| matrix.interleaved())
+        } else if self.repack
+            && matrix.desc.format == Format::TQ1_0
+            && usage != MatrixUse::Embedding
+            && self.isa.rewrites_tq1_0()
+        {
+            self.pool.install(|| matrix.as_tq2_0())
+        } else {
+            matrix
+        }
+    }
+
     /// Whether weights are repacked at load (see [`CpuBackend::with_repack`]).
     pub fn repacks(&self) -> bool {
         self.repack
@@ -134,7 +153,8 @@ impl CpuBackend {
                 || self.isa.interleaves_mxfp4()
                 || self.isa.interleaves_q4_k()
                 || self.isa.interleaves_q6_k()
-                || self.isa.interleaves_f16())
+                || self.isa.interleaves_f16()
+                || self.isa.rewrites_tq1_0())
     }
 
     /// The instruction set in use.
@@ -172,13 +192,8 @@ impl Backend for CpuBackend {
         scale: Option<f32>,
         usage: MatrixUse,
     ) -> Result<CpuMatrix, BackendError> {
-        let interleave = self.interleaves(&desc, usage);
         let matrix = CpuMatrix::new(file.clone(), desc, scale);
-        Ok(if interleave {
-            self.pool.install(|| matrix.interleaved())
-        } else {
-            matrix
-        })
+        Ok(self.repacked(matrix, usage))
     }
 
     fn load_owned_matrix(
@@ -195,15 +210,10 @@ impl Backend for CpuBackend {
                 why: "the data is shorter than the matrix".into(),
             });
         }
-        // Interleaved as from a file, so that a streamed load computes the same bits at the
-        // same speed.
-        let interleave = self.interleaves(&desc, usage);
+        // Repacked as from a file, so that a streamed load computes the same bits at the same
+        // speed.
         let matrix = CpuMatrix::owned(data, desc, scale);
-        Ok(if interleave {
-            self.pool.install(|| matrix.interleaved())
-        } else {
-            matrix
-        })
+        Ok(self.repacked(matrix, usage))
     }
 
     fn load_vector(&self, data: Vec<f32>) -> Result<Vec<f32>, BackendError> {

@@ -94,6 +94,25 @@ impl CpuMatrix {
         self
     }
 
+    /// The same matrix computing from its TQ1_0 blocks rewritten as TQ2_0 blocks
+    /// ([`crate::tq1_0_as_tq2_0`]: the same codes and scales, so the same products), owned,
+    /// the file's pages given back; a matrix of another layout stays as it is.
+    pub fn as_tq2_0(self) -> Self {
+        if self.desc.format != Format::TQ1_0 {
+            return self;
+        }
+        let data = crate::tq1_0_as_tq2_0::rewrite(self.data());
+        if let Storage::File(file) = &self.storage {
+            file.release(self.desc.range.clone());
+        }
+        let desc = MatrixDesc {
+            format: Format::TQ2_0,
+            range: 0..data.len(),
+            ..self.desc
+        };
+        Self::owned(data, desc, self.scale)
+    }
+
     /// Whether the kernels read an interleaved copy made at load ([`CpuMatrix::interleaved`])
     /// rather than the rows as stored.
     pub fn is_interleaved(&self) -> bool {

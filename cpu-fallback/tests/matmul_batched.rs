@@ -3,7 +3,7 @@
 
 use hesper_cpu::{CpuBackend, CpuMatrix, Isa};
 use hesper_engine::backend::{Backend, MatrixUse};
-use hesper_engine::formats::{Encode, Layout, Q8_0};
+use hesper_engine::formats::{Encode, Layout, Tq1_0, Q8_0, TQ1_0_BLOCK_BYTES};
 use hesper_engine::weights::{Format, MatrixDesc};
 
 /// An I2_S matrix of `rows` × `cols` with codes in 0..=2 from a fixed generator.
@@ -282,6 +282,72 @@ fn an_f16_embedding_is_repacked_only_as_a_tied_head() {
         table.matmul(reference, &x, 3, &mut want);
         head.matmul(isa, &x, 3, &mut got);
         assert_eq!(got, want, "{isa:?}: products");
+    }
+}
+
+/// A TQ1_0 matrix is rewritten as TQ2_0 at load where the instruction set's kernels read TQ2_0
+/// faster (not as an embedding table only looked up, nor with repacking off): its rows decode
+/// as the file holds them and its products are the TQ1_0 kernels' to the bit, for a token and
+/// for a batch.
+#[test]
+fn a_tq1_0_matrix_is_rewritten_as_tq2_0_with_the_same_products() {
+    // 22 rows: five groups of four rows (decode's kernel) and two rows left over.
+    let (rows, cols) = (22usize, 512usize);
+    let values: Vec<f32> = activations(rows, cols)
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v.signum() * if (i / 7) % 3 == 0 { 0.0 } else { 0.25 })
+        .collect();
+    let mut data = vec![0u8; rows * cols / 256 * TQ1_0_BLOCK_BYTES];
+    for (v, b) in values
+        .chunks_exact(256)
+        .zip(data.chunks_exact_mut(TQ1_0_BLOCK_BYTES))
+    {
+        Tq1_0::encode_block(v, b);
+    }
+    let desc = MatrixDesc {
+        name: "w".into(),
+        rows,
+        cols,
+        format: Format::TQ1_0,
+        range: 0..data.len(),
+    };
+    let as_stored = CpuMatrix::owned(data.clone(), desc.clone(), None);
+    let pool = two_threads();
+    for isa in Isa::supported() {
+        for repack in [true, false] {
+            let backend = CpuBackend::with_isa(1, isa)
+                .expect("cpu")
+                .with_repack(repack);
+            let load = |usage| {
+                backend
+                    .load_owned_matrix(desc.clone(), data.clone(), None, usage)
+                    .expect("load")
+            };
+            let (w, table) = (load(MatrixUse::Product), load(MatrixUse::Embedding));
+            let rewritten = repack && isa.rewrites_tq1_0();
+            let want_format = if rewritten {
+                Format::TQ2_0
+            } else {
+                Format::TQ1_0
+            };
+            assert_eq!(w.desc.format, want_format, "{isa:?}, repack {repack}");
+            assert_eq!(table.desc.format, Format::TQ1_0, "{isa:?}: a table");
+            let (mut row, mut stored) = (vec![0.0; cols], vec![0.0; cols]);
+            for r in [0, 7, rows - 1] {
+                w.decode_row(r, &mut row);
+                as_stored.decode_row(r, &mut stored);
+                assert_eq!(row, stored, "{isa:?}: row {r}");
+            }
+            for n in [1, 5] {
+                let x = activations(n, cols);
+                let (mut want, mut got) = (vec![0.0; n * rows], vec![0.0; n * rows]);
+                pool.install(|| as_stored.matmul(isa, &x, n, &mut want));
+                pool.install(|| w.matmul(isa, &x, n, &mut got));
+                assert_eq!(got, want, "{isa:?}, {n} tokens");
+                assert!(got.iter().any(|&v| v != 0.0));
+            }
+        }
     }
 }
 

@@ -203,6 +203,16 @@ impl Isa {
         matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
     }
 
+    /// Whether TQ1_0 weights are rewritten as TQ2_0 at load for this instruction set
+    /// ([`crate::tq1_0_as_tq2_0`]): every x86 one, whose TQ1_0 kernels are bound by their
+    /// arithmetic where TQ2_0's stream at the memory's speed.
+    pub fn rewrites_tq1_0(self) -> bool {
+        matches!(
+            self,
+            Self::Avx2 | Self::Avx512Bw | Self::AvxVnni | Self::Avx512Vnni
+        )
+    }
+
     /// Whether F16 weights are interleaved sixteen rows deep at load for this instruction set
     /// ([`crate::interleave_f16`]): where [`crate::formats::float::f16_rows16_dot`] has a
     /// kernel of its own (every x86 variant: AVX-512's registers or AVX2's).

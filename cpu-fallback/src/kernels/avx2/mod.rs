@@ -28,6 +28,7 @@ pub use ternary::{
     i2s_code_dot, i2s_code_dot_rows4, i2s_code_dot_x4_avx2, i2s_code_dot_x4_avxvnni,
     i2s_code_dot_x4_vnni, ternary_dot, ternary_dot_rows4_avx2, ternary_dot_rows4_avxvnni,
     ternary_dot_rows4_vnni, ternary_dot_x4_avx2, ternary_dot_x4_avxvnni, ternary_dot_x4_vnni,
+    tq1_0_as_tq2_0_block,
 };
 
 use std::arch::x86_64::*;

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use hesper_engine::formats::{I2S_GROUP, TQ1_0_BLOCK_BYTES};
+use hesper_engine::formats::{I2S_GROUP, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
 
 use super::{hsum_i32, hsum_i32_x4, prefetch, prefetch_ahead, ROWS4_PREFETCH_AHEAD};
 use crate::quant::Q8KBlock;
@@ -301,6 +301,35 @@ unsafe fn tq1_0_codes(blk: *const u8) -> [__m256i; 8] {
         out[7] = trit(_mm256_blend_epi32::<0x80>(last, h27));
     }
     out
+}
+
+/// One TQ1_0 block at `src` rewritten as the TQ2_0 block at `dst` (the same codes and scale):
+/// [`tq1_0_codes`]' slice `s` (elements `32s..32s + 32`) goes to bits `2·(s % 4)` of the
+/// 32 bytes of half `s / 4` (codes are at most 2, so a 16-bit shift keeps them in their byte).
+///
+/// # Safety
+/// The CPU must support AVX2; `src` holds a TQ1_0 block and `dst` has room for a TQ2_0 block.
+#[target_feature(enable = "avx2")]
+pub unsafe fn tq1_0_as_tq2_0_block(src: *const u8, dst: *mut u8) {
+    // SAFETY: the caller guarantees both blocks.
+    unsafe {
+        let codes = tq1_0_codes(src);
+        for (h, four) in codes.chunks_exact(4).enumerate() {
+            let b = _mm256_or_si256(
+                _mm256_or_si256(four[0], _mm256_slli_epi16::<2>(four[1])),
+                _mm256_or_si256(
+                    _mm256_slli_epi16::<4>(four[2]),
+                    _mm256_slli_epi16::<6>(four[3]),
+                ),
+            );
+            _mm256_storeu_si256(dst.add(32 * h).cast(), b);
+        }
+        std::ptr::copy_nonoverlapping(
+            src.add(TQ1_0_BLOCK_BYTES - 2),
+            dst.add(TQ2_0_BLOCK_BYTES - 2),
+            2,
+        );
+    }
 }
 
 /// Σ code·q of one block's codes against 256 activations, as eight i32 partial sums.
