@@ -56,20 +56,22 @@ pub enum Kind {
     Q8_0,
     /// bf16 weights.
     Bf16,
-    /// K-quant codes as int8 with each sub-block's integer scale and minimum, and `d`, `dmin`
-    /// per 256-block (from Q4_K, Q5_K, Q6_K: `crate::formats::k_quants`).
+    /// K-quant codes (Q4_K's as nibbles, Q5_K's and Q6_K's as int8) with each sub-block's
+    /// integer scale and minimum, and `d`, `dmin` per 256-block (`crate::formats::k_quants`).
     Kq {
         /// Values per sub-block: 32 (Q4_K, Q5_K) or 16 (Q6_K).
         sub: u32,
+        /// Bits per code: 4 (Q4_K) or 8.
+        bits: u32,
     },
 }
 
 impl Kind {
     /// Whether matrices of `self` and `other` can become one (their rows read by one kernel
-    /// launch): the same route, and for K-quants the same sub-blocks.
+    /// launch): the same route, and for K-quants the same sub-blocks and code width.
     pub fn joins(self, other: Self) -> bool {
         match (self, other) {
-            (Self::Kq { sub: a }, Self::Kq { sub: b }) => a == b,
+            (Self::Kq { sub: a, bits: x }, Self::Kq { sub: b, bits: y }) => a == b && x == y,
             _ => std::mem::discriminant(&self) == std::mem::discriminant(&other),
         }
     }
@@ -314,15 +316,15 @@ impl GpuMatrix {
 }
 
 impl Kind {
-    /// Bytes of one row as uploaded (TQ becomes 2-bit codes: cols/4; a K-quant row its int8
-    /// codes, then a word per sub-block).
+    /// Bytes of one row as uploaded (TQ becomes 2-bit codes: cols/4; a K-quant row its codes,
+    /// then a word per sub-block).
     fn row_bytes(self, cols: usize) -> usize {
         match self {
             Kind::F32 => cols * 4,
             Kind::F16 | Kind::Bf16 => cols * 2,
             Kind::I2s { .. } | Kind::Tq => cols / 4,
             Kind::Q8_0 => cols,
-            Kind::Kq { sub } => cols + 4 * cols / sub as usize,
+            Kind::Kq { sub, bits } => cols * bits as usize / 8 + 4 * cols / sub as usize,
         }
     }
 }

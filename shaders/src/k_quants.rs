@@ -7,10 +7,12 @@ use hesper_dsl::kernel;
 use crate::reduce::row_sums;
 use crate::tile::store_rows;
 
-/// K-quant weights, repacked at upload into one layout for the three types: each row its signed
-/// int8 codes, four to a word (`cols / 4` words; Q6_K's codes less their offset of 32), then
-/// one word per sub-block holding the sub-block's integer scale (low 16 bits, signed) and
-/// minimum (high 16 bits); `wd` holds `d` and `dmin` of every (row, block).
+/// K-quant weights, repacked at upload into one layout for the three types: each row its codes,
+/// `bits` to a code — Q4_K's 0..16 as nibbles, eight to a word, element `8i + b` of a row in
+/// bits `4b..4b + 4` of its word `i` (`cols / 8` words); Q5_K's and Q6_K's as signed int8, four
+/// to a word (`cols / 4` words; Q6_K's codes less their offset of 32) — then one word per
+/// sub-block holding the sub-block's integer scale (low 16 bits, signed) and minimum (high 16
+/// bits); `wd` holds `d` and `dmin` of every (row, block).
 /// `sub` is the sub-block length: 32 (Q4_K, Q5_K) or 16 (Q6_K, whose minimums are 0). Q8_K
 /// activations from [`crate::quantize_q8k`]. Per block the exact integers
 /// `sumi = Σ_s scale_s · Σ code·q` and `summ = Σ_s min_s · Σ q`, then
@@ -30,6 +32,7 @@ pub fn matvec_kq<const TILE: u32>(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
+    #[comptime] bits: u32,
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
@@ -43,7 +46,11 @@ pub fn matvec_kq<const TILE: u32>(
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
     let t0 = wid_y() * TILE;
-    let words = cols / 4u32;
+    // Codes per word, and the offset that makes an int8 code signed (none for nibbles).
+    let per_word = 32u32 / bits;
+    let mask = (1u32 << bits) - 1u32;
+    let offset = select(0u32, 128u32, bits == 8u32);
+    let words = cols / per_word;
     let blocks = cols / 256u32;
     let subs = 256u32 / sub;
     let stride = words + blocks * subs;
@@ -61,13 +68,13 @@ pub fn matvec_kq<const TILE: u32>(
             let e0 = blk * 256u32 + s * sub;
             let mut sd = [0i32; TILE];
             let mut sq = [0i32; TILE];
-            for i in 0..sub / 4u32 {
-                let word = w[r * stride + e0 / 4u32 + i];
-                for b in 0..4u32 {
-                    let wv = (((word >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
+            for i in 0..sub / per_word {
+                let word = w[r * stride + e0 / per_word + i];
+                for b in 0..per_word {
+                    let wv = (((word >> (bits * b)) & mask) ^ offset) as i32 - offset as i32;
                     for j in 0..TILE {
                         if t0 + j < n {
-                            let qv = q[(t0 + j) * cols + e0 + 4u32 * i + b];
+                            let qv = q[(t0 + j) * cols + e0 + per_word * i + b];
                             sd[j] += wv * qv;
                             sq[j] += qv;
                         }

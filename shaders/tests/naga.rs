@@ -84,12 +84,28 @@ fn validate_with_info(k: &Kernel, caps: Capabilities) -> (naga::Module, naga::va
 }
 
 /// The values every `#[comptime]` constant is launched with (`lanes`: threads per matrix row,
-/// a power of two up to the workgroup).
+/// a power of two up to the workgroup; `bits`: a K-quant code's width in the upload).
 fn specialisations(name: &str) -> Vec<f64> {
     match name {
         "lanes" => [1, 2, 4, 8, 16, 32, 64].map(f64::from).to_vec(),
+        "bits" => [4, 8].map(f64::from).to_vec(),
         other => panic!("no specialisations listed for the constant {other}"),
     }
+}
+
+/// Every combination of the values of the constants `names` (one value each).
+fn combinations(names: &[String]) -> Vec<naga::back::PipelineConstants> {
+    names.iter().fold(vec![Default::default()], |sets, name| {
+        sets.iter()
+            .flat_map(|set| {
+                specialisations(name).into_iter().map(move |value| {
+                    let mut set: naga::back::PipelineConstants = set.clone();
+                    set.insert(name.clone(), value);
+                    set
+                })
+            })
+            .collect()
+    })
 }
 
 #[test]
@@ -113,29 +129,33 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
         };
         for caps in [Capabilities::all(), web] {
             let (module, info) = validate_with_info(&k, caps);
-            for (_, o) in module.overrides.iter() {
-                let name = o.name.clone().unwrap_or_default();
-                for value in specialisations(&name) {
-                    let mut constants = naga::back::PipelineConstants::default();
-                    constants.insert(name.clone(), value);
-                    // Substitutes the value, re-validates, and yields the module a backend
-                    // compiles; then SPIR-V (what Vulkan and lavapipe run) is written from it.
-                    let (m, i) = naga::back::pipeline_constants::process_overrides(
-                        &module,
-                        &info,
-                        Some((naga::ShaderStage::Compute, "main")),
-                        &constants,
-                    )
-                    .unwrap_or_else(|e| panic!("{} with {name} = {value}: {e}", k.name));
-                    naga::back::spv::write_vec(&m, &i, &Default::default(), None)
-                        .unwrap_or_else(|e| panic!("{} with {name} = {value}: {e}", k.name));
-                    specialised += 1;
-                }
+            let names: Vec<String> = module
+                .overrides
+                .iter()
+                .map(|(_, o)| o.name.clone().unwrap_or_default())
+                .collect();
+            if names.is_empty() {
+                continue;
+            }
+            for constants in combinations(&names) {
+                // Substitutes the values, re-validates, and yields the module a backend
+                // compiles; then SPIR-V (what Vulkan and lavapipe run) is written from it.
+                let (m, i) = naga::back::pipeline_constants::process_overrides(
+                    &module,
+                    &info,
+                    Some((naga::ShaderStage::Compute, "main")),
+                    &constants,
+                )
+                .unwrap_or_else(|e| panic!("{} with {constants:?}: {e}", k.name));
+                naga::back::spv::write_vec(&m, &i, &Default::default(), None)
+                    .unwrap_or_else(|e| panic!("{} with {constants:?}: {e}", k.name));
+                specialised += 1;
             }
         }
     }
-    // Eight matrix kernels × seven lane counts × two capability sets.
-    assert_eq!(specialised, 8 * 7 * 2);
+    // Eight matrix kernels × seven lane counts (the K-quant one × two code widths) × two
+    // capability sets.
+    assert_eq!(specialised, (7 + 2) * 7 * 2);
 }
 
 #[test]

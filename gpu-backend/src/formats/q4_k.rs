@@ -21,12 +21,13 @@ pub(super) fn eight_scales_mins(blk: &[u8]) -> Vec<(i16, u16)> {
 
 impl GpuLayout for Q4K {
     fn route(self, _cols: usize) -> Result<Kind, &'static str> {
-        Ok(Kind::Kq { sub: 32 })
+        Ok(Kind::Kq { sub: 32, bits: 4 })
     }
 
     fn repack(src: &[u8], cols: usize) -> (Cow<'_, [u8]>, Option<Vec<f32>>) {
         let block = KBlock {
             sub: 32,
+            bits: 4,
             code: |blk, e| q4_k_code(blk, e) as i8,
             scales_mins: eight_scales_mins,
             d_dmin: k_d_dmin,

@@ -13,12 +13,13 @@ use crate::matrix::Kind;
 
 impl GpuLayout for Q5K {
     fn route(self, _cols: usize) -> Result<Kind, &'static str> {
-        Ok(Kind::Kq { sub: 32 })
+        Ok(Kind::Kq { sub: 32, bits: 8 })
     }
 
     fn repack(src: &[u8], cols: usize) -> (Cow<'_, [u8]>, Option<Vec<f32>>) {
         let block = KBlock {
             sub: 32,
+            bits: 8,
             code: |blk, e| q5_k_code(blk, e) as i8,
             scales_mins: eight_scales_mins,
             d_dmin: k_d_dmin,
