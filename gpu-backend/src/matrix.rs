@@ -56,22 +56,25 @@ pub enum Kind {
     Q8_0,
     /// bf16 weights.
     Bf16,
-    /// K-quant codes (Q4_K's as nibbles, Q5_K's and Q6_K's as int8) with each sub-block's
-    /// integer scale and minimum, and `d`, `dmin` per 256-block (`crate::formats::k_quants`).
+    /// K-quant codes as nibbles and their high bits, with each sub-block's integer scale and
+    /// minimum, and `d`, `dmin` per 256-block (from Q4_K, Q5_K, Q6_K:
+    /// `crate::formats::k_quants`).
     Kq {
         /// Values per sub-block: 32 (Q4_K, Q5_K) or 16 (Q6_K).
         sub: u32,
-        /// Bits per code: 4 (Q4_K) or 8.
-        bits: u32,
+        /// A code's bits above its nibble: 0 (Q4_K), 1 (Q5_K) or 2 (Q6_K).
+        high: u32,
+        /// What a code's bits are less: 32 (Q6_K) or 0.
+        offset: u32,
     },
 }
 
 impl Kind {
     /// Whether matrices of `self` and `other` can become one (their rows read by one kernel
-    /// launch): the same route, and for K-quants the same sub-blocks and code width.
+    /// launch): the same route, and for K-quants the same sub-blocks and codes.
     pub fn joins(self, other: Self) -> bool {
         match (self, other) {
-            (Self::Kq { sub: a, bits: x }, Self::Kq { sub: b, bits: y }) => a == b && x == y,
+            (a @ Self::Kq { .. }, b @ Self::Kq { .. }) => a == b,
             _ => std::mem::discriminant(&self) == std::mem::discriminant(&other),
         }
     }
@@ -324,7 +327,9 @@ impl Kind {
             Kind::F16 | Kind::Bf16 => cols * 2,
             Kind::I2s { .. } | Kind::Tq => cols / 4,
             Kind::Q8_0 => cols,
-            Kind::Kq { sub, bits } => cols * bits as usize / 8 + 4 * cols / sub as usize,
+            Kind::Kq { sub, high, .. } => {
+                cols / 2 + cols * high as usize / 8 + 4 * cols / sub as usize
+            }
         }
     }
 }

@@ -265,13 +265,14 @@ pub fn multiply_into(
                 q: q,
                 d: act_scale,
             }),
-            Kind::Kq { sub, bits } => launch!(matvec_kq {
+            Kind::Kq { sub, high, offset } => launch!(matvec_kq {
                 w: &win.data,
                 wd: win.scales(&w.desc.name)?,
                 q: q,
                 d: act_scale,
                 sub: sub,
-                bits: bits,
+                high: high,
+                offset: offset,
             }),
             Kind::F32 => launch!(matvec_f32 { w: &win.data, x: x }),
             Kind::F16 => launch!(matvec_f16 {

@@ -7,12 +7,15 @@ use hesper_dsl::kernel;
 use crate::reduce::row_sums;
 use crate::tile::store_rows;
 
-/// K-quant weights, repacked at upload into one layout for the three types: each row its codes,
-/// `bits` to a code — Q4_K's 0..16 as nibbles, eight to a word, element `8i + b` of a row in
-/// bits `4b..4b + 4` of its word `i` (`cols / 8` words); Q5_K's and Q6_K's as signed int8, four
-/// to a word (`cols / 4` words; Q6_K's codes less their offset of 32) — then one word per
-/// sub-block holding the sub-block's integer scale (low 16 bits, signed) and minimum (high 16
-/// bits); `wd` holds `d` and `dmin` of every (row, block).
+/// K-quant weights, repacked at upload into one layout for the three types: each row its
+/// codes' low four bits as nibbles, eight to a word (element `8i + b` of a row in bits
+/// `4b..4b + 4` of word `i`: `cols / 8` words), then their `high` bits above those (none for
+/// Q4_K, one for Q5_K, two for Q6_K), `32 / high` to a word, element `e` in bits
+/// `high·(e % (32 / high))..` of word `e / (32 / high)` (`cols·high / 32` words), then one word
+/// per sub-block holding the sub-block's integer scale (low 16 bits, signed) and minimum (high
+/// 16 bits); `wd` holds `d` and `dmin` of every (row, block). A code is its bits less `offset`
+/// (Q6_K's 32). The upload is the file's bits but for the scales (widened to a word each) and
+/// `d`, `dmin` (f32).
 /// `sub` is the sub-block length: 32 (Q4_K, Q5_K) or 16 (Q6_K, whose minimums are 0). Q8_K
 /// activations from [`crate::quantize_q8k`]. Per block the exact integers
 /// `sumi = Σ_s scale_s · Σ code·q` and `summ = Σ_s min_s · Σ q`, then
@@ -32,7 +35,7 @@ pub fn matvec_kq<const TILE: u32>(
     #[uniform] window_rows: u32,
     #[uniform] n: u32,
     #[comptime] lanes: u32,
-    #[comptime] bits: u32,
+    #[comptime] high: u32,
     #[uniform] mode: u32,
     #[uniform] out_scale: f32,
     #[uniform] out_scale_odd: f32,
@@ -40,17 +43,20 @@ pub fn matvec_kq<const TILE: u32>(
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
     #[uniform] sub: u32,
+    #[uniform] offset: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let r = wid() * (64u32 / lanes) + t / lanes;
     let t0 = wid_y() * TILE;
-    // Codes per word, and the offset that makes an int8 code signed (none for nibbles).
-    let per_word = 32u32 / bits;
-    let mask = (1u32 << bits) - 1u32;
-    let offset = select(0u32, 128u32, bits == 8u32);
-    let words = cols / per_word;
+    // Words of nibbles and of high bits a row holds; codes per word of high bits (`max` keeps
+    // the division defined where there are none).
+    let nibble_words = cols / 8u32;
+    let high_words = cols * high / 32u32;
+    let per_high = 32u32 / high.max(1u32);
+    let high_mask = (1u32 << high) - 1u32;
+    let words = nibble_words + high_words;
     let blocks = cols / 256u32;
     let subs = 256u32 / sub;
     let stride = words + blocks * subs;
@@ -68,13 +74,21 @@ pub fn matvec_kq<const TILE: u32>(
             let e0 = blk * 256u32 + s * sub;
             let mut sd = [0i32; TILE];
             let mut sq = [0i32; TILE];
-            for i in 0..sub / per_word {
-                let word = w[r * stride + e0 / per_word + i];
-                for b in 0..per_word {
-                    let wv = (((word >> (bits * b)) & mask) ^ offset) as i32 - offset as i32;
+            for i in 0..sub / 8u32 {
+                let e = e0 + 8u32 * i;
+                let nibbles = w[r * stride + e / 8u32];
+                // The eight codes' high bits, from one word (8 divides `per_high`).
+                let mut highs = 0u32;
+                if high > 0u32 {
+                    highs = w[r * stride + nibble_words + e / per_high] >> (high * (e % per_high));
+                }
+                for b in 0..8u32 {
+                    let code = ((nibbles >> (4u32 * b)) & 15u32)
+                        | (((highs >> (high * b)) & high_mask) << 4u32);
+                    let wv = code as i32 - offset as i32;
                     for j in 0..TILE {
                         if t0 + j < n {
-                            let qv = q[(t0 + j) * cols + e0 + per_word * i + b];
+                            let qv = q[(t0 + j) * cols + e + b];
                             sd[j] += wv * qv;
                             sq[j] += qv;
                         }

@@ -1,9 +1,10 @@
-//! The upload every K-quant layout shares (`Kind::Kq`, `matvec_kq`): each row's codes — Q4_K's
-//! as nibbles (eight to a word, element `8i + b` in bits `4b..4b + 4` of word `i`), Q5_K's and
-//! Q6_K's as signed int8 (four to a word) — then one word per sub-block holding its integer
-//! scale (low 16 bits, signed) and minimum (high 16 bits); `d` and `dmin` of every block as f32.
-//! One kernel reads all three types. Q4_K rows upload at 1.17 times their file size (the
-//! scales widened), Q5_K's at 1.68 and Q6_K's at 1.56 (a byte a code).
+//! The upload every K-quant layout shares (`Kind::Kq`, `matvec_kq`): each row's codes as their
+//! low four bits (nibbles, eight to a word, element `8i + b` in bits `4b..4b + 4` of word `i`)
+//! and then their bits above those (none for Q4_K, one for Q5_K, two for Q6_K, packed from the
+//! lowest bit up), then one word per sub-block holding its integer scale (low 16 bits, signed)
+//! and minimum (high 16 bits); `d` and `dmin` of every block as f32. One kernel reads all three
+//! types. The codes take the file's bits; the scales widened make Q4_K and Q5_K rows 1.17 and
+//! 1.14 times their file size, Q6_K's 1.26.
 
 use std::borrow::Cow;
 
@@ -13,10 +14,11 @@ use hesper_engine::formats::Layout;
 pub(super) struct KBlock {
     /// Values per sub-block.
     pub sub: usize,
-    /// Bits a code takes in the upload: 4 (codes 0..16) or 8.
-    pub bits: usize,
-    /// The signed code of element `e` (what multiplies the sub-block's scale).
-    pub code: fn(&[u8], usize) -> i8,
+    /// A code's bits above its nibble: 0, 1 or 2.
+    pub high: usize,
+    /// The bits of element `e`'s code (what multiplies the sub-block's scale is these less the
+    /// route's `offset`).
+    pub code: fn(&[u8], usize) -> u8,
     /// The integer scale and minimum of every sub-block (`256 / sub` of them).
     pub scales_mins: fn(&[u8]) -> Vec<(i16, u16)>,
     /// `d` and `dmin`.
@@ -32,19 +34,27 @@ pub(super) fn repack<L: Layout>(
     let blocks = cols / L::BLOCK;
     let subs = L::BLOCK / k.sub;
     let rows = src.len() / L::row_bytes(cols);
-    let mut bytes = Vec::with_capacity(rows * (cols * k.bits / 8 + 4 * blocks * subs));
+    let mut bytes = Vec::with_capacity(rows * (cols / 2 + cols * k.high / 8 + 4 * blocks * subs));
     let mut scales = Vec::with_capacity(2 * rows * blocks);
     for row in src.chunks_exact(L::row_bytes(cols)) {
-        for blk in row.chunks_exact(L::BLOCK_BYTES) {
-            let codes = (0..L::BLOCK).map(|e| (k.code)(blk, e) as u8);
-            match k.bits {
-                // Two codes a byte, the earlier in the low nibble.
-                4 => {
-                    let codes: Vec<u8> = codes.collect();
-                    bytes.extend(codes.chunks_exact(2).map(|p| p[0] | (p[1] << 4)));
-                }
-                _ => bytes.extend(codes),
-            }
+        let codes: Vec<u8> = row
+            .chunks_exact(L::BLOCK_BYTES)
+            .flat_map(|blk| (0..L::BLOCK).map(move |e| (k.code)(blk, e)))
+            .collect();
+        // Two nibbles a byte, the earlier low; then the high bits, 8 / high a byte, the
+        // earliest lowest.
+        bytes.extend(
+            codes
+                .chunks_exact(2)
+                .map(|p| (p[0] & 15) | ((p[1] & 15) << 4)),
+        );
+        if let Some(per_byte) = 8usize.checked_div(k.high) {
+            bytes.extend(codes.chunks_exact(per_byte).map(|group| {
+                group
+                    .iter()
+                    .enumerate()
+                    .fold(0u8, |b, (i, &c)| b | ((c >> 4) << (k.high * i)))
+            }));
         }
         for blk in row.chunks_exact(L::BLOCK_BYTES) {
             for (scale, min) in (k.scales_mins)(blk) {
@@ -68,7 +78,7 @@ mod tests {
     /// layout's own decoder bit for bit, for every type and every byte pattern tried.
     #[test]
     fn the_upload_decodes_as_the_file() {
-        fn check<L: GpuLayout>(layout: L, sub: usize, bits: usize) {
+        fn check<L: GpuLayout>(layout: L, sub: usize, high: usize, offset: i32) {
             let cols = 512;
             let bytes: Vec<u8> = (0..2 * L::row_bytes(cols))
                 .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(7) as u8)
@@ -89,7 +99,7 @@ mod tests {
             let (up, scales) = L::repack(&src, cols);
             let scales = scales.expect("block scales");
             let subs = 256 / sub;
-            let code_bytes = cols * bits / 8;
+            let code_bytes = cols / 2 + cols * high / 8;
             let row_len = code_bytes + 4 * (cols / 256) * subs;
             let mut want = vec![0.0f32; cols];
             for (r, row) in src.chunks_exact(L::row_bytes(cols)).enumerate() {
@@ -101,11 +111,18 @@ mod tests {
                     let word = u32::from_le_bytes([up[at], up[at + 1], up[at + 2], up[at + 3]]);
                     let (scale, min) = (f32::from(word as u16 as i16), (word >> 16) as f32);
                     let (d, dmin) = (scales[2 * (r * 2 + b)], scales[2 * (r * 2 + b) + 1]);
-                    let code = match bits {
-                        4 => (up[e / 2] >> (4 * (e % 2))) & 15,
-                        _ => up[e],
+                    let nibble = (up[e / 2] >> (4 * (e % 2))) & 15;
+                    let bits = match high {
+                        0 => nibble,
+                        _ => {
+                            let per = 8 / high;
+                            let h =
+                                (up[cols / 2 + e / per] >> (high * (e % per))) & ((1 << high) - 1);
+                            nibble | (h << 4)
+                        }
                     };
-                    let got = (d * scale) * f32::from(code as i8) - dmin * min;
+                    let code = i32::from(bits) - offset;
+                    let got = (d * scale) * code as f32 - dmin * min;
                     assert_eq!(
                         got.to_bits(),
                         w.to_bits(),
@@ -115,8 +132,8 @@ mod tests {
                 }
             }
         }
-        check(Q4K, 32, 4);
-        check(Q5K, 32, 8);
-        check(Q6K, 16, 8);
+        check(Q4K, 32, 0, 0);
+        check(Q5K, 32, 1, 0);
+        check(Q6K, 16, 2, 32);
     }
 }

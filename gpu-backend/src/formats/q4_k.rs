@@ -21,14 +21,18 @@ pub(super) fn eight_scales_mins(blk: &[u8]) -> Vec<(i16, u16)> {
 
 impl GpuLayout for Q4K {
     fn route(self, _cols: usize) -> Result<Kind, &'static str> {
-        Ok(Kind::Kq { sub: 32, bits: 4 })
+        Ok(Kind::Kq {
+            sub: 32,
+            high: 0,
+            offset: 0,
+        })
     }
 
     fn repack(src: &[u8], cols: usize) -> (Cow<'_, [u8]>, Option<Vec<f32>>) {
         let block = KBlock {
             sub: 32,
-            bits: 4,
-            code: |blk, e| q4_k_code(blk, e) as i8,
+            high: 0,
+            code: q4_k_code,
             scales_mins: eight_scales_mins,
             d_dmin: k_d_dmin,
         };

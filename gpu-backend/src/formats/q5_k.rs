@@ -13,14 +13,18 @@ use crate::matrix::Kind;
 
 impl GpuLayout for Q5K {
     fn route(self, _cols: usize) -> Result<Kind, &'static str> {
-        Ok(Kind::Kq { sub: 32, bits: 8 })
+        Ok(Kind::Kq {
+            sub: 32,
+            high: 1,
+            offset: 0,
+        })
     }
 
     fn repack(src: &[u8], cols: usize) -> (Cow<'_, [u8]>, Option<Vec<f32>>) {
         let block = KBlock {
             sub: 32,
-            bits: 8,
-            code: |blk, e| q5_k_code(blk, e) as i8,
+            high: 1,
+            code: q5_k_code,
             scales_mins: eight_scales_mins,
             d_dmin: k_d_dmin,
         };

@@ -12,14 +12,18 @@ use crate::matrix::Kind;
 
 impl GpuLayout for Q6K {
     fn route(self, _cols: usize) -> Result<Kind, &'static str> {
-        Ok(Kind::Kq { sub: 16, bits: 8 })
+        Ok(Kind::Kq {
+            sub: 16,
+            high: 2,
+            offset: 32,
+        })
     }
 
     fn repack(src: &[u8], cols: usize) -> (Cow<'_, [u8]>, Option<Vec<f32>>) {
         let block = KBlock {
             sub: 16,
-            bits: 8,
-            code: |blk, e| q6_k_code(blk, e) as i8 - 32,
+            high: 2,
+            code: q6_k_code,
             // Sub-block s (elements 16s..16s + 16) uses scale s.
             scales_mins: |blk| {
                 blk[Q6_K_SCALES..Q6_K_SCALES + 16]
