@@ -5,7 +5,7 @@
 //! kernels compute (the two share one scalar accumulation), from 22 % more bytes that its
 //! kernels read at the memory's speed: TQ1_0's are bound by their arithmetic.
 
-use hesper_engine::formats::{TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
+use hesper_engine::formats::{tq1_0_code, TQ1_0_BLOCK_BYTES, TQ2_0_BLOCK_BYTES};
 use rayon::prelude::*;
 
 /// The TQ2_0 blocks of `data`'s TQ1_0 blocks, in the same order (so a matrix's rows stay
@@ -34,32 +34,18 @@ fn rewrite_block(src: &[u8], dst: &mut [u8]) {
     rewrite_block_scalar(src, dst);
 }
 
-/// TQ1_0's groups of code bytes: (first byte, bytes, first element, elements between one
-/// digit of a byte and the next, digits per byte). Byte `j` of a group times 3ⁿ holds element
-/// `first + j + n·stride` in its top trit (see [`hesper_engine::formats::tq1_0_code`]).
-const GROUPS: [(usize, usize, usize, usize, usize); 3] =
-    [(0, 32, 0, 32, 5), (32, 16, 160, 16, 5), (48, 4, 240, 4, 4)];
-
-/// One block: element `e`'s code (weight + 1) in bits `2·((e % 128) / 32)` of byte
-/// `32·(e / 128) + e % 32` (TQ2_0's order), then the scale as it was. `dst` starts zeroed.
+/// One block: element `e`'s code (weight + 1, [`tq1_0_code`]) in bits `2·((e % 128) / 32)` of
+/// byte `32·(e / 128) + e % 32` (TQ2_0's order), then the scale as it was. `dst` starts zeroed.
 fn rewrite_block_scalar(src: &[u8], dst: &mut [u8]) {
-    for (start, len, first, stride, digits) in GROUPS {
-        for (j, &byte) in src[start..start + len].iter().enumerate() {
-            let mut m = byte;
-            for n in 0..digits {
-                let code = ((u16::from(m) * 3) >> 8) as u8;
-                let e = first + j + n * stride;
-                dst[(e / 128) * 32 + e % 32] |= code << (2 * ((e % 128) / 32));
-                m = m.wrapping_mul(3);
-            }
-        }
+    for e in 0..256 {
+        dst[(e / 128) * 32 + e % 32] |= tq1_0_code(src, e) << (2 * ((e % 128) / 32));
     }
     dst[TQ2_0_BLOCK_BYTES - 2..].copy_from_slice(&src[TQ1_0_BLOCK_BYTES - 2..]);
 }
 
 #[cfg(test)]
 mod tests {
-    use hesper_engine::formats::{tq1_0_code, tq2_0_code, Encode, Layout, Tq1_0, Tq2_0};
+    use hesper_engine::formats::{tq2_0_code, Encode, Layout, Tq1_0, Tq2_0};
 
     use super::*;
 
