@@ -76,7 +76,7 @@ fn main() {
     println!("| T | f32 | f16 | sparse landmarks (f32) |");
     println!("|---:|---:|---:|---:|");
     for t in DECODE_LENGTHS {
-        let bytes = |config: &AttentionConfig| KvCache::with_config(30, t, 640, config).bytes();
+        let bytes = |config: &AttentionConfig| KvCache::with_config(&[t; 30], 640, config).bytes();
         let f32 = bytes(&AttentionConfig::default());
         let f16 = bytes(&config(KvType::F16, false));
         let marks = bytes(&config(KvType::F32, true)) - f32;
@@ -97,6 +97,7 @@ fn shape(n_head: usize, n_head_kv: usize, head_dim: usize) -> AttentionShape<'st
 
 fn config(kv_type: KvType, sparse: bool) -> AttentionConfig {
     AttentionConfig {
+        swa_full: false,
         kv_type,
         sparse: sparse.then(SparsePattern::default),
     }
@@ -131,7 +132,7 @@ fn decode_row(backend: &CpuBackend, s: &AttentionShape, t: usize, rounds: usize)
     let mut caches: Vec<KvCache> = configs
         .iter()
         .map(|c| {
-            let mut cache = KvCache::with_config(1, t, kv, c);
+            let mut cache = KvCache::with_config(&[t], kv, c);
             cache.append(0, &k, &v, t, 0);
             cache
         })
@@ -194,7 +195,7 @@ fn prefill_row(
     );
     let mut out = vec![0.0; t * w];
     let mut ours = |c: &AttentionConfig| -> f64 {
-        let mut cache = KvCache::with_config(1, t, kv, c);
+        let mut cache = KvCache::with_config(&[t], kv, c);
         let t0 = Instant::now();
         backend.install(|| attention(backend.isa(), &mut cache, 0, &q, &k, &v, t, 0, s, &mut out));
         t0.elapsed().as_secs_f64() * 1e3

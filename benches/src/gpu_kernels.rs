@@ -179,6 +179,7 @@ fn run() -> Result<(), GpuError> {
                     pos0: (CTX - 1) as u32,
                     scale: 1.0 / (HEAD_DIM as f32).sqrt(),
                     f16: 0,
+                    slots: CTX as u32,
                     window: 0,
                     n_global: 0,
                     log_stride: 0,

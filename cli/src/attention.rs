@@ -58,6 +58,10 @@ pub struct AttentionArgs {
     /// llama.cpp's value cache type (also -ctv); keys and values share one type here.
     #[arg(long = "cache-type-v", value_enum, value_name = "TYPE")]
     pub cache_type_v: Option<KvTypeArg>,
+    /// A sliding-window layer's KV cache holds the whole context, not its window and one step
+    /// (llama.cpp's --swa-full): more memory, and a prompt's cached prefix is always reused.
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     /// Attention: dense (every earlier position) or sparse (opt-in approximation).
     #[arg(long = "attn", value_enum, default_value = "dense")]
     pub attn: AttnMode,
@@ -119,6 +123,7 @@ impl AttentionArgs {
                 bail!("{flag} shapes sparse attention: add --attn sparse");
             }
             return Ok(AttentionConfig {
+                swa_full: self.swa_full,
                 kv_type,
                 sparse: None,
             });
@@ -137,6 +142,7 @@ impl AttentionArgs {
             Some(list) => parse_globals(list)?,
         };
         Ok(AttentionConfig {
+            swa_full: self.swa_full,
             kv_type,
             sparse: Some(SparsePattern {
                 window,

@@ -18,13 +18,6 @@ enum Store {
 }
 
 impl Store {
-    fn len(&self) -> usize {
-        match self {
-            Self::F32(v) => v.len(),
-            Self::F16(v) => v.len(),
-        }
-    }
-
     fn new(kv_type: KvType, len: usize) -> Self {
         match kv_type {
             KvType::F32 => Self::F32(vec![0.0; len]),
@@ -64,32 +57,39 @@ struct Landmarks {
     v: Vec<f32>,
 }
 
-/// The KV cache of every layer, with how attention reads it.
+/// The KV cache of every layer, with how attention reads it. Layer `l` holds `slots[l]`
+/// positions from value `base[l]` on, position `p` in slot `p % slots[l]`.
 pub struct KvCache {
     k: Store,
     v: Store,
-    n_ctx: usize,
+    slots: Vec<usize>,
+    base: Vec<usize>,
     kv_dim: usize,
     sparse: Option<SparsePattern>,
     landmarks: Option<Landmarks>,
 }
 
 impl KvCache {
-    /// A zeroed dense f32 cache (pages are only touched as positions fill).
+    /// A zeroed dense f32 cache of `n_layer` layers of `n_ctx` positions (pages are only
+    /// touched as positions fill).
     pub fn new(n_layer: usize, n_ctx: usize, kv_dim: usize) -> Self {
-        Self::with_config(n_layer, n_ctx, kv_dim, &AttentionConfig::default())
+        Self::with_config(&vec![n_ctx; n_layer], kv_dim, &AttentionConfig::default())
     }
 
-    /// A zeroed cache stored and read as `config` says.
-    pub fn with_config(
-        n_layer: usize,
-        n_ctx: usize,
-        kv_dim: usize,
-        config: &AttentionConfig,
-    ) -> Self {
-        let len = n_layer * n_ctx * kv_dim;
+    /// A zeroed cache of `slots[l]` positions in layer `l`, stored and read as `config` says.
+    pub fn with_config(slots: &[usize], kv_dim: usize, config: &AttentionConfig) -> Self {
+        let n_layer = slots.len();
+        let base: Vec<usize> = slots
+            .iter()
+            .scan(0, |at, &n| {
+                let b = *at;
+                *at += n * kv_dim;
+                Some(b)
+            })
+            .collect();
+        let len = slots.iter().sum::<usize>() * kv_dim;
         let landmarks = config.sparse.as_ref().filter(|p| p.landmarks).map(|p| {
-            let n_block = n_ctx / p.block.max(1);
+            let n_block = slots.iter().max().copied().unwrap_or(0) / p.block.max(1);
             Landmarks {
                 n_block,
                 k: vec![0.0; n_layer * n_block * kv_dim],
@@ -99,7 +99,8 @@ impl KvCache {
         Self {
             k: Store::new(config.kv_type, len),
             v: Store::new(config.kv_type, len),
-            n_ctx,
+            slots: slots.to_vec(),
+            base,
             kv_dim,
             sparse: config.sparse.clone(),
             landmarks,
@@ -117,11 +118,17 @@ impl KvCache {
 
     /// Stores `n` rows of keys and values at `pos0..` in `layer` and folds them into their
     /// blocks' landmarks ([`attention`] does this first; a benchmark fills a cache with it).
+    /// `n` is at most the layer's slots.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32], n: usize, pos0: usize) {
         let kv_dim = self.kv_dim;
-        let at = (layer * self.n_ctx + pos0) * kv_dim;
-        self.k.write(at, &k[..n * kv_dim]);
-        self.v.write(at, &v[..n * kv_dim]);
+        // Up to the last slot, then on from the first.
+        let first = n.min(self.slots[layer] - pos0 % self.slots[layer]);
+        for (rows, pos) in [(0..first, pos0), (first..n, 0)] {
+            let at = self.row(layer, pos);
+            let rows = rows.start * kv_dim..rows.end * kv_dim;
+            self.k.write(at, &k[rows.clone()]);
+            self.v.write(at, &v[rows]);
+        }
         let (Some(marks), Some(p)) = (&mut self.landmarks, &self.sparse) else {
             return;
         };
@@ -155,22 +162,46 @@ impl KvCache {
     /// [`hesper_engine::backend::Backend::shift_cache`] on every layer: rows move down in
     /// ascending order (each lands below every row still to be read), keys rotated by
     /// `rope.shift_angles(discard)` and stored again (rounded again when f16).
+    /// A layer of fewer slots than `used` moves the latest positions it holds, all read
+    /// before any is stored (a row's new slot may be a later row's old one).
     pub fn shift(&mut self, keep: usize, discard: usize, used: usize, rope: &RopeShape) {
         let kv_dim = self.kv_dim;
         let cs = rope.shift_angles(discard);
         let mut row = vec![0.0; kv_dim];
-        let layers = self.k.len() / (self.n_ctx * kv_dim);
-        for layer in 0..layers {
-            let base = layer * self.n_ctx * kv_dim;
-            for p in keep + discard..used {
-                let (from, to) = (base + p * kv_dim, base + (p - discard) * kv_dim);
-                self.k.read(from, &mut row);
-                rope.rotate_row(&mut row, &cs);
-                self.k.write(to, &row);
-                self.v.read(from, &mut row);
-                self.v.write(to, &row);
+        for layer in 0..self.slots.len() {
+            let slots = self.slots[layer];
+            let moved = (keep + discard).max(used.saturating_sub(slots))..used;
+            if used <= slots {
+                for p in moved {
+                    let (from, to) = (self.row(layer, p), self.row(layer, p - discard));
+                    self.k.read(from, &mut row);
+                    rope.rotate_row(&mut row, &cs);
+                    self.k.write(to, &row);
+                    self.v.read(from, &mut row);
+                    self.v.write(to, &row);
+                }
+                continue;
+            }
+            let mut k = vec![0.0; moved.len() * kv_dim];
+            let mut v = vec![0.0; moved.len() * kv_dim];
+            let rows = k.chunks_exact_mut(kv_dim).zip(v.chunks_exact_mut(kv_dim));
+            for (p, (kr, vr)) in moved.clone().zip(rows) {
+                self.k.read(self.row(layer, p), kr);
+                rope.rotate_row(kr, &cs);
+                self.v.read(self.row(layer, p), vr);
+            }
+            let rows = k.chunks_exact(kv_dim).zip(v.chunks_exact(kv_dim));
+            for (p, (kr, vr)) in moved.zip(rows) {
+                let to = self.row(layer, p - discard);
+                self.k.write(to, kr);
+                self.v.write(to, vr);
             }
         }
+    }
+
+    /// The value offset of position `pos`'s row in `layer`.
+    fn row(&self, layer: usize, pos: usize) -> usize {
+        self.base[layer] + pos % self.slots[layer] * self.kv_dim
     }
 
     /// Copies the rows of `keys` (of kv head offset `off`, `out.len() / keys.len()` wide) from
@@ -178,10 +209,9 @@ impl KvCache {
     fn gather(&self, layer: usize, keys: &[Key], off: usize, values: bool, out: &mut [f32]) {
         let hd = out.len() / keys.len().max(1);
         let store = if values { &self.v } else { &self.k };
-        let base = layer * self.n_ctx * self.kv_dim + off;
         for (key, row) in keys.iter().zip(out.chunks_exact_mut(hd)) {
             match *key {
-                Key::Position(p) => store.read(base + p * self.kv_dim, row),
+                Key::Position(p) => store.read(self.row(layer, p) + off, row),
                 Key::Landmark(b) => {
                     let marks = self.landmarks.as_ref().expect("landmarks are kept");
                     let src = if values { &marks.v } else { &marks.k };
@@ -226,14 +256,27 @@ pub fn attention(
     let start = |pos: usize| s.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let in_place = match (&cache.k, &cache.sparse) {
         (Store::F32(kc), None) => {
-            let (Store::F32(vc), base) = (&cache.v, layer * cache.n_ctx * cache.kv_dim) else {
+            let (Store::F32(vc), base) = (&cache.v, cache.base[layer]) else {
                 unreachable!("K and V are stored alike")
             };
             Some((&kc[base..], &vc[base..]))
         }
         _ => None,
     };
-    // Rows of the keys and values of one task: in place for a dense f32 cache, else gathered.
+    let slots = cache.slots[layer];
+    // The keys and values of token `t`'s kv head `kv_head` read in place (rows `stride`
+    // apart), where the cache is dense f32 and its window does not wrap round the slots.
+    let read_in_place = |t: usize, kv_head: usize| {
+        let (kc, vc) = in_place?;
+        let (pos, kv) = (pos0 + t, cache.kv_dim);
+        let first = start(pos) % slots;
+        let len = pos + 1 - start(pos);
+        (first + len <= slots).then(|| {
+            let off = first * kv + kv_head * hd;
+            (&kc[off..], &vc[off..], len, kv)
+        })
+    };
+    // The keys and values of one task gathered as rows `hd` apart (f16, sparse, or wrapped).
     let rows = |t: usize, h: usize| -> (Vec<f32>, Vec<f32>, usize, usize) {
         let off = (h / group) * hd;
         let keys = cache.keys(pos0 + t, start(pos0 + t));
@@ -253,12 +296,8 @@ pub fn attention(
             .for_each(|(idx, o)| {
                 let (t, h) = (idx / (s.n_head / 4), idx % (s.n_head / 4) * 4);
                 let gathered;
-                let (kh, vh, len, stride) = match in_place {
-                    Some((kc, vc)) => {
-                        let (pos, kv) = (pos0 + t, cache.kv_dim);
-                        let off = start(pos) * kv + (h / group) * hd;
-                        (&kc[off..], &vc[off..], pos + 1 - start(pos), kv)
-                    }
+                let (kh, vh, len, stride) = match read_in_place(t, h / group) {
+                    Some(rows) => rows,
                     None => {
                         gathered = rows(t, h);
                         (&gathered.0[..], &gathered.1[..], gathered.2, gathered.3)
@@ -285,12 +324,8 @@ pub fn attention(
             let (t, h) = (idx / s.n_head, idx % s.n_head);
             let qh = &q[t * width + h * hd..][..hd];
             let gathered;
-            let (kh, vh, len, stride) = match in_place {
-                Some((kc, vc)) => {
-                    let (pos, kv) = (pos0 + t, cache.kv_dim);
-                    let off = start(pos) * kv + (h / group) * hd;
-                    (&kc[off..], &vc[off..], pos + 1 - start(pos), kv)
-                }
+            let (kh, vh, len, stride) = match read_in_place(t, h / group) {
+                Some(rows) => rows,
                 None => {
                     gathered = rows(t, h);
                     (&gathered.0[..], &gathered.1[..], gathered.2, gathered.3)
@@ -384,6 +419,56 @@ mod tests {
     }
 
     #[test]
+    fn a_window_in_fewer_slots_attends_as_it_does_in_a_full_cache() {
+        // A window of 3 in 4 slots (steps of up to 2 tokens): from position 4 on the keys wrap
+        // round the slots; every query still reads its three latest keys, whether they lie in
+        // place or wrap (f32), or are gathered (f16): the same bits as a full cache. A shift
+        // moves what the slots hold as it moves a full cache's rows.
+        let shape = AttentionShape {
+            window: Some(3),
+            ..two_heads(None)
+        };
+        let rope = RopeShape {
+            n_head: 1,
+            head_dim: 2,
+            rope_dim: 2,
+            base: 10000.0,
+            scale: 1.0,
+            freq_factors: None,
+            attn_factor: 1.0,
+            yarn: None,
+        };
+        let x = |i: usize| ((i * 7919) % 23) as f32 / 5.0 - 2.0;
+        for kv_type in [KvType::F32, KvType::F16] {
+            let config = AttentionConfig {
+                kv_type,
+                ..AttentionConfig::default()
+            };
+            let mut full = KvCache::with_config(&[32], 2, &config);
+            let mut ring = KvCache::with_config(&[4], 2, &config);
+            let mut pos = 0;
+            for (step, n) in [1, 2, 1, 2, 2, 1, 1, 2, 1].into_iter().enumerate() {
+                if step == 6 {
+                    full.shift(1, 3, pos, &rope);
+                    ring.shift(1, 3, pos, &rope);
+                    pos -= 3;
+                }
+                let v: Vec<f32> = (0..4 * n).map(|i| x(i + 4 * (pos + step))).collect();
+                let (q, kv) = (&v[..], &v[..2 * n]);
+                let [mut a, mut b] = [vec![0.0; 4 * n], vec![0.0; 4 * n]];
+                attention(Isa::Scalar, &mut full, 0, q, kv, kv, n, pos, &shape, &mut a);
+                attention(Isa::Scalar, &mut ring, 0, q, kv, kv, n, pos, &shape, &mut b);
+                assert_eq!(a, b, "{kv_type} at {pos}");
+                pos += n;
+            }
+        }
+        assert_eq!(
+            KvCache::with_config(&[4], 2, &AttentionConfig::default()).bytes(),
+            64
+        );
+    }
+
+    #[test]
     fn a_sink_takes_its_share_of_the_softmax_and_weighs_no_value() {
         // One position: its score q·k/√2 = 0 and head 0's sink 0 split the weight in half;
         // head 1's sink of ln 3 takes three quarters. Neither scales the sink.
@@ -401,13 +486,14 @@ mod tests {
     #[test]
     fn landmarks_are_block_means_and_survive_truncation() {
         let config = AttentionConfig {
+            swa_full: false,
             kv_type: KvType::F32,
             sparse: Some(SparsePattern {
                 block: 2,
                 ..SparsePattern::default()
             }),
         };
-        let mut c = KvCache::with_config(1, 4, 1, &config);
+        let mut c = KvCache::with_config(&[4], 1, &config);
         c.append(0, &[1.0, 3.0, 8.0], &[2.0, 4.0, 0.0], 3, 0);
         let marks = c.landmarks.as_ref().unwrap();
         assert_eq!((marks.k[0], marks.v[0], marks.k[1]), (2.0, 3.0, 8.0));
@@ -419,10 +505,11 @@ mod tests {
     #[test]
     fn an_f16_cache_rounds_to_nearest_even_and_takes_half_the_bytes() {
         let f16 = AttentionConfig {
+            swa_full: false,
             kv_type: KvType::F16,
             sparse: None,
         };
-        let mut c = KvCache::with_config(2, 8, 4, &f16);
+        let mut c = KvCache::with_config(&[8, 8], 4, &f16);
         assert_eq!(c.bytes() * 2, KvCache::new(2, 8, 4).bytes());
         // 1 + 2^-11 lies halfway between two halves: even rounds it down to 1.
         let x = [1.0 + 2f32.powi(-11), 0.1, -3.0, 65504.0];

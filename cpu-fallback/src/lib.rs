@@ -242,13 +242,13 @@ impl Backend for CpuBackend {
 
     fn new_cache(
         &self,
-        n_layer: usize,
-        n_ctx: usize,
+        slots: &[usize],
         kv_dim: usize,
         config: &AttentionConfig,
     ) -> Result<KvCache, BackendError> {
-        let bytes = (n_layer as u64)
-            .checked_mul(n_ctx as u64)
+        let bytes = slots
+            .iter()
+            .try_fold(0u64, |sum, &n| sum.checked_add(n as u64))
             .and_then(|b| b.checked_mul(kv_dim as u64))
             .and_then(|b| b.checked_mul(2 * config.kv_type.bytes() as u64));
         if bytes.is_none_or(|b| b > isize::MAX as u64 / 2) {
@@ -258,7 +258,7 @@ impl Backend for CpuBackend {
                 why: "larger than the address space".into(),
             });
         }
-        Ok(KvCache::with_config(n_layer, n_ctx, kv_dim, config))
+        Ok(KvCache::with_config(slots, kv_dim, config))
     }
 
     fn write(&self, dst: &mut Vec<f32>, data: &[f32]) -> Result<(), BackendError> {

@@ -167,6 +167,10 @@ pub struct AttentionConfig {
     pub kv_type: KvType,
     /// The sparse pattern, or `None` for dense attention (every earlier position).
     pub sparse: Option<SparsePattern>,
+    /// Whether a sliding-window layer's cache holds the whole context (llama.cpp's
+    /// `--swa-full`) instead of its window and one step: more memory, and a session can be
+    /// truncated to any position it holds (a prompt's cached prefix is always reused).
+    pub swa_full: bool,
 }
 
 impl AttentionConfig {
@@ -190,7 +194,12 @@ impl AttentionConfig {
                 format!("sparse ({})", parts.join(", "))
             }
         };
-        format!("{mode}, {} KV", self.kv_type)
+        let swa = if self.swa_full {
+            ", full-size sliding-window caches"
+        } else {
+            ""
+        };
+        format!("{mode}, {} KV{swa}", self.kv_type)
     }
 }
 
@@ -263,6 +272,7 @@ mod tests {
         let dense = AttentionConfig::default();
         assert_eq!(dense.describe(), "dense, f32 KV");
         let sparse = AttentionConfig {
+            swa_full: false,
             kv_type: KvType::F16,
             sparse: Some(SparsePattern::default()),
         };

@@ -287,12 +287,14 @@ pub trait Backend {
     }
     /// A zeroed buffer of `len` floats.
     fn alloc(&self, len: usize) -> Result<Self::Buffer, BackendError>;
-    /// A KV cache for `n_layer` layers of `n_ctx` positions of `kv_dim` keys and values,
-    /// stored and read by [`Backend::attention`] as `config` says.
+    /// A KV cache of one layer for each of `slots`, layer `i` holding `slots[i]` positions of
+    /// `kv_dim` keys and values, stored and read by [`Backend::attention`] as `config` says.
+    /// Position `p` sits in slot `p % slots[i]`: a layer of fewer slots than the context (a
+    /// sliding window's) keeps its latest positions, and its attention never reaches further
+    /// back than them.
     fn new_cache(
         &self,
-        n_layer: usize,
-        n_ctx: usize,
+        slots: &[usize],
         kv_dim: usize,
         config: &AttentionConfig,
     ) -> Result<Self::Cache, BackendError>;
@@ -502,7 +504,8 @@ pub trait Backend {
     /// Drops positions `keep..keep + discard` from every layer of the cache (llama.cpp's
     /// context shift): positions `keep + discard..used` move down by `discard`, each key
     /// rotated by [`RopeShape::shift_angles`] (back by `discard` positions, as if computed
-    /// there), values unchanged. Only dense caches are shifted.
+    /// there), values unchanged; a layer of fewer slots moves those of its latest positions it
+    /// holds. Only dense caches are shifted.
     fn shift_cache(
         &self,
         cache: &mut Self::Cache,

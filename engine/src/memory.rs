@@ -36,6 +36,9 @@ pub struct SessionSize {
 pub struct SessionShape {
     /// Layers this model instance holds.
     pub n_layer: usize,
+    /// Of them, the layers whose caches hold a sliding window's slots, not the context, and
+    /// those slots.
+    pub windowed: Option<(usize, usize)>,
     /// Keys (and values) per position and layer.
     pub kv_dim: usize,
     /// Bytes a cached key or value takes.
@@ -93,8 +96,11 @@ impl SessionShape {
         let batch = batch.clamp(1, n_ctx);
         let row_bytes: u64 = self.row_widths.iter().map(|&w| w as u64 * 4).sum();
         let widest_row = self.row_widths.iter().max().copied().unwrap_or(0) as u64 * 4;
-        // K and V of every layer held.
-        let kv_per_pos = self.n_layer as u64 * self.kv_dim as u64 * 2 * self.kv_bytes as u64;
+        // K and V of every layer that holds the context, and of the windowed ones' slots.
+        let (n_windowed, slots) = self.windowed.unwrap_or((0, 0));
+        let layer_per_pos = self.kv_dim as u64 * 2 * self.kv_bytes as u64;
+        let kv_per_pos = (self.n_layer - n_windowed) as u64 * layer_per_pos;
+        let windowed = n_windowed as u64 * slots as u64 * layer_per_pos;
         let kv_layer_per_pos = self.kv_dim as u64 * self.kv_bytes as u64;
         let scratch = (batch as u64).checked_mul(row_bytes);
         let scratch_max = (batch as u64).checked_mul(widest_row);
@@ -119,7 +125,9 @@ impl SessionShape {
             }
         }
         let scratch = scratch.unwrap_or(u64::MAX);
-        let kv = (n_ctx as u64).checked_mul(kv_per_pos);
+        let kv = (n_ctx as u64)
+            .checked_mul(kv_per_pos)
+            .and_then(|b| b.checked_add(windowed));
         let kv_layer = (n_ctx as u64).checked_mul(kv_layer_per_pos);
         if let Some(avail) = limits.available {
             let left = avail.saturating_sub(scratch);
@@ -129,7 +137,7 @@ impl SessionShape {
                     what: "the KV cache",
                     needed: kv,
                     limit: format!("the {} of memory available", show(avail)),
-                    max: fit(left, kv_per_pos),
+                    max: fit(left.saturating_sub(windowed), kv_per_pos),
                 });
             }
         }
@@ -189,6 +197,7 @@ mod tests {
     fn shape() -> SessionShape {
         SessionShape {
             n_layer: 2,
+            windowed: None,
             kv_dim: 64,
             kv_bytes: 4,
             row_widths: [128, 128, 128, 64, 64, 128, 256, 256, 256, 1000],
@@ -201,6 +210,16 @@ mod tests {
         assert_eq!((s.n_ctx, s.batch), (16, 16));
         assert_eq!(s.kv_bytes, 16 * 2 * 64 * 8);
         assert_eq!(s.kv_layer_bytes, 16 * 64 * 4);
+    }
+
+    #[test]
+    fn a_windowed_layer_holds_its_slots_whatever_the_context() {
+        let windowed = SessionShape {
+            windowed: Some((1, 600)),
+            ..shape()
+        };
+        let s = windowed.size(1 << 16, 1, MemoryLimits::default()).unwrap();
+        assert_eq!(s.kv_bytes, ((1 << 16) + 600) * 64 * 8);
     }
 
     #[test]

@@ -43,11 +43,13 @@ mod load;
 #[cfg(unix)]
 mod reload;
 mod tensors;
+mod windowed_cache;
 pub use batch::{BatchScratch, SeqRows, SeqStep, StepInput, StepOutput};
 use layer::{Ffn, Layer};
 use load::{Fetch, InFile, Loader, Part, Plan, RopeFactors, Streamed};
 #[cfg(unix)]
 pub use reload::{Reload, ReloadError, Swap};
+use windowed_cache::WindowedCache;
 
 /// Errors raised while loading or running a model.
 #[derive(Debug, Error)]
@@ -192,6 +194,13 @@ pub enum ModelError {
     /// A context shift this session cannot do.
     #[error("context shift: {0}")]
     ContextShift(String),
+    /// A step at a position whose window the sliding-window layers' caches no longer hold
+    /// (its sender truncated further back than this session can).
+    #[error("position {pos0}: this session's sliding-window caches no longer hold the positions its window attends (evaluate again from 0, or hold full-size caches: --swa-full)")]
+    WindowLost {
+        /// The first position of the step.
+        pos0: usize,
+    },
     /// Sparse attention asked of a model whose layers attend a sliding window.
     #[error("sparse attention is not computed for a model with sliding-window layers (its windows are the model's own): run it dense")]
     SparseWithWindow,
@@ -320,6 +329,8 @@ pub struct Session<B: Backend> {
     /// Whether its layers rotate keys with more than one RoPE base (the cache's shift
     /// rotates every layer alike).
     mixed_rope: bool,
+    /// The sliding-window layers' caches, where they hold less than the context.
+    windows: Option<WindowedCache>,
     s: Scratch<B>,
 }
 
@@ -352,9 +363,31 @@ impl<B: Backend> Session<B> {
         self.n_ctx
     }
 
-    /// Forgets everything after position `pos` (e.g. to start a new prompt).
+    /// Forgets every position from `pos` on (e.g. to start a new prompt). Where the
+    /// sliding-window layers' caches no longer hold what the query at `pos` attends, it forgets
+    /// everything: [`Session::pos`] tells what was kept.
     pub fn truncate(&mut self, pos: usize) {
-        self.pos = self.pos.min(pos);
+        let pos = self.pos.min(pos);
+        self.pos = match &mut self.windows {
+            Some(w) => w.truncate(pos),
+            None => pos,
+        };
+    }
+
+    /// Records `n` more positions evaluated.
+    fn advance(&mut self, n: usize) {
+        self.pos += n;
+        if let Some(w) = &mut self.windows {
+            w.wrote(self.pos);
+        }
+    }
+
+    /// The most tokens one step may evaluate: a sliding-window layer's cache holds its window
+    /// and one step.
+    fn max_step(&self) -> usize {
+        self.windows
+            .as_ref()
+            .map_or(usize::MAX, WindowedCache::step)
     }
 
     /// Lets evaluation go on past a full context (llama.cpp's context shift): when tokens do
@@ -575,8 +608,16 @@ impl<B: Backend> Model<B> {
             return Err(ModelError::SparseWithWindow);
         }
         let kv = self.config.kv_dim();
+        let windows = WindowedCache::new(&self.config, n_ctx, batch, attention.swa_full);
+        let slots: Vec<usize> = self
+            .layer_range
+            .clone()
+            .map(|il| WindowedCache::slots_of(windows.as_ref(), &self.config, il, n_ctx))
+            .collect();
+        let n_windowed = slots.iter().filter(|&&n| n < n_ctx).count();
         let shape = SessionShape {
             n_layer: self.layers.len(),
+            windowed: windows.map(|w| (n_windowed, w.slots())),
             kv_dim: kv,
             kv_bytes: attention.kv_type.bytes(),
             row_widths: self.row_widths(),
@@ -585,7 +626,7 @@ impl<B: Backend> Model<B> {
         let batch = size.batch;
         let s = self.scratch(batch, batch)?;
         let b = &self.backend;
-        let cache = b.new_cache(self.layers.len(), n_ctx, kv, attention)?;
+        let cache = b.new_cache(&slots, kv, attention)?;
         Ok(Session {
             cache,
             pos: 0,
@@ -598,6 +639,7 @@ impl<B: Backend> Model<B> {
                 let c = &self.config;
                 c.rope_base_of(il) != c.rope_base || c.rope_scale_of(il) != c.rope_scale
             }),
+            windows,
             s,
         })
     }
@@ -673,7 +715,7 @@ impl<B: Backend> Model<B> {
                 Logits::Last if i + 1 == n_chunks => out.extend(self.head(s, 1, n - 1).await?),
                 Logits::Last => {}
             }
-            s.pos += n;
+            s.advance(n);
         }
         Ok(out)
     }
@@ -748,7 +790,7 @@ impl<B: Backend> Model<B> {
             if i + 1 == n_chunks {
                 self.record_head(s, 1, n - 1)?;
             }
-            s.pos += n;
+            s.advance(n);
         }
         self.read_prediction(s, readout).await
     }
@@ -771,6 +813,9 @@ impl<B: Backend> Model<B> {
             return Err(ModelError::PositionGap { pos0, pos: s.pos });
         }
         s.truncate(pos0);
+        if s.pos != pos0 {
+            return Err(ModelError::WindowLost { pos0 });
+        }
         Ok(())
     }
 
@@ -811,7 +856,7 @@ impl<B: Backend> Model<B> {
             if i + 1 == n_chunks {
                 self.record_head(s, 1, n - 1)?;
             }
-            s.pos += n;
+            s.advance(n);
         }
         Ok(())
     }
@@ -903,7 +948,7 @@ impl<B: Backend> Model<B> {
             let sc = &mut s.s;
             self.backend.rms_norm(&sc.x, norm, n, c.eps, &mut sc.h);
             self.backend.read(&sc.h, rows_out).await?;
-            s.pos += n;
+            s.advance(n);
         }
         Ok(out)
     }
@@ -925,7 +970,7 @@ impl<B: Backend> Model<B> {
             fill(&self.backend, start..start + n, &mut s.s.x)?;
             self.run_layers(s, n);
             self.backend.read(&s.s.x, rows_out).await?;
-            s.pos += n;
+            s.advance(n);
         }
         Ok(out)
     }
@@ -993,7 +1038,18 @@ impl<B: Backend> Model<B> {
         if n > s.n_ctx - keep {
             return Err(full);
         }
-        let discard = ((s.pos - keep) / 2).max(s.pos + n - s.n_ctx);
+        let needed = s.pos + n - s.n_ctx;
+        let mut discard = ((s.pos - keep) / 2).max(needed);
+        // A sliding-window layer's cache may have lost the kept positions: the next window must
+        // not reach back to them.
+        if let Some(most) = s.windows.and_then(|w| w.max_discard(keep, s.pos)) {
+            if most < needed {
+                return Err(ModelError::ContextShift(format!(
+                    "the sliding-window caches hold too few positions to keep {keep} and make room for {n} (hold full-size caches: --swa-full)"
+                )));
+            }
+            discard = discard.min(most);
+        }
         let rope_k = RopeShape {
             n_head: self.config.n_head_kv,
             ..self.rope_shape(s.n_ctx)
@@ -1002,6 +1058,9 @@ impl<B: Backend> Model<B> {
             .shift_cache(&mut s.cache, keep, discard, s.pos, &rope_k);
         s.pos -= discard;
         s.discarded += discard;
+        if let Some(w) = &mut s.windows {
+            w.shifted(keep, discard);
+        }
         Ok(())
     }
 

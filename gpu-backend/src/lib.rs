@@ -56,6 +56,8 @@ pub const MAX_GLOBALS: usize = 96;
 pub struct GpuKvCache {
     k: Vec<GpuBuffer<u32>>,
     v: Vec<GpuBuffer<u32>>,
+    /// Positions each layer holds: position `p` in slot `p % slots`.
+    slots: Vec<usize>,
     kv_dim: usize,
     kv_type: KvType,
     sparse: Option<Sparse>,
@@ -707,26 +709,29 @@ impl Backend for GpuBackend {
 
     fn new_cache(
         &self,
-        n_layer: usize,
-        n_ctx: usize,
+        slots: &[usize],
         kv_dim: usize,
         config: &AttentionConfig,
     ) -> Result<GpuKvCache, BackendError> {
         let st = self.state.borrow();
         let kv_type = config.kv_type;
-        let words = match kv_type {
-            KvType::F32 => n_ctx.saturating_mul(kv_dim),
-            KvType::F16 => n_ctx.saturating_mul(kv_dim) / 2,
+        let n_layer = slots.len();
+        let n_ctx = slots.iter().max().copied().unwrap_or(0);
+        let words = |slots: usize| match kv_type {
+            KvType::F32 => slots.saturating_mul(kv_dim),
+            KvType::F16 => slots.saturating_mul(kv_dim) / 2,
         };
         let error = |what: &str, bytes: u64, e: GpuError| BackendError::Allocation {
-            what: format!("{what} ({n_layer} layers × {n_ctx} positions)"),
+            what: format!("{what} ({n_layer} layers × up to {n_ctx} positions)"),
             bytes,
             why: e.to_string(),
         };
-        let cache_bytes = (words as u64).saturating_mul(8 * n_layer as u64);
-        let alloc = |what: &str| {
+        let cache_bytes = slots
+            .iter()
+            .fold(0u64, |sum, &n| sum.saturating_add(8 * words(n) as u64));
+        let alloc = |what: &str, slots: usize| {
             st.gpu
-                .zeroed::<u32>(what, words)
+                .zeroed::<u32>(what, words(slots))
                 .map_err(|e| error("KV cache", cache_bytes, e))
         };
         if kv_type == KvType::F16 && kv_dim % 2 == 1 {
@@ -774,14 +779,15 @@ impl Backend for GpuBackend {
         let mut cache = GpuKvCache {
             k: Vec::with_capacity(n_layer),
             v: Vec::with_capacity(n_layer),
+            slots: slots.to_vec(),
             kv_dim,
             kv_type,
             sparse,
             sinks: Vec::with_capacity(n_layer),
         };
-        for _ in 0..n_layer {
-            cache.k.push(alloc("K cache")?);
-            cache.v.push(alloc("V cache")?);
+        for &n in slots {
+            cache.k.push(alloc("K cache", n)?);
+            cache.v.push(alloc("V cache", n)?);
             cache.sinks.push(None);
         }
         Ok(cache)
@@ -1162,6 +1168,7 @@ impl Backend for GpuBackend {
                     v_cache: &mut cache.v[layer],
                     len: len as u32,
                     at: (pos0 * kv) as u32,
+                    ring: (cache.slots[layer] * kv) as u32,
                     f16,
                 },
                 k::kv_write::grid_for(len as u32),
@@ -1228,6 +1235,7 @@ impl Backend for GpuBackend {
                     rope_dim: rope_q.rope_dim as u32,
                     pos0: pos0 as u32,
                     at: (pos0 * kv) as u32,
+                    ring: (cache.slots[layer] * kv) as u32,
                     f16: u32::from(cache.kv_type == KvType::F16),
                 },
                 k::rope_neox_kv_write::grid_for(threads as u32),
@@ -1253,16 +1261,29 @@ impl Backend for GpuBackend {
                     "a sparse cache, or an f16 cache with rotary dims not a multiple of 4".into(),
                 ));
             }
-            let rows = used.saturating_sub(keep + discard);
-            if rows == 0 {
+            let words = if f16 { cache.kv_dim / 2 } else { cache.kv_dim };
+            // Each layer's moved positions: from `keep + discard`, or from the first a layer of
+            // fewer slots still holds; all read into `k_out`, `v_out` before any is stored.
+            let moved = |slots: usize| (keep + discard).max(used.saturating_sub(slots))..used;
+            let most = cache
+                .slots
+                .iter()
+                .map(|&n| moved(n).len())
+                .max()
+                .unwrap_or(0);
+            if most == 0 {
                 return Ok(());
             }
-            let words = if f16 { cache.kv_dim / 2 } else { cache.kv_dim };
-            let len = rows * words;
             let cs = st.gpu.upload("shift angles", &rope.shift_angles(discard))?;
-            let mut k_out = st.gpu.zeroed::<u32>("shifted keys", len)?;
-            let mut v_out = st.gpu.zeroed::<u32>("shifted values", len)?;
-            for (k, v) in cache.k.iter_mut().zip(cache.v.iter_mut()) {
+            let mut k_out = st.gpu.zeroed::<u32>("shifted keys", most * words)?;
+            let mut v_out = st.gpu.zeroed::<u32>("shifted values", most * words)?;
+            let layers = cache.k.iter_mut().zip(cache.v.iter_mut());
+            for ((k, v), &slots) in layers.zip(&cache.slots) {
+                let rows = moved(slots);
+                if rows.is_empty() {
+                    continue;
+                }
+                let len = rows.len() * words;
                 st.batch.run(
                     &mut st.gpu,
                     &k::kv_shift::Args {
@@ -1272,16 +1293,24 @@ impl Backend for GpuBackend {
                         k_out: &mut k_out,
                         v_out: &mut v_out,
                         words: words as u32,
-                        rows: rows as u32,
-                        src: (keep + discard) as u32,
+                        rows: rows.len() as u32,
+                        src: rows.start as u32,
+                        slots: slots as u32,
                         head_dim: rope.head_dim as u32,
                         rope_dim: rope.rope_dim as u32,
                         f16: u32::from(f16),
                     },
                     k::kv_shift::grid_for(len as u32),
                 )?;
-                st.batch.copy(&k_out, 0, k, keep * words, len)?;
-                st.batch.copy(&v_out, 0, v, keep * words, len)?;
+                // Back to their new slots: up to the last, then on from the first.
+                let to = (rows.start - discard) % slots;
+                let first = rows.len().min(slots - to) * words;
+                for (from, at, n) in [(0, to * words, first), (first, 0, len - first)] {
+                    if n > 0 {
+                        st.batch.copy(&k_out, from, k, at, n)?;
+                        st.batch.copy(&v_out, from, v, at, n)?;
+                    }
+                }
             }
             Ok(())
         });
@@ -1479,6 +1508,7 @@ fn attend(
                 pos0: pos0 as u32,
                 scale,
                 f16,
+                slots: cache.slots[layer] as u32,
                 window: shape.window.map_or(0, |w| w as u32),
                 n_global: 0,
                 log_stride: 0,
@@ -1526,6 +1556,7 @@ fn attend(
             pos0: pos0 as u32,
             scale,
             f16,
+            slots: cache.slots[layer] as u32,
             window: p.window.max(1) as u32,
             n_global: p.globals.len() as u32,
             log_stride: u32::from(p.log_stride),

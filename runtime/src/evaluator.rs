@@ -18,7 +18,8 @@ pub trait Evaluator {
     /// Context size.
     fn n_ctx(&self) -> usize;
 
-    /// Forgets every position from `pos` on.
+    /// Forgets every position from `pos` on, or every position where a sliding-window cache
+    /// no longer holds what `pos` attends ([`Evaluator::pos`] tells what was kept).
     fn truncate(&mut self, pos: usize);
 
     /// Whether one more token can be evaluated: a free position, or a context that shifts.

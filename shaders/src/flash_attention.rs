@@ -14,7 +14,9 @@ use crate::reduce::tree_max;
 /// (GQA without repeating K/V). In a tile thread `t` scores key `t`, and owns output dimensions
 /// `t` and `t + 128`, so `head_dim ≤ 256`.
 ///
-/// Cache words hold f32 bits, or two f16 when `f16` is set (see `kv_write`). `window == 0`
+/// Cache words hold f32 bits, or two f16 when `f16` is set (see `kv_write`); position `p` sits
+/// in slot `p % slots` (a sliding window's cache holds fewer slots than the context, and the
+/// window never reaches past them). `window == 0`
 /// means dense; otherwise the first `n_global` entries of `globals` (distinct, at most 96) and,
 /// with `log_stride` set, positions `i − 2^k` are attended outside the window, and with
 /// `landmarks` set the means `lk`/`lv` (`[block][kv_dim]`) of whole blocks of `block`
@@ -38,6 +40,7 @@ pub fn attention(
     #[uniform] pos0: u32,
     #[uniform] scale: f32,
     #[uniform] f16: u32,
+    #[uniform] slots: u32,
     #[uniform] window: u32,
     #[uniform] n_global: u32,
     #[uniform] log_stride: u32,
@@ -135,6 +138,8 @@ pub fn attention(
         }
         if !valid {
             row = 0u32;
+        } else if !mark {
+            row = row % slots;
         }
         let mut s: f32 = -3.4028235e38;
         if valid {

@@ -8,9 +8,10 @@ use hesper_dsl::kernel;
 use crate::half::f16_bits;
 
 /// Writes the keys and values of `n` new tokens (`[n][kv_dim]` each, `len` values) into one
-/// layer's caches at value offset `at`, both in one dispatch. f32 (`f16 == 0`): thread `i`
-/// stores value `i`. f16: thread `i` packs values `2i, 2i+1` into word `at/2 + i` (`len` and
-/// `at` are even).
+/// layer's caches at value offset `at`, both in one dispatch, wrapping round the `ring`
+/// values the layer holds (a sliding window's cache; a whole context's never wraps). f32
+/// (`f16 == 0`): thread `i` stores value `i`. f16: thread `i` packs values `2i, 2i+1` into
+/// word `at/2 + i` (`len`, `at` and `ring` are even).
 #[kernel(workgroup = 256, uses(f16_bits))]
 pub fn kv_write(
     k: &[f32],
@@ -19,18 +20,21 @@ pub fn kv_write(
     v_cache: &mut [u32],
     #[uniform] len: u32,
     #[uniform] at: u32,
+    #[uniform] ring: u32,
     #[uniform] f16: u32,
 ) {
     let i = gid();
     if f16 == 0u32 {
         if i < len {
-            k_cache[at + i] = f32_to_bits(k[i]);
-            v_cache[at + i] = f32_to_bits(v[i]);
+            let w = (at + i) % ring;
+            k_cache[w] = f32_to_bits(k[i]);
+            v_cache[w] = f32_to_bits(v[i]);
         }
     } else if 2u32 * i < len {
         let a = 2u32 * i;
-        k_cache[at / 2u32 + i] = f16_bits(k[a]) | (f16_bits(k[a + 1u32]) << 16u32);
-        v_cache[at / 2u32 + i] = f16_bits(v[a]) | (f16_bits(v[a + 1u32]) << 16u32);
+        let w = (at / 2u32 + i) % (ring / 2u32);
+        k_cache[w] = f16_bits(k[a]) | (f16_bits(k[a + 1u32]) << 16u32);
+        v_cache[w] = f16_bits(v[a]) | (f16_bits(v[a + 1u32]) << 16u32);
     }
 }
 
@@ -75,8 +79,9 @@ pub fn landmark_update(
     }
 }
 
-/// Moves `rows` cached positions of one layer, from row `src` on, to the front of `k_out` and
-/// `v_out` (the backend copies them back to their new row: a context shift), rotating each key
+/// Moves `rows` cached positions of one layer, from position `src` on (in slot `p % slots`), to
+/// the front of `k_out` and `v_out` (the backend copies them back to their new slots: a
+/// context shift), rotating each key
 /// by the table `cs` (`[rope_dim/2][2]`: cos and sin of the shift, applied with the forward
 /// NeoX formula, pair `i` with `i + rope_dim/2` of each head); values are copied unchanged.
 /// Thread `i`: word `i` (`words` per row; f16 words hold two values, which needs
@@ -91,6 +96,7 @@ pub fn kv_shift(
     #[uniform] words: u32,
     #[uniform] rows: u32,
     #[uniform] src: u32,
+    #[uniform] slots: u32,
     #[uniform] head_dim: u32,
     #[uniform] rope_dim: u32,
     #[uniform] f16: u32,
@@ -98,7 +104,7 @@ pub fn kv_shift(
     let i = gid();
     if i < rows * words {
         let w = i % words;
-        let row0 = (src + i / words) * words;
+        let row0 = ((src + i / words) % slots) * words;
         v_out[i] = v_cache[row0 + w];
         let per = select(1u32, 2u32, f16 != 0u32);
         let d = (w * per) % head_dim;
@@ -137,8 +143,8 @@ pub fn kv_shift(
 
 /// NeoX RoPE of the queries in place and of the new keys into the cache, with the values, in
 /// one dispatch: [`rope_neox`](crate::rope_neox) of `q` (`n_head` heads) and of `k`
-/// (`n_head_kv` heads), then [`kv_write`] of the rotated keys and of `v` at value offset `at`,
-/// with the same operations in the same order (the same bits), except that `k` itself is left
+/// (`n_head_kv` heads), then [`kv_write`] of the rotated keys and of `v` at value offset `at`
+/// (wrapping round `ring` values), with the same operations in the same order (the same bits), except that `k` itself is left
 /// as it was. Threads `0..n_tokens·n_head·rope_dim/2` rotate a query pair each; each of the next
 /// `n_tokens·kv_dim/2` writes two adjacent key and value elements (one f16 word or two f32
 /// words each), a rotated key element computed from its own pair. `rope_dim` is even.
@@ -157,6 +163,7 @@ pub fn rope_neox_kv_write(
     #[uniform] rope_dim: u32,
     #[uniform] pos0: u32,
     #[uniform] at: u32,
+    #[uniform] ring: u32,
     #[uniform] f16: u32,
 ) {
     let half = rope_dim / 2u32;
@@ -206,13 +213,16 @@ pub fn rope_neox_kv_write(
         }
         let e0 = 2u32 * j;
         if f16 == 0u32 {
-            k_cache[at + e0] = f32_to_bits(k0);
-            k_cache[at + e0 + 1u32] = f32_to_bits(k1);
-            v_cache[at + e0] = f32_to_bits(v[e0]);
-            v_cache[at + e0 + 1u32] = f32_to_bits(v[e0 + 1u32]);
+            let w0 = (at + e0) % ring;
+            let w1 = (at + e0 + 1u32) % ring;
+            k_cache[w0] = f32_to_bits(k0);
+            k_cache[w1] = f32_to_bits(k1);
+            v_cache[w0] = f32_to_bits(v[e0]);
+            v_cache[w1] = f32_to_bits(v[e0 + 1u32]);
         } else {
-            k_cache[at / 2u32 + j] = f16_bits(k0) | (f16_bits(k1) << 16u32);
-            v_cache[at / 2u32 + j] = f16_bits(v[e0]) | (f16_bits(v[e0 + 1u32]) << 16u32);
+            let w = (at / 2u32 + j) % (ring / 2u32);
+            k_cache[w] = f16_bits(k0) | (f16_bits(k1) << 16u32);
+            v_cache[w] = f16_bits(v[e0]) | (f16_bits(v[e0 + 1u32]) << 16u32);
         }
     }
 }

@@ -1233,18 +1233,45 @@ fn attention_against_the_cpu(s: AttentionShape) {
     );
     // The GPU caches `[pos][kv_dim]` for the whole context; positions past the last token
     // hold zero keys (score 0, in the middle of the real scores, so a non-negligible weight)
-    // and values of 1e4: attending past the causal end cannot go unnoticed.
-    let mut kc = vec![0.0f32; n_ctx * kv_dim];
-    let mut vc = vec![1e4f32; n_ctx * kv_dim];
-    kc[..len * kv_dim].copy_from_slice(&k_all);
-    vc[..len * kv_dim].copy_from_slice(&v_all);
-    let bq = g.upload("q", &q).unwrap();
-    let bk = g.upload("k_cache", &bits(&kc)).unwrap();
-    let bv = g.upload("v_cache", &bits(&vc)).unwrap();
+    // and values of 1e4: attending past the causal end cannot go unnoticed. A window is also
+    // read from a ring of its window and the step's slots (position `p` in slot `p % slots`),
+    // which the last positions have wrapped round.
+    let ring = s.window.map(|w| w + n - 1);
+    for slots in std::iter::once(n_ctx).chain(ring) {
+        let mut kc = vec![0.0f32; slots * kv_dim];
+        let mut vc = vec![1e4f32; slots * kv_dim];
+        for p in len.saturating_sub(slots)..len {
+            let (at, row) = (p % slots * kv_dim, p * kv_dim..(p + 1) * kv_dim);
+            kc[at..at + kv_dim].copy_from_slice(&k_all[row.clone()]);
+            vc[at..at + kv_dim].copy_from_slice(&v_all[row]);
+        }
+        let got = attention_on_the_gpu(&mut g, &s, &q, [&kc, &vc], (n, pos0, slots));
+        // Scores (|q·k|/√head_dim up to ~5) differ by summation order, a few 1e-7; exp adds
+        // WGSL's 3 + 2|x| ulp; the GPU's online softmax rescales per tile and sums in f32
+        // where the CPU normalises once with an f64 sum. Each weight is then within ~1e-5
+        // relative, and the output (a convex combination of values in [−2, 2)) within ~2e-5
+        // absolute; 1e-4 leaves margin while any indexing, masking or GQA mistake gives O(0.1).
+        let what = format!("attention over {slots} slots");
+        assert_within(&what, "abs diff", max_abs_diff(&got, &want), 1e-4);
+    }
+}
+
+/// The attention kernel's output for the `n` queries `q` at `pos0..` over the f32 caches `kv`
+/// of `slots` positions.
+fn attention_on_the_gpu(
+    g: &mut Gpu,
+    s: &AttentionShape,
+    q: &[f32],
+    [kc, vc]: [&[f32]; 2],
+    (n, pos0, slots): (usize, usize, usize),
+) -> Vec<f32> {
+    let bq = g.upload("q", q).unwrap();
+    let bk = g.upload("k_cache", &bits(kc)).unwrap();
+    let bv = g.upload("v_cache", &bits(vc)).unwrap();
     let sink = g.upload("sink", s.sinks.unwrap_or(&[0.0])).unwrap();
-    let mut out = g.zeroed::<f32>("out", n * width).unwrap();
+    let mut out = g.zeroed::<f32>("out", q.len()).unwrap();
     launch(
-        &mut g,
+        g,
         &k::attention::Args {
             q: &bq,
             k_cache: &bk,
@@ -1260,6 +1287,7 @@ fn attention_against_the_cpu(s: AttentionShape) {
             pos0: pos0 as u32,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             f16: 0,
+            slots: slots as u32,
             window: s.window.map_or(0, |w| w as u32),
             n_global: 0,
             log_stride: 0,
@@ -1270,13 +1298,7 @@ fn attention_against_the_cpu(s: AttentionShape) {
         },
         k::attention_grid(s.n_head as u32, n as u32),
     );
-    let got = read!(g, &out);
-    // Scores (|q·k|/√head_dim up to ~5) differ by summation order, a few 1e-7; exp adds WGSL's
-    // 3 + 2|x| ulp; the GPU's online softmax rescales per tile and sums in f32 where the
-    // CPU normalises once with an f64 sum. Each weight is then within ~1e-5 relative, and
-    // the output (a convex combination of values in [−2, 2)) within ~2e-5 absolute;
-    // 1e-4 leaves margin while any indexing, masking or GQA mistake gives O(0.1).
-    assert_within("attention", "abs diff", max_abs_diff(&got, &want), 1e-4);
+    read!(g, &out)
 }
 
 #[test]
@@ -1535,7 +1557,8 @@ fn rope_norm_rotates_adjacent_pairs() {
 fn kv_write_places_keys_and_values_at_their_positions() {
     let mut g = gpu();
     // 3 tokens of 320 at positions 5..8 of a 10-position cache that already holds data, as
-    // f32 words and as pairs of f16.
+    // f32 words and as pairs of f16; and in a ring of 7 slots, the last one wrapped round to
+    // slot 0.
     let (kv, n, pos0, ctx) = (320usize, 3usize, 5usize, 10usize);
     let (mut k_new, v_new) = (data(n * kv, 36), data(n * kv, 37));
     // Rounding edges of f16: ties to even (down, then up), the largest half and the first value
@@ -1553,7 +1576,7 @@ fn kv_write_places_keys_and_values_at_their_positions() {
         6.1e-5,
     ];
     k_new[..edges.len()].copy_from_slice(&edges);
-    for f16 in [false, true] {
+    for (f16, slots) in [(false, ctx), (true, ctx), (false, 7), (true, 7)] {
         let word = |x: &[f32]| -> Vec<u32> {
             if f16 {
                 let h = |v: f32| u32::from(half::f16::from_f32(v).to_bits());
@@ -1578,6 +1601,7 @@ fn kv_write_places_keys_and_values_at_their_positions() {
                 v_cache: &mut vc,
                 len: (n * kv) as u32,
                 at: (pos0 * kv) as u32,
+                ring: (slots * kv) as u32,
                 f16: u32::from(f16),
             },
             k::kv_write::grid_for((n * kv) as u32),
@@ -1585,9 +1609,16 @@ fn kv_write_places_keys_and_values_at_their_positions() {
         // f16: each value rounded to the nearest half, as the CPU cache stores it.
         let per = if f16 { 2 } else { 1 };
         let (mut want_k, mut want_v) = (old_k, old_v);
-        want_k[pos0 * kv / per..(pos0 + n) * kv / per].copy_from_slice(&word(&k_new));
-        want_v[pos0 * kv / per..(pos0 + n) * kv / per].copy_from_slice(&word(&v_new));
-        assert_eq!(read!(g, &kc), want_k, "K cache (f16: {f16})");
-        assert_eq!(read!(g, &vc), want_v, "V cache (f16: {f16})");
+        let (new_k, new_v) = (word(&k_new), word(&v_new));
+        for t in 0..n {
+            let (at, row) = (
+                (pos0 + t) % slots * kv / per,
+                t * kv / per..(t + 1) * kv / per,
+            );
+            want_k[at..at + kv / per].copy_from_slice(&new_k[row.clone()]);
+            want_v[at..at + kv / per].copy_from_slice(&new_v[row]);
+        }
+        assert_eq!(read!(g, &kc), want_k, "K cache (f16: {f16}, {slots} slots)");
+        assert_eq!(read!(g, &vc), want_v, "V cache (f16: {f16}, {slots} slots)");
     }
 }

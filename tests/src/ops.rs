@@ -66,7 +66,7 @@ pub fn run_ops<B: Backend>(backend: &B, stem: &str) -> f32 {
     let mut x0 = backend.alloc(n * d).expect("alloc");
     backend.embed(&embd, &ops.tokens, &mut x0);
     let mut cache = backend
-        .new_cache(c.n_layer, n, kv, &Default::default())
+        .new_cache(&vec![n; c.n_layer], kv, &Default::default())
         .expect("cache");
     for l in 0..c.n_layer {
         let op = |name: &str| ops.get(&format!("{name}-{l}"));

@@ -59,7 +59,7 @@ fn attend<B: Backend>(
         SHAPE.n_head * SHAPE.head_dim,
         SHAPE.n_head_kv * SHAPE.head_dim,
     );
-    let mut cache = b.new_cache(1, 64, kv, config).unwrap();
+    let mut cache = b.new_cache(&[64], kv, config).unwrap();
     let (mut qb, mut kb, mut vb, mut o) = (
         b.alloc(len * w).unwrap(),
         b.alloc(len * kv).unwrap(),
@@ -111,6 +111,7 @@ fn a_shifted_cache_equals_one_written_at_the_new_positions() {
     let gpu = GpuBackend::new().unwrap_or_else(|e| panic!("{e}"));
     for (kv_type, bound) in [(KvType::F32, 1e-6), (KvType::F16, 2e-4)] {
         let config = AttentionConfig {
+            swa_full: false,
             kv_type,
             sparse: None,
         };
@@ -136,6 +137,59 @@ fn a_shifted_cache_equals_one_written_at_the_new_positions() {
         let unrotated = roped(&pick(&raw), kept.iter().copied());
         let wrong = attend(&cpu, &config, (&unrotated, &v_direct, kept.len()), None, &q);
         assert!(max_abs_diff(&wrong, &attend(&cpu, &config, direct, None, &q)) > 0.05);
+    }
+}
+
+/// A sliding window's cache of fewer slots than the positions written (a ring: position `p`
+/// in slot `p % slots`) shifts as a full cache does: 50 positions written in steps of 5 with a
+/// window of 8 in 12 slots, a shift of 20 past 4 kept, then a query at the new end reads what
+/// the full cache's query reads — bit for bit, on every CPU instruction set and the GPU, f32
+/// and f16 (the ring moves only the positions it still holds, reading them all before storing
+/// any, and wraps their new slots round).
+#[test]
+fn a_window_in_a_ring_of_slots_shifts_as_a_full_cache() {
+    fn run<B: Backend>(b: &B, config: &AttentionConfig, slots: usize) -> Vec<f32> {
+        let shape = AttentionShape {
+            window: Some(8),
+            ..SHAPE
+        };
+        let (w, kv) = (
+            SHAPE.n_head * SHAPE.head_dim,
+            SHAPE.n_head_kv * SHAPE.head_dim,
+        );
+        let mut cache = b.new_cache(&[slots], kv, config).unwrap();
+        let (mut qb, mut kb, mut vb, mut o) = (
+            b.alloc(5 * w).unwrap(),
+            b.alloc(5 * kv).unwrap(),
+            b.alloc(5 * kv).unwrap(),
+            b.alloc(5 * w).unwrap(),
+        );
+        for pos0 in (0..50).step_by(5) {
+            b.write(&mut kb, &values(5 * kv, 10 + pos0 as u64)).unwrap();
+            b.write(&mut vb, &values(5 * kv, 100 + pos0 as u64))
+                .unwrap();
+            b.attention(&mut cache, 0, &qb, &kb, &vb, 5, pos0, &shape, &mut o);
+        }
+        b.shift_cache(&mut cache, 4, 20, 50, &ROPE);
+        b.write(&mut qb, &values(w, 3)).unwrap();
+        b.attention(&mut cache, 0, &qb, &kb, &vb, 1, 30, &shape, &mut o);
+        let mut out = vec![0.0; w];
+        pollster::block_on(b.read(&o, &mut out)).unwrap();
+        out
+    }
+    let gpu = GpuBackend::new().unwrap_or_else(|e| panic!("{e}"));
+    for kv_type in [KvType::F32, KvType::F16] {
+        let config = AttentionConfig {
+            kv_type,
+            ..AttentionConfig::default()
+        };
+        for isa in isas() {
+            let cpu = CpuBackend::with_isa(2, isa).unwrap();
+            let want = run(&cpu, &config, 64);
+            assert!(run(&cpu, &config, 12) == want, "{isa:?} {kv_type}");
+        }
+        let want = run(&gpu, &config, 64);
+        assert!(run(&gpu, &config, 12) == want, "gpu {kv_type}");
     }
 }
 
@@ -188,6 +242,7 @@ fn a_shift_that_cannot_work_is_refused() {
     let file = kjv();
     let cpu = cpu_model(&file, hesper_cpu::Isa::detect(), None);
     let sparse = AttentionConfig {
+        swa_full: false,
         kv_type: KvType::F32,
         sparse: Some(SparsePattern::default()),
     };

@@ -426,7 +426,7 @@ fn rope_then_attention(
         ..rope_q
     };
     let (q_dim, kv_dim) = (64, 32);
-    let mut cache = b.new_cache(1, 64, kv_dim, config).expect("cache");
+    let mut cache = b.new_cache(&[64], kv_dim, config).expect("cache");
     let mut rng = Rng::new(7);
     let mut out = b.alloc(n.max(pos0) * q_dim).expect("alloc");
     let mut step = |start: usize, rows: usize| {
@@ -467,7 +467,11 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
     for kv_type in [KvType::F32, KvType::F16] {
         for sparse in [None, Some(SparsePattern::default())] {
             let dense = sparse.is_none();
-            let config = AttentionConfig { kv_type, sparse };
+            let config = AttentionConfig {
+                kv_type,
+                sparse,
+                swa_full: false,
+            };
             for (n, pos0) in [(1, 0), (1, 9), (5, 3)] {
                 let what = format!("{kv_type:?} dense={dense} n={n} pos0={pos0}");
                 let (q_fused, out_fused, d_fused) =

@@ -41,7 +41,8 @@
 //! teacher-forced row within `F16_FLIP`).
 
 use hesper_cpu::Isa;
-use hesper_engine::model::Logits;
+use hesper_engine::backend::Backend;
+use hesper_engine::model::{Logits, Model};
 use hesper_tests::layers::check_layers_with;
 use hesper_tests::{
     argmax, cpu_model, isas, Agreement, Golden, QuantizedBound, FAMILIES, QUANTS, TINY_BOUND,
@@ -543,6 +544,7 @@ fn gemma3_attends_its_window_from_an_f16_cache_and_refuses_what_would_ignore_it(
     // within the f16 rounding of the keys and values (a cache read past the window moves
     // them by whole units, as above).
     let f16 = AttentionConfig {
+        swa_full: false,
         kv_type: KvType::F16,
         sparse: None,
     };
@@ -558,6 +560,7 @@ fn gemma3_attends_its_window_from_an_f16_cache_and_refuses_what_would_ignore_it(
     // Sparse attention would replace the model's windows; a context shift would rotate the
     // windowed layers' keys back with the global base.
     let sparse = AttentionConfig {
+        swa_full: false,
         kv_type: KvType::F32,
         sparse: Some(SparsePattern::default()),
     };
@@ -568,6 +571,96 @@ fn gemma3_attends_its_window_from_an_f16_cache_and_refuses_what_would_ignore_it(
     assert!(e.to_string().contains("sliding-window layers"), "{e}");
     let e = session.set_context_shift(Some(4)).expect_err("refused");
     assert!(e.to_string().contains("own RoPE base"), "{e}");
+}
+
+/// A sliding-window layer's cache holds its window and one step (5 + 511 slots), which a
+/// 540-token sequence wraps round: the logits equal those of full-size caches (`--swa-full`),
+/// bit for bit — one step of 600 rows (attended in pieces of 512) then decode, and with
+/// `all` a prompt in steps of 64 then decode, and for gpt-oss (whose windowed layers rotate as
+/// the others) a context shift; a truncation keeps a position only while the window before it
+/// is held. Gemma 3 and gpt-oss: five windowed layers of six, and one of two.
+fn windowed_caches_answer_as_full_ones<B: Backend>(model: &Model<B>, label: &str, all: bool) {
+    use hesper_engine::attention::AttentionConfig;
+    use hesper_engine::model::{Prediction, Readout, SeqRows, Session, StepInput, StepOutput};
+    let n_vocab = model.config.n_vocab as u32;
+    let tokens: Vec<u32> = (0..604u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
+    let session = |batch: usize, n_ctx: usize, swa_full: bool| {
+        let config = AttentionConfig {
+            swa_full,
+            ..AttentionConfig::default()
+        };
+        model
+            .new_session_with(n_ctx, batch, &config)
+            .expect("session")
+    };
+    // One step of 600 rows, as a server's prompt step, then 4 tokens one at a time.
+    let step = |s: &mut Session<B>| {
+        let mut scratch = model.new_batch_scratch(600, 1).expect("scratch");
+        let mut rows = [SeqRows {
+            session: s,
+            pos0: 0,
+            n: 600,
+            readout: Some(Readout::Logits),
+        }];
+        let mut got =
+            match model.step_rows(&mut scratch, &mut rows, StepInput::Tokens(&tokens[..600])) {
+                Ok(StepOutput::Predictions(mut p)) => match p.pop() {
+                    Some(Some(Prediction::Logits(row))) => row,
+                    other => panic!("{label}: {other:?}"),
+                },
+                other => panic!("{label}: {other:?}"),
+            };
+        for &t in &tokens[600..] {
+            got.extend(model.eval(s, &[t], Logits::Last).expect("decode"));
+        }
+        got
+    };
+    let (mut a, mut b) = (session(1, 610, false), session(1, 610, true));
+    assert!(step(&mut a) == step(&mut b), "{label}: a step of 600 rows");
+    if !all {
+        return;
+    }
+    // A prompt of `n` tokens in steps of 64, then one token at a time up to 540.
+    let run = |s: &mut Session<B>, n: usize| {
+        let mut got = model.eval(s, &tokens[..n], Logits::All).expect("prompt");
+        for &t in &tokens[n..540] {
+            got.extend(model.eval(s, &[t], Logits::Last).expect("decode"));
+        }
+        got
+    };
+    let (mut bounded, mut whole) = (session(64, 600, false), session(64, 600, true));
+    assert!(
+        run(&mut bounded, 530) == run(&mut whole, 530),
+        "{label}: prompt and decode"
+    );
+    // Position 535's window (531..) is held; 20's (16..) was overwritten by 532.. .
+    bounded.truncate(535);
+    assert_eq!(bounded.pos(), 535, "{label}");
+    bounded.truncate(20);
+    assert_eq!(
+        bounded.pos(),
+        0,
+        "{label}: a lost window is evaluated again"
+    );
+    whole.truncate(20);
+    assert_eq!(whole.pos(), 20, "{label}");
+    // 520 positions, then decode past a context of 530 with 4 kept: a shift discards 263.
+    if model.config.rope_base_window != model.config.rope_base {
+        return;
+    }
+    let (mut a, mut b) = (session(64, 530, false), session(64, 530, true));
+    for s in [&mut a, &mut b] {
+        s.set_context_shift(Some(4)).expect("shift");
+    }
+    assert!(run(&mut a, 520) == run(&mut b, 520), "{label}: shifted");
+}
+
+#[test]
+fn windowed_caches_answer_as_full_ones_on_the_cpu() {
+    for stem in ["tiny-gemma3-f16", "tiny-gpt-oss-f16"] {
+        let model = cpu_model(&Golden::load(stem).file(), Isa::detect(), None);
+        windowed_caches_answer_as_full_ones(&model, stem, true);
+    }
 }
 
 #[test]
@@ -729,6 +822,14 @@ mod gpu {
             println!("{stem} gpu: batch 1 vs 64 max|Δ| {d:.3e}");
             assert!(d <= 1e-3, "{stem} gpu: batch 1 vs batch 64 max|Δ| {d}");
         }
+    }
+
+    /// A step of 600 rows and decode after it (lavapipe takes ~7 s a step of 600 rows; the
+    /// GPU's shift of a bounded cache is `context_shift.rs`'s).
+    #[test]
+    fn windowed_caches_answer_as_full_ones_on_the_gpu() {
+        let model = gpu_model(&Golden::load("tiny-gemma3-f16").file(), None);
+        windowed_caches_answer_as_full_ones(&model, "tiny-gemma3-f16 gpu", false);
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl Case {
     /// Outputs `[TOTAL][n_head·head_dim]` of `backend` under `config`.
     fn run<B: Backend>(&self, b: &B, config: &AttentionConfig, one_by_one: bool) -> Vec<f32> {
         let (w, kv) = (self.width(), self.kv_dim());
-        let mut cache = b.new_cache(1, TOTAL, kv, config).expect("cache");
+        let mut cache = b.new_cache(&[TOTAL], kv, config).expect("cache");
         let mut steps = vec![(0, if one_by_one { 1 } else { PROMPT })];
         while let Some(&(p, n)) = steps.last() {
             if p + n == TOTAL {
@@ -164,11 +164,13 @@ fn configs() -> Vec<AttentionConfig> {
         sparse(12, &[1, 2, 40], 8, false, false),
     ];
     let mut all = vec![AttentionConfig {
+        swa_full: false,
         kv_type: KvType::F16,
         sparse: None,
     }];
     for kv_type in [KvType::F32, KvType::F16] {
         all.extend(patterns.iter().map(|p| AttentionConfig {
+            swa_full: false,
             kv_type,
             sparse: Some(p.clone()),
         }));
@@ -208,6 +210,7 @@ fn the_cpu_attends_exactly_the_pattern() {
                     // The reference without f16 rounding is far outside the bound: the
                     // cache really rounds.
                     let exact = case.reference(&AttentionConfig {
+                        swa_full: false,
                         kv_type: KvType::F32,
                         ..config.clone()
                     });
@@ -235,6 +238,7 @@ fn a_batch_attends_like_its_tokens_one_at_a_time_in_every_mode() {
 #[test]
 fn sparse_attention_with_a_window_over_the_context_is_dense_attention() {
     let wide = AttentionConfig {
+        swa_full: false,
         kv_type: KvType::F32,
         sparse: Some(SparsePattern {
             window: TOTAL,
@@ -266,6 +270,7 @@ fn the_cpu_equals_ruvllm_sparse_attention_where_the_patterns_coincide() {
             (16, vec![2, 9], true),
         ] {
             let ours = AttentionConfig {
+                swa_full: false,
                 kv_type: KvType::F32,
                 sparse: Some(sparse(window, &globals, 4, log, false)),
             };

@@ -261,39 +261,55 @@ impl<B: Backend> Model<B> {
         }
         for st in seqs.iter_mut() {
             st.session.truncate(st.pos0);
+            if st.session.pos != st.pos0 {
+                return Err(ModelError::WindowLost { pos0: st.pos0 });
+            }
         }
         let (qd, kv) = (c.q_dim(), c.kv_dim());
-        let mut segs: Vec<(&mut B::Cache, usize, usize, usize, usize)> =
-            Vec::with_capacity(seqs.len());
+        let mut segs: Vec<Segment<'_, B::Cache>> = Vec::with_capacity(seqs.len());
         let mut row = 0;
         for st in seqs.iter_mut() {
-            let n_ctx = st.session.n_ctx;
-            segs.push((&mut st.session.cache, row, st.n, st.pos0, n_ctx));
+            segs.push(Segment {
+                n_ctx: st.session.n_ctx,
+                step: st.session.max_step(),
+                cache: &mut st.session.cache,
+                row0: row,
+                len: st.n,
+                pos0: st.pos0,
+            });
             row += st.n;
         }
         let one = &mut sc.one;
         self.layers_over(&mut sc.s, n, &mut |b, li, [q, k, v, att], rope, attn| {
-            if let [(cache, _, len, pos0, n_ctx)] = &mut segs[..] {
-                let [rope_q, rope_k] = self.rope_in_context(rope, *n_ctx);
-                b.rope_attention(cache, li, q, k, v, *len, *pos0, &rope_q, &rope_k, attn, att);
-                return;
+            if let [seg] = &mut segs[..] {
+                if seg.len <= seg.step {
+                    let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
+                    let (len, pos0) = (seg.len, seg.pos0);
+                    b.rope_attention(
+                        seg.cache, li, q, k, v, len, pos0, &rope_q, &rope_k, attn, att,
+                    );
+                    return;
+                }
             }
             let [oq, ok, ov, oatt] = one;
-            for (cache, row0, len, pos0, n_ctx) in segs.iter_mut() {
-                let (row0, len) = (*row0, *len);
-                let [rope_q, rope_k] = self.rope_in_context(rope, *n_ctx);
-                b.copy_rows(q, row0, len, qd, oq, 0);
-                b.copy_rows(k, row0, len, kv, ok, 0);
-                b.copy_rows(v, row0, len, kv, ov, 0);
-                b.rope_attention(
-                    cache, li, oq, ok, ov, len, *pos0, &rope_q, &rope_k, attn, oatt,
-                );
-                b.copy_rows(oatt, 0, len, qd, att, row0);
+            for seg in segs.iter_mut() {
+                let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
+                for at in (0..seg.len).step_by(seg.step) {
+                    let (row0, len) = (seg.row0 + at, (seg.len - at).min(seg.step));
+                    b.copy_rows(q, row0, len, qd, oq, 0);
+                    b.copy_rows(k, row0, len, kv, ok, 0);
+                    b.copy_rows(v, row0, len, kv, ov, 0);
+                    let pos0 = seg.pos0 + at;
+                    b.rope_attention(
+                        seg.cache, li, oq, ok, ov, len, pos0, &rope_q, &rope_k, attn, oatt,
+                    );
+                    b.copy_rows(oatt, 0, len, qd, att, row0);
+                }
             }
         });
         drop(segs);
         for st in seqs.iter_mut() {
-            st.session.pos = st.pos0 + st.n;
+            st.session.advance(st.n);
         }
         if !head {
             let mut out = vec![0.0; n * d];
@@ -456,4 +472,21 @@ impl<B: Backend> Model<B> {
             }
         })
     }
+}
+
+/// One sequence's rows of a step, as each layer's attention sees them.
+struct Segment<'a, C> {
+    /// The sequence's cache.
+    cache: &'a mut C,
+    /// Its first row in the step.
+    row0: usize,
+    /// Its rows.
+    len: usize,
+    /// The position of its first row.
+    pos0: usize,
+    /// Its session's context.
+    n_ctx: usize,
+    /// The most rows one attention call may write (a sliding-window cache holds its window
+    /// and one step): longer runs are attended in pieces.
+    step: usize,
 }

@@ -128,8 +128,10 @@ impl<B: Backend, M: ModelRef<B>> Evaluator for RingEvaluator<B, M> {
     }
 
     fn truncate(&mut self, pos: usize) {
-        // The next step starts at `pos`: every worker forgets the rest then.
+        // The next step starts at `pos` (or at what the cache kept): every worker forgets the
+        // rest then.
         self.cache.truncate(pos);
+        let pos = self.cache.pos();
         self.history.truncate(pos);
         self.steps.retain(|&(p, _)| p < pos);
         if let Some((p, n)) = self.steps.last_mut() {

@@ -81,7 +81,9 @@ impl<C: SeqCache> Pool<C> {
             .max_by_key(|&(i, n)| (n, i));
         if let Some((i, n)) = best {
             let mut s = self.idle.remove(i).session;
+            // A sliding-window cache may keep less than the common prefix.
             s.truncate(n);
+            let n = s.pos();
             return Ok(Some((s, n)));
         }
         let empty = self

@@ -17,7 +17,8 @@ pub trait SeqCache {
     fn pos(&self) -> usize;
     /// Positions it can hold.
     fn n_ctx(&self) -> usize;
-    /// Forgets every position from `pos` on.
+    /// Forgets every position from `pos` on, or every position where a sliding-window cache
+    /// no longer holds what `pos` attends ([`SeqCache::pos`] tells what was kept).
     fn truncate(&mut self, pos: usize);
 }
 
