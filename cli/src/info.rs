@@ -7,6 +7,7 @@ use clap::Args;
 use hesper_engine::chat::ChatTemplate;
 use hesper_engine::config::{Config, RopePairs};
 use hesper_engine::gguf::{Array, Value};
+use hesper_engine::model::cache_slots;
 use hesper_runtime::load::gpu_backend;
 
 use crate::args::{BackendChoice, FileArgs, KernelArgs};
@@ -155,12 +156,26 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 c.rope_base,
                 c.rope_dim
             )?;
-            let kv_bytes = 2 * c.n_layer * c.kv_dim() * attention.kv_type.bytes();
+            // One layer's keys and values of a position; every layer's cache at the training
+            // context, sliding-window layers holding their window and one step.
+            let layer_bytes = 2 * c.kv_dim() * attention.kv_type.bytes();
+            let mib = |positions: usize| (positions * layer_bytes) as f64 / (1 << 20) as f64;
+            let slots = cache_slots(&c, c.n_ctx_train, 1, attention.swa_full);
+            let full = c.n_layer * c.n_ctx_train;
+            let held: usize = slots.iter().sum();
+            let windows = match slots.iter().min() {
+                Some(&least) if held < full => format!(
+                    ", its sliding-window layers holding {least} positions each; {:.1} MiB with --swa-full",
+                    mib(full)
+                ),
+                _ => String::new(),
+            };
             writeln!(
                 out,
-                "attention: {}; KV cache {kv_bytes} bytes per position ({:.1} MiB at the training context)",
+                "attention: {}; KV cache {} bytes per position ({:.1} MiB at the training context{windows})",
                 attention.describe(),
-                (kv_bytes * c.n_ctx_train) as f64 / (1 << 20) as f64
+                c.n_layer * layer_bytes,
+                mib(held)
             )?;
         }
         Err(e) => writeln!(out, "\nmodel:     not runnable by hesper-rs: {e}")?,

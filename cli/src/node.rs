@@ -156,7 +156,7 @@ pub fn run(mut args: NodeArgs) -> Result<()> {
         g.check_hot_swap()?;
     }
     if g.ctx.attention.config()? != AttentionConfig::default() {
-        bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
+        bail!("--kv-type, --attn and --swa-full are not carried over a ring yet: its nodes run dense attention over an f32 cache, sliding windows bounded");
     }
     let sampler = settings::sampler(g.sampling())?;
     let (file, config) = model_config(&g.model)?;

@@ -406,7 +406,7 @@ impl RingPlan {
             bail!("--ring needs --next HOST:PORT (the ring's first worker)");
         };
         if args.ctx.attention.config()? != AttentionConfig::default() {
-            bail!("--kv-type and --attn are not carried over a ring yet: its nodes run dense attention over an f32 cache");
+            bail!("--kv-type, --attn and --swa-full are not carried over a ring yet: its nodes run dense attention over an f32 cache, sliding windows bounded");
         }
         let (listen, next) = (resolve("--listen", listen)?, resolve("--next", next)?);
         let (_, config) = model_config(&args.model)?;

@@ -49,6 +49,7 @@ use layer::{Ffn, Layer};
 use load::{Fetch, InFile, Loader, Part, Plan, RopeFactors, Streamed};
 #[cfg(unix)]
 pub use reload::{Reload, ReloadError, Swap};
+pub use windowed_cache::cache_slots;
 use windowed_cache::WindowedCache;
 
 /// Errors raised while loading or running a model.
@@ -609,11 +610,9 @@ impl<B: Backend> Model<B> {
         }
         let kv = self.config.kv_dim();
         let windows = WindowedCache::new(&self.config, n_ctx, batch, attention.swa_full);
-        let slots: Vec<usize> = self
-            .layer_range
-            .clone()
-            .map(|il| WindowedCache::slots_of(windows.as_ref(), &self.config, il, n_ctx))
-            .collect();
+        let slots = cache_slots(&self.config, n_ctx, batch, attention.swa_full)
+            [self.layer_range.clone()]
+        .to_vec();
         let n_windowed = slots.iter().filter(|&&n| n < n_ctx).count();
         let shape = SessionShape {
             n_layer: self.layers.len(),

@@ -12,6 +12,16 @@ use crate::config::Config;
 /// default micro-batch, so a server's prompt steps fit whole.
 pub const WINDOW_STEP: usize = 512;
 
+/// The positions the KV cache of each of `config`'s layers holds in a session of `n_ctx`
+/// positions stepping up to `batch` tokens: the context, or where a layer attends a sliding
+/// window (and `full` does not ask for full-size caches) its window and one step.
+pub fn cache_slots(config: &Config, n_ctx: usize, batch: usize, full: bool) -> Vec<usize> {
+    let windows = WindowedCache::new(config, n_ctx, batch, full);
+    (0..config.n_layer)
+        .map(|il| WindowedCache::slots_of(windows.as_ref(), config, il, n_ctx))
+        .collect()
+}
+
 /// The state of a session's windowed caches, where they are smaller than its context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WindowedCache {
