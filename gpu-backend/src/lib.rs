@@ -7,7 +7,6 @@
 //! waiting for the whole step. Errors raised while recording are kept and returned by that
 //! read.
 
-#[cfg(not(target_arch = "wasm32"))]
 mod experts;
 mod formats;
 mod matrix;
@@ -142,6 +141,11 @@ struct State {
     /// The buffer whose rows the activation scratch holds quantized, when a fused RMSNorm
     /// left them there for the product that comes next (cleared by any other operation).
     quantized: Option<Quantized>,
+    /// Whether a mixture of experts is routed on the GPU (the router never read back) rather
+    /// than on the host from its read-back ([`GpuBackend::set_experts_routed_on_gpu`]; a
+    /// browser always routes on the GPU).
+    #[cfg(not(target_arch = "wasm32"))]
+    route_on_gpu: bool,
 }
 
 /// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, packed
@@ -258,6 +262,8 @@ impl GpuBackend {
                 top,
                 ropes: Vec::new(),
                 quantized: None,
+                #[cfg(not(target_arch = "wasm32"))]
+                route_on_gpu: false,
             }),
             name,
         })
@@ -451,6 +457,16 @@ impl GpuBackend {
     /// change, only when the GPU starts.
     pub fn set_flush_dispatches(&self, dispatches: usize) {
         self.state.borrow_mut().flush = dispatches.max(1);
+    }
+
+    /// Routes a mixture of experts on the GPU when `on` (natively; a browser always does, as
+    /// it cannot wait for a read-back inside a step), else on the host from the router's
+    /// read-back, once a layer and step (the default natively: a prefill's rows are then
+    /// gathered by expert). Both compute each row's outputs with the same products; the
+    /// weights differ in their last bits (the GPU sums the softmax in f32).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn set_experts_routed_on_gpu(&self, on: bool) {
+        self.state.borrow_mut().route_on_gpu = on;
     }
 
     /// Whether RMSNorm sums with subgroup operations (the device has `SUBGROUP`).
@@ -1351,14 +1367,10 @@ impl Backend for GpuBackend {
         });
     }
 
-    /// Natively: the router's logits are read back once per layer and step, which a browser
-    /// cannot wait for inside a step.
-    #[cfg(not(target_arch = "wasm32"))]
     fn runs_experts(&self) -> bool {
         true
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
     fn moe_ffn(
         &self,
         moe: &hesper_engine::backend::Moe<GpuMatrix, GpuBuffer<f32>>,

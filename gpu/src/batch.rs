@@ -15,7 +15,7 @@ pub(crate) enum Command {
         buffers: Vec<wgpu::Buffer>,
         /// Byte range of this dispatch's uniforms inside the batch's parameter block.
         params: Option<Range<u64>>,
-        grid: [u32; 3],
+        grid: Grid,
         /// Bytes of memory the launch reads and writes, as its recorder counted them (0:
         /// not counted); the profile divides them by the launch's time.
         traffic: u64,
@@ -29,6 +29,23 @@ pub(crate) enum Command {
     },
 }
 
+/// How many workgroups a recorded dispatch launches.
+pub(crate) enum Grid {
+    /// As many as the recorder said.
+    Direct([u32; 3]),
+    /// As many as the three words at `offset` bytes into `args` say when it runs.
+    Indirect { args: wgpu::Buffer, offset: u64 },
+}
+
+/// An open gate ([`Batch::open_gate`]): the slots of its indirect grids and the grids its
+/// launches were recorded with.
+struct Gate {
+    args: wgpu::Buffer,
+    first: usize,
+    slots: usize,
+    grids: Vec<[u32; 3]>,
+}
+
 /// Commands collected until [`Gpu::submit`]. Every dispatch's uniforms go into one parameter
 /// block (each at an aligned offset), written to the device's persistent uniform buffer at
 /// submit and selected per dispatch by a dynamic offset.
@@ -37,6 +54,7 @@ pub struct Batch {
     dispatches: usize,
     params: Vec<u8>,
     align: usize,
+    gate: Option<Gate>,
 }
 
 impl Batch {
@@ -46,6 +64,7 @@ impl Batch {
             dispatches: 0,
             params: Vec::new(),
             align: align.max(16) as usize,
+            gate: None,
         }
     }
 
@@ -93,6 +112,23 @@ impl Batch {
             self.params.resize(end, 0);
             start as u64..end as u64
         });
+        let grid = match &mut self.gate {
+            None => Grid::Direct(grid),
+            Some(gate) if gate.grids.len() == gate.slots => {
+                return Err(GpuError::Kernel {
+                    kernel: k.name,
+                    why: format!("a gate holds {} launches", gate.slots),
+                })
+            }
+            Some(gate) => {
+                let slot = (gate.first + gate.grids.len()) as u64;
+                gate.grids.push(grid);
+                Grid::Indirect {
+                    args: gate.args.clone(),
+                    offset: slot * 12,
+                }
+            }
+        };
         self.dispatches += 1;
         self.commands.push(Command::Dispatch {
             pipeline,
@@ -104,6 +140,39 @@ impl Batch {
         Ok(())
     }
 
+    /// Until [`Batch::close_gate`], each launch recorded takes its grid from the next of the
+    /// `slots` three-word slots of `args` from slot `first` on (an indirect dispatch), so
+    /// that a kernel run earlier in the same submit decides whether they run: it writes each
+    /// slot the grid the launch was recorded with (returned by [`Batch::close_gate`]) or
+    /// zeros. Recording more launches than `slots` is an error; so is a copy, which no grid
+    /// gates. `args` needs [`Gpu::indirect_args`]' usage.
+    pub fn open_gate(
+        &mut self,
+        args: &GpuBuffer<u32>,
+        first: usize,
+        slots: usize,
+    ) -> Result<(), GpuError> {
+        if (first + slots) * 3 > args.len() || self.gate.is_some() {
+            return Err(GpuError::Copy(format!(
+                "a gate of slots {first}..{} in {} words (or inside another gate)",
+                first + slots,
+                args.len()
+            )));
+        }
+        self.gate = Some(Gate {
+            args: args.raw().clone(),
+            first,
+            slots,
+            grids: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Closes the open gate; returns the grids its launches were recorded with, in order.
+    pub fn close_gate(&mut self) -> Vec<[u32; 3]> {
+        self.gate.take().map(|g| g.grids).unwrap_or_default()
+    }
+
     /// Records a copy of `len` elements from `src[src_at..]` to `dst[dst_at..]`.
     pub fn copy<T: bytemuck::Pod>(
         &mut self,
@@ -113,6 +182,11 @@ impl Batch {
         dst_at: usize,
         len: usize,
     ) -> Result<(), GpuError> {
+        if self.gate.is_some() {
+            return Err(GpuError::Copy(
+                "a copy inside a gate (no grid gates it)".into(),
+            ));
+        }
         if src_at + len > src.len() || dst_at + len > dst.len() {
             return Err(GpuError::Copy(format!(
                 "{len} elements from {src_at} of {} to {dst_at} of {}",

@@ -371,6 +371,24 @@ impl Gpu {
         Ok(GpuBuffer::new(raw, len))
     }
 
+    /// A zeroed storage buffer of `len` words that dispatches also take their grids from
+    /// ([`Batch::open_gate`]).
+    pub fn indirect_args(&self, what: &str, len: usize) -> Result<GpuBuffer<u32>, GpuError> {
+        let bytes = (len as u64).saturating_mul(4);
+        self.check_size(what, bytes)?;
+        self.buffers_created.set(self.buffers_created.get() + 1);
+        let raw = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(what),
+            size: bytes.max(4),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::INDIRECT
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.check()?;
+        Ok(GpuBuffer::new(raw, len))
+    }
+
     fn raw_zeroed(&self, what: &str, bytes: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(what),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::batch::{Batch, Command};
+use crate::batch::{Batch, Command, Grid};
 use crate::pipeline::Pipeline;
 use crate::profile::{Profiler, MAX_TIMED};
 
@@ -197,7 +197,10 @@ pub(crate) fn encode(
             let offsets: Vec<u32> = range.iter().map(|r| r.start as u32).collect();
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &group, &offsets);
-            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            match grid {
+                Grid::Direct([x, y, z]) => pass.dispatch_workgroups(x, y, z),
+                Grid::Indirect { args, offset } => pass.dispatch_workgroups_indirect(&args, offset),
+            }
             // Profiling times each dispatch in a pass of its own.
             next = match commands.peek() {
                 Some(Command::Dispatch { .. }) if profiler.is_none() => commands.next(),

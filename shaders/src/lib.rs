@@ -6,6 +6,7 @@ mod argmax;
 mod bitlinear;
 mod elementwise;
 mod embed;
+mod experts;
 mod flash_attention;
 mod geometry;
 mod half;
@@ -25,6 +26,7 @@ pub use elementwise::{
     silu_mul, softcap_assign, swiglu_clamped_mul,
 };
 pub use embed::{embed_f16, embed_f32};
+pub use experts::{gate_grids, moe_combine_routed, moe_route};
 pub use flash_attention::attention;
 pub use geometry::{
     attention_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid,

@@ -419,6 +419,191 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
     assert!(d <= 1e-6, "moe_combine: max relative diff {d}");
 }
 
+/// `moe_route` chooses each row's experts as `Experts::route` does — the same ids in the same
+/// order, ties to the lower id (rows 3 and 4 hold equal logits) — with weights within 1e-6
+/// relative (the GPU's softmax sums in f32 where the CPU's sums in f64; `exp` within WGSL's
+/// error), renormalized or not, scaled.
+#[test]
+fn moe_route_chooses_as_the_host_routes() {
+    let mut g = gpu();
+    let (n, n_expert) = (6usize, 11usize);
+    let mut logits = data(n * n_expert, 42);
+    logits[3 * n_expert..4 * n_expert].fill(0.5);
+    for e in [2, 5, 9] {
+        logits[4 * n_expert + e] = 1.25;
+    }
+    let bl = g.upload("logits", &logits).unwrap();
+    for (n_used, normalize, scale) in [(3usize, true, 1.0f32), (4, false, 2.5), (1, true, 1.0)] {
+        let routing = hesper_engine::config::Experts {
+            n_expert,
+            n_used,
+            n_ff: 1,
+            normalize,
+            scale,
+        };
+        let mut ids = g.zeroed::<u32>("ids", n * n_used).unwrap();
+        let mut w = g.zeroed::<f32>("w", n * n_used).unwrap();
+        launch(
+            &mut g,
+            &k::moe_route::Args {
+                logits: &bl,
+                ids: &mut ids,
+                w: &mut w,
+                n_expert: n_expert as u32,
+                n_used: n_used as u32,
+                normalize: normalize.into(),
+                scale,
+                n: n as u32,
+            },
+            k::moe_route::grid_for(n as u32),
+        );
+        let (ids, w) = (read!(g, &ids), read!(g, &w));
+        let want = routing.routes(&logits).chosen;
+        let want_ids: Vec<u32> = want.iter().flatten().map(|&(e, _)| e as u32).collect();
+        let want_w: Vec<f32> = want.iter().flatten().map(|&(_, w)| w).collect();
+        assert_eq!(ids, want_ids, "top {n_used}");
+        let d = max_rel_diff(&w, &want_w);
+        assert!(
+            d <= 1e-6,
+            "moe_route top {n_used}: weights' max relative diff {d}"
+        );
+    }
+}
+
+/// Launches behind a gate run where `gate_grids` finds their expert among the chosen ids and
+/// not elsewhere: three "experts" each add their own value to a buffer behind a gate of two
+/// slots (one launch used), ids [2, 0] choose experts 0 and 2; expert 1's add never runs.
+#[test]
+fn gated_launches_run_only_for_the_chosen_experts() {
+    let mut g = gpu();
+    let len = 300usize;
+    let (slots, per_expert) = (2usize, 6u32);
+    let ones = g.upload("ones", &vec![1.0f32; len]).unwrap();
+    let ids = g.upload("ids", &[2u32, 0]).unwrap();
+    let mut grids = g.zeroed::<u32>("grids", 3 * slots * 3).unwrap();
+    let mut args = g.indirect_args("args", 3 * slots * 3).unwrap();
+    let mut xs: Vec<GpuBuffer<f32>> = (0..3).map(|_| g.zeroed("x", len).unwrap()).collect();
+    let mut b = g.batch();
+    b.run(
+        &mut g,
+        &k::gate_grids::Args {
+            grids: &grids,
+            ids: &ids,
+            args: &mut args,
+            per_expert,
+            n_ids: 2,
+            n: (3 * slots * 3) as u32,
+        },
+        k::gate_grids::grid_for((3 * slots * 3) as u32),
+    )
+    .unwrap();
+    let mut table = vec![0u32; 3 * slots * 3];
+    for (e, x) in xs.iter_mut().enumerate() {
+        b.open_gate(&args, e * slots, slots).unwrap();
+        let grid = k::add_assign::grid_for(len as u32);
+        b.run(
+            &mut g,
+            &k::add_assign::Args {
+                x,
+                y: &ones,
+                n: len as u32,
+            },
+            grid,
+        )
+        .unwrap();
+        assert!(b.copy(&ones, 0, x, 0, 1).is_err(), "a copy inside a gate");
+        let launched = b.close_gate();
+        assert_eq!(launched, vec![grid]);
+        table[e * per_expert as usize..][..3].copy_from_slice(&grid);
+    }
+    // Written after the launches were recorded, before the batch is submitted.
+    g.write(&mut grids, 0, &table).unwrap();
+    g.submit(b).unwrap();
+    let got: Vec<f32> = xs.iter().map(|x| read!(g, x).iter().sum()).collect();
+    assert_eq!(got, [len as f32, 0.0, len as f32]);
+    // A gate refuses more launches than its slots.
+    let mut b = g.batch();
+    b.open_gate(&args, 0, 1).unwrap();
+    let grid = k::add_assign::grid_for(len as u32);
+    let x = &mut xs[0];
+    b.run(
+        &mut g,
+        &k::add_assign::Args {
+            x,
+            y: &ones,
+            n: len as u32,
+        },
+        grid,
+    )
+    .unwrap();
+    assert!(b
+        .run(
+            &mut g,
+            &k::add_assign::Args {
+                x,
+                y: &ones,
+                n: len as u32
+            },
+            grid
+        )
+        .is_err());
+}
+
+/// `moe_combine_routed` adds each row's chosen outputs, picked by id from every expert's rows,
+/// in the order chosen: equal to `moe_combine` of the same outputs gathered by the host, bit
+/// for bit (the same products and sums in the same order).
+#[test]
+fn moe_combine_routed_picks_each_rows_experts_by_id() {
+    let mut g = gpu();
+    let (n, width, n_used, n_expert) = (5usize, 300usize, 2usize, 4usize);
+    let ys = data(n_expert * n * width, 43);
+    let ids: Vec<u32> = (0..n * n_used)
+        .map(|i| ((i * 3 + 1) % n_expert) as u32)
+        .collect();
+    let w: Vec<f32> = data(n * n_used, 44).iter().map(|v| v.abs() + 0.1).collect();
+    let mut gathered = vec![0.0f32; n * n_used * width];
+    for (k, row) in gathered.chunks_exact_mut(width).enumerate() {
+        let (t, e) = (k / n_used, ids[k] as usize);
+        row.copy_from_slice(&ys[(e * n + t) * width..][..width]);
+    }
+    let (bys, bids, bw) = (
+        g.upload("ys", &ys).unwrap(),
+        g.upload("ids", &ids).unwrap(),
+        g.upload("w", &w).unwrap(),
+    );
+    let bg = g.upload("gathered", &gathered).unwrap();
+    let mut out = g.zeroed::<f32>("out", n * width).unwrap();
+    let mut want = g.zeroed::<f32>("want", n * width).unwrap();
+    let len = (n * width) as u32;
+    launch(
+        &mut g,
+        &k::moe_combine_routed::Args {
+            ys: &bys,
+            ids: &bids,
+            w: &bw,
+            out: &mut out,
+            width: width as u32,
+            n_used: n_used as u32,
+            rows: n as u32,
+            n: len,
+        },
+        k::moe_combine_routed::grid_for(len),
+    );
+    launch(
+        &mut g,
+        &k::moe_combine::Args {
+            ys: &bg,
+            w: &bw,
+            out: &mut want,
+            width: width as u32,
+            n_used: n_used as u32,
+            n: len,
+        },
+        k::moe_combine::grid_for(len),
+    );
+    assert!(read!(g, &out) == read!(g, &want));
+}
+
 /// Runs RMS-norm kernel `k::$kernel` (one workgroup a row) on 3 rows of 1000 (not a multiple
 /// of 256) with eps 1e-5, rows and weights from data seeds `$seed_x` and `$seed_w`; evaluates
 /// to its max relative diff from the CPU's `ops::rms_norm`. A macro: each kernel has its own

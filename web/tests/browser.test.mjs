@@ -217,8 +217,12 @@ test('stop ends a generation mid-way', async () => {
 // the embedding scaled) and phi3 (F16: fused QKV and gate/up, LongRoPE). SwiftShader's own
 // f16 rounding (quantizeToF16) is not to nearest even; the kernels round with integer
 // operations, so the F16 files land where the native CPU and lavapipe do (phi3 7.3e-3 here).
+// qwen3moe and gpt-oss (F16): mixtures of experts, gpt-oss with biases, attention sinks and a
+// window.
 const PAGE_GOLDENS = ['tiny-f32', 'tiny-tq2_0', 'tiny-tq1_0', 'tiny-i2s', 'tiny-llama-q8_0', 'tiny-llama-tq1_0', 'tiny-qwen2-f16',
-  'tiny-qwen2-tq2_0', 'tiny-falcon3-i2s', 'tiny-mistral-f32', 'tiny-mistral-q4_k_m', 'tiny-gemma2-f16', 'tiny-gemma3-f16', 'tiny-phi3-f16'];
+  'tiny-qwen2-tq2_0', 'tiny-falcon3-i2s', 'tiny-mistral-f32', 'tiny-mistral-q4_k_m', 'tiny-gemma2-f16', 'tiny-gemma3-f16', 'tiny-phi3-f16',
+  // Mixtures of experts, routed on the GPU (the page cannot read the router back inside a step).
+  'tiny-qwen3moe-f16', 'tiny-gpt-oss-f16'];
 for (const stem of PAGE_GOLDENS) {
   test(`${stem} picked from disk: logits in the page equal the golden values`, async () => {
     const g = goldenCase(stem);
