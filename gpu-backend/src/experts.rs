@@ -1,21 +1,23 @@
 //! The mixture-of-experts FFN on the GPU, as the CPU backend computes it: each chosen expert's
 //! gate and up products (its biases added, where the family has them, before the activation),
 //! its down product (and bias), then every row's outputs weighted and added in the order of
-//! its choice. Two routings, the same products for each row:
+//! its choice. `moe_route` chooses each row's experts and weights on the GPU from the router's
+//! logits (the definition of [`hesper_engine::config::Experts::route`], its softmax summed in
+//! f32); then one of two ways, the same bits for every row (the products of a row do not
+//! depend on the others, the weights are the same, and both combines add in the same order):
 //!
-//! - **On the host** (natively, by default): the router's logits (with gpt-oss's bias) are read
-//!   back and routed by [`hesper_engine::config::Experts::routes`], the same routine as the
-//!   CPU's; each chosen expert's rows are gathered and multiplied by its matrices once for all
-//!   of them (`moe_combine` adds them up). The read-back waits for the GPU once a layer and
-//!   step, which a browser cannot do inside a step.
-//! - **On the GPU** (a browser; natively by [`crate::GpuBackend::set_experts_routed_on_gpu`]):
-//!   `moe_route` chooses each row's experts into a buffer; every expert's launches are
-//!   recorded over all the step's rows behind a gate (indirect dispatches,
-//!   [`hesper_gpu::Batch::open_gate`]) whose grids `gate_grids` zeroes for the experts no row
-//!   chose, so their matrices are never read; `moe_combine_routed` picks each row's outputs
-//!   by the chosen ids. A decoded token reads only its experts' rows; a prefill reads each
-//!   expert any row chose once per tile of rows, as the host routing does, and computes it for
-//!   every row.
+//! - **On the GPU** (a browser; natively a step of up to [`k::TOKEN_TILE`] rows, e.g. a
+//!   decoded token, of a layer of at most [`GATED_EXPERTS`] experts, or every step by
+//!   [`crate::GpuBackend::set_experts_routed_on_gpu`]): every
+//!   expert's launches are recorded over all the step's rows behind a gate (indirect
+//!   dispatches, [`hesper_gpu::Batch::open_gate`]) whose grids `gate_grids` zeroes for the
+//!   experts no row chose, so their matrices are never read and nothing waits for the host;
+//!   `moe_combine_routed` picks each row's outputs by id. The weights are read once per tile of
+//!   rows anyway, so up to a tile this reads what the gathered products read.
+//! - **Gathered on the host** (natively, a longer step, e.g. a prefill): the chosen ids are read back
+//!   (a wait for the GPU once a layer and step, which a browser cannot do inside a step), each
+//!   chosen expert's rows gathered and multiplied by its matrices once for all of them, and
+//!   `moe_combine` adds them up.
 
 use hesper_engine::backend::{Backend, BackendError, Expert, GateUp, Moe};
 use hesper_engine::config::{Activation, Experts};
@@ -23,6 +25,14 @@ use hesper_gpu::GpuBuffer;
 use hesper_shaders as k;
 
 use crate::{device_error, GpuBackend, GpuMatrix};
+
+/// The most experts a layer may have for its short steps to be routed on the GPU natively:
+/// each expert's launches are recorded whether or not a row chose it, a few microseconds of
+/// host time each, where a read-back costs one wait for the GPU a layer (Mixtral's 8 and
+/// gpt-oss-20b's 32 experts are routed on the GPU, Qwen3-30B-A3B's 128 read back; not yet
+/// measured on a GPU).
+#[cfg(not(target_arch = "wasm32"))]
+const GATED_EXPERTS: usize = 32;
 
 /// The most launches one expert's FFN records routed on the GPU (activation quantizations,
 /// the products over their row windows, biases, the activation): its gate's slots.
@@ -40,16 +50,43 @@ pub fn moe_ffn(
     n: usize,
     out: &mut GpuBuffer<f32>,
 ) -> Result<(), BackendError> {
-    let mut logits = b.alloc(n * routing.n_expert)?;
+    let (n_expert, n_used) = (routing.n_expert, routing.n_used);
+    let mut logits = b.alloc(n * n_expert)?;
     b.matmul(&moe.router, x, n, &mut logits);
     if let Some(bias) = &moe.router_bias {
         b.add_bias(&mut logits, bias, n);
     }
+    let mut ids = b
+        .state
+        .borrow()
+        .gpu
+        .zeroed::<u32>("expert ids", n * n_used)
+        .map_err(device_error)?;
+    let mut w = b.alloc(n * n_used)?;
+    b.record(|st| {
+        st.batch.run(
+            &mut st.gpu,
+            &k::moe_route::Args {
+                logits: &logits,
+                ids: &mut ids,
+                w: &mut w,
+                n_expert: n_expert as u32,
+                n_used: n_used as u32,
+                normalize: routing.normalize.into(),
+                scale: routing.scale,
+                n: n as u32,
+            },
+            k::moe_route::grid_for(n as u32),
+        )
+    });
     #[cfg(not(target_arch = "wasm32"))]
-    if !b.state.borrow().route_on_gpu {
-        return routed_on_host(b, moe, routing, act, x, n, &logits, out);
+    {
+        let short = n <= k::TOKEN_TILE as usize && n_expert <= GATED_EXPERTS;
+        if !short && !b.state.borrow().route_on_gpu {
+            return gathered_on_host(b, moe, routing, act, x, n, (&ids, &w), out);
+        }
     }
-    routed_on_gpu(b, moe, routing, act, x, n, &logits, out)
+    routed_on_gpu(b, moe, routing, act, x, n, (&ids, &w), out)
 }
 
 /// `expert`'s FFN of `m` rows of `xs` into `y` (`m` rows of the model's width), through the
@@ -84,24 +121,29 @@ fn expert_ffn(
     }
 }
 
-/// The host routing: the router's `logits` read back, each chosen expert's rows gathered.
+/// Each chosen expert's rows gathered on the host from the read-back `ids` (`w`: their
+/// weights), multiplied once for all of them.
 #[cfg(not(target_arch = "wasm32"))]
 #[allow(clippy::too_many_arguments)]
-fn routed_on_host(
+fn gathered_on_host(
     b: &GpuBackend,
     moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
     routing: &Experts,
     act: Activation,
     x: &GpuBuffer<f32>,
     n: usize,
-    logits: &GpuBuffer<f32>,
+    (ids, w): (&GpuBuffer<u32>, &GpuBuffer<f32>),
     out: &mut GpuBuffer<f32>,
 ) -> Result<(), BackendError> {
     let d = moe.router.desc.cols;
     let (n_used, ff) = (routing.n_used, routing.n_ff);
-    let mut host = vec![0.0; n * routing.n_expert];
-    pollster::block_on(b.read(logits, &mut host))?;
-    let hesper_engine::config::Routes { chosen, rows_of } = routing.routes(&host);
+    let chosen =
+        pollster::block_on(b.submit_for_read(ids, n * n_used)?.wait()).map_err(device_error)?;
+    // Each expert's rows, with the expert's rank among the row's choices.
+    let mut rows_of = vec![Vec::new(); routing.n_expert];
+    for (k, &e) in chosen.iter().enumerate() {
+        rows_of[e as usize].push((k / n_used, k % n_used));
+    }
     // Row `t·n_used + rank`: row t's output from its rank-th expert.
     let mut ys = b.alloc(n * n_used * d)?;
     for (e, rows) in rows_of.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
@@ -118,19 +160,13 @@ fn routed_on_host(
             b.copy_rows(&y, i, 1, d, &mut ys, t * n_used + rank);
         }
     }
-    let weights: Vec<f32> = chosen
-        .iter()
-        .flat_map(|route| route.iter().map(|&(_, w)| w))
-        .collect();
-    let mut w = b.alloc(n * n_used)?;
-    b.write(&mut w, &weights)?;
     let len = (n * d) as u32;
     b.record(|st| {
         st.batch.run(
             &mut st.gpu,
             &k::moe_combine::Args {
                 ys: &ys,
-                w: &w,
+                w,
                 out,
                 width: d as u32,
                 n_used: n_used as u32,
@@ -142,8 +178,8 @@ fn routed_on_host(
     Ok(())
 }
 
-/// The GPU routing: `moe_route` into ids and weights, every expert recorded behind a gate
-/// over all `n` rows, `moe_combine_routed`.
+/// Every expert recorded behind a gate over all `n` rows, launched where a row chose it
+/// (`ids`; `w`: the weights), then `moe_combine_routed`.
 #[allow(clippy::too_many_arguments)]
 fn routed_on_gpu(
     b: &GpuBackend,
@@ -152,45 +188,28 @@ fn routed_on_gpu(
     act: Activation,
     x: &GpuBuffer<f32>,
     n: usize,
-    logits: &GpuBuffer<f32>,
+    (ids, w): (&GpuBuffer<u32>, &GpuBuffer<f32>),
     out: &mut GpuBuffer<f32>,
 ) -> Result<(), BackendError> {
     let d = moe.router.desc.cols;
     let (n_expert, n_used, ff) = (routing.n_expert, routing.n_used, routing.n_ff);
     let per_expert = 3 * EXPERT_LAUNCHES;
-    let (ids, grids, args) = {
+    let (grids, args) = {
         let st = b.state.borrow();
         let g = &st.gpu;
         (
-            g.zeroed::<u32>("expert ids", n * n_used),
             g.zeroed::<u32>("expert grids", n_expert * per_expert),
             g.indirect_args("expert launches", n_expert * per_expert),
         )
     };
-    let mut ids = ids.map_err(device_error)?;
     let (mut grids, mut args) = (grids.map_err(device_error)?, args.map_err(device_error)?);
-    let mut w = b.alloc(n * n_used)?;
     let words = (n_expert * per_expert) as u32;
     b.record(|st| {
         st.batch.run(
             &mut st.gpu,
-            &k::moe_route::Args {
-                logits,
-                ids: &mut ids,
-                w: &mut w,
-                n_expert: n_expert as u32,
-                n_used: n_used as u32,
-                normalize: routing.normalize.into(),
-                scale: routing.scale,
-                n: n as u32,
-            },
-            k::moe_route::grid_for(n as u32),
-        )?;
-        st.batch.run(
-            &mut st.gpu,
             &k::gate_grids::Args {
                 grids: &grids,
-                ids: &ids,
+                ids,
                 args: &mut args,
                 per_expert: per_expert as u32,
                 n_ids: (n * n_used) as u32,
@@ -232,8 +251,8 @@ fn routed_on_gpu(
             &mut st.gpu,
             &k::moe_combine_routed::Args {
                 ys: &ys,
-                ids: &ids,
-                w: &w,
+                ids,
+                w,
                 out,
                 width: d as u32,
                 n_used: n_used as u32,

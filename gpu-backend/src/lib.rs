@@ -344,11 +344,11 @@ impl GpuBackend {
     }
 
     /// Submits the recorded step with the read-back of the first `len` values of `src`.
-    fn submit_for_read(
+    fn submit_for_read<T: bytemuck::Pod>(
         &self,
-        src: &GpuBuffer<f32>,
+        src: &GpuBuffer<T>,
         len: usize,
-    ) -> Result<PendingRead<f32>, BackendError> {
+    ) -> Result<PendingRead<T>, BackendError> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         let batch = std::mem::replace(&mut st.batch, st.gpu.batch());
@@ -459,11 +459,10 @@ impl GpuBackend {
         self.state.borrow_mut().flush = dispatches.max(1);
     }
 
-    /// Routes a mixture of experts on the GPU when `on` (natively; a browser always does, as
-    /// it cannot wait for a read-back inside a step), else on the host from the router's
-    /// read-back, once a layer and step (the default natively: a prefill's rows are then
-    /// gathered by expert). Both compute each row's outputs with the same products; the
-    /// weights differ in their last bits (the GPU sums the softmax in f32).
+    /// Routes every step's mixture of experts on the GPU when `on`, as a browser always
+    /// does; by default (natively) only steps of up to [`k::TOKEN_TILE`] rows of layers of at
+    /// most 32 experts are, and another step's routing is read back once a layer so that its
+    /// rows are gathered by expert. Both give the same bits for every row (`experts.rs`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn set_experts_routed_on_gpu(&self, on: bool) {
         self.state.borrow_mut().route_on_gpu = on;
