@@ -109,7 +109,13 @@ fn run() -> Result<(), GpuError> {
                         split_v: rows as u32,
                         out_scale_v: 0.0,
                     },
-                    k::matrix_grid(rows as u32, lanes_per_row(cols / 16), 1),
+                    k::matrix_grid(
+                        rows as u32,
+                        lanes_per_row(cols / 16),
+                        1,
+                        k::bitlinear_i2s::TILE,
+                        k::bitlinear_i2s::ROWS,
+                    ),
                 )
             },
         )?;
@@ -147,7 +153,13 @@ fn run() -> Result<(), GpuError> {
                     split_v: head_rows as u32,
                     out_scale_v: 0.0,
                 },
-                k::matrix_grid(head_rows as u32, lanes_per_row(D / 2), 1),
+                k::matrix_grid(
+                    head_rows as u32,
+                    lanes_per_row(D / 2),
+                    1,
+                    k::matvec_f16::TILE,
+                    k::matvec_f16::ROWS,
+                ),
             )
         },
     )?;

@@ -411,8 +411,9 @@ fn tokenizer_pre_override_is_reported() {
 }
 
 /// `bench --backend gpu --roofline --json`: the device's copy bandwidth, the roofline derived
-/// from it, and a per-kernel profile whose launches add up to the dispatches counted during tg
-/// and whose bytes cover the weights read per token.
+/// from it, a per-kernel profile whose launches add up to the dispatches counted during tg
+/// and whose bytes cover the weights read per token, and which instance of the matrix kernels
+/// each test's products launched.
 #[test]
 fn gpu_bench_reports_its_roofline_and_kernels() {
     let o = hesper(&[
@@ -422,7 +423,7 @@ fn gpu_bench_reports_its_roofline_and_kernels() {
         "--roofline",
         "--json",
         "-p",
-        "4",
+        "8",
         "-n",
         "3",
         "-r",
@@ -435,6 +436,26 @@ fn gpu_bench_reports_its_roofline_and_kernels() {
         .and_then(|r| r.iter().find(|r| r["test"] == "tg3"))
         .expect("a tg3 row");
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    // The built-in model's 4 layers each run 4 products (Q/K/V, output, gate/up, down) and the
+    // LM head one. An 8-token prompt step runs the layers' products on the wide instances and
+    // the head, on the last row alone, on the decode one; a generated token runs decode alone.
+    let launches = |test: &str, wide: bool| -> f64 {
+        let row = rows
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["test"] == test));
+        let kernels = row.and_then(|r| r["matrix_kernels"].as_object());
+        let kernels = kernels.unwrap_or_else(|| panic!("{test}'s matrix kernels: {row:?}"));
+        kernels
+            .iter()
+            .filter(|(name, _)| name.ends_with("_wide") == wide)
+            .map(|(_, n)| num(n))
+            .sum()
+    };
+    assert_eq!((launches("pp8", true), launches("pp8", false)), (16.0, 1.0));
+    assert_eq!(
+        (launches("tg3", true), launches("tg3", false)),
+        (0.0, 3.0 * 17.0)
+    );
     let copy = num(&tg["gpu_copy_gb_per_s"]);
     assert!(copy > 0.0 && copy.is_finite(), "copy bandwidth {copy}");
     assert!(tg["read_gb_per_s"].is_null(), "host bandwidth on the GPU");

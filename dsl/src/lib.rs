@@ -88,13 +88,42 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// The kernel and each instance its `also(..)` names: the same body under another name with
+/// some of its constants changed, one module each.
 fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
+    let attr = parse_attr(attr)?;
+    let mut out = expand_one(&attr, func)?;
+    for (name, changed) in &attr.also {
+        let mut consts = attr.consts.clone();
+        for (c, v) in changed {
+            let Some(slot) = consts.iter_mut().find(|(k, _)| k == c) else {
+                return Err(syn::Error::new_spanned(
+                    c,
+                    format!("`{c}` is not among the kernel's `consts(..)`"),
+                ));
+            };
+            slot.1 = *v;
+        }
+        let mut instance = func.clone();
+        instance.sig.ident = name.clone();
+        let attr = KernelAttr {
+            consts,
+            also: Vec::new(),
+            ..attr.clone()
+        };
+        out.extend(expand_one(&attr, &instance)?);
+    }
+    Ok(out)
+}
+
+fn expand_one(attr: &KernelAttr, func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
     let KernelAttr {
         workgroup,
         uses,
         features,
         consts,
-    } = parse_attr(attr)?;
+        ..
+    } = attr.clone();
     let subgroups = features.iter().any(|f| f == "subgroups");
     let helper_names: Vec<String> = uses.iter().map(ToString::to_string).collect();
     let sig = signature::Signature::parse(func, &consts)?;
@@ -258,6 +287,7 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
 }
 
 /// What `#[kernel(..)]` says besides the body.
+#[derive(Clone)]
 struct KernelAttr {
     workgroup: u32,
     uses: Vec<syn::Ident>,
@@ -265,25 +295,52 @@ struct KernelAttr {
     features: Vec<String>,
     /// Values of the kernel's `const NAME: u32` generics.
     consts: Vec<(syn::Ident, u32)>,
+    /// `also(name(NAME = v, ..), ..)`: further kernels of the same body, each under its own
+    /// name with the constants it names changed.
+    also: Vec<(syn::Ident, Vec<(syn::Ident, u32)>)>,
+}
+
+/// `NAME = v, ..` inside `consts(..)` or an instance of `also(..)`.
+fn parse_consts(
+    meta: &syn::meta::ParseNestedMeta,
+    into: &mut Vec<(syn::Ident, u32)>,
+) -> syn::Result<()> {
+    meta.parse_nested_meta(|c| {
+        let id = c
+            .path
+            .get_ident()
+            .ok_or_else(|| c.error("name a `const` generic, e.g. `consts(TILE = 4)`"))?
+            .clone();
+        let lit: LitInt = c.value()?.parse()?;
+        into.push((id, lit.base10_parse()?));
+        Ok(())
+    })
 }
 
 /// `workgroup = N`, the optional `uses(helper, ..)`, `features(subgroups)` and
-/// `consts(NAME = v, ..)`.
+/// `consts(NAME = v, ..)` and `also(name(NAME = v, ..), ..)`.
 fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
     let mut size = None;
     let mut uses = Vec::new();
     let mut features = Vec::new();
     let mut consts = Vec::new();
+    let mut also = Vec::new();
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("consts") {
-            return meta.parse_nested_meta(|c| {
-                let id = c
+            return parse_consts(&meta, &mut consts);
+        }
+        if meta.path.is_ident("also") {
+            return meta.parse_nested_meta(|instance| {
+                let name = instance
                     .path
                     .get_ident()
-                    .ok_or_else(|| c.error("name a `const` generic, e.g. `consts(TILE = 4)`"))?
+                    .ok_or_else(|| {
+                        instance.error("name the instance, e.g. `also(k_wide(TILE = 16))`")
+                    })?
                     .clone();
-                let lit: LitInt = c.value()?.parse()?;
-                consts.push((id, lit.base10_parse()?));
+                let mut changed = Vec::new();
+                parse_consts(&instance, &mut changed)?;
+                also.push((name, changed));
                 Ok(())
             });
         }
@@ -319,7 +376,9 @@ fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
             size = Some(n);
             Ok(())
         } else {
-            Err(meta.error("expected `workgroup = N`, `uses(..)`, `features(..)` or `consts(..)`"))
+            Err(meta.error(
+                "expected `workgroup = N`, `uses(..)`, `features(..)`, `consts(..)` or `also(..)`",
+            ))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
@@ -331,6 +390,7 @@ fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
         uses,
         features,
         consts,
+        also,
     })
 }
 
@@ -457,6 +517,39 @@ mod tests {
             let err = expand_str(attr, item).expect_err(item);
             assert!(err.contains(needle), "{item}: {err}");
         }
+    }
+
+    #[test]
+    fn also_adds_the_same_kernel_under_another_name_with_other_constants() {
+        let k = "fn k<const TILE: u32, const ROWS: u32>(y: &mut [f32]) {
+            let mut s = [0.0f32; TILE * ROWS];
+            for j in 0..TILE * ROWS { y[j] = s[j]; }
+        }";
+        let out = expand_str(
+            "workgroup = 64, consts(TILE = 4, ROWS = 1), also(k_wide(TILE = 16, ROWS = 2))",
+            k,
+        )
+        .unwrap();
+        for needle in [
+            "mod k {",
+            "mod k_wide {",
+            "var s = array<f32, 4>();",
+            "var s = array<f32, 32>();",
+            "pub const ROWS : u32 = 1u32",
+            "pub const ROWS : u32 = 2u32",
+        ] {
+            assert!(out.contains(needle), "{needle} in {out}");
+        }
+        let one = "fn k<const TILE: u32>(y: &mut [f32]) {}";
+        let err = expand_str(
+            "workgroup = 64, consts(TILE = 4), also(k_wide(ROWS = 2))",
+            one,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("`ROWS` is not among the kernel's `consts(..)`"),
+            "{err}"
+        );
     }
 
     #[test]

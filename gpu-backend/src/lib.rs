@@ -13,6 +13,7 @@ mod matrix;
 mod product;
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -115,6 +116,8 @@ struct State {
     /// The first error raised while recording; returned by the next read.
     error: Option<GpuError>,
     dispatches: u64,
+    /// Launches of each matrix kernel instance (one per weight window), by kernel name.
+    products: BTreeMap<&'static str, u64>,
     /// Quantized activations of the matrix being multiplied.
     q: GpuBuffer<i32>,
     /// The same, packed four int8 to a word (for `dot4I8Packed`), and `Σq` per token.
@@ -262,6 +265,7 @@ impl GpuBackend {
                 top,
                 ropes: Vec::new(),
                 quantized: None,
+                products: BTreeMap::new(),
                 #[cfg(not(target_arch = "wasm32"))]
                 route_on_gpu: false,
             }),
@@ -422,6 +426,13 @@ impl GpuBackend {
             submit_ns,
             wait_ns,
         }
+    }
+
+    /// How many times each matrix kernel instance has been launched (once per weight window
+    /// a product reads), by kernel name: which instance, decode or wide-step, the products of
+    /// a step ran.
+    pub fn product_launches(&self) -> BTreeMap<&'static str, u64> {
+        self.state.borrow().products.clone()
     }
 
     /// The device's copy bandwidth in bytes per second, read plus written (best of `rounds`

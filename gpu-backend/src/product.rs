@@ -180,6 +180,7 @@ pub fn multiply_into(
         act_scale,
         halves,
         unused,
+        products,
         ..
     } = st;
     let (out, out_k, out_v, mode) = match outputs {
@@ -199,8 +200,10 @@ pub fn multiply_into(
         Kind::F32 => w.desc.cols,
     });
     let activations = activation_bytes(w.kind, *packed_dot, n, w.desc.cols);
+    // A step of more rows than one decode tile runs the wide-step instances: the same sums in
+    // the same order, each weight read once per tile of their larger tiles.
+    let wide = n >= k::WIDE_STEP as usize;
     for win in &w.windows {
-        let grid = k::matrix_grid(win.rows as u32, lanes, n32);
         // The window's weights and scales, the activations, and the outputs it writes (read
         // too where it adds into them; half as many where gate/up pairs make one value).
         let outputs = 4 * (n * win.rows) as u64;
@@ -213,9 +216,18 @@ pub fn multiply_into(
                 _ => outputs / 2,
             };
         let (row0, window_rows) = (win.row0 as u32, win.rows as u32);
-        // Every matrix kernel's launch: its own buffers, then the shared shape and output stage.
+        // Every matrix kernel's launch, its decode or its wide-step instance: its own buffers,
+        // then the shared shape and output stage.
         macro_rules! launch {
-            ($kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
+            ($decode:ident | $wide:ident { $($field:ident: $value:expr),* $(,)? }) => {
+                if wide {
+                    launch!(@one $wide { $($field: $value),* })
+                } else {
+                    launch!(@one $decode { $($field: $value),* })
+                }
+            };
+            (@one $kernel:ident { $($field:ident: $value:expr),* }) => {{
+                *products.entry(stringify!($kernel)).or_default() += 1;
                 batch.run_moving(
                     gpu,
                     &k::$kernel::Args {
@@ -236,50 +248,68 @@ pub fn multiply_into(
                         split_v,
                         out_scale_v,
                     },
-                    grid,
+                    k::matrix_grid(window_rows, lanes, n32, k::$kernel::TILE, k::$kernel::ROWS),
                     traffic,
                 )?
-            };
+            }};
         }
         match w.kind {
-            Kind::I2s { .. } if *packed_dot => launch!(bitlinear_i2s_dp4 {
-                codes: &win.data,
-                q: &packed.0,
-                scale: act_scale,
-                sum: &packed.1,
-            }),
-            Kind::I2s { .. } => launch!(bitlinear_i2s {
-                codes: &win.data,
-                q: q,
-                scale: act_scale,
-            }),
-            Kind::Q8_0 => launch!(matvec_q8_0 {
-                wq: &win.data,
-                wd: win.scales(&w.desc.name)?,
-                q: q,
-                d: act_scale,
-            }),
-            Kind::Tq => launch!(bitlinear_tq {
-                codes: &win.data,
-                wscale: win.scales(&w.desc.name)?,
-                q: q,
-                d: act_scale,
-            }),
-            Kind::Kq { sub, high, offset } => launch!(matvec_kq {
-                w: &win.data,
-                wd: win.scales(&w.desc.name)?,
-                q: q,
-                d: act_scale,
-                sub: sub,
-                high: high,
-                offset: offset,
-            }),
-            Kind::F32 => launch!(matvec_f32 { w: &win.data, x: x }),
-            Kind::F16 => launch!(matvec_f16 {
-                w: &win.data,
-                xh: &*halves
-            }),
-            Kind::Bf16 => launch!(matvec_bf16 { w: &win.data, x: x }),
+            Kind::I2s { .. } if *packed_dot => launch!(
+                bitlinear_i2s_dp4
+                    | bitlinear_i2s_dp4_wide {
+                        codes: &win.data,
+                        q: &packed.0,
+                        scale: act_scale,
+                        sum: &packed.1,
+                    }
+            ),
+            Kind::I2s { .. } => launch!(
+                bitlinear_i2s
+                    | bitlinear_i2s_wide {
+                        codes: &win.data,
+                        q: q,
+                        scale: act_scale,
+                    }
+            ),
+            Kind::Q8_0 => launch!(
+                matvec_q8_0
+                    | matvec_q8_0_wide {
+                        wq: &win.data,
+                        wd: win.scales(&w.desc.name)?,
+                        q: q,
+                        d: act_scale,
+                    }
+            ),
+            Kind::Tq => launch!(
+                bitlinear_tq
+                    | bitlinear_tq_wide {
+                        codes: &win.data,
+                        wscale: win.scales(&w.desc.name)?,
+                        q: q,
+                        d: act_scale,
+                    }
+            ),
+            Kind::Kq { sub, high, offset } => launch!(
+                matvec_kq
+                    | matvec_kq_wide {
+                        w: &win.data,
+                        wd: win.scales(&w.desc.name)?,
+                        q: q,
+                        d: act_scale,
+                        sub: sub,
+                        high: high,
+                        offset: offset,
+                    }
+            ),
+            Kind::F32 => launch!(matvec_f32 | matvec_f32_wide { w: &win.data, x: x }),
+            Kind::F16 => launch!(
+                matvec_f16
+                    | matvec_f16_wide {
+                        w: &win.data,
+                        xh: &*halves
+                    }
+            ),
+            Kind::Bf16 => launch!(matvec_bf16 | matvec_bf16_wide { w: &win.data, x: x }),
         }
     }
     Ok(())

@@ -4,43 +4,89 @@
 //! shape of a launch is written once, next to the kernels.
 
 use crate::{
-    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq, landmark_update, matvec_f16, matvec_f32,
-    matvec_q8_0, quantize_q8_0,
+    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_wide, bitlinear_tq,
+    bitlinear_tq_wide, landmark_update, matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide,
+    matvec_f32, matvec_f32_wide, matvec_kq, matvec_kq_wide, matvec_q8_0, matvec_q8_0_wide,
+    quantize_q8_0,
 };
 
-/// Tokens one workgroup of the matrix kernels multiplies at once (the second grid dimension is
-/// `ceil(n / TOKEN_TILE)`); each weight word is read once per tile. It is the kernels' own
-/// compile-time constant `TILE` (`consts(TILE = ..)`), the same in all six.
+/// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
+/// grid dimension is `ceil(n / TOKEN_TILE)`); each weight word is read once per tile. It is the
+/// kernels' own compile-time constant `TILE` (`consts(TILE = ..)`), the same in all eight; their
+/// wide-step instances (`*_wide`, [`WIDE_STEP`]) take larger tiles and several rows a thread.
 pub const TOKEN_TILE: u32 = bitlinear_i2s::TILE;
 
 /// Threads per workgroup of the matrix kernels (`bitlinear_*`, `matvec_*`); each output row
-/// takes `lanes` of them, so a workgroup covers `MATRIX_WORKGROUP / lanes` rows.
+/// takes `lanes` of them, so a workgroup covers `ROWS · MATRIX_WORKGROUP / lanes` rows.
 pub const MATRIX_WORKGROUP: u32 = 64;
 
+/// Rows of a step from which the backend runs the matrix kernels' wide-step instances: each
+/// sums every output in the same order as its decode instance (the same expressions per
+/// token and row, only more tokens and rows a thread), so which one ran a row never changes
+/// its bits, and a step of more rows than one decode tile reads each weight fewer times.
+pub const WIDE_STEP: u32 = TOKEN_TILE + 1;
+
 const _: () = {
-    let sizes = [
-        bitlinear_i2s::WORKGROUP_SIZE,
-        bitlinear_i2s_dp4::WORKGROUP_SIZE,
-        bitlinear_tq::WORKGROUP_SIZE,
-        matvec_f32::WORKGROUP_SIZE,
-        matvec_f16::WORKGROUP_SIZE,
-        matvec_q8_0::WORKGROUP_SIZE,
+    // (workgroup size, TILE, ROWS) of every decode instance, then of every wide instance.
+    let decode = [
+        (
+            bitlinear_i2s::WORKGROUP_SIZE,
+            bitlinear_i2s::TILE,
+            bitlinear_i2s::ROWS,
+        ),
+        (
+            bitlinear_i2s_dp4::WORKGROUP_SIZE,
+            bitlinear_i2s_dp4::TILE,
+            bitlinear_i2s_dp4::ROWS,
+        ),
+        (
+            bitlinear_tq::WORKGROUP_SIZE,
+            bitlinear_tq::TILE,
+            bitlinear_tq::ROWS,
+        ),
+        (
+            matvec_f32::WORKGROUP_SIZE,
+            matvec_f32::TILE,
+            matvec_f32::ROWS,
+        ),
+        (
+            matvec_f16::WORKGROUP_SIZE,
+            matvec_f16::TILE,
+            matvec_f16::ROWS,
+        ),
+        (
+            matvec_bf16::WORKGROUP_SIZE,
+            matvec_bf16::TILE,
+            matvec_bf16::ROWS,
+        ),
+        (
+            matvec_q8_0::WORKGROUP_SIZE,
+            matvec_q8_0::TILE,
+            matvec_q8_0::ROWS,
+        ),
+        (matvec_kq::WORKGROUP_SIZE, matvec_kq::TILE, matvec_kq::ROWS),
     ];
-    let tiles = [
-        bitlinear_i2s::TILE,
-        bitlinear_i2s_dp4::TILE,
-        bitlinear_tq::TILE,
-        matvec_f32::TILE,
-        matvec_f16::TILE,
-        matvec_q8_0::TILE,
+    let wide = [
+        bitlinear_i2s_wide::WORKGROUP_SIZE,
+        bitlinear_i2s_dp4_wide::WORKGROUP_SIZE,
+        bitlinear_tq_wide::WORKGROUP_SIZE,
+        matvec_f32_wide::WORKGROUP_SIZE,
+        matvec_f16_wide::WORKGROUP_SIZE,
+        matvec_bf16_wide::WORKGROUP_SIZE,
+        matvec_q8_0_wide::WORKGROUP_SIZE,
+        matvec_kq_wide::WORKGROUP_SIZE,
     ];
     let mut i = 0;
-    while i < sizes.len() {
+    while i < decode.len() {
         assert!(
-            sizes[i] == MATRIX_WORKGROUP,
+            decode[i].0 == MATRIX_WORKGROUP && wide[i] == MATRIX_WORKGROUP,
             "a matrix kernel's workgroup is not MATRIX_WORKGROUP"
         );
-        assert!(tiles[i] == TOKEN_TILE, "the matrix kernels' TILE differs");
+        assert!(
+            decode[i].1 == TOKEN_TILE,
+            "the matrix kernels' TILE differs"
+        );
+        assert!(decode[i].2 == 1, "a decode instance takes one row a thread");
         i += 1;
     }
 };
@@ -53,11 +99,18 @@ pub fn lanes_per_row(units: usize) -> u32 {
     1 << want.ilog2()
 }
 
-/// The grid of a matrix kernel: `rows` output rows at `lanes` threads each along x, `tokens`
-/// activation rows in tiles of [`TOKEN_TILE`] along y (at least one workgroup each way).
-pub const fn matrix_grid(rows: u32, lanes: u32, tokens: u32) -> [u32; 3] {
-    let x = rows.div_ceil(MATRIX_WORKGROUP / lanes);
-    let y = tokens.div_ceil(TOKEN_TILE);
+/// The grid of a matrix kernel whose `TILE` is `tile` and `ROWS` is `per_thread`: `rows`
+/// output rows at `lanes` threads and `per_thread` rows each along x, `tokens` activation rows
+/// in tiles of `tile` along y (at least one workgroup each way).
+pub const fn matrix_grid(
+    rows: u32,
+    lanes: u32,
+    tokens: u32,
+    tile: u32,
+    per_thread: u32,
+) -> [u32; 3] {
+    let x = rows.div_ceil(MATRIX_WORKGROUP / lanes * per_thread);
+    let y = tokens.div_ceil(tile);
     [if x == 0 { 1 } else { x }, if y == 0 { 1 } else { y }, 1]
 }
 

@@ -1,6 +1,8 @@
 //! K-quant weight matrices (Q4_K, Q5_K, Q6_K) times Q8_K activations, with the launch geometry
-//! and output stage of `bitlinear.rs`: `lanes` threads per output row, `64 / lanes` rows per
-//! workgroup, a tile of up to `TILE` tokens per weight pass, [`row_sums`] then [`store_rows`].
+//! and output stage of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread
+//! (`ROWS · 64 / lanes` per workgroup), a tile of up to `TILE` tokens per weight pass,
+//! [`row_sums`] then [`store_rows`] for each of the thread's rows; `matvec_kq_wide` is the
+//! wide-step instance, summing every output in the same order.
 
 use hesper_dsl::kernel;
 
@@ -20,8 +22,13 @@ use crate::tile::store_rows;
 /// activations from [`crate::quantize_q8k`]. Per block the exact integers
 /// `sumi = Σ_s scale_s · Σ code·q` and `summ = Σ_s min_s · Σ q`, then
 /// `acc += (d·d_act)·sumi − (dmin·d_act)·summ`, as the CPU's scalar kernels do.
-#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
-pub fn matvec_kq<const TILE: u32>(
+#[kernel(
+    workgroup = 64,
+    uses(row_sums, store_rows),
+    consts(TILE = 4, ROWS = 1),
+    also(matvec_kq_wide(TILE = 8, ROWS = 2))
+)]
+pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
     w: &[u32],
     wd: &[f32],
     q: &[i32],
@@ -48,7 +55,12 @@ pub fn matvec_kq<const TILE: u32>(
 ) {
     let t = lid();
     let lane = t % lanes;
-    let r = wid() * (64u32 / lanes) + t / lanes;
+    let group = 64u32 / lanes;
+    let r0 = wid() * group * ROWS + t / lanes;
+    let mut rr = [0u32; ROWS];
+    for m in 0..ROWS {
+        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+    }
     let t0 = wid_y() * TILE;
     // Words of nibbles and of high bits a row holds; codes per word of high bits (`max` keeps
     // the division defined where there are none).
@@ -60,80 +72,102 @@ pub fn matvec_kq<const TILE: u32>(
     let blocks = cols / 256u32;
     let subs = 256u32 / sub;
     let stride = words + blocks * subs;
-    let mut f = [0.0f32; TILE];
+    let mut f = [0.0f32; TILE * ROWS];
     for blk in (lane..blocks).step_by(lanes) {
-        if r >= window_rows {
+        if r0 >= window_rows {
             break;
         }
-        let mut si = [0i32; TILE];
-        let mut sm = [0i32; TILE];
+        let mut si = [0i32; TILE * ROWS];
+        let mut sm = [0i32; TILE * ROWS];
         for s in 0..subs {
-            let packed = w[r * stride + words + blk * subs + s];
-            let scale = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
-            let min = (packed >> 16u32) as i32;
+            let mut scale = [0i32; ROWS];
+            let mut mins = [0i32; ROWS];
+            for m in 0..ROWS {
+                let packed = w[rr[m] * stride + words + blk * subs + s];
+                scale[m] = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
+                mins[m] = (packed >> 16u32) as i32;
+            }
             let e0 = blk * 256u32 + s * sub;
-            let mut sd = [0i32; TILE];
+            let mut sd = [0i32; TILE * ROWS];
+            // Σq of the sub-block, the same for every row.
             let mut sq = [0i32; TILE];
             for i in 0..sub / 8u32 {
                 let e = e0 + 8u32 * i;
-                let nibbles = w[r * stride + e / 8u32];
+                let mut nibbles = [0u32; ROWS];
                 // The eight codes' high bits, from one word (8 divides `per_high`).
-                let mut highs = 0u32;
-                if high > 0u32 {
-                    highs = w[r * stride + nibble_words + e / per_high] >> (high * (e % per_high));
+                let mut highs = [0u32; ROWS];
+                for m in 0..ROWS {
+                    nibbles[m] = w[rr[m] * stride + e / 8u32];
+                    if high > 0u32 {
+                        highs[m] = w[rr[m] * stride + nibble_words + e / per_high]
+                            >> (high * (e % per_high));
+                    }
                 }
                 for b in 0..8u32 {
-                    let code = ((nibbles >> (4u32 * b)) & 15u32)
-                        | (((highs >> (high * b)) & high_mask) << 4u32);
-                    let wv = code as i32 - offset as i32;
+                    let mut wv = [0i32; ROWS];
+                    for m in 0..ROWS {
+                        let code = ((nibbles[m] >> (4u32 * b)) & 15u32)
+                            | (((highs[m] >> (high * b)) & high_mask) << 4u32);
+                        wv[m] = code as i32 - offset as i32;
+                    }
                     for j in 0..TILE {
                         if t0 + j < n {
                             let qv = q[(t0 + j) * cols + e + b];
-                            sd[j] += wv * qv;
+                            for m in 0..ROWS {
+                                sd[m * TILE + j] += wv[m] * qv;
+                            }
                             sq[j] += qv;
                         }
                     }
                 }
             }
+            for m in 0..ROWS {
+                for j in 0..TILE {
+                    si[m * TILE + j] += scale[m] * sd[m * TILE + j];
+                    sm[m * TILE + j] += mins[m] * sq[j];
+                }
+            }
+        }
+        for m in 0..ROWS {
+            let dw = wd[2u32 * (rr[m] * blocks + blk)];
+            let dm = wd[2u32 * (rr[m] * blocks + blk) + 1u32];
             for j in 0..TILE {
-                si[j] += scale * sd[j];
-                sm[j] += min * sq[j];
+                if t0 + j < n {
+                    let da = d[(t0 + j) * blocks + blk];
+                    f[m * TILE + j] += (dw * da) * (si[m * TILE + j] as f32)
+                        - (dm * da) * (sm[m * TILE + j] as f32);
+                }
             }
         }
-        let dw = wd[2u32 * (r * blocks + blk)];
-        let dm = wd[2u32 * (r * blocks + blk) + 1u32];
+    }
+    for m in 0..ROWS {
         for j in 0..TILE {
-            if t0 + j < n {
-                let da = d[(t0 + j) * blocks + blk];
-                f[j] += (dw * da) * (si[j] as f32) - (dm * da) * (sm[j] as f32);
-            }
+            acc[64u32 * j + t] = f[m * TILE + j];
         }
+        barrier();
+        row_sums(acc, t, lane, lanes, TILE);
+        store_rows(
+            acc,
+            out,
+            out_k,
+            out_v,
+            t,
+            lane,
+            lanes,
+            r0 + m * group,
+            window_rows,
+            row0,
+            rows,
+            t0,
+            n,
+            TILE,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
     }
-    for j in 0..TILE {
-        acc[64u32 * j + t] = f[j];
-    }
-    barrier();
-    row_sums(acc, t, lane, lanes, TILE);
-    store_rows(
-        acc,
-        out,
-        out_k,
-        out_v,
-        t,
-        lane,
-        lanes,
-        r,
-        window_rows,
-        row0,
-        rows,
-        t0,
-        n,
-        TILE,
-        mode,
-        out_scale,
-        out_scale_odd,
-        split_k,
-        split_v,
-        out_scale_v,
-    );
 }

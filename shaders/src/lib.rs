@@ -20,7 +20,10 @@ mod rope;
 mod tile;
 
 pub use argmax::{argmax_final, argmax_partial, take_top, NON_FINITE};
-pub use bitlinear::{bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_tq};
+pub use bitlinear::{
+    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_wide, bitlinear_tq,
+    bitlinear_tq_wide,
+};
 pub use elementwise::{
     add_assign, add_bias, gelu_mul, interleave_rows, moe_combine, relu2_mul, scale_assign,
     silu_mul, softcap_assign, swiglu_clamped_mul,
@@ -30,12 +33,15 @@ pub use experts::{gate_grids, moe_combine_routed, moe_route};
 pub use flash_attention::attention;
 pub use geometry::{
     attention_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid,
-    MATRIX_WORKGROUP, Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE,
+    MATRIX_WORKGROUP, Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE, WIDE_STEP,
 };
 pub use half::pack_f16;
-pub use k_quants::matvec_kq;
+pub use k_quants::{matvec_kq, matvec_kq_wide};
 pub use kv::{kv_shift, kv_write, landmark_update, rope_neox_kv_write};
-pub use matvec::{matvec_bf16, matvec_f16, matvec_f32, matvec_q8_0};
+pub use matvec::{
+    matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
+    matvec_q8_0, matvec_q8_0_wide,
+};
 pub use norm::{rms_norm, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg, rms_norm_sg};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};

@@ -1,6 +1,8 @@
 //! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry and output stage
-//! of `bitlinear.rs`: `lanes` threads per output row, `64 / lanes` rows per workgroup, a tile of
-//! up to `TILE` tokens per weight pass, [`row_sums`] then [`store_rows`].
+//! of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread and so
+//! `ROWS · 64 / lanes` rows per workgroup, a tile of up to `TILE` tokens per weight pass,
+//! [`row_sums`] then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step
+//! instance (`*_wide`, more tokens and rows a thread) summing every output in the same order.
 
 use hesper_dsl::kernel;
 
@@ -8,8 +10,13 @@ use crate::reduce::row_sums;
 use crate::tile::store_rows;
 
 /// F32 weights (held as raw words).
-#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
-pub fn matvec_f32<const TILE: u32>(
+#[kernel(
+    workgroup = 64,
+    uses(row_sums, store_rows),
+    consts(TILE = 4, ROWS = 1),
+    also(matvec_f32_wide(TILE = 16, ROWS = 4))
+)]
+pub fn matvec_f32<const TILE: u32, const ROWS: u32>(
     w: &[u32],
     x: &[f32],
     out: &mut [f32],
@@ -31,54 +38,73 @@ pub fn matvec_f32<const TILE: u32>(
 ) {
     let t = lid();
     let lane = t % lanes;
-    let r = wid() * (64u32 / lanes) + t / lanes;
+    let group = 64u32 / lanes;
+    let r0 = wid() * group * ROWS + t / lanes;
+    let mut rr = [0u32; ROWS];
+    for m in 0..ROWS {
+        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+    }
     let t0 = wid_y() * TILE;
-    let mut f = [0.0f32; TILE];
+    let mut f = [0.0f32; TILE * ROWS];
     for i in (lane..cols).step_by(lanes) {
-        if r >= window_rows {
+        if r0 >= window_rows {
             break;
         }
-        let wv = f32_from_bits(w[r * cols + i]);
+        let mut wv = [0.0f32; ROWS];
+        for m in 0..ROWS {
+            wv[m] = f32_from_bits(w[rr[m] * cols + i]);
+        }
         for j in 0..TILE {
             if t0 + j < n {
-                f[j] += wv * x[(t0 + j) * cols + i];
+                let xv = x[(t0 + j) * cols + i];
+                for m in 0..ROWS {
+                    f[m * TILE + j] += wv[m] * xv;
+                }
             }
         }
     }
-    for j in 0..TILE {
-        acc[64u32 * j + t] = f[j];
+    for m in 0..ROWS {
+        for j in 0..TILE {
+            acc[64u32 * j + t] = f[m * TILE + j];
+        }
+        barrier();
+        row_sums(acc, t, lane, lanes, TILE);
+        store_rows(
+            acc,
+            out,
+            out_k,
+            out_v,
+            t,
+            lane,
+            lanes,
+            r0 + m * group,
+            window_rows,
+            row0,
+            rows,
+            t0,
+            n,
+            TILE,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
     }
-    barrier();
-    row_sums(acc, t, lane, lanes, TILE);
-    store_rows(
-        acc,
-        out,
-        out_k,
-        out_v,
-        t,
-        lane,
-        lanes,
-        r,
-        window_rows,
-        row0,
-        rows,
-        t0,
-        n,
-        TILE,
-        mode,
-        out_scale,
-        out_scale_odd,
-        split_k,
-        split_v,
-        out_scale_v,
-    );
 }
 
 /// F16 weights (two per word, the lower first; `cols` even) times activations rounded to f16
 /// as ggml does for F16 matrices, packed the same way by [`crate::pack_f16`] (`xh`: `cols / 2`
 /// words a token).
-#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
-pub fn matvec_f16<const TILE: u32>(
+#[kernel(
+    workgroup = 64,
+    uses(row_sums, store_rows),
+    consts(TILE = 4, ROWS = 1),
+    also(matvec_f16_wide(TILE = 16, ROWS = 4))
+)]
+pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
     w: &[u32],
     xh: &[u32],
     out: &mut [f32],
@@ -100,57 +126,78 @@ pub fn matvec_f16<const TILE: u32>(
 ) {
     let t = lid();
     let lane = t % lanes;
-    let r = wid() * (64u32 / lanes) + t / lanes;
+    let group = 64u32 / lanes;
+    let r0 = wid() * group * ROWS + t / lanes;
+    let mut rr = [0u32; ROWS];
+    for m in 0..ROWS {
+        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+    }
     let t0 = wid_y() * TILE;
     let half = cols / 2u32;
-    let mut f = [0.0f32; TILE];
+    let mut f = [0.0f32; TILE * ROWS];
     for i in (lane..half).step_by(lanes) {
-        if r >= window_rows {
+        if r0 >= window_rows {
             break;
         }
-        let word = w[r * half + i];
-        let lo = unpack_f16_lo(word);
-        let hi = unpack_f16_hi(word);
+        let mut lo = [0.0f32; ROWS];
+        let mut hi = [0.0f32; ROWS];
+        for m in 0..ROWS {
+            let word = w[rr[m] * half + i];
+            lo[m] = unpack_f16_lo(word);
+            hi[m] = unpack_f16_hi(word);
+        }
         for j in 0..TILE {
             if t0 + j < n {
                 let a = xh[(t0 + j) * half + i];
-                f[j] += lo * unpack_f16_lo(a) + hi * unpack_f16_hi(a);
+                let alo = unpack_f16_lo(a);
+                let ahi = unpack_f16_hi(a);
+                for m in 0..ROWS {
+                    f[m * TILE + j] += lo[m] * alo + hi[m] * ahi;
+                }
             }
         }
     }
-    for j in 0..TILE {
-        acc[64u32 * j + t] = f[j];
+    for m in 0..ROWS {
+        for j in 0..TILE {
+            acc[64u32 * j + t] = f[m * TILE + j];
+        }
+        barrier();
+        row_sums(acc, t, lane, lanes, TILE);
+        store_rows(
+            acc,
+            out,
+            out_k,
+            out_v,
+            t,
+            lane,
+            lanes,
+            r0 + m * group,
+            window_rows,
+            row0,
+            rows,
+            t0,
+            n,
+            TILE,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
     }
-    barrier();
-    row_sums(acc, t, lane, lanes, TILE);
-    store_rows(
-        acc,
-        out,
-        out_k,
-        out_v,
-        t,
-        lane,
-        lanes,
-        r,
-        window_rows,
-        row0,
-        rows,
-        t0,
-        n,
-        TILE,
-        mode,
-        out_scale,
-        out_scale_odd,
-        split_k,
-        split_v,
-        out_scale_v,
-    );
 }
 
 /// BF16 weights (two per word, the lower first; `cols` even); the activations are rounded
 /// through bf16 first (to nearest, ties to even), as ggml does for BF16 matrices.
-#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
-pub fn matvec_bf16<const TILE: u32>(
+#[kernel(
+    workgroup = 64,
+    uses(row_sums, store_rows),
+    consts(TILE = 4, ROWS = 1),
+    also(matvec_bf16_wide(TILE = 16, ROWS = 4))
+)]
+pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
     w: &[u32],
     x: &[f32],
     out: &mut [f32],
@@ -172,17 +219,26 @@ pub fn matvec_bf16<const TILE: u32>(
 ) {
     let t = lid();
     let lane = t % lanes;
-    let r = wid() * (64u32 / lanes) + t / lanes;
+    let group = 64u32 / lanes;
+    let r0 = wid() * group * ROWS + t / lanes;
+    let mut rr = [0u32; ROWS];
+    for m in 0..ROWS {
+        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+    }
     let t0 = wid_y() * TILE;
     let half = cols / 2u32;
-    let mut f = [0.0f32; TILE];
+    let mut f = [0.0f32; TILE * ROWS];
     for i in (lane..half).step_by(lanes) {
-        if r >= window_rows {
+        if r0 >= window_rows {
             break;
         }
-        let word = w[r * half + i];
-        let lo = f32_from_bits(word << 16u32);
-        let hi = f32_from_bits(word & 4294901760u32);
+        let mut lo = [0.0f32; ROWS];
+        let mut hi = [0.0f32; ROWS];
+        for m in 0..ROWS {
+            let word = w[rr[m] * half + i];
+            lo[m] = f32_from_bits(word << 16u32);
+            hi[m] = f32_from_bits(word & 4294901760u32);
+        }
         for j in 0..TILE {
             if t0 + j < n {
                 let a = (t0 + j) * cols + 2u32 * i;
@@ -190,44 +246,54 @@ pub fn matvec_bf16<const TILE: u32>(
                 let xb = f32_to_bits(x[a + 1u32]);
                 let ra = f32_from_bits((xa + 32767u32 + ((xa >> 16u32) & 1u32)) & 4294901760u32);
                 let rb = f32_from_bits((xb + 32767u32 + ((xb >> 16u32) & 1u32)) & 4294901760u32);
-                f[j] += lo * ra + hi * rb;
+                for m in 0..ROWS {
+                    f[m * TILE + j] += lo[m] * ra + hi[m] * rb;
+                }
             }
         }
     }
-    for j in 0..TILE {
-        acc[64u32 * j + t] = f[j];
+    for m in 0..ROWS {
+        for j in 0..TILE {
+            acc[64u32 * j + t] = f[m * TILE + j];
+        }
+        barrier();
+        row_sums(acc, t, lane, lanes, TILE);
+        store_rows(
+            acc,
+            out,
+            out_k,
+            out_v,
+            t,
+            lane,
+            lanes,
+            r0 + m * group,
+            window_rows,
+            row0,
+            rows,
+            t0,
+            n,
+            TILE,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
     }
-    barrier();
-    row_sums(acc, t, lane, lanes, TILE);
-    store_rows(
-        acc,
-        out,
-        out_k,
-        out_v,
-        t,
-        lane,
-        lanes,
-        r,
-        window_rows,
-        row0,
-        rows,
-        t0,
-        n,
-        TILE,
-        mode,
-        out_scale,
-        out_scale_odd,
-        split_k,
-        split_v,
-        out_scale_v,
-    );
 }
 
 /// Q8_0 weights (repacked: the 32 int8 of each block as 8 words, the f16 block scales as f32
 /// in `wd[row·blocks + block]`) times Q8_0 activations from [`crate::quantize_q8_0`]: per
 /// block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as ggml does.
-#[kernel(workgroup = 64, uses(row_sums, store_rows), consts(TILE = 4))]
-pub fn matvec_q8_0<const TILE: u32>(
+#[kernel(
+    workgroup = 64,
+    uses(row_sums, store_rows),
+    consts(TILE = 4, ROWS = 1),
+    also(matvec_q8_0_wide(TILE = 8, ROWS = 4))
+)]
+pub fn matvec_q8_0<const TILE: u32, const ROWS: u32>(
     wq: &[u32],
     wd: &[f32],
     q: &[i32],
@@ -251,58 +317,77 @@ pub fn matvec_q8_0<const TILE: u32>(
 ) {
     let t = lid();
     let lane = t % lanes;
-    let r = wid() * (64u32 / lanes) + t / lanes;
+    let group = 64u32 / lanes;
+    let r0 = wid() * group * ROWS + t / lanes;
+    let mut rr = [0u32; ROWS];
+    for m in 0..ROWS {
+        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+    }
     let t0 = wid_y() * TILE;
     let blocks = cols / 32u32;
-    let mut f = [0.0f32; TILE];
+    let mut f = [0.0f32; TILE * ROWS];
     for blk in (lane..blocks).step_by(lanes) {
-        if r >= window_rows {
+        if r0 >= window_rows {
             break;
         }
-        let mut s = [0i32; TILE];
+        let mut s = [0i32; TILE * ROWS];
         for i in 0..8u32 {
-            let word = wq[(r * blocks + blk) * 8u32 + i];
+            let mut word = [0u32; ROWS];
+            for m in 0..ROWS {
+                word[m] = wq[(rr[m] * blocks + blk) * 8u32 + i];
+            }
             for b in 0..4u32 {
-                let wv = (((word >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
+                let mut wv = [0i32; ROWS];
+                for m in 0..ROWS {
+                    wv[m] = (((word[m] >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
+                }
                 for j in 0..TILE {
                     if t0 + j < n {
-                        s[j] += wv * q[(t0 + j) * cols + blk * 32u32 + i * 4u32 + b];
+                        let qv = q[(t0 + j) * cols + blk * 32u32 + i * 4u32 + b];
+                        for m in 0..ROWS {
+                            s[m * TILE + j] += wv[m] * qv;
+                        }
                     }
                 }
             }
         }
-        let ws = wd[r * blocks + blk];
-        for j in 0..TILE {
-            if t0 + j < n {
-                f[j] += (s[j] as f32) * (ws * d[(t0 + j) * blocks + blk]);
+        for m in 0..ROWS {
+            let ws = wd[rr[m] * blocks + blk];
+            for j in 0..TILE {
+                if t0 + j < n {
+                    f[m * TILE + j] += (s[m * TILE + j] as f32) * (ws * d[(t0 + j) * blocks + blk]);
+                }
             }
         }
     }
-    for j in 0..TILE {
-        acc[64u32 * j + t] = f[j];
+    for m in 0..ROWS {
+        for j in 0..TILE {
+            acc[64u32 * j + t] = f[m * TILE + j];
+        }
+        barrier();
+        row_sums(acc, t, lane, lanes, TILE);
+        store_rows(
+            acc,
+            out,
+            out_k,
+            out_v,
+            t,
+            lane,
+            lanes,
+            r0 + m * group,
+            window_rows,
+            row0,
+            rows,
+            t0,
+            n,
+            TILE,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
     }
-    barrier();
-    row_sums(acc, t, lane, lanes, TILE);
-    store_rows(
-        acc,
-        out,
-        out_k,
-        out_v,
-        t,
-        lane,
-        lanes,
-        r,
-        window_rows,
-        row0,
-        rows,
-        t0,
-        n,
-        TILE,
-        mode,
-        out_scale,
-        out_scale_odd,
-        split_k,
-        split_v,
-        out_scale_v,
-    );
 }

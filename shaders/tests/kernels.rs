@@ -208,22 +208,34 @@ impl Matrix {
 }
 
 /// One launch of a [`Matrix`] test: its rows written at columns `row0..row0 + rows` of a
-/// `[n][width]` output, `lanes` threads a row.
+/// `[n][width]` output, `lanes` threads a row, by the kernel's decode instance or (`wide`) its
+/// wide-step one.
 #[derive(Clone, Copy)]
 struct Placement {
     m: Matrix,
     row0: usize,
     width: usize,
     lanes: u32,
+    wide: bool,
 }
 
-/// `launch_matrix!(g, out, placement, out_scale; kernel { field: value, .. })` launches matrix
-/// kernel `k::kernel` with its own buffers (the fields) at a [`Placement`], storing
+/// `launch_matrix!(g, out, placement, out_scale; kernel | kernel_wide { field: value, .. })`
+/// launches matrix kernel `k::kernel` (or its wide-step instance `k::kernel_wide` where the
+/// placement says `wide`) with its own buffers (the fields) at a [`Placement`], storing
 /// (`k::STORE`) its sums times `out_scale` into `out`. A macro: every matrix kernel has its own
 /// `Args` struct; they share the window, output and scale fields filled in here.
 macro_rules! launch_matrix {
     ($g:expr, $out:expr, $p:expr, $out_scale:expr;
-     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+     $kernel:ident | $wide:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let p: Placement = $p;
+        if p.wide {
+            launch_matrix!(@one $g, $out, p, $out_scale; $wide { $($field: $value),* })
+        } else {
+            launch_matrix!(@one $g, $out, p, $out_scale; $kernel { $($field: $value),* })
+        }
+    }};
+    (@one $g:expr, $out:expr, $p:expr, $out_scale:expr;
+     $kernel:ident { $($field:ident: $value:expr),* }) => {{
         let p: Placement = $p;
         // Written only by joined Q/K/V matrices (`k::SPLIT_QKV`).
         let (mut unused_k, mut unused_v) = (
@@ -250,15 +262,23 @@ macro_rules! launch_matrix {
                 split_v: p.width as u32,
                 out_scale_v: 0.0,
             },
-            k::matrix_grid(p.m.rows as u32, p.lanes, p.m.n as u32),
+            k::matrix_grid(
+                p.m.rows as u32,
+                p.lanes,
+                p.m.n as u32,
+                k::$kernel::TILE,
+                k::$kernel::ROWS,
+            ),
         )
     }};
 }
 
-/// Runs a matrix kernel at every window of [`WINDOWS`] with every lane count of [`LANES`]:
-/// `run` launches it (with [`launch_matrix!`]) into a fresh [`SENTINEL`]-filled output; then
-/// nothing outside the window may have been written, and `error` of the window's `[n][rows]`
-/// values (`what`, for the report) must be within `bound`.
+/// Runs a matrix kernel at every window of [`WINDOWS`] with every lane count of [`LANES`], its
+/// decode and its wide-step instance: `run` launches it (with [`launch_matrix!`]) into a fresh
+/// [`SENTINEL`]-filled output; then nothing outside the window may have been written, `error`
+/// of the window's `[n][rows]` values (`what`, for the report) must be within `bound`, and the
+/// two instances must agree bit for bit (the same sums in the same order: which one a step
+/// runs may never change a row).
 fn sweep_matrix(
     g: &mut Gpu,
     m: Matrix,
@@ -269,17 +289,31 @@ fn sweep_matrix(
 ) {
     for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
         let width = row0 + m.rows + extra;
-        let mut out = sentinel_out(g, m.n, width);
-        let p = Placement {
-            m,
-            row0,
-            width,
-            lanes,
-        };
-        run(g, &mut out, p);
-        let got = window(&read!(g, &out), m.n, width, row0, m.rows);
-        let name = format!("{} (row0 {row0}, width {width}, {lanes} lanes)", m.name);
-        assert_within(&name, what, error(&got), bound);
+        let mut results = Vec::new();
+        for wide in [false, true] {
+            let mut out = sentinel_out(g, m.n, width);
+            let p = Placement {
+                m,
+                row0,
+                width,
+                lanes,
+                wide,
+            };
+            run(g, &mut out, p);
+            let got = window(&read!(g, &out), m.n, width, row0, m.rows);
+            let instance = if wide { "wide" } else { "decode" };
+            let name = format!(
+                "{} {instance} (row0 {row0}, width {width}, {lanes} lanes)",
+                m.name
+            );
+            assert_within(&name, what, error(&got), bound);
+            results.push(bits(&got));
+        }
+        assert!(
+            results[0] == results[1],
+            "{}: the wide-step instance differs from the decode one (row0 {row0}, {lanes} lanes)",
+            m.name
+        );
     }
 }
 
@@ -920,9 +954,9 @@ fn i2s_reference(codes: &[u8], acts: &[I8Row], cols: usize, beta: f32) -> Vec<f3
 #[test]
 fn bitlinear_i2s_matches_the_cpu() {
     let mut g = gpu();
-    // 37 rows of 640 weights (5 groups of 128: 40 words a row for 64 threads), 5 tokens
-    // (grid y = 2: a full tile of 4 and a tile of 1).
-    let (rows, cols, n, beta) = (37usize, 640usize, 5usize, 0.0371f32);
+    // 37 rows of 640 weights (5 groups of 128: 40 words a row for 64 threads), 21 tokens
+    // (five decode tiles of 4 and one of 1; a wide tile of 16 and one of 5).
+    let (rows, cols, n, beta) = (37usize, 640usize, 21usize, 0.0371f32);
     let codes = i2s_codes(rows * cols / 4, 11);
     let acts: Vec<_> = (0..n)
         .map(|t| quantize_i8_row(&data(cols, 12 + t as u64)))
@@ -943,7 +977,7 @@ fn bitlinear_i2s_matches_the_cpu() {
         Matrix::new("bitlinear_i2s", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, beta;
-                bitlinear_i2s { codes: &bc, q: &bq, scale: &bs })
+                bitlinear_i2s | bitlinear_i2s_wide { codes: &bc, q: &bq, scale: &bs })
         },
         |got| max_rel_diff(got, &want),
         "relative diff",
@@ -968,8 +1002,9 @@ fn block_activations<B>(
 #[test]
 fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
     let mut g = gpu();
-    // 37 rows of 1280 weights (5 Q8_K blocks for 64 threads), 5 tokens.
-    let (rows, cols, n, out_scale) = (37usize, 1280usize, 5usize, 1.25f32);
+    // 37 rows of 1280 weights (5 Q8_K blocks for 64 threads), 21 tokens (five decode tiles of
+    // 4 and one of 1; two wide tiles of 8 and one of 5).
+    let (rows, cols, n, out_scale) = (37usize, 1280usize, 21usize, 1.25f32);
     let blocks = cols / QK_K;
     // TQ2_0 rows: per block 64 bytes of crumbs 0..=2 (element e at byte 32·(e/128) + e%32,
     // shift 2·((e%128)/32)), then the f16 scale (small positive normals, like real ones).
@@ -1040,7 +1075,7 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
         Matrix::new("bitlinear_tq", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                bitlinear_tq { codes: &bc, wscale: &bw, q: &bq, d: &bd })
+                bitlinear_tq | bitlinear_tq_wide { codes: &bc, wscale: &bw, q: &bq, d: &bd })
         },
         |got| {
             got.iter()
@@ -1085,8 +1120,9 @@ fn matvec_reference(
 #[test]
 fn matvec_f32_matches_f32_dot() {
     let mut g = gpu();
-    // 37 rows of 300 (not a multiple of 64), 5 tokens.
-    let (rows, cols, n, out_scale) = (37usize, 300usize, 5usize, 0.75f32);
+    // 37 rows of 300 (not a multiple of 64), 21 tokens (five decode tiles of 4 and one of 1;
+    // a wide tile of 16 and one of 5).
+    let (rows, cols, n, out_scale) = (37usize, 300usize, 21usize, 0.75f32);
     let w = data(rows * cols, 16);
     let x = data(n * cols, 17);
     let bw = g
@@ -1106,7 +1142,7 @@ fn matvec_f32_matches_f32_dot() {
     sweep_matrix(
         &mut g,
         Matrix::new("matvec_f32", rows, cols, n),
-        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f32 { w: &bw, x: &bx }),
+        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f32 | matvec_f32_wide { w: &bw, x: &bx }),
         |got| dot_error(got, &want, &magnitude),
         "diff of Σ|w·x|",
         5e-6,
@@ -1179,8 +1215,9 @@ fn pack_f16_rounds_to_the_nearest_half_as_the_cpu_does() {
 #[test]
 fn matvec_f16_matches_f16_dot() {
     let mut g = gpu();
-    // 37 rows of 300 (150 words a row: not a multiple of 64), 5 tokens.
-    let (rows, cols, n, out_scale) = (37usize, 300usize, 5usize, 0.75f32);
+    // 37 rows of 300 (150 words a row: not a multiple of 64), 21 tokens (five decode tiles of
+    // 4 and one of 1; a wide tile of 16 and one of 5).
+    let (rows, cols, n, out_scale) = (37usize, 300usize, 21usize, 0.75f32);
     let wbits = f16_bits(rows * cols, 18, 11..=16);
     let wf = f16_to_f32(&wbits);
     let x = data(n * cols, 19);
@@ -1198,7 +1235,7 @@ fn matvec_f16_matches_f16_dot() {
     sweep_matrix(
         &mut g,
         Matrix::new("matvec_f16", rows, cols, n),
-        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 { w: &bw, xh: &bx }),
+        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 | matvec_f16_wide { w: &bw, xh: &bx }),
         |got| dot_error(got, &want, &magnitude),
         "diff of Σ|w·x|",
         5e-6,
@@ -1573,9 +1610,10 @@ fn quantize_q8_0_matches_the_cpu() {
 #[test]
 fn matvec_q8_0_matches_q8_0_dot() {
     let mut g = gpu();
-    // 37 rows of 320 (10 blocks), 5 tokens; weights as ggml Q8_0 blocks, repacked the way the
-    // backend uploads them (int8 as words, f16 scales as f32).
-    let (rows, cols, n, out_scale) = (37usize, 320usize, 5usize, 0.75f32);
+    // 37 rows of 320 (10 blocks), 21 tokens (five decode tiles of 4 and one of 1; two wide
+    // tiles of 8 and one of 5); weights as ggml Q8_0 blocks, repacked the way the backend
+    // uploads them (int8 as words, f16 scales as f32).
+    let (rows, cols, n, out_scale) = (37usize, 320usize, 21usize, 0.75f32);
     let w = data(rows * cols, 31);
     let row_bytes: Vec<Vec<u8>> = w
         .chunks_exact(cols)
@@ -1635,7 +1673,7 @@ fn matvec_q8_0_matches_q8_0_dot() {
         Matrix::new("matvec_q8_0", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0 { wq: &bwq, wd: &bwd, q: &bq, d: &bd })
+                matvec_q8_0 | matvec_q8_0_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd })
         },
         |got| dot_error(got, &want, &magnitude),
         "diff of Σ|terms|",
@@ -1647,9 +1685,9 @@ fn matvec_q8_0_matches_q8_0_dot() {
 fn packed_i2s_path_equals_the_cpu_exactly() {
     let mut g = gpu();
     // The dot4I8Packed path: quantize_i8_packed, then bitlinear_i2s_dp4, on the shape of the
-    // plain test (37 × 640, 5 tokens) — the integer sums are the same, so the outputs match
+    // plain test (37 × 640, 21 tokens) — the integer sums are the same, so the outputs match
     // the CPU to the plain path's bound.
-    let (rows, cols, n, beta) = (37usize, 640usize, 5usize, 0.0371f32);
+    let (rows, cols, n, beta) = (37usize, 640usize, 21usize, 0.0371f32);
     let codes = i2s_codes(rows * cols / 4, 11);
     let x: Vec<f32> = (0..n).flat_map(|t| data(cols, 12 + t as u64)).collect();
     let acts: Vec<_> = x.chunks_exact(cols).map(quantize_i8_row).collect();
@@ -1688,7 +1726,7 @@ fn packed_i2s_path_equals_the_cpu_exactly() {
         Matrix::new("bitlinear_i2s_dp4", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, beta;
-                bitlinear_i2s_dp4 { codes: &bc, q: &q, scale: &scale, sum: &sum })
+                bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum })
         },
         |got| max_rel_diff(got, &want),
         "relative diff",

@@ -50,14 +50,22 @@ fn all() -> Vec<Kernel> {
         quantize_i8,
         quantize_q8k,
         bitlinear_i2s,
+        bitlinear_i2s_wide,
         bitlinear_i2s_dp4,
+        bitlinear_i2s_dp4_wide,
         quantize_i8_packed,
         bitlinear_tq,
+        bitlinear_tq_wide,
         matvec_f32,
+        matvec_f32_wide,
         matvec_f16,
+        matvec_f16_wide,
         matvec_q8_0,
+        matvec_q8_0_wide,
         matvec_bf16,
+        matvec_bf16_wide,
         matvec_kq,
+        matvec_kq_wide,
         quantize_q8_0,
         pack_f16,
         embed_f32,
@@ -156,9 +164,9 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
             }
         }
     }
-    // Eight matrix kernels × seven lane counts (the K-quant one × three code widths) × two
-    // capability sets.
-    assert_eq!(specialised, (7 + 3) * 7 * 2);
+    // Eight matrix kernels, each in its decode and wide instance, × seven lane counts (the
+    // K-quant ones × three code widths) × two capability sets.
+    assert_eq!(specialised, (7 + 3) * 2 * 7 * 2);
 }
 
 #[test]

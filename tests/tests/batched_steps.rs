@@ -1,8 +1,9 @@
 //! Batched steps (a server's continuous batching, `Model::step`): several sessions' prompts in
 //! chunks beside each other's decoding give each session the logits it gets alone, bit for bit,
 //! on the CPU (every instruction set, every golden layout and family) and on the GPU: every
-//! kernel sums a row in an order that does not depend on the rows beside it, so a request's
-//! answer does not depend on the others a server runs with it. Split over layer ranges, as a
+//! kernel sums a row in an order that does not depend on the rows beside it (on the GPU
+//! whichever instance, decode or wide-step, the step's size chose), so a request's answer does
+//! not depend on the others a server runs with it. Split over layer ranges, as a
 //! ring's nodes run it (`Model::step_rows`: tokens in, hidden states across, predictions out),
 //! the same batched steps give the same logits again, and each readout is its row's.
 
@@ -240,5 +241,13 @@ fn gpu_batched_steps_give_each_session_its_logits_alone() {
         let model = gpu_model(&g.file(), None);
         let [alone, batched] = alone_and_batched(&model, &g);
         assert_identical(&alone, &batched, stem);
+        // Steps of one to four rows ran the matrix kernels' decode instances and longer ones
+        // their wide-step instances, so a row met both ways and kept its bits.
+        let launched = model.backend.product_launches();
+        let wide = launched.keys().filter(|k| k.ends_with("_wide")).count();
+        assert!(
+            wide > 0 && wide < launched.len(),
+            "{stem}: both instances ran: {launched:?}"
+        );
     }
 }

@@ -43,6 +43,11 @@ pub struct Record {
     pub batch: usize,
     /// Wall time of each repetition, in nanoseconds.
     pub samples_ns: Vec<f64>,
+    /// On the GPU, the matrix kernel instances (decode or wide-step) its products launched in
+    /// the first repetition, by name, with their launch counts; empty on the CPU.
+    pub products: BTreeMap<&'static str, u64>,
+    /// How its rows were stepped, in words ("steps of up to 32 rows, then one").
+    pub steps: String,
 }
 
 impl Record {
@@ -131,8 +136,10 @@ pub fn measure<B: Backend>(
         );
     }
     let gpu_stats = || gpu.map(GpuBackend::stats);
+    let products = || gpu.map(GpuBackend::product_launches).unwrap_or_default();
     let mut records = Vec::new();
     let mut gpu_line = None;
+    let mut product_launches = BTreeMap::new();
     for &test in tests {
         let batches: &[usize] = if test.n_prompt() > 0 { batches } else { &[1] };
         for &batch in batches {
@@ -146,9 +153,10 @@ pub fn measure<B: Backend>(
             };
             model.eval(&mut session(test.tokens(), batch)?, warm, Logits::Last)?;
             let mut samples_ns = Vec::new();
-            for _ in 0..args.repetitions {
+            for rep in 0..args.repetitions {
                 let mut s = session(test.tokens(), batch)?;
                 let before = gpu_stats();
+                let launched = products();
                 let t0 = Instant::now();
                 if !prompt.is_empty() {
                     model.eval(&mut s, &prompt, Logits::Last)?;
@@ -158,12 +166,16 @@ pub fn measure<B: Backend>(
                 }
                 let wall = t0.elapsed().as_secs_f64();
                 samples_ns.push(wall * 1e9);
+                if rep == 0 {
+                    product_launches = launches_since(&launched, &products());
+                }
                 if let (true, Some(a), Some(b)) = (test.is_gen(), before, gpu_stats()) {
                     let n = gen.len() as f64;
                     let ms = |ns: u64| ns as f64 / 1e6 / n;
                     gpu_line = Some(format!(
-                        "gpu per generated token: {:.1} dispatches, {:.2} queue submits, {:.3} ms of host time ({:.3} ms waiting for the GPU, {:.3} ms encoding and submitting, the rest recording and sampling); during tg: pipeline cache {} hits, {} misses, {} bind groups created",
+                        "gpu per generated token: {:.1} dispatches ({:.1} per layer), {:.2} queue submits, {:.3} ms of host time ({:.3} ms waiting for the GPU, {:.3} ms encoding and submitting, the rest recording and sampling); during tg: pipeline cache {} hits, {} misses, {} bind groups created",
                         (b.dispatches - a.dispatches) as f64 / n,
+                        (b.dispatches - a.dispatches) as f64 / n / c.n_layer as f64,
                         (b.submits - a.submits) as f64 / n,
                         wall * 1e3 / n,
                         ms(b.wait_ns - a.wait_ns),
@@ -174,10 +186,17 @@ pub fn measure<B: Backend>(
                     ));
                 }
             }
+            let steps = match (test.n_prompt(), test.n_gen()) {
+                (0, _) => "one row a step".to_string(),
+                (p, 0) => format!("steps of up to {} rows", batch.min(p)),
+                (p, _) => format!("steps of up to {} rows, then one", batch.min(p)),
+            };
             records.push(Record {
                 test,
                 batch,
                 samples_ns,
+                products: std::mem::take(&mut product_launches),
+                steps,
             });
         }
     }
@@ -215,6 +234,18 @@ pub fn measure<B: Backend>(
         kernels,
         ops: Vec::new(),
     })
+}
+
+/// The launches of each kernel between the counts `before` and `after`, those launched only.
+fn launches_since(
+    before: &BTreeMap<&'static str, u64>,
+    after: &BTreeMap<&'static str, u64>,
+) -> BTreeMap<&'static str, u64> {
+    after
+        .iter()
+        .map(|(&name, n)| (name, n - before.get(name).copied().unwrap_or(0)))
+        .filter(|&(_, n)| n > 0)
+        .collect()
 }
 
 /// The model's name, type, size and parameters.

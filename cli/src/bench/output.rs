@@ -145,6 +145,20 @@ fn notes(out: &mut impl Write, run: &Run) -> Result<()> {
     if let Some(line) = &run.gpu_line {
         writeln!(out, "{line}")?;
     }
+    for r in run.records.iter().filter(|r| !r.products.is_empty()) {
+        let launched: Vec<String> = r
+            .products
+            .iter()
+            .map(|(name, n)| format!("{name} ×{n}"))
+            .collect();
+        writeln!(
+            out,
+            "gpu matrix kernels of {} ({}), launches per repetition: {}",
+            r.test.name(),
+            r.steps,
+            launched.join(", ")
+        )?;
+    }
     if let Some(kernels) = &run.kernels {
         kernels.print(out)?;
     }
@@ -213,6 +227,7 @@ fn objects(runs: &[Run]) -> impl Iterator<Item = Value> + '_ {
             "roofline_ts": roofline, "roofline_share": roofline.filter(|_| gen).map(|roof| avg_ts / roof),
             "gpu": run.gpu_line.as_ref().filter(|_| gen),
             "kernels": run.kernels.as_ref().filter(|_| gen).map(|k| k.json()),
+            "matrix_kernels": (!r.products.is_empty()).then_some(&r.products),
             "profile": (!run.ops.is_empty()).then(|| run.ops.iter().map(|t| t.json()).collect::<Vec<_>>()),
         })
     })
