@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # The GPU's speed in one command, on a machine that has a GPU and nothing of hesper-rs installed.
 #
-#   bash benches/gpu.sh [OUT]          # the 2B4T shape, then Llama-3.2-1B-shaped F16/Q8_0 and
-#                                      # Falcon3-3B-shaped I2_S: pp512 / tg128, about 4 minutes
-#                                      # on an H100 (2 1/4 of them writing the models)
+#   bash benches/gpu.sh [OUT]          # the 2B4T shape (I2_S, TQ2_0), then Llama-3.2-1B-shaped
+#                                      # F16, Q8_0 and Q4_K_M: pp512 / tg128, two interleaved
+#                                      # rounds beside llama.cpp's Vulkan llama-bench (minutes,
+#                                      # most of them writing the models)
 #   bash benches/gpu.sh --smoke [OUT]  # the built-in model, a few tokens: checks the harness
 #                                      # end to end on any adapter (lavapipe too)
 #   bash benches/gpu.sh --fetch-debs   # run once where apt works: the Vulkan loader's Debian
 #                                      # packages into benches/gpu-debs, for machines without it
 #
 # It writes into OUT (default gpu-bench): machine.txt (GPU, driver, CPU, commit), adapter.txt
-# (`hesper-rs info --backend gpu`), hesper-NAME.json for each model (`bench --backend gpu
-# --roofline --json`: t/s, dispatches per token, the device's copy bandwidth, the share of the
-# roofline, GPU time per kernel), llama-vulkan-NAME.json for the files llama.cpp reads when its
-# llama-bench is given (each right after ours on the same file), and summary.md, the tables
-# BENCHMARKS.md records.
+# (`hesper-rs info --backend gpu`), hesper-NAME-rN.json for each model and round N (`bench
+# --backend gpu --roofline --json`: t/s, dispatches per token, the device's copy bandwidth, the
+# share of the roofline, GPU time per kernel), llama-vulkan-NAME-rN.json for the files llama.cpp
+# reads when its llama-bench is given (each right after ours on the same file), pairs.txt (which
+# of our files is compared with which of theirs), and summary.md, the tables BENCHMARKS.md
+# records: the ratios of each round first.
 #
 # Environment:
 #   HESPER_BIN   the hesper-rs binary; default: `cargo build --release -p hesper-cli` where cargo
@@ -22,13 +24,16 @@
 #   MODELS       where the models are written (`golden-values/generate.py --bench-2b4t` and
 #                `golden-values/families.py --bench`, numpy needed) or found; default
 #                /tmp/hesper-bench-gpu
-#   FAMILIES     0: the 2B4T shape only (about 3 minutes)
+#   FAMILIES     0: the 2B4T shape only (about 3 minutes); FALCON3=1 adds the Falcon3-3B-shaped
+#                I2_S file (hesper-rs alone: mainline llama.cpp has no I2_S)
 #   GPU_DEBS     .deb packages unpacked (into a private folder, not /) when no Vulkan loader is
 #                installed; default benches/gpu-debs
 #   LLAMA_BENCH  llama.cpp's llama-bench built with -DGGML_VULKAN=ON (`-ngl 99`): run on the
-#                2B4T TQ2_0 file (the I2_S file's weights) and the F16/Q8_0 files, beside
-#                hesper-rs; default benches/llama-vulkan/llama-bench
-#   PP TG REPS   prompt tokens, generated tokens, repetitions (512, 128, 3)
+#                2B4T TQ2_0 file (the I2_S file's weights) and the Llama-1B files, beside
+#                hesper-rs; default benches/llama-vulkan/llama-bench. The llama-quantize beside it
+#                makes the Q4_K_M file (LLAMA_QUANTIZE; without one that file is left out)
+#   PP TG REPS   prompt tokens, generated tokens, repetitions (512, 128, 2)
+#   ROUNDS       rounds of every test (2): each round runs every file, ours then theirs
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 debs_dir=${GPU_DEBS:-$root/benches/gpu-debs}
@@ -43,8 +48,8 @@ fi
 smoke=false
 if [ "${1:-}" = --smoke ]; then smoke=true; shift; fi
 out=$(mkdir -p "${1:-gpu-bench}" && cd "${1:-gpu-bench}" && pwd)
-pp=${PP:-512}; tg=${TG:-128}; reps=${REPS:-3}
-if $smoke; then pp=${PP:-8}; tg=${TG:-4}; reps=${REPS:-1}; fi
+pp=${PP:-512}; tg=${TG:-128}; reps=${REPS:-2}; rounds=${ROUNDS:-2}
+if $smoke; then pp=${PP:-8}; tg=${TG:-4}; reps=${REPS:-1}; rounds=${ROUNDS:-1}; fi
 t_start=$SECONDS
 step() { echo "== $* ($((SECONDS - t_start)) s)"; }
 
@@ -97,34 +102,58 @@ fi
 grep -m1 '^adapter' "$out/adapter.txt" || { cat "$out/adapter.txt"; exit 1; }
 
 llama=${LLAMA_BENCH:-$root/benches/llama-vulkan/llama-bench}
-# name, file, whether llama.cpp reads it (mainline llama.cpp has no I2_S)
+quantizer=${LLAMA_QUANTIZE:-$(dirname "$llama")/llama-quantize}
+# name, file, the name of llama.cpp's file it is measured against ("" for none; mainline
+# llama.cpp has no I2_S: the 2B4T I2_S file is set beside llama.cpp's TQ2_0 of the same weights)
 runs=()
 if $smoke; then
-  runs+=("i2s|$root/models/hesper-kjv.gguf|no")
+  runs+=("i2s|$root/models/hesper-kjv.gguf|")
 else
   step "models"
   dir=${MODELS:-/tmp/hesper-bench-gpu}
   if [ ! -s "$dir/bench-2b4t-i2s.gguf" ] || [ ! -s "$dir/bench-2b4t-tq2_0.gguf" ]; then
     python3 "$root/golden-values/generate.py" --bench-2b4t "$dir" | grep -v '^  layer'
   fi
-  runs+=("i2s|$dir/bench-2b4t-i2s.gguf|no" "tq2_0|$dir/bench-2b4t-tq2_0.gguf|yes")
+  runs+=("i2s|$dir/bench-2b4t-i2s.gguf|tq2_0" "tq2_0|$dir/bench-2b4t-tq2_0.gguf|tq2_0")
   if [ "${FAMILIES:-1}" != 0 ]; then
-    [ -s "$dir/bench-falcon3b-i2s.gguf" ] || python3 "$root/golden-values/families.py" --bench "$dir"
-    for m in llama1b-q8_0 llama1b-f16; do runs+=("$m|$dir/bench-$m.gguf|yes"); done
-    runs+=("falcon3b-i2s|$dir/bench-falcon3b-i2s.gguf|no")
+    files=(llama1b-f16 llama1b-q8_0)
+    if [ -x "$quantizer" ]; then
+      files+=(llama1b-q4_k_m)
+    else
+      echo "no llama-quantize at $quantizer: the Q4_K_M file is left out" >&2
+    fi
+    [ "${FALCON3:-0}" = 1 ] && files+=(falcon3b-i2s)
+    missing=()
+    for m in "${files[@]}"; do [ -s "$dir/bench-$m.gguf" ] || missing+=("$m"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+      list=$(IFS=,; echo "${missing[*]}")
+      python3 "$root/golden-values/families.py" --bench "$dir" --bench-files "$list" \
+        --threads "$(nproc)" $([ -x "$quantizer" ] && echo --quantizer "$quantizer")
+    fi
+    for m in "${files[@]}"; do
+      peer=$m
+      [ "$m" = falcon3b-i2s ] && peer=
+      runs+=("$m|$dir/bench-$m.gguf|$peer")
+    done
   fi
 fi
 
-for r in "${runs[@]}"; do
-  IFS='|' read -r name file theirs <<<"$r"
-  step "hesper-rs bench --backend gpu, $name"
-  "$bin" bench -m "$file" --backend gpu -p "$pp" -n "$tg" -r "$reps" --roofline --json \
-    >"$out/hesper-$name.json"
-  if ! $smoke && [ "$theirs" = yes ] && [ -x "$llama" ]; then
-    step "llama.cpp llama-bench (Vulkan), $name"
-    "$llama" -m "$file" -ngl 99 -p "$pp" -n "$tg" -r "$reps" -o json >"$out/llama-vulkan-$name.json" \
-      2>"$out/llama-vulkan-$name.log" || echo "llama-bench failed: see llama-vulkan-$name.log" >&2
-  fi
+: >"$out/pairs.txt"
+for round in $(seq "$rounds"); do
+  for r in "${runs[@]}"; do
+    IFS='|' read -r name file peer <<<"$r"
+    [ "$round" -gt 1 ] && [ -z "$peer" ] && continue  # nothing to compare with: one round
+    step "round $round: hesper-rs bench --backend gpu, $name"
+    "$bin" bench -m "$file" --backend gpu -p "$pp" -n "$tg" -r "$reps" --roofline --json \
+      >"$out/hesper-$name-r$round.json"
+    [ "$round" = 1 ] && [ -n "$peer" ] && echo "$name $peer" >>"$out/pairs.txt"
+    if ! $smoke && [ "$peer" = "$name" ] && [ -x "$llama" ]; then
+      step "round $round: llama.cpp llama-bench (Vulkan), $name"
+      "$llama" -m "$file" -ngl 99 -p "$pp" -n "$tg" -r "$reps" -o json \
+        >"$out/llama-vulkan-$name-r$round.json" 2>"$out/llama-vulkan-$name-r$round.log" ||
+        echo "llama-bench failed: see llama-vulkan-$name-r$round.log" >&2
+    fi
+  done
 done
 
 step "summary"

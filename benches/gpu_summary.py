@@ -1,4 +1,6 @@
-"""Markdown tables from the JSON files benches/gpu.sh writes into a folder (its summary.md).
+"""Markdown tables from the JSON files benches/gpu.sh writes into a folder (its summary.md): the
+ratios of hesper-rs to llama.cpp's Vulkan backend round by round, then every engine's speeds, then
+hesper-rs's GPU time per kernel for each decode test.
 
     python3 benches/gpu_summary.py OUT
 """
@@ -40,11 +42,42 @@ def print_speeds(out: Path) -> list[dict]:
                 decode.append(r)
     for f in sorted(out.glob("llama-vulkan*.json")):
         for r in read_rows(f):
-            test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+            test = test_name(r)
             print(f"| llama.cpp ({r.get('backends', '')}, {r.get('gpu_info', '')}) | "
                   f"{Path(r['model_filename']).name} | {test} | "
                   f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | | |")
     return decode
+
+
+def test_name(r: dict) -> str:
+    """llama-bench's name of a test row: pp512 or tg128."""
+    return f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+
+
+def print_ratios(out: Path) -> None:
+    """Per round, hesper-rs's t/s over llama.cpp's on the file pairs.txt sets beside ours."""
+    pairs = []
+    pairs_file = out / "pairs.txt"
+    if pairs_file.exists():
+        pairs = [line.split() for line in pairs_file.read_text().splitlines() if line.strip()]
+    rounds = sorted({int(f.stem.rsplit("-r", 1)[1]) for f in out.glob("hesper-*-r*.json")})
+    rows = []
+    for ours, theirs in (p for p in pairs if len(p) == 2):
+        for n in rounds:
+            mine = {r["test"]: r["avg_ts"] for r in read_rows(out / f"hesper-{ours}-r{n}.json")}
+            peer = {test_name(r): r["avg_ts"]
+                    for r in read_rows(out / f"llama-vulkan-{theirs}-r{n}.json")}
+            for test in sorted(mine, key=lambda t: (not t.startswith("pp"), t)):
+                if test in peer and peer[test] > 0:
+                    rows.append((ours, theirs, test, n, mine[test], peer[test]))
+    if not rows:
+        return
+    print("| hesper-rs file | llama.cpp Vulkan file | test | round | hesper-rs t/s | "
+          "llama.cpp t/s | ratio |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for ours, theirs, test, n, a, b in rows:
+        print(f"| {ours} | {theirs} | {test} | {n} | {a:.1f} | {b:.1f} | {a / b:.3f}× |")
+    print()
 
 
 def print_profile(r: dict) -> None:
@@ -77,6 +110,7 @@ def print_profile(r: dict) -> None:
 
 def main() -> None:
     out = Path(sys.argv[1])
+    print_ratios(out)
     for r in print_speeds(out):
         print_profile(r)
 

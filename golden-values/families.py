@@ -285,17 +285,26 @@ QUANTIZED = [
 ]
 
 
-def quantize(q: Quantized, threads: int, src: Path | None = None, dst: Path | None = None
-             ) -> None:
-    """q.source's file (or src) through llama_model_quantize into q.path (or dst)."""
+def quantize(q: Quantized, threads: int, src: Path | None = None, dst: Path | None = None,
+             quantizer: Path | None = None) -> None:
+    """q.source's file (or src) through llama.cpp's quantizer into q.path (or dst): the Python
+    binding's llama_model_quantize, or the `llama-quantize` program at `quantizer` (a GPU machine
+    has no llama_cpp package)."""
     import ctypes
-    import llama_cpp
+    import subprocess
     src, dst = src or q.source.path, dst or q.path
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.nthread = q.ftype, threads
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise SystemExit(f"llama_model_quantize failed on {q.stem}: {rc}")
+    if quantizer is not None:
+        cmd = [str(quantizer), str(src), str(dst), str(q.ftype), str(threads)]
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+            raise SystemExit(f"{quantizer} failed on {q.stem}")
+    else:
+        import llama_cpp
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = q.ftype, threads
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                            ctypes.byref(params))
+        if rc != 0:
+            raise SystemExit(f"llama_model_quantize failed on {q.stem}: {rc}")
     print(f"wrote {dst} ({dst.stat().st_size} B)")
 
 
@@ -534,16 +543,27 @@ BENCH = [
 ]
 
 
-def step_bench(out_dir: Path, seed: int, threads: int) -> None:
+BENCH_QUANTIZED = {"q4_0": 2, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
+BENCH_FILES = ([f.stem.removeprefix("bench-") for f in BENCH]
+               + [f"llama1b-{n}" for n in BENCH_QUANTIZED])
+
+
+def step_bench(out_dir: Path, seed: int, threads: int, files: list[str],
+               quantizer: Path | None) -> None:
+    """The benchmark files named in `files` (BENCH_FILES' names) into out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for f in BENCH:
+    source = next(f for f in BENCH if f.stem == "bench-llama1b-f16")
+    wanted = [f for f in BENCH if f.stem.removeprefix("bench-") in files]
+    if any(f"llama1b-{n}" in files for n in BENCH_QUANTIZED) and source not in wanted:
+        wanted.insert(0, source)
+    for f in wanted:
         write(f, seed, out_dir / f"{f.stem}.gguf")
     # The Llama-1B-shaped F16 file through llama.cpp's quantizer into the types people download
-    source = Family("bench-llama1b-f16", "llama", LLAMA_1B, 64, GGML_F16, False, False, True,
-                    False)
-    for name, ftype in (("q4_0", 2), ("q4_k_m", 15), ("q5_k_m", 17), ("q6_k", 18)):
-        quantize(Quantized(f"bench-llama1b-{name}", source, ftype, ""), threads,
-                 src=out_dir / "bench-llama1b-f16.gguf", dst=out_dir / f"bench-llama1b-{name}.gguf")
+    for name, ftype in BENCH_QUANTIZED.items():
+        if f"llama1b-{name}" in files:
+            quantize(Quantized(f"bench-llama1b-{name}", source, ftype, ""), threads,
+                     src=out_dir / "bench-llama1b-f16.gguf",
+                     dst=out_dir / f"bench-llama1b-{name}.gguf", quantizer=quantizer)
 
 
 # Qwen3-30B-A3B's shape (n_embd 2048, heads 32/4 of 128, 128 experts of n_ff 768, 8 used, its
@@ -565,14 +585,14 @@ BENCH_OSS = Family("bench-gpt-oss-20b-2l-f16", "gpt-oss", GPT_OSS_20B_2L, 64, GG
                    True, False, False, window=128, experts=(32, 4, 2880), yarn=(32.0, 4096))
 
 
-def step_bench_moe(out_dir: Path, seed: int, threads: int) -> None:
+def step_bench_moe(out_dir: Path, seed: int, threads: int, quantizer: Path | None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for source, ftype, name in ((BENCH_MOE, 15, "bench-qwen3moe-a3b-4l-q4_k_m"),
                                 (BENCH_OSS, 38, "bench-gpt-oss-20b-2l-mxfp4")):
         src = out_dir / f"{source.stem}.gguf"
         write(source, seed, src)
         quantize(Quantized(name, source, ftype, ""), threads, src=src,
-                 dst=out_dir / f"{name}.gguf")
+                 dst=out_dir / f"{name}.gguf", quantizer=quantizer)
 
 
 def step_llama(threads: int) -> None:
@@ -681,6 +701,12 @@ def main() -> None:
                     help="write the benchmark models (Llama-3.2-1B-shaped F16 and Q8_0, then "
                          "llama.cpp's Q4_0, Q4_K_M, Q5_K_M and Q6_K of the F16 one, Falcon3-3B-shaped "
                          "I2_S; 0.7-2.5 GB each) into DIR; alone, only this")
+    ap.add_argument("--bench-files", metavar="NAMES", default=",".join(BENCH_FILES),
+                    help="which of --bench's files, comma-separated (default: "
+                         f"{','.join(BENCH_FILES)})")
+    ap.add_argument("--quantizer", metavar="PATH", type=Path,
+                    help="llama.cpp's llama-quantize program, instead of the llama_cpp Python "
+                         "package's quantizer")
     ap.add_argument("--bench-moe", metavar="DIR", type=Path,
                     help="write a Qwen3-30B-A3B-shaped mixture of experts cut to 4 layers (F16, "
                          "then llama.cpp's Q4_K_M of it; 4.9 and 1.5 GB) and a gpt-oss-20b-shaped "
@@ -701,9 +727,12 @@ def main() -> None:
     if "validate" in steps:
         step_validate()
     if a.bench:
-        step_bench(a.bench, a.seed, a.threads)
+        files = [n for n in a.bench_files.split(",") if n]
+        if set(files) - set(BENCH_FILES):
+            ap.error(f"--bench-files are among {','.join(BENCH_FILES)}")
+        step_bench(a.bench, a.seed, a.threads, files, a.quantizer)
     if a.bench_moe:
-        step_bench_moe(a.bench_moe, a.seed, a.threads)
+        step_bench_moe(a.bench_moe, a.seed, a.threads, a.quantizer)
 
 
 if __name__ == "__main__":
