@@ -151,13 +151,13 @@ struct State {
     route_on_gpu: bool,
 }
 
-/// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, packed
-/// for a product of I2_S matrices (`halves`: of F16 matrices) `cols` wide over `n` rows.
+/// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, `cols`
+/// wide over `n` rows, in the form `form` for the products that read it.
 struct Quantized {
     buffer: hesper_gpu::wgpu::Buffer,
     cols: usize,
     n: usize,
-    halves: bool,
+    form: product::Form,
 }
 
 /// The WebGPU backend.
@@ -946,13 +946,14 @@ impl Backend for GpuBackend {
         self.record(|st| st.rms_norm(x, w, n, eps, out));
     }
 
-    /// RMSNorm and, where the device has subgroups and `next` is I2_S on the packed path
-    /// (`dot4I8Packed`), its per-token int8 codes in the same kernel, left for `next`'s
-    /// product; where `next` is F16, its halves (`pack_f16`'s) the same way. TQ's Q8_K
-    /// quantizer stays a kernel of its own: fused, one workgroup per row quantizing the row's
-    /// 256-value blocks in turn (the quantizer has one per block) took 33.8 µs per 2560-wide
-    /// row on an H100 against 21.4 µs for the two kernels, and decoding the 2B4T shape slowed
-    /// from 70.5 to 64.3 tokens/s.
+    /// RMSNorm and, where the device has subgroups, the activations `next`'s product reads in
+    /// the same kernel, left for it: I2_S's per-token int8 codes on the packed path
+    /// (`dot4I8Packed`), F16's halves (`pack_f16`'s), Q8_0's blocks (Q4_0 and MXFP4 too, widened
+    /// to Q8_0) and the K-quants' and TQ's Q8_K blocks. The per-token forms take a workgroup a
+    /// row; the block forms a workgroup for each 256 values of a row, every one of them summing
+    /// the row's squares itself (a Q8_K quantizer fused one workgroup a row, quantizing the
+    /// row's blocks in turn, took 33.8 µs per 2560-wide row on an H100 against 21.4 µs for the
+    /// two kernels). The outputs have the unfused kernels' bits.
     fn rms_norm_for(
         &self,
         x: &GpuBuffer<f32>,
@@ -964,64 +965,98 @@ impl Backend for GpuBackend {
     ) {
         self.record(|st| {
             let cols = w.len();
-            // Fused where the device has subgroups: I2_S's codes on the packed path, or halves.
-            let halves = match next.kind {
-                Kind::I2s { .. } if st.packed_dot => false,
-                Kind::F16 => true,
+            let form = match product::fused_form(next.kind, st.packed_dot) {
+                Some(form) if st.subgroups && next.desc.cols == cols => form,
                 _ => return st.rms_norm(x, w, n, eps, out),
             };
-            if !st.subgroups || next.desc.cols != cols {
-                return st.rms_norm(x, w, n, eps, out);
-            }
             let traffic = norm_bytes(n, cols) + product::activation_bytes(next.kind, true, n, cols);
-            if halves {
-                st.reserve_halves(n * cols / 2)?;
-                let State {
-                    gpu, batch, halves, ..
-                } = st;
-                batch.run_moving(
-                    gpu,
-                    &k::rms_norm_pack_f16_sg::Args {
-                        x,
-                        w,
-                        y: out,
-                        h: halves,
-                        width: cols as u32,
-                        eps,
-                    },
-                    k::row_grid(n as u32),
-                    traffic,
-                )?;
-            } else {
-                st.reserve(n * cols, n)?;
-                let State {
-                    gpu,
-                    batch,
-                    packed,
-                    act_scale,
-                    ..
-                } = st;
-                batch.run_moving(
-                    gpu,
-                    &k::rms_norm_quantize_i8_packed_sg::Args {
-                        x,
-                        w,
-                        y: out,
-                        q: &mut packed.0,
-                        scale: act_scale,
-                        sum: &mut packed.1,
-                        width: cols as u32,
-                        eps,
-                    },
-                    k::row_grid(n as u32),
-                    traffic,
-                )?;
+            let (width, rows) = (cols as u32, n as u32);
+            match form {
+                product::Form::Halves => {
+                    st.reserve_halves(n * cols / 2)?;
+                    let State {
+                        gpu, batch, halves, ..
+                    } = st;
+                    batch.run_moving(
+                        gpu,
+                        &k::rms_norm_pack_f16_sg::Args {
+                            x,
+                            w,
+                            y: out,
+                            h: halves,
+                            width,
+                            eps,
+                        },
+                        k::row_grid(rows),
+                        traffic,
+                    )?;
+                }
+                product::Form::I8Packed => {
+                    st.reserve(n * cols, n)?;
+                    let State {
+                        gpu,
+                        batch,
+                        packed,
+                        act_scale,
+                        ..
+                    } = st;
+                    batch.run_moving(
+                        gpu,
+                        &k::rms_norm_quantize_i8_packed_sg::Args {
+                            x,
+                            w,
+                            y: out,
+                            q: &mut packed.0,
+                            scale: act_scale,
+                            sum: &mut packed.1,
+                            width,
+                            eps,
+                        },
+                        k::row_grid(rows),
+                        traffic,
+                    )?;
+                }
+                product::Form::Q8_0 | product::Form::Q8K => {
+                    let per_block = if form == product::Form::Q8K { 256 } else { 32 };
+                    st.reserve(n * cols, n * cols / per_block)?;
+                    let State {
+                        gpu,
+                        batch,
+                        q,
+                        act_scale,
+                        ..
+                    } = st;
+                    let grid = k::span_grid(width, rows);
+                    if form == product::Form::Q8K {
+                        let args = k::rms_norm_quantize_q8k_sg::Args {
+                            x,
+                            w,
+                            y: out,
+                            q,
+                            d: act_scale,
+                            width,
+                            eps,
+                        };
+                        batch.run_moving(gpu, &args, grid, traffic)?;
+                    } else {
+                        let args = k::rms_norm_quantize_q8_0_sg::Args {
+                            x,
+                            w,
+                            y: out,
+                            q,
+                            d: act_scale,
+                            width,
+                            eps,
+                        };
+                        batch.run_moving(gpu, &args, grid, traffic)?;
+                    }
+                }
             }
             st.quantized = Some(Quantized {
                 buffer: out.raw().clone(),
                 cols,
                 n,
-                halves,
+                form,
             });
             Ok(())
         });

@@ -34,6 +34,32 @@ pub fn activation_bytes(kind: Kind, packed_dot: bool, n: usize, cols: usize) -> 
     }
 }
 
+/// The forms of activations a fused RMSNorm leaves for the product that comes next
+/// (`GpuBackend::rms_norm_for`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Form {
+    /// Per-token int8 codes four to a word, their scale and `Σq` (I2_S on `dot4I8Packed`).
+    I8Packed,
+    /// Halves two to a word (F16).
+    Halves,
+    /// ggml Q8_0 blocks (Q8_0, and Q4_0 and MXFP4 widened to it).
+    Q8_0,
+    /// ggml Q8_K blocks (the K-quants and TQ).
+    Q8K,
+}
+
+/// The form in which a fused RMSNorm can leave the activations of a `kind` product, if any
+/// (F32 and BF16 read the floats; I2_S without `dot4I8Packed` reads codes of its own layout).
+pub fn fused_form(kind: Kind, packed_dot: bool) -> Option<Form> {
+    match kind {
+        Kind::I2s { .. } if packed_dot => Some(Form::I8Packed),
+        Kind::F16 => Some(Form::Halves),
+        Kind::Q8_0 => Some(Form::Q8_0),
+        Kind::Tq | Kind::Kq { .. } => Some(Form::Q8K),
+        Kind::I2s { .. } | Kind::F32 | Kind::Bf16 => None,
+    }
+}
+
 /// Whether `a` and `b` read the same quantized activations (the same layout and width).
 pub fn same_input(a: &GpuMatrix, b: &GpuMatrix) -> bool {
     std::mem::discriminant(&a.kind) == std::mem::discriminant(&b.kind) && a.desc.cols == b.desc.cols
@@ -50,11 +76,7 @@ pub fn quantize(
     let cols = w.desc.cols;
     // Rows a fused RMSNorm already quantized for this product.
     if let Some(done) = st.quantized.take() {
-        let layout = match w.kind {
-            Kind::I2s { .. } => st.packed_dot && !done.halves,
-            Kind::F16 => done.halves,
-            _ => false,
-        };
+        let layout = fused_form(w.kind, st.packed_dot) == Some(done.form);
         if layout && done.buffer == *x.raw() && done.cols == cols && done.n == n {
             return Ok(());
         }

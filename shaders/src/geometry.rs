@@ -136,6 +136,18 @@ pub const fn row_grid(rows: u32) -> [u32; 3] {
     [if rows == 0 { 1 } else { rows }, 1, 1]
 }
 
+/// The grid of the norms fused with a block quantizer (`rms_norm_quantize_q8_0_sg`,
+/// `rms_norm_quantize_q8k_sg`): a workgroup for each 256 values of a `width`-wide row along x,
+/// the rows along y (at least one workgroup each way).
+pub const fn span_grid(width: u32, rows: u32) -> [u32; 3] {
+    let x = width.div_ceil(256);
+    [
+        if x == 0 { 1 } else { x },
+        if rows == 0 { 1 } else { rows },
+        1,
+    ]
+}
+
 /// Q8_0 blocks of 32 values quantized per workgroup of [`quantize_q8_0`](crate::quantize_q8_0).
 pub const Q8_0_BLOCKS_PER_WORKGROUP: u32 = quantize_q8_0::WORKGROUP_SIZE / 32;
 

@@ -32,7 +32,7 @@ pub use embed::{embed_f16, embed_f32};
 pub use experts::{gate_grids, moe_combine_routed, moe_route};
 pub use flash_attention::attention;
 pub use geometry::{
-    attention_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid,
+    attention_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid, span_grid,
     MATRIX_WORKGROUP, Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE, WIDE_STEP,
 };
 pub use half::pack_f16;
@@ -42,7 +42,10 @@ pub use matvec::{
     matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
     matvec_q8_0, matvec_q8_0_wide,
 };
-pub use norm::{rms_norm, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg, rms_norm_sg};
+pub use norm::{
+    rms_norm, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg, rms_norm_quantize_q8_0_sg,
+    rms_norm_quantize_q8k_sg, rms_norm_sg,
+};
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};
 pub use tile::{store_rows, ADD, GLU_CLAMPED, GLU_GELU, GLU_RELU2, GLU_SILU, SPLIT_QKV, STORE};

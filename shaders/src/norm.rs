@@ -12,6 +12,7 @@
 use hesper_dsl::kernel;
 
 use crate::half::f16_bits;
+use crate::quantize::{q8_0_block_max, q8_0_code, q8k_block_max, q8k_code, q8k_scale};
 use crate::reduce::{subgroup_total, tree_max, tree_sum};
 
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
@@ -212,5 +213,107 @@ pub fn rms_norm_pack_f16_sg(
         y[base + i] = v0;
         y[base + i + 1u32] = v1;
         h[row * words + wd] = f16_bits(v0) | (f16_bits(v1) << 16u32);
+    }
+}
+
+/// [`rms_norm_sg`] and, in the same pass, [`quantize_q8_0`](crate::quantize_q8_0) of its output,
+/// spread over the row: a workgroup for each 256 values of a row (the grid is
+/// [`span_grid`](crate::span_grid)`(width, rows)`). Every workgroup sums its row's squares
+/// itself, in `rms_norm_sg`'s order (thread `t` adds elements `t, t + 256, …`, then the
+/// subgroup sums), so all of a row's workgroups scale by the same bits; each then writes its 256
+/// values of `y` and quantizes its eight 32-value blocks. The same bits as the two kernels one
+/// after the other. `width` is a multiple of 32.
+#[kernel(
+    workgroup = 256,
+    features(subgroups),
+    uses(subgroup_total, f16_bits, q8_0_block_max, q8_0_code)
+)]
+pub fn rms_norm_quantize_q8_0_sg(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    q: &mut [i32],
+    d: &mut [f32],
+    #[uniform] width: u32,
+    #[uniform] eps: f32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let base = wid_y() * width;
+    let t = lid();
+    let mut squares: f32 = 0.0;
+    for i in (t..width).step_by(256) {
+        let v = x[base + i];
+        squares += v * v;
+    }
+    let total = subgroup_total(
+        squares,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
+    let norm = 1.0 / (total / (width as f32) + eps).sqrt();
+    let i = wid() * 256u32 + t;
+    let mut v: f32 = 0.0;
+    if i < width {
+        v = x[base + i] * norm * w[i];
+        y[base + i] = v;
+    }
+    // Every thread has read the partial sums before they are overwritten.
+    barrier();
+    let amax = q8_0_block_max(acc, t, v.abs());
+    if i < width {
+        q[base + i] = q8_0_code(v, amax);
+        if t % 32u32 == 0u32 {
+            d[(base + i) / 32u32] = unpack_f16_lo(f16_bits(amax / 127.0));
+        }
+    }
+}
+
+/// [`rms_norm_sg`] and, in the same pass, [`quantize_q8k`](crate::quantize_q8k) of its output
+/// (the K-quants' and TQ's activations), a workgroup for each 256-value block of a row (the
+/// grid is [`span_grid`](crate::span_grid)`(width, rows)`), each summing its row's squares
+/// itself as [`rms_norm_quantize_q8_0_sg`] does: the same bits as the two kernels one after the
+/// other. `width` is a multiple of 256.
+#[kernel(
+    workgroup = 256,
+    features(subgroups),
+    uses(subgroup_total, q8k_block_max, q8k_code, q8k_scale)
+)]
+pub fn rms_norm_quantize_q8k_sg(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    q: &mut [i32],
+    d: &mut [f32],
+    #[uniform] width: u32,
+    #[uniform] eps: f32,
+    #[shared] vals: &mut [f32; 256],
+    #[shared] idxs: &mut [u32; 256],
+) {
+    let base = wid_y() * width;
+    let t = lid();
+    let mut squares: f32 = 0.0;
+    for i in (t..width).step_by(256) {
+        let v = x[base + i];
+        squares += v * v;
+    }
+    let total = subgroup_total(
+        squares,
+        vals,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
+    let norm = 1.0 / (total / (width as f32) + eps).sqrt();
+    let i = wid() * 256u32 + t;
+    let v = x[base + i] * norm * w[i];
+    y[base + i] = v;
+    // Every thread has read the partial sums before they are overwritten.
+    barrier();
+    let max = q8k_block_max(vals, idxs, t, v);
+    q[base + i] = q8k_code(v, max);
+    if t == 0 {
+        d[(base + i) / 256u32] = q8k_scale(max);
     }
 }

@@ -1,6 +1,6 @@
 //! Activation quantization for the ternary BitLinear kernels.
 
-use hesper_dsl::kernel;
+use hesper_dsl::{kernel, kernel_fn};
 
 use crate::half::f16_bits;
 use crate::reduce::{tree_max, tree_sum};
@@ -34,20 +34,11 @@ pub fn quantize_i8(
     }
 }
 
-/// ggml Q8_K blocks (mainline's TQ activations), one 256-value block per workgroup: the
-/// signed value with the largest magnitude (first on ties) gives `iscale = −127/max`,
-/// `q = min(127, rne(iscale·x))`, `d[block] = 1/iscale` (0 for an all-zero block).
-#[kernel(workgroup = 256)]
-pub fn quantize_q8k(
-    x: &[f32],
-    q: &mut [i32],
-    d: &mut [f32],
-    #[shared] vals: &mut [f32; 256],
-    #[shared] idxs: &mut [u32; 256],
-) {
-    let b = wid();
-    let t = lid();
-    let v = x[b * 256u32 + t];
+/// The signed value of the largest magnitude among the workgroup's 256 values (thread `t`
+/// holds `v`), the first on ties, for every thread: the scale of a ggml Q8_K block. Every
+/// thread of a 256-thread workgroup calls it; `vals` and `idxs` are free when it is called.
+#[kernel_fn]
+pub fn q8k_block_max(vals: &mut [f32; 256], idxs: &mut [u32; 256], t: u32, v: f32) -> f32 {
     vals[t] = v;
     idxs[t] = t;
     barrier();
@@ -65,40 +56,59 @@ pub fn quantize_q8k(
         barrier();
         stride = stride >> 1u32;
     }
-    let max = vals[0];
-    if max == 0.0 {
-        q[b * 256u32 + t] = 0;
-        if t == 0 {
-            d[b] = 0.0;
-        }
-    } else {
-        let iscale = -127.0 / max;
-        q[b * 256u32 + t] = (iscale * v).round().min(127.0) as i32;
-        if t == 0 {
-            d[b] = 1.0 / iscale;
-        }
-    }
+    vals[0]
 }
 
-/// ggml Q8_0 blocks (activations multiplied with Q8_0 weights), 8 blocks of 32 per workgroup, as
-/// llama.cpp's x86 CPU backend quantizes them: `d = amax/127` (kept rounded to the nearest
-/// f16, ties to even), `q = x · (127/amax)` rounded half to even.
-#[kernel(workgroup = 256, uses(f16_bits))]
-pub fn quantize_q8_0(
+/// The Q8_K code of `v` in a block whose [`q8k_block_max`] is `max`: `min(127, rne(iscale·v))`
+/// with `iscale = −127/max` (0 for an all-zero block).
+#[kernel_fn]
+pub fn q8k_code(v: f32, max: f32) -> i32 {
+    let mut code: i32 = 0;
+    if max != 0.0 {
+        code = ((-127.0 / max) * v).round().min(127.0) as i32;
+    }
+    code
+}
+
+/// The scale `d = 1/iscale` of a Q8_K block whose [`q8k_block_max`] is `max` (0 for an all-zero
+/// block).
+#[kernel_fn]
+pub fn q8k_scale(max: f32) -> f32 {
+    let mut d: f32 = 0.0;
+    if max != 0.0 {
+        d = 1.0 / (-127.0 / max);
+    }
+    d
+}
+
+/// ggml Q8_K blocks (mainline's TQ activations), one 256-value block per workgroup: the
+/// signed value with the largest magnitude (first on ties) gives `iscale = −127/max`,
+/// `q = min(127, rne(iscale·x))`, `d[block] = 1/iscale` (0 for an all-zero block).
+#[kernel(workgroup = 256, uses(q8k_block_max, q8k_code, q8k_scale))]
+pub fn quantize_q8k(
     x: &[f32],
     q: &mut [i32],
     d: &mut [f32],
-    #[uniform] blocks: u32,
-    #[shared] acc: &mut [f32; 256],
+    #[shared] vals: &mut [f32; 256],
+    #[shared] idxs: &mut [u32; 256],
 ) {
+    let b = wid();
     let t = lid();
-    let lane = t % 32u32;
-    let b = wid() * 8u32 + t / 32u32;
-    let mut v: f32 = 0.0;
-    if b < blocks {
-        v = x[b * 32u32 + lane];
+    let v = x[b * 256u32 + t];
+    let max = q8k_block_max(vals, idxs, t, v);
+    q[b * 256u32 + t] = q8k_code(v, max);
+    if t == 0 {
+        d[b] = q8k_scale(max);
     }
-    acc[t] = v.abs();
+}
+
+/// The largest magnitude among the 32 values of thread `t`'s Q8_0 block (threads `32k ..
+/// 32k + 32` hold one block, `a = |v|` each), for every thread. Every thread of the workgroup
+/// calls it; `acc` is free when it is called.
+#[kernel_fn]
+pub fn q8_0_block_max(acc: &mut [f32; 256], t: u32, a: f32) -> f32 {
+    let lane = t % 32u32;
+    acc[t] = a;
     barrier();
     let mut stride: u32 = 16;
     while stride > 0 {
@@ -108,16 +118,42 @@ pub fn quantize_q8_0(
         barrier();
         stride = stride >> 1u32;
     }
-    let amax = acc[t - lane];
+    acc[t - lane]
+}
+
+/// The Q8_0 code of `v` in a block whose largest magnitude is `amax`: `v · (127/amax)` rounded
+/// half to even (WGSL's `round`), 0 for an all-zero block. The block's scale is
+/// `amax/127` rounded to the nearest half (`f16_bits`).
+#[kernel_fn]
+pub fn q8_0_code(v: f32, amax: f32) -> i32 {
     let mut inv: f32 = 0.0;
     if amax != 0.0 {
         inv = 127.0 / amax;
     }
-    // WGSL's round() takes ties to even.
-    let r = (v * inv).round();
+    (v * inv).round() as i32
+}
+
+/// ggml Q8_0 blocks (activations multiplied with Q8_0 weights), 8 blocks of 32 per workgroup, as
+/// llama.cpp's x86 CPU backend quantizes them: `d = amax/127` (kept rounded to the nearest
+/// f16, ties to even), `q = x · (127/amax)` rounded half to even.
+#[kernel(workgroup = 256, uses(f16_bits, q8_0_block_max, q8_0_code))]
+pub fn quantize_q8_0(
+    x: &[f32],
+    q: &mut [i32],
+    d: &mut [f32],
+    #[uniform] blocks: u32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let t = lid();
+    let b = wid() * 8u32 + t / 32u32;
+    let mut v: f32 = 0.0;
     if b < blocks {
-        q[b * 32u32 + lane] = r as i32;
-        if lane == 0u32 {
+        v = x[b * 32u32 + t % 32u32];
+    }
+    let amax = q8_0_block_max(acc, t, v.abs());
+    if b < blocks {
+        q[b * 32u32 + t % 32u32] = q8_0_code(v, amax);
+        if t % 32u32 == 0u32 {
             d[b] = unpack_f16_lo(f16_bits(amax / 127.0));
         }
     }

@@ -1607,6 +1607,120 @@ fn quantize_q8_0_matches_the_cpu() {
     assert!(off_by_one <= 2, "{off_by_one} codes off by one");
 }
 
+/// RMSNorm fused with a block quantizer against `rms_norm_sg` and the quantizer run after it:
+/// `y`, the codes and the scales, bit for bit. A macro: each kernel has its own `Args`.
+macro_rules! fused_norm_vs_two_kernels {
+    ($g:expr, $fused:ident, $rows:expr, $width:expr, $per_block:expr, $quantize:expr) => {{
+        let g: &mut Gpu = $g;
+        let (rows, width, eps) = ($rows, $width, 1e-6f32);
+        let mut x = data(rows * width, 40);
+        // An all-zero block after the norm (d = 0, every code 0), in the middle row.
+        x[width + $per_block..width + 2 * $per_block].fill(0.0);
+        let w = data(width, 41);
+        let (bx, bw) = (g.upload("x", &x).unwrap(), g.upload("w", &w).unwrap());
+        let (blocks, len) = (rows * width / $per_block, rows * width);
+        let mut y = [sentinel_out(g, rows, width), sentinel_out(g, rows, width)];
+        let mut q = [
+            g.zeroed::<i32>("q", len).unwrap(),
+            g.zeroed::<i32>("q", len).unwrap(),
+        ];
+        let mut d = [
+            g.zeroed::<f32>("d", blocks).unwrap(),
+            g.zeroed::<f32>("d", blocks).unwrap(),
+        ];
+        let [y0, y1] = &mut y;
+        let [q0, q1] = &mut q;
+        let [d0, d1] = &mut d;
+        let norm = k::rms_norm_sg::Args {
+            x: &bx,
+            w: &bw,
+            y: y0,
+            width: width as u32,
+            eps,
+        };
+        launch(g, &norm, k::row_grid(rows as u32));
+        $quantize(g, &*y0, q0, d0, blocks);
+        let fused = k::$fused::Args {
+            x: &bx,
+            w: &bw,
+            y: y1,
+            q: q1,
+            d: d1,
+            width: width as u32,
+            eps,
+        };
+        launch(g, &fused, k::span_grid(width as u32, rows as u32));
+        assert_eq!(
+            bits(&read!(g, &*y1)),
+            bits(&read!(g, &*y0)),
+            "{}: y",
+            stringify!($fused)
+        );
+        assert_eq!(
+            read!(g, &*q1),
+            read!(g, &*q0),
+            "{}: codes",
+            stringify!($fused)
+        );
+        let (d_fused, d_apart) = (read!(g, &*d1), read!(g, &*d0));
+        assert_eq!(
+            bits(&d_fused),
+            bits(&d_apart),
+            "{}: scales",
+            stringify!($fused)
+        );
+        assert!(
+            d_fused.iter().filter(|&&s| s == 0.0).count() == 1,
+            "one all-zero block"
+        );
+    }};
+}
+
+#[test]
+fn norms_fused_with_block_quantizers_give_the_two_kernels_bits() {
+    let mut g = gpu();
+    // Q8_0: 864 wide (27 blocks of 32: three spans of 256 and a partial one), three rows.
+    fused_norm_vs_two_kernels!(
+        &mut g,
+        rms_norm_quantize_q8_0_sg,
+        3,
+        864,
+        32,
+        |g: &mut Gpu,
+         y: &GpuBuffer<f32>,
+         q: &mut GpuBuffer<i32>,
+         d: &mut GpuBuffer<f32>,
+         blocks: usize| {
+            let args = k::quantize_q8_0::Args {
+                x: y,
+                q,
+                d,
+                blocks: blocks as u32,
+            };
+            launch(g, &args, k::q8_0_grid(blocks as u32));
+        }
+    );
+    // Q8_K: three blocks of 256 a row, three rows.
+    fused_norm_vs_two_kernels!(
+        &mut g,
+        rms_norm_quantize_q8k_sg,
+        3,
+        768,
+        256,
+        |g: &mut Gpu,
+         y: &GpuBuffer<f32>,
+         q: &mut GpuBuffer<i32>,
+         d: &mut GpuBuffer<f32>,
+         blocks: usize| {
+            launch(
+                g,
+                &k::quantize_q8k::Args { x: y, q, d },
+                k::row_grid(blocks as u32),
+            );
+        }
+    );
+}
+
 #[test]
 fn matvec_q8_0_matches_q8_0_dot() {
     let mut g = gpu();

@@ -38,6 +38,8 @@ fn all() -> Vec<Kernel> {
         rms_norm_sg,
         rms_norm_quantize_i8_packed_sg,
         rms_norm_pack_f16_sg,
+        rms_norm_quantize_q8_0_sg,
+        rms_norm_quantize_q8k_sg,
         argmax_partial,
         argmax_final,
         take_top,

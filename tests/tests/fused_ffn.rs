@@ -377,14 +377,14 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
                     assert_eq!(bits(&h_fused), bits(&h_apart), "{what}: normalized rows");
                     assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
                     // Norm, quantize, product (F32 and BF16: no quantizer; F16's rounds to
-                    // halves); fused, the quantizer of the packed I2_S path and F16's halves
-                    // are the norm's own pass unless the rows changed in between.
-                    let i2s = matches!(format, Format::I2S { .. }) && packed;
-                    let f16 = format == Format::F16;
+                    // halves); fused, every quantizer but that of I2_S's unpacked path (codes
+                    // of its own layout) is the norm's own pass unless the rows changed in
+                    // between.
+                    let unpacked_i2s = matches!(format, Format::I2S { .. }) && !packed;
                     let quantizer = u64::from(!matches!(format, Format::F32 | Format::BF16));
                     let add = u64::from(touch);
                     assert_eq!(d_apart, 2 + quantizer + add, "{what}: unfused dispatches");
-                    let saved = u64::from((i2s || f16) && !touch);
+                    let saved = quantizer * u64::from(!unpacked_i2s && !touch);
                     assert_eq!(d_fused, d_apart - saved, "{what}: fused dispatches");
                 }
             }
