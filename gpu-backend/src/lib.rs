@@ -120,7 +120,8 @@ struct State {
     products: BTreeMap<&'static str, u64>,
     /// Quantized activations of the matrix being multiplied.
     q: GpuBuffer<i32>,
-    /// The same, packed four int8 to a word (for `dot4I8Packed`), and `Σq` per token.
+    /// The same, packed four int8 to a word (packed I2_S and every Q8_0 product, for
+    /// `dot4I8Packed`), and `Σq` per token (I2_S).
     packed: (GpuBuffer<u32>, GpuBuffer<i32>),
     /// Whether the I2_S path uses `dot4I8Packed`.
     packed_dot: bool,
@@ -1023,6 +1024,7 @@ impl Backend for GpuBackend {
                         gpu,
                         batch,
                         q,
+                        packed,
                         act_scale,
                         ..
                     } = st;
@@ -1043,7 +1045,7 @@ impl Backend for GpuBackend {
                             x,
                             w,
                             y: out,
-                            q,
+                            q: &mut packed.0,
                             d: act_scale,
                             width,
                             eps,

@@ -28,7 +28,7 @@ pub fn activation_bytes(kind: Kind, packed_dot: bool, n: usize, cols: usize) -> 
         Kind::I2s { .. } if packed_dot => n * cols + 8 * n,
         Kind::I2s { .. } => 4 * n * cols + 4 * n,
         Kind::Tq | Kind::Kq { .. } => 4 * n * cols + 4 * n * cols / 256,
-        Kind::Q8_0 => 4 * n * cols + 4 * n * cols / 32,
+        Kind::Q8_0 => n * cols + 4 * n * cols / 32,
         Kind::F16 => 2 * n * cols,
         Kind::F32 | Kind::Bf16 => 4 * n * cols,
     }
@@ -66,7 +66,7 @@ pub fn same_input(a: &GpuMatrix, b: &GpuMatrix) -> bool {
 }
 
 /// Quantizes `n` rows of `x` as `w`'s layout reads them, into the state's activation scratch:
-/// int8 codes and scales, or halves for F16 (nothing for F32 and BF16, which read `x` itself).
+/// int8 codes (four to a word for packed I2_S and Q8_0) and scales, or halves for F16 (nothing for F32 and BF16, which read `x` itself).
 pub fn quantize(
     st: &mut State,
     w: &GpuMatrix,
@@ -134,7 +134,7 @@ pub fn quantize(
             gpu,
             &k::quantize_q8_0::Args {
                 x,
-                q,
+                q: &mut packed.0,
                 d: act_scale,
                 blocks: blocks as u32,
             },
@@ -293,12 +293,21 @@ pub fn multiply_into(
                         scale: act_scale,
                     }
             ),
+            Kind::Q8_0 if *packed_dot => launch!(
+                matvec_q8_0_dp4
+                    | matvec_q8_0_dp4_wide {
+                        wq: &win.data,
+                        wd: win.scales(&w.desc.name)?,
+                        q: &packed.0,
+                        d: act_scale,
+                    }
+            ),
             Kind::Q8_0 => launch!(
                 matvec_q8_0
                     | matvec_q8_0_wide {
                         wq: &win.data,
                         wd: win.scales(&w.desc.name)?,
-                        q: q,
+                        q: &packed.0,
                         d: act_scale,
                     }
             ),

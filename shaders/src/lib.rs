@@ -40,7 +40,7 @@ pub use k_quants::{matvec_kq, matvec_kq_wide};
 pub use kv::{kv_shift, kv_write, landmark_update, rope_neox_kv_write};
 pub use matvec::{
     matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
-    matvec_q8_0, matvec_q8_0_wide,
+    matvec_q8_0, matvec_q8_0_dp4, matvec_q8_0_dp4_wide, matvec_q8_0_wide,
 };
 pub use norm::{
     rms_norm, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg, rms_norm_quantize_q8_0_sg,

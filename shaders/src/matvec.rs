@@ -285,18 +285,25 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
 }
 
 /// Q8_0 weights (repacked: the 32 int8 of each block as 8 words, the f16 block scales as f32
-/// in `wd[row·blocks + block]`) times Q8_0 activations from [`crate::quantize_q8_0`]: per
-/// block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as ggml does.
+/// in `wd[row·blocks + block]`) times Q8_0 activations from [`crate::quantize_q8_0`] (four
+/// codes a word): per block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as
+/// ggml does. `DP4 = 1` (the `_dp4` instances) multiplies four codes at once with
+/// `dot4I8Packed` where the WGSL implementation has it; the integer sums, and so every bit,
+/// are the same.
 #[kernel(
     workgroup = 64,
     uses(row_sums, store_rows),
-    consts(TILE = 4, ROWS = 1),
-    also(matvec_q8_0_wide(TILE = 8, ROWS = 4))
+    consts(TILE = 4, ROWS = 1, DP4 = 0),
+    also(
+        matvec_q8_0_wide(TILE = 8, ROWS = 4),
+        matvec_q8_0_dp4(DP4 = 1),
+        matvec_q8_0_dp4_wide(TILE = 8, ROWS = 4, DP4 = 1)
+    )
 )]
-pub fn matvec_q8_0<const TILE: u32, const ROWS: u32>(
+pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
     wq: &[u32],
     wd: &[f32],
-    q: &[i32],
+    q: &[u32],
     d: &[f32],
     out: &mut [f32],
     out_k: &mut [f32],
@@ -336,16 +343,20 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32>(
             for m in 0..ROWS {
                 word[m] = wq[(rr[m] * blocks + blk) * 8u32 + i];
             }
-            for b in 0..4u32 {
-                let mut wv = [0i32; ROWS];
-                for m in 0..ROWS {
-                    wv[m] = (((word[m] >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
-                }
-                for j in 0..TILE {
-                    if t0 + j < n {
-                        let qv = q[(t0 + j) * cols + blk * 32u32 + i * 4u32 + b];
+            for j in 0..TILE {
+                if t0 + j < n {
+                    let qw = q[(t0 + j) * (cols / 4u32) + blk * 8u32 + i];
+                    if DP4 == 1u32 {
                         for m in 0..ROWS {
-                            s[m * TILE + j] += wv[m] * qv;
+                            s[m * TILE + j] += dot4_i8_packed(word[m], qw);
+                        }
+                    } else {
+                        for b in 0..4u32 {
+                            let qv = (((qw >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
+                            for m in 0..ROWS {
+                                let wv = (((word[m] >> (8u32 * b)) & 255u32) ^ 128u32) as i32 - 128;
+                                s[m * TILE + j] += wv * qv;
+                            }
                         }
                     }
                 }

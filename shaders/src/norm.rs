@@ -12,7 +12,7 @@
 use hesper_dsl::kernel;
 
 use crate::half::f16_bits;
-use crate::quantize::{q8_0_block_max, q8_0_code, q8k_block_max, q8k_code, q8k_scale};
+use crate::quantize::{pack_codes, q8_0_block_max, q8_0_code, q8k_block_max, q8k_code, q8k_scale};
 use crate::reduce::{subgroup_total, tree_max, tree_sum};
 
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
@@ -221,22 +221,23 @@ pub fn rms_norm_pack_f16_sg(
 /// [`span_grid`](crate::span_grid)`(width, rows)`). Every workgroup sums its row's squares
 /// itself, in `rms_norm_sg`'s order (thread `t` adds elements `t, t + 256, …`, then the
 /// subgroup sums), so all of a row's workgroups scale by the same bits; each then writes its 256
-/// values of `y` and quantizes its eight 32-value blocks. The same bits as the two kernels one
-/// after the other. `width` is a multiple of 32.
+/// values of `y` and quantizes its eight 32-value blocks (the codes four to a word). The same
+/// bits as the two kernels one after the other. `width` is a multiple of 32.
 #[kernel(
     workgroup = 256,
     features(subgroups),
-    uses(subgroup_total, f16_bits, q8_0_block_max, q8_0_code)
+    uses(subgroup_total, f16_bits, q8_0_block_max, q8_0_code, pack_codes)
 )]
 pub fn rms_norm_quantize_q8_0_sg(
     x: &[f32],
     w: &[f32],
     y: &mut [f32],
-    q: &mut [i32],
+    q: &mut [u32],
     d: &mut [f32],
     #[uniform] width: u32,
     #[uniform] eps: f32,
     #[shared] acc: &mut [f32; 256],
+    #[shared] codes: &mut [u32; 256],
 ) {
     let base = wid_y() * width;
     let t = lid();
@@ -262,8 +263,11 @@ pub fn rms_norm_quantize_q8_0_sg(
     // Every thread has read the partial sums before they are overwritten.
     barrier();
     let amax = q8_0_block_max(acc, t, v.abs());
+    let word = pack_codes(codes, t, q8_0_code(v, amax));
     if i < width {
-        q[base + i] = q8_0_code(v, amax);
+        if t % 4u32 == 0u32 {
+            q[(base + i) / 4u32] = word;
+        }
         if t % 32u32 == 0u32 {
             d[(base + i) / 32u32] = unpack_f16_lo(f16_bits(amax / 127.0));
         }

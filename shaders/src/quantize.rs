@@ -133,16 +133,29 @@ pub fn q8_0_code(v: f32, amax: f32) -> i32 {
     (v * inv).round() as i32
 }
 
+/// Thread `t`'s int8 `code` and those of the three threads beside it (`t - t % 4 ..`), packed
+/// four to a word (the first in the low byte), for every thread; through `codes`. Every thread
+/// of a 256-thread workgroup calls it.
+#[kernel_fn]
+pub fn pack_codes(codes: &mut [u32; 256], t: u32, code: i32) -> u32 {
+    codes[t] = (code as u32) & 255u32;
+    barrier();
+    let a = t - t % 4u32;
+    codes[a] | (codes[a + 1u32] << 8u32) | (codes[a + 2u32] << 16u32) | (codes[a + 3u32] << 24u32)
+}
+
 /// ggml Q8_0 blocks (activations multiplied with Q8_0 weights), 8 blocks of 32 per workgroup, as
 /// llama.cpp's x86 CPU backend quantizes them: `d = amax/127` (kept rounded to the nearest
-/// f16, ties to even), `q = x · (127/amax)` rounded half to even.
-#[kernel(workgroup = 256, uses(f16_bits, q8_0_block_max, q8_0_code))]
+/// f16, ties to even), `q = x · (127/amax)` rounded half to even, the codes four to a word
+/// (element `4i + b` in byte `b` of word `i`) for `dot4I8Packed`.
+#[kernel(workgroup = 256, uses(f16_bits, q8_0_block_max, q8_0_code, pack_codes))]
 pub fn quantize_q8_0(
     x: &[f32],
-    q: &mut [i32],
+    q: &mut [u32],
     d: &mut [f32],
     #[uniform] blocks: u32,
     #[shared] acc: &mut [f32; 256],
+    #[shared] codes: &mut [u32; 256],
 ) {
     let t = lid();
     let b = wid() * 8u32 + t / 32u32;
@@ -151,8 +164,11 @@ pub fn quantize_q8_0(
         v = x[b * 32u32 + t % 32u32];
     }
     let amax = q8_0_block_max(acc, t, v.abs());
+    let word = pack_codes(codes, t, q8_0_code(v, amax));
     if b < blocks {
-        q[b * 32u32 + t % 32u32] = q8_0_code(v, amax);
+        if t % 4u32 == 0u32 {
+            q[(b * 32u32 + t % 32u32) / 4u32] = word;
+        }
         if t % 32u32 == 0u32 {
             d[b] = unpack_f16_lo(f16_bits(amax / 127.0));
         }

@@ -1570,7 +1570,7 @@ fn quantize_q8_0_matches_the_cpu() {
     }
     let blocks = x.len() / 32;
     let bx = g.upload("x", &x).unwrap();
-    let mut q = g.zeroed::<i32>("q", x.len()).unwrap();
+    let mut q = g.zeroed::<u32>("q", x.len() / 4).unwrap();
     let mut d = g.zeroed::<f32>("d", blocks).unwrap();
     launch(
         &mut g,
@@ -1582,7 +1582,7 @@ fn quantize_q8_0_matches_the_cpu() {
         },
         k::q8_0_grid(blocks as u32),
     );
-    let (got_q, got_d) = (read!(g, &q), read!(g, &d));
+    let (got_q, got_d) = (unpack_i8(&read!(g, &q)), read!(g, &d));
     let want = quantize_q8_0(&x);
     let mut off_by_one = 0;
     for (b, blk) in want.iter().enumerate() {
@@ -1610,7 +1610,8 @@ fn quantize_q8_0_matches_the_cpu() {
 /// RMSNorm fused with a block quantizer against `rms_norm_sg` and the quantizer run after it:
 /// `y`, the codes and the scales, bit for bit. A macro: each kernel has its own `Args`.
 macro_rules! fused_norm_vs_two_kernels {
-    ($g:expr, $fused:ident, $rows:expr, $width:expr, $per_block:expr, $quantize:expr) => {{
+    ($g:expr, $fused:ident, $rows:expr, $width:expr, $per_block:expr, $code:ty,
+     $codes_per_word:expr, $quantize:expr) => {{
         let g: &mut Gpu = $g;
         let (rows, width, eps) = ($rows, $width, 1e-6f32);
         let mut x = data(rows * width, 40);
@@ -1620,9 +1621,10 @@ macro_rules! fused_norm_vs_two_kernels {
         let (bx, bw) = (g.upload("x", &x).unwrap(), g.upload("w", &w).unwrap());
         let (blocks, len) = (rows * width / $per_block, rows * width);
         let mut y = [sentinel_out(g, rows, width), sentinel_out(g, rows, width)];
+        let q_len = len / $codes_per_word;
         let mut q = [
-            g.zeroed::<i32>("q", len).unwrap(),
-            g.zeroed::<i32>("q", len).unwrap(),
+            g.zeroed::<$code>("q", q_len).unwrap(),
+            g.zeroed::<$code>("q", q_len).unwrap(),
         ];
         let mut d = [
             g.zeroed::<f32>("d", blocks).unwrap(),
@@ -1686,9 +1688,11 @@ fn norms_fused_with_block_quantizers_give_the_two_kernels_bits() {
         3,
         864,
         32,
+        u32,
+        4,
         |g: &mut Gpu,
          y: &GpuBuffer<f32>,
-         q: &mut GpuBuffer<i32>,
+         q: &mut GpuBuffer<u32>,
          d: &mut GpuBuffer<f32>,
          blocks: usize| {
             let args = k::quantize_q8_0::Args {
@@ -1707,6 +1711,8 @@ fn norms_fused_with_block_quantizers_give_the_two_kernels_bits() {
         3,
         768,
         256,
+        i32,
+        1,
         |g: &mut Gpu,
          y: &GpuBuffer<f32>,
          q: &mut GpuBuffer<i32>,
@@ -1757,7 +1763,10 @@ fn matvec_q8_0_matches_q8_0_dot() {
     let acts: Vec<_> = x.chunks_exact(cols).map(quantize_q8_0).collect();
     let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
     let (bwq, bwd) = (g.upload("wq", &wq).unwrap(), g.upload("wd", &wd).unwrap());
-    let (bq, bd) = (g.upload("q", &q).unwrap(), g.upload("d", &d).unwrap());
+    let (bq, bd) = (
+        g.upload("q", &pack_i8(&q)).unwrap(),
+        g.upload("d", &d).unwrap(),
+    );
     let mut want = Vec::new();
     let mut magnitude = Vec::new();
     for a in &acts {
@@ -1782,17 +1791,56 @@ fn matvec_q8_0_matches_q8_0_dot() {
     }
     // Block sums are exact integers; only the order of the 10 f32 block terms differs
     // (sequential on the CPU, strided then a tree on the GPU): a few ulp of Σ|terms|.
+    // The plain and the dot4I8Packed instances add the same exact integer sums: the same bits
+    // at every placement.
+    let mut outputs = [Vec::new(), Vec::new()];
     sweep_matrix(
         &mut g,
         Matrix::new("matvec_q8_0", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0 | matvec_q8_0_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd })
+                matvec_q8_0 | matvec_q8_0_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd });
+            outputs[0].push(bits(&read!(g, &*out)));
         },
         |got| dot_error(got, &want, &magnitude),
         "diff of Σ|terms|",
         1e-6,
     );
+    sweep_matrix(
+        &mut g,
+        Matrix::new("matvec_q8_0_dp4", rows, cols, n),
+        |g, out, p| {
+            launch_matrix!(g, out, p, out_scale;
+                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd });
+            outputs[1].push(bits(&read!(g, &*out)));
+        },
+        |got| dot_error(got, &want, &magnitude),
+        "diff of Σ|terms|",
+        1e-6,
+    );
+    assert!(!outputs[0].is_empty());
+    assert!(outputs[0] == outputs[1], "dot4I8Packed changes the bits");
+}
+
+/// The int8 codes of words packed as [`pack_i8`] packs them.
+fn unpack_i8(words: &[u32]) -> Vec<i32> {
+    words
+        .iter()
+        .flat_map(|w| (0..4).map(move |b| i32::from((w >> (8 * b)) as u8 as i8)))
+        .collect()
+}
+
+/// int8 codes packed four to a word, the first in the low byte (the GPU's activation layout
+/// for `dot4I8Packed`).
+fn pack_i8(codes: &[i32]) -> Vec<u32> {
+    codes
+        .chunks_exact(4)
+        .map(|c| {
+            c.iter()
+                .enumerate()
+                .fold(0u32, |w, (b, &v)| w | (((v as u32) & 255) << (8 * b)))
+        })
+        .collect()
 }
 
 #[test]

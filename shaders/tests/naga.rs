@@ -64,6 +64,8 @@ fn all() -> Vec<Kernel> {
         matvec_f16_wide,
         matvec_q8_0,
         matvec_q8_0_wide,
+        matvec_q8_0_dp4,
+        matvec_q8_0_dp4_wide,
         matvec_bf16,
         matvec_bf16_wide,
         matvec_kq,
@@ -166,9 +168,10 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
             }
         }
     }
-    // Eight matrix kernels, each in its decode and wide instance, × seven lane counts (the
-    // K-quant ones × three code widths) × two capability sets.
-    assert_eq!(specialised, (7 + 3) * 2 * 7 * 2);
+    // Eight matrix kernels, each in its decode and wide instance (Q8_0 also in both of its
+    // dot4I8Packed ones), × seven lane counts (the K-quant ones × three code widths) × two
+    // capability sets.
+    assert_eq!(specialised, (7 + 3 + 1) * 2 * 7 * 2);
 }
 
 #[test]

@@ -56,6 +56,8 @@ fn generated_wgsl_is_unchanged() {
         matvec_f16_wide,
         matvec_q8_0,
         matvec_q8_0_wide,
+        matvec_q8_0_dp4,
+        matvec_q8_0_dp4_wide,
         matvec_bf16,
         matvec_bf16_wide,
         matvec_kq,

@@ -143,10 +143,10 @@ fn timestamp_queries_time_every_kernel_of_a_token() {
     let calls: u64 = times.iter().map(|k| k.calls).sum();
     assert_eq!(calls, dispatches, "every dispatch timed once");
     let names: Vec<&str> = times.iter().map(|k| k.name).collect();
-    let bitlinear = if model.backend.packed_dot() {
-        "bitlinear_i2s_dp4"
+    let (bitlinear, head) = if model.backend.packed_dot() {
+        ("bitlinear_i2s_dp4", "matvec_q8_0_dp4")
     } else {
-        "bitlinear_i2s"
+        ("bitlinear_i2s", "matvec_q8_0")
     };
     // The output norm, fused with the Q8_0 LM head's quantizer where there are subgroups.
     let norm = if model.backend.uses_subgroups() {
@@ -154,7 +154,7 @@ fn timestamp_queries_time_every_kernel_of_a_token() {
     } else {
         "rms_norm"
     };
-    for k in [bitlinear, "attention", norm, "matvec_q8_0", "argmax_final"] {
+    for k in [bitlinear, "attention", norm, head, "argmax_final"] {
         assert!(names.contains(&k), "{k} missing from {names:?}");
     }
     assert!(times.iter().all(|k| k.ns >= 0.0) && times.iter().any(|k| k.ns > 0.0));
