@@ -66,7 +66,8 @@ pub fn same_input(a: &GpuMatrix, b: &GpuMatrix) -> bool {
 }
 
 /// Quantizes `n` rows of `x` as `w`'s layout reads them, into the state's activation scratch:
-/// int8 codes (four to a word for packed I2_S and Q8_0) and scales, or halves for F16 (nothing for F32 and BF16, which read `x` itself).
+/// int8 codes (four to a word for packed I2_S and Q8_0) and scales, or halves for F16 (nothing
+/// for F32 and BF16, which read `x` itself).
 pub fn quantize(
     st: &mut State,
     w: &GpuMatrix,
