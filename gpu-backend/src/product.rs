@@ -226,6 +226,10 @@ pub fn multiply_into(
     // A step of more rows than one decode tile runs the wide-step instances: the same sums in
     // the same order, each weight read once per tile of their larger tiles.
     let wide = n >= k::WIDE_STEP as usize;
+    // A step of at least a tile of tokens runs a layout's tiled kernel where it has one
+    // (`hesper_shaders::bitlinear_i2s_gemm`): the same bits again, each weight read once per
+    // 64 tokens and each activation once per 64 rows.
+    let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
         // too where it adds into them; half as many where gate/up pairs make one value).
@@ -275,8 +279,42 @@ pub fn multiply_into(
                     traffic,
                 )?
             }};
+            // A tiled kernel: no lanes, its own grid.
+            (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+                *products.entry(stringify!($kernel)).or_default() += 1;
+                batch.run_moving(
+                    gpu,
+                    &k::$kernel::Args {
+                        $($field: $value,)*
+                        out: &mut *out,
+                        out_k: &mut *out_k,
+                        out_v: &mut *out_v,
+                        cols,
+                        rows,
+                        row0,
+                        window_rows,
+                        n: n32,
+                        mode,
+                        out_scale,
+                        out_scale_odd,
+                        split_k,
+                        split_v,
+                        out_scale_v,
+                    },
+                    k::gemm_grid(window_rows, n32),
+                    traffic,
+                )?
+            }};
         }
         match w.kind {
+            Kind::I2s { .. } if *packed_dot && tiled => launch!(
+                @tiled bitlinear_i2s_gemm {
+                    codes: &win.data,
+                    q: &packed.0,
+                    scale: act_scale,
+                    sum: &packed.1,
+                }
+            ),
             Kind::I2s { .. } if *packed_dot => launch!(
                 bitlinear_i2s_dp4
                     | bitlinear_i2s_dp4_wide {

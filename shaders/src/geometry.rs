@@ -4,10 +4,10 @@
 //! shape of a launch is written once, next to the kernels.
 
 use crate::{
-    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_wide, bitlinear_tq,
-    bitlinear_tq_wide, landmark_update, matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide,
-    matvec_f32, matvec_f32_wide, matvec_kq, matvec_kq_wide, matvec_q8_0, matvec_q8_0_wide,
-    quantize_q8_0,
+    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm,
+    bitlinear_i2s_wide, bitlinear_tq, bitlinear_tq_wide, landmark_update, matvec_bf16,
+    matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide, matvec_kq,
+    matvec_kq_wide, matvec_q8_0, matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -90,6 +90,39 @@ const _: () = {
         i += 1;
     }
 };
+
+/// Output rows of one workgroup of the tiled kernels (`gemm.rs`): the tile's rows are handed to
+/// [`store_rows`](crate::store_rows) one a thread, as a decode workgroup's 64 threads hand theirs.
+pub const GEMM_ROWS: u32 = bitlinear_i2s_gemm::BM;
+
+/// Tokens of one workgroup of the tiled kernels: each weight is read once per this many.
+pub const GEMM_TOKENS: u32 = bitlinear_i2s_gemm::BN;
+
+/// Rows of a step from which the backend runs a tiled kernel where the layout has one (a
+/// full tile of tokens; below it the wide-step instances read each weight once per 16 tokens
+/// and spread a step over more workgroups). A tiled kernel gives every output its
+/// matrix-vector kernel's bits, so the choice never changes a row.
+pub const GEMM_STEP: u32 = GEMM_TOKENS;
+
+const _: () = {
+    // 256 threads as 16 × 16: thread `t` takes rows `t / 16 + 16·m` (m < TM) and tokens
+    // `t % 16 + 16·j` (j < TN); the output stage's array is `64·token + row`.
+    assert!(bitlinear_i2s_gemm::WORKGROUP_SIZE == 256);
+    assert!(bitlinear_i2s_gemm::BM == 16 * bitlinear_i2s_gemm::TM);
+    assert!(bitlinear_i2s_gemm::BN == 16 * bitlinear_i2s_gemm::TN);
+    assert!(
+        GEMM_ROWS == MATRIX_WORKGROUP,
+        "store_rows indexes its array as 64·token + row"
+    );
+};
+
+/// The grid of a tiled kernel (`gemm.rs`): `rows` output rows in tiles of [`GEMM_ROWS`] along
+/// x, `tokens` activation rows in tiles of [`GEMM_TOKENS`] along y (at least one each way).
+pub const fn gemm_grid(rows: u32, tokens: u32) -> [u32; 3] {
+    let x = rows.div_ceil(GEMM_ROWS);
+    let y = tokens.div_ceil(GEMM_TOKENS);
+    [if x == 0 { 1 } else { x }, if y == 0 { 1 } else { y }, 1]
+}
 
 /// Threads per output row for a matrix kernel whose rows hold `units` work items (words,
 /// blocks or elements): at least two items a thread, at most 32 threads (a GPU wave/warp), a

@@ -1896,6 +1896,97 @@ fn packed_i2s_path_equals_the_cpu_exactly() {
     );
 }
 
+/// Packs each token's int8 codes four to a word, with its scale and Σq: what
+/// `quantize_i8_packed` leaves for the `dot4I8Packed` I2_S kernels.
+fn packed_i8_activations(
+    g: &Gpu,
+    acts: &[I8Row],
+) -> (GpuBuffer<u32>, GpuBuffer<f32>, GpuBuffer<i32>) {
+    let codes: Vec<i32> = acts
+        .iter()
+        .flat_map(|a| a.q.iter().map(|&v| i32::from(v)))
+        .collect();
+    let scale: Vec<f32> = acts.iter().map(|a| a.scale).collect();
+    let sum: Vec<i32> = acts.iter().map(|a| a.sum).collect();
+    (
+        g.upload("q", &pack_i8(&codes)).unwrap(),
+        g.upload("scale", &scale).unwrap(),
+        g.upload("sum", &sum).unwrap(),
+    )
+}
+
+#[test]
+fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    // 150 rows (two tiles of 64 and one of 22) of 384 weights (three 128-weight groups: three
+    // K-steps), 70 tokens (a tile of 64 and one of 6), at every window placement; beside the
+    // wide-step instance of the dp4 kernel the backend runs for fewer tokens.
+    let (rows, cols, n, beta) = (150usize, 384usize, 70usize, 0.0371f32);
+    let codes = i2s_codes(rows * cols / 4, 21);
+    let acts: Vec<_> = (0..n)
+        .map(|t| quantize_i8_row(&data(cols, 22 + t as u64)))
+        .collect();
+    let (q, scale, sum) = packed_i8_activations(&g, &acts);
+    let bc = g.upload("codes", &words(&codes)).unwrap();
+    let want = i2s_reference(&codes, &acts, cols, beta);
+    for (row0, extra) in WINDOWS {
+        let width = row0 + rows + extra;
+        let mut results = Vec::new();
+        for tiled in [false, true] {
+            let mut out = sentinel_out(&g, n, width);
+            let p = Placement {
+                m: Matrix::new("bitlinear_i2s_gemm", rows, cols, n),
+                row0,
+                width,
+                lanes: 32,
+                wide: true,
+            };
+            if tiled {
+                let (mut unused_k, mut unused_v) = (
+                    g.zeroed("unused", 1).unwrap(),
+                    g.zeroed("unused", 1).unwrap(),
+                );
+                launch(
+                    &mut g,
+                    &k::bitlinear_i2s_gemm::Args {
+                        codes: &bc,
+                        q: &q,
+                        scale: &scale,
+                        sum: &sum,
+                        out: &mut out,
+                        out_k: &mut unused_k,
+                        out_v: &mut unused_v,
+                        cols: cols as u32,
+                        rows: width as u32,
+                        row0: row0 as u32,
+                        window_rows: rows as u32,
+                        n: n as u32,
+                        mode: k::STORE,
+                        out_scale: beta,
+                        out_scale_odd: 0.0,
+                        split_k: width as u32,
+                        split_v: width as u32,
+                        out_scale_v: 0.0,
+                    },
+                    k::gemm_grid(rows as u32, n as u32),
+                );
+            } else {
+                launch_matrix!(&mut g, &mut out, p, beta;
+                    bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum });
+            }
+            let got = window(&read!(g, &out), n, width, row0, rows);
+            // Exact integer sums, then the matrix-vector kernel's division and multiplication.
+            let name = format!("tiled {tiled} (row0 {row0}, width {width})");
+            assert_within(&name, "relative diff", max_rel_diff(&got, &want), 1e-6);
+            results.push(bits(&got));
+        }
+        assert!(
+            results[0] == results[1],
+            "bitlinear_i2s_gemm differs from bitlinear_i2s_dp4_wide (row0 {row0})"
+        );
+    }
+}
+
 #[test]
 fn rms_norm_sg_matches_the_cpu() {
     let mut g = gpu();

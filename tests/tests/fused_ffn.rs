@@ -12,7 +12,7 @@ use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
 use hesper_engine::backend::{AttentionShape, Backend, GateUp, MatrixUse, Qkv, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{Format, MatrixDesc};
-use hesper_gpu_backend::GpuBackend;
+use hesper_gpu_backend::{GpuBackend, GEMM_STEP};
 use hesper_tests::random::Rng;
 
 /// Input width (a whole number of 256-blocks for TQ) and FFN width.
@@ -187,6 +187,17 @@ const FORMATS: [Format; 11] = [
     Format::TQ2_0,
 ];
 
+/// Rows of the steps each layout is tried at: one (the decode instances), five (the wide-step
+/// instances) and, for I2_S (the layout with a tiled kernel, run from
+/// [`GEMM_STEP`] rows), a tile of tokens and six more.
+fn steps(format: Format) -> Vec<usize> {
+    let mut n = vec![1, 5];
+    if matches!(format, Format::I2S { .. }) {
+        n.push(GEMM_STEP as usize + 6);
+    }
+    n
+}
+
 const ACTIVATIONS: [Activation; 4] = [
     Activation::Relu2,
     Activation::Silu,
@@ -202,10 +213,21 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
         let packed = gpu.set_packed_dot(packed);
         for format in FORMATS {
             for act in ACTIVATIONS {
-                for n in [1, 5] {
+                for n in steps(format) {
                     let what = format!("{format:?} {act:?} n={n} packed_dot={packed}");
                     let d0 = gpu.stats().dispatches;
+                    let tiled = gpu.product_launches().get("bitlinear_i2s_gemm").copied();
                     let (h_fused, y_fused) = ffn(&gpu, format, true, act, n);
+                    // A step of a tile of tokens or more runs I2_S's tiled kernel (on
+                    // `dot4I8Packed`): gate/up and down.
+                    let ran = gpu.product_launches().get("bitlinear_i2s_gemm").copied();
+                    let expect_tiled =
+                        packed && n >= GEMM_STEP as usize && matches!(format, Format::I2S { .. });
+                    assert_eq!(
+                        ran.unwrap_or(0) - tiled.unwrap_or(0),
+                        if expect_tiled { 2 } else { 0 },
+                        "{what}: tiled launches"
+                    );
                     let d1 = gpu.stats().dispatches;
                     let (h_apart, y_apart) = ffn(&gpu, format, false, act, n);
                     let d2 = gpu.stats().dispatches;
@@ -301,7 +323,7 @@ fn joined_qkv_equals_three_products_bit_for_bit() {
     for packed in [false, true] {
         let packed = gpu.set_packed_dot(packed);
         for format in FORMATS {
-            for n in [1, 5] {
+            for n in steps(format) {
                 let what = format!("{format:?} n={n} packed_dot={packed}");
                 let (joined, d_joined) = qkv(&gpu, format, true, n);
                 let (apart, d_apart) = qkv(&gpu, format, false, n);
@@ -367,7 +389,7 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
     for packed in [false, true] {
         let packed = gpu.set_packed_dot(packed);
         for format in FORMATS {
-            for n in [1, 5] {
+            for n in steps(format) {
                 for touch in [false, true] {
                     let what = format!("{format:?} n={n} packed_dot={packed} touch={touch}");
                     let (h_fused, y_fused, d_fused) =

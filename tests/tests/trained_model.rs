@@ -112,6 +112,58 @@ fn gpu_computes_the_trained_network() {
     compare(&ours, &theirs, n_vocab, "gpu");
 }
 
+/// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one step
+/// runs the tiled I2_S kernel for every projection; read one token at a time, the decode
+/// kernels. Every position's logits must be the same bits either way (so a server's request
+/// gets the same tokens whatever its batch-mates), and the trained network's.
+#[test]
+fn gpu_prompt_in_tiled_products_equals_decoding_it() {
+    let file = file();
+    let tok = Tokenizer::from_gguf(file.header()).unwrap().unwrap();
+    let text = std::fs::read_to_string(models_dir().join("kjv-valid.txt")).expect("text");
+    let tokens = tok.encode(&text[..2000], true, false).unwrap();
+    let n = hesper_gpu_backend::GEMM_STEP as usize + 37;
+    let tokens = &tokens[..n];
+    let model = gpu_model(&file, None);
+    let before = model.backend.product_launches();
+    let mut s = model.new_session(n, n).unwrap();
+    let tiled = model.eval(&mut s, tokens, Logits::All).unwrap();
+    let after = model.backend.product_launches();
+    let launches = |m: &std::collections::BTreeMap<&str, u64>| {
+        m.get("bitlinear_i2s_gemm").copied().unwrap_or(0)
+    };
+    // Q/K/V, output, gate/up and down of each of the 4 layers.
+    assert_eq!(
+        launches(&after) - launches(&before),
+        4 * 4,
+        "tiled launches"
+    );
+    let mut s = model.new_session(n, 1).unwrap();
+    let decoded = model.eval(&mut s, tokens, Logits::All).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&tiled) == bits(&decoded),
+        "max|Δ| {}",
+        max_abs_diff(&tiled, &decoded)
+    );
+    let cpu = cpu_model(&file, hesper_cpu::Isa::Scalar, None);
+    let mut s = cpu.new_session(n, n).unwrap();
+    let on_cpu = cpu.eval(&mut s, tokens, Logits::All).unwrap();
+    let n_vocab = model.config.n_vocab;
+    let min_cos = tiled
+        .chunks(n_vocab)
+        .zip(on_cpu.chunks(n_vocab))
+        .map(|(a, b)| cosine(a, b))
+        .fold(1f64, f64::min);
+    println!(
+        "tiled vs cpu: min cosine {min_cos:.7}, max|Δ| {:.3e}",
+        max_abs_diff(&tiled, &on_cpu)
+    );
+    // As the trained network's check above (an int8 code on the other side of a rounding
+    // boundary moves a few logits).
+    assert!(min_cos >= 0.999, "tiled vs cpu: cosine {min_cos}");
+}
+
 /// The shipped model with its token list cut to `keep` entries and the LM-head (tied
 /// embedding) row `row` replaced by twice row `from`: row `row` then has twice `from`'s logit.
 fn cut_vocabulary(keep: usize, row: usize, from: usize) -> std::sync::Arc<ModelFile> {

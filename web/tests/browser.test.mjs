@@ -156,6 +156,8 @@ test('the demo model loads by URL with one click, progress reaching 100 %', asyn
   assert(/adapter: /.test(info.adapter) && /storage binding/.test(info.adapter_name), `no adapter shown: ${JSON.stringify(info)}`);
   // SwiftShader has no shader-f16 and wgpu passes no subgroups: the portable kernels run.
   assert(/RMSNorm sums: workgroup tree/.test(info.kernels), info.kernels);
+  // Chromium has dot4I8Packed: I2_S steps of 64 tokens or more run the tiled kernel.
+  assert(/I2_S products: dot4I8Packed/.test(info.kernels), info.kernels);
   figures.adapter = `${info.adapter_name} · kernels: ${info.kernels}`;
   figures.demo_load_ms = info.load_ms;
   figures.demo_wasm_memory_after_load = info.wasm_memory;
@@ -179,6 +181,21 @@ test(`${N_TOKENS} greedy tokens typed into the page equal the native CPU backend
   figures.swiftshader_tg_tps = (1000 * done.gen_tokens) / done.gen_ms;
   figures.swiftshader_pp_tps = (1000 * done.prompt_tokens) / done.prompt_ms;
   await page.screenshot({ path: join(out, 'page.png'), fullPage: true });
+});
+
+// More than one step of the page's 64 tokens: the first step's I2_S products run the tiled
+// kernel (bitlinear_i2s_gemm), the rest the matrix-vector ones; the text must go on as the
+// native CPU backend's does.
+const LONG_PROMPT = 'In the beginning God created the heaven and the earth. And the earth was without form, and void; '
+  + 'and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. '
+  + 'And God said, Let there be light: and there was light. And God saw the light, that it was good: '
+  + 'and God divided the light from the darkness.';
+
+test('a prompt of over 64 tokens (the tiled I2_S kernel) goes on as the native CPU backend\'s', async () => {
+  const expected = nativeText(LONG_PROMPT, 16);
+  const r = await request({ type: 'complete', prompt: LONG_PROMPT, settings: { temperature: 0, n_predict: 16 } }, 'done');
+  assert(r.result.prompt_tokens > 64 && r.result.gen_tokens === 16, JSON.stringify(r.result));
+  assert(r.result.text === expected, `page ${JSON.stringify(r.result.text)} != native ${JSON.stringify(expected)}`);
 });
 
 test('a reload loads the demo model from the cache', async () => {
