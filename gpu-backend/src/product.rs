@@ -227,8 +227,8 @@ pub fn multiply_into(
     // the same order, each weight read once per tile of their larger tiles.
     let wide = n >= k::WIDE_STEP as usize;
     // A step of at least a tile of tokens runs a layout's tiled kernel where it has one
-    // (`hesper_shaders::bitlinear_i2s_gemm`): the same bits again, each weight read once per
-    // 64 tokens and each activation once per 64 rows.
+    // (`hesper_shaders::bitlinear_i2s_gemm`, `matvec_f16_gemm`): the same bits again, each
+    // weight read once per 64 tokens and each activation once per 64 rows.
     let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
@@ -372,6 +372,13 @@ pub fn multiply_into(
                     }
             ),
             Kind::F32 => launch!(matvec_f32 | matvec_f32_wide { w: &win.data, x: x }),
+            Kind::F16 if tiled => launch!(
+                @tiled matvec_f16_gemm {
+                    w: &win.data,
+                    xh: &*halves,
+                    lanes: lanes,
+                }
+            ),
             Kind::F16 => launch!(
                 matvec_f16
                     | matvec_f16_wide {

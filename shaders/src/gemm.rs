@@ -9,13 +9,15 @@
 //!
 //! A tiled kernel must give each output the bits its matrix-vector kernel gives it, so that
 //! which one ran a step never changes a row (the server's promise that a request's tokens do
-//! not depend on its batch-mates). Only layouts whose sums are exact integers over the whole
-//! row (I2_S: ternary codes times int8 activations) can be summed in any order and so have a
-//! tiled kernel here; their epilogue is the matrix-vector kernel's, expression for expression,
-//! and the output stage is the same [`store_rows`].
+//! not depend on its batch-mates): the same terms added in the same order, the same epilogue
+//! expression for expression and the same output stage, [`store_rows`] (one row a thread).
+//! I2_S's row sums are exact integers, so any order gives them; F16's matrix-vector kernel
+//! sums contiguous chunks of a row and adds them in order (`row_fold` of `reduce.rs`), which a
+//! thread walking the row from its start can follow with two sums an output.
 
 use hesper_dsl::kernel;
 
+use crate::reduce::chunk_of;
 use crate::tile::store_rows;
 
 /// [`bitlinear_i2s_dp4`](crate::bitlinear_i2s_dp4) as a tiled product: the same exact integer
@@ -113,6 +115,133 @@ pub fn bitlinear_i2s_gemm<const BM: u32, const BN: u32, const TM: u32, const TN:
         let tok = (t_base + tc + 16u32 * j).min(n - 1u32);
         for m in 0..TM {
             res[BM * tc + tr + 16u32 * m] = ((s[m * TN + j] - sum[tok]) as f32) / scale[tok];
+        }
+        store_rows(
+            res,
+            out,
+            out_k,
+            out_v,
+            t,
+            0u32,
+            1u32,
+            r,
+            window_rows,
+            row0,
+            rows,
+            t_base + 16u32 * j,
+            n,
+            16u32,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
+    }
+}
+
+/// [`matvec_f16`](crate::matvec_f16) as a tiled product: F16 weights times activations rounded
+/// to halves, each output summed in that kernel's order — the row's words walked from its
+/// start, `p += w_lo·x_lo + w_hi·x_hi` a word, each of the `lanes` contiguous chunks' sums
+/// ([`chunk_of`]) added to the total `((0 + p₀) + p₁) + …` as the walk reaches the chunk's
+/// end — so every output has that kernel's bits. `lanes` is the count the matrix-vector kernel
+/// runs the matrix with. A K-step is `KW` words (`2·KW` columns) of the tile's 64 rows and 64
+/// tokens, staged in workgroup memory (the tokens' rows padded to `KW + 1` words, so the 16
+/// tokens a warp reads fall in distinct banks); thread `t` takes rows `t / 16 + 16·m` and tokens
+/// `t % 16 + 16·j`, with a running sum and a chunk sum for each.
+#[kernel(
+    workgroup = 256,
+    uses(chunk_of, store_rows),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, KW = 8)
+)]
+pub fn matvec_f16_gemm<
+    const BM: u32,
+    const BN: u32,
+    const TM: u32,
+    const TN: u32,
+    const KW: u32,
+>(
+    w: &[u32],
+    xh: &[u32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wt: &mut [u32; BM * KW],
+    #[shared] xt: &mut [u32; BN * (KW + 1)],
+    #[shared] res: &mut [f32; BM * 16],
+) {
+    let t = lid();
+    let tr = t / 16u32;
+    let tc = t % 16u32;
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let half = cols / 2u32;
+    let chunk = chunk_of(half, lanes);
+    let mut total = [0.0f32; TM * TN];
+    let mut part = [0.0f32; TM * TN];
+    for k0 in (0u32..half).step_by(KW) {
+        // The step's words of the tile's rows and tokens (past the row's end: zero, never
+        // added; rows past the window and tokens past the step read the last ones).
+        for i in 0u32..BM * KW / 256u32 {
+            let e = t + 256u32 * i;
+            let row = (r_base + e / KW).min(window_rows - 1u32);
+            let k = k0 + e % KW;
+            wt[e] = select(0u32, w[row * half + k.min(half - 1u32)], k < half);
+        }
+        for i in 0u32..BN * KW / 256u32 {
+            let e = t + 256u32 * i;
+            let tok = (t_base + e / KW).min(n - 1u32);
+            let k = k0 + e % KW;
+            xt[(e / KW) * (KW + 1u32) + e % KW] = xh[tok * half + k.min(half - 1u32)];
+        }
+        barrier();
+        for kw in 0..KW {
+            let u = k0 + kw;
+            if u < half {
+                let mut lo = [0.0f32; TM];
+                let mut hi = [0.0f32; TM];
+                for m in 0..TM {
+                    let word = wt[(tr + 16u32 * m) * KW + kw];
+                    lo[m] = unpack_f16_lo(word);
+                    hi[m] = unpack_f16_hi(word);
+                }
+                for j in 0..TN {
+                    let a = xt[(tc + 16u32 * j) * (KW + 1u32) + kw];
+                    let alo = unpack_f16_lo(a);
+                    let ahi = unpack_f16_hi(a);
+                    for m in 0..TM {
+                        part[m * TN + j] += lo[m] * alo + hi[m] * ahi;
+                    }
+                }
+                if (u + 1u32) % chunk == 0u32 || u + 1u32 == half {
+                    for o in 0..TM * TN {
+                        total[o] = total[o] + part[o];
+                        part[o] = 0.0;
+                    }
+                }
+            }
+        }
+        barrier();
+    }
+    // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
+    let r = select(window_rows, r_base + t, t < BM);
+    for j in 0..TN {
+        for m in 0..TM {
+            res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
         }
         store_rows(
             res,

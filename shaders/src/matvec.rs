@@ -1,12 +1,13 @@
 //! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry and output stage
 //! of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread and so
 //! `ROWS · 64 / lanes` rows per workgroup, a tile of up to `TILE` tokens per weight pass,
-//! [`row_sums`] then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step
-//! instance (`*_wide`, more tokens and rows a thread) summing every output in the same order.
+//! [`row_sums`] (F16: [`row_fold`] over contiguous chunks, the order its tiled kernel follows)
+//! then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step instance
+//! (`*_wide`, more tokens and rows a thread) summing every output in the same order.
 
 use hesper_dsl::kernel;
 
-use crate::reduce::row_sums;
+use crate::reduce::{chunk_of, row_fold, row_sums};
 use crate::tile::store_rows;
 
 /// F32 weights (held as raw words).
@@ -97,10 +98,13 @@ pub fn matvec_f32<const TILE: u32, const ROWS: u32>(
 
 /// F16 weights (two per word, the lower first; `cols` even) times activations rounded to f16
 /// as ggml does for F16 matrices, packed the same way by [`crate::pack_f16`] (`xh`: `cols / 2`
-/// words a token).
+/// words a token). Unlike the other layouts' kernels, each lane sums a contiguous chunk of the
+/// row's words ([`chunk_of`]) and the lanes' sums are added in lane order ([`row_fold`]), so
+/// that the tiled kernel [`crate::matvec_f16_gemm`], walking each row from its start, adds the
+/// same terms in the same order and gives every output the same bits.
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(chunk_of, row_fold, store_rows),
     consts(TILE = 4, ROWS = 1),
     also(matvec_f16_wide(TILE = 16, ROWS = 4))
 )]
@@ -134,8 +138,10 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
     }
     let t0 = wid_y() * TILE;
     let half = cols / 2u32;
+    let chunk = chunk_of(half, lanes);
+    let first = (lane * chunk).min(half);
     let mut f = [0.0f32; TILE * ROWS];
-    for i in (lane..half).step_by(lanes) {
+    for i in first..(first + chunk).min(half) {
         if r0 >= window_rows {
             break;
         }
@@ -162,7 +168,7 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, (half + chunk - 1u32) / chunk, TILE);
         store_rows(
             acc,
             out,

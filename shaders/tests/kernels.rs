@@ -273,6 +273,89 @@ macro_rules! launch_matrix {
     }};
 }
 
+/// `launch_tiled!(g, out, placement, out_scale; kernel { field: value, .. })` launches tiled
+/// kernel `k::kernel` (`gemm.rs`) over its grid at a [`Placement`] (its `wide` unused), storing
+/// its sums times `out_scale` into `out`, as [`launch_matrix!`] does for the matrix-vector
+/// kernels.
+macro_rules! launch_tiled {
+    ($g:expr, $out:expr, $p:expr, $out_scale:expr;
+     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let p: Placement = $p;
+        let (mut unused_k, mut unused_v) = (
+            $g.zeroed("unused", 1).expect("buffer"),
+            $g.zeroed("unused", 1).expect("buffer"),
+        );
+        launch(
+            $g,
+            &k::$kernel::Args {
+                $($field: $value,)*
+                out: $out,
+                out_k: &mut unused_k,
+                out_v: &mut unused_v,
+                cols: p.m.cols as u32,
+                rows: p.width as u32,
+                row0: p.row0 as u32,
+                window_rows: p.m.rows as u32,
+                n: p.m.n as u32,
+                mode: k::STORE,
+                out_scale: $out_scale,
+                out_scale_odd: 0.0,
+                split_k: p.width as u32,
+                split_v: p.width as u32,
+                out_scale_v: 0.0,
+            },
+            k::gemm_grid(p.m.rows as u32, p.m.n as u32),
+        )
+    }};
+}
+
+/// Runs a tiled kernel (`tiled`, with [`launch_tiled!`]) and the wide-step instance of its
+/// matrix-vector kernel (`wide`) at every window of [`WINDOWS`] and every lane count of
+/// [`LANES`] (the chunks a tiled kernel must follow): both within `bound` of the reference by
+/// `error`, and the same bits.
+fn sweep_tiled(
+    g: &mut Gpu,
+    m: Matrix,
+    mut tiled: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    mut wide: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    error: impl Fn(&[f32]) -> f32,
+    what: &str,
+    bound: f32,
+) {
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
+        let width = row0 + m.rows + extra;
+        let p = Placement {
+            m,
+            row0,
+            width,
+            lanes,
+            wide: true,
+        };
+        let mut results = Vec::new();
+        for is_tiled in [false, true] {
+            let mut out = sentinel_out(g, m.n, width);
+            if is_tiled {
+                tiled(g, &mut out, p);
+            } else {
+                wide(g, &mut out, p);
+            }
+            let got = window(&read!(g, &out), m.n, width, row0, m.rows);
+            let kernel = if is_tiled { "tiled" } else { "wide" };
+            let name = format!(
+                "{} {kernel} (row0 {row0}, width {width}, {lanes} lanes)",
+                m.name
+            );
+            assert_within(&name, what, error(&got), bound);
+            results.push(bits(&got));
+        }
+        assert!(
+            results[0] == results[1],
+            "{}: the tiled kernel differs from the wide-step instance (row0 {row0}, {lanes} lanes)",
+            m.name
+        );
+    }
+}
+
 /// Runs a matrix kernel at every window of [`WINDOWS`] with every lane count of [`LANES`], its
 /// decode and its wide-step instance: `run` launches it (with [`launch_matrix!`]) into a fresh
 /// [`SENTINEL`]-filled output; then nothing outside the window may have been written, `error`
@@ -1919,8 +2002,8 @@ fn packed_i8_activations(
 fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
     let mut g = gpu();
     // 150 rows (two tiles of 64 and one of 22) of 384 weights (three 128-weight groups: three
-    // K-steps), 70 tokens (a tile of 64 and one of 6), at every window placement; beside the
-    // wide-step instance of the dp4 kernel the backend runs for fewer tokens.
+    // K-steps), 70 tokens (a tile of 64 and one of 6), beside the wide-step instance of the
+    // dp4 kernel the backend runs for fewer tokens.
     let (rows, cols, n, beta) = (150usize, 384usize, 70usize, 0.0371f32);
     let codes = i2s_codes(rows * cols / 4, 21);
     let acts: Vec<_> = (0..n)
@@ -1929,62 +2012,56 @@ fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
     let (q, scale, sum) = packed_i8_activations(&g, &acts);
     let bc = g.upload("codes", &words(&codes)).unwrap();
     let want = i2s_reference(&codes, &acts, cols, beta);
-    for (row0, extra) in WINDOWS {
-        let width = row0 + rows + extra;
-        let mut results = Vec::new();
-        for tiled in [false, true] {
-            let mut out = sentinel_out(&g, n, width);
-            let p = Placement {
-                m: Matrix::new("bitlinear_i2s_gemm", rows, cols, n),
-                row0,
-                width,
-                lanes: 32,
-                wide: true,
-            };
-            if tiled {
-                let (mut unused_k, mut unused_v) = (
-                    g.zeroed("unused", 1).unwrap(),
-                    g.zeroed("unused", 1).unwrap(),
-                );
-                launch(
-                    &mut g,
-                    &k::bitlinear_i2s_gemm::Args {
-                        codes: &bc,
-                        q: &q,
-                        scale: &scale,
-                        sum: &sum,
-                        out: &mut out,
-                        out_k: &mut unused_k,
-                        out_v: &mut unused_v,
-                        cols: cols as u32,
-                        rows: width as u32,
-                        row0: row0 as u32,
-                        window_rows: rows as u32,
-                        n: n as u32,
-                        mode: k::STORE,
-                        out_scale: beta,
-                        out_scale_odd: 0.0,
-                        split_k: width as u32,
-                        split_v: width as u32,
-                        out_scale_v: 0.0,
-                    },
-                    k::gemm_grid(rows as u32, n as u32),
-                );
-            } else {
-                launch_matrix!(&mut g, &mut out, p, beta;
-                    bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum });
-            }
-            let got = window(&read!(g, &out), n, width, row0, rows);
-            // Exact integer sums, then the matrix-vector kernel's division and multiplication.
-            let name = format!("tiled {tiled} (row0 {row0}, width {width})");
-            assert_within(&name, "relative diff", max_rel_diff(&got, &want), 1e-6);
-            results.push(bits(&got));
-        }
-        assert!(
-            results[0] == results[1],
-            "bitlinear_i2s_gemm differs from bitlinear_i2s_dp4_wide (row0 {row0})"
-        );
-    }
+    // Exact integer sums, then the matrix-vector kernel's division and multiplication.
+    sweep_tiled(
+        &mut g,
+        Matrix::new("bitlinear_i2s_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, beta;
+                bitlinear_i2s_gemm { codes: &bc, q: &q, scale: &scale, sum: &sum })
+        },
+        |g, out, p| {
+            launch_matrix!(g, out, p, beta;
+                bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum })
+        },
+        |got| max_rel_diff(got, &want),
+        "relative diff",
+        1e-6,
+    );
+}
+
+#[test]
+fn tiled_f16_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    // 150 rows (two tiles of 64 and one of 22) of 300 (150 words: 18 K-steps of 8 and one of
+    // 6; chunks of 150, 38 and 5 words at 1, 4 and 32 lanes, ending inside K-steps), 70 tokens
+    // (a tile of 64 and one of 6).
+    let (rows, cols, n, out_scale) = (150usize, 300usize, 70usize, 0.75f32);
+    let wbits = f16_bits(rows * cols, 31, 11..=16);
+    let wf = f16_to_f32(&wbits);
+    let x = data(n * cols, 32);
+    let bw = g.upload("w", &pack_f16(&wbits)).unwrap();
+    let bx = g.upload("x", &halves_of(&x)).unwrap();
+    let row_bytes: Vec<Vec<u8>> = wbits
+        .chunks_exact(cols)
+        .map(|wb| wb.iter().flat_map(|b| b.to_le_bytes()).collect())
+        .collect();
+    // As `matvec_f16_matches_f16_dot`: summation order only, 5e-6 of Σ|w·x|.
+    let (want, magnitude) = matvec_reference(&wf, &round_f16(&x), cols, out_scale, |r, xh| {
+        f16_dot(&row_bytes[r], xh)
+    });
+    sweep_tiled(
+        &mut g,
+        Matrix::new("matvec_f16_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, out_scale;
+                matvec_f16_gemm { w: &bw, xh: &bx, lanes: p.lanes })
+        },
+        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 | matvec_f16_wide { w: &bw, xh: &bx }),
+        |got| dot_error(got, &want, &magnitude),
+        "diff of Σ|w·x|",
+        5e-6,
+    );
 }
 
 #[test]

@@ -56,6 +56,7 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_dp4,
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_gemm,
+        matvec_f16_gemm,
         quantize_i8_packed,
         bitlinear_tq,
         bitlinear_tq_wide,

@@ -49,6 +49,7 @@ fn generated_wgsl_is_unchanged() {
         bitlinear_i2s_dp4,
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_gemm,
+        matvec_f16_gemm,
         bitlinear_tq,
         bitlinear_tq_wide,
         matvec_f32,

@@ -187,12 +187,21 @@ const FORMATS: [Format; 11] = [
     Format::TQ2_0,
 ];
 
+/// The tiled kernel a step of [`GEMM_STEP`] rows or more of `format` runs, if any (I2_S's
+/// needs `dot4I8Packed`).
+fn tiled_kernel(format: Format, packed_dot: bool) -> Option<&'static str> {
+    match format {
+        Format::I2S { .. } if packed_dot => Some("bitlinear_i2s_gemm"),
+        Format::F16 => Some("matvec_f16_gemm"),
+        _ => None,
+    }
+}
+
 /// Rows of the steps each layout is tried at: one (the decode instances), five (the wide-step
-/// instances) and, for I2_S (the layout with a tiled kernel, run from
-/// [`GEMM_STEP`] rows), a tile of tokens and six more.
+/// instances) and, for the layouts with a tiled kernel, a tile of tokens and six more.
 fn steps(format: Format) -> Vec<usize> {
     let mut n = vec![1, 5];
-    if matches!(format, Format::I2S { .. }) {
+    if tiled_kernel(format, true).is_some() {
         n.push(GEMM_STEP as usize + 6);
     }
     n
@@ -205,6 +214,23 @@ const ACTIVATIONS: [Activation; 4] = [
     Activation::SwigluClamped,
 ];
 
+/// The most, over tokens, of the summed half steps by which two backends' `width`-wide hidden
+/// rows round to different halves (each value that does adds the step between its two halves).
+fn half_flips(a: &[f32], b: &[f32], width: usize) -> f32 {
+    a.chunks(width)
+        .zip(b.chunks(width))
+        .map(|(ra, rb)| {
+            ra.iter()
+                .zip(rb)
+                .map(|(&x, &y)| {
+                    let (hx, hy) = (f16::from_f32(x), f16::from_f32(y));
+                    (hx.to_f32() - hy.to_f32()).abs()
+                })
+                .sum::<f32>()
+        })
+        .fold(0.0, f32::max)
+}
+
 #[test]
 fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
     let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
@@ -216,18 +242,15 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                 for n in steps(format) {
                     let what = format!("{format:?} {act:?} n={n} packed_dot={packed}");
                     let d0 = gpu.stats().dispatches;
-                    let tiled = gpu.product_launches().get("bitlinear_i2s_gemm").copied();
+                    let tiled = tiled_kernel(format, packed).filter(|_| n >= GEMM_STEP as usize);
+                    let launches =
+                        || tiled.map_or(0, |k| gpu.product_launches().get(k).copied().unwrap_or(0));
+                    let before = launches();
                     let (h_fused, y_fused) = ffn(&gpu, format, true, act, n);
-                    // A step of a tile of tokens or more runs I2_S's tiled kernel (on
-                    // `dot4I8Packed`): gate/up and down.
-                    let ran = gpu.product_launches().get("bitlinear_i2s_gemm").copied();
-                    let expect_tiled =
-                        packed && n >= GEMM_STEP as usize && matches!(format, Format::I2S { .. });
-                    assert_eq!(
-                        ran.unwrap_or(0) - tiled.unwrap_or(0),
-                        if expect_tiled { 2 } else { 0 },
-                        "{what}: tiled launches"
-                    );
+                    // A step of a tile of tokens or more runs the layout's tiled kernel, if it
+                    // has one: gate/up and down.
+                    let expected = if tiled.is_some() { 2 } else { 0 };
+                    assert_eq!(launches() - before, expected, "{what}: tiled launches");
                     let d1 = gpu.stats().dispatches;
                     let (h_apart, y_apart) = ffn(&gpu, format, false, act, n);
                     let d2 = gpu.stats().dispatches;
@@ -253,17 +276,31 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                     // the same integer sums, with f32 rounding of the scales and of the
                     // activation in another order; relative to the largest value.
                     let (h_cpu, y_cpu) = ffn(&cpu, format, false, act, n);
-                    for (ours, cpu, name) in
-                        [(&h_fused, &h_cpu, "hidden"), (&y_fused, &y_cpu, "output")]
-                    {
+                    // F16's down product reads the hidden values rounded to halves: one that the
+                    // two backends' f32 values put on either side of a rounding boundary moves
+                    // every output of its token by up to the largest weight (0.1) times a half's
+                    // step there (seen at 70 rows: 1.4e-5 of the largest output, with either
+                    // GPU kernel).
+                    let flipped = if format == Format::F16 {
+                        half_flips(&h_fused, &h_cpu, FF)
+                    } else {
+                        0.0
+                    };
+                    for (ours, cpu, name, flips) in [
+                        (&h_fused, &h_cpu, "hidden", 0.0),
+                        (&y_fused, &y_cpu, "output", 0.1 * flipped),
+                    ] {
                         let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
                         let worst = ours
                             .iter()
                             .zip(cpu.iter())
                             .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-                        println!("{what} {name}: worst |Δ|/max = {:.2e}", worst / scale);
+                        println!(
+                            "{what} {name}: worst |Δ|/max = {:.2e} (allowed for half flips: {flips:.2e})",
+                            worst / scale
+                        );
                         assert!(
-                            worst <= 1e-5 * scale,
+                            worst <= 1e-5 * scale + flips,
                             "{what} {name}: GPU vs CPU {worst} of {scale}"
                         );
                     }

@@ -824,6 +824,41 @@ mod gpu {
         }
     }
 
+    /// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one
+    /// step runs the tiled kernels of the layouts that have one (F16, and I2_S on
+    /// `dot4I8Packed`); read four tokens a step, the matrix-vector kernels' decode instances.
+    /// Every position's logits must be the same bits either way.
+    #[test]
+    fn long_prompts_in_tiled_products_equal_decoding_them() {
+        for (stem, kernel) in [
+            ("tiny-llama-f16", "matvec_f16_gemm"),
+            ("tiny-falcon3-i2s", "bitlinear_i2s_gemm"),
+        ] {
+            let g = Golden::load(stem);
+            let model = gpu_model(&g.file(), None);
+            let n = hesper_gpu_backend::GEMM_STEP as usize + 11;
+            let tokens: Vec<u32> = g
+                .sequences
+                .iter()
+                .flat_map(|s| s.tokens.iter().copied())
+                .cycle()
+                .take(n)
+                .collect();
+            let launches = || model.backend.product_launches().get(kernel).copied();
+            let before = launches().unwrap_or(0);
+            let tiled = logits_all(&model, &tokens, n);
+            assert!(
+                launches().unwrap_or(0) > before,
+                "{stem}: {kernel} did not run"
+            );
+            let decoded = logits_all(&model, &tokens, hesper_gpu_backend::TOKEN_TILE as usize);
+            let d = max_abs_diff(&tiled, &decoded);
+            println!("{stem} gpu: {n} rows in one step vs four a step max|Δ| {d:.3e}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&tiled) == bits(&decoded), "{stem}: max|Δ| {d}");
+        }
+    }
+
     /// A step of 600 rows and decode after it (lavapipe takes ~7 s a step of 600 rows; the
     /// GPU's shift of a bounded cache is `context_shift.rs`'s).
     #[test]
