@@ -1,7 +1,8 @@
 //! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry and output stage
 //! of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread and so
 //! `ROWS · 64 / lanes` rows per workgroup, a tile of up to `TILE` tokens per weight pass,
-//! [`row_sums`] (F16: [`row_fold`] over contiguous chunks, the order its tiled kernel follows)
+//! [`row_sums`] (F16 and Q8_0: [`row_fold`] over contiguous chunks, the order their tiled
+//! kernels follow)
 //! then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step instance
 //! (`*_wide`, more tokens and rows a thread) summing every output in the same order.
 
@@ -295,10 +296,12 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
 /// codes a word): per block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as
 /// ggml does. `DP4 = 1` (the `_dp4` instances) multiplies four codes at once with
 /// `dot4I8Packed` where the WGSL implementation has it; the integer sums, and so every bit,
-/// are the same.
+/// are the same. As [`matvec_f16`], each lane sums a contiguous chunk of the row's blocks and
+/// the lanes' sums are added in lane order, the order of the tiled
+/// [`crate::matvec_q8_0_gemm`].
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(chunk_of, row_fold, store_rows),
     consts(TILE = 4, ROWS = 1, DP4 = 0),
     also(
         matvec_q8_0_wide(TILE = 8, ROWS = 4),
@@ -338,8 +341,10 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
     }
     let t0 = wid_y() * TILE;
     let blocks = cols / 32u32;
+    let chunk = chunk_of(blocks, lanes);
+    let first = (lane * chunk).min(blocks);
     let mut f = [0.0f32; TILE * ROWS];
-    for blk in (lane..blocks).step_by(lanes) {
+    for blk in first..(first + chunk).min(blocks) {
         if r0 >= window_rows {
             break;
         }
@@ -382,7 +387,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, (blocks + chunk - 1u32) / chunk, TILE);
         store_rows(
             acc,
             out,

@@ -57,6 +57,8 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_gemm,
         matvec_f16_gemm,
+        matvec_q8_0_gemm,
+        matvec_q8_0_gemm_dp4,
         quantize_i8_packed,
         bitlinear_tq,
         bitlinear_tq_wide,

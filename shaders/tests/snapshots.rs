@@ -50,6 +50,8 @@ fn generated_wgsl_is_unchanged() {
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_gemm,
         matvec_f16_gemm,
+        matvec_q8_0_gemm,
+        matvec_q8_0_gemm_dp4,
         bitlinear_tq,
         bitlinear_tq_wide,
         matvec_f32,
