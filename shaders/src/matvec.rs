@@ -1,14 +1,12 @@
 //! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry and output stage
 //! of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread and so
 //! `ROWS · 64 / lanes` rows per workgroup, a tile of up to `TILE` tokens per weight pass,
-//! [`row_sums`] (F16 and Q8_0: [`row_fold`] over contiguous chunks, the order their tiled
-//! kernels follow)
-//! then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step instance
-//! (`*_wide`, more tokens and rows a thread) summing every output in the same order.
+//! [`row_sums`] then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step
+//! instance (`*_wide`, more tokens and rows a thread) summing every output in the same order.
 
 use hesper_dsl::kernel;
 
-use crate::reduce::{chunk_of, row_fold, row_sums};
+use crate::reduce::row_sums;
 use crate::tile::store_rows;
 
 /// F32 weights (held as raw words).
@@ -99,13 +97,10 @@ pub fn matvec_f32<const TILE: u32, const ROWS: u32>(
 
 /// F16 weights (two per word, the lower first; `cols` even) times activations rounded to f16
 /// as ggml does for F16 matrices, packed the same way by [`crate::pack_f16`] (`xh`: `cols / 2`
-/// words a token). Unlike the other layouts' kernels, each lane sums a contiguous chunk of the
-/// row's words ([`chunk_of`]) and the lanes' sums are added in lane order ([`row_fold`]), so
-/// that the tiled kernel [`crate::matvec_f16_gemm`], walking each row from its start, adds the
-/// same terms in the same order and gives every output the same bits.
+/// words a token).
 #[kernel(
     workgroup = 64,
-    uses(chunk_of, row_fold, store_rows),
+    uses(row_sums, store_rows),
     consts(TILE = 4, ROWS = 1),
     also(matvec_f16_wide(TILE = 16, ROWS = 4))
 )]
@@ -139,10 +134,8 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
     }
     let t0 = wid_y() * TILE;
     let half = cols / 2u32;
-    let chunk = chunk_of(half, lanes);
-    let first = (lane * chunk).min(half);
     let mut f = [0.0f32; TILE * ROWS];
-    for i in first..(first + chunk).min(half) {
+    for i in (lane..half).step_by(lanes) {
         if r0 >= window_rows {
             break;
         }
@@ -169,7 +162,7 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_fold(acc, t, lane, (half + chunk - 1u32) / chunk, TILE);
+        row_sums(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,
@@ -296,12 +289,10 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
 /// codes a word): per block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as
 /// ggml does. `DP4 = 1` (the `_dp4` instances) multiplies four codes at once with
 /// `dot4I8Packed` where the WGSL implementation has it; the integer sums, and so every bit,
-/// are the same. As [`matvec_f16`], each lane sums a contiguous chunk of the row's blocks and
-/// the lanes' sums are added in lane order, the order of the tiled
-/// [`crate::matvec_q8_0_gemm`].
+/// are the same.
 #[kernel(
     workgroup = 64,
-    uses(chunk_of, row_fold, store_rows),
+    uses(row_sums, store_rows),
     consts(TILE = 4, ROWS = 1, DP4 = 0),
     also(
         matvec_q8_0_wide(TILE = 8, ROWS = 4),
@@ -341,10 +332,8 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
     }
     let t0 = wid_y() * TILE;
     let blocks = cols / 32u32;
-    let chunk = chunk_of(blocks, lanes);
-    let first = (lane * chunk).min(blocks);
     let mut f = [0.0f32; TILE * ROWS];
-    for blk in first..(first + chunk).min(blocks) {
+    for blk in (lane..blocks).step_by(lanes) {
         if r0 >= window_rows {
             break;
         }
@@ -387,7 +376,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_fold(acc, t, lane, (blocks + chunk - 1u32) / chunk, TILE);
+        row_sums(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,

@@ -69,32 +69,6 @@ pub fn row_sums<T: Scalar>(acc: &mut [T; _], t: u32, lane: u32, lanes: u32, tile
     }
 }
 
-/// The reduction of the matrix kernels whose lanes sum contiguous chunks of a row (see
-/// [`chunk_of`]): thread `t` holds its chunk's partial sums of the `tile` tokens at
-/// `acc[64·j + t]`; after this the row's first thread holds `((0 + p₀) + p₁) + …` over the
-/// `filled` lanes whose chunk is not empty, in lane order — the order in which a tiled kernel,
-/// walking the row from its start, meets the chunks' ends.
-#[kernel_fn]
-pub fn row_fold(acc: &mut [f32; _], t: u32, lane: u32, filled: u32, tile: u32) {
-    if lane == 0u32 {
-        for j in 0u32..tile {
-            let mut total: f32 = 0.0;
-            for l in 0u32..filled {
-                total = total + acc[64u32 * j + t + l];
-            }
-            acc[64u32 * j + t] = total;
-        }
-    }
-    barrier();
-}
-
-/// Units (words, blocks) of each lane's chunk when a row of `units` is cut into `lanes`
-/// contiguous chunks: lane `l` sums units `l·chunk .. min((l + 1)·chunk, units)` in order.
-#[kernel_fn]
-pub fn chunk_of(units: u32, lanes: u32) -> u32 {
-    (units + lanes - 1u32) / lanes
-}
-
 /// The sum of every thread's `part` over the workgroup through subgroup sums: the first thread
 /// of each subgroup (`invocation` 0) writes its subgroup's sum to `acc[index]` (`index` of
 /// `count` subgroups), then every thread adds `acc[0..count]` in order, so all get the same

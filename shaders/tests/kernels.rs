@@ -273,89 +273,6 @@ macro_rules! launch_matrix {
     }};
 }
 
-/// `launch_tiled!(g, out, placement, out_scale; kernel { field: value, .. })` launches tiled
-/// kernel `k::kernel` (`gemm.rs`) over its grid at a [`Placement`] (its `wide` unused), storing
-/// its sums times `out_scale` into `out`, as [`launch_matrix!`] does for the matrix-vector
-/// kernels.
-macro_rules! launch_tiled {
-    ($g:expr, $out:expr, $p:expr, $out_scale:expr;
-     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
-        let p: Placement = $p;
-        let (mut unused_k, mut unused_v) = (
-            $g.zeroed("unused", 1).expect("buffer"),
-            $g.zeroed("unused", 1).expect("buffer"),
-        );
-        launch(
-            $g,
-            &k::$kernel::Args {
-                $($field: $value,)*
-                out: $out,
-                out_k: &mut unused_k,
-                out_v: &mut unused_v,
-                cols: p.m.cols as u32,
-                rows: p.width as u32,
-                row0: p.row0 as u32,
-                window_rows: p.m.rows as u32,
-                n: p.m.n as u32,
-                mode: k::STORE,
-                out_scale: $out_scale,
-                out_scale_odd: 0.0,
-                split_k: p.width as u32,
-                split_v: p.width as u32,
-                out_scale_v: 0.0,
-            },
-            k::gemm_grid(p.m.rows as u32, p.m.n as u32),
-        )
-    }};
-}
-
-/// Runs a tiled kernel (`tiled`, with [`launch_tiled!`]) and the wide-step instance of its
-/// matrix-vector kernel (`wide`) at every window of [`WINDOWS`] and every lane count of
-/// [`LANES`] (the chunks a tiled kernel must follow): both within `bound` of the reference by
-/// `error`, and the same bits.
-fn sweep_tiled(
-    g: &mut Gpu,
-    m: Matrix,
-    mut tiled: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
-    mut wide: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
-    error: impl Fn(&[f32]) -> f32,
-    what: &str,
-    bound: f32,
-) {
-    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
-        let width = row0 + m.rows + extra;
-        let p = Placement {
-            m,
-            row0,
-            width,
-            lanes,
-            wide: true,
-        };
-        let mut results = Vec::new();
-        for is_tiled in [false, true] {
-            let mut out = sentinel_out(g, m.n, width);
-            if is_tiled {
-                tiled(g, &mut out, p);
-            } else {
-                wide(g, &mut out, p);
-            }
-            let got = window(&read!(g, &out), m.n, width, row0, m.rows);
-            let kernel = if is_tiled { "tiled" } else { "wide" };
-            let name = format!(
-                "{} {kernel} (row0 {row0}, width {width}, {lanes} lanes)",
-                m.name
-            );
-            assert_within(&name, what, error(&got), bound);
-            results.push(bits(&got));
-        }
-        assert!(
-            results[0] == results[1],
-            "{}: the tiled kernel differs from the wide-step instance (row0 {row0}, {lanes} lanes)",
-            m.name
-        );
-    }
-}
-
 /// Runs a matrix kernel at every window of [`WINDOWS`] with every lane count of [`LANES`], its
 /// decode and its wide-step instance: `run` launches it (with [`launch_matrix!`]) into a fresh
 /// [`SENTINEL`]-filled output; then nothing outside the window may have been written, `error`
@@ -1810,96 +1727,70 @@ fn norms_fused_with_block_quantizers_give_the_two_kernels_bits() {
     );
 }
 
-/// A Q8_0 product on the GPU's buffers: weights as ggml Q8_0 blocks repacked the way the
-/// backend uploads them (int8 as words, f16 scales as f32), Q8_0 activations four codes to a
-/// word, and the CPU's outputs `[n][rows]` (times `out_scale`) with their Σ|terms|.
-struct Q8_0Case {
-    wq: GpuBuffer<u32>,
-    wd: GpuBuffer<f32>,
-    q: GpuBuffer<u32>,
-    d: GpuBuffer<f32>,
-    want: Vec<f32>,
-    magnitude: Vec<f32>,
-}
-
-impl Q8_0Case {
-    fn new(g: &Gpu, rows: usize, cols: usize, n: usize, out_scale: f32, seed: u64) -> Self {
-        let w = data(rows * cols, seed);
-        let row_bytes: Vec<Vec<u8>> = w
-            .chunks_exact(cols)
-            .map(|r| {
-                r.chunks_exact(32)
-                    .flat_map(|b| {
-                        let (d, qs) = q8_0_block(b);
-                        let mut out = d.to_le_bytes().to_vec();
-                        out.extend(qs.iter().map(|&v| v as u8));
-                        out
-                    })
-                    .collect()
-            })
-            .collect();
-        let (mut wq, mut wd) = (Vec::new(), Vec::new());
-        for rb in &row_bytes {
-            for blk in rb.chunks_exact(34) {
-                wd.push(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
-                wq.extend(
-                    blk[2..]
-                        .chunks_exact(4)
-                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                );
-            }
-        }
-        let x = data(n * cols, seed + 1);
-        let acts: Vec<_> = x.chunks_exact(cols).map(quantize_q8_0).collect();
-        let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
-        let mut want = Vec::new();
-        let mut magnitude = Vec::new();
-        for a in &acts {
-            for rb in &row_bytes {
-                want.push(q8_0_dot(rb, a) * out_scale);
-                magnitude.push(
-                    rb.chunks_exact(34)
-                        .zip(a)
-                        .map(|(blk, ab)| {
-                            let wdv = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                            let s: i32 = blk[2..]
-                                .iter()
-                                .zip(&ab.qs)
-                                .map(|(&wv, &qv)| (i32::from(wv as i8) * i32::from(qv)).abs())
-                                .sum();
-                            s as f32 * (wdv * ab.d).abs()
-                        })
-                        .sum::<f32>()
-                        * out_scale,
-                );
-            }
-        }
-        Q8_0Case {
-            wq: g.upload("wq", &wq).unwrap(),
-            wd: g.upload("wd", &wd).unwrap(),
-            q: g.upload("q", &pack_i8(&q)).unwrap(),
-            d: g.upload("d", &d).unwrap(),
-            want,
-            magnitude,
-        }
-    }
-
-    /// The largest difference from the CPU's outputs, as a fraction of Σ|terms|.
-    fn error(&self, got: &[f32]) -> f32 {
-        dot_error(got, &self.want, &self.magnitude)
-    }
-}
-
 #[test]
 fn matvec_q8_0_matches_q8_0_dot() {
     let mut g = gpu();
     // 37 rows of 320 (10 blocks), 21 tokens (five decode tiles of 4 and one of 1; two wide
-    // tiles of 8 and one of 5).
+    // tiles of 8 and one of 5); weights as ggml Q8_0 blocks, repacked the way the backend
+    // uploads them (int8 as words, f16 scales as f32).
     let (rows, cols, n, out_scale) = (37usize, 320usize, 21usize, 0.75f32);
-    let c = Q8_0Case::new(&g, rows, cols, n, out_scale, 31);
-    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
+    let w = data(rows * cols, 31);
+    let row_bytes: Vec<Vec<u8>> = w
+        .chunks_exact(cols)
+        .map(|r| {
+            r.chunks_exact(32)
+                .flat_map(|b| {
+                    let (d, qs) = q8_0_block(b);
+                    let mut out = d.to_le_bytes().to_vec();
+                    out.extend(qs.iter().map(|&v| v as u8));
+                    out
+                })
+                .collect()
+        })
+        .collect();
+    let (mut wq, mut wd) = (Vec::new(), Vec::new());
+    for rb in &row_bytes {
+        for blk in rb.chunks_exact(34) {
+            wd.push(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+            wq.extend(
+                blk[2..]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+    }
+    let x = data(n * cols, 32);
+    let acts: Vec<_> = x.chunks_exact(cols).map(quantize_q8_0).collect();
+    let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
+    let (bwq, bwd) = (g.upload("wq", &wq).unwrap(), g.upload("wd", &wd).unwrap());
+    let (bq, bd) = (
+        g.upload("q", &pack_i8(&q)).unwrap(),
+        g.upload("d", &d).unwrap(),
+    );
+    let mut want = Vec::new();
+    let mut magnitude = Vec::new();
+    for a in &acts {
+        for rb in &row_bytes {
+            want.push(q8_0_dot(rb, a) * out_scale);
+            magnitude.push(
+                rb.chunks_exact(34)
+                    .zip(a)
+                    .map(|(blk, ab)| {
+                        let wdv = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                        let s: i32 = blk[2..]
+                            .iter()
+                            .zip(&ab.qs)
+                            .map(|(&wv, &qv)| (i32::from(wv as i8) * i32::from(qv)).abs())
+                            .sum();
+                        s as f32 * (wdv * ab.d).abs()
+                    })
+                    .sum::<f32>()
+                    * out_scale,
+            );
+        }
+    }
     // Block sums are exact integers; only the order of the 10 f32 block terms differs
-    // (sequential on the CPU; in chunks added in order on the GPU): a few ulp of Σ|terms|.
+    // (sequential on the CPU, strided then a tree on the GPU): a few ulp of Σ|terms|.
     // The plain and the dot4I8Packed instances add the same exact integer sums: the same bits
     // at every placement.
     let mut outputs = [Vec::new(), Vec::new()];
@@ -1908,10 +1799,10 @@ fn matvec_q8_0_matches_q8_0_dot() {
         Matrix::new("matvec_q8_0", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0 | matvec_q8_0_wide { wq: bwq, wd: bwd, q: bq, d: bd });
+                matvec_q8_0 | matvec_q8_0_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd });
             outputs[0].push(bits(&read!(g, &*out)));
         },
-        |got| c.error(got),
+        |got| dot_error(got, &want, &magnitude),
         "diff of Σ|terms|",
         1e-6,
     );
@@ -1920,57 +1811,15 @@ fn matvec_q8_0_matches_q8_0_dot() {
         Matrix::new("matvec_q8_0_dp4", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd });
+                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd });
             outputs[1].push(bits(&read!(g, &*out)));
         },
-        |got| c.error(got),
+        |got| dot_error(got, &want, &magnitude),
         "diff of Σ|terms|",
         1e-6,
     );
     assert!(!outputs[0].is_empty());
     assert!(outputs[0] == outputs[1], "dot4I8Packed changes the bits");
-}
-
-#[test]
-fn tiled_q8_0_kernels_give_the_matrix_vector_kernels_bits() {
-    let mut g = gpu();
-    // 150 rows (two tiles of 64 and one of 22) of 352 (11 blocks: five K-steps of 2 and one
-    // of 1; chunks of 11, 3 and 1 blocks at 1, 4 and 32 lanes, ending inside K-steps), 70
-    // tokens (a tile of 64 and one of 6); the plain and the dot4I8Packed kernels.
-    let (rows, cols, n, out_scale) = (150usize, 352usize, 70usize, 0.75f32);
-    let c = Q8_0Case::new(&g, rows, cols, n, out_scale, 41);
-    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
-    // As `matvec_q8_0_matches_q8_0_dot`.
-    sweep_tiled(
-        &mut g,
-        Matrix::new("matvec_q8_0_gemm", rows, cols, n),
-        |g, out, p| {
-            launch_tiled!(g, out, p, out_scale;
-                matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes })
-        },
-        |g, out, p| {
-            launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0 | matvec_q8_0_wide { wq: bwq, wd: bwd, q: bq, d: bd })
-        },
-        |got| c.error(got),
-        "diff of Σ|terms|",
-        1e-6,
-    );
-    sweep_tiled(
-        &mut g,
-        Matrix::new("matvec_q8_0_gemm_dp4", rows, cols, n),
-        |g, out, p| {
-            launch_tiled!(g, out, p, out_scale;
-                matvec_q8_0_gemm_dp4 { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes })
-        },
-        |g, out, p| {
-            launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd })
-        },
-        |got| c.error(got),
-        "diff of Σ|terms|",
-        1e-6,
-    );
 }
 
 /// The int8 codes of words packed as [`pack_i8`] packs them.
@@ -2070,8 +1919,8 @@ fn packed_i8_activations(
 fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
     let mut g = gpu();
     // 150 rows (two tiles of 64 and one of 22) of 384 weights (three 128-weight groups: three
-    // K-steps), 70 tokens (a tile of 64 and one of 6), beside the wide-step instance of the
-    // dp4 kernel the backend runs for fewer tokens.
+    // K-steps), 70 tokens (a tile of 64 and one of 6), at every window placement; beside the
+    // wide-step instance of the dp4 kernel the backend runs for fewer tokens.
     let (rows, cols, n, beta) = (150usize, 384usize, 70usize, 0.0371f32);
     let codes = i2s_codes(rows * cols / 4, 21);
     let acts: Vec<_> = (0..n)
@@ -2080,56 +1929,62 @@ fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
     let (q, scale, sum) = packed_i8_activations(&g, &acts);
     let bc = g.upload("codes", &words(&codes)).unwrap();
     let want = i2s_reference(&codes, &acts, cols, beta);
-    // Exact integer sums, then the matrix-vector kernel's division and multiplication.
-    sweep_tiled(
-        &mut g,
-        Matrix::new("bitlinear_i2s_gemm", rows, cols, n),
-        |g, out, p| {
-            launch_tiled!(g, out, p, beta;
-                bitlinear_i2s_gemm { codes: &bc, q: &q, scale: &scale, sum: &sum })
-        },
-        |g, out, p| {
-            launch_matrix!(g, out, p, beta;
-                bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum })
-        },
-        |got| max_rel_diff(got, &want),
-        "relative diff",
-        1e-6,
-    );
-}
-
-#[test]
-fn tiled_f16_kernel_gives_the_matrix_vector_kernels_bits() {
-    let mut g = gpu();
-    // 150 rows (two tiles of 64 and one of 22) of 300 (150 words: 18 K-steps of 8 and one of
-    // 6; chunks of 150, 38 and 5 words at 1, 4 and 32 lanes, ending inside K-steps), 70 tokens
-    // (a tile of 64 and one of 6).
-    let (rows, cols, n, out_scale) = (150usize, 300usize, 70usize, 0.75f32);
-    let wbits = f16_bits(rows * cols, 31, 11..=16);
-    let wf = f16_to_f32(&wbits);
-    let x = data(n * cols, 32);
-    let bw = g.upload("w", &pack_f16(&wbits)).unwrap();
-    let bx = g.upload("x", &halves_of(&x)).unwrap();
-    let row_bytes: Vec<Vec<u8>> = wbits
-        .chunks_exact(cols)
-        .map(|wb| wb.iter().flat_map(|b| b.to_le_bytes()).collect())
-        .collect();
-    // As `matvec_f16_matches_f16_dot`: summation order only, 5e-6 of Σ|w·x|.
-    let (want, magnitude) = matvec_reference(&wf, &round_f16(&x), cols, out_scale, |r, xh| {
-        f16_dot(&row_bytes[r], xh)
-    });
-    sweep_tiled(
-        &mut g,
-        Matrix::new("matvec_f16_gemm", rows, cols, n),
-        |g, out, p| {
-            launch_tiled!(g, out, p, out_scale;
-                matvec_f16_gemm { w: &bw, xh: &bx, lanes: p.lanes })
-        },
-        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 | matvec_f16_wide { w: &bw, xh: &bx }),
-        |got| dot_error(got, &want, &magnitude),
-        "diff of Σ|w·x|",
-        5e-6,
-    );
+    for (row0, extra) in WINDOWS {
+        let width = row0 + rows + extra;
+        let mut results = Vec::new();
+        for tiled in [false, true] {
+            let mut out = sentinel_out(&g, n, width);
+            let p = Placement {
+                m: Matrix::new("bitlinear_i2s_gemm", rows, cols, n),
+                row0,
+                width,
+                lanes: 32,
+                wide: true,
+            };
+            if tiled {
+                let (mut unused_k, mut unused_v) = (
+                    g.zeroed("unused", 1).unwrap(),
+                    g.zeroed("unused", 1).unwrap(),
+                );
+                launch(
+                    &mut g,
+                    &k::bitlinear_i2s_gemm::Args {
+                        codes: &bc,
+                        q: &q,
+                        scale: &scale,
+                        sum: &sum,
+                        out: &mut out,
+                        out_k: &mut unused_k,
+                        out_v: &mut unused_v,
+                        cols: cols as u32,
+                        rows: width as u32,
+                        row0: row0 as u32,
+                        window_rows: rows as u32,
+                        n: n as u32,
+                        mode: k::STORE,
+                        out_scale: beta,
+                        out_scale_odd: 0.0,
+                        split_k: width as u32,
+                        split_v: width as u32,
+                        out_scale_v: 0.0,
+                    },
+                    k::gemm_grid(rows as u32, n as u32),
+                );
+            } else {
+                launch_matrix!(&mut g, &mut out, p, beta;
+                    bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum });
+            }
+            let got = window(&read!(g, &out), n, width, row0, rows);
+            // Exact integer sums, then the matrix-vector kernel's division and multiplication.
+            let name = format!("tiled {tiled} (row0 {row0}, width {width})");
+            assert_within(&name, "relative diff", max_rel_diff(&got, &want), 1e-6);
+            results.push(bits(&got));
+        }
+        assert!(
+            results[0] == results[1],
+            "bitlinear_i2s_gemm differs from bitlinear_i2s_dp4_wide (row0 {row0})"
+        );
+    }
 }
 
 #[test]

@@ -94,17 +94,12 @@ const DENSE_QUANT_BOUND: QuantizedBound = QuantizedBound {
 /// scalar and AVX2 paths differ from each other as much (min cosine 0.99991, 32 of 33 argmaxes
 /// on s2). `tiny-qwen3moe-q4_k_m` (Q4_K and Q6_K experts, Q8_K activations, Q8_0 `attn_k` and
 /// `attn_v`): max |Δlogit| 0.182, min cosine 0.99991, 56 of 56 on the scalar, AVX2, AVX-512
-/// and NEON-dotprod paths; lavapipe 0.151, 0.99994, 56. On lavapipe, where Q8_0 (and MXFP4,
-/// widened to it) products sum each row in chunks added in order (the tiled kernels' order),
-/// `tiny-gpt-oss-mxfp4` keeps min cosine 0.99991 but agrees on 53 of 56 argmaxes: its misses are
-/// near-ties of the reference (top two 0.005, 0.055 and 0.067 apart, where a flipped code moves
-/// a logit by up to 0.18), two of them the scalar path's own. The bound admits these and
-/// rejects the weights' own quantization error (llama.cpp on the F16 source against its MXFP4
-/// file: min cosine 0.828, 25 of 56 argmaxes; against its Qwen3-MoE Q4_K_M file: 0.661, 40 of
-/// 56).
+/// and NEON-dotprod paths; lavapipe 0.151, 0.99994, 56. The bound admits these and rejects the
+/// weights' own quantization error (llama.cpp on the F16 source against its MXFP4 file: min
+/// cosine 0.828, 25 of 56 argmaxes; against its Qwen3-MoE Q4_K_M file: 0.661, 40 of 56).
 const MOE_QUANT_BOUND: QuantizedBound = QuantizedBound {
     min_cosine: 0.9995,
-    argmax_share: 0.94,
+    argmax_share: 0.95,
 };
 
 /// The quantized goldens whose FFN is a mixture of experts.
@@ -826,42 +821,6 @@ mod gpu {
             let d = max_abs_diff(&decoded, last);
             println!("{stem} gpu: batch 1 vs 64 max|Δ| {d:.3e}");
             assert!(d <= 1e-3, "{stem} gpu: batch 1 vs batch 64 max|Δ| {d}");
-        }
-    }
-
-    /// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one
-    /// step runs the tiled kernels of the layouts that have one (F16, Q8_0, and I2_S on
-    /// `dot4I8Packed`); read four tokens a step, the matrix-vector kernels' decode instances.
-    /// Every position's logits must be the same bits either way.
-    #[test]
-    fn long_prompts_in_tiled_products_equal_decoding_them() {
-        for (stem, kernel) in [
-            ("tiny-llama-f16", "matvec_f16_gemm"),
-            ("tiny-llama-q8_0", "matvec_q8_0_gemm_dp4"),
-            ("tiny-falcon3-i2s", "bitlinear_i2s_gemm"),
-        ] {
-            let g = Golden::load(stem);
-            let model = gpu_model(&g.file(), None);
-            let n = hesper_gpu_backend::GEMM_STEP as usize + 11;
-            let tokens: Vec<u32> = g
-                .sequences
-                .iter()
-                .flat_map(|s| s.tokens.iter().copied())
-                .cycle()
-                .take(n)
-                .collect();
-            let launches = || model.backend.product_launches().get(kernel).copied();
-            let before = launches().unwrap_or(0);
-            let tiled = logits_all(&model, &tokens, n);
-            assert!(
-                launches().unwrap_or(0) > before,
-                "{stem}: {kernel} did not run"
-            );
-            let decoded = logits_all(&model, &tokens, hesper_gpu_backend::TOKEN_TILE as usize);
-            let d = max_abs_diff(&tiled, &decoded);
-            println!("{stem} gpu: {n} rows in one step vs four a step max|Δ| {d:.3e}");
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert!(bits(&tiled) == bits(&decoded), "{stem}: max|Δ| {d}");
         }
     }
 
