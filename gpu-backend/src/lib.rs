@@ -29,7 +29,7 @@ use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError, PendingRead};
 use hesper_shaders as k;
 
 pub use hesper_gpu::{hardware_gpu_possible, KernelTime};
-pub use hesper_shaders::GEMM_STEP;
+pub use hesper_shaders::{GEMM_STEP, TOKEN_TILE};
 pub use matrix::{GpuMatrix, HostRows, Kind};
 
 // The argmax kernels flag a non-finite logit as the engine reads it.

@@ -253,34 +253,15 @@ pub fn multiply_into(
                     launch!(@one $decode { $($field: $value),* })
                 }
             };
-            (@one $kernel:ident { $($field:ident: $value:expr),* }) => {{
-                *products.entry(stringify!($kernel)).or_default() += 1;
-                batch.run_moving(
-                    gpu,
-                    &k::$kernel::Args {
-                        $($field: $value,)*
-                        out: &mut *out,
-                        out_k: &mut *out_k,
-                        out_v: &mut *out_v,
-                        cols,
-                        rows,
-                        row0,
-                        window_rows,
-                        n: n32,
-                        lanes,
-                        mode,
-                        out_scale,
-                        out_scale_odd,
-                        split_k,
-                        split_v,
-                        out_scale_v,
-                    },
-                    k::matrix_grid(window_rows, lanes, n32, k::$kernel::TILE, k::$kernel::ROWS),
-                    traffic,
-                )?
-            }};
+            (@one $kernel:ident { $($field:ident: $value:expr),* }) => {
+                launch!(@run $kernel { $($field: $value,)* lanes: lanes }
+                    k::matrix_grid(window_rows, lanes, n32, k::$kernel::TILE, k::$kernel::ROWS))
+            };
             // A tiled kernel: no lanes, its own grid.
-            (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+            (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
+                launch!(@run $kernel { $($field: $value),* } k::gemm_grid(window_rows, n32))
+            };
+            (@run $kernel:ident { $($field:ident: $value:expr),* $(,)? } $grid:expr) => {{
                 *products.entry(stringify!($kernel)).or_default() += 1;
                 batch.run_moving(
                     gpu,
@@ -301,7 +282,7 @@ pub fn multiply_into(
                         split_v,
                         out_scale_v,
                     },
-                    k::gemm_grid(window_rows, n32),
+                    $grid,
                     traffic,
                 )?
             }};

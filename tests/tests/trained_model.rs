@@ -113,8 +113,8 @@ fn gpu_computes_the_trained_network() {
 }
 
 /// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one step
-/// runs the tiled I2_S kernel for every projection; read one token at a time, the decode
-/// kernels. Every position's logits must be the same bits either way (so a server's request
+/// runs the tiled I2_S kernel for every projection; read four tokens a step, the
+/// matrix-vector kernels' decode instances. Every position's logits must be the same bits either way (so a server's request
 /// gets the same tokens whatever its batch-mates), and the trained network's.
 #[test]
 fn gpu_prompt_in_tiled_products_equals_decoding_it() {
@@ -138,7 +138,9 @@ fn gpu_prompt_in_tiled_products_equals_decoding_it() {
         4 * 4,
         "tiled launches"
     );
-    let mut s = model.new_session(n, 1).unwrap();
+    let mut s = model
+        .new_session(n, hesper_gpu_backend::TOKEN_TILE as usize)
+        .unwrap();
     let decoded = model.eval(&mut s, tokens, Logits::All).unwrap();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert!(
