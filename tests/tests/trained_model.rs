@@ -113,9 +113,9 @@ fn gpu_computes_the_trained_network() {
 }
 
 /// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one step
-/// runs the tiled I2_S kernel for every projection; read four tokens a step, the
-/// matrix-vector kernels' decode instances. Every position's logits must be the same bits either way (so a server's request
-/// gets the same tokens whatever its batch-mates), and the trained network's.
+/// runs the tiled I2_S kernel for every projection; read four tokens a step, the matrix-vector
+/// kernels' decode instances. Every position's logits must be the same bits either way (so a
+/// server's request gets the same tokens whatever its batch-mates), and the trained network's.
 #[test]
 fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     let file = file();
