@@ -29,7 +29,7 @@ use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError, PendingRead};
 use hesper_shaders as k;
 
 pub use hesper_gpu::{hardware_gpu_possible, KernelTime};
-pub use hesper_shaders::{GEMM_STEP, TOKEN_TILE};
+pub use hesper_shaders::{GEMM_STEP, TOKEN_TILE, WIDE_STEP};
 pub use matrix::{GpuMatrix, HostRows, Kind};
 
 // The argmax kernels flag a non-finite logit as the engine reads it.
@@ -1242,8 +1242,11 @@ impl Backend for GpuBackend {
         });
     }
 
-    /// Where the cache is dense: the rotations of Q and K and the cache write in one kernel
-    /// (`rope_neox_kv_write`), then attention.
+    /// Where the cache is dense: a decode-sized step (fewer than [`k::WIDE_STEP`] rows) in one
+    /// kernel (`rope_attention`: the rotations, the cache write and attention); a longer one
+    /// rotates Q and K and writes the cache in one kernel (`rope_neox_kv_write`), then attends
+    /// (`rope_attention` rotates each of the step's keys for every row that scores it, work
+    /// that grows with the square of the step). Both give every row the same bits.
     fn rope_attention(
         &self,
         cache: &mut GpuKvCache,
@@ -1276,6 +1279,11 @@ impl Backend for GpuBackend {
         self.record(|st| {
             self.check_head(shape)?;
             let at = st.rope_table(rope_q, pos0 + n)?;
+            if n < k::WIDE_STEP as usize {
+                return rope_attend(
+                    st, cache, layer, at, q, k_new, v_new, n, pos0, rope_q, shape, out,
+                );
+            }
             let table = &st.ropes[at];
             let kv = cache.kv_dim;
             let pairs = n * shape.n_head * rope_q.rope_dim / 2;
@@ -1533,9 +1541,7 @@ fn attend(
     let kv = cache.kv_dim;
     let f16 = u32::from(cache.kv_type == KvType::F16);
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
-    if let (Some(sinks), None) = (shape.sinks, &cache.sinks[layer]) {
-        cache.sinks[layer] = Some(st.gpu.upload("attention sinks", sinks)?);
-    }
+    upload_sinks(st, cache, layer, shape)?;
     // Unread without sinks: the queries stand in.
     let (sink, sinks) = match &cache.sinks[layer] {
         Some(b) if shape.sinks.is_some() => (b, 1),
@@ -1626,6 +1632,80 @@ fn attend(
             sinks,
         },
         k::attention_grid(n_head, n as u32),
+    )
+}
+
+/// Uploads layer `layer`'s attention sinks (gpt-oss) the first time they are needed.
+fn upload_sinks(
+    st: &mut State,
+    cache: &mut GpuKvCache,
+    layer: usize,
+    shape: &AttentionShape,
+) -> Result<(), GpuError> {
+    if let (Some(sinks), None) = (shape.sinks, &cache.sinks[layer]) {
+        cache.sinks[layer] = Some(st.gpu.upload("attention sinks", sinks)?);
+    }
+    Ok(())
+}
+
+/// A decode-sized step's NeoX RoPE, cache write and dense attention in one dispatch
+/// (`rope_attention`), the angles from RoPE table `table`.
+#[allow(clippy::too_many_arguments)]
+fn rope_attend(
+    st: &mut State,
+    cache: &mut GpuKvCache,
+    layer: usize,
+    table: usize,
+    q: &mut GpuBuffer<f32>,
+    k_new: &GpuBuffer<f32>,
+    v_new: &GpuBuffer<f32>,
+    n: usize,
+    pos0: usize,
+    rope: &RopeShape,
+    shape: &AttentionShape,
+    out: &mut GpuBuffer<f32>,
+) -> Result<(), GpuError> {
+    upload_sinks(st, cache, layer, shape)?;
+    let kv = cache.kv_dim;
+    let element = if cache.kv_type == KvType::F16 { 2 } else { 4 };
+    let keys = shape.window.map_or(pos0 + n, |w| (pos0 + n).min(w + n - 1));
+    // The cached positions' keys and values read once, the step's new ones read and written,
+    // the queries read and written back rotated, the outputs written.
+    let traffic = (2 * keys * kv * element
+        + kv_write_bytes(n * kv, cache.kv_type) as usize
+        + 12 * n * shape.n_head * shape.head_dim) as u64;
+    let State {
+        gpu, batch, ropes, ..
+    } = st;
+    let (sink, sinks) = match &cache.sinks[layer] {
+        Some(b) if shape.sinks.is_some() => (b, 1),
+        _ => (&ropes[table].cs, 0),
+    };
+    batch.run_moving(
+        gpu,
+        &k::rope_attention::Args {
+            q,
+            k: k_new,
+            v: v_new,
+            cs: &ropes[table].cs,
+            k_cache: &mut cache.k[layer],
+            v_cache: &mut cache.v[layer],
+            sink,
+            out,
+            n_head: shape.n_head as u32,
+            n_head_kv: shape.n_head_kv as u32,
+            head_dim: shape.head_dim as u32,
+            rope_dim: rope.rope_dim as u32,
+            pos0: pos0 as u32,
+            scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            f16: u32::from(cache.kv_type == KvType::F16),
+            slots: cache.slots[layer] as u32,
+            window: shape.window.map_or(0, |w| w as u32),
+            softcap: shape.softcap.unwrap_or(0.0),
+            sinks,
+        },
+        k::attention_grid(shape.n_head as u32, n as u32),
+        traffic,
     )
 }
 

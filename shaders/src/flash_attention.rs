@@ -7,7 +7,9 @@
 
 use hesper_dsl::kernel;
 
+use crate::half::f16_bits;
 use crate::reduce::tree_max;
+use crate::rope::rope_neox_value;
 
 /// One workgroup per (query head, token): grid `[n_head, n]`. Token `i` sits at position
 /// `pos0 + i`; query head `h` reads kv head `h / (n_head / n_head_kv)` straight from the cache
@@ -198,6 +200,228 @@ pub fn attention(
                         );
                     } else {
                         x = f32_from_bits(v_cache[at]);
+                    }
+                    if part == 0u32 {
+                        tile_o += w * x;
+                    } else {
+                        tile_o_hi += w * x;
+                    }
+                }
+            }
+        }
+        l = l * correction + tile_sum;
+        o = o * correction + tile_o;
+        o_hi = o_hi * correction + tile_o_hi;
+        m = m_new;
+        barrier();
+    }
+    if t < head_dim {
+        out[q_off + t] = o / l;
+    }
+    if t + 128u32 < head_dim {
+        out[q_off + t + 128u32] = o_hi / l;
+    }
+}
+
+/// [`attention`] over a dense cache (or a sliding window of one) with what
+/// [`rope_neox_kv_write`](crate::rope_neox_kv_write) does before it folded in: one dispatch
+/// for a decode step's RoPE, cache write and attention. Grid `[n_head, n]` as `attention`'s.
+///
+/// Each workgroup rotates its query head (NeoX, the first `rope_dim` dimensions, angles from
+/// `cs`) into `qs` and writes it back to `q`. The step's own positions (`pos0..pos0+n`) are
+/// not read from the cache, which this dispatch is writing: a thread scoring one rotates the
+/// new key from `k` and rounds it as the cache would hold it (f32 bits, or the f16 word), and
+/// values are read from `v` and rounded the same way, so every score and weighted value has
+/// the bits `attention` gives after the cache write. The first query head of each kv head
+/// writes its token's key (the word it scored) and value into the cache, in slot
+/// `pos % slots`. Earlier positions are read from the cache as `attention` reads them; the
+/// tiles and their order are `attention`'s dense ones (the sparse pattern's scattered tile,
+/// which a dense cache leaves empty, is skipped: it changes no bit).
+#[kernel(workgroup = 128, uses(tree_max, f16_bits, rope_neox_value))]
+pub fn rope_attention(
+    q: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    cs: &[f32],
+    k_cache: &mut [u32],
+    v_cache: &mut [u32],
+    sink: &[f32],
+    out: &mut [f32],
+    #[uniform] n_head: u32,
+    #[uniform] n_head_kv: u32,
+    #[uniform] head_dim: u32,
+    #[uniform] rope_dim: u32,
+    #[uniform] pos0: u32,
+    #[uniform] scale: f32,
+    #[uniform] f16: u32,
+    #[uniform] slots: u32,
+    #[uniform] window: u32,
+    #[uniform] softcap: f32,
+    #[uniform] sinks: u32,
+    #[shared] qs: &mut [f32; 256],
+    #[shared] ps: &mut [f32; 128],
+    #[shared] rows: &mut [u32; 128],
+    #[shared] acc: &mut [f32; 256],
+) {
+    let h = wid();
+    let i = wid_y();
+    let t = lid();
+    let half = rope_dim / 2u32;
+    let group = n_head / n_head_kv;
+    let kv_dim = n_head_kv * head_dim;
+    let kv_off = (h / group) * head_dim;
+    let q_off = (i * n_head + h) * head_dim;
+    let pos = pos0 + i;
+    // Whether this workgroup writes its token's key and value for its kv head.
+    let owner = h % group == 0u32;
+    for part in 0u32..2u32 {
+        let dim = t + part * 128u32;
+        let mut x: f32 = 0.0;
+        if dim < rope_dim {
+            x = rope_neox_value(q, cs, q_off, dim, half, pos);
+        } else if dim < head_dim {
+            x = q[q_off + dim];
+        }
+        qs[dim] = x;
+    }
+    barrier();
+    for part in 0u32..2u32 {
+        let dim = t + part * 128u32;
+        if dim < head_dim {
+            q[q_off + dim] = qs[dim];
+        }
+    }
+    let new_at = i * kv_dim + kv_off;
+    let slot_at = (pos % slots) * kv_dim + kv_off;
+    if owner {
+        if f16 == 0u32 {
+            for part in 0u32..2u32 {
+                let dim = t + part * 128u32;
+                if dim < head_dim {
+                    v_cache[slot_at + dim] = f32_to_bits(v[new_at + dim]);
+                }
+            }
+        } else if 2u32 * t < head_dim {
+            let a = new_at + 2u32 * t;
+            v_cache[slot_at / 2u32 + t] = f16_bits(v[a]) | (f16_bits(v[a + 1u32]) << 16u32);
+        }
+    }
+    let len = pos + 1u32;
+    let mut start = 0u32;
+    if window > 0u32 && len > window {
+        start = len - window;
+    }
+    let tiles = (len - start + 127u32) / 128u32;
+    let mut m: f32 = -3.4028235e38;
+    let mut l: f32 = 0.0;
+    if sinks != 0u32 {
+        m = sink[h];
+        l = 1.0;
+    }
+    let mut o: f32 = 0.0;
+    let mut o_hi: f32 = 0.0;
+    for tile in 0u32..tiles {
+        // Thread `t` scores position `p`: from the cache (`rows[t]`: its slot) before the step,
+        // from `k` rotated (`rows[t]`: `slots` + its row of the step) within it.
+        let first = start + tile * 128u32;
+        let p = first + t;
+        let valid = p < len;
+        let count = (len - first).min(128u32);
+        let mut row = 0u32;
+        let mut s: f32 = -3.4028235e38;
+        if valid {
+            let mut dot: f32 = 0.0;
+            if p >= pos0 {
+                row = slots + (p - pos0);
+                let kb = (p - pos0) * kv_dim + kv_off;
+                let write = owner && p == pos;
+                if f16 != 0u32 {
+                    for e in 0u32..head_dim / 2u32 {
+                        let mut k0 = k[kb + 2u32 * e];
+                        let mut k1 = k[kb + 2u32 * e + 1u32];
+                        if 2u32 * e < rope_dim {
+                            k0 = rope_neox_value(k, cs, kb, 2u32 * e, half, p);
+                            k1 = rope_neox_value(k, cs, kb, 2u32 * e + 1u32, half, p);
+                        }
+                        let w = f16_bits(k0) | (f16_bits(k1) << 16u32);
+                        if write {
+                            k_cache[slot_at / 2u32 + e] = w;
+                        }
+                        dot += qs[2u32 * e] * unpack_f16_lo(w)
+                            + qs[2u32 * e + 1u32] * unpack_f16_hi(w);
+                    }
+                } else {
+                    for e in 0u32..head_dim {
+                        let mut x = k[kb + e];
+                        if e < rope_dim {
+                            x = rope_neox_value(k, cs, kb, e, half, p);
+                        }
+                        if write {
+                            k_cache[slot_at + e] = f32_to_bits(x);
+                        }
+                        dot += qs[e] * x;
+                    }
+                }
+            } else {
+                row = p % slots;
+                let kb = row * kv_dim + kv_off;
+                if f16 != 0u32 {
+                    for e in 0u32..head_dim / 2u32 {
+                        let w = k_cache[kb / 2u32 + e];
+                        dot += qs[2u32 * e] * unpack_f16_lo(w)
+                            + qs[2u32 * e + 1u32] * unpack_f16_hi(w);
+                    }
+                } else {
+                    for e in 0u32..head_dim {
+                        dot += qs[e] * f32_from_bits(k_cache[kb + e]);
+                    }
+                }
+            }
+            s = dot * scale;
+            if softcap > 0.0 {
+                s = softcap * (s / softcap).tanh();
+            }
+        }
+        acc[t] = s;
+        rows[t] = row;
+        barrier();
+        tree_max(acc, t, 128u32);
+        let m_new = m.max(acc[0]);
+        let correction = (m - m_new).exp();
+        if valid {
+            ps[t] = (s - m_new).exp();
+        } else {
+            ps[t] = 0.0;
+        }
+        barrier();
+        let mut tile_sum: f32 = 0.0;
+        let mut tile_o: f32 = 0.0;
+        let mut tile_o_hi: f32 = 0.0;
+        for j in 0u32..count {
+            let w = ps[j];
+            tile_sum += w;
+            let r = rows[j];
+            for part in 0u32..2u32 {
+                let dim = t + part * 128u32;
+                if dim < head_dim {
+                    let mut x: f32 = 0.0;
+                    if r >= slots {
+                        x = v[(r - slots) * kv_dim + kv_off + dim];
+                        if f16 != 0u32 {
+                            x = unpack_f16_lo(f16_bits(x));
+                        }
+                    } else {
+                        let at = r * kv_dim + kv_off + dim;
+                        if f16 != 0u32 {
+                            let word = v_cache[at / 2u32];
+                            x = select(
+                                unpack_f16_lo(word),
+                                unpack_f16_hi(word),
+                                (at & 1u32) == 1u32,
+                            );
+                        } else {
+                            x = f32_from_bits(v_cache[at]);
+                        }
                     }
                     if part == 0u32 {
                         tile_o += w * x;

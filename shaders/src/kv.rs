@@ -6,6 +6,7 @@
 use hesper_dsl::kernel;
 
 use crate::half::f16_bits;
+use crate::rope::rope_neox_value;
 
 /// Writes the keys and values of `n` new tokens (`[n][kv_dim]` each, `len` values) into one
 /// layer's caches at value offset `at`, both in one dispatch, wrapping round the `ring`
@@ -148,7 +149,7 @@ pub fn kv_shift(
 /// as it was. Threads `0..n_tokens·n_head·rope_dim/2` rotate a query pair each; each of the next
 /// `n_tokens·kv_dim/2` writes two adjacent key and value elements (one f16 word or two f32
 /// words each), a rotated key element computed from its own pair. `rope_dim` is even.
-#[kernel(workgroup = 256, uses(f16_bits))]
+#[kernel(workgroup = 256, uses(f16_bits, rope_neox_value))]
 pub fn rope_neox_kv_write(
     q: &mut [f32],
     k: &[f32],
@@ -191,19 +192,8 @@ pub fn rope_neox_kv_write(
             let d = (e % kv_dim) % head_dim;
             let mut value = k[e];
             if d < rope_dim {
-                // The pair (lo, lo + half) this element belongs to, rotated as rope_neox does.
-                let i = d % half;
-                let lo = e - (d - i);
-                let angle = 2u32 * ((pos0 + e / kv_dim) * half + i);
-                let c = cs[angle];
-                let s = cs[angle + 1u32];
-                let a = k[lo];
-                let b = k[lo + half];
-                if d < half {
-                    value = a * c - b * s;
-                } else {
-                    value = a * s + b * c;
-                }
+                // The pair this element belongs to, rotated as rope_neox does.
+                value = rope_neox_value(k, cs, e - d, d, half, pos0 + e / kv_dim);
             }
             if u == 0u32 {
                 k0 = value;

@@ -1,6 +1,6 @@
 //! Rotary position embedding.
 
-use hesper_dsl::kernel;
+use hesper_dsl::{kernel, kernel_fn};
 
 /// NeoX RoPE in place: for token `t` (at position `pos0 + t`), head `h`, pair
 /// `i < rope_dim/2`, rotates `(x[i], x[i + rope_dim/2])` by the angle whose `(cos, sin)` the
@@ -61,4 +61,23 @@ pub fn rope_norm(
         x[base + 2u32 * i] = a * c - b * s;
         x[base + 2u32 * i + 1u32] = a * s + b * c;
     }
+}
+
+/// Element `d` (`< rope_dim`) of the head at `base` of `x`, rotated by NeoX RoPE at position
+/// `pos` with the angle table `cs` ([`rope_neox`](crate::rope_neox)'s expressions, so the same
+/// bits as its output). `rope_neox_kv_write` rotates the keys it caches with it, and
+/// `rope_attention` its queries and the step's keys it scores.
+#[kernel_fn]
+pub fn rope_neox_value(x: &[f32], cs: &[f32], base: u32, d: u32, half: u32, pos: u32) -> f32 {
+    let i = d % half;
+    let at = 2u32 * (pos * half + i);
+    let c = cs[at];
+    let s = cs[at + 1u32];
+    let a = x[base + i];
+    let b = x[base + i + half];
+    let mut value = a * s + b * c;
+    if d < half {
+        value = a * c - b * s;
+    }
+    value
 }

@@ -47,6 +47,7 @@ fn all() -> Vec<Kernel> {
         rope_norm,
         kv_write,
         rope_neox_kv_write,
+        rope_attention,
         kv_shift,
         landmark_update,
         quantize_i8,

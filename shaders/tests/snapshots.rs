@@ -37,6 +37,7 @@ fn generated_wgsl_is_unchanged() {
         rope_norm,
         kv_write,
         rope_neox_kv_write,
+        rope_attention,
         kv_shift,
         landmark_update,
         quantize_i8,

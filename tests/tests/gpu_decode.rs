@@ -88,16 +88,16 @@ fn nothing_is_created_after_the_first_token() {
     let per_token = (after.dispatches - before.dispatches) / (steps + 1);
     println!("{per_token} dispatches per token");
     // A token whose logits are read back: the embedding's row decoded on the host (a copy,
-    // the table is Q8_0); per layer 10 dispatches (RMSNorm with the activation quantization
+    // the table is Q8_0); per layer 9 dispatches (RMSNorm with the activation quantization
     // after it four times, one product of the joined Q, K and V, RoPE of Q and K with the
-    // cache write, attention, the output, gate/up and down products); the LM head's two (the
-    // output norm with its Q8_0 quantizer, the product of the tied table).
+    // cache write and attention in one, the output, gate/up and down products); the LM head's
+    // two (the output norm with its Q8_0 quantizer, the product of the tied table).
     let d0 = model.backend.stats().dispatches;
     model.eval(&mut s, &[next], Logits::Last).expect("decode");
     let n_layer = model.config.n_layer as u64;
     assert_eq!(
         model.backend.stats().dispatches - d0,
-        10 * n_layer + 2,
+        9 * n_layer + 2,
         "dispatches of a token"
     );
 }
@@ -154,7 +154,7 @@ fn timestamp_queries_time_every_kernel_of_a_token() {
     } else {
         "rms_norm"
     };
-    for k in [bitlinear, "attention", norm, head, "argmax_final"] {
+    for k in [bitlinear, "rope_attention", norm, head, "argmax_final"] {
         assert!(names.contains(&k), "{k} missing from {names:?}");
     }
     assert!(times.iter().all(|k| k.ns >= 0.0) && times.iter().any(|k| k.ns > 0.0));
