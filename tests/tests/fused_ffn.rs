@@ -416,22 +416,24 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
 
 /// Attention of `n` new rows at position `pos0` (after `pos0` earlier rows written the same
 /// way) with GQA 4/2 heads of 16, a partial rotation (12 of 16 dims), through
-/// [`Backend::rope_attention`] (`fused`) or rope, rope, attention. Returns the rotated queries,
+/// [`Backend::rope_attention`] (`fused`) or rope, rope, attention; `extras` adds a sliding
+/// window of 7 positions, soft-capped scores and attention sinks. Returns the rotated queries,
 /// the attention output and the dispatches of the last call.
 fn rope_then_attention(
     b: &GpuBackend,
     config: &AttentionConfig,
     fused: bool,
-    n: usize,
-    pos0: usize,
+    extras: bool,
+    (n, pos0): (usize, usize),
 ) -> (Vec<f32>, Vec<f32>, u64) {
+    let sinks = [0.5, -0.3, 1.0, 0.2];
     let shape = AttentionShape {
         n_head: 4,
         n_head_kv: 2,
         head_dim: 16,
-        window: None,
-        softcap: None,
-        sinks: None,
+        window: extras.then_some(7),
+        softcap: extras.then_some(2.0),
+        sinks: extras.then_some(&sinks[..]),
     };
     let rope_q = RopeShape {
         n_head: 4,
@@ -495,13 +497,18 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
                 swa_full: false,
             };
             // Decode-sized steps (one kernel on a dense cache), one past them (two), and a step
-            // whose new keys sit in attention's second tile of 128 positions.
-            for (n, pos0) in [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)] {
-                let what = format!("{kv_type:?} dense={dense} n={n} pos0={pos0}");
+            // whose new keys sit in attention's second tile of 128 positions; on a dense cache
+            // also with a window (of cached and new positions), soft caps and sinks.
+            let extras: &[bool] = if dense { &[false, true] } else { &[false] };
+            for (&extras, (n, pos0)) in extras
+                .iter()
+                .flat_map(|e| [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)].map(|s| (e, s)))
+            {
+                let what = format!("{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0}");
                 let (q_fused, out_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, n, pos0);
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0));
                 let (q_apart, out_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, n, pos0);
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0));
                 assert_eq!(bits(&q_fused), bits(&q_apart), "{what}: rotated queries");
                 assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
                 // Rope, rope, cache write, (landmarks,) attention; fused on a dense cache: one
