@@ -1543,20 +1543,15 @@ fn attend(
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
     upload_sinks(st, cache, layer, shape)?;
     // Unread without sinks: the queries stand in.
-    let (sink, sinks) = match &cache.sinks[layer] {
-        Some(b) if shape.sinks.is_some() => (b, 1),
-        _ => (q, 0),
-    };
+    let (sink, sinks) = sink_binding(&cache.sinks[layer], shape, q);
     let (n_head, n_head_kv) = (shape.n_head as u32, shape.n_head_kv as u32);
     let head_dim = shape.head_dim as u32;
     let Some(sp) = &mut cache.sparse else {
-        // Dense: the landmark and globals bindings are not read; the K cache stands in. Every
-        // position's keys and values read once (each kv head serves its query heads from the
-        // same rows), the queries read and the outputs written. A sliding window is the
-        // sparse pattern's window with nothing attended outside it.
-        let element = if f16 == 1 { 2 } else { 4 };
-        let keys = shape.window.map_or(pos0 + n, |w| (pos0 + n).min(w + n - 1));
-        let traffic = (2 * keys * kv * element + 8 * n * shape.n_head * shape.head_dim) as u64;
+        // Dense: the landmark and globals bindings are not read; the K cache stands in. The
+        // cache's attended rows read once, the queries read and the outputs written. A sliding
+        // window is the sparse pattern's window with nothing attended outside it.
+        let traffic = dense_cache_bytes(cache, shape, n, pos0)
+            + (8 * n * shape.n_head * shape.head_dim) as u64;
         return st.batch.run_moving(
             &mut st.gpu,
             &k::attention::Args {
@@ -1648,6 +1643,28 @@ fn upload_sinks(
     Ok(())
 }
 
+/// The buffer an attention kernel's `sink` binding takes and its `sinks` flag: a layer's
+/// `uploaded` sinks where the shape has them, else `stand_in` (unread).
+fn sink_binding<'a>(
+    uploaded: &'a Option<GpuBuffer<f32>>,
+    shape: &AttentionShape,
+    stand_in: &'a GpuBuffer<f32>,
+) -> (&'a GpuBuffer<f32>, u32) {
+    match uploaded {
+        Some(b) if shape.sinks.is_some() => (b, 1),
+        _ => (stand_in, 0),
+    }
+}
+
+/// Bytes dense attention of `n` rows from `pos0` reads from the cache: every attended
+/// position's key and value once (each kv head serves its query heads from the same rows), a
+/// sliding window's positions only.
+fn dense_cache_bytes(cache: &GpuKvCache, shape: &AttentionShape, n: usize, pos0: usize) -> u64 {
+    let element = if cache.kv_type == KvType::F16 { 2 } else { 4 };
+    let keys = shape.window.map_or(pos0 + n, |w| (pos0 + n).min(w + n - 1));
+    (2 * keys * cache.kv_dim * element) as u64
+}
+
 /// A decode-sized step's NeoX RoPE, cache write and dense attention in one dispatch
 /// (`rope_attention`), the angles from RoPE table `table`.
 #[allow(clippy::too_many_arguments)]
@@ -1666,21 +1683,16 @@ fn rope_attend(
     out: &mut GpuBuffer<f32>,
 ) -> Result<(), GpuError> {
     upload_sinks(st, cache, layer, shape)?;
-    let kv = cache.kv_dim;
-    let element = if cache.kv_type == KvType::F16 { 2 } else { 4 };
-    let keys = shape.window.map_or(pos0 + n, |w| (pos0 + n).min(w + n - 1));
-    // The cached positions' keys and values read once, the step's new ones read and written,
-    // the queries read and written back rotated, the outputs written.
-    let traffic = (2 * keys * kv * element
-        + kv_write_bytes(n * kv, cache.kv_type) as usize
-        + 12 * n * shape.n_head * shape.head_dim) as u64;
+    // The attended positions' keys and values read once, the step's new ones read and
+    // written, the queries read and written back rotated, the outputs written.
+    let traffic = dense_cache_bytes(cache, shape, n, pos0)
+        + kv_write_bytes(n * cache.kv_dim, cache.kv_type)
+        + (12 * n * shape.n_head * shape.head_dim) as u64;
     let State {
         gpu, batch, ropes, ..
     } = st;
-    let (sink, sinks) = match &cache.sinks[layer] {
-        Some(b) if shape.sinks.is_some() => (b, 1),
-        _ => (&ropes[table].cs, 0),
-    };
+    // Unread without sinks: the angle table stands in (the queries are bound for writing).
+    let (sink, sinks) = sink_binding(&cache.sinks[layer], shape, &ropes[table].cs);
     batch.run_moving(
         gpu,
         &k::rope_attention::Args {

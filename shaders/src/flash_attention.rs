@@ -5,11 +5,48 @@
 //! of scattered positions (globals and log-stride positions outside the window), then the
 //! landmarks of the whole blocks before the window.
 
-use hesper_dsl::kernel;
+use hesper_dsl::{kernel, kernel_fn};
 
 use crate::half::f16_bits;
 use crate::reduce::tree_max;
 use crate::rope::rope_neox_value;
+
+/// The dot product of the query in `qs` with the cached key at word offset `kb` of `k_cache`
+/// (f32 bits, or two f16 a word where `f16` is set), dimensions in order: how both attention
+/// kernels score a cached position.
+#[kernel_fn]
+pub fn cached_key_dot(qs: &mut [f32; _], k_cache: &[u32], kb: u32, head_dim: u32, f16: u32) -> f32 {
+    let mut dot: f32 = 0.0;
+    if f16 != 0u32 {
+        for e in 0u32..head_dim / 2u32 {
+            let w = k_cache[kb / 2u32 + e];
+            dot += qs[2u32 * e] * unpack_f16_lo(w) + qs[2u32 * e + 1u32] * unpack_f16_hi(w);
+        }
+    } else {
+        for e in 0u32..head_dim {
+            dot += qs[e] * f32_from_bits(k_cache[kb + e]);
+        }
+    }
+    dot
+}
+
+/// The cached value at element offset `at` of `v_cache` (f32 bits, or two f16 a word where
+/// `f16` is set): how both attention kernels read a cached position's value.
+#[kernel_fn]
+pub fn cached_value(v_cache: &[u32], at: u32, f16: u32) -> f32 {
+    let mut x: f32 = 0.0;
+    if f16 != 0u32 {
+        let word = v_cache[at / 2u32];
+        x = select(
+            unpack_f16_lo(word),
+            unpack_f16_hi(word),
+            (at & 1u32) == 1u32,
+        );
+    } else {
+        x = f32_from_bits(v_cache[at]);
+    }
+    x
+}
 
 /// One workgroup per (query head, token): grid `[n_head, n]`. Token `i` sits at position
 /// `pos0 + i`; query head `h` reads kv head `h / (n_head / n_head_kv)` straight from the cache
@@ -26,7 +63,7 @@ use crate::rope::rope_neox_value;
 /// `softcap · tanh(s / softcap)` (Gemma 2). With `sinks` set, head `h`'s softmax has one more
 /// logit, `sink[h]`, in its denominator that weighs no value (gpt-oss's attention sinks): the
 /// running max starts at it and the running sum at its `exp(0) = 1`.
-#[kernel(workgroup = 128, uses(tree_max))]
+#[kernel(workgroup = 128, uses(tree_max, cached_key_dot, cached_value))]
 pub fn attention(
     q: &[f32],
     k_cache: &[u32],
@@ -151,15 +188,8 @@ pub fn attention(
                 for e in 0u32..head_dim {
                     dot += qs[e] * lk[kb + e];
                 }
-            } else if f16 != 0u32 {
-                for e in 0u32..head_dim / 2u32 {
-                    let w = k_cache[kb / 2u32 + e];
-                    dot += qs[2u32 * e] * unpack_f16_lo(w) + qs[2u32 * e + 1u32] * unpack_f16_hi(w);
-                }
             } else {
-                for e in 0u32..head_dim {
-                    dot += qs[e] * f32_from_bits(k_cache[kb + e]);
-                }
+                dot = cached_key_dot(qs, k_cache, kb, head_dim, f16);
             }
             s = dot * scale;
             if softcap > 0.0 {
@@ -191,15 +221,8 @@ pub fn attention(
                     let mut x: f32 = 0.0;
                     if mark {
                         x = lv[at];
-                    } else if f16 != 0u32 {
-                        let word = v_cache[at / 2u32];
-                        x = select(
-                            unpack_f16_lo(word),
-                            unpack_f16_hi(word),
-                            (at & 1u32) == 1u32,
-                        );
                     } else {
-                        x = f32_from_bits(v_cache[at]);
+                        x = cached_value(v_cache, at, f16);
                     }
                     if part == 0u32 {
                         tile_o += w * x;
@@ -237,7 +260,10 @@ pub fn attention(
 /// `pos % slots`. Earlier positions are read from the cache as `attention` reads them; the
 /// tiles and their order are `attention`'s dense ones (the sparse pattern's scattered tile,
 /// which a dense cache leaves empty, is skipped: it changes no bit).
-#[kernel(workgroup = 128, uses(tree_max, f16_bits, rope_neox_value))]
+#[kernel(
+    workgroup = 128,
+    uses(tree_max, f16_bits, rope_neox_value, cached_key_dot, cached_value)
+)]
 pub fn rope_attention(
     q: &mut [f32],
     k: &[f32],
@@ -364,18 +390,7 @@ pub fn rope_attention(
                 }
             } else {
                 row = p % slots;
-                let kb = row * kv_dim + kv_off;
-                if f16 != 0u32 {
-                    for e in 0u32..head_dim / 2u32 {
-                        let w = k_cache[kb / 2u32 + e];
-                        dot += qs[2u32 * e] * unpack_f16_lo(w)
-                            + qs[2u32 * e + 1u32] * unpack_f16_hi(w);
-                    }
-                } else {
-                    for e in 0u32..head_dim {
-                        dot += qs[e] * f32_from_bits(k_cache[kb + e]);
-                    }
-                }
+                dot = cached_key_dot(qs, k_cache, row * kv_dim + kv_off, head_dim, f16);
             }
             s = dot * scale;
             if softcap > 0.0 {
@@ -411,17 +426,7 @@ pub fn rope_attention(
                             x = unpack_f16_lo(f16_bits(x));
                         }
                     } else {
-                        let at = r * kv_dim + kv_off + dim;
-                        if f16 != 0u32 {
-                            let word = v_cache[at / 2u32];
-                            x = select(
-                                unpack_f16_lo(word),
-                                unpack_f16_hi(word),
-                                (at & 1u32) == 1u32,
-                            );
-                        } else {
-                            x = f32_from_bits(v_cache[at]);
-                        }
+                        x = cached_value(v_cache, r * kv_dim + kv_off + dim, f16);
                     }
                     if part == 0u32 {
                         tile_o += w * x;
