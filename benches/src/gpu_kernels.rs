@@ -119,6 +119,101 @@ fn run() -> Result<(), GpuError> {
                 )
             },
         )?;
+        // The same matrix as TQ2_0 (repacked into I2_S's codes, a scale per block) times Q8_K
+        // codes: the matrix-vector kernel a decoded token of a TQ file runs.
+        let blocks = cols / 256;
+        let wscale = g.upload("tq scales", &vec![0.01f32; rows * blocks])?;
+        let d = g.upload("q8k scales", &vec![0.02f32; blocks])?;
+        time(
+            &mut g,
+            reps,
+            "bitlinear_tq",
+            &format!("{name} {rows} × {cols}"),
+            rows * cols / 4 + rows * blocks * 2,
+            |b, g| {
+                b.run(
+                    g,
+                    &k::bitlinear_tq::Args {
+                        codes: &codes,
+                        wscale: &wscale,
+                        q: &q,
+                        d: &d,
+                        out: &mut out,
+                        out_k: &mut unused.0,
+                        out_v: &mut unused.1,
+                        cols: cols as u32,
+                        rows: rows as u32,
+                        row0: 0,
+                        window_rows: rows as u32,
+                        n: 1,
+                        lanes: lanes_per_row(blocks),
+                        mode: k::STORE,
+                        out_scale: 1.0,
+                        out_scale_odd: 0.0,
+                        split_k: rows as u32,
+                        split_v: rows as u32,
+                        out_scale_v: 0.0,
+                    },
+                    k::matrix_grid(
+                        rows as u32,
+                        lanes_per_row(blocks),
+                        1,
+                        k::bitlinear_tq::TILE,
+                        k::bitlinear_tq::ROWS,
+                    ),
+                )
+            },
+        )?;
+        // The same shape as Q4_K and Q6_K in `matvec_kq`'s layout (nibbles, high bits, a scale
+        // word a sub-block; `d`, `dmin` a block) times Q8_K codes.
+        for (kind, high, sub, offset) in [("Q4_K", 0, 32, 0), ("Q6_K", 2, 16, 32)] {
+            let words = rows * (cols / 8 + cols * high / 32 + cols / sub);
+            let w = g.upload("k-quant", &pattern_u32(words))?;
+            let wd = g.upload("k-quant d", &vec![0.01f32; 2 * rows * blocks])?;
+            time(
+                &mut g,
+                reps,
+                "matvec_kq",
+                &format!("{kind} {name} {rows} × {cols}"),
+                4 * words + rows * blocks * 8,
+                |b, g| {
+                    b.run(
+                        g,
+                        &k::matvec_kq::Args {
+                            w: &w,
+                            wd: &wd,
+                            q: &q,
+                            d: &d,
+                            out: &mut out,
+                            out_k: &mut unused.0,
+                            out_v: &mut unused.1,
+                            cols: cols as u32,
+                            rows: rows as u32,
+                            row0: 0,
+                            window_rows: rows as u32,
+                            n: 1,
+                            lanes: lanes_per_row(blocks),
+                            high: high as u32,
+                            mode: k::STORE,
+                            out_scale: 1.0,
+                            out_scale_odd: 0.0,
+                            split_k: rows as u32,
+                            split_v: rows as u32,
+                            out_scale_v: 0.0,
+                            sub: sub as u32,
+                            offset,
+                        },
+                        k::matrix_grid(
+                            rows as u32,
+                            lanes_per_row(blocks),
+                            1,
+                            k::matvec_kq::TILE,
+                            k::matvec_kq::ROWS,
+                        ),
+                    )
+                },
+            )?;
+        }
     }
     // One window, as large as the adapter binds (the backend splits the head the same way).
     let head_rows = HEAD_ROWS.min(g.max_binding() as usize / (D * 2));

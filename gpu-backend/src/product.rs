@@ -227,8 +227,8 @@ pub fn multiply_into(
     // the same order, each weight read once per tile of their larger tiles.
     let wide = n >= k::WIDE_STEP as usize;
     // A step of at least a tile of tokens runs a layout's tiled kernel where it has one
-    // (`hesper_shaders::bitlinear_i2s_gemm`): the same bits again, each weight read once per
-    // 64 tokens and each activation once per 64 rows.
+    // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`): the same
+    // bits again, each weight read once per 64 tokens and each activation once per 64 rows.
     let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
@@ -331,6 +331,15 @@ pub fn multiply_into(
                         d: act_scale,
                     }
             ),
+            Kind::Tq if *packed_dot && tiled => launch!(
+                @tiled bitlinear_tq_gemm {
+                    codes: &win.data,
+                    wscale: win.scales(&w.desc.name)?,
+                    q: q,
+                    d: act_scale,
+                    lanes: lanes,
+                }
+            ),
             Kind::Tq => launch!(
                 bitlinear_tq
                     | bitlinear_tq_wide {
@@ -339,6 +348,18 @@ pub fn multiply_into(
                         q: q,
                         d: act_scale,
                     }
+            ),
+            Kind::Kq { sub, high, offset } if *packed_dot && tiled => launch!(
+                @tiled matvec_kq_gemm {
+                    w: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: q,
+                    d: act_scale,
+                    sub: sub,
+                    high: high,
+                    offset: offset,
+                    lanes: lanes,
+                }
             ),
             Kind::Kq { sub, high, offset } => launch!(
                 matvec_kq

@@ -15,12 +15,13 @@
 //! depend on which instance ran it. `rows` is the output width,
 //! `row0` where this window of `window_rows` rows starts. Each kernel keeps only its decode
 //! step: the tile's accumulators are a local array over the unrolled `TILE` and `ROWS` loops,
-//! the row reduction is [`row_sums`] and the output stage [`store_rows`], once per row a thread (`mode`, `out_scale`,
-//! `out_scale_odd`: see `tile.rs`).
+//! the row reduction is [`row_sums`] (TQ: [`row_fold`], the lanes' sums in lane order, which its
+//! tiled kernel follows) and the output stage [`store_rows`], once per row a thread (`mode`,
+//! `out_scale`, `out_scale_odd`: see `tile.rs`).
 
 use hesper_dsl::kernel;
 
-use crate::reduce::row_sums;
+use crate::reduce::{row_fold, row_sums};
 use crate::tile::store_rows;
 
 /// I2_S × per-token int8: exact integer sums over the whole row, then bitnet.cpp's epilogue
@@ -141,10 +142,13 @@ pub fn bitlinear_i2s<const TILE: u32, const ROWS: u32>(
 /// TQ1_0/TQ2_0 (repacked) × Q8_K blocks: per 256-element block the exact integer
 /// `Σ(c−1)·q`, then `acc += sumi · (d_act · d_weight)` as ggml does; `wscale` holds the
 /// weight scale of every (row, block) of this window, `d` the activation scale of every
-/// (token, block) from [`crate::quantize_q8k`].
+/// (token, block) from [`crate::quantize_q8k`]. Lane `l` sums blocks `l, l + lanes, …` and the
+/// lanes' sums are added in lane order ([`row_fold`]), so that the tiled kernel
+/// [`crate::bitlinear_tq_gemm`], walking each row's blocks lane by lane, adds the same terms in
+/// the same order and gives every output the same bits.
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(row_fold, store_rows),
     consts(TILE = 4, ROWS = 1),
     also(bitlinear_tq_wide(TILE = 8, ROWS = 4))
 )]
@@ -234,7 +238,7 @@ pub fn bitlinear_tq<const TILE: u32, const ROWS: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,

@@ -9,13 +9,17 @@
 //!
 //! A tiled kernel must give each output the bits its matrix-vector kernel gives it, so that
 //! which one ran a step never changes a row (the server's promise that a request's tokens do
-//! not depend on its batch-mates). Only layouts whose sums are exact integers over the whole
-//! row (I2_S: ternary codes times int8 activations) can be summed in any order and so have a
-//! tiled kernel here; their epilogue is the matrix-vector kernel's, expression for expression,
-//! and the output stage is the same [`store_rows`].
+//! not depend on its batch-mates). A layout whose sums are exact integers over the whole row
+//! (I2_S: ternary codes times int8 activations) can be summed in any order; its epilogue is the
+//! matrix-vector kernel's, expression for expression. A layout with a float step per block (TQ,
+//! the K-quants) has its matrix-vector kernel add its lanes' sums (lane `l`: blocks `l, l +
+//! lanes, …`) in lane order (`row_fold`); a tiled thread walks the blocks lane by lane
+//! ([`lane_order_block`]) and follows that order with two sums an output. The output stage is
+//! the same [`store_rows`].
 
 use hesper_dsl::kernel;
 
+use crate::reduce::lane_order_block;
 use crate::tile::store_rows;
 
 /// [`bitlinear_i2s_dp4`](crate::bitlinear_i2s_dp4) as a tiled product: the same exact integer
@@ -113,6 +117,407 @@ pub fn bitlinear_i2s_gemm<const BM: u32, const BN: u32, const TM: u32, const TN:
         let tok = (t_base + tc + 16u32 * j).min(n - 1u32);
         for m in 0..TM {
             res[BM * tc + tr + 16u32 * m] = ((s[m * TN + j] - sum[tok]) as f32) / scale[tok];
+        }
+        store_rows(
+            res,
+            out,
+            out_k,
+            out_v,
+            t,
+            0u32,
+            1u32,
+            r,
+            window_rows,
+            row0,
+            rows,
+            t_base + 16u32 * j,
+            n,
+            16u32,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
+    }
+}
+
+/// [`bitlinear_tq`](crate::bitlinear_tq) as a tiled product: per 256-weight block the same
+/// exact integer `Σ(c−1)·q` of every row and token (here `Σc·q − Σq`, four products an
+/// instruction with `dot4I8Packed`), the same float step `sumi · (d_act · d_weight)`; the blocks
+/// walked lane by lane ([`lane_order_block`]), each lane's terms into its own sum and that sum
+/// into the total `((0 + p₀) + p₁) + …` at the lane's last block — the matrix-vector kernel's
+/// order, so every output has its bits. `lanes` is the count the matrix-vector kernel runs the
+/// matrix with. A K-step is one 128-weight half of a block: 8 code words of each of the tile's 64 rows (TQ is repacked into
+/// I2_S's layout) and the 128 Q8_K codes of each of its 64 tokens, packed four to a word as they
+/// are staged (rows padded to 33 words, so the 16 tokens a warp reads fall in distinct banks),
+/// with each staging thread's share of the token's `Σq`. Thread `t` takes rows `t / 16 + 16·m`
+/// and tokens `t % 16 + 16·j`, as [`bitlinear_i2s_gemm`] does.
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4)
+)]
+pub fn bitlinear_tq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32>(
+    codes: &[u32],
+    wscale: &[f32],
+    q: &[i32],
+    d: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wt: &mut [u32; BM * 8],
+    #[shared] xt: &mut [u32; BN * 33],
+    #[shared] qsum: &mut [i32; 256],
+    #[shared] res: &mut [f32; BM * 16],
+) {
+    let t = lid();
+    let tr = t / 16u32;
+    let tc = t % 16u32;
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let words = cols / 16u32;
+    let blocks = cols / 256u32;
+    let mask = 50529027u32;
+    // The token whose codes this thread stages: words `t % 4 + 4·i` of token `t / 4`.
+    let staged = t / 4u32;
+    let staged_tok = (t_base + staged).min(n - 1u32);
+    let mut s = [0i32; TM * TN];
+    let mut qs = [0i32; TN];
+    let mut part = [0.0f32; TM * TN];
+    let mut total = [0.0f32; TM * TN];
+    for g in 0u32..cols / 128u32 {
+        // Half `g % 2` of the block the walk is at: its code words of the tile's rows (rows
+        // past the window read its last row) and codes of its tokens (tokens past the step
+        // read its last token).
+        let blk = lane_order_block(g / 2u32, blocks, lanes);
+        let k0 = blk * 256u32 + (g % 2u32) * 128u32;
+        for i in 0u32..BM * 8u32 / 256u32 {
+            let e = t + 256u32 * i;
+            let row = (r_base + e / 8u32).min(window_rows - 1u32);
+            wt[e] = codes[row * words + k0 / 16u32 + e % 8u32];
+        }
+        let mut staged_sum: i32 = 0;
+        for i in 0u32..8u32 {
+            let w = t % 4u32 + 4u32 * i;
+            let a = staged_tok * cols + k0 + 4u32 * w;
+            let mut packed: u32 = 0u32;
+            for b in 0u32..4u32 {
+                let v = q[a + b];
+                staged_sum += v;
+                packed = packed | (((v as u32) & 255u32) << (8u32 * b));
+            }
+            xt[staged * 33u32 + w] = packed;
+        }
+        qsum[t] = staged_sum;
+        barrier();
+        for w in 0u32..8u32 {
+            // Crumb position p of a code word's four bytes: four consecutive weights 32·p
+            // apart from the word's first, matched by activation word `w + 8·p`.
+            let mut c0 = [0u32; TM];
+            let mut c1 = [0u32; TM];
+            let mut c2 = [0u32; TM];
+            let mut c3 = [0u32; TM];
+            for m in 0..TM {
+                let packed = wt[(tr + 16u32 * m) * 8u32 + w];
+                c0[m] = (packed >> 6u32) & mask;
+                c1[m] = (packed >> 4u32) & mask;
+                c2[m] = (packed >> 2u32) & mask;
+                c3[m] = packed & mask;
+            }
+            for j in 0..TN {
+                let a = (tc + 16u32 * j) * 33u32 + w;
+                let q0 = xt[a];
+                let q1 = xt[a + 8u32];
+                let q2 = xt[a + 16u32];
+                let q3 = xt[a + 24u32];
+                for m in 0..TM {
+                    s[m * TN + j] += dot4_i8_packed(c0[m], q0)
+                        + dot4_i8_packed(c1[m], q1)
+                        + dot4_i8_packed(c2[m], q2)
+                        + dot4_i8_packed(c3[m], q3);
+                }
+            }
+        }
+        for j in 0..TN {
+            let a = (tc + 16u32 * j) * 4u32;
+            qs[j] += qsum[a] + qsum[a + 1u32] + qsum[a + 2u32] + qsum[a + 3u32];
+        }
+        // Every second half ends a block: its float step into the lane's sum, and at the
+        // lane's last block that sum into the total.
+        if g % 2u32 == 1u32 {
+            let mut ws = [0.0f32; TM];
+            for m in 0..TM {
+                let row = (r_base + tr + 16u32 * m).min(window_rows - 1u32);
+                ws[m] = wscale[row * blocks + blk];
+            }
+            for j in 0..TN {
+                let tok = (t_base + tc + 16u32 * j).min(n - 1u32);
+                let da = d[tok * blocks + blk];
+                for m in 0..TM {
+                    part[m * TN + j] += ((s[m * TN + j] - qs[j]) as f32) * (da * ws[m]);
+                    s[m * TN + j] = 0;
+                }
+                qs[j] = 0;
+            }
+            if blk + lanes >= blocks {
+                for o in 0..TM * TN {
+                    total[o] = total[o] + part[o];
+                    part[o] = 0.0;
+                }
+            }
+        }
+        barrier();
+    }
+    // Lanes without a block (more lanes than blocks; `lanes_per_row` never gives that, but the
+    // kernels take any count) add their 0.0 in `row_fold`: once is the same as many.
+    if lanes > blocks {
+        for o in 0..TM * TN {
+            total[o] = total[o] + 0.0;
+        }
+    }
+    // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
+    let r = select(window_rows, r_base + t, t < BM);
+    for j in 0..TN {
+        for m in 0..TM {
+            res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
+        }
+        store_rows(
+            res,
+            out,
+            out_k,
+            out_v,
+            t,
+            0u32,
+            1u32,
+            r,
+            window_rows,
+            row0,
+            rows,
+            t_base + 16u32 * j,
+            n,
+            16u32,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
+    }
+}
+
+/// [`matvec_kq`](crate::matvec_kq) as a tiled product: Q4_K, Q5_K and Q6_K in that kernel's
+/// layout times Q8_K codes, with per sub-block the same exact integers (here `Σcode·q` four
+/// products an instruction with `dot4I8Packed`, less `offset·Σq`), per block the same float step
+/// `(d·d_act)·sumi − (dmin·d_act)·summ`; the blocks walked lane by lane ([`lane_order_block`]),
+/// each lane's terms into its own sum and that sum into the total at the lane's last block —
+/// that kernel's order, so every output has its bits. A K-step is 64 columns (two sub-blocks of 32 or four of 16): for each of the
+/// tile's 64 rows 16 staged words (8 of nibbles, `2·high` of high bits, then the step's
+/// sub-block scale words), and for each of its 64 tokens 16 words of codes, the even elements of
+/// each eight packed into one word and the odd ones into the next (the two nibbles of a weight
+/// byte), padded to 17 so that the 16 tokens a warp reads fall in distinct banks, with each
+/// staging thread's `Σq` of 16 codes. Thread `t` takes rows `t / 16 + 16·m` and tokens
+/// `t % 16 + 16·j`.
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4)
+)]
+pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32>(
+    w: &[u32],
+    wd: &[f32],
+    q: &[i32],
+    d: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[comptime] high: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[uniform] sub: u32,
+    #[uniform] offset: u32,
+    #[shared] wt: &mut [u32; BM * 16],
+    #[shared] xt: &mut [u32; BN * 17],
+    #[shared] qsum: &mut [i32; 256],
+    #[shared] res: &mut [f32; BM * 16],
+) {
+    let t = lid();
+    let tr = t / 16u32;
+    let tc = t % 16u32;
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    // The row layout of `matvec_kq`.
+    let nibble_words = cols / 8u32;
+    let high_words = cols * high / 32u32;
+    let per_high = 32u32 / high.max(1u32);
+    let high_mask = (1u32 << high) - 1u32;
+    let words = nibble_words + high_words;
+    let blocks = cols / 256u32;
+    let subs = 256u32 / sub;
+    let stride = words + blocks * subs;
+    let step_subs = 64u32 / sub;
+    let low = 252645135u32;
+    // The token whose codes this thread stages: its 16 codes from `16·(t % 4)` of the step.
+    let staged = t / 4u32;
+    let staged_tok = (t_base + staged).min(n - 1u32);
+    let mut sd = [0i32; TM * TN];
+    let mut si = [0i32; TM * TN];
+    let mut sm = [0i32; TM * TN];
+    let mut part = [0.0f32; TM * TN];
+    let mut total = [0.0f32; TM * TN];
+    for g in 0u32..cols / 64u32 {
+        // Quarter `g % 4` of the block the walk is at (sub-blocks `(g % 4)·step_subs ..`).
+        let blk = lane_order_block(g / 4u32, blocks, lanes);
+        let k0 = blk * 256u32 + (g % 4u32) * 64u32;
+        // The step's words of the tile's rows (rows past the window read its last row): word
+        // `x` of a row is nibbles for x < 8, high bits for 8 ≤ x < 8 + 2·high, and the scale
+        // word of the step's sub-block `x − 12` from 12.
+        for i in 0u32..BM * 16u32 / 256u32 {
+            let e = t + 256u32 * i;
+            let x = e % 16u32;
+            let base = (r_base + e / 16u32).min(window_rows - 1u32) * stride;
+            let mut v: u32 = 0u32;
+            if x < 8u32 {
+                v = w[base + k0 / 8u32 + x];
+            } else if x < 8u32 + 2u32 * high {
+                v = w[base + nibble_words + k0 * high / 32u32 + x - 8u32];
+            } else if x >= 12u32 && x < 12u32 + step_subs {
+                v = w[base + words + blk * subs + (g % 4u32) * step_subs + x - 12u32];
+            }
+            wt[e] = v;
+        }
+        // The codes of the tile's tokens (tokens past the step read its last token).
+        let a = staged_tok * cols + k0 + 16u32 * (t % 4u32);
+        let mut staged_sum: i32 = 0;
+        for h in 0u32..2u32 {
+            let mut even: u32 = 0u32;
+            let mut odd: u32 = 0u32;
+            for b in 0u32..4u32 {
+                let ve = q[a + 8u32 * h + 2u32 * b];
+                let vo = q[a + 8u32 * h + 2u32 * b + 1u32];
+                staged_sum += ve + vo;
+                even = even | (((ve as u32) & 255u32) << (8u32 * b));
+                odd = odd | (((vo as u32) & 255u32) << (8u32 * b));
+            }
+            let at = staged * 17u32 + 4u32 * (t % 4u32) + 2u32 * h;
+            xt[at] = even;
+            xt[at + 1u32] = odd;
+        }
+        qsum[t] = staged_sum;
+        barrier();
+        for i in 0u32..8u32 {
+            // Eight weights: the even ones' codes in one word, the odd ones' in another.
+            let mut ce = [0u32; TM];
+            let mut co = [0u32; TM];
+            for m in 0..TM {
+                let base = (tr + 16u32 * m) * 16u32;
+                let nibbles = wt[base + i];
+                ce[m] = nibbles & low;
+                co[m] = (nibbles >> 4u32) & low;
+                if high > 0u32 {
+                    let bits =
+                        wt[base + 8u32 + 8u32 * i / per_high] >> (high * (8u32 * i % per_high));
+                    for k in 0u32..4u32 {
+                        ce[m] = ce[m]
+                            | (((bits >> (2u32 * high * k)) & high_mask) << (8u32 * k + 4u32));
+                        co[m] = co[m]
+                            | (((bits >> (2u32 * high * k + high)) & high_mask)
+                                << (8u32 * k + 4u32));
+                    }
+                }
+            }
+            for j in 0..TN {
+                let at = (tc + 16u32 * j) * 17u32 + 2u32 * i;
+                let xe = xt[at];
+                let xo = xt[at + 1u32];
+                for m in 0..TM {
+                    sd[m * TN + j] += dot4_i8_packed(ce[m], xe) + dot4_i8_packed(co[m], xo);
+                }
+            }
+            // A sub-block ends: its scale and minimum, as `matvec_kq` applies them.
+            if (8u32 * i + 8u32) % sub == 0u32 {
+                let s = 8u32 * i / sub;
+                let mut sq = [0i32; TN];
+                for j in 0..TN {
+                    for u in 0u32..sub / 16u32 {
+                        sq[j] += qsum[4u32 * (tc + 16u32 * j) + s * (sub / 16u32) + u];
+                    }
+                }
+                for m in 0..TM {
+                    let packed = wt[(tr + 16u32 * m) * 16u32 + 12u32 + s];
+                    let scale = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
+                    let mins = (packed >> 16u32) as i32;
+                    for j in 0..TN {
+                        si[m * TN + j] += scale * (sd[m * TN + j] - (offset as i32) * sq[j]);
+                        sm[m * TN + j] += mins * sq[j];
+                        sd[m * TN + j] = 0;
+                    }
+                }
+            }
+        }
+        // Every fourth step ends a block: its float step into the lane's sum, and at the lane's
+        // last block that sum into the total.
+        if g % 4u32 == 3u32 {
+            for m in 0..TM {
+                let row = (r_base + tr + 16u32 * m).min(window_rows - 1u32);
+                let dw = wd[2u32 * (row * blocks + blk)];
+                let dm = wd[2u32 * (row * blocks + blk) + 1u32];
+                for j in 0..TN {
+                    let tok = (t_base + tc + 16u32 * j).min(n - 1u32);
+                    let da = d[tok * blocks + blk];
+                    part[m * TN + j] +=
+                        (dw * da) * (si[m * TN + j] as f32) - (dm * da) * (sm[m * TN + j] as f32);
+                    si[m * TN + j] = 0;
+                    sm[m * TN + j] = 0;
+                }
+            }
+            if blk + lanes >= blocks {
+                for o in 0..TM * TN {
+                    total[o] = total[o] + part[o];
+                    part[o] = 0.0;
+                }
+            }
+        }
+        barrier();
+    }
+    // Lanes without a block (more lanes than blocks; `lanes_per_row` never gives that, but the
+    // kernels take any count) add their 0.0 in `row_fold`: once is the same as many.
+    if lanes > blocks {
+        for o in 0..TM * TN {
+            total[o] = total[o] + 0.0;
+        }
+    }
+    // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
+    let r = select(window_rows, r_base + t, t < BM);
+    for j in 0..TN {
+        for m in 0..TM {
+            res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
         }
         store_rows(
             res,

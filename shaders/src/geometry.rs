@@ -5,9 +5,9 @@
 
 use crate::{
     bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm,
-    bitlinear_i2s_wide, bitlinear_tq, bitlinear_tq_wide, landmark_update, matvec_bf16,
-    matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide, matvec_kq,
-    matvec_kq_wide, matvec_q8_0, matvec_q8_0_wide, quantize_q8_0,
+    bitlinear_i2s_wide, bitlinear_tq, bitlinear_tq_gemm, bitlinear_tq_wide, landmark_update,
+    matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
+    matvec_kq, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -110,6 +110,14 @@ const _: () = {
     assert!(bitlinear_i2s_gemm::WORKGROUP_SIZE == 256);
     assert!(bitlinear_i2s_gemm::BM == 16 * bitlinear_i2s_gemm::TM);
     assert!(bitlinear_i2s_gemm::BN == 16 * bitlinear_i2s_gemm::TN);
+    assert!(bitlinear_tq_gemm::WORKGROUP_SIZE == 256);
+    assert!(bitlinear_tq_gemm::BM == GEMM_ROWS && bitlinear_tq_gemm::BN == GEMM_TOKENS);
+    assert!(bitlinear_tq_gemm::BM == 16 * bitlinear_tq_gemm::TM);
+    assert!(bitlinear_tq_gemm::BN == 16 * bitlinear_tq_gemm::TN);
+    assert!(matvec_kq_gemm::WORKGROUP_SIZE == 256);
+    assert!(matvec_kq_gemm::BM == GEMM_ROWS && matvec_kq_gemm::BN == GEMM_TOKENS);
+    assert!(matvec_kq_gemm::BM == 16 * matvec_kq_gemm::TM);
+    assert!(matvec_kq_gemm::BN == 16 * matvec_kq_gemm::TN);
     assert!(
         GEMM_ROWS == MATRIX_WORKGROUP,
         "store_rows indexes its array as 64·token + row"

@@ -1,12 +1,13 @@
 //! K-quant weight matrices (Q4_K, Q5_K, Q6_K) times Q8_K activations, with the launch geometry
 //! and output stage of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread
 //! (`ROWS · 64 / lanes` per workgroup), a tile of up to `TILE` tokens per weight pass,
-//! [`row_sums`] then [`store_rows`] for each of the thread's rows; `matvec_kq_wide` is the
-//! wide-step instance, summing every output in the same order.
+//! [`row_fold`] (the lanes' sums in lane order) then [`store_rows`] for each of the thread's
+//! rows; `matvec_kq_wide` is the wide-step instance, summing every output in the same order,
+//! and [`crate::matvec_kq_gemm`] the tiled kernel, which follows it too.
 
 use hesper_dsl::kernel;
 
-use crate::reduce::row_sums;
+use crate::reduce::row_fold;
 use crate::tile::store_rows;
 
 /// K-quant weights, repacked at upload into one layout for the three types: each row its
@@ -21,10 +22,12 @@ use crate::tile::store_rows;
 /// `sub` is the sub-block length: 32 (Q4_K, Q5_K) or 16 (Q6_K, whose minimums are 0). Q8_K
 /// activations from [`crate::quantize_q8k`]. Per block the exact integers
 /// `sumi = Σ_s scale_s · Σ code·q` and `summ = Σ_s min_s · Σ q`, then
-/// `acc += (d·d_act)·sumi − (dmin·d_act)·summ`, as the CPU's scalar kernels do.
+/// `acc += (d·d_act)·sumi − (dmin·d_act)·summ`, as the CPU's scalar kernels do. Lane `l` sums
+/// blocks `l, l + lanes, …` and the lanes' sums are added in lane order ([`row_fold`]), the
+/// order the tiled kernel follows.
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(row_fold, store_rows),
     consts(TILE = 4, ROWS = 1),
     also(matvec_kq_wide(TILE = 8, ROWS = 2))
 )]
@@ -145,7 +148,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,

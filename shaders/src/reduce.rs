@@ -69,6 +69,48 @@ pub fn row_sums<T: Scalar>(acc: &mut [T; _], t: u32, lane: u32, lanes: u32, tile
     }
 }
 
+/// The reduction of the matrix kernels with a float step per block (TQ, the K-quants): thread
+/// `t` (lane `lane`) holds the sums of its blocks `lane, lane + lanes, …` of the `tile` tokens
+/// at `acc[64·j + t]` (0.0 if it has none); after this the row's first thread holds
+/// `((0 + p₀) + p₁) + …` over the `lanes` lanes in lane order — the order a tiled kernel walking
+/// the blocks lane by lane ([`lane_order_block`]) meets each lane's last block. (`lanes` is a
+/// compile-time constant of the kernels, so the loop unrolls: with a bound known only at run
+/// time lavapipe ran the whole kernel about 1.5× slower.)
+#[kernel_fn]
+pub fn row_fold(acc: &mut [f32; _], t: u32, lane: u32, lanes: u32, tile: u32) {
+    if lane == 0u32 {
+        for j in 0u32..tile {
+            let mut total: f32 = 0.0;
+            for l in 0u32..lanes {
+                total = total + acc[64u32 * j + t + l];
+            }
+            acc[64u32 * j + t] = total;
+        }
+    }
+    barrier();
+}
+
+/// The `i`-th block of a row of `blocks` walked lane by lane, each lane's blocks in the order
+/// its matrix-vector kernel sums them: lane 0's `0, lanes, 2·lanes, …`, then lane 1's, and so
+/// on (the first `blocks % lanes` lanes have one block more than the others). A lane's run
+/// ends at its block `b` with `b + lanes ≥ blocks`.
+#[kernel_fn]
+pub fn lane_order_block(i: u32, blocks: u32, lanes: u32) -> u32 {
+    let per = blocks / lanes;
+    let longer = blocks % lanes;
+    let first = longer * (per + 1u32);
+    let mut lane = 0u32;
+    let mut k = 0u32;
+    if i < first {
+        lane = i / (per + 1u32);
+        k = i % (per + 1u32);
+    } else {
+        lane = longer + (i - first) / per;
+        k = (i - first) % per;
+    }
+    lane + k * lanes
+}
+
 /// The sum of every thread's `part` over the workgroup through subgroup sums: the first thread
 /// of each subgroup (`invocation` 0) writes its subgroup's sum to `acc[index]` (`index` of
 /// `count` subgroups), then every thread adds `acc[0..count]` in order, so all get the same

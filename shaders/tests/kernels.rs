@@ -273,6 +273,89 @@ macro_rules! launch_matrix {
     }};
 }
 
+/// `launch_tiled!(g, out, placement, out_scale; kernel { field: value, .. })` launches tiled
+/// kernel `k::kernel` (`gemm.rs`) over its grid at a [`Placement`] (its `wide` unused), storing
+/// its sums times `out_scale` into `out`, as [`launch_matrix!`] does for the matrix-vector
+/// kernels.
+macro_rules! launch_tiled {
+    ($g:expr, $out:expr, $p:expr, $out_scale:expr;
+     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let p: Placement = $p;
+        let (mut unused_k, mut unused_v) = (
+            $g.zeroed("unused", 1).expect("buffer"),
+            $g.zeroed("unused", 1).expect("buffer"),
+        );
+        launch(
+            $g,
+            &k::$kernel::Args {
+                $($field: $value,)*
+                out: $out,
+                out_k: &mut unused_k,
+                out_v: &mut unused_v,
+                cols: p.m.cols as u32,
+                rows: p.width as u32,
+                row0: p.row0 as u32,
+                window_rows: p.m.rows as u32,
+                n: p.m.n as u32,
+                mode: k::STORE,
+                out_scale: $out_scale,
+                out_scale_odd: 0.0,
+                split_k: p.width as u32,
+                split_v: p.width as u32,
+                out_scale_v: 0.0,
+            },
+            k::gemm_grid(p.m.rows as u32, p.m.n as u32),
+        )
+    }};
+}
+
+/// Runs a tiled kernel (`tiled`, with [`launch_tiled!`]) and the wide-step instance of its
+/// matrix-vector kernel (`wide`) at every window of [`WINDOWS`] and every lane count of
+/// [`LANES`] (the lanes' order a tiled kernel must follow): both within `bound` of the reference by
+/// `error`, and the same bits.
+fn sweep_tiled(
+    g: &mut Gpu,
+    m: Matrix,
+    mut tiled: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    mut wide: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    error: impl Fn(&[f32]) -> f32,
+    what: &str,
+    bound: f32,
+) {
+    for ((row0, extra), lanes) in WINDOWS.into_iter().flat_map(|w| LANES.map(|l| (w, l))) {
+        let width = row0 + m.rows + extra;
+        let p = Placement {
+            m,
+            row0,
+            width,
+            lanes,
+            wide: true,
+        };
+        let mut results = Vec::new();
+        for is_tiled in [false, true] {
+            let mut out = sentinel_out(g, m.n, width);
+            if is_tiled {
+                tiled(g, &mut out, p);
+            } else {
+                wide(g, &mut out, p);
+            }
+            let got = window(&read!(g, &out), m.n, width, row0, m.rows);
+            let kernel = if is_tiled { "tiled" } else { "wide" };
+            let name = format!(
+                "{} {kernel} (row0 {row0}, width {width}, {lanes} lanes)",
+                m.name
+            );
+            assert_within(&name, what, error(&got), bound);
+            results.push(bits(&got));
+        }
+        assert!(
+            results[0] == results[1],
+            "{}: the tiled kernel differs from the wide-step instance (row0 {row0}, {lanes} lanes)",
+            m.name
+        );
+    }
+}
+
 /// Runs a matrix kernel at every window of [`WINDOWS`] with every lane count of [`LANES`], its
 /// decode and its wide-step instance: `run` launches it (with [`launch_matrix!`]) into a fresh
 /// [`SENTINEL`]-filled output; then nothing outside the window may have been written, `error`
@@ -999,94 +1082,344 @@ fn block_activations<B>(
     (q, blocks().map(d).collect())
 }
 
+/// A TQ2_0 matrix of `rows` × `cols` (random crumbs, small positive f16 block scales) in the
+/// GPU's layout and `n` tokens of Q8_K activations, uploaded, with the CPU's `tq2_0_dot` of
+/// every (token, row) times `out_scale` and the scale of its rounding error.
+struct TqCase {
+    codes: GpuBuffer<u32>,
+    wscale: GpuBuffer<f32>,
+    q: GpuBuffer<i32>,
+    d: GpuBuffer<f32>,
+    want: Vec<f32>,
+    /// Σ over blocks of |sumi·d·ws| (times `out_scale`): what the f32 accumulation rounds.
+    magnitude: Vec<f32>,
+}
+
+impl TqCase {
+    fn new(g: &Gpu, rows: usize, cols: usize, n: usize, out_scale: f32) -> TqCase {
+        let blocks = cols / QK_K;
+        // TQ2_0 rows: per block 64 bytes of crumbs 0..=2 (element e at byte 32·(e/128) + e%32,
+        // shift 2·((e%128)/32)), then the f16 scale (small positive normals, like real ones).
+        let mut codes = i2s_codes(rows * blocks * 64, 13).into_iter();
+        let scale_bits = f16_bits(rows * blocks, 14, 5..=10)
+            .into_iter()
+            .map(|b| b & 0x7fff)
+            .collect::<Vec<_>>();
+        let tq: Vec<u8> = (0..rows * blocks)
+            .flat_map(|rb| {
+                let mut blk: Vec<u8> = codes.by_ref().take(64).collect();
+                blk.extend(scale_bits[rb].to_le_bytes());
+                blk
+            })
+            .collect();
+        let row_bytes = blocks * TQ2_0_BLOCK_BYTES;
+        assert_eq!(tq.len(), rows * row_bytes);
+        // Repacked into the I2_S layout (element k at byte 32·(k/128) + k%32, shift
+        // 6 − 2·((k%128)/32)) with the block scales beside as f32.
+        let mut repacked = vec![0u8; rows * cols / 4];
+        for (r, row) in tq.chunks_exact(row_bytes).enumerate() {
+            let out = &mut repacked[r * cols / 4..][..cols / 4];
+            for kk in 0..cols {
+                let blk = &row[(kk / QK_K) * TQ2_0_BLOCK_BYTES..][..TQ2_0_BLOCK_BYTES];
+                let c = tq2_0_code(blk, kk % QK_K);
+                out[32 * (kk / 128) + kk % 32] |= c << (6 - 2 * ((kk % 128) / 32));
+            }
+            for kk in 0..cols {
+                let blk = &row[(kk / QK_K) * TQ2_0_BLOCK_BYTES..][..TQ2_0_BLOCK_BYTES];
+                assert_eq!(i2s_code(out, kk), tq2_0_code(blk, kk % QK_K), "repack");
+            }
+        }
+        let acts: Vec<_> = (0..n)
+            .map(|t| quantize_q8_k(&data(cols, 15 + t as u64)))
+            .collect();
+        let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
+        let want = acts
+            .iter()
+            .flat_map(|a| {
+                tq.chunks_exact(row_bytes)
+                    .map(|row| tq2_0_dot(row, a) * out_scale)
+            })
+            .collect();
+        let magnitude = acts
+            .iter()
+            .flat_map(|a| {
+                tq.chunks_exact(row_bytes).map(move |row| {
+                    row.chunks_exact(TQ2_0_BLOCK_BYTES)
+                        .zip(a)
+                        .map(|(blk, ab)| tq2_0_dot(blk, std::slice::from_ref(ab)).abs())
+                        .sum::<f32>()
+                        * out_scale
+                })
+            })
+            .collect();
+        TqCase {
+            codes: g.upload("codes", &words(&repacked)).unwrap(),
+            wscale: g.upload("wscale", &f16_to_f32(&scale_bits)).unwrap(),
+            q: g.upload("q", &q).unwrap(),
+            d: g.upload("d", &d).unwrap(),
+            want,
+            magnitude,
+        }
+    }
+
+    /// The largest |got − want| over the output's Σ|block terms|. Per block the integer sum is
+    /// exact and `sumi · (d · ws)` the same two products on both sides; only the order of the
+    /// block additions differs (the CPU in order, the GPU each lane's blocks `l, l + lanes, …`,
+    /// then the lanes' sums in lane order): with `B` blocks, ≤ B − 1 roundings of partial sums bounded by
+    /// Σ|terms|, so |Δ| ≤ (B − 1)·2^-24·Σ|terms| (< 2.4e-7 of it for 5 blocks, 5.4e-7 for 10).
+    fn error(&self, got: &[f32]) -> f32 {
+        got.iter()
+            .zip(&self.want)
+            .zip(&self.magnitude)
+            .map(|((a, b), m)| (a - b).abs() / m.max(f32::MIN_POSITIVE))
+            .fold(0.0f32, f32::max)
+    }
+}
+
 #[test]
 fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
     let mut g = gpu();
-    // 37 rows of 1280 weights (5 Q8_K blocks for 64 threads), 21 tokens (five decode tiles of
-    // 4 and one of 1; two wide tiles of 8 and one of 5).
+    // 37 rows of 1280 weights (5 Q8_K blocks: lane 0 sums all five at 1 lane, blocks 0 and 4
+    // at 4, block 0 at 32), 21 tokens (five decode tiles of 4 and one of 1; two wide tiles of 8 and one of 5).
     let (rows, cols, n, out_scale) = (37usize, 1280usize, 21usize, 1.25f32);
-    let blocks = cols / QK_K;
-    // TQ2_0 rows: per block 64 bytes of crumbs 0..=2 (element e at byte 32·(e/128) + e%32,
-    // shift 2·((e%128)/32)), then the f16 scale (small positive normals, like real ones).
-    let mut codes = i2s_codes(rows * blocks * 64, 13).into_iter();
-    let scale_bits = f16_bits(rows * blocks, 14, 5..=10)
-        .into_iter()
-        .map(|b| b & 0x7fff)
-        .collect::<Vec<_>>();
-    let tq: Vec<u8> = (0..rows * blocks)
-        .flat_map(|rb| {
-            let mut blk: Vec<u8> = codes.by_ref().take(64).collect();
-            blk.extend(scale_bits[rb].to_le_bytes());
-            blk
-        })
-        .collect();
-    let row_bytes = blocks * TQ2_0_BLOCK_BYTES;
-    assert_eq!(tq.len(), rows * row_bytes);
-    // Repacked into the I2_S layout (element k at byte 32·(k/128) + k%32, shift
-    // 6 − 2·((k%128)/32)) with the block scales beside as f32.
-    let mut repacked = vec![0u8; rows * cols / 4];
-    for (r, row) in tq.chunks_exact(row_bytes).enumerate() {
-        let out = &mut repacked[r * cols / 4..][..cols / 4];
-        for kk in 0..cols {
-            let blk = &row[(kk / QK_K) * TQ2_0_BLOCK_BYTES..][..TQ2_0_BLOCK_BYTES];
-            let c = tq2_0_code(blk, kk % QK_K);
-            out[32 * (kk / 128) + kk % 32] |= c << (6 - 2 * ((kk % 128) / 32));
-        }
-        for kk in 0..cols {
-            let blk = &row[(kk / QK_K) * TQ2_0_BLOCK_BYTES..][..TQ2_0_BLOCK_BYTES];
-            assert_eq!(i2s_code(out, kk), tq2_0_code(blk, kk % QK_K), "repack");
-        }
-    }
-    let wscale = f16_to_f32(&scale_bits);
-    let acts: Vec<_> = (0..n)
-        .map(|t| quantize_q8_k(&data(cols, 15 + t as u64)))
-        .collect();
-    let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
-    let bc = g.upload("codes", &words(&repacked)).unwrap();
-    let bw = g.upload("wscale", &wscale).unwrap();
-    let bq = g.upload("q", &q).unwrap();
-    let bd = g.upload("d", &d).unwrap();
-    let want: Vec<f32> = acts
-        .iter()
-        .flat_map(|a| {
-            tq.chunks_exact(row_bytes)
-                .map(|row| tq2_0_dot(row, a) * out_scale)
-        })
-        .collect();
-    // Scale for the error: Σ over blocks of |sumi·d·ws|, what the f32 accumulation rounds.
-    let magnitude: Vec<f32> = acts
-        .iter()
-        .flat_map(|a| {
-            tq.chunks_exact(row_bytes).map(move |row| {
-                row.chunks_exact(TQ2_0_BLOCK_BYTES)
-                    .zip(a)
-                    .map(|(blk, ab)| tq2_0_dot(blk, std::slice::from_ref(ab)).abs())
-                    .sum::<f32>()
-                    * out_scale
-            })
-        })
-        .collect();
-    // Per block the integer sum is exact and `sumi · (d · ws)` the same two products on
-    // both sides; only the order of the 5 block additions differs (CPU in order, GPU
-    // (b0 + b4) + ... by the tree): ≤ 4 roundings of partial sums bounded by the sum
-    // of |block terms|, so |Δ| ≤ 4·2^-24·Σ|terms| (< 2.4e-7 of it); 1e-6 leaves margin.
+    let c = TqCase::new(&g, rows, cols, n, out_scale);
+    // 1e-6 leaves margin over the 2.4e-7 of `TqCase::error`.
     sweep_matrix(
         &mut g,
         Matrix::new("bitlinear_tq", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                bitlinear_tq | bitlinear_tq_wide { codes: &bc, wscale: &bw, q: &bq, d: &bd })
+                bitlinear_tq | bitlinear_tq_wide { codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d })
         },
-        |got| {
-            got.iter()
-                .zip(&want)
-                .zip(&magnitude)
-                .map(|((a, b), m)| (a - b).abs() / m.max(f32::MIN_POSITIVE))
-                .fold(0.0f32, f32::max)
-        },
+        |got| c.error(got),
         "diff of Σ|block terms|",
         1e-6,
     );
+}
+
+#[test]
+fn tiled_tq_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    // 150 rows (two tiles of 64 and one of 22) of 2560 weights (20 K-steps of half a block;
+    // 10 blocks walked in order at 1 lane, 0 4 8 1 5 9 2 6 3 7 at 4: two lanes of three blocks,
+    // then two of two; one block a lane at 32), 70 tokens (a tile of 64 and one of 6), beside
+    // the wide-step instance the backend runs for fewer. The bound: `TqCase::error`'s 5.4e-7
+    // for 10 blocks, with margin.
+    let (rows, cols, n, out_scale) = (150usize, 2560usize, 70usize, 0.75f32);
+    let c = TqCase::new(&g, rows, cols, n, out_scale);
+    sweep_tiled(
+        &mut g,
+        Matrix::new("bitlinear_tq_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, out_scale;
+                bitlinear_tq_gemm { codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d, lanes: p.lanes })
+        },
+        |g, out, p| {
+            launch_matrix!(g, out, p, out_scale;
+                bitlinear_tq | bitlinear_tq_wide { codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d })
+        },
+        |got| c.error(got),
+        "diff of Σ|block terms|",
+        1e-6,
+    );
+}
+
+/// A K-quant type in `matvec_kq`'s layout: high bits a code (Q4_K 0, Q5_K 1, Q6_K 2), the
+/// sub-block length and the offset taken from every code (Q6_K's 32).
+#[derive(Clone, Copy, Debug)]
+struct KqType {
+    high: u32,
+    sub: u32,
+    offset: u32,
+}
+
+const KQ_TYPES: [KqType; 3] = [
+    KqType {
+        high: 0,
+        sub: 32,
+        offset: 0,
+    },
+    KqType {
+        high: 1,
+        sub: 32,
+        offset: 0,
+    },
+    KqType {
+        high: 2,
+        sub: 16,
+        offset: 32,
+    },
+];
+
+/// A `rows × cols` matrix of random codes in `matvec_kq`'s layout (nibble words, high-bit words,
+/// one scale word a sub-block: Q4_K/Q5_K's 6-bit scales and minimums, Q6_K's signed 8-bit
+/// scales without minimums; `d` and `dmin` of each block beside), and `n` tokens of Q8_K
+/// activations, uploaded; with the layout's product computed here in f64 from its definition
+/// (`Σ_blocks (d·d_act)·Σ_s scale·Σ(code − offset)·q − (dmin·d_act)·Σ_s min·Σq`) and the scale
+/// of its f32 rounding.
+struct KqCase {
+    ty: KqType,
+    w: GpuBuffer<u32>,
+    wd: GpuBuffer<f32>,
+    q: GpuBuffer<i32>,
+    d: GpuBuffer<f32>,
+    want: Vec<f32>,
+    /// Σ over blocks of |(d·d_act)·sumi| + |(dmin·d_act)·summ| (times `out_scale`).
+    magnitude: Vec<f32>,
+}
+
+impl KqCase {
+    fn new(g: &Gpu, ty: KqType, rows: usize, cols: usize, n: usize, out_scale: f32) -> KqCase {
+        let (high, sub) = (ty.high as usize, ty.sub as usize);
+        let blocks = cols / QK_K;
+        let subs = QK_K / sub;
+        let (nibble_words, high_words) = (cols / 8, cols * high / 32);
+        let mut r = Lcg(41 + ty.high as u64);
+        let mut layout = Vec::new();
+        let mut scales = Vec::new();
+        for _ in 0..rows {
+            layout.extend((0..nibble_words + high_words).map(|_| r.next() as u32));
+            for _ in 0..blocks * subs {
+                let (scale, min) = if high == 2 {
+                    ((r.next() % 256) as i32 - 128, 0)
+                } else {
+                    ((r.next() % 64) as i32, (r.next() % 64) as i32)
+                };
+                scales.push((scale, min));
+                layout.push((scale as u32 & 0xffff) | ((min as u32) << 16));
+            }
+        }
+        let wd: Vec<f32> = (0..rows * blocks)
+            .flat_map(|_| {
+                let d = (1 + r.next() % 1000) as f32 * 1e-5;
+                let dmin = if high == 2 {
+                    0.0
+                } else {
+                    (1 + r.next() % 1000) as f32 * 1e-6
+                };
+                [d, dmin]
+            })
+            .collect();
+        let stride = nibble_words + high_words + blocks * subs;
+        let code = |row: usize, e: usize| -> i32 {
+            let w = &layout[row * stride..];
+            let nibble = (w[e / 8] >> (4 * (e % 8))) & 15;
+            // Q4_K has no high bits: no word, 0.
+            let hi = (32usize).checked_div(high).map_or(0, |per| {
+                (w[nibble_words + e / per] >> (high * (e % per))) & ((1 << high) - 1)
+            });
+            (nibble | (hi << 4)) as i32 - ty.offset as i32
+        };
+        let acts: Vec<_> = (0..n)
+            .map(|t| quantize_q8_k(&data(cols, 43 + t as u64)))
+            .collect();
+        let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
+        let (mut want, mut magnitude) = (Vec::new(), Vec::new());
+        for t in 0..n {
+            for row in 0..rows {
+                let (mut sum, mut size) = (0f64, 0f64);
+                for blk in 0..blocks {
+                    let (mut sumi, mut summ) = (0i64, 0i64);
+                    for s in 0..subs {
+                        let (scale, min) = scales[(row * blocks + blk) * subs + s];
+                        let e0 = blk * QK_K + s * sub;
+                        let qv = |e: usize| i64::from(q[t * cols + e]);
+                        let dot: i64 = (e0..e0 + sub)
+                            .map(|e| i64::from(code(row, e)) * qv(e))
+                            .sum();
+                        let sq: i64 = (e0..e0 + sub).map(qv).sum();
+                        sumi += i64::from(scale) * dot;
+                        summ += i64::from(min) * sq;
+                    }
+                    let da = f64::from(d[t * blocks + blk]);
+                    let a = f64::from(wd[2 * (row * blocks + blk)]) * da * sumi as f64;
+                    let b = f64::from(wd[2 * (row * blocks + blk) + 1]) * da * summ as f64;
+                    sum += a - b;
+                    size += a.abs() + b.abs();
+                }
+                want.push((sum * f64::from(out_scale)) as f32);
+                magnitude.push((size * f64::from(out_scale)) as f32);
+            }
+        }
+        KqCase {
+            ty,
+            w: g.upload("w", &layout).unwrap(),
+            wd: g.upload("wd", &wd).unwrap(),
+            q: g.upload("q", &q).unwrap(),
+            d: g.upload("d", &d).unwrap(),
+            want,
+            magnitude,
+        }
+    }
+
+    /// The largest |got − want| over the output's Σ|block terms|. The integers are exact on
+    /// both sides; the GPU rounds per block `d·d_act`, `dmin·d_act`, `sumi` and `summ` to f32
+    /// (|sumi| can pass 2^24), each product and their difference (≤ 4 roundings of the terms'
+    /// size), then adds `B` blocks' terms (≤ B − 1 roundings of Σ|terms|): ≤ (B + 3)·2^-24 of
+    /// Σ|terms|: 4.8e-7 for 5 blocks, 7.7e-7 for 10.
+    fn error(&self, got: &[f32]) -> f32 {
+        dot_error(got, &self.want, &self.magnitude)
+    }
+}
+
+#[test]
+fn matvec_kq_matches_its_layouts_definition() {
+    let mut g = gpu();
+    // 37 rows of 1280 (5 blocks: lane 0 sums all five at 1 lane, blocks 0 and 4 at 4), 21
+    // tokens (five decode tiles of 4 and one of 1; two wide tiles of 8 and one of 5).
+    let (rows, cols, n, out_scale) = (37usize, 1280usize, 21usize, 1.25f32);
+    for ty in KQ_TYPES {
+        let c = KqCase::new(&g, ty, rows, cols, n, out_scale);
+        // 1e-6 leaves margin over the 4.8e-7 of `KqCase::error`.
+        sweep_matrix(
+            &mut g,
+            Matrix::new("matvec_kq", rows, cols, n),
+            |g, out, p| {
+                launch_matrix!(g, out, p, out_scale;
+                matvec_kq | matvec_kq_wide {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
+                })
+            },
+            |got| c.error(got),
+            "diff of Σ|block terms|",
+            1e-6,
+        );
+    }
+}
+
+#[test]
+fn tiled_kq_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    // 150 rows (two tiles of 64 and one of 22) of 2560 (40 K-steps of 64 columns; 10 blocks
+    // walked 0 4 8 1 5 9 2 6 3 7 at 4 lanes), 70 tokens (a tile of 64 and one of 6), beside the
+    // wide-step instance the backend runs for fewer; Q4_K, Q5_K and Q6_K. The bound:
+    // `KqCase::error`'s 7.7e-7 for 10 blocks.
+    let (rows, cols, n, out_scale) = (150usize, 2560usize, 70usize, 0.75f32);
+    for ty in KQ_TYPES {
+        let c = KqCase::new(&g, ty, rows, cols, n, out_scale);
+        sweep_tiled(
+            &mut g,
+            Matrix::new("matvec_kq_gemm", rows, cols, n),
+            |g, out, p| {
+                launch_tiled!(g, out, p, out_scale;
+                matvec_kq_gemm {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: p.lanes
+                })
+            },
+            |g, out, p| {
+                launch_matrix!(g, out, p, out_scale;
+                matvec_kq | matvec_kq_wide {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
+                })
+            },
+            |got| c.error(got),
+            "diff of Σ|block terms|",
+            1e-6,
+        );
+    }
 }
 
 /// Max of `|got − want| / Σ|w·x|` over `[n][rows]`: the error of an f32 dot product in a
@@ -1919,8 +2252,8 @@ fn packed_i8_activations(
 fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
     let mut g = gpu();
     // 150 rows (two tiles of 64 and one of 22) of 384 weights (three 128-weight groups: three
-    // K-steps), 70 tokens (a tile of 64 and one of 6), at every window placement; beside the
-    // wide-step instance of the dp4 kernel the backend runs for fewer tokens.
+    // K-steps), 70 tokens (a tile of 64 and one of 6), beside the wide-step instance of the
+    // dp4 kernel the backend runs for fewer tokens.
     let (rows, cols, n, beta) = (150usize, 384usize, 70usize, 0.0371f32);
     let codes = i2s_codes(rows * cols / 4, 21);
     let acts: Vec<_> = (0..n)
@@ -1929,62 +2262,22 @@ fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
     let (q, scale, sum) = packed_i8_activations(&g, &acts);
     let bc = g.upload("codes", &words(&codes)).unwrap();
     let want = i2s_reference(&codes, &acts, cols, beta);
-    for (row0, extra) in WINDOWS {
-        let width = row0 + rows + extra;
-        let mut results = Vec::new();
-        for tiled in [false, true] {
-            let mut out = sentinel_out(&g, n, width);
-            let p = Placement {
-                m: Matrix::new("bitlinear_i2s_gemm", rows, cols, n),
-                row0,
-                width,
-                lanes: 32,
-                wide: true,
-            };
-            if tiled {
-                let (mut unused_k, mut unused_v) = (
-                    g.zeroed("unused", 1).unwrap(),
-                    g.zeroed("unused", 1).unwrap(),
-                );
-                launch(
-                    &mut g,
-                    &k::bitlinear_i2s_gemm::Args {
-                        codes: &bc,
-                        q: &q,
-                        scale: &scale,
-                        sum: &sum,
-                        out: &mut out,
-                        out_k: &mut unused_k,
-                        out_v: &mut unused_v,
-                        cols: cols as u32,
-                        rows: width as u32,
-                        row0: row0 as u32,
-                        window_rows: rows as u32,
-                        n: n as u32,
-                        mode: k::STORE,
-                        out_scale: beta,
-                        out_scale_odd: 0.0,
-                        split_k: width as u32,
-                        split_v: width as u32,
-                        out_scale_v: 0.0,
-                    },
-                    k::gemm_grid(rows as u32, n as u32),
-                );
-            } else {
-                launch_matrix!(&mut g, &mut out, p, beta;
-                    bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum });
-            }
-            let got = window(&read!(g, &out), n, width, row0, rows);
-            // Exact integer sums, then the matrix-vector kernel's division and multiplication.
-            let name = format!("tiled {tiled} (row0 {row0}, width {width})");
-            assert_within(&name, "relative diff", max_rel_diff(&got, &want), 1e-6);
-            results.push(bits(&got));
-        }
-        assert!(
-            results[0] == results[1],
-            "bitlinear_i2s_gemm differs from bitlinear_i2s_dp4_wide (row0 {row0})"
-        );
-    }
+    // Exact integer sums, then the matrix-vector kernel's division and multiplication.
+    sweep_tiled(
+        &mut g,
+        Matrix::new("bitlinear_i2s_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, beta;
+                bitlinear_i2s_gemm { codes: &bc, q: &q, scale: &scale, sum: &sum })
+        },
+        |g, out, p| {
+            launch_matrix!(g, out, p, beta;
+                bitlinear_i2s_dp4 | bitlinear_i2s_dp4_wide { codes: &bc, q: &q, scale: &scale, sum: &sum })
+        },
+        |got| max_rel_diff(got, &want),
+        "relative diff",
+        1e-6,
+    );
 }
 
 #[test]

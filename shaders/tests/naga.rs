@@ -57,6 +57,8 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_dp4,
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_gemm,
+        bitlinear_tq_gemm,
+        matvec_kq_gemm,
         quantize_i8_packed,
         bitlinear_tq,
         bitlinear_tq_wide,
@@ -172,8 +174,9 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
     }
     // Eight matrix kernels, each in its decode and wide instance (Q8_0 also in both of its
     // dot4I8Packed ones), × seven lane counts (the K-quant ones × three code widths) × two
-    // capability sets.
-    assert_eq!(specialised, (7 + 3 + 1) * 2 * 7 * 2);
+    // capability sets; and the K-quants' tiled kernel (lanes a uniform) × three code widths ×
+    // two capability sets.
+    assert_eq!(specialised, (7 + 3 + 1) * 2 * 7 * 2 + 3 * 2);
 }
 
 #[test]

@@ -50,6 +50,8 @@ fn generated_wgsl_is_unchanged() {
         bitlinear_i2s_dp4,
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_gemm,
+        bitlinear_tq_gemm,
+        matvec_kq_gemm,
         bitlinear_tq,
         bitlinear_tq_wide,
         matvec_f32,

@@ -187,12 +187,22 @@ const FORMATS: [Format; 11] = [
     Format::TQ2_0,
 ];
 
+/// The tiled kernel a layout's products run from [`GEMM_STEP`] rows on `dot4I8Packed`, if it
+/// has one.
+fn tiled_kernel(format: Format) -> Option<&'static str> {
+    match format {
+        Format::I2S { .. } => Some("bitlinear_i2s_gemm"),
+        Format::TQ1_0 | Format::TQ2_0 => Some("bitlinear_tq_gemm"),
+        Format::Q4K | Format::Q6K => Some("matvec_kq_gemm"),
+        _ => None,
+    }
+}
+
 /// Rows of the steps each layout is tried at: one (the decode instances), five (the wide-step
-/// instances) and, for I2_S (the layout with a tiled kernel, run from
-/// [`GEMM_STEP`] rows), a tile of tokens and six more.
+/// instances) and, for the layouts with a tiled kernel, a tile of tokens and six more.
 fn steps(format: Format) -> Vec<usize> {
     let mut n = vec![1, 5];
-    if matches!(format, Format::I2S { .. }) {
+    if tiled_kernel(format).is_some() {
         n.push(GEMM_STEP as usize + 6);
     }
     n
@@ -216,13 +226,14 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                 for n in steps(format) {
                     let what = format!("{format:?} {act:?} n={n} packed_dot={packed}");
                     let d0 = gpu.stats().dispatches;
-                    let tiled = gpu.product_launches().get("bitlinear_i2s_gemm").copied();
+                    let kernel = tiled_kernel(format).unwrap_or("bitlinear_i2s_gemm");
+                    let tiled = gpu.product_launches().get(kernel).copied();
                     let (h_fused, y_fused) = ffn(&gpu, format, true, act, n);
-                    // A step of a tile of tokens or more runs I2_S's tiled kernel (on
+                    // A step of a tile of tokens or more runs the layout's tiled kernel (on
                     // `dot4I8Packed`): gate/up and down.
-                    let ran = gpu.product_launches().get("bitlinear_i2s_gemm").copied();
+                    let ran = gpu.product_launches().get(kernel).copied();
                     let expect_tiled =
-                        packed && n >= GEMM_STEP as usize && matches!(format, Format::I2S { .. });
+                        packed && n >= GEMM_STEP as usize && tiled_kernel(format).is_some();
                     assert_eq!(
                         ran.unwrap_or(0) - tiled.unwrap_or(0),
                         if expect_tiled { 2 } else { 0 },

@@ -100,6 +100,52 @@ fn gpu_cached_decode_equals_prefill() {
     }
 }
 
+/// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one step
+/// runs the tiled kernels (on `dot4I8Packed`: `bitlinear_tq_gemm` for TQ, `matvec_kq_gemm` for
+/// the K-quants) for every projection; read four tokens a step, the matrix-vector kernels'
+/// decode instances. TQ1_0 (rewritten as TQ2_0 at load), TQ2_0, Q4_K_M, Q5_K_M and Q6_K files,
+/// Llama's and Qwen2's graphs: every position's logits the same bits either way, so a server's
+/// request gets the same tokens whatever its batch-mates.
+#[test]
+fn gpu_prompt_in_tiled_products_equals_decoding_it() {
+    // Tiled launches of the prompt: Q/K/V, output, gate/up and down of each of the 2 layers (in
+    // the _K_M mixtures V is Q6_K beside Q4_K/Q5_K Q and K, so a product of its own), and in the
+    // K-quant files the LM head (Q6_K; every position's logits are asked for, so all rows).
+    for (stem, kernel, launched) in [
+        ("tiny-llama-tq1_0", "bitlinear_tq_gemm", 2 * 4),
+        ("tiny-qwen2-tq2_0", "bitlinear_tq_gemm", 2 * 4),
+        ("tiny-llama-q4_k_m", "matvec_kq_gemm", 2 * 5 + 1),
+        ("tiny-llama-q5_k_m", "matvec_kq_gemm", 2 * 5 + 1),
+        ("tiny-llama-q6_k", "matvec_kq_gemm", 2 * 4 + 1),
+    ] {
+        let g = Golden::load(stem);
+        let model = gpu_model(&g.file(), None);
+        assert!(model.backend.packed_dot(), "lavapipe has dot4I8Packed");
+        let n = hesper_gpu_backend::GEMM_STEP as usize + 37;
+        let tokens: Vec<u32> = (0..n as u32)
+            .map(|i| (i * 37 + 11) % g.n_vocab as u32)
+            .collect();
+        let launches = || {
+            model
+                .backend
+                .product_launches()
+                .get(kernel)
+                .copied()
+                .unwrap_or(0)
+        };
+        let before = launches();
+        let tiled = logits_all(&model, &tokens, n);
+        assert_eq!(launches() - before, launched, "{stem}: tiled launches");
+        let decoded = logits_all(&model, &tokens, hesper_gpu_backend::TOKEN_TILE as usize);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&tiled) == bits(&decoded),
+            "{stem}: max|Δ| {}",
+            max_abs_diff(&tiled, &decoded)
+        );
+    }
+}
+
 #[test]
 fn both_i2s_paths_match_the_cpu() {
     // The packed (dot4I8Packed) and plain I2_S kernels compute the same exact integer sums:
