@@ -164,6 +164,53 @@ fn run() -> Result<(), GpuError> {
                 )
             },
         )?;
+        // The same shape as Q8_0 (int8 codes as words, a scale a 32-block) times Q8_0 codes
+        // four to a word, with `dot4I8Packed` (what a decoded token runs where it exists).
+        let q8_blocks = cols / 32;
+        let wq = g.upload("q8_0", &pattern_u32(rows * cols / 4))?;
+        let wd = g.upload("q8_0 scales", &vec![0.01f32; rows * q8_blocks])?;
+        let xq = g.upload("q8_0 activations", &pattern_u32(cols / 4))?;
+        let xd = g.upload("q8_0 activation scales", &vec![0.02f32; q8_blocks])?;
+        time(
+            &mut g,
+            reps,
+            "matvec_q8_0_dp4",
+            &format!("{name} {rows} × {cols}"),
+            rows * cols + rows * q8_blocks * 4,
+            |b, g| {
+                b.run(
+                    g,
+                    &k::matvec_q8_0_dp4::Args {
+                        wq: &wq,
+                        wd: &wd,
+                        q: &xq,
+                        d: &xd,
+                        out: &mut out,
+                        out_k: &mut unused.0,
+                        out_v: &mut unused.1,
+                        cols: cols as u32,
+                        rows: rows as u32,
+                        row0: 0,
+                        window_rows: rows as u32,
+                        n: 1,
+                        lanes: lanes_per_row(q8_blocks),
+                        mode: k::STORE,
+                        out_scale: 1.0,
+                        out_scale_odd: 0.0,
+                        split_k: rows as u32,
+                        split_v: rows as u32,
+                        out_scale_v: 0.0,
+                    },
+                    k::matrix_grid(
+                        rows as u32,
+                        lanes_per_row(q8_blocks),
+                        1,
+                        k::matvec_q8_0_dp4::TILE,
+                        k::matvec_q8_0_dp4::ROWS,
+                    ),
+                )
+            },
+        )?;
         // The same shape as Q4_K and Q6_K in `matvec_kq`'s layout (nibbles, high bits, a scale
         // word a sub-block; `d`, `dmin` a block) times Q8_K codes.
         for (kind, high, sub, offset) in [("Q4_K", 0, 32, 0), ("Q6_K", 2, 16, 32)] {

@@ -227,8 +227,9 @@ pub fn multiply_into(
     // the same order, each weight read once per tile of their larger tiles.
     let wide = n >= k::WIDE_STEP as usize;
     // A step of at least a tile of tokens runs a layout's tiled kernel where it has one
-    // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`): the same
-    // bits again, each weight read once per 64 tokens and each activation once per 64 rows.
+    // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`,
+    // `matvec_q8_0_gemm`): the same bits again, each weight read once per 64 tokens and each
+    // activation once per 64 rows.
     let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
@@ -312,6 +313,15 @@ pub fn multiply_into(
                         q: q,
                         scale: act_scale,
                     }
+            ),
+            Kind::Q8_0 if *packed_dot && tiled => launch!(
+                @tiled matvec_q8_0_gemm {
+                    wq: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: &packed.0,
+                    d: act_scale,
+                    lanes: lanes,
+                }
             ),
             Kind::Q8_0 if *packed_dot => launch!(
                 matvec_q8_0_dp4

@@ -12,7 +12,7 @@
 //! not depend on its batch-mates). A layout whose sums are exact integers over the whole row
 //! (I2_S: ternary codes times int8 activations) can be summed in any order; its epilogue is the
 //! matrix-vector kernel's, expression for expression. A layout with a float step per block (TQ,
-//! the K-quants) has its matrix-vector kernel add its lanes' sums (lane `l`: blocks `l, l +
+//! the K-quants, Q8_0) has its matrix-vector kernel add its lanes' sums (lane `l`: blocks `l, l +
 //! lanes, …`) in lane order (`row_fold`); a tiled thread walks the blocks lane by lane
 //! ([`lane_order_block`]) and follows that order with two sums an output. The output stage is
 //! the same [`store_rows`].
@@ -501,6 +501,159 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
                 for o in 0..TM * TN {
                     total[o] = total[o] + part[o];
                     part[o] = 0.0;
+                }
+            }
+        }
+        barrier();
+    }
+    // Lanes without a block (more lanes than blocks; `lanes_per_row` never gives that, but the
+    // kernels take any count) add their 0.0 in `row_fold`: once is the same as many.
+    if lanes > blocks {
+        for o in 0..TM * TN {
+            total[o] = total[o] + 0.0;
+        }
+    }
+    // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
+    let r = select(window_rows, r_base + t, t < BM);
+    for j in 0..TN {
+        for m in 0..TM {
+            res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
+        }
+        store_rows(
+            res,
+            out,
+            out_k,
+            out_v,
+            t,
+            0u32,
+            1u32,
+            r,
+            window_rows,
+            row0,
+            rows,
+            t_base + 16u32 * j,
+            n,
+            16u32,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
+    }
+}
+
+/// [`matvec_q8_0_dp4`](crate::matvec_q8_0_dp4) as a tiled product: Q8_0 weights (and Q4_0 and
+/// MXFP4, widened to them) times Q8_0 activations four codes to a word, per block the same
+/// exact integer dot (`dot4I8Packed`) and the same float step `Σ · (d_w · d_x)`; the blocks
+/// walked lane by lane ([`lane_order_block`]), each lane's terms into its own sum and that sum
+/// into the total at the lane's last block — that kernel's order, so every output has its bits.
+/// A K-step is `KB` blocks of the walk: their codes and scales for the tile's 64 rows and 64
+/// tokens (the tokens' codes padded to `8·KB + 1` words, so the 16 tokens a warp reads fall in
+/// distinct banks). Thread `t` takes rows `t / 16 + 16·m` and tokens `t % 16 + 16·j`.
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, KB = 2)
+)]
+pub fn matvec_q8_0_gemm<
+    const BM: u32,
+    const BN: u32,
+    const TM: u32,
+    const TN: u32,
+    const KB: u32,
+>(
+    wq: &[u32],
+    wd: &[f32],
+    q: &[u32],
+    d: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wt: &mut [u32; BM * KB * 8],
+    #[shared] ws: &mut [f32; BM * KB],
+    #[shared] xt: &mut [u32; BN * (KB * 8 + 1)],
+    #[shared] xd: &mut [f32; BN * KB],
+    #[shared] res: &mut [f32; BM * 16],
+) {
+    let t = lid();
+    let tr = t / 16u32;
+    let tc = t % 16u32;
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let blocks = cols / 32u32;
+    let xw = KB * 8u32 + 1u32;
+    let mut total = [0.0f32; TM * TN];
+    let mut part = [0.0f32; TM * TN];
+    for k0 in (0u32..blocks).step_by(KB) {
+        // The step's blocks of the walk for the tile's rows and tokens (past the walk's end:
+        // the last block again, never added; rows past the window and tokens past the step
+        // read the last ones).
+        for i in 0u32..BM * KB * 8u32 / 256u32 {
+            let e = t + 256u32 * i;
+            let row = (r_base + e / (KB * 8u32)).min(window_rows - 1u32);
+            let at = (k0 + (e % (KB * 8u32)) / 8u32).min(blocks - 1u32);
+            let blk = lane_order_block(at, blocks, lanes);
+            wt[e] = wq[(row * blocks + blk) * 8u32 + e % 8u32];
+        }
+        for i in 0u32..BN * KB * 8u32 / 256u32 {
+            let e = t + 256u32 * i;
+            let tok = (t_base + e / (KB * 8u32)).min(n - 1u32);
+            let at = (k0 + (e % (KB * 8u32)) / 8u32).min(blocks - 1u32);
+            let blk = lane_order_block(at, blocks, lanes);
+            xt[(e / (KB * 8u32)) * xw + e % (KB * 8u32)] =
+                q[tok * (cols / 4u32) + blk * 8u32 + e % 8u32];
+        }
+        if t < BM * KB {
+            let blk = lane_order_block((k0 + t % KB).min(blocks - 1u32), blocks, lanes);
+            let row = (r_base + t / KB).min(window_rows - 1u32);
+            ws[t] = wd[row * blocks + blk];
+            let tok = (t_base + t / KB).min(n - 1u32);
+            xd[t] = d[tok * blocks + blk];
+        }
+        barrier();
+        for b in 0..KB {
+            if k0 + b < blocks {
+                let blk = lane_order_block(k0 + b, blocks, lanes);
+                let mut s = [0i32; TM * TN];
+                for i in 0u32..8u32 {
+                    let mut word = [0u32; TM];
+                    for m in 0..TM {
+                        word[m] = wt[(tr + 16u32 * m) * KB * 8u32 + b * 8u32 + i];
+                    }
+                    for j in 0..TN {
+                        let qw = xt[(tc + 16u32 * j) * xw + b * 8u32 + i];
+                        for m in 0..TM {
+                            s[m * TN + j] += dot4_i8_packed(word[m], qw);
+                        }
+                    }
+                }
+                for m in 0..TM {
+                    let w_scale = ws[(tr + 16u32 * m) * KB + b];
+                    for j in 0..TN {
+                        part[m * TN + j] +=
+                            (s[m * TN + j] as f32) * (w_scale * xd[(tc + 16u32 * j) * KB + b]);
+                    }
+                }
+                if blk + lanes >= blocks {
+                    for o in 0..TM * TN {
+                        total[o] = total[o] + part[o];
+                        part[o] = 0.0;
+                    }
                 }
             }
         }

@@ -7,7 +7,8 @@ use crate::{
     bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm,
     bitlinear_i2s_wide, bitlinear_tq, bitlinear_tq_gemm, bitlinear_tq_wide, landmark_update,
     matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
-    matvec_kq, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_wide, quantize_q8_0,
+    matvec_kq, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_gemm, matvec_q8_0_wide,
+    quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -118,6 +119,10 @@ const _: () = {
     assert!(matvec_kq_gemm::BM == GEMM_ROWS && matvec_kq_gemm::BN == GEMM_TOKENS);
     assert!(matvec_kq_gemm::BM == 16 * matvec_kq_gemm::TM);
     assert!(matvec_kq_gemm::BN == 16 * matvec_kq_gemm::TN);
+    assert!(matvec_q8_0_gemm::WORKGROUP_SIZE == 256);
+    assert!(matvec_q8_0_gemm::BM == GEMM_ROWS && matvec_q8_0_gemm::BN == GEMM_TOKENS);
+    assert!(matvec_q8_0_gemm::BM == 16 * matvec_q8_0_gemm::TM);
+    assert!(matvec_q8_0_gemm::BN == 16 * matvec_q8_0_gemm::TN);
     assert!(
         GEMM_ROWS == MATRIX_WORKGROUP,
         "store_rows indexes its array as 64·token + row"

@@ -1,12 +1,13 @@
 //! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry and output stage
 //! of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread and so
 //! `ROWS · 64 / lanes` rows per workgroup, a tile of up to `TILE` tokens per weight pass,
-//! [`row_sums`] then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step
+//! [`row_sums`] (Q8_0: [`row_fold`], the lanes' sums in lane order, which its tiled kernel
+//! follows) then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step
 //! instance (`*_wide`, more tokens and rows a thread) summing every output in the same order.
 
 use hesper_dsl::kernel;
 
-use crate::reduce::row_sums;
+use crate::reduce::{row_fold, row_sums};
 use crate::tile::store_rows;
 
 /// F32 weights (held as raw words).
@@ -289,10 +290,11 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
 /// codes a word): per block the exact integer dot, then `acc += sumi · (d_weight · d_act)` as
 /// ggml does. `DP4 = 1` (the `_dp4` instances) multiplies four codes at once with
 /// `dot4I8Packed` where the WGSL implementation has it; the integer sums, and so every bit,
-/// are the same.
+/// are the same. Lane `l` sums blocks `l, l + lanes, …` and the lanes' sums are added in lane
+/// order ([`row_fold`]), the order the tiled kernel [`crate::matvec_q8_0_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(row_fold, store_rows),
     consts(TILE = 4, ROWS = 1, DP4 = 0),
     also(
         matvec_q8_0_wide(TILE = 8, ROWS = 4),
@@ -376,7 +378,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,

@@ -2060,70 +2060,97 @@ fn norms_fused_with_block_quantizers_give_the_two_kernels_bits() {
     );
 }
 
+/// A Q8_0 product on the GPU's buffers: weights as ggml Q8_0 blocks repacked the way the
+/// backend uploads them (int8 as words, f16 scales as f32), Q8_0 activations four codes to a
+/// word, and the CPU's outputs `[n][rows]` (times `out_scale`) with their Σ|terms|.
+struct Q8_0Case {
+    wq: GpuBuffer<u32>,
+    wd: GpuBuffer<f32>,
+    q: GpuBuffer<u32>,
+    d: GpuBuffer<f32>,
+    want: Vec<f32>,
+    magnitude: Vec<f32>,
+}
+
+impl Q8_0Case {
+    fn new(g: &Gpu, rows: usize, cols: usize, n: usize, out_scale: f32, seed: u64) -> Self {
+        let w = data(rows * cols, seed);
+        let row_bytes: Vec<Vec<u8>> = w
+            .chunks_exact(cols)
+            .map(|r| {
+                r.chunks_exact(32)
+                    .flat_map(|b| {
+                        let (d, qs) = q8_0_block(b);
+                        let mut out = d.to_le_bytes().to_vec();
+                        out.extend(qs.iter().map(|&v| v as u8));
+                        out
+                    })
+                    .collect()
+            })
+            .collect();
+        let (mut wq, mut wd) = (Vec::new(), Vec::new());
+        for rb in &row_bytes {
+            for blk in rb.chunks_exact(34) {
+                wd.push(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+                wq.extend(
+                    blk[2..]
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+        }
+        let x = data(n * cols, seed + 1);
+        let acts: Vec<_> = x.chunks_exact(cols).map(quantize_q8_0).collect();
+        let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
+        let mut want = Vec::new();
+        let mut magnitude = Vec::new();
+        for a in &acts {
+            for rb in &row_bytes {
+                want.push(q8_0_dot(rb, a) * out_scale);
+                magnitude.push(
+                    rb.chunks_exact(34)
+                        .zip(a)
+                        .map(|(blk, ab)| {
+                            let wdv = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                            let s: i32 = blk[2..]
+                                .iter()
+                                .zip(&ab.qs)
+                                .map(|(&wv, &qv)| (i32::from(wv as i8) * i32::from(qv)).abs())
+                                .sum();
+                            s as f32 * (wdv * ab.d).abs()
+                        })
+                        .sum::<f32>()
+                        * out_scale,
+                );
+            }
+        }
+        Q8_0Case {
+            wq: g.upload("wq", &wq).unwrap(),
+            wd: g.upload("wd", &wd).unwrap(),
+            q: g.upload("q", &pack_i8(&q)).unwrap(),
+            d: g.upload("d", &d).unwrap(),
+            want,
+            magnitude,
+        }
+    }
+
+    /// The largest difference from the CPU's outputs, as a fraction of Σ|terms|.
+    fn error(&self, got: &[f32]) -> f32 {
+        dot_error(got, &self.want, &self.magnitude)
+    }
+}
+
 #[test]
 fn matvec_q8_0_matches_q8_0_dot() {
     let mut g = gpu();
     // 37 rows of 320 (10 blocks), 21 tokens (five decode tiles of 4 and one of 1; two wide
-    // tiles of 8 and one of 5); weights as ggml Q8_0 blocks, repacked the way the backend
-    // uploads them (int8 as words, f16 scales as f32).
+    // tiles of 8 and one of 5).
     let (rows, cols, n, out_scale) = (37usize, 320usize, 21usize, 0.75f32);
-    let w = data(rows * cols, 31);
-    let row_bytes: Vec<Vec<u8>> = w
-        .chunks_exact(cols)
-        .map(|r| {
-            r.chunks_exact(32)
-                .flat_map(|b| {
-                    let (d, qs) = q8_0_block(b);
-                    let mut out = d.to_le_bytes().to_vec();
-                    out.extend(qs.iter().map(|&v| v as u8));
-                    out
-                })
-                .collect()
-        })
-        .collect();
-    let (mut wq, mut wd) = (Vec::new(), Vec::new());
-    for rb in &row_bytes {
-        for blk in rb.chunks_exact(34) {
-            wd.push(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
-            wq.extend(
-                blk[2..]
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
-        }
-    }
-    let x = data(n * cols, 32);
-    let acts: Vec<_> = x.chunks_exact(cols).map(quantize_q8_0).collect();
-    let (q, d) = block_activations(&acts, |b| &b.qs, |b| b.d);
-    let (bwq, bwd) = (g.upload("wq", &wq).unwrap(), g.upload("wd", &wd).unwrap());
-    let (bq, bd) = (
-        g.upload("q", &pack_i8(&q)).unwrap(),
-        g.upload("d", &d).unwrap(),
-    );
-    let mut want = Vec::new();
-    let mut magnitude = Vec::new();
-    for a in &acts {
-        for rb in &row_bytes {
-            want.push(q8_0_dot(rb, a) * out_scale);
-            magnitude.push(
-                rb.chunks_exact(34)
-                    .zip(a)
-                    .map(|(blk, ab)| {
-                        let wdv = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                        let s: i32 = blk[2..]
-                            .iter()
-                            .zip(&ab.qs)
-                            .map(|(&wv, &qv)| (i32::from(wv as i8) * i32::from(qv)).abs())
-                            .sum();
-                        s as f32 * (wdv * ab.d).abs()
-                    })
-                    .sum::<f32>()
-                    * out_scale,
-            );
-        }
-    }
+    let c = Q8_0Case::new(&g, rows, cols, n, out_scale, 31);
+    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
     // Block sums are exact integers; only the order of the 10 f32 block terms differs
-    // (sequential on the CPU, strided then a tree on the GPU): a few ulp of Σ|terms|.
+    // (sequential on the CPU; each lane's blocks, then the lanes in order on the GPU): a few
+    // ulp of Σ|terms|.
     // The plain and the dot4I8Packed instances add the same exact integer sums: the same bits
     // at every placement.
     let mut outputs = [Vec::new(), Vec::new()];
@@ -2132,10 +2159,10 @@ fn matvec_q8_0_matches_q8_0_dot() {
         Matrix::new("matvec_q8_0", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0 | matvec_q8_0_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd });
+                matvec_q8_0 | matvec_q8_0_wide { wq: bwq, wd: bwd, q: bq, d: bd });
             outputs[0].push(bits(&read!(g, &*out)));
         },
-        |got| dot_error(got, &want, &magnitude),
+        |got| c.error(got),
         "diff of Σ|terms|",
         1e-6,
     );
@@ -2144,15 +2171,44 @@ fn matvec_q8_0_matches_q8_0_dot() {
         Matrix::new("matvec_q8_0_dp4", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: &bwq, wd: &bwd, q: &bq, d: &bd });
+                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd });
             outputs[1].push(bits(&read!(g, &*out)));
         },
-        |got| dot_error(got, &want, &magnitude),
+        |got| c.error(got),
         "diff of Σ|terms|",
         1e-6,
     );
     assert!(!outputs[0].is_empty());
     assert!(outputs[0] == outputs[1], "dot4I8Packed changes the bits");
+}
+
+#[test]
+fn tiled_q8_0_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    // 150 rows (two tiles of 64 and one of 22) of 352 (11 blocks: five K-steps of 2 and one
+    // of 1; walked in order at 1 lane, 0 4 8 1 5 9 2 6 10 3 7 at 4, lanes ending inside
+    // K-steps; one block a lane at 32), 70 tokens (a tile of 64 and one of 6), beside the
+    // wide-step instance of the dot4I8Packed kernel (the plain one gives the same bits:
+    // `matvec_q8_0_matches_q8_0_dot`).
+    let (rows, cols, n, out_scale) = (150usize, 352usize, 70usize, 0.75f32);
+    let c = Q8_0Case::new(&g, rows, cols, n, out_scale, 41);
+    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
+    // As `matvec_q8_0_matches_q8_0_dot`.
+    sweep_tiled(
+        &mut g,
+        Matrix::new("matvec_q8_0_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, out_scale;
+                matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes })
+        },
+        |g, out, p| {
+            launch_matrix!(g, out, p, out_scale;
+                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd })
+        },
+        |got| c.error(got),
+        "diff of Σ|terms|",
+        1e-6,
+    );
 }
 
 /// The int8 codes of words packed as [`pack_i8`] packs them.

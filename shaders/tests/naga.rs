@@ -59,6 +59,7 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_gemm,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
+        matvec_q8_0_gemm,
         quantize_i8_packed,
         bitlinear_tq,
         bitlinear_tq_wide,

@@ -52,6 +52,7 @@ fn generated_wgsl_is_unchanged() {
         bitlinear_i2s_gemm,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
+        matvec_q8_0_gemm,
         bitlinear_tq,
         bitlinear_tq_wide,
         matvec_f32,

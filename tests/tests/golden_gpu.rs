@@ -102,21 +102,25 @@ fn gpu_cached_decode_equals_prefill() {
 
 /// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one step
 /// runs the tiled kernels (on `dot4I8Packed`: `bitlinear_tq_gemm` for TQ, `matvec_kq_gemm` for
-/// the K-quants) for every projection; read four tokens a step, the matrix-vector kernels'
-/// decode instances. TQ1_0 (rewritten as TQ2_0 at load), TQ2_0, Q4_K_M, Q5_K_M and Q6_K files,
-/// Llama's and Qwen2's graphs: every position's logits the same bits either way, so a server's
-/// request gets the same tokens whatever its batch-mates.
+/// the K-quants, `matvec_q8_0_gemm` for Q8_0 and Q4_0) for every projection; read four tokens a
+/// step, the matrix-vector kernels' decode instances. TQ1_0 (rewritten as TQ2_0 at load), TQ2_0,
+/// Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files, Llama's and Qwen2's graphs: every position's
+/// logits the same bits either way, so a server's request gets the same tokens whatever its
+/// batch-mates.
 #[test]
 fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     // Tiled launches of the prompt: Q/K/V, output, gate/up and down of each of the 2 layers (in
-    // the _K_M mixtures V is Q6_K beside Q4_K/Q5_K Q and K, so a product of its own), and in the
-    // K-quant files the LM head (Q6_K; every position's logits are asked for, so all rows).
+    // the _K_M mixtures V is Q6_K beside Q4_K/Q5_K Q and K, so a product of its own), and the LM
+    // head where it is the file's type (every position's logits are asked for, so all rows;
+    // Q4_0's head is Q6_K).
     for (stem, kernel, launched) in [
         ("tiny-llama-tq1_0", "bitlinear_tq_gemm", 2 * 4),
         ("tiny-qwen2-tq2_0", "bitlinear_tq_gemm", 2 * 4),
         ("tiny-llama-q4_k_m", "matvec_kq_gemm", 2 * 5 + 1),
         ("tiny-llama-q5_k_m", "matvec_kq_gemm", 2 * 5 + 1),
         ("tiny-llama-q6_k", "matvec_kq_gemm", 2 * 4 + 1),
+        ("tiny-llama-q8_0", "matvec_q8_0_gemm", 2 * 4 + 1),
+        ("tiny-llama-q4_0", "matvec_q8_0_gemm", 2 * 4),
     ] {
         let g = Golden::load(stem);
         let model = gpu_model(&g.file(), None);
