@@ -150,11 +150,12 @@ pub fn bitlinear_i2s_gemm<const BM: u32, const BN: u32, const TM: u32, const TN:
 /// walked lane by lane ([`lane_order_block`]), each lane's terms into its own sum and that sum
 /// into the total `((0 + p₀) + p₁) + …` at the lane's last block — the matrix-vector kernel's
 /// order, so every output has its bits. `lanes` is the count the matrix-vector kernel runs the
-/// matrix with. A K-step is one 128-weight half of a block: 8 code words of each of the tile's 64 rows (TQ is repacked into
-/// I2_S's layout) and the 128 Q8_K codes of each of its 64 tokens, packed four to a word as they
-/// are staged (rows padded to 33 words, so the 16 tokens a warp reads fall in distinct banks),
-/// with each staging thread's share of the token's `Σq`. Thread `t` takes rows `t / 16 + 16·m`
-/// and tokens `t % 16 + 16·j`, as [`bitlinear_i2s_gemm`] does.
+/// matrix with. A K-step is one 128-weight half of a block: 8 code words of each of the tile's
+/// 64 rows (TQ is repacked into I2_S's layout) and the 128 Q8_K codes of each of its 64
+/// tokens, packed four to a word as they are staged (rows padded to 33 words, so the 16 tokens
+/// a warp reads fall in distinct banks), with each staging thread's share of the token's `Σq`.
+/// Thread `t` takes rows `t / 16 + 16·m` and tokens `t % 16 + 16·j`, as
+/// [`bitlinear_i2s_gemm`] does.
 #[kernel(
     workgroup = 256,
     uses(lane_order_block, store_rows),
@@ -327,13 +328,13 @@ pub fn bitlinear_tq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: 
 /// products an instruction with `dot4I8Packed`, less `offset·Σq`), per block the same float step
 /// `(d·d_act)·sumi − (dmin·d_act)·summ`; the blocks walked lane by lane ([`lane_order_block`]),
 /// each lane's terms into its own sum and that sum into the total at the lane's last block —
-/// that kernel's order, so every output has its bits. A K-step is 64 columns (two sub-blocks of 32 or four of 16): for each of the
-/// tile's 64 rows 16 staged words (8 of nibbles, `2·high` of high bits, then the step's
-/// sub-block scale words), and for each of its 64 tokens 16 words of codes, the even elements of
-/// each eight packed into one word and the odd ones into the next (the two nibbles of a weight
-/// byte), padded to 17 so that the 16 tokens a warp reads fall in distinct banks, with each
-/// staging thread's `Σq` of 16 codes. Thread `t` takes rows `t / 16 + 16·m` and tokens
-/// `t % 16 + 16·j`.
+/// that kernel's order, so every output has its bits. A K-step is 64 columns (two sub-blocks of
+/// 32 or four of 16): for each of the tile's 64 rows 16 staged words (8 of nibbles, `2·high` of
+/// high bits, then the step's sub-block scale words), and for each of its 64 tokens 16 words of
+/// codes, the even elements of each eight packed into one word and the odd ones into the next
+/// (the two nibbles of a weight byte), padded to 17 so that the 16 tokens a warp reads fall in
+/// distinct banks, with each staging thread's `Σq` of 16 codes. Thread `t` takes rows
+/// `t / 16 + 16·m` and tokens `t % 16 + 16·j`.
 #[kernel(
     workgroup = 256,
     uses(lane_order_block, store_rows),
@@ -600,26 +601,29 @@ pub fn matvec_q8_0_gemm<
     let mut total = [0.0f32; TM * TN];
     let mut part = [0.0f32; TM * TN];
     for k0 in (0u32..blocks).step_by(KB) {
-        // The step's blocks of the walk for the tile's rows and tokens (past the walk's end:
-        // the last block again, never added; rows past the window and tokens past the step
-        // read the last ones).
+        // The step's blocks of the walk (past the walk's end: the last block again, never
+        // added), found once a step.
+        let mut step = [0u32; KB];
+        for b in 0..KB {
+            step[b] = lane_order_block((k0 + b).min(blocks - 1u32), blocks, lanes);
+        }
+        // Their codes for the tile's rows and tokens (rows past the window and tokens past the
+        // step read the last ones).
         for i in 0u32..BM * KB * 8u32 / 256u32 {
             let e = t + 256u32 * i;
             let row = (r_base + e / (KB * 8u32)).min(window_rows - 1u32);
-            let at = (k0 + (e % (KB * 8u32)) / 8u32).min(blocks - 1u32);
-            let blk = lane_order_block(at, blocks, lanes);
+            let blk = step[(e % (KB * 8u32)) / 8u32];
             wt[e] = wq[(row * blocks + blk) * 8u32 + e % 8u32];
         }
         for i in 0u32..BN * KB * 8u32 / 256u32 {
             let e = t + 256u32 * i;
             let tok = (t_base + e / (KB * 8u32)).min(n - 1u32);
-            let at = (k0 + (e % (KB * 8u32)) / 8u32).min(blocks - 1u32);
-            let blk = lane_order_block(at, blocks, lanes);
+            let blk = step[(e % (KB * 8u32)) / 8u32];
             xt[(e / (KB * 8u32)) * xw + e % (KB * 8u32)] =
                 q[tok * (cols / 4u32) + blk * 8u32 + e % 8u32];
         }
         if t < BM * KB {
-            let blk = lane_order_block((k0 + t % KB).min(blocks - 1u32), blocks, lanes);
+            let blk = step[t % KB];
             let row = (r_base + t / KB).min(window_rows - 1u32);
             ws[t] = wd[row * blocks + blk];
             let tok = (t_base + t / KB).min(n - 1u32);
@@ -628,7 +632,7 @@ pub fn matvec_q8_0_gemm<
         barrier();
         for b in 0..KB {
             if k0 + b < blocks {
-                let blk = lane_order_block(k0 + b, blocks, lanes);
+                let blk = step[b];
                 let mut s = [0i32; TM * TN];
                 for i in 0u32..8u32 {
                     let mut word = [0u32; TM];
