@@ -47,6 +47,36 @@ fn run() -> Result<(), GpuError> {
     let mut unused = (g.zeroed::<f32>("unused", 1)?, g.zeroed::<f32>("unused", 1)?);
     let mut q = g.upload("q", &vec![3i32; FF])?;
     let mut scale = g.upload("scale", &[40.0f32])?;
+    // One token through matrix kernel `k::$kernel` (its decode instance) over a `rows × cols`
+    // matrix whose rows hold `units` lane units (`lanes_per_row`), stored into `out`.
+    macro_rules! one_token {
+        ($b:expr, $g:expr, $kernel:ident, $rows:expr, $cols:expr, $units:expr;
+         $($field:ident: $value:expr),* $(,)?) => {{
+            let (rows, cols, lanes) = ($rows as u32, $cols as u32, lanes_per_row($units));
+            $b.run(
+                $g,
+                &k::$kernel::Args {
+                    $($field: $value,)*
+                    out: &mut out,
+                    out_k: &mut unused.0,
+                    out_v: &mut unused.1,
+                    cols,
+                    rows,
+                    row0: 0,
+                    window_rows: rows,
+                    n: 1,
+                    lanes,
+                    mode: k::STORE,
+                    out_scale: 1.0,
+                    out_scale_odd: 0.0,
+                    split_k: rows,
+                    split_v: rows,
+                    out_scale_v: 0.0,
+                },
+                k::matrix_grid(rows, lanes, 1, k::$kernel::TILE, k::$kernel::ROWS),
+            )
+        }};
+    }
 
     let gains = g.upload("gains", &vec![1.0f32; D])?;
     time(&mut g, reps, "rms_norm", "1 × 2560", 0, |b, g| {
@@ -87,36 +117,8 @@ fn run() -> Result<(), GpuError> {
             &format!("{name} {rows} × {cols}"),
             rows * cols / 4,
             |b, g| {
-                b.run(
-                    g,
-                    &k::bitlinear_i2s::Args {
-                        codes: &codes,
-                        q: &q,
-                        scale: &scale,
-                        out: &mut out,
-                        out_k: &mut unused.0,
-                        out_v: &mut unused.1,
-                        cols: cols as u32,
-                        rows: rows as u32,
-                        row0: 0,
-                        window_rows: rows as u32,
-                        n: 1,
-                        lanes: lanes_per_row(cols / 16),
-                        mode: k::STORE,
-                        out_scale: 1.0,
-                        out_scale_odd: 0.0,
-                        split_k: rows as u32,
-                        split_v: rows as u32,
-                        out_scale_v: 0.0,
-                    },
-                    k::matrix_grid(
-                        rows as u32,
-                        lanes_per_row(cols / 16),
-                        1,
-                        k::bitlinear_i2s::TILE,
-                        k::bitlinear_i2s::ROWS,
-                    ),
-                )
+                one_token!(b, g, bitlinear_i2s, rows, cols, cols / 16;
+                    codes: &codes, q: &q, scale: &scale)
             },
         )?;
         // The same matrix as TQ2_0 (repacked into I2_S's codes, a scale per block) times Q8_K
@@ -131,37 +133,8 @@ fn run() -> Result<(), GpuError> {
             &format!("{name} {rows} × {cols}"),
             rows * cols / 4 + rows * blocks * 2,
             |b, g| {
-                b.run(
-                    g,
-                    &k::bitlinear_tq::Args {
-                        codes: &codes,
-                        wscale: &wscale,
-                        q: &q,
-                        d: &d,
-                        out: &mut out,
-                        out_k: &mut unused.0,
-                        out_v: &mut unused.1,
-                        cols: cols as u32,
-                        rows: rows as u32,
-                        row0: 0,
-                        window_rows: rows as u32,
-                        n: 1,
-                        lanes: lanes_per_row(blocks),
-                        mode: k::STORE,
-                        out_scale: 1.0,
-                        out_scale_odd: 0.0,
-                        split_k: rows as u32,
-                        split_v: rows as u32,
-                        out_scale_v: 0.0,
-                    },
-                    k::matrix_grid(
-                        rows as u32,
-                        lanes_per_row(blocks),
-                        1,
-                        k::bitlinear_tq::TILE,
-                        k::bitlinear_tq::ROWS,
-                    ),
-                )
+                one_token!(b, g, bitlinear_tq, rows, cols, blocks;
+                    codes: &codes, wscale: &wscale, q: &q, d: &d)
             },
         )?;
         // The same shape as Q8_0 (int8 codes as words, a scale a 32-block) times Q8_0 codes
@@ -178,37 +151,8 @@ fn run() -> Result<(), GpuError> {
             &format!("{name} {rows} × {cols}"),
             rows * cols + rows * q8_blocks * 4,
             |b, g| {
-                b.run(
-                    g,
-                    &k::matvec_q8_0_dp4::Args {
-                        wq: &wq,
-                        wd: &wd,
-                        q: &xq,
-                        d: &xd,
-                        out: &mut out,
-                        out_k: &mut unused.0,
-                        out_v: &mut unused.1,
-                        cols: cols as u32,
-                        rows: rows as u32,
-                        row0: 0,
-                        window_rows: rows as u32,
-                        n: 1,
-                        lanes: lanes_per_row(q8_blocks),
-                        mode: k::STORE,
-                        out_scale: 1.0,
-                        out_scale_odd: 0.0,
-                        split_k: rows as u32,
-                        split_v: rows as u32,
-                        out_scale_v: 0.0,
-                    },
-                    k::matrix_grid(
-                        rows as u32,
-                        lanes_per_row(q8_blocks),
-                        1,
-                        k::matvec_q8_0_dp4::TILE,
-                        k::matvec_q8_0_dp4::ROWS,
-                    ),
-                )
+                one_token!(b, g, matvec_q8_0_dp4, rows, cols, q8_blocks;
+                    wq: &wq, wd: &wd, q: &xq, d: &xd)
             },
         )?;
         // The same shape as Q4_K and Q6_K in `matvec_kq`'s layout (nibbles, high bits, a scale
@@ -224,40 +168,9 @@ fn run() -> Result<(), GpuError> {
                 &format!("{kind} {name} {rows} × {cols}"),
                 4 * words + rows * blocks * 8,
                 |b, g| {
-                    b.run(
-                        g,
-                        &k::matvec_kq::Args {
-                            w: &w,
-                            wd: &wd,
-                            q: &q,
-                            d: &d,
-                            out: &mut out,
-                            out_k: &mut unused.0,
-                            out_v: &mut unused.1,
-                            cols: cols as u32,
-                            rows: rows as u32,
-                            row0: 0,
-                            window_rows: rows as u32,
-                            n: 1,
-                            lanes: lanes_per_row(blocks),
-                            high: high as u32,
-                            mode: k::STORE,
-                            out_scale: 1.0,
-                            out_scale_odd: 0.0,
-                            split_k: rows as u32,
-                            split_v: rows as u32,
-                            out_scale_v: 0.0,
-                            sub: sub as u32,
-                            offset,
-                        },
-                        k::matrix_grid(
-                            rows as u32,
-                            lanes_per_row(blocks),
-                            1,
-                            k::matvec_kq::TILE,
-                            k::matvec_kq::ROWS,
-                        ),
-                    )
+                    one_token!(b, g, matvec_kq, rows, cols, blocks;
+                        w: &w, wd: &wd, q: &q, d: &d,
+                        high: high as u32, sub: sub as u32, offset: offset)
                 },
             )?;
         }
@@ -273,37 +186,7 @@ fn run() -> Result<(), GpuError> {
         "matvec_f16",
         &format!("LM head window {head_rows} × {D}"),
         head_rows * D * 2,
-        |b, g| {
-            b.run(
-                g,
-                &k::matvec_f16::Args {
-                    w: &head,
-                    xh: &xh,
-                    out: &mut out,
-                    out_k: &mut unused.0,
-                    out_v: &mut unused.1,
-                    cols: D as u32,
-                    rows: head_rows as u32,
-                    row0: 0,
-                    window_rows: head_rows as u32,
-                    n: 1,
-                    lanes: lanes_per_row(D / 2),
-                    mode: k::STORE,
-                    out_scale: 1.0,
-                    out_scale_odd: 0.0,
-                    split_k: head_rows as u32,
-                    split_v: head_rows as u32,
-                    out_scale_v: 0.0,
-                },
-                k::matrix_grid(
-                    head_rows as u32,
-                    lanes_per_row(D / 2),
-                    1,
-                    k::matvec_f16::TILE,
-                    k::matvec_f16::ROWS,
-                ),
-            )
-        },
+        |b, g| one_token!(b, g, matvec_f16, head_rows, D, D / 2; w: &head, xh: &xh),
     )?;
     let kv = N_HEAD_KV * HEAD_DIM;
     let words = |x: Vec<f32>| -> Vec<u32> { x.iter().map(|v| v.to_bits()).collect() };

@@ -247,6 +247,17 @@ pub fn multiply_into(
         // Every matrix kernel's launch, its decode or its wide-step instance: its own buffers,
         // then the shared shape and output stage.
         macro_rules! launch {
+            // A layout with a float step per block: its tiled kernel (on `dot4I8Packed`) takes
+            // the buffers of its matrix-vector kernel and the lanes whose order it follows.
+            ($decode:ident | $wide:ident | $tiled:ident {
+                $($field:ident: $value:expr),* $(,)?
+            }) => {
+                if tiled && *packed_dot {
+                    launch!(@tiled $tiled { $($field: $value,)* lanes: lanes })
+                } else {
+                    launch!($decode | $wide { $($field: $value),* })
+                }
+            };
             ($decode:ident | $wide:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 if wide {
                     launch!(@one $wide { $($field: $value),* })
@@ -314,18 +325,10 @@ pub fn multiply_into(
                         scale: act_scale,
                     }
             ),
-            Kind::Q8_0 if *packed_dot && tiled => launch!(
-                @tiled matvec_q8_0_gemm {
-                    wq: &win.data,
-                    wd: win.scales(&w.desc.name)?,
-                    q: &packed.0,
-                    d: act_scale,
-                    lanes: lanes,
-                }
-            ),
             Kind::Q8_0 if *packed_dot => launch!(
                 matvec_q8_0_dp4
-                    | matvec_q8_0_dp4_wide {
+                    | matvec_q8_0_dp4_wide
+                    | matvec_q8_0_gemm {
                         wq: &win.data,
                         wd: win.scales(&w.desc.name)?,
                         q: &packed.0,
@@ -341,39 +344,20 @@ pub fn multiply_into(
                         d: act_scale,
                     }
             ),
-            Kind::Tq if *packed_dot && tiled => launch!(
-                @tiled bitlinear_tq_gemm {
-                    codes: &win.data,
-                    wscale: win.scales(&w.desc.name)?,
-                    q: q,
-                    d: act_scale,
-                    lanes: lanes,
-                }
-            ),
             Kind::Tq => launch!(
                 bitlinear_tq
-                    | bitlinear_tq_wide {
+                    | bitlinear_tq_wide
+                    | bitlinear_tq_gemm {
                         codes: &win.data,
                         wscale: win.scales(&w.desc.name)?,
                         q: q,
                         d: act_scale,
                     }
             ),
-            Kind::Kq { sub, high, offset } if *packed_dot && tiled => launch!(
-                @tiled matvec_kq_gemm {
-                    w: &win.data,
-                    wd: win.scales(&w.desc.name)?,
-                    q: q,
-                    d: act_scale,
-                    sub: sub,
-                    high: high,
-                    offset: offset,
-                    lanes: lanes,
-                }
-            ),
             Kind::Kq { sub, high, offset } => launch!(
                 matvec_kq
-                    | matvec_kq_wide {
+                    | matvec_kq_wide
+                    | matvec_kq_gemm {
                         w: &win.data,
                         wd: win.scales(&w.desc.name)?,
                         q: q,

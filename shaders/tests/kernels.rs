@@ -1165,14 +1165,11 @@ impl TqCase {
     /// The largest |got − want| over the output's Σ|block terms|. Per block the integer sum is
     /// exact and `sumi · (d · ws)` the same two products on both sides; only the order of the
     /// block additions differs (the CPU in order, the GPU each lane's blocks `l, l + lanes, …`,
-    /// then the lanes' sums in lane order): with `B` blocks, ≤ B − 1 roundings of partial sums bounded by
-    /// Σ|terms|, so |Δ| ≤ (B − 1)·2^-24·Σ|terms| (< 2.4e-7 of it for 5 blocks, 5.4e-7 for 10).
+    /// then the lanes' sums in lane order): with `B` blocks, ≤ B − 1 roundings of partial sums
+    /// bounded by Σ|terms|, so |Δ| ≤ (B − 1)·2^-24·Σ|terms| (< 2.4e-7 of it for 5 blocks,
+    /// 5.4e-7 for 10).
     fn error(&self, got: &[f32]) -> f32 {
-        got.iter()
-            .zip(&self.want)
-            .zip(&self.magnitude)
-            .map(|((a, b), m)| (a - b).abs() / m.max(f32::MIN_POSITIVE))
-            .fold(0.0f32, f32::max)
+        dot_error(got, &self.want, &self.magnitude)
     }
 }
 
@@ -1180,7 +1177,8 @@ impl TqCase {
 fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
     let mut g = gpu();
     // 37 rows of 1280 weights (5 Q8_K blocks: lane 0 sums all five at 1 lane, blocks 0 and 4
-    // at 4, block 0 at 32), 21 tokens (five decode tiles of 4 and one of 1; two wide tiles of 8 and one of 5).
+    // at 4, block 0 at 32), 21 tokens (five decode tiles of 4 and one of 1; two wide tiles of 8
+    // and one of 5).
     let (rows, cols, n, out_scale) = (37usize, 1280usize, 21usize, 1.25f32);
     let c = TqCase::new(&g, rows, cols, n, out_scale);
     // 1e-6 leaves margin over the 2.4e-7 of `TqCase::error`.
@@ -1189,7 +1187,9 @@ fn bitlinear_tq_matches_the_cpu_tq2_0_dot() {
         Matrix::new("bitlinear_tq", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                bitlinear_tq | bitlinear_tq_wide { codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d })
+            bitlinear_tq | bitlinear_tq_wide {
+                codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d
+            })
         },
         |got| c.error(got),
         "diff of Σ|block terms|",
@@ -1212,11 +1212,15 @@ fn tiled_tq_kernel_gives_the_matrix_vector_kernels_bits() {
         Matrix::new("bitlinear_tq_gemm", rows, cols, n),
         |g, out, p| {
             launch_tiled!(g, out, p, out_scale;
-                bitlinear_tq_gemm { codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d, lanes: p.lanes })
+            bitlinear_tq_gemm {
+                codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d, lanes: p.lanes
+            })
         },
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                bitlinear_tq | bitlinear_tq_wide { codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d })
+            bitlinear_tq | bitlinear_tq_wide {
+                codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d
+            })
         },
         |got| c.error(got),
         "diff of Σ|block terms|",
