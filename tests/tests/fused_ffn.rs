@@ -264,11 +264,11 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
                     // The CPU's result, at the bound the unfused GPU path is held to elsewhere:
                     // the same integer sums, with f32 rounding of the scales and of the
                     // activation in another order; relative to the largest value. Not for a
-                    // prompt-sized step of the Q8_0 layouts: over 70 rows the GPU's Q8_0
-                    // quantizer (`127/amax` by WGSL's 2.5-ulp division) puts one hidden value
-                    // of one token on the other side of a rounding boundary (measured: one
-                    // token of 70, 1.1e-4 of the largest output), which moves that token's
-                    // whole output row. Their tiled kernel is held to the CPU's product with
+                    // prompt-sized step of the Q8_0 layouts: over 70 rows one hidden value of
+                    // one token lands on the other side of a Q8_0 rounding boundary on the GPU
+                    // than on the CPU (the hidden values differ in their last bits, and the
+                    // GPU's `127/amax` is WGSL's 2.5-ulp division; measured: one token of 70,
+                    // 1.1e-4 of the largest output), which moves that token's whole output row. Their tiled kernel is held to the CPU's product with
                     // the CPU's codes in `shaders/tests/kernels.rs`, and to the decode kernels
                     // bit for bit on the golden Q8_0 and Q4_0 files in `golden_gpu.rs`.
                     let q8_0 = matches!(format, Format::Q8_0 | Format::Q4_0 | Format::MXFP4);
