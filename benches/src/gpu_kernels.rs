@@ -1,8 +1,9 @@
-//! `gpu_kernels [REPS]`: times each DSL kernel at the BitNet b1.58 2B4T shapes on whatever
-//! WebGPU adapter wgpu finds (`WGPU_BACKEND` restricts it). Each kernel is recorded `REPS`
-//! times into one batch, submitted once and waited for; the best of three batches is printed
-//! as µs per launch and the weight bytes it streams per second. On a software adapter
-//! (lavapipe) the figures describe the emulation, not a GPU.
+//! `gpu_kernels [REPS]`: times each DSL kernel at the BitNet b1.58 2B4T shapes (F16 decode at
+//! the golden files' 512 × 256 too) on whatever WebGPU adapter wgpu finds (`WGPU_BACKEND`
+//! restricts it). Each kernel is recorded `REPS` times into one batch, submitted once and
+//! waited for; the best of three batches is printed as µs per launch and the weight bytes it
+//! streams per second. On a software adapter (lavapipe) the figures describe the emulation, not
+//! a GPU.
 
 use std::time::Instant;
 
@@ -187,6 +188,24 @@ fn run() -> Result<(), GpuError> {
         &format!("LM head window {head_rows} × {D}"),
         head_rows * D * 2,
         |b, g| one_token!(b, g, matvec_f16, head_rows, D, D / 2; w: &head, xh: &xh),
+    )?;
+    // The golden Llama files' LM head (512 × 256): a short row, where the lanes' fold is a
+    // large part of a launch.
+    time(
+        &mut g,
+        reps,
+        "matvec_f16",
+        "512 × 256",
+        512 * 256 * 2,
+        |b, g| one_token!(b, g, matvec_f16, 512, 256, 128; w: &head, xh: &xh),
+    )?;
+    time(
+        &mut g,
+        reps,
+        "matvec_f16_wide",
+        "512 × 256",
+        512 * 256 * 2,
+        |b, g| one_token!(b, g, matvec_f16_wide, 512, 256, 128; w: &head, xh: &xh),
     )?;
     let kv = N_HEAD_KV * HEAD_DIM;
     let words = |x: Vec<f32>| -> Vec<u32> { x.iter().map(|v| v.to_bits()).collect() };

@@ -228,8 +228,8 @@ pub fn multiply_into(
     let wide = n >= k::WIDE_STEP as usize;
     // A step of at least a tile of tokens runs a layout's tiled kernel where it has one
     // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`,
-    // `matvec_q8_0_gemm`): the same bits again, each weight read once per 64 tokens and each
-    // activation once per 64 rows.
+    // `matvec_q8_0_gemm`, `matvec_f16_gemm`, `matvec_f32_gemm`, `matvec_bf16_gemm`): the same
+    // bits again, each weight read once per 64 tokens and each activation once per 64 rows.
     let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
@@ -367,13 +367,35 @@ pub fn multiply_into(
                         offset: offset,
                     }
             ),
+            // The float layouts' tiled kernels multiply floats, needing no `dot4I8Packed`.
+            Kind::F32 if tiled => launch!(
+                @tiled matvec_f32_gemm {
+                    w: &win.data,
+                    x: x,
+                    lanes: lanes,
+                }
+            ),
             Kind::F32 => launch!(matvec_f32 | matvec_f32_wide { w: &win.data, x: x }),
+            Kind::F16 if tiled => launch!(
+                @tiled matvec_f16_gemm {
+                    w: &win.data,
+                    xh: &*halves,
+                    lanes: lanes,
+                }
+            ),
             Kind::F16 => launch!(
                 matvec_f16
                     | matvec_f16_wide {
                         w: &win.data,
                         xh: &*halves
                     }
+            ),
+            Kind::Bf16 if tiled => launch!(
+                @tiled matvec_bf16_gemm {
+                    w: &win.data,
+                    x: x,
+                    lanes: lanes,
+                }
             ),
             Kind::Bf16 => launch!(matvec_bf16 | matvec_bf16_wide { w: &win.data, x: x }),
         }

@@ -701,3 +701,294 @@ pub fn matvec_q8_0_gemm<
         barrier();
     }
 }
+
+/// [`matvec_f16`](crate::matvec_f16) as a tiled product: F16 weights (two to a word) times the
+/// activations [`crate::pack_f16`] rounded to halves, each word's `lo·a_lo + hi·a_hi` (both
+/// products exact in f32) added into its lane's sum; the row's words walked lane by lane
+/// ([`lane_order_block`]: lane `l` sums words `l, l + lanes, …`), each lane's sum added into the
+/// total at the lane's last word — that kernel's order ([`crate::reduce::row_fold`]), so every
+/// output has its bits. A K-step is `KW` words of the walk: those words of the tile's 64 rows
+/// and 64 tokens (a lane's words are `lanes` apart in memory, so these loads are strided; each
+/// weight is still read from memory once per 64 tokens), the tokens' padded to `KW + 1` words
+/// so that the 16 tokens a warp reads fall in distinct banks. Thread `t` takes rows
+/// `t / 16 + 16·m` and tokens `t % 16 + 16·j`.
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, KW = 8)
+)]
+pub fn matvec_f16_gemm<
+    const BM: u32,
+    const BN: u32,
+    const TM: u32,
+    const TN: u32,
+    const KW: u32,
+>(
+    w: &[u32],
+    xh: &[u32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wt: &mut [u32; BM * KW],
+    #[shared] xt: &mut [u32; BN * (KW + 1)],
+    #[shared] res: &mut [f32; BM * 16],
+) {
+    let t = lid();
+    let tr = t / 16u32;
+    let tc = t % 16u32;
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let half = cols / 2u32;
+    let xw = KW + 1u32;
+    let mut total = [0.0f32; TM * TN];
+    let mut part = [0.0f32; TM * TN];
+    for k0 in (0u32..half).step_by(KW) {
+        // The step's words of the walk (past the walk's end: the last word again, never
+        // added), found once a step.
+        let mut step = [0u32; KW];
+        for b in 0..KW {
+            step[b] = lane_order_block((k0 + b).min(half - 1u32), half, lanes);
+        }
+        // Those words of the tile's rows and tokens (rows past the window and tokens past the
+        // step read the last ones).
+        for i in 0u32..BM * KW / 256u32 {
+            let e = t + 256u32 * i;
+            let row = (r_base + e / KW).min(window_rows - 1u32);
+            wt[e] = w[row * half + step[e % KW]];
+        }
+        for i in 0u32..BN * KW / 256u32 {
+            let e = t + 256u32 * i;
+            let tok = (t_base + e / KW).min(n - 1u32);
+            xt[(e / KW) * xw + e % KW] = xh[tok * half + step[e % KW]];
+        }
+        barrier();
+        for b in 0..KW {
+            if k0 + b < half {
+                let mut lo = [0.0f32; TM];
+                let mut hi = [0.0f32; TM];
+                for m in 0..TM {
+                    let word = wt[(tr + 16u32 * m) * KW + b];
+                    lo[m] = unpack_f16_lo(word);
+                    hi[m] = unpack_f16_hi(word);
+                }
+                for j in 0..TN {
+                    let a = xt[(tc + 16u32 * j) * xw + b];
+                    let alo = unpack_f16_lo(a);
+                    let ahi = unpack_f16_hi(a);
+                    for m in 0..TM {
+                        part[m * TN + j] += lo[m] * alo + hi[m] * ahi;
+                    }
+                }
+                if step[b] + lanes >= half {
+                    for o in 0..TM * TN {
+                        total[o] = total[o] + part[o];
+                        part[o] = 0.0;
+                    }
+                }
+            }
+        }
+        barrier();
+    }
+    // Lanes without a word (more lanes than words) add their 0.0 in `row_fold`: once is the
+    // same as many.
+    if lanes > half {
+        for o in 0..TM * TN {
+            total[o] = total[o] + 0.0;
+        }
+    }
+    // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
+    let r = select(window_rows, r_base + t, t < BM);
+    for j in 0..TN {
+        for m in 0..TM {
+            res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
+        }
+        store_rows(
+            res,
+            out,
+            out_k,
+            out_v,
+            t,
+            0u32,
+            1u32,
+            r,
+            window_rows,
+            row0,
+            rows,
+            t_base + 16u32 * j,
+            n,
+            16u32,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
+    }
+}
+
+/// [`matvec_f32`](crate::matvec_f32) as a tiled product (`BF16 = 1`, `matvec_bf16_gemm`:
+/// [`matvec_bf16`](crate::matvec_bf16)): F32 weights times activations, each `w·x` added into
+/// its lane's sum (BF16: two weights a word times the activations rounded through bf16, each
+/// word's `lo·a_lo + hi·a_hi` — both products exact in f32); the row's words walked lane by lane
+/// ([`lane_order_block`]), each lane's sum added into the total at the lane's last word — the
+/// matrix-vector kernel's order ([`crate::reduce::row_fold`]), so every output has its bits. A
+/// K-step is `KW` words of the walk, staged as [`matvec_f16_gemm`] stages them (strided loads;
+/// BF16's activations rounded and packed two to a word as they are staged).
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, KW = 8, BF16 = 0),
+    also(matvec_bf16_gemm(BF16 = 1))
+)]
+pub fn matvec_f32_gemm<
+    const BM: u32,
+    const BN: u32,
+    const TM: u32,
+    const TN: u32,
+    const KW: u32,
+    const BF16: u32,
+>(
+    w: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wt: &mut [u32; BM * KW],
+    #[shared] xt: &mut [u32; BN * (KW + 1)],
+    #[shared] res: &mut [f32; BM * 16],
+) {
+    let t = lid();
+    let tr = t / 16u32;
+    let tc = t % 16u32;
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let words = cols / (1u32 + BF16);
+    let xw = KW + 1u32;
+    let mut total = [0.0f32; TM * TN];
+    let mut part = [0.0f32; TM * TN];
+    for k0 in (0u32..words).step_by(KW) {
+        // The step's words of the walk (past the walk's end: the last word again, never
+        // added), found once a step.
+        let mut step = [0u32; KW];
+        for b in 0..KW {
+            step[b] = lane_order_block((k0 + b).min(words - 1u32), words, lanes);
+        }
+        // Those words of the tile's rows and tokens (rows past the window and tokens past the
+        // step read the last ones); BF16's two activations of a word rounded to nearest even
+        // and packed as the weights are.
+        for i in 0u32..BM * KW / 256u32 {
+            let e = t + 256u32 * i;
+            let row = (r_base + e / KW).min(window_rows - 1u32);
+            wt[e] = w[row * words + step[e % KW]];
+        }
+        for i in 0u32..BN * KW / 256u32 {
+            let e = t + 256u32 * i;
+            let tok = (t_base + e / KW).min(n - 1u32);
+            let a = tok * cols + (1u32 + BF16) * step[e % KW];
+            let mut word = f32_to_bits(x[a]);
+            if BF16 == 1u32 {
+                let xb = f32_to_bits(x[a + 1u32]);
+                let ra = (word + 32767u32 + ((word >> 16u32) & 1u32)) & 4294901760u32;
+                let rb = (xb + 32767u32 + ((xb >> 16u32) & 1u32)) & 4294901760u32;
+                word = (ra >> 16u32) | rb;
+            }
+            xt[(e / KW) * xw + e % KW] = word;
+        }
+        barrier();
+        for b in 0..KW {
+            if k0 + b < words {
+                let mut wv = [0u32; TM];
+                for m in 0..TM {
+                    wv[m] = wt[(tr + 16u32 * m) * KW + b];
+                }
+                for j in 0..TN {
+                    let a = xt[(tc + 16u32 * j) * xw + b];
+                    if BF16 == 1u32 {
+                        let alo = f32_from_bits(a << 16u32);
+                        let ahi = f32_from_bits(a & 4294901760u32);
+                        for m in 0..TM {
+                            let lo = f32_from_bits(wv[m] << 16u32);
+                            let hi = f32_from_bits(wv[m] & 4294901760u32);
+                            part[m * TN + j] += lo * alo + hi * ahi;
+                        }
+                    } else {
+                        let xv = f32_from_bits(a);
+                        for m in 0..TM {
+                            part[m * TN + j] += f32_from_bits(wv[m]) * xv;
+                        }
+                    }
+                }
+                if step[b] + lanes >= words {
+                    for o in 0..TM * TN {
+                        total[o] = total[o] + part[o];
+                        part[o] = 0.0;
+                    }
+                }
+            }
+        }
+        barrier();
+    }
+    // Lanes without a word (more lanes than words) add their 0.0 in `row_fold`: once is the
+    // same as many.
+    if lanes > words {
+        for o in 0..TM * TN {
+            total[o] = total[o] + 0.0;
+        }
+    }
+    // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
+    let r = select(window_rows, r_base + t, t < BM);
+    for j in 0..TN {
+        for m in 0..TM {
+            res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
+        }
+        store_rows(
+            res,
+            out,
+            out_k,
+            out_v,
+            t,
+            0u32,
+            1u32,
+            r,
+            window_rows,
+            row0,
+            rows,
+            t_base + 16u32 * j,
+            n,
+            16u32,
+            mode,
+            out_scale,
+            out_scale_odd,
+            split_k,
+            split_v,
+            out_scale_v,
+        );
+        barrier();
+    }
+}

@@ -6,9 +6,9 @@
 use crate::{
     bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm,
     bitlinear_i2s_wide, bitlinear_tq, bitlinear_tq_gemm, bitlinear_tq_wide, landmark_update,
-    matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
-    matvec_kq, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_gemm, matvec_q8_0_wide,
-    quantize_q8_0,
+    matvec_bf16, matvec_bf16_gemm, matvec_bf16_wide, matvec_f16, matvec_f16_gemm, matvec_f16_wide,
+    matvec_f32, matvec_f32_gemm, matvec_f32_wide, matvec_kq, matvec_kq_gemm, matvec_kq_wide,
+    matvec_q8_0, matvec_q8_0_gemm, matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -123,6 +123,15 @@ const _: () = {
     assert!(matvec_q8_0_gemm::BM == GEMM_ROWS && matvec_q8_0_gemm::BN == GEMM_TOKENS);
     assert!(matvec_q8_0_gemm::BM == 16 * matvec_q8_0_gemm::TM);
     assert!(matvec_q8_0_gemm::BN == 16 * matvec_q8_0_gemm::TN);
+    assert!(matvec_f16_gemm::WORKGROUP_SIZE == 256);
+    assert!(matvec_f16_gemm::BM == GEMM_ROWS && matvec_f16_gemm::BN == GEMM_TOKENS);
+    assert!(matvec_f16_gemm::BM == 16 * matvec_f16_gemm::TM);
+    assert!(matvec_f16_gemm::BN == 16 * matvec_f16_gemm::TN);
+    assert!(matvec_f32_gemm::WORKGROUP_SIZE == 256 && matvec_bf16_gemm::WORKGROUP_SIZE == 256);
+    assert!(matvec_f32_gemm::BM == GEMM_ROWS && matvec_f32_gemm::BN == GEMM_TOKENS);
+    assert!(matvec_bf16_gemm::BM == GEMM_ROWS && matvec_bf16_gemm::BN == GEMM_TOKENS);
+    assert!(matvec_f32_gemm::BM == 16 * matvec_f32_gemm::TM);
+    assert!(matvec_f32_gemm::BN == 16 * matvec_f32_gemm::TN);
     assert!(
         GEMM_ROWS == MATRIX_WORKGROUP,
         "store_rows indexes its array as 64·token + row"

@@ -32,7 +32,10 @@ pub use elementwise::{
 pub use embed::{embed_f16, embed_f32};
 pub use experts::{gate_grids, moe_combine_routed, moe_route};
 pub use flash_attention::{attention, rope_attention};
-pub use gemm::{bitlinear_i2s_gemm, bitlinear_tq_gemm, matvec_kq_gemm, matvec_q8_0_gemm};
+pub use gemm::{
+    bitlinear_i2s_gemm, bitlinear_tq_gemm, matvec_bf16_gemm, matvec_f16_gemm, matvec_f32_gemm,
+    matvec_kq_gemm, matvec_q8_0_gemm,
+};
 pub use geometry::{
     attention_grid, gemm_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid,
     span_grid, GEMM_ROWS, GEMM_STEP, GEMM_TOKENS, MATRIX_WORKGROUP, Q8_0_BLOCKS_PER_WORKGROUP,

@@ -1,19 +1,21 @@
-//! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry and output stage
-//! of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread and so
-//! `ROWS · 64 / lanes` rows per workgroup, a tile of up to `TILE` tokens per weight pass,
-//! [`row_sums`] (Q8_0: [`row_fold`], the lanes' sums in lane order, which its tiled kernel
-//! follows) then [`store_rows`] for each of the thread's rows. Each kernel has a wide-step
+//! Float (F32, F16, BF16) and Q8_0 weight matrices times activations, with the launch geometry
+//! and output stage of `bitlinear.rs`: `lanes` threads per output row, `ROWS` rows a thread and
+//! so `ROWS · 64 / lanes` rows per workgroup, a tile of up to `TILE` tokens per weight pass,
+//! [`row_fold`] (the lanes' sums in lane order, which their tiled kernels follow) then
+//! [`store_rows`] for each of the thread's rows. Each kernel has a wide-step
 //! instance (`*_wide`, more tokens and rows a thread) summing every output in the same order.
 
 use hesper_dsl::kernel;
 
-use crate::reduce::{row_fold, row_sums};
+use crate::reduce::row_fold;
 use crate::tile::store_rows;
 
-/// F32 weights (held as raw words).
+/// F32 weights (held as raw words). Lane `l` sums columns `l, l + lanes, …` and the lanes'
+/// sums are added in lane order ([`row_fold`]), the order the tiled kernel
+/// [`crate::matvec_f32_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(row_fold, store_rows),
     consts(TILE = 4, ROWS = 1),
     also(matvec_f32_wide(TILE = 16, ROWS = 4))
 )]
@@ -69,7 +71,7 @@ pub fn matvec_f32<const TILE: u32, const ROWS: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,
@@ -98,10 +100,11 @@ pub fn matvec_f32<const TILE: u32, const ROWS: u32>(
 
 /// F16 weights (two per word, the lower first; `cols` even) times activations rounded to f16
 /// as ggml does for F16 matrices, packed the same way by [`crate::pack_f16`] (`xh`: `cols / 2`
-/// words a token).
+/// words a token). Lane `l` sums words `l, l + lanes, …` and the lanes' sums are added in lane
+/// order ([`row_fold`]), the order the tiled kernel [`crate::matvec_f16_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(row_fold, store_rows),
     consts(TILE = 4, ROWS = 1),
     also(matvec_f16_wide(TILE = 16, ROWS = 4))
 )]
@@ -163,7 +166,7 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,
@@ -191,10 +194,12 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
 }
 
 /// BF16 weights (two per word, the lower first; `cols` even); the activations are rounded
-/// through bf16 first (to nearest, ties to even), as ggml does for BF16 matrices.
+/// through bf16 first (to nearest, ties to even), as ggml does for BF16 matrices. Lane `l` sums
+/// words `l, l + lanes, …` and the lanes' sums are added in lane order ([`row_fold`]), the
+/// order the tiled kernel [`crate::matvec_bf16_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_sums, store_rows),
+    uses(row_fold, store_rows),
     consts(TILE = 4, ROWS = 1),
     also(matvec_bf16_wide(TILE = 16, ROWS = 4))
 )]
@@ -258,7 +263,7 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
             acc[64u32 * j + t] = f[m * TILE + j];
         }
         barrier();
-        row_sums(acc, t, lane, lanes, TILE);
+        row_fold(acc, t, lane, lanes, TILE);
         store_rows(
             acc,
             out,

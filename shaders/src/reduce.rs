@@ -69,22 +69,26 @@ pub fn row_sums<T: Scalar>(acc: &mut [T; _], t: u32, lane: u32, lanes: u32, tile
     }
 }
 
-/// The reduction of the matrix kernels with a float step per block (TQ, the K-quants): thread
-/// `t` (lane `lane`) holds the sums of its blocks `lane, lane + lanes, …` of the `tile` tokens
-/// at `acc[64·j + t]` (0.0 if it has none); after this the row's first thread holds
-/// `((0 + p₀) + p₁) + …` over the `lanes` lanes in lane order — the order a tiled kernel walking
-/// the blocks lane by lane ([`lane_order_block`]) meets each lane's last block. (`lanes` is a
-/// compile-time constant of the kernels, so the loop unrolls: with a bound known only at run
-/// time lavapipe ran the whole kernel about 1.5× slower.)
+/// The reduction of the matrix kernels whose tiled kernels follow their order (every float
+/// layout): thread `t` (lane `lane`) holds the sums of its blocks (words) `lane, lane + lanes,
+/// …` of the `tile` tokens at `acc[64·j + t]` (0.0 if it has none); after this the row's first
+/// thread holds `((0 + p₀) + p₁) + …` over the `lanes` lanes in lane order — the order a tiled
+/// kernel walking the blocks lane by lane ([`lane_order_block`]) meets each lane's last block.
+/// Token `j`'s sum is added up by the row's lane `j % lanes`, so a row's lanes fold their tokens
+/// side by side. (`lanes` and `tile` are compile-time constants of the kernels, so the loops
+/// unroll: with a bound known only at run time lavapipe ran the whole kernel about 1.5×
+/// slower.)
 #[kernel_fn]
 pub fn row_fold(acc: &mut [f32; _], t: u32, lane: u32, lanes: u32, tile: u32) {
-    if lane == 0u32 {
-        for j in 0u32..tile {
+    let first = t - lane;
+    for k in 0u32..(tile + lanes - 1u32) / lanes {
+        let j = lane + k * lanes;
+        if j < tile {
             let mut total: f32 = 0.0;
             for l in 0u32..lanes {
-                total = total + acc[64u32 * j + t + l];
+                total = total + acc[64u32 * j + first + l];
             }
-            acc[64u32 * j + t] = total;
+            acc[64u32 * j + first] = total;
         }
     }
     barrier();

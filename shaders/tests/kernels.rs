@@ -8,9 +8,11 @@
 use std::ops::Range;
 
 use hesper_cpu::attention::{self, KvCache};
-use hesper_cpu::kernels::scalar::{f16_dot, f32_dot, i2s_code_dot, q8_0_dot, tq2_0_dot};
+use hesper_cpu::kernels::scalar::{bf16_dot, f16_dot, f32_dot, i2s_code_dot, q8_0_dot, tq2_0_dot};
 use hesper_cpu::ops;
-use hesper_cpu::quant::{quantize_i8_row, quantize_q8_0, quantize_q8_k, round_f16, I8Row, QK_K};
+use hesper_cpu::quant::{
+    quantize_i8_row, quantize_q8_0, quantize_q8_k, round_bf16, round_f16, I8Row, QK_K,
+};
 use hesper_cpu::Isa;
 use hesper_engine::backend::{AttentionShape, RopeShape};
 use hesper_engine::config::Activation;
@@ -1454,35 +1456,145 @@ fn matvec_reference(
     (want, magnitude)
 }
 
-#[test]
-fn matvec_f32_matches_f32_dot() {
-    let mut g = gpu();
-    // 37 rows of 300 (not a multiple of 64), 21 tokens (five decode tiles of 4 and one of 1;
-    // a wide tile of 16 and one of 5).
-    let (rows, cols, n, out_scale) = (37usize, 300usize, 21usize, 0.75f32);
-    let w = data(rows * cols, 16);
-    let x = data(n * cols, 17);
-    let bw = g
-        .upload("w", &w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
-        .unwrap();
-    let bx = g.upload("x", &x).unwrap();
+/// A float product (F32, F16 or BF16 weights) on the GPU's buffers: the weight words the
+/// kernels read, the activations as their kernel takes them (`X`: f32 values, or `pack_f16`'s
+/// halves), and the CPU's outputs `[n][rows]` (times `out_scale`) with their Σ|w·x|.
+struct FloatCase<X> {
+    w: GpuBuffer<u32>,
+    x: GpuBuffer<X>,
+    want: Vec<f32>,
+    magnitude: Vec<f32>,
+}
+
+impl<X> FloatCase<X> {
+    /// The largest difference from the CPU's outputs, as a fraction of Σ|w·x|.
+    fn error(&self, got: &[f32]) -> f32 {
+        dot_error(got, &self.want, &self.magnitude)
+    }
+}
+
+/// Each row of `bits` (16-bit weights, `cols` a row) as the CPU reads it.
+fn row_bytes_of(bits: &[u16], cols: usize) -> Vec<Vec<u8>> {
+    bits.chunks_exact(cols)
+        .map(|r| r.iter().flat_map(|b| b.to_le_bytes()).collect())
+        .collect()
+}
+
+/// `rows × cols` random F32 weights times `n` tokens of random activations.
+fn f32_case(g: &Gpu, rows: usize, cols: usize, n: usize, scale: f32, seed: u64) -> FloatCase<f32> {
+    let w = data(rows * cols, seed);
+    let x = data(n * cols, seed + 1);
+    let words: Vec<u32> = w.iter().map(|v| v.to_bits()).collect();
     let row_bytes: Vec<Vec<u8>> = w
         .chunks_exact(cols)
         .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
         .collect();
     let (want, magnitude) =
-        matvec_reference(&w, &x, cols, out_scale, |r, xt| f32_dot(&row_bytes[r], xt));
-    // The CPU sums 300 products in order, the GPU 5 a thread then a 64-way tree (with
-    // possible FMA contraction). Rounding errors of either order behave like a random
-    // walk, ~sqrt(300)·2^-24 ≈ 1e-6 of Σ|w·x| at one sigma; 5e-6 allows 5 sigma (the
-    // worst-case bound 300·2^-24 ≈ 1.8e-5 is never approached with random signs).
+        matvec_reference(&w, &x, cols, scale, |r, xt| f32_dot(&row_bytes[r], xt));
+    FloatCase {
+        w: g.upload("w", &words).unwrap(),
+        x: g.upload("x", &x).unwrap(),
+        want,
+        magnitude,
+    }
+}
+
+/// `rows × cols` random F16 weights times `n` tokens of activations rounded to halves as
+/// `pack_f16` rounds them.
+fn f16_case(g: &Gpu, rows: usize, cols: usize, n: usize, scale: f32, seed: u64) -> FloatCase<u32> {
+    let bits = f16_bits(rows * cols, seed, 11..=16);
+    let x = data(n * cols, seed + 1);
+    let row_bytes = row_bytes_of(&bits, cols);
+    let (want, magnitude) =
+        matvec_reference(&f16_to_f32(&bits), &round_f16(&x), cols, scale, |r, xh| {
+            f16_dot(&row_bytes[r], xh)
+        });
+    FloatCase {
+        w: g.upload("w", &pack_f16(&bits)).unwrap(),
+        x: g.upload("x", &halves_of(&x)).unwrap(),
+        want,
+        magnitude,
+    }
+}
+
+/// `rows × cols` random BF16 weights times `n` tokens of random activations (the kernels round
+/// them through bf16 as the CPU does).
+fn bf16_case(g: &Gpu, rows: usize, cols: usize, n: usize, scale: f32, seed: u64) -> FloatCase<f32> {
+    let bits: Vec<u16> = data(rows * cols, seed)
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_bits())
+        .collect();
+    let x = data(n * cols, seed + 1);
+    let values: Vec<f32> = bits
+        .iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect();
+    let row_bytes = row_bytes_of(&bits, cols);
+    let (want, magnitude) = matvec_reference(&values, &round_bf16(&x), cols, scale, |r, xb| {
+        bf16_dot(&row_bytes[r], xb)
+    });
+    FloatCase {
+        w: g.upload("w", &pack_f16(&bits)).unwrap(),
+        x: g.upload("x", &x).unwrap(),
+        want,
+        magnitude,
+    }
+}
+
+/// 37 rows of 300 (not a multiple of 64; 150 words for F16 and BF16), 21 tokens (five decode
+/// tiles of 4 and one of 1; a wide tile of 16 and one of 5).
+const FLOAT_SHAPE: (usize, usize, usize) = (37, 300, 21);
+
+/// The CPU sums 300 products in order, the GPU a few a lane then the lanes in order (with
+/// possible FMA contraction); F16 and BF16 weights and activations widen exactly. Rounding
+/// errors of either order behave like a random walk, ~sqrt(300)·2^-24 ≈ 1e-6 of Σ|w·x| at one
+/// sigma; 5e-6 allows 5 sigma (the worst-case bound 300·2^-24 ≈ 1.8e-5 is never approached with
+/// random signs).
+const FLOAT_BOUND: f32 = 5e-6;
+
+/// 150 rows (two tiles of 64 and one of 22) of 43 words (five K-steps of 8 and one of 3;
+/// walked in order at 1 lane, in runs of 11, 11, 11 and 10 words at 4, ending inside K-steps;
+/// runs of two and one word at 32), 70 tokens (a tile of 64 and one of 6): the tiled float
+/// kernels beside the wide-step instances of their matrix-vector kernels.
+const TILED_FLOAT: (usize, usize) = (150, 70);
+
+#[test]
+fn matvec_f32_matches_f32_dot() {
+    let mut g = gpu();
+    let (rows, cols, n) = FLOAT_SHAPE;
+    let c = f32_case(&g, rows, cols, n, 0.75, 16);
     sweep_matrix(
         &mut g,
         Matrix::new("matvec_f32", rows, cols, n),
-        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f32 | matvec_f32_wide { w: &bw, x: &bx }),
-        |got| dot_error(got, &want, &magnitude),
+        |g, out, p| {
+            launch_matrix!(g, out, p, 0.75;
+                matvec_f32 | matvec_f32_wide { w: &c.w, x: &c.x })
+        },
+        |got| c.error(got),
         "diff of Σ|w·x|",
-        5e-6,
+        FLOAT_BOUND,
+    );
+}
+
+#[test]
+fn tiled_f32_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    let ((rows, n), cols) = (TILED_FLOAT, 43);
+    let c = f32_case(&g, rows, cols, n, 0.75, 45);
+    sweep_tiled(
+        &mut g,
+        Matrix::new("matvec_f32_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75;
+                matvec_f32_gemm { w: &c.w, x: &c.x, lanes: p.lanes })
+        },
+        |g, out, p| {
+            launch_matrix!(g, out, p, 0.75;
+                matvec_f32 | matvec_f32_wide { w: &c.w, x: &c.x })
+        },
+        |got| c.error(got),
+        "diff of Σ|w·x|",
+        FLOAT_BOUND,
     );
 }
 
@@ -1552,30 +1664,80 @@ fn pack_f16_rounds_to_the_nearest_half_as_the_cpu_does() {
 #[test]
 fn matvec_f16_matches_f16_dot() {
     let mut g = gpu();
-    // 37 rows of 300 (150 words a row: not a multiple of 64), 21 tokens (five decode tiles of
-    // 4 and one of 1; a wide tile of 16 and one of 5).
-    let (rows, cols, n, out_scale) = (37usize, 300usize, 21usize, 0.75f32);
-    let wbits = f16_bits(rows * cols, 18, 11..=16);
-    let wf = f16_to_f32(&wbits);
-    let x = data(n * cols, 19);
-    let bw = g.upload("w", &pack_f16(&wbits)).unwrap();
-    let bx = g.upload("x", &halves_of(&x)).unwrap();
-    let row_bytes: Vec<Vec<u8>> = wbits
-        .chunks_exact(cols)
-        .map(|wb| wb.iter().flat_map(|b| b.to_le_bytes()).collect())
-        .collect();
-    // f16 weights and activations widen exactly (the activations rounded as `pack_f16` rounds
-    // them). Left is the summation order, as for matvec_f32: 5e-6 of Σ|w·x|.
-    let (want, magnitude) = matvec_reference(&wf, &round_f16(&x), cols, out_scale, |r, xh| {
-        f16_dot(&row_bytes[r], xh)
-    });
+    let (rows, cols, n) = FLOAT_SHAPE;
+    let c = f16_case(&g, rows, cols, n, 0.75, 18);
     sweep_matrix(
         &mut g,
         Matrix::new("matvec_f16", rows, cols, n),
-        |g, out, p| launch_matrix!(g, out, p, out_scale; matvec_f16 | matvec_f16_wide { w: &bw, xh: &bx }),
-        |got| dot_error(got, &want, &magnitude),
+        |g, out, p| {
+            launch_matrix!(g, out, p, 0.75;
+                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x })
+        },
+        |got| c.error(got),
         "diff of Σ|w·x|",
-        5e-6,
+        FLOAT_BOUND,
+    );
+}
+
+#[test]
+fn tiled_f16_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    let ((rows, n), cols) = (TILED_FLOAT, 86);
+    let c = f16_case(&g, rows, cols, n, 0.75, 43);
+    sweep_tiled(
+        &mut g,
+        Matrix::new("matvec_f16_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75;
+                matvec_f16_gemm { w: &c.w, xh: &c.x, lanes: p.lanes })
+        },
+        |g, out, p| {
+            launch_matrix!(g, out, p, 0.75;
+                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x })
+        },
+        |got| c.error(got),
+        "diff of Σ|w·x|",
+        FLOAT_BOUND,
+    );
+}
+
+#[test]
+fn matvec_bf16_matches_bf16_dot() {
+    let mut g = gpu();
+    let (rows, cols, n) = FLOAT_SHAPE;
+    let c = bf16_case(&g, rows, cols, n, 0.75, 47);
+    sweep_matrix(
+        &mut g,
+        Matrix::new("matvec_bf16", rows, cols, n),
+        |g, out, p| {
+            launch_matrix!(g, out, p, 0.75;
+                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x })
+        },
+        |got| c.error(got),
+        "diff of Σ|w·x|",
+        FLOAT_BOUND,
+    );
+}
+
+#[test]
+fn tiled_bf16_kernel_gives_the_matrix_vector_kernels_bits() {
+    let mut g = gpu();
+    let ((rows, n), cols) = (TILED_FLOAT, 86);
+    let c = bf16_case(&g, rows, cols, n, 0.75, 49);
+    sweep_tiled(
+        &mut g,
+        Matrix::new("matvec_bf16_gemm", rows, cols, n),
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75;
+                matvec_bf16_gemm { w: &c.w, x: &c.x, lanes: p.lanes })
+        },
+        |g, out, p| {
+            launch_matrix!(g, out, p, 0.75;
+                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x })
+        },
+        |got| c.error(got),
+        "diff of Σ|w·x|",
+        FLOAT_BOUND,
     );
 }
 

@@ -102,11 +102,12 @@ fn gpu_cached_decode_equals_prefill() {
 
 /// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one step
 /// runs the tiled kernels (on `dot4I8Packed`: `bitlinear_tq_gemm` for TQ, `matvec_kq_gemm` for
-/// the K-quants, `matvec_q8_0_gemm` for Q8_0 and Q4_0) for every projection; read four tokens a
-/// step, the matrix-vector kernels' decode instances. TQ1_0 (rewritten as TQ2_0 at load), TQ2_0,
-/// Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0 files, Llama's and Qwen2's graphs: every position's
-/// logits the same bits either way, so a server's request gets the same tokens whatever its
-/// batch-mates.
+/// the K-quants, `matvec_q8_0_gemm` for Q8_0 and Q4_0; on any adapter `matvec_f16_gemm`,
+/// `matvec_bf16_gemm` and `matvec_f32_gemm` for the float layouts) for every projection; read
+/// four tokens a step, the matrix-vector kernels' decode instances. TQ1_0 (rewritten as TQ2_0
+/// at load), TQ2_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, F16, BF16 and F32 files, Llama's,
+/// Mistral's and Qwen2's graphs: every position's logits the same bits either way, so a
+/// server's request gets the same tokens whatever its batch-mates.
 #[test]
 fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     // Tiled launches of the prompt: Q/K/V, output, gate/up and down of each of the 2 layers (in
@@ -121,6 +122,9 @@ fn gpu_prompt_in_tiled_products_equals_decoding_it() {
         ("tiny-llama-q6_k", "matvec_kq_gemm", 2 * 4 + 1),
         ("tiny-llama-q8_0", "matvec_q8_0_gemm", 2 * 4 + 1),
         ("tiny-llama-q4_0", "matvec_q8_0_gemm", 2 * 4),
+        ("tiny-llama-f16", "matvec_f16_gemm", 2 * 4 + 1),
+        ("tiny-llama-bf16", "matvec_bf16_gemm", 2 * 4 + 1),
+        ("tiny-mistral-f32", "matvec_f32_gemm", 2 * 4 + 1),
     ] {
         let g = Golden::load(stem);
         let model = gpu_model(&g.file(), None);

@@ -86,6 +86,39 @@ function bound(stem, actQuant) {
   return { maxAbs: Infinity, minCos: stem === 'tiny-falcon3-i2s' ? 0.999 : 0.9999, tie: 0 };
 }
 
+// The page's logits of every position of `tokens` (a fresh context, steps of the page's 64).
+const pageLogits = (tokens) => page.evaluate(async (t) => Array.from((await window.hesper.request({ type: 'logits', tokens: t }, 'logits')).data), tokens);
+
+// `got` against `want` ([n_tokens][n_vocab]) at the bounds of `stem`'s scheme: the largest
+// difference, the smallest cosine of a position, and every argmax but near-ties; recorded in
+// the figures as `name`.
+function assertNearLogits(stem, got, want, meta, name = stem) {
+  assert(got.length === want.length, `${got.length} logits, expected ${want.length}`);
+  const n = meta.n_vocab;
+  const b0 = bound(stem, meta.act_quant);
+  let worst = 0;
+  let minCos = 1;
+  const wrong = [];
+  for (let r = 0; r < got.length / n; r++) {
+    const a = got.slice(r * n, (r + 1) * n);
+    const b = want.slice(r * n, (r + 1) * n);
+    let dot = 0, na = 0, nb = 0, ia = 0, ib = 0;
+    for (let i = 0; i < n; i++) {
+      worst = Math.max(worst, Math.abs(a[i] - b[i]));
+      dot += a[i] * b[i]; na += a[i] * a[i]; nb += b[i] * b[i];
+      if (a[i] > a[ia]) ia = i;
+      if (b[i] > b[ib]) ib = i;
+    }
+    minCos = Math.min(minCos, dot / Math.sqrt(na * nb));
+    const margin = b[ib] - Math.max(...b.filter((_, i) => i !== ib));
+    if (ia !== ib && margin > b0.tie) wrong.push(r);
+  }
+  figures[`${name}_max_abs_diff`] = worst;
+  figures[`${name}_min_cosine`] = minCos;
+  assert(worst <= b0.maxAbs && minCos >= b0.minCos && wrong.length === 0,
+    `${name}: max |Δ| ${worst}, min cosine ${minCos}, argmax differs at ${JSON.stringify(wrong)} (bound ${JSON.stringify(b0)})`);
+}
+
 // A GGUF file whose token embedding alone is 4.8 GB: more than a wasm32 build can address.
 // Only its header is written; the rest is a hole in a sparse file.
 function overLimitModel(path) {
@@ -253,33 +286,31 @@ for (const stem of PAGE_GOLDENS) {
       const ids = (await request({ type: 'tokenize', text: g.text }, 'tokens')).tokens;
       assert(JSON.stringify(ids) === JSON.stringify(g.tokens), `${stem}: tokens ${JSON.stringify(ids)}`);
     }
-    const got = await page.evaluate(async (tokens) => Array.from((await window.hesper.request({ type: 'logits', tokens }, 'logits')).data), g.tokens);
-    assert(got.length === g.logits.length, `${got.length} logits, expected ${g.logits.length}`);
-    const n = g.meta.n_vocab;
-    const b0 = bound(stem, g.meta.act_quant);
-    let worst = 0;
-    let minCos = 1;
-    let wrong = [];
-    for (let r = 0; r < got.length / n; r++) {
-      const a = got.slice(r * n, (r + 1) * n);
-      const b = g.logits.slice(r * n, (r + 1) * n);
-      let dot = 0, na = 0, nb = 0, ia = 0, ib = 0;
-      for (let i = 0; i < n; i++) {
-        worst = Math.max(worst, Math.abs(a[i] - b[i]));
-        dot += a[i] * b[i]; na += a[i] * a[i]; nb += b[i] * b[i];
-        if (a[i] > a[ia]) ia = i;
-        if (b[i] > b[ib]) ib = i;
-      }
-      minCos = Math.min(minCos, dot / Math.sqrt(na * nb));
-      const margin = b[ib] - Math.max(...b.filter((_, i) => i !== ib));
-      if (ia !== ib && margin > b0.tie) wrong.push(r);
-    }
-    figures[`${stem}_max_abs_diff`] = worst;
-    figures[`${stem}_min_cosine`] = minCos;
-    assert(worst <= b0.maxAbs && minCos >= b0.minCos && wrong.length === 0,
-      `${stem}: max |Δ| ${worst}, min cosine ${minCos}, argmax differs at ${JSON.stringify(wrong)} (bound ${JSON.stringify(b0)})`);
+    const got = await pageLogits(g.tokens);
+    assertNearLogits(stem, got, g.logits, g.meta);
   });
 }
+
+// More than one of the page's 64-token steps in an F16 file: the first step's products run the
+// tiled F16 kernel (matvec_f16_gemm, on any adapter), the rest the matrix-vector ones; every
+// position's logits within the F16 bound of the native CPU backend's (`hesper-rs logits`).
+test('an F16 prompt of over 64 tokens (the tiled F16 kernel) has the native CPU backend\'s logits', async () => {
+  const stem = 'tiny-qwen2-f16';
+  const file = join(golden, 'models', `${stem}.gguf`);
+  const { meta } = goldenCase(stem);
+  const tokens = Array.from({ length: 70 }, (_, i) => (i * 37 + 11) % meta.n_vocab);
+  await recordMessages();
+  await (await page.$('#file')).uploadFile(file);
+  await waitState(['ready', 'empty']);
+  assert((await state()) === 'ready', `load failed: ${await text('#error')}`);
+  const got = await pageLogits(tokens);
+  const native = join(scratch, `${stem}-long.logits`);
+  execFileSync(join(root, 'target/release/hesper-rs'), ['logits', '-m', file, '--backend', 'cpu', '--log-disable',
+    '--tokens', tokens.join(','), '-o', native], { stdio: 'ignore' });
+  const bytes = readFileSync(native);
+  const want = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
+  assertNearLogits(stem, got, want, meta, `${stem}_70_tokens`);
+});
 
 test('a model over the limits gives a message, and the page goes on', async () => {
   // A context whose KV cache does not fit one storage binding of the adapter.
