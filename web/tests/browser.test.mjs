@@ -291,26 +291,32 @@ for (const stem of PAGE_GOLDENS) {
   });
 }
 
-// More than one of the page's 64-token steps in an F16 file: the first step's products run the
-// tiled F16 kernel (matvec_f16_gemm, on any adapter), the rest the matrix-vector ones; every
-// position's logits within the F16 bound of the native CPU backend's (`hesper-rs logits`).
-test('an F16 prompt of over 64 tokens (the tiled F16 kernel) has the native CPU backend\'s logits', async () => {
-  const stem = 'tiny-qwen2-f16';
-  const file = join(golden, 'models', `${stem}.gguf`);
-  const { meta } = goldenCase(stem);
-  const tokens = Array.from({ length: 70 }, (_, i) => (i * 37 + 11) % meta.n_vocab);
-  await recordMessages();
-  await (await page.$('#file')).uploadFile(file);
-  await waitState(['ready', 'empty']);
-  assert((await state()) === 'ready', `load failed: ${await text('#error')}`);
-  const got = await pageLogits(tokens);
-  const native = join(scratch, `${stem}-long.logits`);
-  execFileSync(join(root, 'target/release/hesper-rs'), ['logits', '-m', file, '--backend', 'cpu', '--log-disable',
-    '--tokens', tokens.join(','), '-o', native], { stdio: 'ignore' });
-  const bytes = readFileSync(native);
-  const want = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
-  assertNearLogits(stem, got, want, meta, `${stem}_70_tokens`);
-});
+// More than one of the page's 64-token steps: the first step's products run the layout's tiled
+// kernel (F16 `matvec_f16_gemm` on any adapter; on Chromium's dot4I8Packed Q8_0
+// `matvec_q8_0_gemm`, Q4_K/Q6_K `matvec_kq_gemm`, TQ1_0 rewritten as TQ2_0 `bitlinear_tq_gemm`),
+// the rest the matrix-vector ones; every position's logits within the file's golden bound of the
+// native CPU backend's (`hesper-rs logits`). (Not tiny-qwen2-tq2_0: over these 70 tokens its
+// GPU logits, natively as in the page, have a near-tie (0.013) the other way round from the
+// CPU's at position 58, which its golden bound, allowing no argmax change, does not admit.)
+const LONG_PROMPT_FILES = ['tiny-qwen2-f16', 'tiny-llama-q8_0', 'tiny-mistral-q4_k_m', 'tiny-llama-tq1_0'];
+for (const stem of LONG_PROMPT_FILES) {
+  test(`${stem}: 70 tokens (its tiled kernels) have the native CPU backend's logits`, async () => {
+    const file = join(golden, 'models', `${stem}.gguf`);
+    const { meta } = goldenCase(stem);
+    const tokens = Array.from({ length: 70 }, (_, i) => (i * 37 + 11) % meta.n_vocab);
+    await recordMessages();
+    await (await page.$('#file')).uploadFile(file);
+    await waitState(['ready', 'empty']);
+    assert((await state()) === 'ready', `load failed: ${await text('#error')}`);
+    const got = await pageLogits(tokens);
+    const native = join(scratch, `${stem}-70.logits`);
+    execFileSync(join(root, 'target/release/hesper-rs'), ['logits', '-m', file, '--backend', 'cpu', '--log-disable',
+      '--tokens', tokens.join(','), '-o', native], { stdio: 'ignore' });
+    const bytes = readFileSync(native);
+    const want = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
+    assertNearLogits(stem, got, want, meta, `${stem}_70_tokens`);
+  });
+}
 
 test('a model over the limits gives a message, and the page goes on', async () => {
   // A context whose KV cache does not fit one storage binding of the adapter.
