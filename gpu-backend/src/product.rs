@@ -247,12 +247,23 @@ pub fn multiply_into(
         // Every matrix kernel's launch, its decode or its wide-step instance: its own buffers,
         // then the shared shape and output stage.
         macro_rules! launch {
-            // A layout with a float step per block: its tiled kernel (on `dot4I8Packed`) takes
-            // the buffers of its matrix-vector kernel and the lanes whose order it follows.
+            // A layout whose tiled kernel multiplies integer codes (`dot4I8Packed`): as below
+            // where the adapter has it.
+            (packed: $decode:ident | $wide:ident | $tiled:ident {
+                $($field:ident: $value:expr),* $(,)?
+            }) => {
+                if *packed_dot {
+                    launch!($decode | $wide | $tiled { $($field: $value),* })
+                } else {
+                    launch!($decode | $wide { $($field: $value),* })
+                }
+            };
+            // A layout with a tiled kernel: it takes the buffers of the matrix-vector kernel
+            // and the lanes whose order it follows.
             ($decode:ident | $wide:ident | $tiled:ident {
                 $($field:ident: $value:expr),* $(,)?
             }) => {
-                if tiled && *packed_dot {
+                if tiled {
                     launch!(@tiled $tiled { $($field: $value,)* lanes: lanes })
                 } else {
                     launch!($decode | $wide { $($field: $value),* })
@@ -345,7 +356,7 @@ pub fn multiply_into(
                     }
             ),
             Kind::Tq => launch!(
-                bitlinear_tq
+                packed: bitlinear_tq
                     | bitlinear_tq_wide
                     | bitlinear_tq_gemm {
                         codes: &win.data,
@@ -355,7 +366,7 @@ pub fn multiply_into(
                     }
             ),
             Kind::Kq { sub, high, offset } => launch!(
-                matvec_kq
+                packed: matvec_kq
                     | matvec_kq_wide
                     | matvec_kq_gemm {
                         w: &win.data,
@@ -367,37 +378,21 @@ pub fn multiply_into(
                         offset: offset,
                     }
             ),
-            // The float layouts' tiled kernels multiply floats, needing no `dot4I8Packed`.
-            Kind::F32 if tiled => launch!(
-                @tiled matvec_f32_gemm {
-                    w: &win.data,
-                    x: x,
-                    lanes: lanes,
-                }
-            ),
-            Kind::F32 => launch!(matvec_f32 | matvec_f32_wide { w: &win.data, x: x }),
-            Kind::F16 if tiled => launch!(
-                @tiled matvec_f16_gemm {
-                    w: &win.data,
-                    xh: &*halves,
-                    lanes: lanes,
-                }
-            ),
+            // The float layouts' tiled kernels multiply floats, on any adapter.
+            Kind::F32 => {
+                launch!(matvec_f32 | matvec_f32_wide | matvec_f32_gemm { w: &win.data, x: x })
+            }
             Kind::F16 => launch!(
                 matvec_f16
-                    | matvec_f16_wide {
+                    | matvec_f16_wide
+                    | matvec_f16_gemm {
                         w: &win.data,
-                        xh: &*halves
+                        xh: &*halves,
                     }
             ),
-            Kind::Bf16 if tiled => launch!(
-                @tiled matvec_bf16_gemm {
-                    w: &win.data,
-                    x: x,
-                    lanes: lanes,
-                }
-            ),
-            Kind::Bf16 => launch!(matvec_bf16 | matvec_bf16_wide { w: &win.data, x: x }),
+            Kind::Bf16 => {
+                launch!(matvec_bf16 | matvec_bf16_wide | matvec_bf16_gemm { w: &win.data, x: x })
+            }
         }
     }
     Ok(())

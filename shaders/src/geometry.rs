@@ -105,38 +105,35 @@ pub const GEMM_TOKENS: u32 = bitlinear_i2s_gemm::BN;
 /// matrix-vector kernel's bits, so the choice never changes a row.
 pub const GEMM_STEP: u32 = GEMM_TOKENS;
 
-const _: () = {
-    // 256 threads as 16 × 16: thread `t` takes rows `t / 16 + 16·m` (m < TM) and tokens
-    // `t % 16 + 16·j` (j < TN); the output stage's array is `64·token + row`.
-    assert!(bitlinear_i2s_gemm::WORKGROUP_SIZE == 256);
-    assert!(bitlinear_i2s_gemm::BM == 16 * bitlinear_i2s_gemm::TM);
-    assert!(bitlinear_i2s_gemm::BN == 16 * bitlinear_i2s_gemm::TN);
-    assert!(bitlinear_tq_gemm::WORKGROUP_SIZE == 256);
-    assert!(bitlinear_tq_gemm::BM == GEMM_ROWS && bitlinear_tq_gemm::BN == GEMM_TOKENS);
-    assert!(bitlinear_tq_gemm::BM == 16 * bitlinear_tq_gemm::TM);
-    assert!(bitlinear_tq_gemm::BN == 16 * bitlinear_tq_gemm::TN);
-    assert!(matvec_kq_gemm::WORKGROUP_SIZE == 256);
-    assert!(matvec_kq_gemm::BM == GEMM_ROWS && matvec_kq_gemm::BN == GEMM_TOKENS);
-    assert!(matvec_kq_gemm::BM == 16 * matvec_kq_gemm::TM);
-    assert!(matvec_kq_gemm::BN == 16 * matvec_kq_gemm::TN);
-    assert!(matvec_q8_0_gemm::WORKGROUP_SIZE == 256);
-    assert!(matvec_q8_0_gemm::BM == GEMM_ROWS && matvec_q8_0_gemm::BN == GEMM_TOKENS);
-    assert!(matvec_q8_0_gemm::BM == 16 * matvec_q8_0_gemm::TM);
-    assert!(matvec_q8_0_gemm::BN == 16 * matvec_q8_0_gemm::TN);
-    assert!(matvec_f16_gemm::WORKGROUP_SIZE == 256);
-    assert!(matvec_f16_gemm::BM == GEMM_ROWS && matvec_f16_gemm::BN == GEMM_TOKENS);
-    assert!(matvec_f16_gemm::BM == 16 * matvec_f16_gemm::TM);
-    assert!(matvec_f16_gemm::BN == 16 * matvec_f16_gemm::TN);
-    assert!(matvec_f32_gemm::WORKGROUP_SIZE == 256 && matvec_bf16_gemm::WORKGROUP_SIZE == 256);
-    assert!(matvec_f32_gemm::BM == GEMM_ROWS && matvec_f32_gemm::BN == GEMM_TOKENS);
-    assert!(matvec_bf16_gemm::BM == GEMM_ROWS && matvec_bf16_gemm::BN == GEMM_TOKENS);
-    assert!(matvec_f32_gemm::BM == 16 * matvec_f32_gemm::TM);
-    assert!(matvec_f32_gemm::BN == 16 * matvec_f32_gemm::TN);
-    assert!(
-        GEMM_ROWS == MATRIX_WORKGROUP,
-        "store_rows indexes its array as 64·token + row"
-    );
-};
+/// Checks at compile time that each tiled kernel has the shape the output stage and
+/// [`gemm_grid`] assume: 256 threads as 16 × 16, thread `t` taking rows `t / 16 + 16·m`
+/// (m < TM) and tokens `t % 16 + 16·j` (j < TN) of a [`GEMM_ROWS`] × [`GEMM_TOKENS`] tile.
+macro_rules! tiled_shape {
+    ($($kernel:ident),*) => {
+        const _: () = {
+            $(
+                assert!($kernel::WORKGROUP_SIZE == 256);
+                assert!($kernel::BM == GEMM_ROWS && $kernel::BN == GEMM_TOKENS);
+                assert!($kernel::BM == 16 * $kernel::TM && $kernel::BN == 16 * $kernel::TN);
+            )*
+        };
+    };
+}
+
+tiled_shape!(
+    bitlinear_i2s_gemm,
+    bitlinear_tq_gemm,
+    matvec_kq_gemm,
+    matvec_q8_0_gemm,
+    matvec_f16_gemm,
+    matvec_f32_gemm,
+    matvec_bf16_gemm
+);
+
+const _: () = assert!(
+    GEMM_ROWS == MATRIX_WORKGROUP,
+    "store_rows indexes its array as 64·token + row"
+);
 
 /// The grid of a tiled kernel (`gemm.rs`): `rows` output rows in tiles of [`GEMM_ROWS`] along
 /// x, `tokens` activation rows in tiles of [`GEMM_TOKENS`] along y (at least one each way).

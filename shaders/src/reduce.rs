@@ -69,10 +69,10 @@ pub fn row_sums<T: Scalar>(acc: &mut [T; _], t: u32, lane: u32, lanes: u32, tile
     }
 }
 
-/// The reduction of the matrix kernels whose tiled kernels follow their order (every float
-/// layout): thread `t` (lane `lane`) holds the sums of its blocks (words) `lane, lane + lanes,
-/// …` of the `tile` tokens at `acc[64·j + t]` (0.0 if it has none); after this the row's first
-/// thread holds `((0 + p₀) + p₁) + …` over the `lanes` lanes in lane order — the order a tiled
+/// The reduction of the matrix kernels whose tiled kernels follow their order (TQ, the
+/// K-quants, Q8_0, F16, BF16 and F32): thread `t` (lane `lane`) holds the sums of its blocks
+/// (words) `lane, lane + lanes, …` of the `tile` tokens at `acc[64·j + t]` (0.0 if it has
+/// none); after this the row's first thread holds `((0 + p₀) + p₁) + …` over the `lanes` lanes in lane order — the order a tiled
 /// kernel walking the blocks lane by lane ([`lane_order_block`]) meets each lane's last block.
 /// Token `j`'s sum is added up by the row's lane `j % lanes`, so a row's lanes fold their tokens
 /// side by side. (`lanes` and `tile` are compile-time constants of the kernels, so the loops
