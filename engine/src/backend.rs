@@ -357,6 +357,21 @@ pub trait Backend {
         eps: f32,
         out: &mut Self::Buffer,
     );
+    /// [`Backend::rms_norm`] of the query heads `x[0]` (`n[0]` rows) and the key heads `x[1]`
+    /// (`n[1]` rows), each with its gains `w`, into `out`: a backend may normalize both in one
+    /// pass.
+    fn rms_norm_qk(
+        &self,
+        x: [&Self::Buffer; 2],
+        w: [&Self::Vector; 2],
+        n: [usize; 2],
+        eps: f32,
+        out: [&mut Self::Buffer; 2],
+    ) {
+        for (((x, w), n), out) in x.into_iter().zip(w).zip(n).zip(out) {
+            self.rms_norm(x, w, n, eps, out);
+        }
+    }
     /// [`Backend::rms_norm`] whose output is multiplied next by `next` (and by the matrices
     /// that read their input as `next` does, as K and V read Q's): a backend may quantize `out`
     /// for `next` in the same pass and let that product use it. `out` holds the normalized rows
@@ -551,6 +566,13 @@ pub trait Backend {
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize);
     /// `x[i] += bias` for each of `n` rows of `bias`'s length (a projection's bias).
     fn add_bias(&self, x: &mut Self::Buffer, bias: &Self::Vector, n: usize);
+    /// [`Backend::add_bias`] of the queries, keys and values (`outs`, `n` rows each) with their
+    /// biases `[bq, bk, bv]`; a backend may add all three in one pass.
+    fn add_qkv_bias(&self, outs: [&mut Self::Buffer; 3], bias: &[Self::Vector; 3], n: usize) {
+        for (x, b) in outs.into_iter().zip(bias) {
+            self.add_bias(x, b, n);
+        }
+    }
     /// Copies `n_rows` rows of `width` floats starting at row `row0` of `src` to `dst` from
     /// its row `dst_row0`.
     fn copy_rows(

@@ -1187,10 +1187,8 @@ impl<B: Backend> Model<B> {
             ];
             b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
             b.qkv(&l.qkv, h, n, [&mut *q, &mut *k, &mut *v]);
-            if let Some([bq, bk, bv]) = &l.qkv_bias {
-                b.add_bias(q, bq, n);
-                b.add_bias(k, bk, n);
-                b.add_bias(v, bv, n);
+            if let Some(bias) = &l.qkv_bias {
+                b.add_qkv_bias([&mut *q, &mut *k, &mut *v], bias, n);
             }
             if l.qk_norm.is_none() && c.query_scale != 1.0 {
                 b.scale(q, n * c.q_dim(), c.query_scale);
@@ -1200,8 +1198,13 @@ impl<B: Backend> Model<B> {
                 // `gate` (free until the FFN); the attention then writes its
                 // output into `q`, and the two buffers (of one width) trade places.
                 Some([gq, gk]) => {
-                    b.rms_norm(q, gq, n * c.n_head, c.eps, att);
-                    b.rms_norm(k, gk, n * c.n_head_kv, c.eps, gate);
+                    b.rms_norm_qk(
+                        [&*q, &*k],
+                        [gq, gk],
+                        [n * c.n_head, n * c.n_head_kv],
+                        c.eps,
+                        [&mut *att, &mut *gate],
+                    );
                     attend(
                         b,
                         li,

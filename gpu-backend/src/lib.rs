@@ -948,6 +948,42 @@ impl Backend for GpuBackend {
         self.record(|st| st.rms_norm(x, w, n, eps, out));
     }
 
+    /// Both head norms in one launch (`rms_norm_heads_sg`) where the device has subgroups and
+    /// the heads are one width.
+    fn rms_norm_qk(
+        &self,
+        x: [&GpuBuffer<f32>; 2],
+        w: [&GpuBuffer<f32>; 2],
+        n: [usize; 2],
+        eps: f32,
+        out: [&mut GpuBuffer<f32>; 2],
+    ) {
+        let ([xq, xk], [wq, wk], [yq, yk]) = (x, w, out);
+        if !self.state.borrow().subgroups || wq.len() != wk.len() {
+            self.rms_norm(xq, wq, n[0], eps, yq);
+            return self.rms_norm(xk, wk, n[1], eps, yk);
+        }
+        let width = wq.len();
+        self.record(|st| {
+            st.batch.run_moving(
+                &mut st.gpu,
+                &k::rms_norm_heads_sg::Args {
+                    xq,
+                    wq,
+                    yq,
+                    xk,
+                    wk,
+                    yk,
+                    q_rows: n[0] as u32,
+                    width: width as u32,
+                    eps,
+                },
+                k::row_grid((n[0] + n[1]) as u32),
+                norm_bytes(n[0], width) + norm_bytes(n[1], width),
+            )
+        });
+    }
+
     /// RMSNorm and, where the device has subgroups, the activations `next`'s product reads in
     /// the same kernel, left for it: I2_S's per-token int8 codes on the packed path
     /// (`dot4I8Packed`), F16's halves (`pack_f16`'s), Q8_0's blocks (Q4_0 and MXFP4 too, widened
@@ -1461,6 +1497,37 @@ impl Backend for GpuBackend {
                     n: len,
                 },
                 k::add_bias::grid_for(len),
+            )
+        });
+    }
+
+    /// The three biases in one launch (`add_qkv_bias`) where keys and values are one width.
+    fn add_qkv_bias(&self, outs: [&mut GpuBuffer<f32>; 3], bias: &[GpuBuffer<f32>; 3], n: usize) {
+        let [q, k, v] = outs;
+        let [bq, bk, bv] = bias;
+        if bk.len() != bv.len() {
+            for (x, b) in [q, k, v].into_iter().zip(bias) {
+                self.add_bias(x, b, n);
+            }
+            return;
+        }
+        let (q_width, kv_width) = (bq.len(), bk.len());
+        let len = (n * (q_width + 2 * kv_width)) as u32;
+        self.record(|st| {
+            st.batch.run(
+                &mut st.gpu,
+                &k::add_qkv_bias::Args {
+                    q,
+                    k,
+                    v,
+                    bq,
+                    bk,
+                    bv,
+                    q_width: q_width as u32,
+                    kv_width: kv_width as u32,
+                    n: n as u32,
+                },
+                k::add_qkv_bias::grid_for(len),
             )
         });
     }

@@ -39,6 +39,35 @@ pub fn add_bias(x: &mut [f32], b: &[f32], #[uniform] width: u32, #[uniform] n: u
     }
 }
 
+/// [`add_bias`] of the queries, keys and values in one launch: `n` rows of `q` (`q_width`
+/// wide) plus `bq`, of `k` and `v` (`kv_width` wide) plus `bk` and `bv`. Thread `i` adds one
+/// value: the queries' first, then the keys', then the values'.
+#[kernel(workgroup = 256)]
+pub fn add_qkv_bias(
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &mut [f32],
+    bq: &[f32],
+    bk: &[f32],
+    bv: &[f32],
+    #[uniform] q_width: u32,
+    #[uniform] kv_width: u32,
+    #[uniform] n: u32,
+) {
+    let i = gid();
+    let nq = n * q_width;
+    let nkv = n * kv_width;
+    if i < nq {
+        q[i] = q[i] + bq[i % q_width];
+    } else if i < nq + nkv {
+        let j = i - nq;
+        k[j] = k[j] + bk[j % kv_width];
+    } else if i < nq + 2u32 * nkv {
+        let j = i - nq - nkv;
+        v[j] = v[j] + bv[j % kv_width];
+    }
+}
+
 /// `out = silu(gate) · up` (llama.cpp mainline's BitNet FFN).
 #[kernel(workgroup = 256)]
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] n: u32) {

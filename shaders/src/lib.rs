@@ -26,8 +26,8 @@ pub use bitlinear::{
     bitlinear_tq_wide,
 };
 pub use elementwise::{
-    add_assign, add_bias, gelu_mul, interleave_rows, moe_combine, relu2_mul, scale_assign,
-    silu_mul, softcap_assign, swiglu_clamped_mul,
+    add_assign, add_bias, add_qkv_bias, gelu_mul, interleave_rows, moe_combine, relu2_mul,
+    scale_assign, silu_mul, softcap_assign, swiglu_clamped_mul,
 };
 pub use embed::{embed_f16, embed_f32};
 pub use experts::{gate_grids, moe_combine_routed, moe_route};
@@ -49,8 +49,8 @@ pub use matvec::{
     matvec_q8_0, matvec_q8_0_dp4, matvec_q8_0_dp4_wide, matvec_q8_0_wide,
 };
 pub use norm::{
-    rms_norm, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg, rms_norm_quantize_q8_0_sg,
-    rms_norm_quantize_q8k_sg, rms_norm_sg,
+    rms_norm, rms_norm_heads_sg, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg,
+    rms_norm_quantize_q8_0_sg, rms_norm_quantize_q8k_sg, rms_norm_sg,
 };
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};

@@ -103,6 +103,76 @@ pub fn rms_norm_sg<const AHEAD: u32>(
     }
 }
 
+/// [`rms_norm_sg`] of the query heads and the key heads in one launch (the per-head norms of
+/// Qwen3 and Gemma 3): workgroup `r < q_rows` normalizes row `r` of `xq` with the gains `wq`
+/// into `yq`, workgroup `q_rows + r` row `r` of `xk` with `wk` into `yk`, every row `width`
+/// wide. Each row's loads, sums and products are `rms_norm_sg`'s, so are its bits (which side
+/// a workgroup takes is the same for all its threads).
+#[kernel(
+    workgroup = 256,
+    features(subgroups),
+    uses(subgroup_total),
+    consts(AHEAD = 4)
+)]
+pub fn rms_norm_heads_sg<const AHEAD: u32>(
+    xq: &[f32],
+    wq: &[f32],
+    yq: &mut [f32],
+    xk: &[f32],
+    wk: &[f32],
+    yk: &mut [f32],
+    #[uniform] q_rows: u32,
+    #[uniform] width: u32,
+    #[uniform] eps: f32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let keys = wid() >= q_rows;
+    let mut row = wid();
+    if keys {
+        row = wid() - q_rows;
+    }
+    let t = lid();
+    let base = row * width;
+    let last = width - 1u32;
+    let mut sum: f32 = 0.0;
+    for i in (t..width).step_by(256 * AHEAD) {
+        let mut v = [0.0f32; AHEAD];
+        for k in 0..AHEAD {
+            let at = base + (i + 256u32 * k).min(last);
+            if keys {
+                v[k] = xk[at];
+            } else {
+                v[k] = xq[at];
+            }
+        }
+        for k in 0..AHEAD {
+            if i + 256u32 * k < width {
+                sum += v[k] * v[k];
+            }
+        }
+    }
+    let total = subgroup_total(
+        sum,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
+    let scale = 1.0 / (total / (width as f32) + eps).sqrt();
+    for i in (t..width).step_by(256 * AHEAD) {
+        for k in 0..AHEAD {
+            let e = i + 256u32 * k;
+            if e < width {
+                if keys {
+                    yk[base + e] = xk[base + e] * scale * wk[e];
+                } else {
+                    yq[base + e] = xq[base + e] * scale * wq[e];
+                }
+            }
+        }
+    }
+}
+
 /// [`rms_norm_sg`] and, in the same pass, [`quantize_i8_packed`](crate::quantize_i8_packed) of
 /// its output: `y` as `rms_norm_sg` writes it, then `s = 127 / max(max|y|, 1e-5)`, the codes
 /// `clamp(rne(y·s), −128, 127)` four to a word, `scale[row] = s` and `Σq` of the row in `sum`.

@@ -434,6 +434,50 @@ fn add_assign_is_exact() {
 }
 
 #[test]
+fn qkv_biases_are_added_in_one_launch() {
+    let mut g = gpu();
+    // Three rows of 72 query and 24 key/value values: 504 threads, the last workgroup partly
+    // past the values' end.
+    let (n, qw, kvw) = (3, 72, 24);
+    let (q, kx, v) = (data(n * qw, 3), data(n * kvw, 4), data(n * kvw, 5));
+    let (bq, bk, bv) = (data(qw, 6), data(kvw, 7), data(kvw, 8));
+    let mut gq = g.upload("q", &q).unwrap();
+    let mut gk = g.upload("k", &kx).unwrap();
+    let mut gv = g.upload("v", &v).unwrap();
+    let (gbq, gbk, gbv) = (
+        g.upload("bq", &bq).unwrap(),
+        g.upload("bk", &bk).unwrap(),
+        g.upload("bv", &bv).unwrap(),
+    );
+    let args = k::add_qkv_bias::Args {
+        q: &mut gq,
+        k: &mut gk,
+        v: &mut gv,
+        bq: &gbq,
+        bk: &gbk,
+        bv: &gbv,
+        q_width: qw as u32,
+        kv_width: kvw as u32,
+        n: n as u32,
+    };
+    launch(
+        &mut g,
+        &args,
+        k::add_qkv_bias::grid_for((n * (qw + 2 * kvw)) as u32),
+    );
+    let biased = |x: &[f32], b: &[f32]| -> Vec<f32> {
+        x.iter()
+            .enumerate()
+            .map(|(i, a)| a + b[i % b.len()])
+            .collect()
+    };
+    // One correctly rounded addition each, as `add_bias` does: bit-exact.
+    assert_eq!(read!(g, &gq), biased(&q, &bq), "queries");
+    assert_eq!(read!(g, &gk), biased(&kx, &bk), "keys");
+    assert_eq!(read!(g, &gv), biased(&v, &bv), "values");
+}
+
+#[test]
 fn gated_activations_match_glu() {
     let mut g = gpu();
     let n = 1000; // not a multiple of 256
@@ -2514,6 +2558,52 @@ fn rms_norm_sg_matches_the_cpu() {
     // f64 in order on the CPU, subgroup sums then partials in f32 on the GPU: a few ulps of
     // the scale, as for the tree version.
     assert_within("rms_norm_sg", "relative diff", d, 1e-5);
+}
+
+#[test]
+fn head_norms_in_one_launch_have_rms_norm_sgs_bits() {
+    let mut g = gpu();
+    // Five query heads and three key heads of 96 (fewer values than threads), distinct gains.
+    let (width, rows, eps) = (96, [5, 3], 1e-6);
+    let x = [data(rows[0] * width, 11), data(rows[1] * width, 12)];
+    let w = [data(width, 13), data(width, 14)];
+    let bx = [
+        g.upload("xq", &x[0]).unwrap(),
+        g.upload("xk", &x[1]).unwrap(),
+    ];
+    let bw = [
+        g.upload("wq", &w[0]).unwrap(),
+        g.upload("wk", &w[1]).unwrap(),
+    ];
+    let mut apart = Vec::new();
+    for side in 0..2 {
+        let mut y = g.zeroed::<f32>("y", rows[side] * width).unwrap();
+        let args = k::rms_norm_sg::Args {
+            x: &bx[side],
+            w: &bw[side],
+            y: &mut y,
+            width: width as u32,
+            eps,
+        };
+        launch(&mut g, &args, k::row_grid(rows[side] as u32));
+        apart.push(read!(g, &y));
+    }
+    let mut yq = g.zeroed::<f32>("yq", rows[0] * width).unwrap();
+    let mut yk = g.zeroed::<f32>("yk", rows[1] * width).unwrap();
+    let args = k::rms_norm_heads_sg::Args {
+        xq: &bx[0],
+        wq: &bw[0],
+        yq: &mut yq,
+        xk: &bx[1],
+        wk: &bw[1],
+        yk: &mut yk,
+        q_rows: rows[0] as u32,
+        width: width as u32,
+        eps,
+    };
+    launch(&mut g, &args, k::row_grid((rows[0] + rows[1]) as u32));
+    assert_eq!(bits(&read!(g, &yq)), bits(&apart[0]), "query heads");
+    assert_eq!(bits(&read!(g, &yk)), bits(&apart[1]), "key heads");
 }
 
 #[test]
