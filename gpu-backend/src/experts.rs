@@ -24,6 +24,7 @@ use hesper_engine::config::{Activation, Experts};
 use hesper_gpu::GpuBuffer;
 use hesper_shaders as k;
 
+use crate::shared_input::SharedInput;
 use crate::{device_error, GpuBackend, GpuMatrix};
 
 /// The most experts a layer may have for its short steps to be routed on the GPU natively:
@@ -90,7 +91,8 @@ pub fn moe_ffn(
 }
 
 /// `expert`'s FFN of `m` rows of `xs` into `y` (`m` rows of the model's width), through the
-/// scratch `gate`, `up` and `a` (`m` rows of `ff`).
+/// scratch `gate`, `up` and `a` (`m` rows of `ff`); its gate and up products read `xs` from
+/// `shared` where it holds them quantized ([`shared_input`]).
 #[allow(clippy::too_many_arguments)]
 fn expert_ffn(
     b: &GpuBackend,
@@ -101,12 +103,12 @@ fn expert_ffn(
     ff: usize,
     [gate, up, a]: [&mut GpuBuffer<f32>; 3],
     y: &mut GpuBuffer<f32>,
+    shared: Option<&mut SharedInput>,
 ) {
-    match (&expert.biases, &expert.gate_up) {
+    let mut gate_up = |b: &GpuBackend| match (&expert.biases, &expert.gate_up) {
         (Some([gate_bias, up_bias, _]), GateUp::Apart { gate: wg, up: wu }) => {
-            b.matmul(wg, xs, m, gate);
+            b.matmul_many(&[wg, wu], xs, m, &mut [&mut *gate, &mut *up]);
             b.add_bias(gate, gate_bias, m);
-            b.matmul(wu, xs, m, up);
             b.add_bias(up, up_bias, m);
             b.glu(gate, up, m * ff, act, a);
         }
@@ -114,11 +116,45 @@ fn expert_ffn(
             unreachable!("the loader keeps an expert's gate and up apart where it has biases")
         }
         (None, w) => b.gate_up(w, xs, m, ff, act, [gate, up], a),
+    };
+    match shared {
+        Some(shared) => b.with_shared_input(shared, gate_up),
+        None => gate_up(b),
     }
     b.matmul(&expert.down, a, m, y);
     if let Some([.., down_bias]) = &expert.biases {
         b.add_bias(y, down_bias, m);
     }
+}
+
+/// The matrices that read an expert's input (its gate and up, or the two joined).
+fn input_matrices(expert: &Expert<GpuMatrix, GpuBuffer<f32>>) -> Vec<&GpuMatrix> {
+    match &expert.gate_up {
+        GateUp::Apart { gate, up } => vec![gate, up],
+        GateUp::Joined(m) => vec![m],
+    }
+}
+
+/// `n` rows of `x` quantized once for every expert's gate and up products, where they all
+/// read their input the same way (so one quantization serves each).
+fn share_input(
+    b: &GpuBackend,
+    moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
+    x: &GpuBuffer<f32>,
+    n: usize,
+) -> Result<Option<SharedInput>, BackendError> {
+    let Some(first) = moe.experts.first().map(|e| input_matrices(e)[0]) else {
+        return Ok(None);
+    };
+    let alike = moe
+        .experts
+        .iter()
+        .flat_map(input_matrices)
+        .all(|w| crate::product::same_input(first, w));
+    if !alike {
+        return Ok(None);
+    }
+    b.share_input(first, x, n).map(Some)
 }
 
 /// Each chosen expert's rows gathered on the host from the read-back `ids` (`w`: their
@@ -146,16 +182,28 @@ fn gathered_on_host(
     }
     // Row `t·n_used + rank`: row t's output from its rank-th expert.
     let mut ys = b.alloc(n * n_used * d)?;
+    // An expert that every row chose (each expert of a decoded token) reads `x` itself,
+    // quantized once for all of them.
+    let every_row = |rows: &[(usize, usize)]| rows.iter().map(|r| r.0).eq(0..n);
+    let mut shared = match rows_of.iter().filter(|r| every_row(r)).count() {
+        0 | 1 => None,
+        _ => share_input(b, moe, x, n)?,
+    };
     for (e, rows) in rows_of.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
         let m = rows.len();
-        let mut xs = b.alloc(m * d)?;
-        for (i, &(t, _)) in rows.iter().enumerate() {
-            b.copy_rows(x, t, 1, d, &mut xs, i);
-        }
         let (mut gate, mut up, mut a) = (b.alloc(m * ff)?, b.alloc(m * ff)?, b.alloc(m * ff)?);
         let mut y = b.alloc(m * d)?;
         let scratch = [&mut gate, &mut up, &mut a];
-        expert_ffn(b, &moe.experts[e], act, &xs, m, ff, scratch, &mut y);
+        if every_row(rows) {
+            let expert = &moe.experts[e];
+            expert_ffn(b, expert, act, x, m, ff, scratch, &mut y, shared.as_mut());
+        } else {
+            let mut xs = b.alloc(m * d)?;
+            for (i, &(t, _)) in rows.iter().enumerate() {
+                b.copy_rows(x, t, 1, d, &mut xs, i);
+            }
+            expert_ffn(b, &moe.experts[e], act, &xs, m, ff, scratch, &mut y, None);
+        }
         for (i, &(t, rank)) in rows.iter().enumerate() {
             b.copy_rows(&y, i, 1, d, &mut ys, t * n_used + rank);
         }
@@ -218,6 +266,8 @@ fn routed_on_gpu(
             k::gate_grids::grid_for(words),
         )
     });
+    // `x` quantized once, before the gates: every expert reads it.
+    let mut shared = share_input(b, moe, x, n)?;
     // Each expert's outputs for every row, expert by expert.
     let mut ys = b.alloc(n_expert * n * d)?;
     let (mut gate, mut up, mut a) = (b.alloc(n * ff)?, b.alloc(n * ff)?, b.alloc(n * ff)?);
@@ -232,7 +282,7 @@ fn routed_on_gpu(
                 .open_gate(&args, e * EXPERT_LAUNCHES, EXPERT_LAUNCHES)
         });
         let scratch = [&mut gate, &mut up, &mut a];
-        expert_ffn(b, expert, act, x, n, ff, scratch, &mut y);
+        expert_ffn(b, expert, act, x, n, ff, scratch, &mut y, shared.as_mut());
         let launched = b.state.borrow_mut().batch.close_gate();
         for (slot, grid) in table[e * per_expert..].chunks_exact_mut(3).zip(launched) {
             slot.copy_from_slice(&grid);

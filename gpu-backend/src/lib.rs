@@ -11,6 +11,7 @@ mod experts;
 mod formats;
 mod matrix;
 mod product;
+mod shared_input;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -155,6 +156,7 @@ struct State {
 
 /// What a fused RMSNorm ([`Backend::rms_norm_for`]) quantized: the rows of `buffer`, `cols`
 /// wide over `n` rows, in the form `form` for the products that read it.
+#[derive(Clone)]
 struct Quantized {
     buffer: hesper_gpu::wgpu::Buffer,
     cols: usize,

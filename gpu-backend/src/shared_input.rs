@@ -1,0 +1,84 @@
+//! One input quantized once for the first products of many matrices that are not multiplied
+//! one after the other: a mixture's experts each multiply the layer's normalized input by their
+//! gate and up matrices, then their own activations by their down matrix, which a product
+//! quantizes into the same scratch. The shared input is kept in an activation scratch of its
+//! own, swapped in for each expert's first products, so it is quantized once a layer instead of
+//! once an expert (the same codes, so the same bits).
+
+use hesper_engine::backend::BackendError;
+use hesper_gpu::{GpuBuffer, GpuError};
+
+use crate::matrix::GpuMatrix;
+use crate::{device_error, product, GpuBackend, Quantized, State};
+
+/// An activation scratch holding one input quantized, and what it holds.
+pub struct SharedInput {
+    q: GpuBuffer<i32>,
+    packed: (GpuBuffer<u32>, GpuBuffer<i32>),
+    act_scale: GpuBuffer<f32>,
+    halves: GpuBuffer<u32>,
+    /// The rows the scratch holds, in the form the products that read them expect (none for
+    /// a layout whose products quantize for themselves).
+    held: Option<Quantized>,
+}
+
+impl State {
+    /// Trades the products' activation scratch with `s`'s.
+    fn swap_activations(&mut self, s: &mut SharedInput) {
+        std::mem::swap(&mut self.q, &mut s.q);
+        std::mem::swap(&mut self.packed, &mut s.packed);
+        std::mem::swap(&mut self.act_scale, &mut s.act_scale);
+        std::mem::swap(&mut self.halves, &mut s.halves);
+    }
+}
+
+impl GpuBackend {
+    /// Records the quantization of `n` rows of `x` as `w`'s product reads them, into a scratch
+    /// of their own for [`GpuBackend::with_shared_input`].
+    pub(crate) fn share_input(
+        &self,
+        w: &GpuMatrix,
+        x: &GpuBuffer<f32>,
+        n: usize,
+    ) -> Result<SharedInput, BackendError> {
+        let new = |gpu: &hesper_gpu::Gpu| -> Result<SharedInput, GpuError> {
+            Ok(SharedInput {
+                q: gpu.zeroed("shared activation codes", 1)?,
+                packed: (
+                    gpu.zeroed("shared packed activations", 1)?,
+                    gpu.zeroed("shared activation sums", 1)?,
+                ),
+                act_scale: gpu.zeroed("shared activation scales", 1)?,
+                halves: gpu.zeroed("shared f16 activations", 1)?,
+                held: None,
+            })
+        };
+        let mut shared = new(&self.state.borrow().gpu).map_err(device_error)?;
+        self.with_shared_input(&mut shared, |b| {
+            b.record(|st| product::quantize(st, w, x, n));
+        });
+        let packed_dot = self.state.borrow().packed_dot;
+        shared.held = product::fused_form(w.kind, packed_dot).map(|form| Quantized {
+            buffer: x.raw().clone(),
+            cols: w.desc.cols,
+            n,
+            form,
+        });
+        Ok(shared)
+    }
+
+    /// Runs `f` with `shared`'s scratch in place of the products' and its rows marked as
+    /// quantized, so the first product of them reads them as they are (a product of another
+    /// input, or of another layout, quantizes as ever).
+    pub(crate) fn with_shared_input(&self, shared: &mut SharedInput, f: impl FnOnce(&Self)) {
+        {
+            let mut st = self.state.borrow_mut();
+            st.swap_activations(shared);
+            st.quantized = shared.held.clone();
+        }
+        f(self);
+        let mut st = self.state.borrow_mut();
+        st.quantized = None;
+        st.swap_activations(shared);
+    }
+}
