@@ -92,7 +92,7 @@ pub fn moe_ffn(
 
 /// `expert`'s FFN of `m` rows of `xs` into `y` (`m` rows of the model's width), through the
 /// scratch `gate`, `up` and `a` (`m` rows of `ff`); its gate and up products read `xs` from
-/// `shared` where it holds them quantized ([`shared_input`]).
+/// `shared` where it holds them quantized ([`crate::shared_input`]).
 #[allow(clippy::too_many_arguments)]
 fn expert_ffn(
     b: &GpuBackend,
@@ -241,6 +241,8 @@ fn routed_on_gpu(
 ) -> Result<(), BackendError> {
     let d = moe.router.desc.cols;
     let (n_expert, n_used, ff) = (routing.n_expert, routing.n_used, routing.n_ff);
+    // `x` quantized once, outside the gates: every expert reads it.
+    let mut shared = share_input(b, moe, x, n)?;
     let per_expert = 3 * EXPERT_LAUNCHES;
     let (grids, args) = {
         let st = b.state.borrow();
@@ -251,7 +253,14 @@ fn routed_on_gpu(
         )
     };
     let (mut grids, mut args) = (grids.map_err(device_error)?, args.map_err(device_error)?);
+    // Each expert's outputs for every row, expert by expert.
+    let mut ys = b.alloc(n_expert * n * d)?;
+    let (mut gate, mut up, mut a) = (b.alloc(n * ff)?, b.alloc(n * ff)?, b.alloc(n * ff)?);
+    let mut y = b.alloc(n * d)?;
     let words = (n_expert * per_expert) as u32;
+    // `gate_grids` reads the grids the host writes below, so the batch holding it is not
+    // submitted before they are written (from it to the write, nothing is flushed).
+    let flush = std::mem::replace(&mut b.state.borrow_mut().flush, usize::MAX);
     b.record(|st| {
         st.batch.run(
             &mut st.gpu,
@@ -266,15 +275,6 @@ fn routed_on_gpu(
             k::gate_grids::grid_for(words),
         )
     });
-    // `x` quantized once, before the gates: every expert reads it.
-    let mut shared = share_input(b, moe, x, n)?;
-    // Each expert's outputs for every row, expert by expert.
-    let mut ys = b.alloc(n_expert * n * d)?;
-    let (mut gate, mut up, mut a) = (b.alloc(n * ff)?, b.alloc(n * ff)?, b.alloc(n * ff)?);
-    let mut y = b.alloc(n * d)?;
-    // `gate_grids` reads the grids the host writes below, so the batch holding it is not
-    // submitted before they are written.
-    let flush = std::mem::replace(&mut b.state.borrow_mut().flush, usize::MAX);
     let mut table = vec![0u32; n_expert * per_expert];
     for (e, expert) in moe.experts.iter().enumerate() {
         b.record(|st| {

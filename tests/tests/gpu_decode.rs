@@ -1,6 +1,6 @@
 //! Decoding on the WebGPU backend: the shipped demo model generates the same greedy tokens on
 //! the GPU as on the CPU, a step submitted in parts while it is recorded (the same logits as
-//! in one submit), every pipeline, bind group and buffer reused from the first token on, and a
+//! in one submit, a mixture's too), every pipeline, bind group and buffer reused from the first token on, and a
 //! model split into layer ranges (a ring's GPU nodes) equals the whole.
 
 use std::path::PathBuf;
@@ -185,6 +185,37 @@ fn gpu_top_k_equals_the_top_of_the_logits_it_would_read_back() {
             top2,
             hesper_engine::sampler::top_candidates(&row2, k),
             "k = {k}, step 2"
+        );
+    }
+}
+
+/// A mixture routed on the GPU (each expert's launches behind a gate whose grids the host writes
+/// after recording them, and the layer's input quantized once for every expert) submitted in
+/// parts: the same logits as in one submit, wherever a part ends.
+#[test]
+fn a_mixture_submitted_in_parts_gives_the_logits_of_one_submit() {
+    let file = Golden::load("tiny-qwen3moe-f16").file();
+    // Four rows: a step short enough to be routed on the GPU natively.
+    let prompt = [1u32, 5, 9, 14];
+    let run = |flush: usize| {
+        let model = gpu_model(&file, None);
+        model.backend.set_flush_dispatches(flush);
+        let mut s = model.new_session(16, 8).expect("session");
+        let mut logits = model.eval(&mut s, &prompt, Logits::All).expect("prefill");
+        for token in [3u32, 7, 11] {
+            logits.extend(model.eval(&mut s, &[token], Logits::Last).expect("decode"));
+        }
+        logits
+    };
+    let whole = run(usize::MAX);
+    for flush in 1..=4 {
+        let parts = run(flush);
+        assert!(
+            parts
+                .iter()
+                .map(|v| v.to_bits())
+                .eq(whole.iter().map(|v| v.to_bits())),
+            "submitted every {flush} dispatches, the logits differ"
         );
     }
 }
