@@ -39,6 +39,60 @@ const GATED_EXPERTS: usize = 32;
 /// the products over their row windows, biases, the activation): its gate's slots.
 const EXPERT_LAUNCHES: usize = 16;
 
+/// The buffers of a mixture's FFN, kept from one layer (and step) to the next by the backend:
+/// the queue runs each layer's work after the one before, so reusing them changes no value,
+/// only the buffers and bind groups a decoded token creates. The grids the host writes are
+/// not kept: a layer's table must not be overwritten before its batch runs.
+#[derive(Default)]
+pub struct Pool {
+    floats: [Option<GpuBuffer<f32>>; SLOTS],
+    ids: Option<GpuBuffer<u32>>,
+    args: Option<GpuBuffer<u32>>,
+}
+
+/// The pool's float buffers: the router's logits, the chosen experts' weights, every
+/// expert's outputs, the gate, up and activation scratch, one expert's output, its gathered
+/// rows.
+const SLOTS: usize = 8;
+const LOGITS: usize = 0;
+const WEIGHTS: usize = 1;
+const OUTPUTS: usize = 2;
+const GATE: usize = 3;
+const UP: usize = 4;
+const ACT: usize = 5;
+const Y: usize = 6;
+#[cfg(not(target_arch = "wasm32"))]
+const ROWS: usize = 7;
+
+/// The pool's buffer `slot` if it holds at least `len` floats, else a new one.
+fn floats(b: &GpuBackend, slot: usize, len: usize) -> Result<GpuBuffer<f32>, BackendError> {
+    let held = b.state.borrow_mut().moe_pool.floats[slot].take();
+    match held {
+        Some(buffer) if buffer.len() >= len => Ok(buffer),
+        _ => b.alloc(len),
+    }
+}
+
+/// A buffer of at least `len` words from `held` (the pool's), else one `make` creates.
+fn words(
+    held: Option<GpuBuffer<u32>>,
+    len: usize,
+    make: impl FnOnce() -> Result<GpuBuffer<u32>, hesper_gpu::GpuError>,
+) -> Result<GpuBuffer<u32>, BackendError> {
+    match held {
+        Some(buffer) if buffer.len() >= len => Ok(buffer),
+        _ => make().map_err(device_error),
+    }
+}
+
+/// Gives the float buffers back to the pool, each to its slot.
+fn keep(b: &GpuBackend, buffers: impl IntoIterator<Item = (usize, GpuBuffer<f32>)>) {
+    let pool = &mut b.state.borrow_mut().moe_pool;
+    for (slot, buffer) in buffers {
+        pool.floats[slot] = Some(buffer);
+    }
+}
+
 /// `out` = the mixture of `moe`'s experts over `n` rows of `x` (see [`Backend::moe_ffn`]), its
 /// work recorded, routed on the host or the GPU as the backend is set; a failure to allocate
 /// or to read the router back is returned.
@@ -52,18 +106,16 @@ pub fn moe_ffn(
     out: &mut GpuBuffer<f32>,
 ) -> Result<(), BackendError> {
     let (n_expert, n_used) = (routing.n_expert, routing.n_used);
-    let mut logits = b.alloc(n * n_expert)?;
+    let mut logits = floats(b, LOGITS, n * n_expert)?;
     b.matmul(&moe.router, x, n, &mut logits);
     if let Some(bias) = &moe.router_bias {
         b.add_bias(&mut logits, bias, n);
     }
-    let mut ids = b
-        .state
-        .borrow()
-        .gpu
-        .zeroed::<u32>("expert ids", n * n_used)
-        .map_err(device_error)?;
-    let mut w = b.alloc(n * n_used)?;
+    let held = b.state.borrow_mut().moe_pool.ids.take();
+    let mut ids = words(held, n * n_used, || {
+        b.state.borrow().gpu.zeroed("expert ids", n * n_used)
+    })?;
+    let mut w = floats(b, WEIGHTS, n * n_used)?;
     b.record(|st| {
         st.batch.run(
             &mut st.gpu,
@@ -80,14 +132,33 @@ pub fn moe_ffn(
             k::moe_route::grid_for(n as u32),
         )
     });
+    let done = route(b, moe, routing, act, x, n, (&ids, &w), out);
+    keep(b, [(LOGITS, logits), (WEIGHTS, w)]);
+    b.state.borrow_mut().moe_pool.ids = Some(ids);
+    done
+}
+
+/// The experts `ids` chose (`w`: their weights) over `n` rows of `x` into `out`: gathered on
+/// the host or routed on the GPU, as [`moe_ffn`] says.
+#[allow(clippy::too_many_arguments)]
+fn route(
+    b: &GpuBackend,
+    moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
+    routing: &Experts,
+    act: Activation,
+    x: &GpuBuffer<f32>,
+    n: usize,
+    (ids, w): (&GpuBuffer<u32>, &GpuBuffer<f32>),
+    out: &mut GpuBuffer<f32>,
+) -> Result<(), BackendError> {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let short = n <= k::TOKEN_TILE as usize && n_expert <= GATED_EXPERTS;
+        let short = n <= k::TOKEN_TILE as usize && routing.n_expert <= GATED_EXPERTS;
         if !short && !b.state.borrow().route_on_gpu {
-            return gathered_on_host(b, moe, routing, act, x, n, (&ids, &w), out);
+            return gathered_on_host(b, moe, routing, act, x, n, (ids, w), out);
         }
     }
-    routed_on_gpu(b, moe, routing, act, x, n, (&ids, &w), out)
+    routed_on_gpu(b, moe, routing, act, x, n, (ids, w), out)
 }
 
 /// `expert`'s FFN of `m` rows of `xs` into `y` (`m` rows of the model's width), through the
@@ -154,7 +225,7 @@ fn share_input(
     if !alike {
         return Ok(None);
     }
-    b.share_input(first, x, n).map(Some)
+    b.share_input(first, x, n)
 }
 
 /// Each chosen expert's rows gathered on the host from the read-back `ids` (`w`: their
@@ -181,7 +252,12 @@ fn gathered_on_host(
         rows_of[e as usize].push((k / n_used, k % n_used));
     }
     // Row `t·n_used + rank`: row t's output from its rank-th expert.
-    let mut ys = b.alloc(n * n_used * d)?;
+    let mut ys = floats(b, OUTPUTS, n * n_used * d)?;
+    // Scratch for the expert of the most rows, reused expert after expert.
+    let most = rows_of.iter().map(Vec::len).max().unwrap_or(0);
+    let (mut gate, mut up) = (floats(b, GATE, most * ff)?, floats(b, UP, most * ff)?);
+    let (mut a, mut y) = (floats(b, ACT, most * ff)?, floats(b, Y, most * d)?);
+    let mut xs = floats(b, ROWS, most * d)?;
     // An expert that every row chose (each expert of a decoded token) reads `x` itself,
     // quantized once for all of them.
     let every_row = |rows: &[(usize, usize)]| rows.iter().map(|r| r.0).eq(0..n);
@@ -191,14 +267,11 @@ fn gathered_on_host(
     };
     for (e, rows) in rows_of.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
         let m = rows.len();
-        let (mut gate, mut up, mut a) = (b.alloc(m * ff)?, b.alloc(m * ff)?, b.alloc(m * ff)?);
-        let mut y = b.alloc(m * d)?;
         let scratch = [&mut gate, &mut up, &mut a];
         if every_row(rows) {
             let expert = &moe.experts[e];
             expert_ffn(b, expert, act, x, m, ff, scratch, &mut y, shared.as_mut());
         } else {
-            let mut xs = b.alloc(m * d)?;
             for (i, &(t, _)) in rows.iter().enumerate() {
                 b.copy_rows(x, t, 1, d, &mut xs, i);
             }
@@ -208,6 +281,7 @@ fn gathered_on_host(
             b.copy_rows(&y, i, 1, d, &mut ys, t * n_used + rank);
         }
     }
+    b.keep_shared_input(shared);
     let len = (n * d) as u32;
     b.record(|st| {
         st.batch.run(
@@ -223,6 +297,17 @@ fn gathered_on_host(
             k::moe_combine::grid_for(len),
         )
     });
+    keep(
+        b,
+        [
+            (OUTPUTS, ys),
+            (GATE, gate),
+            (UP, up),
+            (ACT, a),
+            (Y, y),
+            (ROWS, xs),
+        ],
+    );
     Ok(())
 }
 
@@ -244,19 +329,17 @@ fn routed_on_gpu(
     // `x` quantized once, outside the gates: every expert reads it.
     let mut shared = share_input(b, moe, x, n)?;
     let per_expert = 3 * EXPERT_LAUNCHES;
-    let (grids, args) = {
-        let st = b.state.borrow();
-        let g = &st.gpu;
-        (
-            g.zeroed::<u32>("expert grids", n_expert * per_expert),
-            g.indirect_args("expert launches", n_expert * per_expert),
-        )
-    };
-    let (mut grids, mut args) = (grids.map_err(device_error)?, args.map_err(device_error)?);
+    let slots = n_expert * per_expert;
+    let grids = b.state.borrow().gpu.zeroed::<u32>("expert grids", slots);
+    let mut grids = grids.map_err(device_error)?;
+    let held = b.state.borrow_mut().moe_pool.args.take();
+    let mut args = words(held, slots, || {
+        b.state.borrow().gpu.indirect_args("expert launches", slots)
+    })?;
     // Each expert's outputs for every row, expert by expert.
-    let mut ys = b.alloc(n_expert * n * d)?;
-    let (mut gate, mut up, mut a) = (b.alloc(n * ff)?, b.alloc(n * ff)?, b.alloc(n * ff)?);
-    let mut y = b.alloc(n * d)?;
+    let mut ys = floats(b, OUTPUTS, n_expert * n * d)?;
+    let (mut gate, mut up) = (floats(b, GATE, n * ff)?, floats(b, UP, n * ff)?);
+    let (mut a, mut y) = (floats(b, ACT, n * ff)?, floats(b, Y, n * d)?);
     let words = (n_expert * per_expert) as u32;
     // `gate_grids` reads the grids the host writes below, so the batch holding it is not
     // submitted before they are written (from it to the write, nothing is flushed).
@@ -289,6 +372,7 @@ fn routed_on_gpu(
         }
         b.copy_rows(&y, 0, n, d, &mut ys, e * n);
     }
+    b.keep_shared_input(shared);
     let written = {
         let mut st = b.state.borrow_mut();
         st.flush = flush;
@@ -312,5 +396,7 @@ fn routed_on_gpu(
             k::moe_combine_routed::grid_for(len),
         )
     });
+    keep(b, [(OUTPUTS, ys), (GATE, gate), (UP, up), (ACT, a), (Y, y)]);
+    b.state.borrow_mut().moe_pool.args = Some(args);
     Ok(())
 }

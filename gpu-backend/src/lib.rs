@@ -144,6 +144,11 @@ struct State {
     /// RoPE tables of the bases a model's layers use (two where sliding-window layers have
     /// their own), the most recently made last.
     ropes: Vec<RopeTable>,
+    /// A mixture's buffers between its layers (`experts.rs`).
+    moe_pool: experts::Pool,
+    /// A second activation scratch, between the layers that share an input
+    /// (`shared_input.rs`).
+    spare_scratch: Option<shared_input::Scratch>,
     /// The buffer whose rows the activation scratch holds quantized, when a fused RMSNorm
     /// left them there for the product that comes next (cleared by any other operation).
     quantized: Option<Quantized>,
@@ -269,6 +274,8 @@ impl GpuBackend {
                 top,
                 ropes: Vec::new(),
                 quantized: None,
+                spare_scratch: None,
+                moe_pool: experts::Pool::default(),
                 products: BTreeMap::new(),
                 #[cfg(not(target_arch = "wasm32"))]
                 route_on_gpu: false,

@@ -6,25 +6,45 @@
 //! once an expert (the same codes, so the same bits).
 
 use hesper_engine::backend::BackendError;
-use hesper_gpu::{GpuBuffer, GpuError};
+use hesper_gpu::{Gpu, GpuBuffer, GpuError};
 
 use crate::matrix::GpuMatrix;
 use crate::{device_error, product, GpuBackend, Quantized, State};
 
-/// An activation scratch holding one input quantized, and what it holds.
-pub struct SharedInput {
+/// A second activation scratch (codes, packed codes and sums, scales, halves), kept by the
+/// backend between layers so that sharing an input allocates nothing after the first time.
+pub struct Scratch {
     q: GpuBuffer<i32>,
     packed: (GpuBuffer<u32>, GpuBuffer<i32>),
     act_scale: GpuBuffer<f32>,
     halves: GpuBuffer<u32>,
-    /// The rows the scratch holds, in the form the products that read them expect (none for
-    /// a layout whose products quantize for themselves).
-    held: Option<Quantized>,
+}
+
+impl Scratch {
+    /// Empty buffers; the products' reservations grow them.
+    fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        Ok(Self {
+            q: gpu.zeroed("shared activation codes", 1)?,
+            packed: (
+                gpu.zeroed("shared packed activations", 1)?,
+                gpu.zeroed("shared activation sums", 1)?,
+            ),
+            act_scale: gpu.zeroed("shared activation scales", 1)?,
+            halves: gpu.zeroed("shared f16 activations", 1)?,
+        })
+    }
+}
+
+/// A scratch holding one input quantized, and what it holds.
+pub struct SharedInput {
+    scratch: Scratch,
+    /// The rows the scratch holds, in the form the products that read them expect.
+    held: Quantized,
 }
 
 impl State {
-    /// Trades the products' activation scratch with `s`'s.
-    fn swap_activations(&mut self, s: &mut SharedInput) {
+    /// Trades the products' activation scratch with `s`.
+    fn swap_activations(&mut self, s: &mut Scratch) {
         std::mem::swap(&mut self.q, &mut s.q);
         std::mem::swap(&mut self.packed, &mut s.packed);
         std::mem::swap(&mut self.act_scale, &mut s.act_scale);
@@ -34,37 +54,35 @@ impl State {
 
 impl GpuBackend {
     /// Records the quantization of `n` rows of `x` as `w`'s product reads them, into a scratch
-    /// of their own for [`GpuBackend::with_shared_input`].
+    /// of their own for [`GpuBackend::with_shared_input`]; none for a layout whose products
+    /// quantize for themselves (I2_S without `dot4I8Packed`) or read the floats (F32, BF16).
+    /// [`GpuBackend::keep_shared_input`] keeps the scratch for the next time.
     pub(crate) fn share_input(
         &self,
         w: &GpuMatrix,
         x: &GpuBuffer<f32>,
         n: usize,
-    ) -> Result<SharedInput, BackendError> {
-        let new = |gpu: &hesper_gpu::Gpu| -> Result<SharedInput, GpuError> {
-            Ok(SharedInput {
-                q: gpu.zeroed("shared activation codes", 1)?,
-                packed: (
-                    gpu.zeroed("shared packed activations", 1)?,
-                    gpu.zeroed("shared activation sums", 1)?,
-                ),
-                act_scale: gpu.zeroed("shared activation scales", 1)?,
-                halves: gpu.zeroed("shared f16 activations", 1)?,
-                held: None,
-            })
-        };
-        let mut shared = new(&self.state.borrow().gpu).map_err(device_error)?;
-        self.with_shared_input(&mut shared, |b| {
-            b.record(|st| product::quantize(st, w, x, n));
-        });
+    ) -> Result<Option<SharedInput>, BackendError> {
         let packed_dot = self.state.borrow().packed_dot;
-        shared.held = product::fused_form(w.kind, packed_dot).map(|form| Quantized {
+        let Some(form) = product::fused_form(w.kind, packed_dot) else {
+            return Ok(None);
+        };
+        let spare = self.state.borrow_mut().spare_scratch.take();
+        let scratch = match spare {
+            Some(s) => s,
+            None => Scratch::new(&self.state.borrow().gpu).map_err(device_error)?,
+        };
+        let held = Quantized {
             buffer: x.raw().clone(),
             cols: w.desc.cols,
             n,
             form,
+        };
+        let mut shared = SharedInput { scratch, held };
+        self.with_shared_input(&mut shared, |b| {
+            b.record(|st| product::quantize(st, w, x, n));
         });
-        Ok(shared)
+        Ok(Some(shared))
     }
 
     /// Runs `f` with `shared`'s scratch in place of the products' and its rows marked as
@@ -73,12 +91,19 @@ impl GpuBackend {
     pub(crate) fn with_shared_input(&self, shared: &mut SharedInput, f: impl FnOnce(&Self)) {
         {
             let mut st = self.state.borrow_mut();
-            st.swap_activations(shared);
-            st.quantized = shared.held.clone();
+            st.swap_activations(&mut shared.scratch);
+            st.quantized = Some(shared.held.clone());
         }
         f(self);
         let mut st = self.state.borrow_mut();
         st.quantized = None;
-        st.swap_activations(shared);
+        st.swap_activations(&mut shared.scratch);
+    }
+
+    /// Keeps `shared`'s scratch for the next [`GpuBackend::share_input`].
+    pub(crate) fn keep_shared_input(&self, shared: Option<SharedInput>) {
+        if let Some(s) = shared {
+            self.state.borrow_mut().spare_scratch = Some(s.scratch);
+        }
     }
 }

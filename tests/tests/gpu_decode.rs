@@ -189,6 +189,35 @@ fn gpu_top_k_equals_the_top_of_the_logits_it_would_read_back() {
     }
 }
 
+/// A mixture's decoded tokens reuse its buffers from layer to layer and token to token: after
+/// the first tokens, each token creates one buffer and one bind group a layer (the grids of
+/// its experts' launches, which the host writes for that layer), nothing else.
+#[test]
+fn a_mixture_creates_only_its_grids_after_the_first_tokens() {
+    let file = Golden::load("tiny-qwen3moe-f16").file();
+    let model = gpu_model(&file, None);
+    let mut s = model.new_session(32, 8).expect("session");
+    let mut next = model
+        .eval_greedy(&mut s, &[1, 5, 9, 14, 2])
+        .expect("prefill");
+    for _ in 0..2 {
+        next = model.eval_greedy(&mut s, &[next]).expect("first tokens");
+    }
+    let before = model.backend.stats();
+    let steps = 4;
+    for _ in 0..steps {
+        next = model.eval_greedy(&mut s, &[next]).expect("decode");
+    }
+    let after = model.backend.stats();
+    let per_layer = steps * model.config.n_layer as u64;
+    assert_eq!(after.buffers - before.buffers, per_layer, "buffers created");
+    assert_eq!(
+        after.bind_groups - before.bind_groups,
+        per_layer,
+        "bind groups created"
+    );
+}
+
 /// A mixture routed on the GPU (each expert's launches behind a gate whose grids the host writes
 /// after recording them, and the layer's input quantized once for every expert) submitted in
 /// parts: the same logits as in one submit, wherever a part ends.
