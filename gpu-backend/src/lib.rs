@@ -957,8 +957,9 @@ impl Backend for GpuBackend {
         self.record(|st| st.rms_norm(x, w, n, eps, out));
     }
 
-    /// Both head norms in one launch (`rms_norm_heads_sg`) where the device has subgroups and
-    /// the heads are one width.
+    /// Both head norms in one launch (`rms_norm_heads_sg`) where the device has subgroups, the
+    /// heads are one width and their rows fit one grid dimension (else the two launches, each
+    /// of fewer rows).
     fn rms_norm_qk(
         &self,
         x: [&GpuBuffer<f32>; 2],
@@ -968,7 +969,12 @@ impl Backend for GpuBackend {
         out: [&mut GpuBuffer<f32>; 2],
     ) {
         let ([xq, xk], [wq, wk], [yq, yk]) = (x, w, out);
-        if !self.state.borrow().subgroups || wq.len() != wk.len() {
+        let joined = {
+            let st = self.state.borrow();
+            let max = st.gpu.limits.max_compute_workgroups_per_dimension as usize;
+            st.subgroups && wq.len() == wk.len() && n[0] + n[1] <= max
+        };
+        if !joined {
             self.rms_norm(xq, wq, n[0], eps, yq);
             return self.rms_norm(xk, wk, n[1], eps, yk);
         }
@@ -1510,18 +1516,26 @@ impl Backend for GpuBackend {
         });
     }
 
-    /// The three biases in one launch (`add_qkv_bias`) where keys and values are one width.
+    /// The three biases in one launch (`add_qkv_bias`) where keys and values are one width
+    /// and the launch's workgroups fit one grid dimension (else the three launches).
     fn add_qkv_bias(&self, outs: [&mut GpuBuffer<f32>; 3], bias: &[GpuBuffer<f32>; 3], n: usize) {
         let [q, k, v] = outs;
         let [bq, bk, bv] = bias;
-        if bk.len() != bv.len() {
+        let (q_width, kv_width) = (bq.len(), bk.len());
+        let len = n * (q_width + 2 * kv_width);
+        let max = self
+            .state
+            .borrow()
+            .gpu
+            .limits
+            .max_compute_workgroups_per_dimension as usize;
+        if bv.len() != kv_width || len.div_ceil(k::add_qkv_bias::WORKGROUP_SIZE as usize) > max {
             for (x, b) in [q, k, v].into_iter().zip(bias) {
                 self.add_bias(x, b, n);
             }
             return;
         }
-        let (q_width, kv_width) = (bq.len(), bk.len());
-        let len = (n * (q_width + 2 * kv_width)) as u32;
+        let len = len as u32;
         self.record(|st| {
             st.batch.run(
                 &mut st.gpu,
