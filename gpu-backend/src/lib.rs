@@ -521,6 +521,17 @@ impl GpuBackend {
         }
     }
 
+    /// Whether `workgroups` fit one dimension of a grid (a launch past it is refused).
+    fn fits_one_dimension(&self, workgroups: usize) -> bool {
+        let max = self
+            .state
+            .borrow()
+            .gpu
+            .limits
+            .max_compute_workgroups_per_dimension;
+        workgroups <= max as usize
+    }
+
     /// Refuses heads wider than the attention kernel takes.
     fn check_head(&self, shape: &AttentionShape) -> Result<(), GpuError> {
         if shape.head_dim > MAX_HEAD_DIM {
@@ -969,12 +980,8 @@ impl Backend for GpuBackend {
         out: [&mut GpuBuffer<f32>; 2],
     ) {
         let ([xq, xk], [wq, wk], [yq, yk]) = (x, w, out);
-        let joined = {
-            let st = self.state.borrow();
-            let max = st.gpu.limits.max_compute_workgroups_per_dimension as usize;
-            st.subgroups && wq.len() == wk.len() && n[0] + n[1] <= max
-        };
-        if !joined {
+        let subgroups = self.state.borrow().subgroups;
+        if !subgroups || wq.len() != wk.len() || !self.fits_one_dimension(n[0] + n[1]) {
             self.rms_norm(xq, wq, n[0], eps, yq);
             return self.rms_norm(xk, wk, n[1], eps, yk);
         }
@@ -1523,13 +1530,8 @@ impl Backend for GpuBackend {
         let [bq, bk, bv] = bias;
         let (q_width, kv_width) = (bq.len(), bk.len());
         let len = n * (q_width + 2 * kv_width);
-        let max = self
-            .state
-            .borrow()
-            .gpu
-            .limits
-            .max_compute_workgroups_per_dimension as usize;
-        if bv.len() != kv_width || len.div_ceil(k::add_qkv_bias::WORKGROUP_SIZE as usize) > max {
+        let workgroups = len.div_ceil(k::add_qkv_bias::WORKGROUP_SIZE as usize);
+        if bv.len() != kv_width || !self.fits_one_dimension(workgroups) {
             for (x, b) in [q, k, v].into_iter().zip(bias) {
                 self.add_bias(x, b, n);
             }
