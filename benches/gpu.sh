@@ -104,7 +104,8 @@ grep -m1 '^adapter' "$out/adapter.txt" || { cat "$out/adapter.txt"; exit 1; }
 llama=${LLAMA_BENCH:-$root/benches/llama-vulkan/llama-bench}
 quantizer=${LLAMA_QUANTIZE:-$(dirname "$llama")/llama-quantize}
 # name, file, the name of llama.cpp's file it is measured against ("" for none; mainline
-# llama.cpp has no I2_S: the 2B4T I2_S file is set beside llama.cpp's TQ2_0 of the same weights)
+# llama.cpp has no I2_S: the 2B4T I2_S file is set beside llama.cpp's TQ2_0 of the same weights),
+# and flags of our bench for that run
 runs=()
 if $smoke; then
   runs+=("i2s|$root/models/hesper-kjv.gguf|")
@@ -115,6 +116,10 @@ else
     python3 "$root/golden-values/generate.py" --bench-2b4t "$dir" | grep -v '^  layer'
   fi
   runs+=("i2s|$dir/bench-2b4t-i2s.gguf|tq2_0" "tq2_0|$dir/bench-2b4t-tq2_0.gguf|tq2_0")
+  # Where I2_S prompts run on matrix cores, the same file on the shader cores too.
+  if grep -q 'I2_S prompts on matrix cores' "$out/adapter.txt"; then
+    runs+=("i2s-shader-cores|$dir/bench-2b4t-i2s.gguf|tq2_0|--gpu-matrix-cores off")
+  fi
   if [ "${FAMILIES:-1}" != 0 ]; then
     files=(llama1b-f16 llama1b-q8_0)
     if [ -x "$quantizer" ]; then
@@ -141,10 +146,11 @@ fi
 : >"$out/pairs.txt"
 for round in $(seq "$rounds"); do
   for r in "${runs[@]}"; do
-    IFS='|' read -r name file peer <<<"$r"
+    IFS='|' read -r name file peer flags <<<"$r"
     [ "$round" -gt 1 ] && [ -z "$peer" ] && continue  # nothing to compare with: one round
     step "round $round: hesper-rs bench --backend gpu, $name"
-    "$bin" bench -m "$file" --backend gpu -p "$pp" -n "$tg" -r "$reps" --roofline --json \
+    # shellcheck disable=SC2086  # the run's own flags, word by word
+    "$bin" bench -m "$file" --backend gpu -p "$pp" -n "$tg" -r "$reps" --roofline --json $flags \
       >"$out/hesper-$name-r$round.json"
     [ "$round" = 1 ] && [ -n "$peer" ] && echo "$name $peer" >>"$out/pairs.txt"
     if ! $smoke && [ "$peer" = "$name" ] && [ -x "$llama" ]; then

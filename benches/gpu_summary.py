@@ -33,9 +33,12 @@ def print_speeds(out: Path) -> list[dict]:
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     decode = []
     for f in sorted(out.glob("hesper-*.json")):
+        # A run with flags of its own (I2_S on the shader cores) is named beside its file.
+        run = f.stem.removeprefix("hesper-").rsplit("-r", 1)[0]
+        extra = f" ({run})" if run.endswith("-shader-cores") else ""
         for r in read_rows(f):
             share = r.get("roofline_share")
-            print(f"| hesper-rs | {Path(r['model']).name} | {r['test']} | "
+            print(f"| hesper-rs | {Path(r['model']).name}{extra} | {r['test']} | "
                   f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | {show(r.get('gb_per_s'), '.1f')} | "
                   f"{percent(share)} |")
             if r["test"].startswith("tg"):

@@ -7,6 +7,8 @@
 pub enum Ty {
     /// `f32`.
     F32,
+    /// `f16` (workgroup arrays of a cooperative-matrix kernel, [`Expr::Cast`] by `to_f16(x)`).
+    F16,
     /// `u32`.
     U32,
     /// `i32`.
@@ -25,6 +27,7 @@ impl Ty {
     pub fn wgsl(self) -> &'static str {
         match self {
             Ty::F32 => "f32",
+            Ty::F16 => "f16",
             Ty::U32 => "u32",
             Ty::I32 => "i32",
             Ty::Bool => "bool",
@@ -36,6 +39,7 @@ impl Ty {
     pub fn from_wgsl(name: &str) -> Self {
         match name {
             "f32" => Ty::F32,
+            "f16" => Ty::F16,
             "u32" => Ty::U32,
             "i32" => Ty::I32,
             "bool" => Ty::Bool,
@@ -159,6 +163,25 @@ pub enum Expr {
     ArrayLength(Box<Expr>),
     /// `break`, `continue` or `return` as an expression statement.
     Jump(&'static str),
+    /// A cooperative-matrix operation; its array operand, where it has one, first.
+    Coop(CoopOp, Vec<Expr>),
+}
+
+/// The cooperative-matrix operations (16×16 tiles, `f16` operands, `f32` accumulators), each
+/// printed as WGSL's built-in natively and as a function of the stand-in
+/// (`crate::coop`) otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoopOp {
+    /// `coop_zero()`: an accumulator of zeros.
+    Zero,
+    /// `coop_load_a_rows(array, offset, stride)`: the left operand, stored row by row.
+    LoadARows,
+    /// `coop_load_b_columns(array, offset, stride)`: the right operand, column by column.
+    LoadBColumns,
+    /// `coop_multiply_add(a, b, c)`.
+    MultiplyAdd,
+    /// `coop_store_columns(c, array, offset, stride)`: an accumulator, column by column.
+    StoreColumns,
 }
 
 impl Expr {
@@ -176,7 +199,7 @@ impl Expr {
             Expr::Cast(t, _) => *t,
             Expr::Paren(e) | Expr::Unary(_, e) => e.ty(),
             Expr::ArrayLength(_) => Ty::U32,
-            Expr::Placeholder(_) | Expr::Jump(_) => Ty::Unknown,
+            Expr::Placeholder(_) | Expr::Jump(_) | Expr::Coop(..) => Ty::Unknown,
         }
     }
 }

@@ -1,12 +1,14 @@
 //! `#[kernel]`: a restricted Rust function → a WGSL compute shader plus its binding table.
 //! See the crate README for the accepted subset.
 
+mod coop;
 mod ir;
 mod lower;
 mod signature;
 mod twin;
 mod wgsl;
 
+use coop::Target;
 use proc_macro::TokenStream;
 use quote::{format_ident, quote};
 use signature::ArgKind;
@@ -118,7 +120,6 @@ fn expand(attr: proc_macro2::TokenStream, func: &ItemFn) -> syn::Result<proc_mac
 
 fn expand_one(attr: &KernelAttr, func: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
     let KernelAttr {
-        workgroup,
         uses,
         features,
         consts,
@@ -136,15 +137,75 @@ fn expand_one(attr: &KernelAttr, func: &ItemFn) -> syn::Result<proc_macro2::Toke
             ),
         ));
     }
-    let lowerer = lower::Lowerer::new(&sig, &helper_names, subgroups);
-    let body = wgsl::block(&lowerer.block(&func.block)?, 1);
+    let coop = features.iter().any(|f| f == "cooperative_matrix");
+    if sig.has_halves() && !coop {
+        return Err(syn::Error::new_spanned(
+            &func.sig.inputs,
+            "`f16` workgroup arrays need `#[kernel(.., features(cooperative_matrix))]`",
+        ));
+    }
+    let lowerer = lower::Lowerer::new(&sig, &helper_names, subgroups).with_cooperative_matrix(coop);
+    let body = lowerer.block(&func.block)?;
+    let name = &func.sig.ident;
+    let mut out = kernel_module(
+        attr,
+        func,
+        &sig,
+        &lowerer,
+        wgsl::block(&body, 1, Target::Native),
+        String::new(),
+        name,
+        &features,
+    )?;
+    // A cooperative-matrix kernel's stand-in: the same body as a kernel of its own, runnable
+    // without matrix cores (`coop.rs`).
+    if coop {
+        let stand_in_features = ["subgroups".to_string(), "f16".to_string()];
+        out.extend(kernel_module(
+            attr,
+            func,
+            &sig,
+            &lowerer,
+            wgsl::block(&body, 1, Target::StandIn),
+            coop::stand_in_functions(&lowerer.coop_uses()),
+            &format_ident!("{name}_stand_in"),
+            &stand_in_features,
+        )?);
+    }
+    Ok(out)
+}
+
+/// The module of one kernel: its WGSL (the entry point's printed `body`, then the functions
+/// `after` it), the helper instances it calls, bindings, launch arguments and twin.
+#[allow(clippy::too_many_arguments)]
+fn kernel_module(
+    attr: &KernelAttr,
+    func: &ItemFn,
+    sig: &signature::Signature,
+    lowerer: &lower::Lowerer,
+    body: String,
+    after: String,
+    name: &syn::Ident,
+    features: &[String],
+) -> syn::Result<proc_macro2::TokenStream> {
+    let workgroup = attr.workgroup;
+    let shared_bytes = sig.shared_bytes();
+    let subgroups = features.iter().any(|f| f == "subgroups");
+    // `enable` directives come first in the module, before any helper instance.
+    let enables: String = features
+        .iter()
+        .filter_map(|f| match f.as_str() {
+            "f16" => Some("enable f16;\n"),
+            "cooperative_matrix" => Some("enable wgpu_cooperative_matrix;\n"),
+            _ => None,
+        })
+        .collect();
     let subgroup_inputs = if subgroups {
         ", @builtin(subgroup_invocation_id) sg_invocation: u32, @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_id) sg_index: u32, @builtin(num_subgroups) sg_count: u32"
     } else {
         ""
     };
-    let wgsl = format!("{}\n@compute @workgroup_size({workgroup})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>{subgroup_inputs}) {{\n{body}}}\n", sig.declarations());
-    let name = &func.sig.ident;
+    let wgsl = format!("{}\n@compute @workgroup_size({workgroup})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>{subgroup_inputs}) {{\n{body}}}\n{after}", sig.declarations());
     let module = format_ident!("{}", name);
     let wgsl = LitStr::new(&wgsl, name.span());
     // With helpers, the module text is each instance of their templates followed by the
@@ -161,8 +222,9 @@ fn expand_one(attr: &KernelAttr, func: &ItemFn) -> syn::Result<proc_macro2::Toke
         );
         quote! { const _: () = assert!(#subgroups || !super::#helper::SUBGROUPS, #message); }
     });
+    let enables = LitStr::new(&enables, name.span());
     let wgsl_const = if instances.is_empty() {
-        quote! { pub const WGSL: &str = #wgsl; }
+        quote! { pub const WGSL: &str = ::std::concat!(#enables, #wgsl); }
     } else {
         let parts = instances.iter().map(|inst| {
             let helper = format_ident!("{}", inst.helper);
@@ -175,7 +237,7 @@ fn expand_one(attr: &KernelAttr, func: &ItemFn) -> syn::Result<proc_macro2::Toke
         });
         quote! {
             pub const WGSL: &str = {
-                const PARTS: &[&[u8]] = &[#(#parts,)* #wgsl.as_bytes()];
+                const PARTS: &[&[u8]] = &[#enables.as_bytes(), #(#parts,)* #wgsl.as_bytes()];
                 const BYTES: [u8; ::hesper_gpu::wgsl_text::total_len(PARTS)] =
                     ::hesper_gpu::wgsl_text::concat(PARTS);
                 ::hesper_gpu::wgsl_text::text(&BYTES)
@@ -219,7 +281,12 @@ fn expand_one(attr: &KernelAttr, func: &ItemFn) -> syn::Result<proc_macro2::Toke
             quote! { (#name, f64::from(self.#field)) }
         });
     let vis = &func.vis;
-    let twin = twin::twin(func, false);
+    // The twin once, in the device's module (a stand-in has the same body).
+    let twin = if name == &func.sig.ident {
+        twin::twin(func, false)
+    } else {
+        quote! {}
+    };
     let const_items = sig.constants().iter().map(|(c, v)| {
         let ident = format_ident!("{}", c);
         let doc = format!("The kernel's compile-time constant `{c}`.");
@@ -347,10 +414,20 @@ fn parse_attr(attr: proc_macro2::TokenStream) -> syn::Result<KernelAttr> {
         if meta.path.is_ident("features") {
             return meta.parse_nested_meta(|f| {
                 if f.path.is_ident("subgroups") {
-                    features.push("subgroups".to_string());
+                    if !features.iter().any(|f| f == "subgroups") {
+                        features.push("subgroups".to_string());
+                    }
+                    Ok(())
+                } else if f.path.is_ident("cooperative_matrix") {
+                    // Its kernels address subgroups and hold halves.
+                    for implied in ["subgroups", "f16", "cooperative_matrix"] {
+                        if !features.iter().any(|f| f == implied) {
+                            features.push(implied.to_string());
+                        }
+                    }
                     Ok(())
                 } else {
-                    Err(f.error("known features: subgroups"))
+                    Err(f.error("known features: subgroups, cooperative_matrix"))
                 }
             });
         }
@@ -433,6 +510,83 @@ mod tests {
         assert!(expand_str("workgroup = 1", k)
             .unwrap_err()
             .contains("helpers are listed in `uses(..)`"));
+    }
+
+    #[test]
+    fn cooperative_matrix_kernels_print_natively_and_as_a_stand_in() {
+        let k = "fn k(y: &mut [f32], #[shared] a: &mut [f16; 256], #[shared] b: &mut [f16; 256],
+                      #[shared] c: &mut [f32; 256]) {
+            a[lid()] = to_f16(1u32);
+            b[lid()] = to_f16(2i32);
+            barrier();
+            let mut acc = coop_zero();
+            acc = coop_multiply_add(coop_load_a_rows(a, 0u32, 16u32),
+                                    coop_load_b_columns(b, 0u32, 16u32), acc);
+            coop_store_columns(acc, c, 0u32, 16u32);
+            barrier();
+            y[lid()] = c[lid()];
+        }";
+        let out = expand_str("workgroup = 32, features(cooperative_matrix)", k).unwrap();
+        // The device's module: the enables first, WGSL's built-ins, halves of two bytes.
+        assert!(
+            out.contains(r"enable f16;\nenable wgpu_cooperative_matrix;\n"),
+            "{out}"
+        );
+        assert!(out.contains("var<workgroup> a: array<f16, 256>;"), "{out}");
+        assert!(out.contains("a[lid.x] = f16(1u);"), "{out}");
+        assert!(out.contains("var acc = coop_mat16x16<f32, C>();"), "{out}");
+        assert!(
+            out.contains("acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&a[0u], 16u), coopLoad<coop_mat16x16<f16, B>>(&b[0u], 16u), acc);"),
+            "{out}"
+        );
+        assert!(out.contains("coopStore(acc, &c[0u], 16u);"), "{out}");
+        assert!(
+            out.contains("pub const SHARED_BYTES : u32 = 2048u32"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                r#"FEATURES : & [& str] = & ["subgroups" , "f16" , "cooperative_matrix"]"#
+            ),
+            "{out}"
+        );
+        // Its stand-in: a kernel of its own, with the operations as functions of its arrays.
+        assert!(out.contains("mod k_stand_in"), "{out}");
+        assert!(
+            out.contains(r#"FEATURES : & [& str] = & ["subgroups" , "f16"]"#),
+            "{out}"
+        );
+        assert!(out.contains("var acc = array<f32, 64>();"), "{out}");
+        assert!(
+            out.contains("acc = coop_stand_in_multiply_add(vec2<u32>(0u, 16u), vec2<u32>(0u, 16u), acc, sg_invocation, sg_size);"),
+            "{out}"
+        );
+        assert!(
+            out.contains("f32(a[coop_stand_in_row + coop_stand_in_k])"),
+            "{out}"
+        );
+        assert!(
+            out.contains("f32(b[coop_stand_in_column + coop_stand_in_k])"),
+            "{out}"
+        );
+        assert!(
+            out.contains("coop_stand_in_store_columns_c(acc, 0u, 16u, sg_invocation, sg_size);"),
+            "{out}"
+        );
+        // Without the feature, neither halves nor matrices; operands from one array a role;
+        // matrices live in workgroup arrays.
+        let err = expand_str("workgroup = 32", k).unwrap_err();
+        assert!(err.contains("features(cooperative_matrix)"), "{err}");
+        let plain = "fn k(y: &mut [f32]) { y[0] = 1.0; let h = to_f16(1.0); }";
+        let err = expand_str("workgroup = 32", plain).unwrap_err();
+        assert!(err.contains("features(cooperative_matrix)"), "{err}");
+        let two = k.replace("coop_load_b_columns(b,", "coop_load_b_columns(b, 0u32, 16u32), acc);\n acc = coop_multiply_add(coop_load_a_rows(b, 0u32, 16u32), coop_load_b_columns(b,");
+        let err = expand_str("workgroup = 32, features(cooperative_matrix)", &two).unwrap_err();
+        assert!(err.contains("loaded from two arrays"), "{err}");
+        let from_buffer = k.replace("coop_store_columns(acc, c,", "coop_store_columns(acc, y,");
+        let err =
+            expand_str("workgroup = 32, features(cooperative_matrix)", &from_buffer).unwrap_err();
+        assert!(err.contains("outside a workgroup array"), "{err}");
     }
 
     #[test]

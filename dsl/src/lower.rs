@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use syn::spanned::Spanned;
 use syn::{BinOp, Expr as Syn, Lit, Local, Pat, Stmt as SynStmt, Type, UnOp};
 
-use crate::ir::{Block, Else, Expr, Stmt, Ty};
+use crate::ir::{Block, CoopOp, Else, Expr, Stmt, Ty};
 use crate::signature::{const_value, wgsl_type, Signature};
 
 /// A helper as one kernel calls it: with the kernel's arrays in place of its array parameters.
@@ -33,6 +33,11 @@ pub struct Lowerer<'a> {
     helper: bool,
     /// The kernel declared `features(subgroups)`.
     subgroups: bool,
+    /// The kernel declared `features(cooperative_matrix)`.
+    coop: bool,
+    /// The cooperative-matrix loads and stores the body makes, by array (the stand-in's
+    /// functions, `crate::coop`).
+    coop_uses: RefCell<Vec<(CoopOp, String)>>,
     /// The helper instances the body calls, in order of first call.
     instances: RefCell<Vec<Instance>>,
     /// Types of the locals in scope, innermost block last.
@@ -194,7 +199,10 @@ const RESERVED: &[&str] = &[
 /// Refuses a name WGSL or the generated code reserves.
 pub fn check_name(id: &syn::Ident) -> syn::Result<()> {
     let name = id.to_string();
-    if RESERVED.contains(&name.as_str()) || name.starts_with("__") {
+    if RESERVED.contains(&name.as_str())
+        || name.starts_with("__")
+        || name.starts_with("coop_stand_in")
+    {
         return Err(syn::Error::new(
             id.span(),
             format!("`{name}` is a reserved word in WGSL (or a name the generated shader uses); rename it"),
@@ -212,6 +220,8 @@ impl<'a> Lowerer<'a> {
             helpers,
             helper: false,
             subgroups,
+            coop: false,
+            coop_uses: Default::default(),
             instances: Default::default(),
             scopes: RefCell::new(vec![HashMap::new()]),
         }
@@ -224,6 +234,17 @@ impl<'a> Lowerer<'a> {
             helper: true,
             ..Self::new(sig, &[], subgroups)
         }
+    }
+
+    /// The same lowering with the cooperative-matrix operations and `to_f16` allowed (a kernel
+    /// declaring `features(cooperative_matrix)`; helpers never are).
+    pub fn with_cooperative_matrix(self, on: bool) -> Self {
+        Self { coop: on, ..self }
+    }
+
+    /// The cooperative-matrix loads and stores the body made, each `(operation, array)` once.
+    pub fn coop_uses(&self) -> Vec<(CoopOp, String)> {
+        self.coop_uses.borrow().clone()
     }
 
     /// The helper instances the body called (see [`Instance`]).
@@ -583,6 +604,9 @@ impl<'a> Lowerer<'a> {
         if self.helpers.contains(&name) {
             return self.helper_call(name, c);
         }
+        if name.starts_with("coop_") || name == "to_f16" {
+            return self.coop_call(&name, c);
+        }
         let args = c
             .args
             .iter()
@@ -647,6 +671,68 @@ impl<'a> Lowerer<'a> {
                 &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, f32_to_bits, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
             )),
         }
+    }
+
+    /// `to_f16(x)` and the cooperative-matrix operations (`features(cooperative_matrix)`):
+    /// an operand array must be a workgroup array of the kernel, named.
+    fn coop_call(&self, name: &str, c: &syn::ExprCall) -> syn::Result<Expr> {
+        if !self.coop {
+            return Err(unsupported(
+                c,
+                &format!("`{name}` without `#[kernel(.., features(cooperative_matrix))]`"),
+            ));
+        }
+        let (op, array_at, arity) = match name {
+            "to_f16" => (None, None, 1),
+            "coop_zero" => (Some(CoopOp::Zero), None, 0),
+            "coop_load_a_rows" => (Some(CoopOp::LoadARows), Some(0), 3),
+            "coop_load_b_columns" => (Some(CoopOp::LoadBColumns), Some(0), 3),
+            "coop_multiply_add" => (Some(CoopOp::MultiplyAdd), None, 3),
+            "coop_store_columns" => (Some(CoopOp::StoreColumns), Some(1), 4),
+            _ => return Err(unsupported(
+                c,
+                &format!("the call `{name}` (cooperative matrices: coop_zero, coop_load_a_rows, coop_load_b_columns, coop_multiply_add, coop_store_columns, to_f16)"),
+            )),
+        };
+        if c.args.len() != arity {
+            return Err(unsupported(
+                c,
+                &format!(
+                    "`{name}` with {} argument(s) (it takes {arity})",
+                    c.args.len()
+                ),
+            ));
+        }
+        let mut args = Vec::new();
+        for (i, a) in c.args.iter().enumerate() {
+            if Some(i) == array_at {
+                let array = match a {
+                    Syn::Path(p) => p.path.get_ident().map(ToString::to_string),
+                    _ => None,
+                }
+                .filter(|n| self.sig.is_shared(n))
+                .ok_or_else(|| unsupported(a, "a cooperative matrix outside a workgroup array"))?;
+                let op = op.expect("array operands belong to operations");
+                let mut uses = self.coop_uses.borrow_mut();
+                // The stand-in's multiply-add reads its operands from one array each.
+                if op != CoopOp::StoreColumns && uses.iter().any(|(o, n)| *o == op && *n != array) {
+                    return Err(unsupported(
+                        a,
+                        "operands of one role loaded from two arrays (the stand-in reads each role from one)",
+                    ));
+                }
+                if !uses.iter().any(|(o, n)| *o == op && *n == array) {
+                    uses.push((op, array.clone()));
+                }
+                args.push(Expr::Name(array, Ty::Unknown));
+            } else {
+                args.push(self.expr(a)?);
+            }
+        }
+        Ok(match op {
+            None => Expr::Cast(Ty::F16, Box::new(args.remove(0))),
+            Some(op) => Expr::Coop(op, args),
+        })
     }
 
     /// A call of a listed helper: buffers and workgroup arrays are not WGSL arguments, so the

@@ -25,6 +25,15 @@ fn scalar(ty: &Type) -> syn::Result<&'static str> {
     }
 }
 
+/// The element of a workgroup array: a [`scalar`], or `f16` (the operands of a
+/// cooperative-matrix kernel; `features(cooperative_matrix)` enables it).
+fn shared_scalar(ty: &Type) -> syn::Result<&'static str> {
+    match ty {
+        Type::Path(p) if p.path.is_ident("f16") => Ok("f16"),
+        _ => scalar(ty),
+    }
+}
+
 /// What a parameter becomes in WGSL.
 enum Kind {
     /// `&[T]` / `&mut [T]`: a storage buffer.
@@ -131,7 +140,7 @@ impl Signature {
                 (ty, true, false) => Kind::Uniform { ty: scalar(ty)? },
                 (Type::Reference(r), false, true) => match &*r.elem {
                     Type::Array(a) if r.mutability.is_some() => Kind::Shared {
-                        elem: scalar(&a.elem)?,
+                        elem: shared_scalar(&a.elem)?,
                         len: array_len(&a.len, &values)?,
                     },
                     _ => {
@@ -290,6 +299,20 @@ impl Signature {
             .any(|p| p.name == name && matches!(p.kind, Kind::Uniform { .. }))
     }
 
+    /// Whether `name` is one of the kernel's workgroup arrays.
+    pub fn is_shared(&self, name: &str) -> bool {
+        self.params
+            .iter()
+            .any(|p| p.name == name && matches!(p.kind, Kind::Shared { .. }))
+    }
+
+    /// Whether a workgroup array holds halves (`f16`): the kernel then needs `enable f16;`.
+    pub fn has_halves(&self) -> bool {
+        self.params
+            .iter()
+            .any(|p| matches!(p.kind, Kind::Shared { elem: "f16", .. }))
+    }
+
     /// Whether `name` is a buffer or workgroup array (so `.len()` applies).
     pub fn is_array(&self, name: &str) -> bool {
         self.params.iter().any(|p| {
@@ -328,8 +351,8 @@ impl Signature {
         self.params
             .iter()
             .map(|p| {
-                if let Kind::Shared { len, .. } = p.kind {
-                    len * 4
+                if let Kind::Shared { len, elem } = p.kind {
+                    len * if elem == "f16" { 2 } else { 4 }
                 } else {
                     0
                 }

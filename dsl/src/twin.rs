@@ -67,7 +67,13 @@ fn stand_in(ty: &Type) -> Type {
             syn::parse_quote!(& #m ::hesper_gpu::twin::Buffer<#e>)
         }
         Type::Array(a) => {
-            let e = &a.elem;
+            // `f16` is no Rust type: the twin's half stands in.
+            let e: Type = match &*a.elem {
+                Type::Path(p) if p.path.is_ident("f16") => {
+                    syn::parse_quote!(::hesper_gpu::twin::f16)
+                }
+                e => e.clone(),
+            };
             syn::parse_quote!(& #m ::hesper_gpu::twin::Workgroup<#e>)
         }
         _ => ty.clone(),

@@ -1,5 +1,6 @@
 //! The WGSL printer: the IR of `ir.rs` as text, one statement a line, four spaces a level.
 
+use crate::coop::Target;
 use crate::ir::{Block, Else, Expr, Stmt};
 
 /// Where a helper template's function name goes (`hesper_gpu::wgsl_text::NAME`).
@@ -7,12 +8,15 @@ const NAME_MARK: char = '\u{2}';
 /// Brackets the index of a helper template's array parameter (`hesper_gpu::wgsl_text::PARAM`).
 const PARAM_MARK: char = '\u{1}';
 
-/// The statements of `b`, each line indented `depth` levels.
-pub fn block(b: &Block, depth: usize) -> String {
-    b.iter().map(|s| stmt(s, depth)).collect()
+/// The statements of `b`, each line indented `depth` levels, for `target` (which only
+/// cooperative-matrix operations tell apart).
+pub fn block(b: &Block, depth: usize, target: Target) -> String {
+    b.iter().map(|s| stmt(s, depth, target)).collect()
 }
 
-fn stmt(s: &Stmt, depth: usize) -> String {
+fn stmt(s: &Stmt, depth: usize, target: Target) -> String {
+    let block = |b: &Block, depth: usize| block(b, depth, target);
+    let expr = |e: &Expr| expr(e, target);
     let pad = "    ".repeat(depth);
     match s {
         Stmt::Let {
@@ -40,7 +44,7 @@ fn stmt(s: &Stmt, depth: usize) -> String {
         Stmt::Expr(e) => format!("{pad}{};\n", expr(e)),
         Stmt::Return(Some(e)) => format!("{pad}return {};\n", expr(e)),
         Stmt::Return(None) => format!("{pad}return;\n"),
-        Stmt::If { .. } => format!("{pad}{}\n", if_chain(s, depth)),
+        Stmt::If { .. } => format!("{pad}{}\n", if_chain(s, depth, target)),
         Stmt::For {
             var,
             start,
@@ -50,7 +54,7 @@ fn stmt(s: &Stmt, depth: usize) -> String {
             body,
         } => {
             let cmp = if *inclusive { "<=" } else { "<" };
-            let step = step.as_ref().map_or_else(|| "1u".to_string(), expr);
+            let step = step.as_ref().map_or_else(|| "1u".to_string(), &expr);
             format!(
                 "{pad}for (var {var}: u32 = {}; {var} {cmp} {}; {var} += {step}) {{\n{}{pad}}}\n",
                 expr(start),
@@ -69,7 +73,7 @@ fn stmt(s: &Stmt, depth: usize) -> String {
 }
 
 /// `if .. { .. } else if .. { .. } else { .. }` without its indent and final newline.
-fn if_chain(s: &Stmt, depth: usize) -> String {
+fn if_chain(s: &Stmt, depth: usize, target: Target) -> String {
     let Stmt::If {
         cond,
         then,
@@ -79,17 +83,19 @@ fn if_chain(s: &Stmt, depth: usize) -> String {
         unreachable!("if_chain prints `if` statements")
     };
     let pad = "    ".repeat(depth);
-    let mut out = format!("if {} {{\n{}{pad}}}", expr(cond), block(then, depth + 1));
+    let then = block(then, depth + 1, target);
+    let mut out = format!("if {} {{\n{then}{pad}}}", expr(cond, target));
     match otherwise {
         None => {}
-        Some(Else::Block(b)) => out += &format!(" else {{\n{}{pad}}}", block(b, depth + 1)),
-        Some(Else::If(nested)) => out += &format!(" else {}", if_chain(nested, depth)),
+        Some(Else::Block(b)) => out += &format!(" else {{\n{}{pad}}}", block(b, depth + 1, target)),
+        Some(Else::If(nested)) => out += &format!(" else {}", if_chain(nested, depth, target)),
     }
     out
 }
 
 /// An expression.
-pub fn expr(e: &Expr) -> String {
+fn expr(e: &Expr, target: Target) -> String {
+    let expr = |e: &Expr| expr(e, target);
     match e {
         Expr::Lit(text, _) | Expr::Name(text, _) => text.clone(),
         Expr::Uniform(name, _) => format!("params.{name}"),
@@ -107,11 +113,16 @@ pub fn expr(e: &Expr) -> String {
         Expr::Member(e, field, _) => format!("{}.{field}", expr(e)),
         Expr::ArrayLength(e) => format!("arrayLength(&{})", expr(e)),
         Expr::Jump(word) => (*word).to_string(),
+        Expr::Coop(op, args) => {
+            let args: Vec<String> = args.iter().map(expr).collect();
+            target.coop(*op, &args)
+        }
     }
 }
 
 /// A helper's function header: its name left as the placeholder each kernel fills in.
 pub fn helper(params: &str, ret: Option<&str>, body: &Block) -> String {
     let ret = ret.map(|t| format!(" -> {t}")).unwrap_or_default();
-    format!("fn {NAME_MARK}({params}){ret} {{\n{}}}\n", block(body, 1))
+    let body = block(body, 1, Target::Native);
+    format!("fn {NAME_MARK}({params}){ret} {{\n{body}}}\n")
 }

@@ -10,6 +10,7 @@
 mod experts;
 mod formats;
 mod matrix;
+mod matrix_cores;
 mod product;
 mod shared_input;
 
@@ -32,6 +33,7 @@ use hesper_shaders as k;
 pub use hesper_gpu::{hardware_gpu_possible, KernelTime};
 pub use hesper_shaders::{GEMM_STEP, TOKEN_TILE, WIDE_STEP};
 pub use matrix::{GpuMatrix, HostRows, Kind};
+pub use matrix_cores::MatrixCores;
 
 // The argmax kernels flag a non-finite logit as the engine reads it.
 const _: () = assert!(k::NON_FINITE == hesper_engine::backend::NON_FINITE);
@@ -127,6 +129,10 @@ struct State {
     packed: (GpuBuffer<u32>, GpuBuffer<i32>),
     /// Whether the I2_S path uses `dot4I8Packed`.
     packed_dot: bool,
+    /// Which kernel runs an I2_S step of many tokens (`matrix_cores.rs`).
+    matrix_cores: MatrixCores,
+    /// Whether the device's matrix cores failed their check (so they are not used).
+    matrix_cores_failed: bool,
     /// The activations of an F16 product as halves, two to a word (`pack_f16`).
     halves: GpuBuffer<u32>,
     /// Bound as the K and V outputs of the matrix kernels that write only one.
@@ -227,7 +233,7 @@ impl GpuBackend {
         Self::with_gpu(Gpu::open().await.map_err(device_error)?)
     }
 
-    fn with_gpu(gpu: Gpu) -> Result<Self, BackendError> {
+    fn with_gpu(mut gpu: Gpu) -> Result<Self, BackendError> {
         let name = format!("gpu ({}, {:?})", gpu.info.name, gpu.info.backend);
         let batch = gpu.batch();
         let q = gpu.zeroed("activation codes", 1).map_err(device_error)?;
@@ -238,6 +244,15 @@ impl GpuBackend {
             gpu.zeroed("activation sums", 1).map_err(device_error)?,
         );
         let packed_dot = supports_packed_dot(&gpu);
+        // Matrix cores run I2_S prompts once they gave the portable kernel's bits here.
+        let (matrix_cores, matrix_cores_failed) = if packed_dot && MatrixCores::On.runs_on(&gpu) {
+            match check_matrix_cores(&mut gpu, MatrixCores::On) {
+                true => (MatrixCores::On, false),
+                false => (MatrixCores::Off, true),
+            }
+        } else {
+            (MatrixCores::Off, false)
+        };
         let halves = gpu.zeroed("f16 activations", 1).map_err(device_error)?;
         let unused = (
             gpu.zeroed("unused outputs", 1).map_err(device_error)?,
@@ -265,6 +280,8 @@ impl GpuBackend {
                 q,
                 packed,
                 packed_dot,
+                matrix_cores,
+                matrix_cores_failed,
                 halves,
                 unused,
                 subgroups,
@@ -398,7 +415,7 @@ impl GpuBackend {
         };
         let yes_no = |f: Features| if g.features.contains(f) { "yes" } else { "no" };
         format!(
-            "adapter: {} through {:?}, {kind}; driver {} {}\nlimits: buffers up to {} MiB, storage bindings up to {} MiB, {} invocations and {} KiB of shared memory per workgroup\nkernels: I2_S dot products with {}; RMSNorm sums {}\nfeatures: shader-f16 {}, subgroups {}, timestamp queries {}",
+            "adapter: {} through {:?}, {kind}; driver {} {}\nlimits: buffers up to {} MiB, storage bindings up to {} MiB, {} invocations and {} KiB of shared memory per workgroup\nkernels: I2_S dot products with {}; I2_S prompts {}; RMSNorm sums {}\nfeatures: shader-f16 {}, subgroups {}, timestamp queries {}, cooperative matrices {}",
             g.info.name,
             g.info.backend,
             g.info.driver,
@@ -412,6 +429,14 @@ impl GpuBackend {
             } else {
                 "the plain int8 path"
             },
+            match (st.matrix_cores, st.matrix_cores_failed) {
+                (MatrixCores::On, _) => "on matrix cores",
+                (MatrixCores::StandIn, _) => "by the matrix-core kernel's stand-in",
+                (MatrixCores::Off, true) => {
+                    "on the shader cores (the matrix cores failed their check)"
+                }
+                (MatrixCores::Off, false) => "on the shader cores",
+            },
             if st.subgroups {
                 "with subgroup operations"
             } else {
@@ -420,6 +445,7 @@ impl GpuBackend {
             yes_no(Features::SHADER_F16),
             yes_no(Features::SUBGROUP),
             yes_no(Features::TIMESTAMP_QUERY),
+            yes_no(Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
         )
     }
 
@@ -503,6 +529,37 @@ impl GpuBackend {
         st.packed_dot
     }
 
+    /// Which kernel runs the I2_S products of a step of at least [`GEMM_STEP`] tokens.
+    pub fn matrix_cores(&self) -> MatrixCores {
+        self.state.borrow().matrix_cores
+    }
+
+    /// Chooses the kernel of I2_S steps of many tokens: `variant` where the device runs it
+    /// (matrix cores only where they passed their check), else the portable tiled kernel.
+    /// Returns the kernel now in use. Every choice gives the same bits.
+    pub fn set_matrix_cores(&self, variant: MatrixCores) -> MatrixCores {
+        let mut st = self.state.borrow_mut();
+        let usable = match variant {
+            MatrixCores::On => !st.matrix_cores_failed,
+            _ => true,
+        };
+        st.matrix_cores = if usable && st.packed_dot && variant.runs_on(&st.gpu) {
+            variant
+        } else {
+            MatrixCores::Off
+        };
+        st.matrix_cores
+    }
+
+    /// Runs the check the device's matrix cores pass before they are used (their kernel and
+    /// the portable one on one product, bit for bit) for `variant`; native only. `false`
+    /// where the device cannot run it.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn matrix_cores_agree(&self, variant: MatrixCores) -> bool {
+        let mut st = self.state.borrow_mut();
+        variant.runs_on(&st.gpu) && check_matrix_cores(&mut st.gpu, variant)
+    }
+
     /// Records commands with `f`; the first failure is kept for the next read. Rows a fused
     /// RMSNorm quantized are forgotten first: only [`GpuBackend::record_product`] reads them.
     fn record(&self, f: impl FnOnce(&mut State) -> Result<(), GpuError>) {
@@ -548,6 +605,20 @@ impl GpuBackend {
             kernel: "backend",
             why: format!("{what}: {why} ({})", self.name),
         }
+    }
+}
+
+/// Whether `variant`'s kernel gives the portable tiled kernel's bits on `gpu` (a failure to
+/// run it counts as no). A browser has no matrix cores, and cannot wait for the check.
+fn check_matrix_cores(gpu: &mut Gpu, variant: MatrixCores) -> bool {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        matrix_cores::agrees(gpu, variant).unwrap_or(false)
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (gpu, variant);
+        false
     }
 }
 

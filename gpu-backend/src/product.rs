@@ -8,6 +8,7 @@ use hesper_gpu::{GpuBuffer, GpuError};
 use hesper_shaders as k;
 
 use crate::matrix::{GpuMatrix, Kind};
+use crate::matrix_cores::{self, MatrixCores};
 use crate::State;
 
 /// The output stage of a gate/up pair for `act`.
@@ -200,6 +201,7 @@ pub fn multiply_into(
         q,
         packed,
         packed_dot,
+        matrix_cores,
         act_scale,
         halves,
         unused,
@@ -311,6 +313,24 @@ pub fn multiply_into(
             }};
         }
         match w.kind {
+            // On matrix cores (or their stand-in) where the row's sums stay exact there.
+            Kind::I2s { .. }
+                if *packed_dot
+                    && tiled
+                    && *matrix_cores != MatrixCores::Off
+                    && cols as usize <= matrix_cores::MAX_COLS =>
+            {
+                let (codes, q, sum) = (&win.data, &packed.0, &packed.1);
+                if *matrix_cores == MatrixCores::On {
+                    launch!(@tiled bitlinear_i2s_coop {
+                        codes: codes, q: q, scale: act_scale, sum: sum
+                    })
+                } else {
+                    launch!(@tiled bitlinear_i2s_coop_stand_in {
+                        codes: codes, q: q, scale: act_scale, sum: sum
+                    })
+                }
+            }
             Kind::I2s { .. } if *packed_dot && tiled => launch!(
                 @tiled bitlinear_i2s_gemm {
                     codes: &win.data,

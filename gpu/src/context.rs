@@ -135,14 +135,30 @@ impl Gpu {
             .await
             .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
         let limits = adapter.limits();
+        // Timestamps for `bench`'s per-kernel GPU time, where the adapter has them. Subgroup
+        // operations for the kernels that have a subgroup variant, halves for those that hold
+        // them, and matrix cores where they multiply 16×16 halves into f32 (`matrix_cores`).
+        let mut wanted =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16;
+        let matrix_cores = matrix_cores(&adapter);
+        if matrix_cores {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("hesper"),
                 required_limits: limits.clone(),
-                // Timestamps for `bench`'s per-kernel GPU time, where the adapter has them.
-                // Subgroup operations for the kernels that have a subgroup variant.
-                required_features: adapter.features()
-                    & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP),
+                required_features: adapter.features() & wanted,
+                experimental_features: if matrix_cores {
+                    // SAFETY: wgpu marks its cooperative-matrix support experimental (it may
+                    // hold bugs); it is asked for only where the adapter reports the 16×16
+                    // f16 → f32 tile the kernels use, and those kernels are checked against
+                    // the plain ones on the device before they run a model
+                    // (`hesper-gpu-backend`'s `matrix_cores.rs`).
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 ..Default::default()
             })
             .await
@@ -178,6 +194,14 @@ impl Gpu {
             errors,
             host: HostTimes::default(),
         })
+    }
+
+    /// Whether the device multiplies on matrix cores: the cooperative-matrix kernels
+    /// (`features(cooperative_matrix)`) run on it.
+    pub fn has_matrix_cores(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
     }
 
     /// The pipeline of `k` specialised with `constants` (compiled once, then served from the
@@ -505,4 +529,16 @@ pub(crate) fn map_and_wait(device: &wgpu::Device, slice: &wgpu::BufferSlice) -> 
     rx.recv()
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())
+}
+
+/// Whether `adapter` has cooperative matrices of the one shape the kernels use: 16×16×16, f16
+/// operands, f32 accumulators (wgpu reports every shape the driver offers; Metal's are 8×8).
+fn matrix_cores(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == F16 && p.cr_type == F32
+        })
 }

@@ -36,17 +36,19 @@ pub struct KernelSource {
     pub workgroup_size: u32,
     /// `(binding, parameter, kind)` as the macro emits them.
     pub bindings: &'static [(u32, &'static str, &'static str)],
-    /// Optional WebGPU features it needs (`subgroups`).
+    /// Optional WebGPU features it needs (`subgroups`, `f16`, `cooperative_matrix`).
     pub features: &'static [&'static str],
 }
 
 impl KernelSource {
-    /// The `enable` directives a browser's WGSL compiler needs for this kernel. (naga, which
-    /// compiles WGSL natively in wgpu 30, takes subgroup operations without a directive and
-    /// rejects `enable subgroups;` as unimplemented, so native builds use no header.)
+    /// The `enable` directives a browser's WGSL compiler needs for this kernel besides those
+    /// its text starts with (`f16`, `wgpu_cooperative_matrix`, which naga wants too). (naga,
+    /// which compiles WGSL natively in wgpu 30, takes subgroup operations without a directive
+    /// and rejects `enable subgroups;` as unimplemented, so native builds use no header.)
     pub fn web_header(&self) -> String {
         self.features
             .iter()
+            .filter(|f| **f == "subgroups")
             .map(|f| format!("enable {f};\n"))
             .collect()
     }
@@ -57,6 +59,8 @@ impl KernelSource {
             .iter()
             .fold(wgpu::Features::empty(), |acc, f| match *f {
                 "subgroups" => acc | wgpu::Features::SUBGROUP,
+                "f16" => acc | wgpu::Features::SHADER_F16,
+                "cooperative_matrix" => acc | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
                 _ => acc,
             })
     }
@@ -94,6 +98,18 @@ mod tests {
         };
         assert_eq!(k.web_header(), "enable subgroups;\n");
         assert_eq!(k.device_features(), wgpu::Features::SUBGROUP);
+        // Halves and matrix cores are enabled by the kernel's text itself.
+        let coop = KernelSource {
+            features: &["subgroups", "f16", "cooperative_matrix"],
+            ..k
+        };
+        assert_eq!(coop.web_header(), "enable subgroups;\n");
+        assert_eq!(
+            coop.device_features(),
+            wgpu::Features::SUBGROUP
+                | wgpu::Features::SHADER_F16
+                | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        );
         let plain = KernelSource { features: &[], ..k };
         assert_eq!(plain.web_header(), "");
         assert!(plain.device_features().is_empty());

@@ -179,3 +179,65 @@ pub fn subgroup_index() -> u32 {
 pub fn subgroup_count() -> u32 {
     unreachable!("{NOT_RUN}")
 }
+
+/// WGSL's `f16`: the element of a kernel's half-precision workgroup arrays (the operands of a
+/// cooperative-matrix product); written with [`to_f16`], read by the `coop_load_*` functions.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy)]
+pub struct f16(PhantomData<u16>);
+
+/// The values [`to_f16`] converts: WGSL converts each of them to `f16`.
+pub trait ToHalf: Copy {}
+
+impl ToHalf for f32 {}
+impl ToHalf for i32 {}
+impl ToHalf for u32 {}
+
+/// `f16(x)`. The conversion rounds as the implementation likes where `x` has no exact half
+/// (WGSL allows either neighbour), so kernels convert only values a half holds exactly
+/// (integers up to 2048 in magnitude, halves unpacked from their bits).
+pub fn to_f16<T: ToHalf>(_x: T) -> f16 {
+    unreachable!("{NOT_RUN}")
+}
+
+/// A 16×16 `f16` matrix, the left operand `A` of [`coop_multiply_add`] (WGSL
+/// `coop_mat16x16<f16, A>`), held by a subgroup together.
+#[derive(Clone, Copy)]
+pub struct CoopA(PhantomData<()>);
+
+/// A 16×16 `f16` matrix, the right operand `B` of [`coop_multiply_add`] (WGSL
+/// `coop_mat16x16<f16, B>`).
+#[derive(Clone, Copy)]
+pub struct CoopB(PhantomData<()>);
+
+/// A 16×16 `f32` accumulator `C` (WGSL `coop_mat16x16<f32, C>`).
+#[derive(Clone, Copy)]
+pub struct CoopC(PhantomData<()>);
+
+/// `coop_mat16x16<f32, C>()`: an accumulator of zeros.
+pub fn coop_zero() -> CoopC {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `coopLoadT<coop_mat16x16<f16, A>>(&a[offset], stride)`: `A[m][k]` from `a[offset + m·stride
+/// + k]` (the matrix stored row by row).
+pub fn coop_load_a_rows(_a: &Workgroup<f16>, _offset: u32, _stride: u32) -> CoopA {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `coopLoad<coop_mat16x16<f16, B>>(&b[offset], stride)`: `B[k][n]` from `b[offset + n·stride
+/// + k]` (the matrix stored column by column: each of the 16 columns' `k` values together).
+pub fn coop_load_b_columns(_b: &Workgroup<f16>, _offset: u32, _stride: u32) -> CoopB {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `coopMultiplyAdd(a, b, c)`: `a · b + c`.
+pub fn coop_multiply_add(_a: CoopA, _b: CoopB, _c: CoopC) -> CoopC {
+    unreachable!("{NOT_RUN}")
+}
+
+/// `coopStore(c, &out[offset], stride)`: `C[m][n]` into `out[offset + n·stride + m]` (column
+/// by column).
+pub fn coop_store_columns(_c: CoopC, _out: &mut Workgroup<f32>, _offset: u32, _stride: u32) {
+    unreachable!("{NOT_RUN}")
+}

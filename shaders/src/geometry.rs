@@ -4,11 +4,12 @@
 //! shape of a launch is written once, next to the kernels.
 
 use crate::{
-    bitlinear_i2s, bitlinear_i2s_dp4, bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm,
-    bitlinear_i2s_wide, bitlinear_tq, bitlinear_tq_gemm, bitlinear_tq_wide, landmark_update,
-    matvec_bf16, matvec_bf16_gemm, matvec_bf16_wide, matvec_f16, matvec_f16_gemm, matvec_f16_wide,
-    matvec_f32, matvec_f32_gemm, matvec_f32_wide, matvec_kq, matvec_kq_gemm, matvec_kq_wide,
-    matvec_q8_0, matvec_q8_0_gemm, matvec_q8_0_wide, quantize_q8_0,
+    bitlinear_i2s, bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in, bitlinear_i2s_dp4,
+    bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm, bitlinear_i2s_wide, bitlinear_tq,
+    bitlinear_tq_gemm, bitlinear_tq_wide, landmark_update, matvec_bf16, matvec_bf16_gemm,
+    matvec_bf16_wide, matvec_f16, matvec_f16_gemm, matvec_f16_wide, matvec_f32, matvec_f32_gemm,
+    matvec_f32_wide, matvec_kq, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_gemm,
+    matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -129,6 +130,13 @@ tiled_shape!(
     matvec_f32_gemm,
     matvec_bf16_gemm
 );
+
+// The matrix-core kernel and its stand-in cover the same tile, in the same grid.
+const _: () = {
+    assert!(bitlinear_i2s_coop::WORKGROUP_SIZE == 256);
+    assert!(bitlinear_i2s_coop::BM == GEMM_ROWS && bitlinear_i2s_coop::BN == GEMM_TOKENS);
+    assert!(bitlinear_i2s_coop_stand_in::BM == GEMM_ROWS);
+};
 
 const _: () = assert!(
     GEMM_ROWS == MATRIX_WORKGROUP,

@@ -13,6 +13,7 @@ mod geometry;
 mod half;
 mod k_quants;
 mod kv;
+mod matrix_cores;
 mod matvec;
 mod norm;
 mod quantize;
@@ -44,6 +45,7 @@ pub use geometry::{
 pub use half::pack_f16;
 pub use k_quants::{matvec_kq, matvec_kq_wide};
 pub use kv::{kv_shift, kv_write, landmark_update, rope_neox_kv_write};
+pub use matrix_cores::{bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in};
 pub use matvec::{
     matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
     matvec_q8_0, matvec_q8_0_dp4, matvec_q8_0_dp4_wide, matvec_q8_0_wide,

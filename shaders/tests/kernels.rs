@@ -281,6 +281,12 @@ macro_rules! launch_matrix {
 /// kernels.
 macro_rules! launch_tiled {
     ($g:expr, $out:expr, $p:expr, $out_scale:expr;
+     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
+        launch_tiled!($g, $out, $p, $out_scale, 0.0, k::STORE;
+            $kernel { $($field: $value),* })
+    };
+    // In output mode `$mode`, odd rows scaled by `$out_scale_odd` (gate/up pairs).
+    ($g:expr, $out:expr, $p:expr, $out_scale:expr, $out_scale_odd:expr, $mode:expr;
      $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
         let p: Placement = $p;
         let (mut unused_k, mut unused_v) = (
@@ -299,9 +305,9 @@ macro_rules! launch_tiled {
                 row0: p.row0 as u32,
                 window_rows: p.m.rows as u32,
                 n: p.m.n as u32,
-                mode: k::STORE,
+                mode: $mode,
                 out_scale: $out_scale,
-                out_scale_odd: 0.0,
+                out_scale_odd: $out_scale_odd,
                 split_k: p.width as u32,
                 split_v: p.width as u32,
                 out_scale_v: 0.0,
@@ -2544,6 +2550,70 @@ fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
         "relative diff",
         1e-6,
     );
+}
+
+#[test]
+fn matrix_core_i2s_kernel_stand_in_gives_the_tiled_kernels_bits() {
+    let mut g = gpu();
+    assert!(
+        g.device
+            .features()
+            .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP),
+        "the stand-in needs halves and subgroups"
+    );
+    // 150 rows (two tiles of 64 and one of 22) of 384 weights (three groups: twelve K-steps of
+    // 32), 70 tokens (a tile of 64 and one of 6): the matrix-core kernel's tile walk, written
+    // out by its stand-in, against the portable tiled kernel (whose bits are the
+    // matrix-vector kernels', tested above). Stored plainly, and as gate/up pairs, whose odd
+    // row the output stage reads beside the even one, into a window of a wider output.
+    let (rows, cols, n) = (150usize, 384usize, 70usize);
+    let codes = i2s_codes(rows * cols / 4, 31);
+    let acts: Vec<_> = (0..n)
+        .map(|t| quantize_i8_row(&data(cols, 32 + t as u64)))
+        .collect();
+    let (q, act_scale, sum) = packed_i8_activations(&g, &acts);
+    let bc = g.upload("codes", &words(&codes)).unwrap();
+    let m = Matrix::new("bitlinear_i2s_coop_stand_in", rows, cols, n);
+    for (mode, row0, width) in [(k::STORE, 0, rows), (k::GLU_SILU, 10, 10 + rows + 12)] {
+        let out_width = if mode == k::STORE { width } else { width / 2 };
+        let mut results = Vec::new();
+        for stand_in in [false, true] {
+            let mut out = sentinel_out(&g, n, out_width);
+            let p = Placement {
+                m,
+                row0,
+                width,
+                lanes: 1,
+                wide: true,
+            };
+            let (scale, odd) = (0.0371, 0.0173);
+            if stand_in {
+                launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
+                    bitlinear_i2s_coop_stand_in { codes: &bc, q: &q, scale: &act_scale, sum: &sum });
+            } else {
+                launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
+                    bitlinear_i2s_gemm { codes: &bc, q: &q, scale: &act_scale, sum: &sum });
+            }
+            results.push(bits(&read!(&mut g, &out)));
+        }
+        let written = results[0]
+            .iter()
+            .filter(|&&b| b != SENTINEL.to_bits())
+            .count();
+        let expected = if mode == k::STORE {
+            n * rows
+        } else {
+            n * rows / 2
+        };
+        assert_eq!(
+            written, expected,
+            "mode {mode}: outputs written by the tiled kernel"
+        );
+        assert!(
+            results[0] == results[1],
+            "mode {mode}: the matrix-core stand-in differs from the tiled kernel"
+        );
+    }
 }
 
 #[test]

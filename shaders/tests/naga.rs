@@ -58,6 +58,8 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_wide,
         bitlinear_i2s_dp4,
         bitlinear_i2s_dp4_wide,
+        bitlinear_i2s_coop,
+        bitlinear_i2s_coop_stand_in,
         bitlinear_i2s_gemm,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
@@ -139,6 +141,13 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
     for k in all() {
         // A kernel that declares subgroups must need them (it fails without) and must validate
         // with them on the browser's set plus subgroups.
+        // Halves are an optional feature of the browser too (`shader-f16`); matrix cores are
+        // native only, so their kernels validate with every capability alone.
+        let halves = if k.features.contains(&"f16") {
+            Capabilities::SHADER_FLOAT16
+        } else {
+            Capabilities::empty()
+        };
         let web = if k.features.contains(&"subgroups") {
             let module = naga::front::wgsl::parse_str(k.wgsl).expect("parses");
             assert!(
@@ -148,11 +157,16 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
                 "{} declares subgroups but validates without them",
                 k.name
             );
-            web() | Capabilities::SUBGROUP
+            web() | Capabilities::SUBGROUP | halves
         } else {
-            web()
+            web() | halves
         };
-        for caps in [Capabilities::all(), web] {
+        let sets = if k.features.contains(&"cooperative_matrix") {
+            vec![Capabilities::all()]
+        } else {
+            vec![Capabilities::all(), web]
+        };
+        for caps in sets {
             let (module, info) = validate_with_info(&k, caps);
             let names: Vec<String> = module
                 .overrides
@@ -183,6 +197,38 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
     // capability sets; and the K-quants' tiled kernel (lanes a uniform) × three code widths ×
     // two capability sets.
     assert_eq!(specialised, (7 + 3 + 1) * 2 * 7 * 2 + 3 * 2);
+}
+
+/// The matrix-core kernels need the capability (they fail without it) and SPIR-V is written
+/// for them, as a Vulkan device with `VK_KHR_cooperative_matrix` takes it; their stand-ins
+/// need halves and subgroups only, and no matrix operation is left in them.
+#[test]
+fn matrix_core_kernels_need_the_capability_and_their_stand_ins_do_not() {
+    let (k, stand_in) = (
+        hesper_shaders::bitlinear_i2s_coop::WGSL,
+        hesper_shaders::bitlinear_i2s_coop_stand_in::WGSL,
+    );
+    let module = naga::front::wgsl::parse_str(k).expect("parses");
+    let without = Capabilities::all() - Capabilities::COOPERATIVE_MATRIX;
+    assert!(Validator::new(ValidationFlags::all(), without)
+        .validate(&module)
+        .is_err());
+    let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+        .validate(&module)
+        .expect("validates");
+    let spirv = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
+        .expect("writes SPIR-V");
+    // OpCooperativeMatrixMulAddKHR (4459) is in the module.
+    assert!(
+        spirv.iter().any(|w| w & 0xffff == 4459 && w >> 16 >= 6),
+        "no multiply-add in the SPIR-V"
+    );
+    let plain = naga::front::wgsl::parse_str(stand_in).expect("parses");
+    let caps = web() | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16;
+    Validator::new(ValidationFlags::all(), caps)
+        .validate(&plain)
+        .unwrap_or_else(|e| panic!("{}\n{stand_in}", e.emit_to_string(stand_in)));
+    assert!(!stand_in.contains("coop_mat") && !stand_in.contains("cooperative"));
 }
 
 #[test]

@@ -52,6 +52,8 @@ fn generated_wgsl_is_unchanged() {
         bitlinear_i2s_dp4,
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_gemm,
+        bitlinear_i2s_coop,
+        bitlinear_i2s_coop_stand_in,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
         matvec_q8_0_gemm,

@@ -112,6 +112,15 @@ fn gpu_computes_the_trained_network() {
     compare(&ours, &theirs, n_vocab, "gpu");
 }
 
+/// The first [`hesper_gpu_backend::GEMM_STEP`] + 37 tokens of the held-out text: a prompt
+/// that fills a tile of tokens and part of another.
+fn held_out_prompt(file: &ModelFile) -> Vec<u32> {
+    let tok = Tokenizer::from_gguf(file.header()).unwrap().unwrap();
+    let text = std::fs::read_to_string(models_dir().join("kjv-valid.txt")).expect("text");
+    let tokens = tok.encode(&text[..2000], true, false).unwrap();
+    tokens[..hesper_gpu_backend::GEMM_STEP as usize + 37].to_vec()
+}
+
 /// A prompt of more than a tile of tokens ([`hesper_gpu_backend::GEMM_STEP`]) read in one step
 /// runs the tiled I2_S kernel for every projection; read four tokens a step, the matrix-vector
 /// kernels' decode instances. Every position's logits must be the same bits either way (so a
@@ -119,11 +128,8 @@ fn gpu_computes_the_trained_network() {
 #[test]
 fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     let file = file();
-    let tok = Tokenizer::from_gguf(file.header()).unwrap().unwrap();
-    let text = std::fs::read_to_string(models_dir().join("kjv-valid.txt")).expect("text");
-    let tokens = tok.encode(&text[..2000], true, false).unwrap();
-    let n = hesper_gpu_backend::GEMM_STEP as usize + 37;
-    let tokens = &tokens[..n];
+    let tokens = &held_out_prompt(&file);
+    let n = tokens.len();
     let model = gpu_model(&file, None);
     let before = model.backend.product_launches();
     let mut s = model.new_session(n, n).unwrap();
@@ -164,6 +170,45 @@ fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     // As the trained network's check above (an int8 code on the other side of a rounding
     // boundary moves a few logits).
     assert!(min_cos >= 0.999, "tiled vs cpu: cosine {min_cos}");
+}
+
+/// The same prompt through the matrix-core kernel's stand-in (the tile walk the device's
+/// matrix cores run, written out where lavapipe runs it): every projection launches it, and
+/// every position's logits are the portable tiled kernel's bits. The check a device's matrix
+/// cores pass before they are used passes for the stand-in too.
+#[test]
+fn gpu_prompt_on_the_matrix_core_stand_in_equals_the_tiled_products() {
+    use hesper_gpu_backend::MatrixCores;
+    let file = file();
+    let tokens = &held_out_prompt(&file);
+    let n = tokens.len();
+    let model = gpu_model(&file, None);
+    assert!(model.backend.matrix_cores_agree(MatrixCores::StandIn));
+    let mut logits = Vec::new();
+    for variant in [MatrixCores::StandIn, MatrixCores::Off] {
+        assert_eq!(model.backend.set_matrix_cores(variant), variant);
+        let before = model.backend.product_launches();
+        let mut s = model.new_session(n, n).unwrap();
+        logits.push(model.eval(&mut s, tokens, Logits::All).unwrap());
+        let after = model.backend.product_launches();
+        let kernel = match variant {
+            MatrixCores::StandIn => "bitlinear_i2s_coop_stand_in",
+            _ => "bitlinear_i2s_gemm",
+        };
+        let launches = |m: &std::collections::BTreeMap<&str, u64>| m.get(kernel).copied();
+        // Q/K/V, output, gate/up and down of each of the 4 layers.
+        assert_eq!(
+            launches(&after).unwrap_or(0) - launches(&before).unwrap_or(0),
+            4 * 4,
+            "{kernel} launches"
+        );
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&logits[0]) == bits(&logits[1]),
+        "max|Δ| {}",
+        max_abs_diff(&logits[0], &logits[1])
+    );
 }
 
 /// The shipped model with its token list cut to `keep` entries and the LM-head (tied

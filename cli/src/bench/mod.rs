@@ -10,6 +10,7 @@ mod plan;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use hesper_gpu_backend::MatrixCores;
 use hesper_runtime::load::AnyModel;
 
 use crate::args::ModelArgs;
@@ -65,8 +66,25 @@ pub struct BenchArgs {
     /// read-back).
     #[arg(long = "gpu-flush", value_name = "DISPATCHES", default_value_t = hesper_gpu_backend::FLUSH_DISPATCHES)]
     gpu_flush: usize,
+    /// GPU backend: run I2_S prompts on the device's matrix cores (`on`: where it has them
+    /// and they passed their check at start), on its shader cores (`off`), or through the
+    /// matrix-core kernel's stand-in (`stand-in`: slow, for checking it). The same bits either
+    /// way.
+    #[arg(long = "gpu-matrix-cores", value_enum, default_value_t = MatrixCoresArg::On)]
+    gpu_matrix_cores: MatrixCoresArg,
     #[command(flatten)]
     attention: AttentionArgs,
+}
+
+/// `--gpu-matrix-cores` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixCoresArg {
+    /// Where the device has them.
+    On,
+    /// Never.
+    Off,
+    /// The matrix-core kernel's stand-in, on any device with halves and subgroups.
+    StandIn,
 }
 
 /// `-o` values.
@@ -134,6 +152,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     0 => usize::MAX,
                     n => n,
                 });
+                let wanted = match args.gpu_matrix_cores {
+                    MatrixCoresArg::On => MatrixCores::On,
+                    MatrixCoresArg::Off => MatrixCores::Off,
+                    MatrixCoresArg::StandIn => MatrixCores::StandIn,
+                };
+                let chosen = model.backend.set_matrix_cores(wanted);
+                if chosen != wanted && args.gpu_matrix_cores != MatrixCoresArg::On {
+                    note!("hesper: --gpu-matrix-cores {wanted:?} is not available on this device; I2_S prompts run {chosen:?}");
+                }
                 if args.profile {
                     note!("hesper: --profile times the CPU backend's operations; the GPU gives its per-kernel times after tg");
                 }

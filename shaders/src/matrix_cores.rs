@@ -1,0 +1,167 @@
+//! Tiled products on matrix cores (`features(cooperative_matrix)`: Vulkan's
+//! `VK_KHR_cooperative_matrix`, NVIDIA's tensor cores, AMD's WMMA): each subgroup multiplies
+//! 16×16 tiles of halves into f32 accumulators in one instruction, where the portable tiled
+//! kernels (`gemm.rs`) do every product on the shader cores.
+//!
+//! Only a layout whose sums are exact integers can go there and keep its bits: an I2_S row's
+//! `Σcode·q` (codes 0–2 and int8 activations, both exact as halves, every product exact and
+//! every partial sum an integer below 2²⁴ for rows under 32 768 weights, so the f32 sum is the
+//! same in any order and any rounding) — and therefore every output is that of
+//! [`bitlinear_i2s_dp4`](crate::bitlinear_i2s_dp4), whichever kernel a step runs. A float
+//! layout (F16, BF16) would be summed in the matrix core's order and lose that promise.
+//!
+//! Each kernel has a stand-in (`<name>_stand_in`, the same body with each matrix operation
+//! written out over workgroup memory) that runs where matrix cores do not, lavapipe included:
+//! the tests run it, so a mistake in a tile walk fails without a GPU.
+
+use hesper_dsl::kernel;
+
+use crate::tile::store_rows;
+
+/// [`bitlinear_i2s_gemm`](crate::bitlinear_i2s_gemm) on matrix cores: the same tile of 64 rows
+/// × 64 tokens, the same exact `Σcode·q` (here by 16×16×16 multiply-adds of halves into f32),
+/// the same epilogue `(Σ − Σq) / s` and output stage, so every output has
+/// [`bitlinear_i2s_dp4`](crate::bitlinear_i2s_dp4)'s bits. A K-step is one crumb position `p`
+/// of an I2_S group (32 weights: `32·p + 4·w + b` is the crumb of byte `b` of the group's code
+/// word `w`), staged as halves: the tile's rows row by row (`wa`), its tokens' activation bytes
+/// token by token (`xb`). The work is eight units, each a 16-row strip of the tile times half
+/// its tokens (two accumulators); subgroup `s` takes unit `s` of each sweep of the whole K walk
+/// (one sweep with eight or more subgroups: 32-wide ones, or lavapipe's; two with four
+/// 64-wide ones). A sweep ends with its sums in `res` (64 rows × 32 tokens, 16 of each half
+/// at a time), where the threads of the rows it computed finish them and hand them to
+/// [`store_rows`]. Every tile's offset and stride is a multiple of 16 bytes, as Vulkan asks of
+/// cooperative-matrix loads and stores.
+#[kernel(
+    workgroup = 256,
+    uses(store_rows),
+    features(cooperative_matrix),
+    consts(BM = 64, BN = 64)
+)]
+pub fn bitlinear_i2s_coop<const BM: u32, const BN: u32>(
+    codes: &[u32],
+    q: &[u32],
+    scale: &[f32],
+    sum: &[i32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wa: &mut [f16; BM * 32],
+    #[shared] xb: &mut [f16; BN * 32],
+    #[shared] res: &mut [f32; BM * 32],
+) {
+    let t = lid();
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let words = cols / 16u32;
+    let qwords = cols / 4u32;
+    let mask = 50529027u32;
+    let units = BM / 8u32;
+    let groups = subgroup_count();
+    let sweeps = (units + groups - 1u32) / groups;
+    for sweep in 0u32..sweeps {
+        // Matrix operations must run in uniform control flow: a subgroup past the last unit
+        // repeats it (and stores the same values where its owner does).
+        let unit = (subgroup_index() + sweep * groups).min(units - 1u32);
+        let strip = unit % (BM / 16u32);
+        let half_tile = unit / (BM / 16u32);
+        let mut c0 = coop_zero();
+        let mut c1 = coop_zero();
+        for g in 0u32..cols / 128u32 {
+            for p in 0u32..4u32 {
+                // Crumb position p of the group's code words of the tile's rows (rows past the
+                // window read its last row), and activation words `8·p + w` of its tokens
+                // (tokens past the step read its last token), one byte a half.
+                for i in 0u32..BM * 8u32 / 256u32 {
+                    let e = t + 256u32 * i;
+                    let row = (r_base + e / 8u32).min(window_rows - 1u32);
+                    let w = e % 8u32;
+                    let crumbs = (codes[row * words + g * 8u32 + w] >> (6u32 - 2u32 * p)) & mask;
+                    for b in 0u32..4u32 {
+                        wa[(e / 8u32) * 32u32 + 4u32 * w + b] =
+                            to_f16((crumbs >> (8u32 * b)) & 3u32);
+                    }
+                }
+                for i in 0u32..BN * 8u32 / 256u32 {
+                    let e = t + 256u32 * i;
+                    let tok = (t_base + e / 8u32).min(n - 1u32);
+                    let w = e % 8u32;
+                    let word = q[tok * qwords + g * 32u32 + 8u32 * p + w];
+                    for b in 0u32..4u32 {
+                        xb[(e / 8u32) * 32u32 + 4u32 * w + b] =
+                            to_f16(((word << (24u32 - 8u32 * b)) as i32) >> 24u32);
+                    }
+                }
+                barrier();
+                for h in 0u32..2u32 {
+                    let a = coop_load_a_rows(wa, strip * 16u32 * 32u32 + 16u32 * h, 32u32);
+                    let first = half_tile * 32u32;
+                    let b0 = coop_load_b_columns(xb, first * 32u32 + 16u32 * h, 32u32);
+                    let b1 = coop_load_b_columns(xb, (first + 16u32) * 32u32 + 16u32 * h, 32u32);
+                    c0 = coop_multiply_add(a, b0, c0);
+                    c1 = coop_multiply_add(a, b1, c1);
+                }
+                barrier();
+            }
+        }
+        // Each half of the tile's tokens in two sets of 16 (`jj`): every strip stores its sums
+        // of tokens `32·half + 16·jj + c` at `res[64·(16·half + c) + row]`; thread `t < 128`
+        // takes row `t % 64` of half `t / 64` where this sweep computed it, finishes its 16
+        // sums and hands them to the output stage (whose `t` is where the row's sums start).
+        let first_unit = sweep * groups;
+        let row = t % BM;
+        let half_of = t / BM;
+        let row_unit = row / 16u32 + (BM / 16u32) * half_of;
+        let mine = t < 2u32 * BM && row_unit >= first_unit && row_unit < first_unit + groups;
+        for jj in 0u32..2u32 {
+            let at = half_tile * 16u32 * BM + strip * 16u32;
+            if jj == 0u32 {
+                coop_store_columns(c0, res, at, BM);
+            } else {
+                coop_store_columns(c1, res, at, BM);
+            }
+            barrier();
+            let t0 = t_base + 32u32 * half_of + 16u32 * jj;
+            if mine {
+                for c in 0u32..16u32 {
+                    let tok = (t0 + c).min(n - 1u32);
+                    let e = BM * (16u32 * half_of + c) + row;
+                    res[e] = ((res[e] as i32 - sum[tok]) as f32) / scale[tok];
+                }
+            }
+            store_rows(
+                res,
+                out,
+                out_k,
+                out_v,
+                16u32 * BM * half_of + row,
+                0u32,
+                1u32,
+                select(window_rows, r_base + row, mine),
+                window_rows,
+                row0,
+                rows,
+                t0,
+                n,
+                16u32,
+                mode,
+                out_scale,
+                out_scale_odd,
+                split_k,
+                split_v,
+                out_scale_v,
+            );
+            barrier();
+        }
+    }
+}
