@@ -7,6 +7,7 @@
 //! waiting for the whole step. Errors raised while recording are kept and returned by that
 //! read.
 
+mod activations;
 mod experts;
 mod formats;
 mod matrix;
@@ -29,6 +30,8 @@ use hesper_engine::memory::MemoryLimits;
 use hesper_engine::weights::MatrixDesc;
 use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError, PendingRead};
 use hesper_shaders as k;
+
+use activations::Activations;
 
 pub use hesper_gpu::{hardware_gpu_possible, KernelTime};
 pub use hesper_shaders::{GEMM_STEP, TOKEN_TILE, WIDE_STEP};
@@ -122,25 +125,18 @@ struct State {
     dispatches: u64,
     /// Launches of each matrix kernel instance (one per weight window), by kernel name.
     products: BTreeMap<&'static str, u64>,
-    /// Quantized activations of the matrix being multiplied.
-    q: GpuBuffer<i32>,
-    /// The same, packed four int8 to a word (packed I2_S and every Q8_0 product, for
-    /// `dot4I8Packed`), and `Σq` per token (I2_S).
-    packed: (GpuBuffer<u32>, GpuBuffer<i32>),
+    /// The activation scratch the products quantize their input into (`activations.rs`).
+    act: Activations,
     /// Whether the I2_S path uses `dot4I8Packed`.
     packed_dot: bool,
     /// Which kernel runs an I2_S step of many tokens (`matrix_cores.rs`).
     matrix_cores: MatrixCores,
     /// Whether the device's matrix cores failed their check (so they are not used).
     matrix_cores_failed: bool,
-    /// The activations of an F16 product as halves, two to a word (`pack_f16`).
-    halves: GpuBuffer<u32>,
     /// Bound as the K and V outputs of the matrix kernels that write only one.
     unused: (GpuBuffer<f32>, GpuBuffer<f32>),
     /// Whether RMSNorm sums with subgroup operations.
     subgroups: bool,
-    /// Their scales (per token or per block).
-    act_scale: GpuBuffer<f32>,
     /// Token ids of the embedding fetch (filled by a recorded copy).
     ids: GpuBuffer<u32>,
     /// Per-workgroup maxima, their indices, and the argmax.
@@ -154,7 +150,7 @@ struct State {
     moe_pool: experts::Pool,
     /// A second activation scratch, between the layers that share an input
     /// (`shared_input.rs`).
-    spare_scratch: Option<shared_input::Scratch>,
+    spare_scratch: Option<Activations>,
     /// The buffer whose rows the activation scratch holds quantized, when a fused RMSNorm
     /// left them there for the product that comes next (cleared by any other operation).
     quantized: Option<Quantized>,
@@ -236,13 +232,8 @@ impl GpuBackend {
     fn with_gpu(mut gpu: Gpu) -> Result<Self, BackendError> {
         let name = format!("gpu ({}, {:?})", gpu.info.name, gpu.info.backend);
         let batch = gpu.batch();
-        let q = gpu.zeroed("activation codes", 1).map_err(device_error)?;
-        let act_scale = gpu.zeroed("activation scales", 1).map_err(device_error)?;
+        let act = Activations::new(&gpu, "activation").map_err(device_error)?;
         let ids = gpu.zeroed("token ids", 1).map_err(device_error)?;
-        let packed = (
-            gpu.zeroed("packed activations", 1).map_err(device_error)?,
-            gpu.zeroed("activation sums", 1).map_err(device_error)?,
-        );
         let packed_dot = supports_packed_dot(&gpu);
         // Matrix cores run I2_S prompts once they gave the portable kernel's bits here.
         let (matrix_cores, matrix_cores_failed) = if packed_dot && MatrixCores::On.runs_on(&gpu) {
@@ -253,7 +244,6 @@ impl GpuBackend {
         } else {
             (MatrixCores::Off, false)
         };
-        let halves = gpu.zeroed("f16 activations", 1).map_err(device_error)?;
         let unused = (
             gpu.zeroed("unused outputs", 1).map_err(device_error)?,
             gpu.zeroed("unused outputs", 1).map_err(device_error)?,
@@ -277,15 +267,12 @@ impl GpuBackend {
                 flush: FLUSH_DISPATCHES,
                 error: None,
                 dispatches: 0,
-                q,
-                packed,
+                act,
                 packed_dot,
                 matrix_cores,
                 matrix_cores_failed,
-                halves,
                 unused,
                 subgroups,
-                act_scale,
                 ids,
                 argmax,
                 top,
@@ -698,33 +685,12 @@ impl State {
 
     /// Makes the activation scratch hold at least `q` codes and `scales` scales.
     fn reserve(&mut self, q: usize, scales: usize) -> Result<(), GpuError> {
-        if self.q.len() < q {
-            self.q = self.gpu.zeroed("activation codes", q.next_power_of_two())?;
-            self.packed.0 = self
-                .gpu
-                .zeroed("packed activations", q.div_ceil(4).next_power_of_two())?;
-        }
-        if self.packed.1.len() < scales {
-            self.packed.1 = self
-                .gpu
-                .zeroed("activation sums", scales.next_power_of_two())?;
-        }
-        if self.act_scale.len() < scales {
-            self.act_scale = self
-                .gpu
-                .zeroed("activation scales", scales.next_power_of_two())?;
-        }
-        Ok(())
+        self.act.reserve(&self.gpu, q, scales)
     }
 
     /// Makes the f16 activation scratch hold at least `words` words.
     fn reserve_halves(&mut self, words: usize) -> Result<(), GpuError> {
-        if self.halves.len() < words {
-            self.halves = self
-                .gpu
-                .zeroed("f16 activations", words.next_power_of_two())?;
-        }
-        Ok(())
+        self.act.reserve_halves(&self.gpu, words)
     }
 
     /// Makes a rotary table cover positions `0..positions` for `shape`; its index in
@@ -1106,7 +1072,10 @@ impl Backend for GpuBackend {
                 product::Form::Halves => {
                     st.reserve_halves(n * cols / 2)?;
                     let State {
-                        gpu, batch, halves, ..
+                        gpu,
+                        batch,
+                        act: Activations { halves, .. },
+                        ..
                     } = st;
                     batch.run_moving(
                         gpu,
@@ -1127,8 +1096,10 @@ impl Backend for GpuBackend {
                     let State {
                         gpu,
                         batch,
-                        packed,
-                        act_scale,
+                        act:
+                            Activations {
+                                packed, act_scale, ..
+                            },
                         ..
                     } = st;
                     batch.run_moving(
@@ -1153,9 +1124,13 @@ impl Backend for GpuBackend {
                     let State {
                         gpu,
                         batch,
-                        q,
-                        packed,
-                        act_scale,
+                        act:
+                            Activations {
+                                q,
+                                packed,
+                                act_scale,
+                                ..
+                            },
                         ..
                     } = st;
                     let grid = k::span_grid(width, rows);

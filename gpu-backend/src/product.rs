@@ -7,6 +7,7 @@ use hesper_engine::config::Activation;
 use hesper_gpu::{GpuBuffer, GpuError};
 use hesper_shaders as k;
 
+use crate::activations::Activations;
 use crate::matrix::{GpuMatrix, Kind};
 use crate::matrix_cores::{self, MatrixCores};
 use crate::State;
@@ -94,10 +95,14 @@ pub fn quantize(
     let State {
         gpu,
         batch,
-        q,
-        packed,
+        act:
+            Activations {
+                q,
+                packed,
+                act_scale,
+                ..
+            },
         packed_dot,
-        act_scale,
         ..
     } = st;
     let traffic = 4 * (n * cols) as u64 + activation_bytes(w.kind, *packed_dot, n, cols);
@@ -152,7 +157,10 @@ fn pack_halves(st: &mut State, x: &GpuBuffer<f32>, len: usize) -> Result<(), Gpu
     let words = len / 2;
     st.reserve_halves(words)?;
     let State {
-        gpu, batch, halves, ..
+        gpu,
+        batch,
+        act: Activations { halves, .. },
+        ..
     } = st;
     batch.run_moving(
         gpu,
@@ -198,12 +206,15 @@ pub fn multiply_into(
     let State {
         gpu,
         batch,
-        q,
-        packed,
+        act:
+            Activations {
+                q,
+                packed,
+                act_scale,
+                halves,
+            },
         packed_dot,
         matrix_cores,
-        act_scale,
-        halves,
         unused,
         products,
         ..

@@ -6,50 +6,17 @@
 //! once an expert (the same codes, so the same bits).
 
 use hesper_engine::backend::BackendError;
-use hesper_gpu::{Gpu, GpuBuffer, GpuError};
+use hesper_gpu::GpuBuffer;
 
+use crate::activations::Activations;
 use crate::matrix::GpuMatrix;
-use crate::{device_error, product, GpuBackend, Quantized, State};
-
-/// A second activation scratch (codes, packed codes and sums, scales, halves), kept by the
-/// backend between layers so that sharing an input allocates nothing after the first time.
-pub struct Scratch {
-    q: GpuBuffer<i32>,
-    packed: (GpuBuffer<u32>, GpuBuffer<i32>),
-    act_scale: GpuBuffer<f32>,
-    halves: GpuBuffer<u32>,
-}
-
-impl Scratch {
-    /// Empty buffers; the products' reservations grow them.
-    fn new(gpu: &Gpu) -> Result<Self, GpuError> {
-        Ok(Self {
-            q: gpu.zeroed("shared activation codes", 1)?,
-            packed: (
-                gpu.zeroed("shared packed activations", 1)?,
-                gpu.zeroed("shared activation sums", 1)?,
-            ),
-            act_scale: gpu.zeroed("shared activation scales", 1)?,
-            halves: gpu.zeroed("shared f16 activations", 1)?,
-        })
-    }
-}
+use crate::{device_error, product, GpuBackend, Quantized};
 
 /// A scratch holding one input quantized, and what it holds.
 pub struct SharedInput {
-    scratch: Scratch,
+    scratch: Activations,
     /// The rows the scratch holds, in the form the products that read them expect.
     held: Quantized,
-}
-
-impl State {
-    /// Trades the products' activation scratch with `s`.
-    fn swap_activations(&mut self, s: &mut Scratch) {
-        std::mem::swap(&mut self.q, &mut s.q);
-        std::mem::swap(&mut self.packed, &mut s.packed);
-        std::mem::swap(&mut self.act_scale, &mut s.act_scale);
-        std::mem::swap(&mut self.halves, &mut s.halves);
-    }
 }
 
 impl GpuBackend {
@@ -70,7 +37,8 @@ impl GpuBackend {
         let spare = self.state.borrow_mut().spare_scratch.take();
         let scratch = match spare {
             Some(s) => s,
-            None => Scratch::new(&self.state.borrow().gpu).map_err(device_error)?,
+            None => Activations::new(&self.state.borrow().gpu, "shared activation")
+                .map_err(device_error)?,
         };
         let held = Quantized {
             buffer: x.raw().clone(),
@@ -91,13 +59,13 @@ impl GpuBackend {
     pub(crate) fn with_shared_input(&self, shared: &mut SharedInput, f: impl FnOnce(&Self)) {
         {
             let mut st = self.state.borrow_mut();
-            st.swap_activations(&mut shared.scratch);
+            std::mem::swap(&mut st.act, &mut shared.scratch);
             st.quantized = Some(shared.held.clone());
         }
         f(self);
         let mut st = self.state.borrow_mut();
         st.quantized = None;
-        st.swap_activations(&mut shared.scratch);
+        std::mem::swap(&mut st.act, &mut shared.scratch);
     }
 
     /// Keeps `shared`'s scratch for the next [`GpuBackend::share_input`].
