@@ -218,6 +218,17 @@ fn a_mixture_creates_only_its_grids_after_the_first_tokens() {
     );
 }
 
+/// Logits of a step submitted every `flush` dispatches against those of one submit, bit for bit.
+fn assert_same_bits(parts: &[f32], whole: &[f32], flush: usize) {
+    assert!(
+        parts
+            .iter()
+            .map(|v| v.to_bits())
+            .eq(whole.iter().map(|v| v.to_bits())),
+        "submitted every {flush} dispatches, the logits differ"
+    );
+}
+
 /// A mixture routed on the GPU (each expert's launches behind a gate whose grids the host writes
 /// after recording them, and the layer's input quantized once for every expert) submitted in
 /// parts: the same logits as in one submit, wherever a part ends.
@@ -239,13 +250,7 @@ fn a_mixture_submitted_in_parts_gives_the_logits_of_one_submit() {
     let whole = run(usize::MAX);
     for flush in 1..=4 {
         let parts = run(flush);
-        assert!(
-            parts
-                .iter()
-                .map(|v| v.to_bits())
-                .eq(whole.iter().map(|v| v.to_bits())),
-            "submitted every {flush} dispatches, the logits differ"
-        );
+        assert_same_bits(&parts, &whole, flush);
     }
 }
 
@@ -281,13 +286,7 @@ fn a_step_submitted_in_parts_gives_the_logits_of_one_submit() {
             assert!(s >= 2, "{d} dispatches in {s} submit");
             assert!(s <= 1 + d / flush as u64, "{d} dispatches in {s} submits");
         }
-        assert!(
-            parts
-                .iter()
-                .map(|v| v.to_bits())
-                .eq(whole.iter().map(|v| v.to_bits())),
-            "submitted every {flush} dispatches, the logits differ"
-        );
+        assert_same_bits(&parts, &whole, flush);
     }
 }
 
