@@ -132,33 +132,46 @@ pub fn moe_ffn(
             k::moe_route::grid_for(n as u32),
         )
     });
-    let done = route(b, moe, routing, act, x, n, (&ids, &w), out);
+    let mixture = Mixture {
+        moe,
+        routing,
+        act,
+        x,
+        n,
+        ids: &ids,
+        w: &w,
+    };
+    let done = route(b, mixture, out);
     keep(b, [(LOGITS, logits), (WEIGHTS, w)]);
     b.state.borrow_mut().moe_pool.ids = Some(ids);
     done
 }
 
-/// The experts `ids` chose (`w`: their weights) over `n` rows of `x` into `out`: gathered on
-/// the host or routed on the GPU, as [`moe_ffn`] says.
-#[allow(clippy::too_many_arguments)]
-fn route(
-    b: &GpuBackend,
-    moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
-    routing: &Experts,
+/// A mixture layer's work once its router has chosen: the layer, its routing, the activation,
+/// `n` rows of input `x`, and for each row the experts chosen (`ids`) and their weights (`w`).
+#[derive(Clone, Copy)]
+struct Mixture<'a> {
+    moe: &'a Moe<GpuMatrix, GpuBuffer<f32>>,
+    routing: &'a Experts,
     act: Activation,
-    x: &GpuBuffer<f32>,
+    x: &'a GpuBuffer<f32>,
     n: usize,
-    (ids, w): (&GpuBuffer<u32>, &GpuBuffer<f32>),
-    out: &mut GpuBuffer<f32>,
-) -> Result<(), BackendError> {
+    ids: &'a GpuBuffer<u32>,
+    w: &'a GpuBuffer<f32>,
+}
+
+/// The experts a mixture's rows chose, over those rows into `out`: gathered on the host or
+/// routed on the GPU, as [`moe_ffn`] says.
+fn route(b: &GpuBackend, mixture: Mixture, out: &mut GpuBuffer<f32>) -> Result<(), BackendError> {
     #[cfg(not(target_arch = "wasm32"))]
     {
+        let Mixture { n, routing, .. } = mixture;
         let short = n <= k::TOKEN_TILE as usize && routing.n_expert <= GATED_EXPERTS;
         if !short && !b.state.borrow().route_on_gpu {
-            return gathered_on_host(b, moe, routing, act, x, n, (ids, w), out);
+            return gathered_on_host(b, mixture, out);
         }
     }
-    routed_on_gpu(b, moe, routing, act, x, n, (ids, w), out)
+    routed_on_gpu(b, mixture, out)
 }
 
 /// `expert`'s FFN of `m` rows of `xs` into `y` (`m` rows of the model's width), through the
@@ -231,17 +244,20 @@ fn share_input(
 /// Each chosen expert's rows gathered on the host from the read-back `ids` (`w`: their
 /// weights), multiplied once for all of them.
 #[cfg(not(target_arch = "wasm32"))]
-#[allow(clippy::too_many_arguments)]
 fn gathered_on_host(
     b: &GpuBackend,
-    moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
-    routing: &Experts,
-    act: Activation,
-    x: &GpuBuffer<f32>,
-    n: usize,
-    (ids, w): (&GpuBuffer<u32>, &GpuBuffer<f32>),
+    mixture: Mixture,
     out: &mut GpuBuffer<f32>,
 ) -> Result<(), BackendError> {
+    let Mixture {
+        moe,
+        routing,
+        act,
+        x,
+        n,
+        ids,
+        w,
+    } = mixture;
     let d = moe.router.desc.cols;
     let (n_used, ff) = (routing.n_used, routing.n_ff);
     let chosen =
@@ -313,17 +329,20 @@ fn gathered_on_host(
 
 /// Every expert recorded behind a gate over all `n` rows, launched where a row chose it
 /// (`ids`; `w`: the weights), then `moe_combine_routed`.
-#[allow(clippy::too_many_arguments)]
 fn routed_on_gpu(
     b: &GpuBackend,
-    moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
-    routing: &Experts,
-    act: Activation,
-    x: &GpuBuffer<f32>,
-    n: usize,
-    (ids, w): (&GpuBuffer<u32>, &GpuBuffer<f32>),
+    mixture: Mixture,
     out: &mut GpuBuffer<f32>,
 ) -> Result<(), BackendError> {
+    let Mixture {
+        moe,
+        routing,
+        act,
+        x,
+        n,
+        ids,
+        w,
+    } = mixture;
     let d = moe.router.desc.cols;
     let (n_expert, n_used, ff) = (routing.n_expert, routing.n_used, routing.n_ff);
     // `x` quantized once, outside the gates: every expert reads it.

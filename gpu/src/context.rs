@@ -135,34 +135,17 @@ impl Gpu {
             .await
             .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
         let limits = adapter.limits();
-        // Timestamps for `bench`'s per-kernel GPU time, where the adapter has them. Subgroup
-        // operations for the kernels that have a subgroup variant, halves for those that hold
-        // them, and matrix cores where they multiply 16×16 halves into f32 (`matrix_cores`).
-        let mut wanted =
-            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16;
-        let matrix_cores = matrix_cores(&adapter);
-        if matrix_cores {
-            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-        }
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("hesper"),
-                required_limits: limits.clone(),
-                required_features: adapter.features() & wanted,
-                experimental_features: if matrix_cores {
-                    // SAFETY: wgpu marks its cooperative-matrix support experimental (it may
-                    // hold bugs); it is asked for only where the adapter reports the 16×16
-                    // f16 → f32 tile the kernels use, and those kernels are checked against
-                    // the plain ones on the device before they run a model
-                    // (`hesper-gpu-backend`'s `matrix_cores.rs`).
-                    unsafe { wgpu::ExperimentalFeatures::enabled() }
-                } else {
-                    wgpu::ExperimentalFeatures::disabled()
-                },
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| GpuError::Device(e.to_string()))?;
+        // Matrix cores where they multiply 16×16 halves into f32 (`matrix_cores`); a device
+        // that refuses them (an experimental feature) is opened without.
+        let with_cores = if matrix_cores(&adapter) {
+            request_device(&adapter, &limits, true).await.ok()
+        } else {
+            None
+        };
+        let (device, queue) = match with_cores {
+            Some(opened) => opened,
+            None => request_device(&adapter, &limits, false).await?,
+        };
         // Errors become values: the first one is kept and returned by the next submit or
         // read instead of wgpu's default panic.
         let errors = Arc::new(Mutex::new(None::<String>));
@@ -541,4 +524,38 @@ fn matrix_cores(adapter: &wgpu::Adapter) -> bool {
         && adapter.cooperative_matrix_properties().iter().any(|p| {
             (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == F16 && p.cr_type == F32
         })
+}
+
+/// Opens `adapter`'s device with its own `limits` and the optional features the kernels use
+/// where it has them: timestamps for `bench`'s per-kernel GPU time, subgroup operations for the
+/// kernels that have a subgroup variant, halves for those that hold them, and, with
+/// `matrix_cores`, cooperative matrices.
+async fn request_device(
+    adapter: &wgpu::Adapter,
+    limits: &wgpu::Limits,
+    matrix_cores: bool,
+) -> Result<(wgpu::Device, wgpu::Queue), GpuError> {
+    let mut wanted =
+        wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16;
+    if matrix_cores {
+        wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
+    adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("hesper"),
+            required_limits: limits.clone(),
+            required_features: adapter.features() & wanted,
+            experimental_features: if matrix_cores {
+                // SAFETY: wgpu marks its cooperative-matrix support experimental (it may hold
+                // bugs); it is asked for only where the adapter reports the 16×16 f16 → f32
+                // tile the kernels use, and those kernels are checked against the plain ones on
+                // the device before they run a model (`hesper-gpu-backend`'s `matrix_cores.rs`).
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| GpuError::Device(e.to_string()))
 }
