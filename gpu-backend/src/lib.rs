@@ -236,13 +236,12 @@ impl GpuBackend {
         let ids = gpu.zeroed("token ids", 1).map_err(device_error)?;
         let packed_dot = supports_packed_dot(&gpu);
         // Matrix cores run I2_S prompts once they gave the portable kernel's bits here.
-        let (matrix_cores, matrix_cores_failed) = if packed_dot && MatrixCores::On.runs_on(&gpu) {
-            match check_matrix_cores(&mut gpu, MatrixCores::On) {
-                true => (MatrixCores::On, false),
-                false => (MatrixCores::Off, true),
-            }
+        let has_cores = packed_dot && MatrixCores::On.runs_on(&gpu);
+        let matrix_cores_failed = has_cores && !check_matrix_cores(&mut gpu, MatrixCores::On);
+        let matrix_cores = if has_cores && !matrix_cores_failed {
+            MatrixCores::On
         } else {
-            (MatrixCores::Off, false)
+            MatrixCores::Off
         };
         let unused = (
             gpu.zeroed("unused outputs", 1).map_err(device_error)?,
