@@ -116,8 +116,10 @@ else
     python3 "$root/golden-values/generate.py" --bench-2b4t "$dir" | grep -v '^  layer'
   fi
   runs+=("i2s|$dir/bench-2b4t-i2s.gguf|tq2_0" "tq2_0|$dir/bench-2b4t-tq2_0.gguf|tq2_0")
-  # Where I2_S prompts run on matrix cores, the same file on the shader cores too.
-  if grep -q 'I2_S prompts on matrix cores' "$out/adapter.txt"; then
+  # Where I2_S and Q8_0 prompts run on matrix cores, those files on the shader cores too.
+  cores=false
+  grep -q 'Q8_0 prompts on matrix cores' "$out/adapter.txt" && cores=true
+  if $cores; then
     runs+=("i2s-shader-cores|$dir/bench-2b4t-i2s.gguf|tq2_0|--gpu-matrix-cores off")
   fi
   if [ "${FAMILIES:-1}" != 0 ]; then
@@ -139,6 +141,9 @@ else
       peer=$m
       [ "$m" = falcon3b-i2s ] && peer=
       runs+=("$m|$dir/bench-$m.gguf|$peer")
+      if $cores && [ "$m" = llama1b-q8_0 ]; then
+        runs+=("$m-shader-cores|$dir/bench-$m.gguf|$m|--gpu-matrix-cores off")
+      fi
     done
   fi
 fi

@@ -1,27 +1,28 @@
-//! I2_S prompts on matrix cores (`hesper_shaders::bitlinear_i2s_coop`): which tiled kernel a
-//! step of many tokens runs, and the check a device's matrix cores pass before they run a
-//! model — the kernel and the portable tiled one (`bitlinear_i2s_gemm`) on one product, every
+//! I2_S and Q8_0 prompts on matrix cores (`hesper_shaders::bitlinear_i2s_coop`,
+//! `matvec_q8_0_coop`; Q4_0 and MXFP4 run as Q8_0): which tiled kernels a step of many tokens
+//! runs, and the check a device's matrix cores pass before they run a model — each kernel and
+//! its portable tiled one (`bitlinear_i2s_gemm`, `matvec_q8_0_gemm`) on one product, every
 //! output bit for bit. wgpu marks cooperative matrices experimental, and a driver that sums
-//! or lays out a tile otherwise than the kernel expects fails the check instead of a model.
+//! or lays out a tile otherwise than the kernels expect fails the check instead of a model.
 
 use hesper_gpu::Gpu;
 use hesper_shaders as k;
 
-/// Which kernel runs the I2_S products of a step of at least [`k::GEMM_STEP`] tokens (all
-/// three give every output the matrix-vector kernels' bits).
+/// Which kernels run the I2_S and Q8_0 products of a step of at least [`k::GEMM_STEP`] tokens
+/// (all three give every output the matrix-vector kernels' bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatrixCores {
-    /// The portable tiled kernel: every product on the shader cores.
+    /// The portable tiled kernels: every product on the shader cores.
     Off,
-    /// `bitlinear_i2s_coop`, on the device's matrix cores.
+    /// `bitlinear_i2s_coop` and `matvec_q8_0_coop`, on the device's matrix cores.
     On,
-    /// `bitlinear_i2s_coop_stand_in`: the same tile walk with each matrix operation written
-    /// out, where matrix cores are not (tests; lavapipe).
+    /// Their stand-ins (`*_coop_stand_in`): the same tile walks with each matrix operation
+    /// written out, where matrix cores are not (tests; lavapipe).
     StandIn,
 }
 
 impl MatrixCores {
-    /// Whether `gpu` runs this variant's kernel.
+    /// Whether `gpu` runs this variant's kernels (both need the same features).
     pub(crate) fn runs_on(self, gpu: &Gpu) -> bool {
         use hesper_gpu::KernelArgs;
         let source = match self {
@@ -33,17 +34,19 @@ impl MatrixCores {
     }
 }
 
-/// Rows whose sums the matrix cores add exactly: a row's `Σcode·q` stays below 2²⁴ (codes up to
-/// 2, activations of magnitude up to 128), so no partial sum rounds in f32 in any order.
+/// I2_S rows whose sums the matrix cores add exactly: a row's `Σcode·q` stays below 2²⁴ (codes
+/// up to 2, activations of magnitude up to 128), so no partial sum rounds in f32 in any order.
+/// (A Q8_0 block's sum is exact at any width: the float step follows each block.)
 pub(crate) const MAX_COLS: usize = 32_768;
 
-/// Runs `variant`'s kernel and the portable tiled kernel on one product (150 rows of 384
-/// weights, 70 tokens: tiles cut by both edges) and says whether every output has the same
-/// bits.
+/// Runs `variant`'s kernels and the portable tiled ones on one product each (150 rows, 70
+/// tokens: tiles cut by both edges; I2_S rows of 384 weights, Q8_0 rows of 11 blocks walked by
+/// 4 lanes) and says whether every output has the same bits.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper_gpu::GpuError> {
-    let (rows, cols, n) = (150usize, 384usize, 70usize);
-    // A fixed generator: codes 0–2 in every crumb, int8 activations over their whole range.
+    use hesper_gpu::GpuBuffer;
+    let (rows, n) = (150usize, 70usize);
+    // A fixed generator: codes over their whole range, scales of a few magnitudes.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         state ^= state << 13;
@@ -51,41 +54,63 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
         state ^= state << 17;
         state
     };
-    let codes: Vec<u32> = (0..rows * cols / 16)
-        .map(|_| (0..16).fold(0u32, |w, i| w | (((next() % 3) as u32) << (2 * i))))
+    let mut words = |len: usize| -> Vec<u32> { (0..len).map(|_| next() as u32).collect() };
+    // I2_S: codes 0–2 in every crumb (a crumb of 3 read as 2), int8 activations.
+    let i2s_cols = 384;
+    let codes: Vec<u32> = words(rows * i2s_cols / 16)
+        .into_iter()
+        .map(|w| (0..16).fold(0u32, |c, i| c | (((w >> (2 * i)) & 3).min(2) << (2 * i))))
         .collect();
-    let acts: Vec<i8> = (0..n * cols).map(|_| next() as i8).collect();
-    let q: Vec<u32> = acts
-        .chunks(4)
-        .map(|c| u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]))
-        .collect();
-    let sum: Vec<i32> = acts
-        .chunks(cols)
-        .map(|t| t.iter().map(|&v| i32::from(v)).sum())
+    let q = words(n * i2s_cols / 4);
+    let sum: Vec<i32> = q
+        .chunks(i2s_cols / 4)
+        .map(|t| {
+            t.iter()
+                .flat_map(|w| w.to_le_bytes())
+                .map(|b| i32::from(b as i8))
+                .sum()
+        })
         .collect();
     let scale: Vec<f32> = (0..n).map(|t| 97.0 + t as f32 * 0.37).collect();
+    // Q8_0: any int8 codes, block scales by row and by token.
+    let (q8_cols, lanes) = (352usize, 4u32);
+    let blocks = q8_cols / 32;
+    let wq = words(rows * q8_cols / 4);
+    let wd: Vec<f32> = (0..rows * blocks)
+        .map(|i| 0.01 + (i % 13) as f32 * 1e-3)
+        .collect();
+    let xq = words(n * q8_cols / 4);
+    let xd: Vec<f32> = (0..n * blocks)
+        .map(|i| 0.02 + (i % 7) as f32 * 3e-3)
+        .collect();
     let codes = gpu.upload("check codes", &codes)?;
     let q = gpu.upload("check activations", &q)?;
     let sum = gpu.upload("check sums", &sum)?;
     let scale = gpu.upload("check scales", &scale)?;
+    let wq = gpu.upload("check Q8_0 codes", &wq)?;
+    let wd = gpu.upload("check Q8_0 scales", &wd)?;
+    let xq = gpu.upload("check Q8_0 activations", &xq)?;
+    let xd = gpu.upload("check Q8_0 activation scales", &xd)?;
     let mut results = Vec::new();
     for kernel in [MatrixCores::Off, variant] {
-        let mut out: hesper_gpu::GpuBuffer<f32> = gpu.zeroed("check output", n * rows)?;
+        let mut outs: [GpuBuffer<f32>; 2] = [
+            gpu.zeroed("check output", n * rows)?,
+            gpu.zeroed("check output", n * rows)?,
+        ];
         let (mut out_k, mut out_v) = (gpu.zeroed("unused", 1)?, gpu.zeroed("unused", 1)?);
         let mut batch = gpu.batch();
+        // One launch of `$kernel` into `$out` with its buffers, the product's shape and a
+        // plain store.
         macro_rules! run {
-            ($kernel:ident) => {
+            ($kernel:ident, $out:expr, $cols:expr, $grid:ident { $($field:ident: $value:expr),* }) => {
                 batch.run(
                     gpu,
                     &k::$kernel::Args {
-                        codes: &codes,
-                        q: &q,
-                        scale: &scale,
-                        sum: &sum,
-                        out: &mut out,
+                        $($field: $value,)*
+                        out: $out,
                         out_k: &mut out_k,
                         out_v: &mut out_v,
-                        cols: cols as u32,
+                        cols: $cols as u32,
                         rows: rows as u32,
                         row0: 0,
                         window_rows: rows as u32,
@@ -97,17 +122,93 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                         split_v: rows as u32,
                         out_scale_v: 0.0,
                     },
-                    k::gemm_grid(rows as u32, n as u32),
+                    k::$grid(rows as u32, n as u32),
                 )?
             };
         }
+        let [i2s_out, q8_out] = &mut outs;
         match kernel {
-            MatrixCores::Off => run!(bitlinear_i2s_gemm),
-            MatrixCores::On => run!(bitlinear_i2s_coop),
-            MatrixCores::StandIn => run!(bitlinear_i2s_coop_stand_in),
+            MatrixCores::Off => {
+                run!(
+                    bitlinear_i2s_gemm,
+                    i2s_out,
+                    i2s_cols,
+                    gemm_grid {
+                        codes: &codes,
+                        q: &q,
+                        scale: &scale,
+                        sum: &sum
+                    }
+                );
+                run!(
+                    matvec_q8_0_gemm,
+                    q8_out,
+                    q8_cols,
+                    gemm_grid {
+                        wq: &wq,
+                        wd: &wd,
+                        q: &xq,
+                        d: &xd,
+                        lanes: lanes
+                    }
+                );
+            }
+            MatrixCores::On => {
+                run!(
+                    bitlinear_i2s_coop,
+                    i2s_out,
+                    i2s_cols,
+                    gemm_grid {
+                        codes: &codes,
+                        q: &q,
+                        scale: &scale,
+                        sum: &sum
+                    }
+                );
+                run!(
+                    matvec_q8_0_coop,
+                    q8_out,
+                    q8_cols,
+                    narrow_gemm_grid {
+                        wq: &wq,
+                        wd: &wd,
+                        q: &xq,
+                        d: &xd,
+                        lanes: lanes
+                    }
+                );
+            }
+            MatrixCores::StandIn => {
+                run!(
+                    bitlinear_i2s_coop_stand_in,
+                    i2s_out,
+                    i2s_cols,
+                    gemm_grid {
+                        codes: &codes,
+                        q: &q,
+                        scale: &scale,
+                        sum: &sum
+                    }
+                );
+                run!(
+                    matvec_q8_0_coop_stand_in,
+                    q8_out,
+                    q8_cols,
+                    narrow_gemm_grid {
+                        wq: &wq,
+                        wd: &wd,
+                        q: &xq,
+                        d: &xd,
+                        lanes: lanes
+                    }
+                );
+            }
         }
-        let got = gpu.submit_and_read(batch, &out, n * rows)?;
-        results.push(got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+        gpu.submit(batch)?;
+        for out in &outs {
+            let got = gpu.read(out, n * rows)?;
+            results.push(got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+        }
     }
-    Ok(results[0] == results[1])
+    Ok(results[..2] == results[2..])
 }

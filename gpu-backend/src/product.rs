@@ -242,7 +242,8 @@ pub fn multiply_into(
     // A step of at least a tile of tokens runs a layout's tiled kernel where it has one
     // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`,
     // `matvec_q8_0_gemm`, `matvec_f16_gemm`, `matvec_f32_gemm`, `matvec_bf16_gemm`): the same
-    // bits again, each weight read once per 64 tokens and each activation once per 64 rows.
+    // bits again, each weight read once per 64 tokens and each activation once per 64 rows
+    // (I2_S and Q8_0 on matrix cores where the backend uses them: `matrix_cores.rs`).
     let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
@@ -296,6 +297,12 @@ pub fn multiply_into(
             // A tiled kernel: no lanes, its own grid.
             (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value),* } k::gemm_grid(window_rows, n32))
+            };
+            // A tiled kernel of half the tokens (`matvec_q8_0_coop`), with the lanes whose
+            // order it follows.
+            (@narrow $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
+                launch!(@run $kernel { $($field: $value,)* lanes: lanes }
+                    k::narrow_gemm_grid(window_rows, n32))
             };
             (@run $kernel:ident { $($field:ident: $value:expr),* $(,)? } $grid:expr) => {{
                 *products.entry(stringify!($kernel)).or_default() += 1;
@@ -367,6 +374,17 @@ pub fn multiply_into(
                         scale: act_scale,
                     }
             ),
+            // Q8_0 blocks' sums are exact on matrix cores at any width.
+            Kind::Q8_0 if *packed_dot && tiled && *matrix_cores != MatrixCores::Off => {
+                let (wq, wd, q) = (&win.data, win.scales(&w.desc.name)?, &packed.0);
+                if *matrix_cores == MatrixCores::On {
+                    launch!(@narrow matvec_q8_0_coop { wq: wq, wd: wd, q: q, d: act_scale })
+                } else {
+                    launch!(@narrow matvec_q8_0_coop_stand_in {
+                        wq: wq, wd: wd, q: q, d: act_scale
+                    })
+                }
+            }
             Kind::Q8_0 if *packed_dot => launch!(
                 matvec_q8_0_dp4
                     | matvec_q8_0_dp4_wide

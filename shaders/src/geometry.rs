@@ -8,8 +8,8 @@ use crate::{
     bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm, bitlinear_i2s_wide, bitlinear_tq,
     bitlinear_tq_gemm, bitlinear_tq_wide, landmark_update, matvec_bf16, matvec_bf16_gemm,
     matvec_bf16_wide, matvec_f16, matvec_f16_gemm, matvec_f16_wide, matvec_f32, matvec_f32_gemm,
-    matvec_f32_wide, matvec_kq, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_gemm,
-    matvec_q8_0_wide, quantize_q8_0,
+    matvec_f32_wide, matvec_kq, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_coop,
+    matvec_q8_0_coop_stand_in, matvec_q8_0_gemm, matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -131,12 +131,22 @@ tiled_shape!(
     matvec_bf16_gemm
 );
 
-// The matrix-core kernel and its stand-in cover the same tile, in the same grid.
+// The I2_S matrix-core kernel and its stand-in cover the tiled kernels' tile, in their grid;
+// the Q8_0 one covers half its tokens ([`narrow_gemm_grid`]), each of its 256 threads
+// finishing `PER` of the tile's outputs.
 const _: () = {
     assert!(bitlinear_i2s_coop::WORKGROUP_SIZE == 256);
     assert!(bitlinear_i2s_coop::BM == GEMM_ROWS && bitlinear_i2s_coop::BN == GEMM_TOKENS);
     assert!(bitlinear_i2s_coop_stand_in::BM == GEMM_ROWS);
+    assert!(matvec_q8_0_coop::WORKGROUP_SIZE == 256);
+    assert!(matvec_q8_0_coop::BM == GEMM_ROWS && matvec_q8_0_coop::BN == NARROW_GEMM_TOKENS);
+    assert!(matvec_q8_0_coop::BM * matvec_q8_0_coop::BN == 256 * matvec_q8_0_coop::PER);
+    assert!(matvec_q8_0_coop_stand_in::BN == NARROW_GEMM_TOKENS);
 };
+
+/// Tokens of one workgroup of the tiled kernels that keep a whole tile's sums in workgroup
+/// memory ([`matvec_q8_0_coop`](crate::matvec_q8_0_coop)): half of [`GEMM_TOKENS`].
+pub const NARROW_GEMM_TOKENS: u32 = GEMM_TOKENS / 2;
 
 const _: () = assert!(
     GEMM_ROWS == MATRIX_WORKGROUP,
@@ -148,6 +158,14 @@ const _: () = assert!(
 pub const fn gemm_grid(rows: u32, tokens: u32) -> [u32; 3] {
     let x = rows.div_ceil(GEMM_ROWS);
     let y = tokens.div_ceil(GEMM_TOKENS);
+    [if x == 0 { 1 } else { x }, if y == 0 { 1 } else { y }, 1]
+}
+
+/// The grid of a tiled kernel of [`GEMM_ROWS`] rows × [`NARROW_GEMM_TOKENS`] tokens, as
+/// [`gemm_grid`] lays out the full tiles.
+pub const fn narrow_gemm_grid(rows: u32, tokens: u32) -> [u32; 3] {
+    let x = rows.div_ceil(GEMM_ROWS);
+    let y = tokens.div_ceil(NARROW_GEMM_TOKENS);
     [if x == 0 { 1 } else { x }, if y == 0 { 1 } else { y }, 1]
 }
 

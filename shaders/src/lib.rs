@@ -38,14 +38,16 @@ pub use gemm::{
     matvec_kq_gemm, matvec_q8_0_gemm,
 };
 pub use geometry::{
-    attention_grid, gemm_grid, landmark_grid, lanes_per_row, matrix_grid, q8_0_grid, row_grid,
-    span_grid, GEMM_ROWS, GEMM_STEP, GEMM_TOKENS, MATRIX_WORKGROUP, Q8_0_BLOCKS_PER_WORKGROUP,
-    TOKEN_TILE, WIDE_STEP,
+    attention_grid, gemm_grid, landmark_grid, lanes_per_row, matrix_grid, narrow_gemm_grid,
+    q8_0_grid, row_grid, span_grid, GEMM_ROWS, GEMM_STEP, GEMM_TOKENS, MATRIX_WORKGROUP,
+    NARROW_GEMM_TOKENS, Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE, WIDE_STEP,
 };
 pub use half::pack_f16;
 pub use k_quants::{matvec_kq, matvec_kq_wide};
 pub use kv::{kv_shift, kv_write, landmark_update, rope_neox_kv_write};
-pub use matrix_cores::{bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in};
+pub use matrix_cores::{
+    bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in, matvec_q8_0_coop, matvec_q8_0_coop_stand_in,
+};
 pub use matvec::{
     matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
     matvec_q8_0, matvec_q8_0_dp4, matvec_q8_0_dp4_wide, matvec_q8_0_wide,

@@ -3,12 +3,14 @@
 //! 16×16 tiles of halves into f32 accumulators in one instruction, where the portable tiled
 //! kernels (`gemm.rs`) do every product on the shader cores.
 //!
-//! Only a layout whose sums are exact integers can go there and keep its bits: an I2_S row's
+//! Only sums that are exact integers can go there and keep their bits: an I2_S row's
 //! `Σcode·q` (codes 0–2 and int8 activations, both exact as halves, every product exact and
 //! every partial sum an integer below 2²⁴ for rows under 32 768 weights, so the f32 sum is the
-//! same in any order and any rounding) — and therefore every output is that of
-//! [`bitlinear_i2s_dp4`](crate::bitlinear_i2s_dp4), whichever kernel a step runs. A float
-//! layout (F16, BF16) would be summed in the matrix core's order and lose that promise.
+//! same in any order and any rounding), and a Q8_0 block's (32 int8 products, below 2²⁴ in
+//! magnitude), whose float step then follows on the shader cores in the matrix-vector kernel's
+//! order — so every output is that of [`bitlinear_i2s_dp4`](crate::bitlinear_i2s_dp4) or
+//! [`matvec_q8_0_dp4`](crate::matvec_q8_0_dp4), whichever kernel a step runs. A float layout
+//! (F16, BF16) would be summed in the matrix core's order and lose that promise.
 //!
 //! Each kernel has a stand-in (`<name>_stand_in`, the same body with each matrix operation
 //! written out over workgroup memory) that runs where matrix cores do not, lavapipe included:
@@ -16,6 +18,7 @@
 
 use hesper_dsl::kernel;
 
+use crate::reduce::lane_order_block;
 use crate::tile::store_rows;
 
 /// [`bitlinear_i2s_gemm`](crate::bitlinear_i2s_gemm) on matrix cores: the same tile of 64 rows
@@ -164,4 +167,155 @@ pub fn bitlinear_i2s_coop<const BM: u32, const BN: u32>(
             barrier();
         }
     }
+}
+
+/// [`matvec_q8_0_gemm`](crate::matvec_q8_0_gemm) on matrix cores: Q8_0 weights (and Q4_0 and
+/// MXFP4, widened to them) times Q8_0 activations, each block's exact integer dot by two
+/// 16×16×16 multiply-adds of halves into f32 (int8 codes are exact as halves and a block's sum,
+/// at most 32·128² < 2²⁴ in magnitude, is exact in f32 in any order), then that kernel's
+/// float step `Σ · (d_w · d_x)` into the lane's sum and the lane's sum into the total at its
+/// last block, the blocks walked lane by lane ([`lane_order_block`]) — so every output has
+/// [`matvec_q8_0_dp4`](crate::matvec_q8_0_dp4)'s bits, whichever kernel a step runs. A tile is
+/// 64 rows × 32 tokens (each block's sums leave the accumulators for the float step: 64 × 32
+/// of them, beside the staged codes, fill WebGPU's 16 KiB of workgroup memory). A K-step is one
+/// block: its codes staged as halves (`wa`, row by row; `xb`, token by token) and its scales
+/// (`ws`, `xd`, alternating between two halves so the next block's can be written while this
+/// one's are read); the eight units (a 16-row strip × 16 tokens) are spread over the subgroups
+/// in sweeps (a subgroup past the last unit repeats it), each storing its sums into `res`,
+/// where thread `t` takes row `t % 64` and tokens `8·(t / 64)` to `8·(t / 64) + 7`. Offsets and
+/// strides are multiples of 16 bytes, as Vulkan asks.
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    features(cooperative_matrix),
+    consts(BM = 64, BN = 32, PER = 8)
+)]
+pub fn matvec_q8_0_coop<const BM: u32, const BN: u32, const PER: u32>(
+    wq: &[u32],
+    wd: &[f32],
+    q: &[u32],
+    d: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wa: &mut [f16; BM * 32],
+    #[shared] xb: &mut [f16; BN * 32],
+    #[shared] ws: &mut [f32; 2 * BM],
+    #[shared] xd: &mut [f32; 2 * BN],
+    #[shared] res: &mut [f32; BM * BN],
+) {
+    let t = lid();
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let blocks = cols / 32u32;
+    let units = (BM / 16u32) * (BN / 16u32);
+    let groups = subgroup_count();
+    let sweeps = (units + groups - 1u32) / groups;
+    let row = t % BM;
+    let first_token = (t / BM) * PER;
+    let mut total = [0.0f32; PER];
+    let mut part = [0.0f32; PER];
+    for k in 0u32..blocks {
+        let blk = lane_order_block(k, blocks, lanes);
+        let slot = k % 2u32;
+        // The block's codes of the tile's rows (rows past the window read its last row) and of
+        // its tokens (tokens past the step read its last token), one code a half.
+        for i in 0u32..BM * 8u32 / 256u32 {
+            let e = t + 256u32 * i;
+            let r = (r_base + e / 8u32).min(window_rows - 1u32);
+            let word = wq[(r * blocks + blk) * 8u32 + e % 8u32];
+            for b in 0u32..4u32 {
+                wa[(e / 8u32) * 32u32 + 4u32 * (e % 8u32) + b] =
+                    to_f16(((word << (24u32 - 8u32 * b)) as i32) >> 24u32);
+            }
+        }
+        for i in 0u32..BN * 8u32 / 256u32 {
+            let e = t + 256u32 * i;
+            let tok = (t_base + e / 8u32).min(n - 1u32);
+            let word = q[tok * (cols / 4u32) + blk * 8u32 + e % 8u32];
+            for b in 0u32..4u32 {
+                xb[(e / 8u32) * 32u32 + 4u32 * (e % 8u32) + b] =
+                    to_f16(((word << (24u32 - 8u32 * b)) as i32) >> 24u32);
+            }
+        }
+        if t < BM {
+            let r = (r_base + t).min(window_rows - 1u32);
+            ws[BM * slot + t] = wd[r * blocks + blk];
+        } else if t < BM + BN {
+            let tok = (t_base + t - BM).min(n - 1u32);
+            xd[BN * slot + t - BM] = d[tok * blocks + blk];
+        }
+        barrier();
+        // Matrix operations run in uniform control flow: every subgroup runs every sweep.
+        for sweep in 0u32..sweeps {
+            let unit = (subgroup_index() + sweep * groups).min(units - 1u32);
+            let strip = unit % (BM / 16u32);
+            let tokens = unit / (BM / 16u32);
+            let mut c = coop_zero();
+            for h in 0u32..2u32 {
+                let a = coop_load_a_rows(wa, strip * 16u32 * 32u32 + 16u32 * h, 32u32);
+                let b = coop_load_b_columns(xb, tokens * 16u32 * 32u32 + 16u32 * h, 32u32);
+                c = coop_multiply_add(a, b, c);
+            }
+            coop_store_columns(c, res, tokens * 16u32 * BM + strip * 16u32, BM);
+        }
+        barrier();
+        let w_scale = ws[BM * slot + row];
+        for c in 0..PER {
+            let j = first_token + c;
+            part[c] += res[BM * j + row] * (w_scale * xd[BN * slot + j]);
+        }
+        if blk + lanes >= blocks {
+            for c in 0..PER {
+                total[c] = total[c] + part[c];
+                part[c] = 0.0;
+            }
+        }
+    }
+    // Lanes without a block add their 0.0, as in the tiled kernel.
+    if lanes > blocks {
+        for c in 0..PER {
+            total[c] = total[c] + 0.0;
+        }
+    }
+    // Every thread has read the last block's sums; the totals take their place, and the tile's
+    // first 64 threads hand their rows to the output stage.
+    barrier();
+    for c in 0..PER {
+        res[BM * (first_token + c) + row] = total[c];
+    }
+    store_rows(
+        res,
+        out,
+        out_k,
+        out_v,
+        row,
+        0u32,
+        1u32,
+        select(window_rows, r_base + t, t < BM),
+        window_rows,
+        row0,
+        rows,
+        t_base,
+        n,
+        BN,
+        mode,
+        out_scale,
+        out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
+    );
 }

@@ -287,7 +287,13 @@ macro_rules! launch_tiled {
     };
     // In output mode `$mode`, odd rows scaled by `$out_scale_odd` (gate/up pairs).
     ($g:expr, $out:expr, $p:expr, $out_scale:expr, $out_scale_odd:expr, $mode:expr;
-     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+     $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
+        launch_tiled!(@grid k::gemm_grid; $g, $out, $p, $out_scale, $out_scale_odd, $mode;
+            $kernel { $($field: $value),* })
+    };
+    // In the grid `$grid` lays out (a kernel whose tile is not the tiled kernels').
+    (@grid $grid:path; $g:expr, $out:expr, $p:expr, $out_scale:expr, $out_scale_odd:expr,
+     $mode:expr; $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {{
         let p: Placement = $p;
         let (mut unused_k, mut unused_v) = (
             $g.zeroed("unused", 1).expect("buffer"),
@@ -312,7 +318,7 @@ macro_rules! launch_tiled {
                 split_v: p.width as u32,
                 out_scale_v: 0.0,
             },
-            k::gemm_grid(p.m.rows as u32, p.m.n as u32),
+            $grid(p.m.rows as u32, p.m.n as u32),
         )
     }};
 }
@@ -2612,6 +2618,71 @@ fn matrix_core_i2s_kernel_stand_in_gives_the_tiled_kernels_bits() {
         assert!(
             results[0] == results[1],
             "mode {mode}: the matrix-core stand-in differs from the tiled kernel"
+        );
+    }
+}
+
+#[test]
+fn matrix_core_q8_0_kernel_stand_in_gives_the_tiled_kernels_bits() {
+    let mut g = gpu();
+    assert!(
+        g.device
+            .features()
+            .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP),
+        "the stand-in needs halves and subgroups"
+    );
+    // 150 rows (two tiles of 64 and one of 22) of 352 weights (11 blocks: eleven K-steps), 70
+    // tokens (two tiles of 32 and one of 6): the matrix-core kernel's tile walk, written out by
+    // its stand-in, against the portable tiled kernel (whose bits are the matrix-vector
+    // kernels', tested above), at three lane counts (the order of the float steps: blocks in
+    // order at 1 lane, lanes ending mid-row at 4, lanes without a block at 32). Stored plainly,
+    // and as gate/up pairs into a window of a wider output.
+    let (rows, cols, n) = (150usize, 352usize, 70usize);
+    let c = Q8_0Case::new(&g, rows, cols, n, 1.0, 51);
+    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
+    let m = Matrix::new("matvec_q8_0_coop_stand_in", rows, cols, n);
+    for (mode, row0, width, lanes) in [
+        (k::STORE, 0, rows, 1),
+        (k::STORE, 0, rows, 32),
+        (k::GLU_SILU, 10, 10 + rows + 12, 4),
+    ] {
+        let out_width = if mode == k::STORE { width } else { width / 2 };
+        let mut results = Vec::new();
+        for stand_in in [false, true] {
+            let mut out = sentinel_out(&g, n, out_width);
+            let p = Placement {
+                m,
+                row0,
+                width,
+                lanes,
+                wide: true,
+            };
+            let (scale, odd) = (0.75, 0.0173);
+            if stand_in {
+                launch_tiled!(@grid k::narrow_gemm_grid; &mut g, &mut out, p, scale, odd, mode;
+                    matvec_q8_0_coop_stand_in { wq: bwq, wd: bwd, q: bq, d: bd, lanes: lanes });
+            } else {
+                launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
+                    matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: lanes });
+            }
+            results.push(bits(&read!(&mut g, &out)));
+        }
+        let written = results[0]
+            .iter()
+            .filter(|&&b| b != SENTINEL.to_bits())
+            .count();
+        let expected = if mode == k::STORE {
+            n * rows
+        } else {
+            n * rows / 2
+        };
+        assert_eq!(
+            written, expected,
+            "mode {mode}: outputs written by the tiled kernel"
+        );
+        assert!(
+            results[0] == results[1],
+            "mode {mode}, {lanes} lanes: the matrix-core stand-in differs from the tiled kernel"
         );
     }
 }

@@ -60,6 +60,8 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_dp4_wide,
         bitlinear_i2s_coop,
         bitlinear_i2s_coop_stand_in,
+        matvec_q8_0_coop,
+        matvec_q8_0_coop_stand_in,
         bitlinear_i2s_gemm,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
@@ -204,31 +206,38 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
 /// need halves and subgroups only, and no matrix operation is left in them.
 #[test]
 fn matrix_core_kernels_need_the_capability_and_their_stand_ins_do_not() {
-    let (k, stand_in) = (
-        hesper_shaders::bitlinear_i2s_coop::WGSL,
-        hesper_shaders::bitlinear_i2s_coop_stand_in::WGSL,
-    );
-    let module = naga::front::wgsl::parse_str(k).expect("parses");
-    let without = Capabilities::all() - Capabilities::COOPERATIVE_MATRIX;
-    assert!(Validator::new(ValidationFlags::all(), without)
-        .validate(&module)
-        .is_err());
-    let info = Validator::new(ValidationFlags::all(), Capabilities::all())
-        .validate(&module)
-        .expect("validates");
-    let spirv = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
-        .expect("writes SPIR-V");
-    // OpCooperativeMatrixMulAddKHR (4459) is in the module.
-    assert!(
-        spirv.iter().any(|w| w & 0xffff == 4459 && w >> 16 >= 6),
-        "no multiply-add in the SPIR-V"
-    );
-    let plain = naga::front::wgsl::parse_str(stand_in).expect("parses");
-    let caps = web() | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16;
-    Validator::new(ValidationFlags::all(), caps)
-        .validate(&plain)
-        .unwrap_or_else(|e| panic!("{}\n{stand_in}", e.emit_to_string(stand_in)));
-    assert!(!stand_in.contains("coop_mat") && !stand_in.contains("cooperative"));
+    for (k, stand_in) in [
+        (
+            hesper_shaders::bitlinear_i2s_coop::WGSL,
+            hesper_shaders::bitlinear_i2s_coop_stand_in::WGSL,
+        ),
+        (
+            hesper_shaders::matvec_q8_0_coop::WGSL,
+            hesper_shaders::matvec_q8_0_coop_stand_in::WGSL,
+        ),
+    ] {
+        let module = naga::front::wgsl::parse_str(k).expect("parses");
+        let without = Capabilities::all() - Capabilities::COOPERATIVE_MATRIX;
+        assert!(Validator::new(ValidationFlags::all(), without)
+            .validate(&module)
+            .is_err());
+        let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}\n{k}", e.emit_to_string(k)));
+        let spirv = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
+            .expect("writes SPIR-V");
+        // OpCooperativeMatrixMulAddKHR (4459) is in the module.
+        assert!(
+            spirv.iter().any(|w| w & 0xffff == 4459 && w >> 16 >= 6),
+            "no multiply-add in the SPIR-V"
+        );
+        let plain = naga::front::wgsl::parse_str(stand_in).expect("parses");
+        let caps = web() | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16;
+        Validator::new(ValidationFlags::all(), caps)
+            .validate(&plain)
+            .unwrap_or_else(|e| panic!("{}\n{stand_in}", e.emit_to_string(stand_in)));
+        assert!(!stand_in.contains("coop_mat") && !stand_in.contains("cooperative"));
+    }
 }
 
 #[test]

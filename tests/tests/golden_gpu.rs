@@ -8,6 +8,7 @@
 //! float files must agree to 1e-3 and quantized files to cosine ≥ 0.999.
 
 use hesper_engine::model::Logits;
+use hesper_gpu_backend::{GpuBackend, MatrixCores};
 use hesper_tests::layers::check_layers;
 use hesper_tests::ops::run_ops;
 use hesper_tests::{argmax, cosine, cpu_model, gpu_model, max_abs_diff, Golden, ALL, TINY_BOUND};
@@ -129,21 +130,15 @@ fn gpu_prompt_in_tiled_products_equals_decoding_it() {
         let g = Golden::load(stem);
         let model = gpu_model(&g.file(), None);
         assert!(model.backend.packed_dot(), "lavapipe has dot4I8Packed");
-        let n = hesper_gpu_backend::GEMM_STEP as usize + 37;
-        let tokens: Vec<u32> = (0..n as u32)
-            .map(|i| (i * 37 + 11) % g.n_vocab as u32)
-            .collect();
-        let launches = || {
-            model
-                .backend
-                .product_launches()
-                .get(kernel)
-                .copied()
-                .unwrap_or(0)
-        };
-        let before = launches();
+        let tokens = tiled_prompt(&g);
+        let n = tokens.len();
+        let before = launches(&model.backend, kernel);
         let tiled = logits_all(&model, &tokens, n);
-        assert_eq!(launches() - before, launched, "{stem}: tiled launches");
+        assert_eq!(
+            launches(&model.backend, kernel) - before,
+            launched,
+            "{stem}: tiled launches"
+        );
         let decoded = logits_all(&model, &tokens, hesper_gpu_backend::TOKEN_TILE as usize);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert!(
@@ -152,6 +147,50 @@ fn gpu_prompt_in_tiled_products_equals_decoding_it() {
             max_abs_diff(&tiled, &decoded)
         );
     }
+}
+
+/// The Q8_0 file's prompt on the matrix-core kernel's stand-in (the tile walk a device's
+/// matrix cores run, written out where lavapipe runs it; Q4_0 and MXFP4 run as Q8_0): every
+/// projection and the LM head launch it, and every position's logits are the portable tiled
+/// kernel's bits (which are the decode kernels', above).
+#[test]
+fn gpu_prompt_on_the_matrix_core_stand_in_equals_the_tiled_products() {
+    let g = Golden::load("tiny-llama-q8_0");
+    let model = gpu_model(&g.file(), None);
+    assert!(model.backend.matrix_cores_agree(MatrixCores::StandIn));
+    let tokens = tiled_prompt(&g);
+    let mut logits = Vec::new();
+    for (cores, kernel) in [
+        (MatrixCores::StandIn, "matvec_q8_0_coop_stand_in"),
+        (MatrixCores::Off, "matvec_q8_0_gemm"),
+    ] {
+        assert_eq!(model.backend.set_matrix_cores(cores), cores);
+        let before = launches(&model.backend, kernel);
+        logits.push(logits_all(&model, &tokens, tokens.len()));
+        assert_eq!(
+            launches(&model.backend, kernel) - before,
+            2 * 4 + 1,
+            "{kernel} launches"
+        );
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&logits[0]) == bits(&logits[1]),
+        "max|Δ| {}",
+        max_abs_diff(&logits[0], &logits[1])
+    );
+}
+
+/// A prompt of [`hesper_gpu_backend::GEMM_STEP`] + 37 tokens of `g`'s vocabulary: more than a
+/// tile, not a multiple of one.
+fn tiled_prompt(g: &Golden) -> Vec<u32> {
+    let n = hesper_gpu_backend::GEMM_STEP + 37;
+    (0..n).map(|i| (i * 37 + 11) % g.n_vocab as u32).collect()
+}
+
+/// Launches of the product kernel `kernel` so far.
+fn launches(backend: &GpuBackend, kernel: &str) -> u64 {
+    backend.product_launches().get(kernel).copied().unwrap_or(0)
 }
 
 #[test]
