@@ -116,9 +116,10 @@ else
     python3 "$root/golden-values/generate.py" --bench-2b4t "$dir" | grep -v '^  layer'
   fi
   runs+=("i2s|$dir/bench-2b4t-i2s.gguf|tq2_0" "tq2_0|$dir/bench-2b4t-tq2_0.gguf|tq2_0")
-  # Where I2_S and Q8_0 prompts run on matrix cores, those files on the shader cores too.
+  # Where I2_S, Q8_0 and K-quant prompts run on matrix cores, those files on the shader cores
+  # too.
   cores=false
-  grep -q 'Q8_0 prompts on matrix cores' "$out/adapter.txt" && cores=true
+  grep -q 'K-quant prompts on matrix cores' "$out/adapter.txt" && cores=true
   if $cores; then
     runs+=("i2s-shader-cores|$dir/bench-2b4t-i2s.gguf|tq2_0|--gpu-matrix-cores off")
   fi
@@ -141,7 +142,7 @@ else
       peer=$m
       [ "$m" = falcon3b-i2s ] && peer=
       runs+=("$m|$dir/bench-$m.gguf|$peer")
-      if $cores && [ "$m" = llama1b-q8_0 ]; then
+      if $cores && [ "$m" != llama1b-f16 ] && [ "$m" != falcon3b-i2s ]; then
         runs+=("$m-shader-cores|$dir/bench-$m.gguf|$m|--gpu-matrix-cores off")
       fi
     done

@@ -1,20 +1,21 @@
-//! I2_S and Q8_0 prompts on matrix cores (`hesper_shaders::bitlinear_i2s_coop`,
-//! `matvec_q8_0_coop`; Q4_0 and MXFP4 run as Q8_0): which tiled kernels a step of many tokens
-//! runs, and the check a device's matrix cores pass before they run a model — each kernel and
-//! its portable tiled one (`bitlinear_i2s_gemm`, `matvec_q8_0_gemm`) on one product, every
-//! output bit for bit. wgpu marks cooperative matrices experimental, and a driver that sums
+//! I2_S, Q8_0 and K-quant prompts on matrix cores (`hesper_shaders::bitlinear_i2s_coop`,
+//! `matvec_q8_0_coop`, `matvec_kq_coop`; Q4_0 and MXFP4 run as Q8_0): which tiled kernels a
+//! step of many tokens runs, and the check a device's matrix cores pass before they run a
+//! model — each kernel and its portable tiled one (`bitlinear_i2s_gemm`, `matvec_q8_0_gemm`,
+//! `matvec_kq_gemm`) on one product, every output bit for bit. wgpu marks cooperative matrices experimental, and a driver that sums
 //! or lays out a tile otherwise than the kernels expect fails the check instead of a model.
 
 use hesper_gpu::Gpu;
 use hesper_shaders as k;
 
-/// Which kernels run the I2_S and Q8_0 products of a step of at least [`k::GEMM_STEP`] tokens
+/// Which kernels run the I2_S, Q8_0 and K-quant products of a step of at least [`k::GEMM_STEP`] tokens
 /// (all three give every output the matrix-vector kernels' bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatrixCores {
     /// The portable tiled kernels: every product on the shader cores.
     Off,
-    /// `bitlinear_i2s_coop` and `matvec_q8_0_coop`, on the device's matrix cores.
+    /// `bitlinear_i2s_coop`, `matvec_q8_0_coop` and `matvec_kq_coop`, on the device's matrix
+    /// cores.
     On,
     /// Their stand-ins (`*_coop_stand_in`): the same tile walks with each matrix operation
     /// written out, where matrix cores are not (tests; lavapipe).
@@ -36,12 +37,13 @@ impl MatrixCores {
 
 /// I2_S rows whose sums the matrix cores add exactly: a row's `Σcode·q` stays below 2²⁴ (codes
 /// up to 2, activations of magnitude up to 128), so no partial sum rounds in f32 in any order.
-/// (A Q8_0 block's sum is exact at any width: the float step follows each block.)
+/// (A Q8_0 block's or K-quant sub-block's sum is exact at any width: its scale follows it.)
 pub(crate) const MAX_COLS: usize = 32_768;
 
 /// Runs `variant`'s kernels and the portable tiled ones on one product each (150 rows, 70
-/// tokens: tiles cut by both edges; I2_S rows of 384 weights, Q8_0 rows of 11 blocks walked by
-/// 4 lanes) and says whether every output has the same bits.
+/// tokens: tiles cut by both edges; I2_S rows of 384 weights; Q8_0 rows of 11 blocks walked by
+/// 4 lanes; K-quant rows of 2 blocks walked by 2 lanes, in Q6_K's sub-blocks of 16 with two
+/// high bits and Q5_K's of 32 with one) and says whether every output has the same bits.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper_gpu::GpuError> {
     use hesper_gpu::GpuBuffer;
@@ -55,6 +57,9 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
         state
     };
     let mut words = |len: usize| -> Vec<u32> { (0..len).map(|_| next() as u32).collect() };
+    let scales = |len: usize, base: f32| -> Vec<f32> {
+        (0..len).map(|i| base + (i % 13) as f32 * 1e-3).collect()
+    };
     // I2_S: codes 0–2 in every crumb (a crumb of 3 read as 2), int8 activations.
     let i2s_cols = 384;
     let codes: Vec<u32> = words(rows * i2s_cols / 16)
@@ -73,30 +78,50 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
         .collect();
     let scale: Vec<f32> = (0..n).map(|t| 97.0 + t as f32 * 0.37).collect();
     // Q8_0: any int8 codes, block scales by row and by token.
-    let (q8_cols, lanes) = (352usize, 4u32);
-    let blocks = q8_cols / 32;
+    let (q8_cols, q8_lanes) = (352usize, 4u32);
+    let q8_blocks = q8_cols / 32;
     let wq = words(rows * q8_cols / 4);
-    let wd: Vec<f32> = (0..rows * blocks)
-        .map(|i| 0.01 + (i % 13) as f32 * 1e-3)
-        .collect();
     let xq = words(n * q8_cols / 4);
-    let xd: Vec<f32> = (0..n * blocks)
-        .map(|i| 0.02 + (i % 7) as f32 * 3e-3)
+    // K-quants (`matvec_kq`'s layout): any nibbles and high bits, then a signed scale and a
+    // minimum per sub-block; `d` and `dmin` per block; Q8_K codes as i32.
+    let (kq_cols, kq_lanes) = (512usize, 2u32);
+    let kq_blocks = kq_cols / 256;
+    let mut kq_rows = |high: usize, sub: usize| -> Vec<u32> {
+        let per_row = kq_cols / 8 + kq_cols * high / 32;
+        (0..rows)
+            .flat_map(|_| {
+                let mut row = words(per_row);
+                row.extend(words(kq_blocks * 256 / sub).into_iter().map(|w| {
+                    let (scale, min) = ((w as i8) as i16 as u16, (w >> 8) & 63);
+                    u32::from(scale) | (min << 16)
+                }));
+                row
+            })
+            .collect()
+    };
+    let (kq6, kq5) = (kq_rows(2, 16), kq_rows(1, 32));
+    let xk: Vec<i32> = words(n * kq_cols)
+        .into_iter()
+        .map(|w| i32::from(w as i8).max(-127))
         .collect();
     let codes = gpu.upload("check codes", &codes)?;
     let q = gpu.upload("check activations", &q)?;
     let sum = gpu.upload("check sums", &sum)?;
     let scale = gpu.upload("check scales", &scale)?;
     let wq = gpu.upload("check Q8_0 codes", &wq)?;
-    let wd = gpu.upload("check Q8_0 scales", &wd)?;
+    let wd = gpu.upload("check Q8_0 scales", &scales(rows * q8_blocks, 0.01))?;
     let xq = gpu.upload("check Q8_0 activations", &xq)?;
-    let xd = gpu.upload("check Q8_0 activation scales", &xd)?;
+    let xd = gpu.upload("check Q8_0 activation scales", &scales(n * q8_blocks, 0.02))?;
+    let kq6 = gpu.upload("check Q6_K codes", &kq6)?;
+    let kq5 = gpu.upload("check Q5_K codes", &kq5)?;
+    let kd = gpu.upload("check K-quant scales", &scales(2 * rows * kq_blocks, 0.003))?;
+    let xk = gpu.upload("check Q8_K activations", &xk)?;
+    let xkd = gpu.upload("check Q8_K scales", &scales(n * kq_blocks, 0.05))?;
     let mut results = Vec::new();
     for kernel in [MatrixCores::Off, variant] {
-        let mut outs: [GpuBuffer<f32>; 2] = [
-            gpu.zeroed("check output", n * rows)?,
-            gpu.zeroed("check output", n * rows)?,
-        ];
+        let mut outs: Vec<GpuBuffer<f32>> = (0..4)
+            .map(|_| gpu.zeroed("check output", n * rows))
+            .collect::<Result<_, _>>()?;
         let (mut out_k, mut out_v) = (gpu.zeroed("unused", 1)?, gpu.zeroed("unused", 1)?);
         let mut batch = gpu.batch();
         // One launch of `$kernel` into `$out` with its buffers, the product's shape and a
@@ -126,83 +151,78 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 )?
             };
         }
-        let [i2s_out, q8_out] = &mut outs;
+        // The four products through `$i2s`, `$q8_0` and `$kq` on their grids.
+        macro_rules! products {
+            ($i2s:ident, $q8_0:ident, $kq:ident, $tiles:ident, $narrow:ident) => {{
+                let [i2s_out, q8_out, kq6_out, kq5_out] = &mut outs[..] else {
+                    unreachable!("four outputs")
+                };
+                run!(
+                    $i2s,
+                    i2s_out,
+                    i2s_cols,
+                    $tiles {
+                        codes: &codes,
+                        q: &q,
+                        scale: &scale,
+                        sum: &sum
+                    }
+                );
+                run!(
+                    $q8_0,
+                    q8_out,
+                    q8_cols,
+                    $narrow {
+                        wq: &wq,
+                        wd: &wd,
+                        q: &xq,
+                        d: &xd,
+                        lanes: q8_lanes
+                    }
+                );
+                for (out, w, high, sub, offset) in
+                    [(kq6_out, &kq6, 2, 16, 32), (kq5_out, &kq5, 1, 32, 0)]
+                {
+                    run!(
+                        $kq,
+                        out,
+                        kq_cols,
+                        $narrow {
+                            w: w,
+                            wd: &kd,
+                            q: &xk,
+                            d: &xkd,
+                            lanes: kq_lanes,
+                            high: high,
+                            sub: sub,
+                            offset: offset
+                        }
+                    );
+                }
+            }};
+        }
         match kernel {
-            MatrixCores::Off => {
-                run!(
-                    bitlinear_i2s_gemm,
-                    i2s_out,
-                    i2s_cols,
-                    gemm_grid {
-                        codes: &codes,
-                        q: &q,
-                        scale: &scale,
-                        sum: &sum
-                    }
-                );
-                run!(
-                    matvec_q8_0_gemm,
-                    q8_out,
-                    q8_cols,
-                    gemm_grid {
-                        wq: &wq,
-                        wd: &wd,
-                        q: &xq,
-                        d: &xd,
-                        lanes: lanes
-                    }
-                );
-            }
-            MatrixCores::On => {
-                run!(
-                    bitlinear_i2s_coop,
-                    i2s_out,
-                    i2s_cols,
-                    gemm_grid {
-                        codes: &codes,
-                        q: &q,
-                        scale: &scale,
-                        sum: &sum
-                    }
-                );
-                run!(
-                    matvec_q8_0_coop,
-                    q8_out,
-                    q8_cols,
-                    narrow_gemm_grid {
-                        wq: &wq,
-                        wd: &wd,
-                        q: &xq,
-                        d: &xd,
-                        lanes: lanes
-                    }
-                );
-            }
-            MatrixCores::StandIn => {
-                run!(
-                    bitlinear_i2s_coop_stand_in,
-                    i2s_out,
-                    i2s_cols,
-                    gemm_grid {
-                        codes: &codes,
-                        q: &q,
-                        scale: &scale,
-                        sum: &sum
-                    }
-                );
-                run!(
-                    matvec_q8_0_coop_stand_in,
-                    q8_out,
-                    q8_cols,
-                    narrow_gemm_grid {
-                        wq: &wq,
-                        wd: &wd,
-                        q: &xq,
-                        d: &xd,
-                        lanes: lanes
-                    }
-                );
-            }
+            MatrixCores::Off => products!(
+                bitlinear_i2s_gemm,
+                matvec_q8_0_gemm,
+                matvec_kq_gemm,
+                gemm_grid,
+                gemm_grid
+            ),
+            MatrixCores::On => products!(
+                bitlinear_i2s_coop,
+                matvec_q8_0_coop,
+                matvec_kq_coop,
+                gemm_grid,
+                narrow_gemm_grid
+            ),
+            MatrixCores::StandIn => products!(
+                bitlinear_i2s_coop_stand_in,
+                matvec_q8_0_coop_stand_in,
+                matvec_kq_coop_stand_in,
+                gemm_grid,
+                narrow_gemm_grid
+            ),
         }
         gpu.submit(batch)?;
         for out in &outs {
@@ -210,5 +230,6 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
             results.push(got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
         }
     }
-    Ok(results[..2] == results[2..])
+    let (reference, candidate) = results.split_at(results.len() / 2);
+    Ok(reference == candidate)
 }

@@ -243,7 +243,8 @@ pub fn multiply_into(
     // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`,
     // `matvec_q8_0_gemm`, `matvec_f16_gemm`, `matvec_f32_gemm`, `matvec_bf16_gemm`): the same
     // bits again, each weight read once per 64 tokens and each activation once per 64 rows
-    // (I2_S and Q8_0 on matrix cores where the backend uses them: `matrix_cores.rs`).
+    // (I2_S, Q8_0 and the K-quants on matrix cores where the backend uses them:
+    // `matrix_cores.rs`).
     let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
@@ -298,8 +299,8 @@ pub fn multiply_into(
             (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value),* } k::gemm_grid(window_rows, n32))
             };
-            // A tiled kernel of half the tokens (`matvec_q8_0_coop`), with the lanes whose
-            // order it follows.
+            // A tiled kernel of half the tokens (`matvec_q8_0_coop`, `matvec_kq_coop`), with
+            // the lanes whose order it follows.
             (@narrow $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value,)* lanes: lanes }
                     k::narrow_gemm_grid(window_rows, n32))
@@ -414,6 +415,21 @@ pub fn multiply_into(
                         d: act_scale,
                     }
             ),
+            // A K-quant sub-block's sums are exact on matrix cores at any width too.
+            Kind::Kq { sub, high, offset }
+                if *packed_dot && tiled && *matrix_cores != MatrixCores::Off =>
+            {
+                let (wk, wd) = (&win.data, win.scales(&w.desc.name)?);
+                if *matrix_cores == MatrixCores::On {
+                    launch!(@narrow matvec_kq_coop {
+                        w: wk, wd: wd, q: q, d: act_scale, sub: sub, high: high, offset: offset
+                    })
+                } else {
+                    launch!(@narrow matvec_kq_coop_stand_in {
+                        w: wk, wd: wd, q: q, d: act_scale, sub: sub, high: high, offset: offset
+                    })
+                }
+            }
             Kind::Kq { sub, high, offset } => launch!(
                 packed: matvec_kq
                     | matvec_kq_wide

@@ -319,3 +319,200 @@ pub fn matvec_q8_0_coop<const BM: u32, const BN: u32, const PER: u32>(
         out_scale_v,
     );
 }
+
+/// [`matvec_kq_gemm`](crate::matvec_kq_gemm) on matrix cores: Q4_K, Q5_K and Q6_K in
+/// [`matvec_kq`](crate::matvec_kq)'s layout times Q8_K codes. A K-step is one sub-block (`sub`:
+/// 32 or 16 columns): its codes (0–63, exact as halves) and its tokens' int8 codes staged as
+/// halves, its `Σcode·q` by one or two 16×16×16 multiply-adds into f32 (at most 32·63·128 in
+/// magnitude: exact), then on the shader cores that kernel's integer step
+/// `sumi += scale·(Σcode·q − offset·Σq)`, `summ += min·Σq` and, at a block's last sub-block,
+/// its float step `(d·d_act)·sumi − (dmin·d_act)·summ` into the lane's sum, the blocks walked
+/// lane by lane ([`lane_order_block`]) — so every output has that kernel's bits. The tile,
+/// units and output stage are [`matvec_q8_0_coop`]'s (64 rows × 32 tokens); each staging
+/// thread's `Σq` of four codes goes to `qpart`, which 32 threads add up per token while the
+/// subgroups multiply.
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    features(cooperative_matrix),
+    consts(BM = 64, BN = 32, PER = 8)
+)]
+pub fn matvec_kq_coop<const BM: u32, const BN: u32, const PER: u32>(
+    w: &[u32],
+    wd: &[f32],
+    q: &[i32],
+    d: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[comptime] high: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[uniform] sub: u32,
+    #[uniform] offset: u32,
+    #[shared] wa: &mut [f16; BM * 32],
+    #[shared] xb: &mut [f16; BN * 32],
+    #[shared] ws: &mut [u32; 2 * BM],
+    #[shared] qpart: &mut [i32; 256],
+    #[shared] qs: &mut [i32; BN],
+    #[shared] res: &mut [f32; BM * BN],
+) {
+    let t = lid();
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    // The row layout of `matvec_kq`.
+    let nibble_words = cols / 8u32;
+    let high_words = cols * high / 32u32;
+    let per_high = 32u32 / high.max(1u32);
+    let high_mask = (1u32 << high) - 1u32;
+    let words = nibble_words + high_words;
+    let blocks = cols / 256u32;
+    let subs = 256u32 / sub;
+    let stride = words + blocks * subs;
+    let units = (BM / 16u32) * (BN / 16u32);
+    let groups = subgroup_count();
+    let sweeps = (units + groups - 1u32) / groups;
+    let row = t % BM;
+    let first_token = (t / BM) * PER;
+    let mut si = [0i32; PER];
+    let mut sm = [0i32; PER];
+    let mut part = [0.0f32; PER];
+    let mut total = [0.0f32; PER];
+    for k in 0u32..blocks * subs {
+        let blk = lane_order_block(k / subs, blocks, lanes);
+        let s = k % subs;
+        let slot = k % 2u32;
+        let e0 = blk * 256u32 + s * sub;
+        // The sub-block's codes of the tile's rows, eight (one word of nibbles) a task (rows
+        // past the window read its last row), and their scale words.
+        if t < BM * sub / 8u32 {
+            let r = t / (sub / 8u32);
+            let x = t % (sub / 8u32);
+            let base = (r_base + r).min(window_rows - 1u32) * stride;
+            let e = e0 + 8u32 * x;
+            let nibbles = w[base + e / 8u32];
+            let mut bits = 0u32;
+            if high > 0u32 {
+                bits = w[base + nibble_words + e / per_high] >> (high * (e % per_high));
+            }
+            for b in 0u32..8u32 {
+                let code = ((nibbles >> (4u32 * b)) & 15u32)
+                    | (((bits >> (high * b)) & high_mask) << 4u32);
+                wa[r * 32u32 + 8u32 * x + b] = to_f16(code);
+            }
+        }
+        if t < BM {
+            let base = (r_base + t).min(window_rows - 1u32) * stride;
+            ws[BM * slot + t] = w[base + words + blk * subs + s];
+        }
+        // Its tokens' codes, four a task (tokens past the step read its last token), each
+        // task's Σq in `qpart`.
+        if t < BN * sub / 4u32 {
+            let tok = t / (sub / 4u32);
+            let x = t % (sub / 4u32);
+            let at = (t_base + tok).min(n - 1u32) * cols + e0 + 4u32 * x;
+            let mut sum: i32 = 0;
+            for b in 0u32..4u32 {
+                let v = q[at + b];
+                sum += v;
+                xb[tok * 32u32 + 4u32 * x + b] = to_f16(v);
+            }
+            qpart[t] = sum;
+        }
+        barrier();
+        // Matrix operations run in uniform control flow: every subgroup runs every sweep.
+        for sweep in 0u32..sweeps {
+            let unit = (subgroup_index() + sweep * groups).min(units - 1u32);
+            let strip = unit % (BM / 16u32);
+            let tokens = unit / (BM / 16u32);
+            let mut c = coop_zero();
+            for h in 0u32..sub / 16u32 {
+                let a = coop_load_a_rows(wa, strip * 16u32 * 32u32 + 16u32 * h, 32u32);
+                let b = coop_load_b_columns(xb, tokens * 16u32 * 32u32 + 16u32 * h, 32u32);
+                c = coop_multiply_add(a, b, c);
+            }
+            coop_store_columns(c, res, tokens * 16u32 * BM + strip * 16u32, BM);
+        }
+        if t < BN {
+            let mut sum: i32 = 0;
+            for u in 0u32..sub / 4u32 {
+                sum += qpart[t * (sub / 4u32) + u];
+            }
+            qs[t] = sum;
+        }
+        barrier();
+        let packed = ws[BM * slot + row];
+        let scale = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
+        let mins = (packed >> 16u32) as i32;
+        for c in 0..PER {
+            let j = first_token + c;
+            let sq = qs[j];
+            si[c] += scale * (res[BM * j + row] as i32 - (offset as i32) * sq);
+            sm[c] += mins * sq;
+        }
+        // A block's last sub-block: its float step into the lane's sum, and at the lane's
+        // last block that sum into the total.
+        if s == subs - 1u32 {
+            let r = (r_base + row).min(window_rows - 1u32);
+            let dw = wd[2u32 * (r * blocks + blk)];
+            let dm = wd[2u32 * (r * blocks + blk) + 1u32];
+            for c in 0..PER {
+                let tok = (t_base + first_token + c).min(n - 1u32);
+                let da = d[tok * blocks + blk];
+                part[c] += (dw * da) * (si[c] as f32) - (dm * da) * (sm[c] as f32);
+                si[c] = 0;
+                sm[c] = 0;
+            }
+            if blk + lanes >= blocks {
+                for c in 0..PER {
+                    total[c] = total[c] + part[c];
+                    part[c] = 0.0;
+                }
+            }
+        }
+    }
+    // Lanes without a block add their 0.0, as in the tiled kernel.
+    if lanes > blocks {
+        for c in 0..PER {
+            total[c] = total[c] + 0.0;
+        }
+    }
+    // Every thread has read the last sub-block's sums; the totals take their place, and the
+    // tile's first 64 threads hand their rows to the output stage.
+    barrier();
+    for c in 0..PER {
+        res[BM * (first_token + c) + row] = total[c];
+    }
+    store_rows(
+        res,
+        out,
+        out_k,
+        out_v,
+        row,
+        0u32,
+        1u32,
+        select(window_rows, r_base + t, t < BM),
+        window_rows,
+        row0,
+        rows,
+        t_base,
+        n,
+        BN,
+        mode,
+        out_scale,
+        out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
+    );
+}

@@ -2688,6 +2688,76 @@ fn matrix_core_q8_0_kernel_stand_in_gives_the_tiled_kernels_bits() {
 }
 
 #[test]
+fn matrix_core_kq_kernel_stand_in_gives_the_tiled_kernels_bits() {
+    let mut g = gpu();
+    assert!(
+        g.device
+            .features()
+            .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP),
+        "the stand-in needs halves and subgroups"
+    );
+    // Q4_K, Q5_K and Q6_K: 150 rows (two tiles of 64 and one of 22) of 1280 weights (5 blocks,
+    // walked 0 2 4 1 3 at 2 lanes: 40 or 80 sub-blocks), 70 tokens (two tiles of 32 and one of
+    // 6), stand-in against the portable tiled kernel (whose bits are the matrix-vector
+    // kernels', tested above); stored plainly, and as gate/up pairs into a window of a wider
+    // output at 8 lanes (more lanes than blocks).
+    let (rows, cols, n) = (150usize, 1280usize, 70usize);
+    let m = Matrix::new("matvec_kq_coop_stand_in", rows, cols, n);
+    for ty in KQ_TYPES {
+        let c = KqCase::new(&g, ty, rows, cols, n, 1.0);
+        for (mode, row0, width, lanes) in
+            [(k::STORE, 0, rows, 2), (k::GLU_SILU, 10, 10 + rows + 12, 8)]
+        {
+            let out_width = if mode == k::STORE { width } else { width / 2 };
+            let mut results = Vec::new();
+            for stand_in in [false, true] {
+                let mut out = sentinel_out(&g, n, out_width);
+                let p = Placement {
+                    m,
+                    row0,
+                    width,
+                    lanes,
+                    wide: true,
+                };
+                let (scale, odd) = (0.75, 0.0173);
+                if stand_in {
+                    launch_tiled!(@grid k::narrow_gemm_grid; &mut g, &mut out, p, scale, odd, mode;
+                    matvec_kq_coop_stand_in {
+                        w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                        high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: lanes
+                    });
+                } else {
+                    launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
+                    matvec_kq_gemm {
+                        w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                        high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: lanes
+                    });
+                }
+                results.push(bits(&read!(&mut g, &out)));
+            }
+            let written = results[0]
+                .iter()
+                .filter(|&&b| b != SENTINEL.to_bits())
+                .count();
+            let expected = if mode == k::STORE {
+                n * rows
+            } else {
+                n * rows / 2
+            };
+            assert_eq!(
+                written, expected,
+                "mode {mode}: outputs written by the tiled kernel"
+            );
+            assert!(
+                results[0] == results[1],
+                "high {}, mode {mode}: the matrix-core stand-in differs from the tiled kernel",
+                c.ty.high
+            );
+        }
+    }
+}
+
+#[test]
 fn rms_norm_sg_matches_the_cpu() {
     let mut g = gpu();
     // lavapipe (CI) has subgroups (of 8); the kernel is written for any size from 4 to 128.

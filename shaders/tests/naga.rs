@@ -62,6 +62,8 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_coop_stand_in,
         matvec_q8_0_coop,
         matvec_q8_0_coop_stand_in,
+        matvec_kq_coop,
+        matvec_kq_coop_stand_in,
         bitlinear_i2s_gemm,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
@@ -196,9 +198,10 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
     }
     // Eight matrix kernels, each in its decode and wide instance (Q8_0 also in both of its
     // dot4I8Packed ones), × seven lane counts (the K-quant ones × three code widths) × two
-    // capability sets; and the K-quants' tiled kernel (lanes a uniform) × three code widths ×
-    // two capability sets.
-    assert_eq!(specialised, (7 + 3 + 1) * 2 * 7 * 2 + 3 * 2);
+    // capability sets; the K-quants' tiled kernel (lanes a uniform) × three code widths × two
+    // capability sets; their matrix-core kernel × three code widths on the native set, and its
+    // stand-in on both.
+    assert_eq!(specialised, (7 + 3 + 1) * 2 * 7 * 2 + 3 * 2 + 3 + 3 * 2);
 }
 
 /// The matrix-core kernels need the capability (they fail without it) and SPIR-V is written
@@ -215,6 +218,10 @@ fn matrix_core_kernels_need_the_capability_and_their_stand_ins_do_not() {
             hesper_shaders::matvec_q8_0_coop::WGSL,
             hesper_shaders::matvec_q8_0_coop_stand_in::WGSL,
         ),
+        (
+            hesper_shaders::matvec_kq_coop::WGSL,
+            hesper_shaders::matvec_kq_coop_stand_in::WGSL,
+        ),
     ] {
         let module = naga::front::wgsl::parse_str(k).expect("parses");
         let without = Capabilities::all() - Capabilities::COOPERATIVE_MATRIX;
@@ -224,13 +231,28 @@ fn matrix_core_kernels_need_the_capability_and_their_stand_ins_do_not() {
         let info = Validator::new(ValidationFlags::all(), Capabilities::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{}\n{k}", e.emit_to_string(k)));
-        let spirv = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
-            .expect("writes SPIR-V");
-        // OpCooperativeMatrixMulAddKHR (4459) is in the module.
-        assert!(
-            spirv.iter().any(|w| w & 0xffff == 4459 && w >> 16 >= 6),
-            "no multiply-add in the SPIR-V"
-        );
+        // Each specialisation (the K-quant kernel's code widths) as a backend compiles it.
+        let names: Vec<String> = module
+            .overrides
+            .iter()
+            .map(|(_, o)| o.name.clone().unwrap_or_default())
+            .collect();
+        for constants in combinations(&names) {
+            let (m, i) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, "main")),
+                &constants,
+            )
+            .expect("specialises");
+            let spirv = naga::back::spv::write_vec(&m, &i, &Default::default(), None)
+                .expect("writes SPIR-V");
+            // OpCooperativeMatrixMulAddKHR (4459) is in the module.
+            assert!(
+                spirv.iter().any(|w| w & 0xffff == 4459 && w >> 16 >= 6),
+                "no multiply-add in the SPIR-V"
+            );
+        }
         let plain = naga::front::wgsl::parse_str(stand_in).expect("parses");
         let caps = web() | Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16;
         Validator::new(ValidationFlags::all(), caps)

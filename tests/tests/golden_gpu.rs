@@ -149,36 +149,49 @@ fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     }
 }
 
-/// The Q8_0 file's prompt on the matrix-core kernel's stand-in (the tile walk a device's
-/// matrix cores run, written out where lavapipe runs it; Q4_0 and MXFP4 run as Q8_0): every
-/// projection and the LM head launch it, and every position's logits are the portable tiled
-/// kernel's bits (which are the decode kernels', above).
+/// The Q8_0 and Q4_K_M files' prompts on the matrix-core kernels' stand-ins (the tile walks a
+/// device's matrix cores run, written out where lavapipe runs them; Q4_0 and MXFP4 run as
+/// Q8_0): every projection and the LM head launch them, and every position's logits are the
+/// portable tiled kernels' bits (which are the decode kernels', above).
 #[test]
 fn gpu_prompt_on_the_matrix_core_stand_in_equals_the_tiled_products() {
-    let g = Golden::load("tiny-llama-q8_0");
-    let model = gpu_model(&g.file(), None);
-    assert!(model.backend.matrix_cores_agree(MatrixCores::StandIn));
-    let tokens = tiled_prompt(&g);
-    let mut logits = Vec::new();
-    for (cores, kernel) in [
-        (MatrixCores::StandIn, "matvec_q8_0_coop_stand_in"),
-        (MatrixCores::Off, "matvec_q8_0_gemm"),
-    ] {
-        assert_eq!(model.backend.set_matrix_cores(cores), cores);
-        let before = launches(&model.backend, kernel);
-        logits.push(logits_all(&model, &tokens, tokens.len()));
-        assert_eq!(
-            launches(&model.backend, kernel) - before,
+    for (stem, stand_in, tiled, launched) in [
+        (
+            "tiny-llama-q8_0",
+            "matvec_q8_0_coop_stand_in",
+            "matvec_q8_0_gemm",
             2 * 4 + 1,
-            "{kernel} launches"
+        ),
+        // Q4_K beside Q6_K V (a product of its own) and head.
+        (
+            "tiny-llama-q4_k_m",
+            "matvec_kq_coop_stand_in",
+            "matvec_kq_gemm",
+            2 * 5 + 1,
+        ),
+    ] {
+        let g = Golden::load(stem);
+        let model = gpu_model(&g.file(), None);
+        assert!(model.backend.matrix_cores_agree(MatrixCores::StandIn));
+        let tokens = tiled_prompt(&g);
+        let mut logits = Vec::new();
+        for (cores, kernel) in [(MatrixCores::StandIn, stand_in), (MatrixCores::Off, tiled)] {
+            assert_eq!(model.backend.set_matrix_cores(cores), cores);
+            let before = launches(&model.backend, kernel);
+            logits.push(logits_all(&model, &tokens, tokens.len()));
+            assert_eq!(
+                launches(&model.backend, kernel) - before,
+                launched,
+                "{stem}: {kernel} launches"
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&logits[0]) == bits(&logits[1]),
+            "{stem}: max|Δ| {}",
+            max_abs_diff(&logits[0], &logits[1])
         );
     }
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert!(
-        bits(&logits[0]) == bits(&logits[1]),
-        "max|Δ| {}",
-        max_abs_diff(&logits[0], &logits[1])
-    );
 }
 
 /// A prompt of [`hesper_gpu_backend::GEMM_STEP`] + 37 tokens of `g`'s vocabulary: more than a
