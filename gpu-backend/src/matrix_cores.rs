@@ -42,8 +42,8 @@ pub(crate) const MAX_COLS: usize = 32_768;
 
 /// Runs `variant`'s kernels and the portable tiled ones on one product each (150 rows, 70
 /// tokens: tiles cut by both edges; I2_S rows of 384 weights; Q8_0 rows of 11 blocks walked by
-/// 4 lanes; K-quant rows of 2 blocks walked by 2 lanes, in Q6_K's sub-blocks of 16 with two
-/// high bits and Q5_K's of 32 with one) and says whether every output has the same bits.
+/// 4 lanes; Q6_K-shaped rows of 2 blocks walked by 2 lanes: sub-blocks of 16, two high bits,
+/// an offset) and says whether every output has the same bits.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper_gpu::GpuError> {
     use hesper_gpu::GpuBuffer;
@@ -82,24 +82,21 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
     let q8_blocks = q8_cols / 32;
     let wq = words(rows * q8_cols / 4);
     let xq = words(n * q8_cols / 4);
-    // K-quants (`matvec_kq`'s layout): any nibbles and high bits, then a signed scale and a
-    // minimum per sub-block; `d` and `dmin` per block; Q8_K codes as i32.
+    // Q6_K-shaped rows in `matvec_kq`'s layout: any nibbles and two high bits a code, then a
+    // signed scale and a minimum (Q4_K's and Q5_K's range) for each sub-block of 16; `d` and
+    // `dmin` per block; Q8_K codes as i32.
     let (kq_cols, kq_lanes) = (512usize, 2u32);
     let kq_blocks = kq_cols / 256;
-    let mut kq_rows = |high: usize, sub: usize| -> Vec<u32> {
-        let per_row = kq_cols / 8 + kq_cols * high / 32;
-        (0..rows)
-            .flat_map(|_| {
-                let mut row = words(per_row);
-                row.extend(words(kq_blocks * 256 / sub).into_iter().map(|w| {
-                    let (scale, min) = ((w as i8) as i16 as u16, (w >> 8) & 63);
-                    u32::from(scale) | (min << 16)
-                }));
-                row
-            })
-            .collect()
-    };
-    let (kq6, kq5) = (kq_rows(2, 16), kq_rows(1, 32));
+    let kq6: Vec<u32> = (0..rows)
+        .flat_map(|_| {
+            let mut row = words(kq_cols / 8 + kq_cols * 2 / 32);
+            row.extend(words(kq_blocks * 16).into_iter().map(|w| {
+                let (scale, min) = ((w as i8) as i16 as u16, (w >> 8) & 63);
+                u32::from(scale) | (min << 16)
+            }));
+            row
+        })
+        .collect();
     let xk: Vec<i32> = words(n * kq_cols)
         .into_iter()
         .map(|w| i32::from(w as i8).max(-127))
@@ -113,13 +110,12 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
     let xq = gpu.upload("check Q8_0 activations", &xq)?;
     let xd = gpu.upload("check Q8_0 activation scales", &scales(n * q8_blocks, 0.02))?;
     let kq6 = gpu.upload("check Q6_K codes", &kq6)?;
-    let kq5 = gpu.upload("check Q5_K codes", &kq5)?;
     let kd = gpu.upload("check K-quant scales", &scales(2 * rows * kq_blocks, 0.003))?;
     let xk = gpu.upload("check Q8_K activations", &xk)?;
     let xkd = gpu.upload("check Q8_K scales", &scales(n * kq_blocks, 0.05))?;
     let mut results = Vec::new();
     for kernel in [MatrixCores::Off, variant] {
-        let mut outs: Vec<GpuBuffer<f32>> = (0..4)
+        let mut outs: Vec<GpuBuffer<f32>> = (0..3)
             .map(|_| gpu.zeroed("check output", n * rows))
             .collect::<Result<_, _>>()?;
         let (mut out_k, mut out_v) = (gpu.zeroed("unused", 1)?, gpu.zeroed("unused", 1)?);
@@ -151,11 +147,11 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 )?
             };
         }
-        // The four products through `$i2s`, `$q8_0` and `$kq` on their grids.
+        // The three products through `$i2s`, `$q8_0` and `$kq` on their grids.
         macro_rules! products {
             ($i2s:ident, $q8_0:ident, $kq:ident, $tiles:ident, $narrow:ident) => {{
-                let [i2s_out, q8_out, kq6_out, kq5_out] = &mut outs[..] else {
-                    unreachable!("four outputs")
+                let [i2s_out, q8_out, kq_out] = &mut outs[..] else {
+                    unreachable!("three outputs")
                 };
                 run!(
                     $i2s,
@@ -180,25 +176,21 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                         lanes: q8_lanes
                     }
                 );
-                for (out, w, high, sub, offset) in
-                    [(kq6_out, &kq6, 2, 16, 32), (kq5_out, &kq5, 1, 32, 0)]
-                {
-                    run!(
-                        $kq,
-                        out,
-                        kq_cols,
-                        $narrow {
-                            w: w,
-                            wd: &kd,
-                            q: &xk,
-                            d: &xkd,
-                            lanes: kq_lanes,
-                            high: high,
-                            sub: sub,
-                            offset: offset
-                        }
-                    );
-                }
+                run!(
+                    $kq,
+                    kq_out,
+                    kq_cols,
+                    $narrow {
+                        w: &kq6,
+                        wd: &kd,
+                        q: &xk,
+                        d: &xkd,
+                        lanes: kq_lanes,
+                        high: 2,
+                        sub: 16,
+                        offset: 32
+                    }
+                );
             }};
         }
         match kernel {

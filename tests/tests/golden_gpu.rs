@@ -172,7 +172,6 @@ fn gpu_prompt_on_the_matrix_core_stand_in_equals_the_tiled_products() {
     ] {
         let g = Golden::load(stem);
         let model = gpu_model(&g.file(), None);
-        assert!(model.backend.matrix_cores_agree(MatrixCores::StandIn));
         let tokens = tiled_prompt(&g);
         let mut logits = Vec::new();
         for (cores, kernel) in [(MatrixCores::StandIn, stand_in), (MatrixCores::Off, tiled)] {
