@@ -116,12 +116,13 @@ else
     python3 "$root/golden-values/generate.py" --bench-2b4t "$dir" | grep -v '^  layer'
   fi
   runs+=("i2s|$dir/bench-2b4t-i2s.gguf|tq2_0" "tq2_0|$dir/bench-2b4t-tq2_0.gguf|tq2_0")
-  # Where I2_S, Q8_0 and K-quant prompts run on matrix cores, those files on the shader cores
-  # too.
+  # Where I2_S, TQ, Q8_0 and K-quant prompts run on matrix cores, those files on the shader
+  # cores too.
   cores=false
   grep -q 'K-quant prompts on matrix cores' "$out/adapter.txt" && cores=true
   if $cores; then
     runs+=("i2s-shader-cores|$dir/bench-2b4t-i2s.gguf|tq2_0|--gpu-matrix-cores off")
+    runs+=("tq2_0-shader-cores|$dir/bench-2b4t-tq2_0.gguf|tq2_0|--gpu-matrix-cores off")
   fi
   if [ "${FAMILIES:-1}" != 0 ]; then
     files=(llama1b-f16 llama1b-q8_0)

@@ -129,7 +129,7 @@ struct State {
     act: Activations,
     /// Whether the I2_S path uses `dot4I8Packed`.
     packed_dot: bool,
-    /// Which kernels run the I2_S, Q8_0 and K-quant products of a step of many tokens
+    /// Which kernels run the I2_S, TQ, Q8_0 and K-quant products of a step of many tokens
     /// (`matrix_cores.rs`).
     matrix_cores: MatrixCores,
     /// Whether the device's matrix cores failed their check (so they are not used).
@@ -236,7 +236,7 @@ impl GpuBackend {
         let act = Activations::new(&gpu, "activation").map_err(device_error)?;
         let ids = gpu.zeroed("token ids", 1).map_err(device_error)?;
         let packed_dot = supports_packed_dot(&gpu);
-        // Matrix cores run I2_S, Q8_0 and K-quant prompts once they gave the portable kernels'
+        // Matrix cores run I2_S, TQ, Q8_0 and K-quant prompts once they gave the portable kernels'
         // bits here.
         let has_cores = packed_dot && MatrixCores::On.runs_on(&gpu);
         let matrix_cores_failed = has_cores && !check_matrix_cores(&mut gpu, MatrixCores::On);
@@ -403,7 +403,7 @@ impl GpuBackend {
         };
         let yes_no = |f: Features| if g.features.contains(f) { "yes" } else { "no" };
         format!(
-            "adapter: {} through {:?}, {kind}; driver {} {}\nlimits: buffers up to {} MiB, storage bindings up to {} MiB, {} invocations and {} KiB of shared memory per workgroup\nkernels: I2_S dot products with {}; I2_S, Q8_0 and K-quant prompts {}; RMSNorm sums {}\nfeatures: shader-f16 {}, subgroups {}, timestamp queries {}, cooperative matrices {}",
+            "adapter: {} through {:?}, {kind}; driver {} {}\nlimits: buffers up to {} MiB, storage bindings up to {} MiB, {} invocations and {} KiB of shared memory per workgroup\nkernels: I2_S dot products with {}; I2_S, TQ, Q8_0 and K-quant prompts {}; RMSNorm sums {}\nfeatures: shader-f16 {}, subgroups {}, timestamp queries {}, cooperative matrices {}",
             g.info.name,
             g.info.backend,
             g.info.driver,
@@ -517,15 +517,15 @@ impl GpuBackend {
         st.packed_dot
     }
 
-    /// Which kernels run the I2_S, Q8_0 and K-quant products of a step of at least
+    /// Which kernels run the I2_S, TQ, Q8_0 and K-quant products of a step of at least
     /// [`GEMM_STEP`] tokens.
     pub fn matrix_cores(&self) -> MatrixCores {
         self.state.borrow().matrix_cores
     }
 
-    /// Chooses the kernels of I2_S, Q8_0 and K-quant steps of many tokens: `variant` where the
-    /// device
-    /// runs it (matrix cores only where they passed their check), else the portable tiled ones.
+    /// Chooses the kernels of I2_S, TQ, Q8_0 and K-quant steps of many tokens: `variant` where
+    /// the device runs it (matrix cores only where they passed their check), else the portable
+    /// tiled ones.
     /// Returns the kernel now in use. Every choice gives the same bits.
     pub fn set_matrix_cores(&self, variant: MatrixCores) -> MatrixCores {
         let mut st = self.state.borrow_mut();

@@ -1,21 +1,22 @@
-//! I2_S, Q8_0 and K-quant prompts on matrix cores (`hesper_shaders::bitlinear_i2s_coop`,
-//! `matvec_q8_0_coop`, `matvec_kq_coop`; Q4_0 and MXFP4 run as Q8_0): which tiled kernels a
-//! step of many tokens runs, and the check a device's matrix cores pass before they run a
-//! model — each kernel and its portable tiled one (`bitlinear_i2s_gemm`, `matvec_q8_0_gemm`,
-//! `matvec_kq_gemm`) on one product, every output bit for bit. wgpu marks cooperative matrices experimental, and a driver that sums
-//! or lays out a tile otherwise than the kernels expect fails the check instead of a model.
+//! I2_S, TQ, Q8_0 and K-quant prompts on matrix cores (`hesper_shaders::bitlinear_i2s_coop`,
+//! `bitlinear_tq_coop`, `matvec_q8_0_coop`, `matvec_kq_coop`; Q4_0 and MXFP4 run as Q8_0):
+//! which tiled kernels a step of many tokens runs, and the check a device's matrix cores pass
+//! before they run a model — each kernel and its portable tiled one (`bitlinear_i2s_gemm`,
+//! `bitlinear_tq_gemm`, `matvec_q8_0_gemm`, `matvec_kq_gemm`) on one product, every output bit
+//! for bit. wgpu marks cooperative matrices experimental, and a driver that sums or lays out a
+//! tile otherwise than the kernels expect fails the check instead of a model.
 
 use hesper_gpu::Gpu;
 use hesper_shaders as k;
 
-/// Which kernels run the I2_S, Q8_0 and K-quant products of a step of at least [`k::GEMM_STEP`] tokens
-/// (all three give every output the matrix-vector kernels' bits).
+/// Which kernels run the I2_S, TQ, Q8_0 and K-quant products of a step of at least
+/// [`k::GEMM_STEP`] tokens (all three give every output the matrix-vector kernels' bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatrixCores {
     /// The portable tiled kernels: every product on the shader cores.
     Off,
-    /// `bitlinear_i2s_coop`, `matvec_q8_0_coop` and `matvec_kq_coop`, on the device's matrix
-    /// cores.
+    /// `bitlinear_i2s_coop`, `bitlinear_tq_coop`, `matvec_q8_0_coop` and `matvec_kq_coop`, on
+    /// the device's matrix cores.
     On,
     /// Their stand-ins (`*_coop_stand_in`): the same tile walks with each matrix operation
     /// written out, where matrix cores are not (tests; lavapipe).
@@ -23,7 +24,7 @@ pub enum MatrixCores {
 }
 
 impl MatrixCores {
-    /// Whether `gpu` runs this variant's kernels (both need the same features).
+    /// Whether `gpu` runs this variant's kernels (all need the same features).
     pub(crate) fn runs_on(self, gpu: &Gpu) -> bool {
         use hesper_gpu::KernelArgs;
         let source = match self {
@@ -42,8 +43,8 @@ pub(crate) const MAX_COLS: usize = 32_768;
 
 /// Runs `variant`'s kernels and the portable tiled ones on one product each (150 rows, 70
 /// tokens: tiles cut by both edges; I2_S rows of 384 weights; Q8_0 rows of 11 blocks walked by
-/// 4 lanes; Q6_K-shaped rows of 2 blocks walked by 2 lanes: sub-blocks of 16, two high bits,
-/// an offset) and says whether every output has the same bits.
+/// 4 lanes; Q6_K-shaped and TQ rows of 2 blocks walked by 2 lanes: sub-blocks of 16, two high
+/// bits, an offset) and says whether every output has the same bits.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper_gpu::GpuError> {
     use hesper_gpu::GpuBuffer;
@@ -97,6 +98,11 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
             row
         })
         .collect();
+    // TQ (in I2_S's layout): codes 0–2 in every crumb.
+    let tq: Vec<u32> = words(rows * kq_cols / 16)
+        .into_iter()
+        .map(|w| (0..16).fold(0u32, |c, i| c | (((w >> (2 * i)) & 3).min(2) << (2 * i))))
+        .collect();
     let xk: Vec<i32> = words(n * kq_cols)
         .into_iter()
         .map(|w| i32::from(w as i8).max(-127))
@@ -111,11 +117,13 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
     let xd = gpu.upload("check Q8_0 activation scales", &scales(n * q8_blocks, 0.02))?;
     let kq6 = gpu.upload("check Q6_K codes", &kq6)?;
     let kd = gpu.upload("check K-quant scales", &scales(2 * rows * kq_blocks, 0.003))?;
+    let tq = gpu.upload("check TQ codes", &tq)?;
+    let tqd = gpu.upload("check TQ scales", &scales(rows * kq_blocks, 0.004))?;
     let xk = gpu.upload("check Q8_K activations", &xk)?;
     let xkd = gpu.upload("check Q8_K scales", &scales(n * kq_blocks, 0.05))?;
     let mut results = Vec::new();
     for kernel in [MatrixCores::Off, variant] {
-        let mut outs: Vec<GpuBuffer<f32>> = (0..3)
+        let mut outs: Vec<GpuBuffer<f32>> = (0..4)
             .map(|_| gpu.zeroed("check output", n * rows))
             .collect::<Result<_, _>>()?;
         let (mut out_k, mut out_v) = (gpu.zeroed("unused", 1)?, gpu.zeroed("unused", 1)?);
@@ -147,11 +155,11 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 )?
             };
         }
-        // The three products through `$i2s`, `$q8_0` and `$kq` on their grids.
+        // The four products through `$i2s`, `$q8_0`, `$kq` and `$tq` on their grids.
         macro_rules! products {
-            ($i2s:ident, $q8_0:ident, $kq:ident, $tiles:ident, $narrow:ident) => {{
-                let [i2s_out, q8_out, kq_out] = &mut outs[..] else {
-                    unreachable!("three outputs")
+            ($i2s:ident, $q8_0:ident, $kq:ident, $tq:ident, $tiles:ident, $narrow:ident) => {{
+                let [i2s_out, q8_out, kq_out, tq_out] = &mut outs[..] else {
+                    unreachable!("four outputs")
                 };
                 run!(
                     $i2s,
@@ -191,6 +199,18 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                         offset: 32
                     }
                 );
+                run!(
+                    $tq,
+                    tq_out,
+                    kq_cols,
+                    $narrow {
+                        codes: &tq,
+                        wscale: &tqd,
+                        q: &xk,
+                        d: &xkd,
+                        lanes: kq_lanes
+                    }
+                );
             }};
         }
         match kernel {
@@ -198,6 +218,7 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 bitlinear_i2s_gemm,
                 matvec_q8_0_gemm,
                 matvec_kq_gemm,
+                bitlinear_tq_gemm,
                 gemm_grid,
                 gemm_grid
             ),
@@ -205,6 +226,7 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 bitlinear_i2s_coop,
                 matvec_q8_0_coop,
                 matvec_kq_coop,
+                bitlinear_tq_coop,
                 gemm_grid,
                 narrow_gemm_grid
             ),
@@ -212,6 +234,7 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 bitlinear_i2s_coop_stand_in,
                 matvec_q8_0_coop_stand_in,
                 matvec_kq_coop_stand_in,
+                bitlinear_tq_coop_stand_in,
                 gemm_grid,
                 narrow_gemm_grid
             ),

@@ -243,7 +243,7 @@ pub fn multiply_into(
     // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`,
     // `matvec_q8_0_gemm`, `matvec_f16_gemm`, `matvec_f32_gemm`, `matvec_bf16_gemm`): the same
     // bits again, each weight read once per 64 tokens and each activation once per 64 rows
-    // (I2_S, Q8_0 and the K-quants on matrix cores where the backend uses them:
+    // (I2_S, TQ, Q8_0 and the K-quants on matrix cores where the backend uses them:
     // `matrix_cores.rs`).
     let tiled = n >= k::GEMM_STEP as usize;
     for win in &w.windows {
@@ -299,8 +299,8 @@ pub fn multiply_into(
             (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value),* } k::gemm_grid(window_rows, n32))
             };
-            // A tiled kernel of half the tokens (`matvec_q8_0_coop`, `matvec_kq_coop`), with
-            // the lanes whose order it follows.
+            // A tiled kernel of half the tokens (`matvec_q8_0_coop`, `matvec_kq_coop`,
+            // `bitlinear_tq_coop`), with the lanes whose order it follows.
             (@narrow $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value,)* lanes: lanes }
                     k::narrow_gemm_grid(window_rows, n32))
@@ -405,6 +405,19 @@ pub fn multiply_into(
                         d: act_scale,
                     }
             ),
+            // So is a TQ block's.
+            Kind::Tq if *packed_dot && tiled && *matrix_cores != MatrixCores::Off => {
+                let (codes, wscale) = (&win.data, win.scales(&w.desc.name)?);
+                if *matrix_cores == MatrixCores::On {
+                    launch!(@narrow bitlinear_tq_coop {
+                        codes: codes, wscale: wscale, q: q, d: act_scale
+                    })
+                } else {
+                    launch!(@narrow bitlinear_tq_coop_stand_in {
+                        codes: codes, wscale: wscale, q: q, d: act_scale
+                    })
+                }
+            }
             Kind::Tq => launch!(
                 packed: bitlinear_tq
                     | bitlinear_tq_wide

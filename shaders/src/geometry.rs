@@ -6,11 +6,11 @@
 use crate::{
     bitlinear_i2s, bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in, bitlinear_i2s_dp4,
     bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm, bitlinear_i2s_wide, bitlinear_tq,
-    bitlinear_tq_gemm, bitlinear_tq_wide, landmark_update, matvec_bf16, matvec_bf16_gemm,
-    matvec_bf16_wide, matvec_f16, matvec_f16_gemm, matvec_f16_wide, matvec_f32, matvec_f32_gemm,
-    matvec_f32_wide, matvec_kq, matvec_kq_coop, matvec_kq_coop_stand_in, matvec_kq_gemm,
-    matvec_kq_wide, matvec_q8_0, matvec_q8_0_coop, matvec_q8_0_coop_stand_in, matvec_q8_0_gemm,
-    matvec_q8_0_wide, quantize_q8_0,
+    bitlinear_tq_coop, bitlinear_tq_coop_stand_in, bitlinear_tq_gemm, bitlinear_tq_wide,
+    landmark_update, matvec_bf16, matvec_bf16_gemm, matvec_bf16_wide, matvec_f16, matvec_f16_gemm,
+    matvec_f16_wide, matvec_f32, matvec_f32_gemm, matvec_f32_wide, matvec_kq, matvec_kq_coop,
+    matvec_kq_coop_stand_in, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_coop,
+    matvec_q8_0_coop_stand_in, matvec_q8_0_gemm, matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -133,7 +133,7 @@ tiled_shape!(
 );
 
 // The I2_S matrix-core kernel and its stand-in cover the tiled kernels' tile, in their grid;
-// the Q8_0 and K-quant ones cover half its tokens ([`narrow_gemm_grid`]), each of their 256
+// the Q8_0, K-quant and TQ ones cover half its tokens ([`narrow_gemm_grid`]), each of their 256
 // threads finishing `PER` of the tile's outputs.
 const _: () = {
     assert!(bitlinear_i2s_coop::WORKGROUP_SIZE == 256);
@@ -147,11 +147,16 @@ const _: () = {
     assert!(matvec_kq_coop::BM == GEMM_ROWS && matvec_kq_coop::BN == NARROW_GEMM_TOKENS);
     assert!(matvec_kq_coop::BM * matvec_kq_coop::BN == 256 * matvec_kq_coop::PER);
     assert!(matvec_kq_coop_stand_in::BN == NARROW_GEMM_TOKENS);
+    assert!(bitlinear_tq_coop::WORKGROUP_SIZE == 256);
+    assert!(bitlinear_tq_coop::BM == GEMM_ROWS && bitlinear_tq_coop::BN == NARROW_GEMM_TOKENS);
+    assert!(bitlinear_tq_coop::BM * bitlinear_tq_coop::BN == 256 * bitlinear_tq_coop::PER);
+    assert!(bitlinear_tq_coop_stand_in::BN == NARROW_GEMM_TOKENS);
 };
 
 /// Tokens of one workgroup of the tiled kernels that keep a whole tile's sums in workgroup
 /// memory ([`matvec_q8_0_coop`](crate::matvec_q8_0_coop),
-/// [`matvec_kq_coop`](crate::matvec_kq_coop)): half of [`GEMM_TOKENS`].
+/// [`matvec_kq_coop`](crate::matvec_kq_coop), [`bitlinear_tq_coop`](crate::bitlinear_tq_coop)):
+/// half of [`GEMM_TOKENS`].
 pub const NARROW_GEMM_TOKENS: u32 = GEMM_TOKENS / 2;
 
 const _: () = assert!(

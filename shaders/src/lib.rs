@@ -46,8 +46,8 @@ pub use half::pack_f16;
 pub use k_quants::{matvec_kq, matvec_kq_wide};
 pub use kv::{kv_shift, kv_write, landmark_update, rope_neox_kv_write};
 pub use matrix_cores::{
-    bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in, matvec_kq_coop, matvec_kq_coop_stand_in,
-    matvec_q8_0_coop, matvec_q8_0_coop_stand_in,
+    bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in, bitlinear_tq_coop, bitlinear_tq_coop_stand_in,
+    matvec_kq_coop, matvec_kq_coop_stand_in, matvec_q8_0_coop, matvec_q8_0_coop_stand_in,
 };
 pub use matvec::{
     matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,

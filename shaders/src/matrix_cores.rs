@@ -516,3 +516,148 @@ pub fn matvec_kq_coop<const BM: u32, const BN: u32, const PER: u32>(
         out_scale_v,
     );
 }
+
+/// [`bitlinear_tq_gemm`](crate::bitlinear_tq_gemm) on matrix cores: TQ1_0/TQ2_0 weights
+/// (repacked into I2_S's layout, a code `c` meaning `c − 1`) times Q8_K codes. Each block's
+/// `Σ(c−1)·q` (the ternary weights −1, 0, 1 and int8 codes exact as halves, the sum at most
+/// 256·128 in magnitude: exact) by 16×16×16 multiply-adds into one accumulator over the
+/// block's eight K-steps of 32 weights (crumb position `p` of a 128-weight group, as in
+/// [`bitlinear_i2s_coop`]), then that kernel's float step `Σ · (d_act · d_weight)` into the
+/// lane's sum, the blocks walked lane by lane ([`lane_order_block`]) — so every output has
+/// [`bitlinear_tq`](crate::bitlinear_tq)'s bits. The tile, units and output stage are
+/// [`matvec_q8_0_coop`]'s (64 rows × 32 tokens); a subgroup's unit holds its accumulator
+/// through a block, so where a sweep is not enough (four 64-wide subgroups) the block is
+/// staged once per sweep.
+#[kernel(
+    workgroup = 256,
+    uses(lane_order_block, store_rows),
+    features(cooperative_matrix),
+    consts(BM = 64, BN = 32, PER = 8)
+)]
+pub fn bitlinear_tq_coop<const BM: u32, const BN: u32, const PER: u32>(
+    codes: &[u32],
+    wscale: &[f32],
+    q: &[i32],
+    d: &[f32],
+    out: &mut [f32],
+    out_k: &mut [f32],
+    out_v: &mut [f32],
+    #[uniform] cols: u32,
+    #[uniform] rows: u32,
+    #[uniform] row0: u32,
+    #[uniform] window_rows: u32,
+    #[uniform] n: u32,
+    #[uniform] lanes: u32,
+    #[uniform] mode: u32,
+    #[uniform] out_scale: f32,
+    #[uniform] out_scale_odd: f32,
+    #[uniform] split_k: u32,
+    #[uniform] split_v: u32,
+    #[uniform] out_scale_v: f32,
+    #[shared] wa: &mut [f16; BM * 32],
+    #[shared] xb: &mut [f16; BN * 32],
+    #[shared] res: &mut [f32; BM * BN],
+) {
+    let t = lid();
+    let r_base = wid() * BM;
+    let t_base = wid_y() * BN;
+    let words = cols / 16u32;
+    let blocks = cols / 256u32;
+    let mask = 50529027u32;
+    let units = (BM / 16u32) * (BN / 16u32);
+    let groups = subgroup_count();
+    let sweeps = (units + groups - 1u32) / groups;
+    let row = t % BM;
+    let first_token = (t / BM) * PER;
+    let mut part = [0.0f32; PER];
+    let mut total = [0.0f32; PER];
+    for kb in 0u32..blocks {
+        let blk = lane_order_block(kb, blocks, lanes);
+        // Matrix operations run in uniform control flow: every subgroup runs every sweep.
+        for sweep in 0u32..sweeps {
+            let unit = (subgroup_index() + sweep * groups).min(units - 1u32);
+            let strip = unit % (BM / 16u32);
+            let tokens = unit / (BM / 16u32);
+            let mut c = coop_zero();
+            for step in 0u32..8u32 {
+                // Crumb position p of half h of the block: its weights of the tile's rows as
+                // −1, 0, 1 (rows past the window read its last row) and the codes of its
+                // tokens (tokens past the step read its last token), one a half.
+                let g = 2u32 * blk + step / 4u32;
+                let p = step % 4u32;
+                for i in 0u32..BM * 8u32 / 256u32 {
+                    let e = t + 256u32 * i;
+                    let r = (r_base + e / 8u32).min(window_rows - 1u32);
+                    let w = e % 8u32;
+                    let crumbs = (codes[r * words + g * 8u32 + w] >> (6u32 - 2u32 * p)) & mask;
+                    for b in 0u32..4u32 {
+                        wa[(e / 8u32) * 32u32 + 4u32 * w + b] =
+                            to_f16(((crumbs >> (8u32 * b)) & 3u32) as i32 - 1);
+                    }
+                }
+                let tok = t / 8u32;
+                let x = t % 8u32;
+                let at = (t_base + tok).min(n - 1u32) * cols + g * 128u32 + 32u32 * p + 4u32 * x;
+                for b in 0u32..4u32 {
+                    xb[tok * 32u32 + 4u32 * x + b] = to_f16(q[at + b]);
+                }
+                barrier();
+                for h in 0u32..2u32 {
+                    let a = coop_load_a_rows(wa, strip * 16u32 * 32u32 + 16u32 * h, 32u32);
+                    let b = coop_load_b_columns(xb, tokens * 16u32 * 32u32 + 16u32 * h, 32u32);
+                    c = coop_multiply_add(a, b, c);
+                }
+                barrier();
+            }
+            coop_store_columns(c, res, tokens * 16u32 * BM + strip * 16u32, BM);
+        }
+        barrier();
+        // The block's float step into the lane's sum, and at the lane's last block that sum
+        // into the total.
+        let ws = wscale[(r_base + row).min(window_rows - 1u32) * blocks + blk];
+        for c in 0..PER {
+            let j = first_token + c;
+            let da = d[(t_base + j).min(n - 1u32) * blocks + blk];
+            part[c] += res[BM * j + row] * (da * ws);
+        }
+        if blk + lanes >= blocks {
+            for c in 0..PER {
+                total[c] = total[c] + part[c];
+                part[c] = 0.0;
+            }
+        }
+        // Every thread has read the block's sums before the next block's are stored.
+        barrier();
+    }
+    // Lanes without a block add their 0.0, as in the tiled kernel.
+    if lanes > blocks {
+        for c in 0..PER {
+            total[c] = total[c] + 0.0;
+        }
+    }
+    for c in 0..PER {
+        res[BM * (first_token + c) + row] = total[c];
+    }
+    store_rows(
+        res,
+        out,
+        out_k,
+        out_v,
+        row,
+        0u32,
+        1u32,
+        select(window_rows, r_base + t, t < BM),
+        window_rows,
+        row0,
+        rows,
+        t_base,
+        n,
+        BN,
+        mode,
+        out_scale,
+        out_scale_odd,
+        split_k,
+        split_v,
+        out_scale_v,
+    );
+}

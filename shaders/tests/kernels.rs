@@ -2558,15 +2558,79 @@ fn tiled_i2s_kernel_gives_the_matrix_vector_kernels_bits() {
     );
 }
 
-#[test]
-fn matrix_core_i2s_kernel_stand_in_gives_the_tiled_kernels_bits() {
-    let mut g = gpu();
+/// How a matrix-core stand-in test places its product: output mode (plain or gate/up pairs),
+/// the window's first row and the output's width, and the lanes whose order the float steps
+/// follow.
+const STAND_IN_PLACEMENTS: [(u32, usize, usize, u32); 2] =
+    [(k::STORE, 0, 0, 1), (k::GLU_SILU, 10, 22, 4)];
+
+/// Runs a matrix-core kernel's stand-in (`stand_in`) and the portable tiled kernel (`tiled`),
+/// each launched as `(gpu, output, placement, out_scale, odd rows' scale, mode)`, on `m` at
+/// each of [`STAND_IN_PLACEMENTS`] and at `lanes` (plain stores) — a window of `m.rows` rows
+/// `width − m.rows` wider than it, its first row `row0` — and asserts the tiled kernel wrote
+/// every output of the window and the stand-in the same bits.
+fn assert_stand_in_gives_tiled_bits(
+    g: &mut Gpu,
+    m: Matrix,
+    lanes: &[u32],
+    mut stand_in: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement, f32, f32, u32),
+    mut tiled: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement, f32, f32, u32),
+) {
     assert!(
         g.device
             .features()
             .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP),
-        "the stand-in needs halves and subgroups"
+        "the stand-ins need halves and subgroups"
     );
+    let placements = STAND_IN_PLACEMENTS
+        .into_iter()
+        .chain(lanes.iter().map(|&l| (k::STORE, 0, 0, l)));
+    for (mode, row0, wider, lanes) in placements {
+        let width = m.rows + wider;
+        let out_width = if mode == k::STORE { width } else { width / 2 };
+        let mut results = Vec::new();
+        for run_stand_in in [false, true] {
+            let mut out = sentinel_out(g, m.n, out_width);
+            let p = Placement {
+                m,
+                row0,
+                width,
+                lanes,
+                wide: true,
+            };
+            let (scale, odd) = (0.0371, 0.0173);
+            if run_stand_in {
+                stand_in(g, &mut out, p, scale, odd, mode);
+            } else {
+                tiled(g, &mut out, p, scale, odd, mode);
+            }
+            results.push(bits(&read!(g, &out)));
+        }
+        let written = results[0]
+            .iter()
+            .filter(|&&b| b != SENTINEL.to_bits())
+            .count();
+        let expected = if mode == k::STORE {
+            m.n * m.rows
+        } else {
+            m.n * m.rows / 2
+        };
+        assert_eq!(
+            written, expected,
+            "{}, mode {mode}: outputs written by the tiled kernel",
+            m.name
+        );
+        assert!(
+            results[0] == results[1],
+            "{}, mode {mode}, {lanes} lanes: the matrix-core stand-in differs from the tiled kernel",
+            m.name
+        );
+    }
+}
+
+#[test]
+fn matrix_core_i2s_kernel_stand_in_gives_the_tiled_kernels_bits() {
+    let mut g = gpu();
     // 150 rows (two tiles of 64 and one of 22) of 384 weights (three groups: twelve K-steps of
     // 32), 70 tokens (a tile of 64 and one of 6): the matrix-core kernel's tile walk, written
     // out by its stand-in, against the portable tiled kernel (whose bits are the
@@ -2579,182 +2643,99 @@ fn matrix_core_i2s_kernel_stand_in_gives_the_tiled_kernels_bits() {
         .collect();
     let (q, act_scale, sum) = packed_i8_activations(&g, &acts);
     let bc = g.upload("codes", &words(&codes)).unwrap();
-    let m = Matrix::new("bitlinear_i2s_coop_stand_in", rows, cols, n);
-    for (mode, row0, width) in [(k::STORE, 0, rows), (k::GLU_SILU, 10, 10 + rows + 12)] {
-        let out_width = if mode == k::STORE { width } else { width / 2 };
-        let mut results = Vec::new();
-        for stand_in in [false, true] {
-            let mut out = sentinel_out(&g, n, out_width);
-            let p = Placement {
-                m,
-                row0,
-                width,
-                lanes: 1,
-                wide: true,
-            };
-            let (scale, odd) = (0.0371, 0.0173);
-            if stand_in {
-                launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
-                    bitlinear_i2s_coop_stand_in { codes: &bc, q: &q, scale: &act_scale, sum: &sum });
-            } else {
-                launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
-                    bitlinear_i2s_gemm { codes: &bc, q: &q, scale: &act_scale, sum: &sum });
-            }
-            results.push(bits(&read!(&mut g, &out)));
-        }
-        let written = results[0]
-            .iter()
-            .filter(|&&b| b != SENTINEL.to_bits())
-            .count();
-        let expected = if mode == k::STORE {
-            n * rows
-        } else {
-            n * rows / 2
-        };
-        assert_eq!(
-            written, expected,
-            "mode {mode}: outputs written by the tiled kernel"
-        );
-        assert!(
-            results[0] == results[1],
-            "mode {mode}: the matrix-core stand-in differs from the tiled kernel"
-        );
-    }
+    assert_stand_in_gives_tiled_bits(
+        &mut g,
+        Matrix::new("bitlinear_i2s_coop_stand_in", rows, cols, n),
+        &[],
+        |g, out, p, scale, odd, mode| {
+            launch_tiled!(g, out, p, scale, odd, mode;
+                bitlinear_i2s_coop_stand_in { codes: &bc, q: &q, scale: &act_scale, sum: &sum })
+        },
+        |g, out, p, scale, odd, mode| {
+            launch_tiled!(g, out, p, scale, odd, mode;
+                bitlinear_i2s_gemm { codes: &bc, q: &q, scale: &act_scale, sum: &sum })
+        },
+    );
 }
 
 #[test]
 fn matrix_core_q8_0_kernel_stand_in_gives_the_tiled_kernels_bits() {
     let mut g = gpu();
-    assert!(
-        g.device
-            .features()
-            .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP),
-        "the stand-in needs halves and subgroups"
-    );
     // 150 rows (two tiles of 64 and one of 22) of 352 weights (11 blocks: eleven K-steps), 70
-    // tokens (two tiles of 32 and one of 6): the matrix-core kernel's tile walk, written out by
-    // its stand-in, against the portable tiled kernel (whose bits are the matrix-vector
-    // kernels', tested above), at three lane counts (the order of the float steps: blocks in
-    // order at 1 lane, lanes ending mid-row at 4, lanes without a block at 32). Stored plainly,
-    // and as gate/up pairs into a window of a wider output.
+    // tokens (two tiles of 32 and one of 6), as above; the lanes set the order of the float
+    // steps: blocks in order at 1 lane, lanes ending mid-row at 4, lanes without a block at 32.
     let (rows, cols, n) = (150usize, 352usize, 70usize);
     let c = Q8_0Case::new(&g, rows, cols, n, 1.0, 51);
     let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
-    let m = Matrix::new("matvec_q8_0_coop_stand_in", rows, cols, n);
-    for (mode, row0, width, lanes) in [
-        (k::STORE, 0, rows, 1),
-        (k::STORE, 0, rows, 32),
-        (k::GLU_SILU, 10, 10 + rows + 12, 4),
-    ] {
-        let out_width = if mode == k::STORE { width } else { width / 2 };
-        let mut results = Vec::new();
-        for stand_in in [false, true] {
-            let mut out = sentinel_out(&g, n, out_width);
-            let p = Placement {
-                m,
-                row0,
-                width,
-                lanes,
-                wide: true,
-            };
-            let (scale, odd) = (0.75, 0.0173);
-            if stand_in {
-                launch_tiled!(@grid k::narrow_gemm_grid; &mut g, &mut out, p, scale, odd, mode;
-                    matvec_q8_0_coop_stand_in { wq: bwq, wd: bwd, q: bq, d: bd, lanes: lanes });
-            } else {
-                launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
-                    matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: lanes });
-            }
-            results.push(bits(&read!(&mut g, &out)));
-        }
-        let written = results[0]
-            .iter()
-            .filter(|&&b| b != SENTINEL.to_bits())
-            .count();
-        let expected = if mode == k::STORE {
-            n * rows
-        } else {
-            n * rows / 2
-        };
-        assert_eq!(
-            written, expected,
-            "mode {mode}: outputs written by the tiled kernel"
-        );
-        assert!(
-            results[0] == results[1],
-            "mode {mode}, {lanes} lanes: the matrix-core stand-in differs from the tiled kernel"
-        );
-    }
+    assert_stand_in_gives_tiled_bits(
+        &mut g,
+        Matrix::new("matvec_q8_0_coop_stand_in", rows, cols, n),
+        &[32],
+        |g, out, p, scale, odd, mode| {
+            launch_tiled!(@grid k::narrow_gemm_grid; g, out, p, scale, odd, mode;
+                matvec_q8_0_coop_stand_in { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes })
+        },
+        |g, out, p, scale, odd, mode| {
+            launch_tiled!(g, out, p, scale, odd, mode;
+                matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes })
+        },
+    );
 }
 
 #[test]
 fn matrix_core_kq_kernel_stand_in_gives_the_tiled_kernels_bits() {
     let mut g = gpu();
-    assert!(
-        g.device
-            .features()
-            .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP),
-        "the stand-in needs halves and subgroups"
-    );
-    // Q4_K, Q5_K and Q6_K: 150 rows (two tiles of 64 and one of 22) of 1280 weights (5 blocks,
-    // walked 0 2 4 1 3 at 2 lanes: 40 or 80 sub-blocks), 70 tokens (two tiles of 32 and one of
-    // 6), stand-in against the portable tiled kernel (whose bits are the matrix-vector
-    // kernels', tested above); stored plainly, and as gate/up pairs into a window of a wider
-    // output at 8 lanes (more lanes than blocks).
+    // Q4_K, Q5_K and Q6_K: 150 rows of 1280 weights (5 blocks, walked 0 4 1 2 3 at 4 lanes:
+    // 40 or 80 sub-blocks), 70 tokens, as above; lanes without a block at 8.
     let (rows, cols, n) = (150usize, 1280usize, 70usize);
-    let m = Matrix::new("matvec_kq_coop_stand_in", rows, cols, n);
     for ty in KQ_TYPES {
         let c = KqCase::new(&g, ty, rows, cols, n, 1.0);
-        for (mode, row0, width, lanes) in
-            [(k::STORE, 0, rows, 2), (k::GLU_SILU, 10, 10 + rows + 12, 8)]
-        {
-            let out_width = if mode == k::STORE { width } else { width / 2 };
-            let mut results = Vec::new();
-            for stand_in in [false, true] {
-                let mut out = sentinel_out(&g, n, out_width);
-                let p = Placement {
-                    m,
-                    row0,
-                    width,
-                    lanes,
-                    wide: true,
-                };
-                let (scale, odd) = (0.75, 0.0173);
-                if stand_in {
-                    launch_tiled!(@grid k::narrow_gemm_grid; &mut g, &mut out, p, scale, odd, mode;
-                    matvec_kq_coop_stand_in {
-                        w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
-                        high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: lanes
-                    });
-                } else {
-                    launch_tiled!(&mut g, &mut out, p, scale, odd, mode;
-                    matvec_kq_gemm {
-                        w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
-                        high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: lanes
-                    });
-                }
-                results.push(bits(&read!(&mut g, &out)));
-            }
-            let written = results[0]
-                .iter()
-                .filter(|&&b| b != SENTINEL.to_bits())
-                .count();
-            let expected = if mode == k::STORE {
-                n * rows
-            } else {
-                n * rows / 2
-            };
-            assert_eq!(
-                written, expected,
-                "mode {mode}: outputs written by the tiled kernel"
-            );
-            assert!(
-                results[0] == results[1],
-                "high {}, mode {mode}: the matrix-core stand-in differs from the tiled kernel",
-                c.ty.high
-            );
-        }
+        assert_stand_in_gives_tiled_bits(
+            &mut g,
+            Matrix::new("matvec_kq_coop_stand_in", rows, cols, n),
+            &[8],
+            |g, out, p, scale, odd, mode| {
+                launch_tiled!(@grid k::narrow_gemm_grid; g, out, p, scale, odd, mode;
+                matvec_kq_coop_stand_in {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: p.lanes
+                })
+            },
+            |g, out, p, scale, odd, mode| {
+                launch_tiled!(g, out, p, scale, odd, mode;
+                matvec_kq_gemm {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: p.lanes
+                })
+            },
+        );
     }
+}
+
+#[test]
+fn matrix_core_tq_kernel_stand_in_gives_the_tiled_kernels_bits() {
+    let mut g = gpu();
+    // 150 rows of 1280 weights (5 blocks of eight K-steps, walked 0 4 1 2 3 at 4 lanes), 70
+    // tokens, as above; lanes without a block at 8.
+    let (rows, cols, n) = (150usize, 1280usize, 70usize);
+    let c = TqCase::new(&g, rows, cols, n, 1.0);
+    assert_stand_in_gives_tiled_bits(
+        &mut g,
+        Matrix::new("bitlinear_tq_coop_stand_in", rows, cols, n),
+        &[8],
+        |g, out, p, scale, odd, mode| {
+            launch_tiled!(@grid k::narrow_gemm_grid; g, out, p, scale, odd, mode;
+            bitlinear_tq_coop_stand_in {
+                codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d, lanes: p.lanes
+            })
+        },
+        |g, out, p, scale, odd, mode| {
+            launch_tiled!(g, out, p, scale, odd, mode;
+            bitlinear_tq_gemm {
+                codes: &c.codes, wscale: &c.wscale, q: &c.q, d: &c.d, lanes: p.lanes
+            })
+        },
+    );
 }
 
 #[test]

@@ -64,6 +64,8 @@ fn all() -> Vec<Kernel> {
         matvec_q8_0_coop_stand_in,
         matvec_kq_coop,
         matvec_kq_coop_stand_in,
+        bitlinear_tq_coop,
+        bitlinear_tq_coop_stand_in,
         bitlinear_i2s_gemm,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
@@ -221,6 +223,10 @@ fn matrix_core_kernels_need_the_capability_and_their_stand_ins_do_not() {
         (
             hesper_shaders::matvec_kq_coop::WGSL,
             hesper_shaders::matvec_kq_coop_stand_in::WGSL,
+        ),
+        (
+            hesper_shaders::bitlinear_tq_coop::WGSL,
+            hesper_shaders::bitlinear_tq_coop_stand_in::WGSL,
         ),
     ] {
         let module = naga::front::wgsl::parse_str(k).expect("parses");

@@ -149,10 +149,11 @@ fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     }
 }
 
-/// The Q8_0 and Q4_K_M files' prompts on the matrix-core kernels' stand-ins (the tile walks a
-/// device's matrix cores run, written out where lavapipe runs them; Q4_0 and MXFP4 run as
-/// Q8_0): every projection and the LM head launch them, and every position's logits are the
-/// portable tiled kernels' bits (which are the decode kernels', above).
+/// The Q8_0, Q4_K_M and TQ1_0 files' prompts on the matrix-core kernels' stand-ins (the tile
+/// walks a device's matrix cores run, written out where lavapipe runs them; Q4_0 and MXFP4 run
+/// as Q8_0, TQ1_0 as TQ2_0): every projection (and the LM head, where it is the file's type)
+/// launches them, and every position's logits are the portable tiled kernels' bits (which are
+/// the decode kernels', above).
 #[test]
 fn gpu_prompt_on_the_matrix_core_stand_in_equals_the_tiled_products() {
     for (stem, stand_in, tiled, launched) in [
@@ -168,6 +169,12 @@ fn gpu_prompt_on_the_matrix_core_stand_in_equals_the_tiled_products() {
             "matvec_kq_coop_stand_in",
             "matvec_kq_gemm",
             2 * 5 + 1,
+        ),
+        (
+            "tiny-llama-tq1_0",
+            "bitlinear_tq_coop_stand_in",
+            "bitlinear_tq_gemm",
+            2 * 4,
         ),
     ] {
         let g = Golden::load(stem);

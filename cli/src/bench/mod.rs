@@ -66,11 +66,10 @@ pub struct BenchArgs {
     /// read-back).
     #[arg(long = "gpu-flush", value_name = "DISPATCHES", default_value_t = hesper_gpu_backend::FLUSH_DISPATCHES)]
     gpu_flush: usize,
-    /// GPU backend: run I2_S, Q8_0 and K-quant prompts (Q4_0 and MXFP4 run as Q8_0) on the
-    /// device's
-    /// matrix cores (`on`: where it has them and they passed their check at start), on its
-    /// shader cores (`off`), or through the matrix-core kernels' stand-ins (`stand-in`: slow,
-    /// for checking them). The same bits either way.
+    /// GPU backend: run I2_S, TQ, Q8_0 and K-quant prompts (Q4_0 and MXFP4 run as Q8_0) on the
+    /// device's matrix cores (`on`: where it has them and they passed their check at start), on
+    /// its shader cores (`off`), or through the matrix-core kernels' stand-ins (`stand-in`:
+    /// slow, for checking them). The same bits either way.
     #[arg(long = "gpu-matrix-cores", value_enum, default_value_t = MatrixCoresArg::On)]
     gpu_matrix_cores: MatrixCoresArg,
     #[command(flatten)]
@@ -160,7 +159,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 };
                 let chosen = model.backend.set_matrix_cores(wanted);
                 if chosen != wanted && args.gpu_matrix_cores != MatrixCoresArg::On {
-                    note!("hesper: --gpu-matrix-cores {wanted:?} is not available on this device; I2_S, Q8_0 and K-quant prompts run {chosen:?}");
+                    note!("hesper: --gpu-matrix-cores {wanted:?} is not available on this device; I2_S, TQ, Q8_0 and K-quant prompts run {chosen:?}");
                 }
                 if args.profile {
                     note!("hesper: --profile times the CPU backend's operations; the GPU gives its per-kernel times after tg");
