@@ -337,7 +337,7 @@ pub fn multiply_into(
                 if *packed_dot
                     && tiled
                     && *matrix_cores != MatrixCores::Off
-                    && cols as usize <= matrix_cores::MAX_COLS =>
+                    && w.desc.cols <= matrix_cores::MAX_COLS =>
             {
                 let (codes, q, sum) = (&win.data, &packed.0, &packed.1);
                 if *matrix_cores == MatrixCores::On {

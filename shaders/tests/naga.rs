@@ -141,6 +141,35 @@ fn combinations(names: &[String]) -> Vec<naga::back::PipelineConstants> {
     })
 }
 
+/// Each specialisation of `module` (every combination of its `#[comptime]` constants' values;
+/// the module itself where it has none) as a backend compiles it: the values substituted, the
+/// module re-validated, and SPIR-V (what Vulkan and lavapipe run) written from it.
+fn spirv_of_each_specialisation(
+    name: &str,
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+) -> Vec<Vec<u32>> {
+    let names: Vec<String> = module
+        .overrides
+        .iter()
+        .map(|(_, o)| o.name.clone().unwrap_or_default())
+        .collect();
+    combinations(&names)
+        .into_iter()
+        .map(|constants| {
+            let (m, i) = naga::back::pipeline_constants::process_overrides(
+                module,
+                info,
+                Some((naga::ShaderStage::Compute, "main")),
+                &constants,
+            )
+            .unwrap_or_else(|e| panic!("{name} with {constants:?}: {e}"));
+            naga::back::spv::write_vec(&m, &i, &Default::default(), None)
+                .unwrap_or_else(|e| panic!("{name} with {constants:?}: {e}"))
+        })
+        .collect()
+}
+
 #[test]
 fn every_kernel_and_specialisation_validates_native_and_web() {
     let mut specialised = 0;
@@ -174,27 +203,8 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
         };
         for caps in sets {
             let (module, info) = validate_with_info(&k, caps);
-            let names: Vec<String> = module
-                .overrides
-                .iter()
-                .map(|(_, o)| o.name.clone().unwrap_or_default())
-                .collect();
-            if names.is_empty() {
-                continue;
-            }
-            for constants in combinations(&names) {
-                // Substitutes the values, re-validates, and yields the module a backend
-                // compiles; then SPIR-V (what Vulkan and lavapipe run) is written from it.
-                let (m, i) = naga::back::pipeline_constants::process_overrides(
-                    &module,
-                    &info,
-                    Some((naga::ShaderStage::Compute, "main")),
-                    &constants,
-                )
-                .unwrap_or_else(|e| panic!("{} with {constants:?}: {e}", k.name));
-                naga::back::spv::write_vec(&m, &i, &Default::default(), None)
-                    .unwrap_or_else(|e| panic!("{} with {constants:?}: {e}", k.name));
-                specialised += 1;
+            if !module.overrides.is_empty() {
+                specialised += spirv_of_each_specialisation(k.name, &module, &info).len();
             }
         }
     }
@@ -238,21 +248,7 @@ fn matrix_core_kernels_need_the_capability_and_their_stand_ins_do_not() {
             .validate(&module)
             .unwrap_or_else(|e| panic!("{}\n{k}", e.emit_to_string(k)));
         // Each specialisation (the K-quant kernel's code widths) as a backend compiles it.
-        let names: Vec<String> = module
-            .overrides
-            .iter()
-            .map(|(_, o)| o.name.clone().unwrap_or_default())
-            .collect();
-        for constants in combinations(&names) {
-            let (m, i) = naga::back::pipeline_constants::process_overrides(
-                &module,
-                &info,
-                Some((naga::ShaderStage::Compute, "main")),
-                &constants,
-            )
-            .expect("specialises");
-            let spirv = naga::back::spv::write_vec(&m, &i, &Default::default(), None)
-                .expect("writes SPIR-V");
+        for spirv in spirv_of_each_specialisation("a matrix-core kernel", &module, &info) {
             // OpCooperativeMatrixMulAddKHR (4459) is in the module.
             assert!(
                 spirv.iter().any(|w| w & 0xffff == 4459 && w >> 16 >= 6),
