@@ -156,10 +156,10 @@ fn run() -> Result<(), GpuError> {
                     wq: &wq, wd: &wd, q: &xq, d: &xd)
             },
         )?;
-        // The same shape as Q4_K and Q6_K in `matvec_kq`'s layout (nibbles, high bits, a scale
-        // word a sub-block; `d`, `dmin` a block) times Q8_K codes.
+        // The same shape as Q4_K and Q6_K in `matvec_kq`'s layout (nibbles, high bits, two
+        // bytes of scale and minimum a sub-block; `d`, `dmin` a block) times Q8_K codes.
         for (kind, high, sub, offset) in [("Q4_K", 0, 32, 0), ("Q6_K", 2, 16, 32)] {
-            let words = rows * (cols / 8 + cols * high / 32 + cols / sub);
+            let words = rows * (cols / 8 + cols * high / 32 + cols / sub / 2);
             let w = g.upload("k-quant", &pattern_u32(words))?;
             let wd = g.upload("k-quant d", &vec![0.01f32; 2 * rows * blocks])?;
             time(

@@ -320,7 +320,7 @@ impl GpuMatrix {
 
 impl Kind {
     /// Bytes of one row as uploaded (TQ becomes 2-bit codes: cols/4; a K-quant row its codes,
-    /// then a word per sub-block).
+    /// then two bytes per sub-block).
     fn row_bytes(self, cols: usize) -> usize {
         match self {
             Kind::F32 => cols * 4,
@@ -328,7 +328,7 @@ impl Kind {
             Kind::I2s { .. } | Kind::Tq => cols / 4,
             Kind::Q8_0 => cols,
             Kind::Kq { sub, high, .. } => {
-                cols / 2 + cols * high as usize / 8 + 4 * cols / sub as usize
+                cols / 2 + cols * high as usize / 8 + 2 * cols / sub as usize
             }
         }
     }

@@ -84,17 +84,14 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
     let wq = words(rows * q8_cols / 4);
     let xq = words(n * q8_cols / 4);
     // Q6_K-shaped rows in `matvec_kq`'s layout: any nibbles and two high bits a code, then a
-    // signed scale and a minimum (Q4_K's and Q5_K's range) for each sub-block of 16; `d` and
-    // `dmin` per block; Q8_K codes as i32.
+    // byte of signed scale and one of minimum for each sub-block of 16, two sub-blocks a word;
+    // `d` and `dmin` per block; Q8_K codes as i32.
     let (kq_cols, kq_lanes) = (512usize, 2u32);
     let kq_blocks = kq_cols / 256;
     let kq6: Vec<u32> = (0..rows)
         .flat_map(|_| {
             let mut row = words(kq_cols / 8 + kq_cols * 2 / 32);
-            row.extend(words(kq_blocks * 16).into_iter().map(|w| {
-                let (scale, min) = ((w as i8) as i16 as u16, (w >> 8) & 63);
-                u32::from(scale) | (min << 16)
-            }));
+            row.extend(words(kq_blocks * 16 / 2));
             row
         })
         .collect();

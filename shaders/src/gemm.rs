@@ -19,6 +19,7 @@
 
 use hesper_dsl::kernel;
 
+use crate::k_quants::{kq_min, kq_scale};
 use crate::reduce::lane_order_block;
 use crate::tile::store_rows;
 
@@ -337,7 +338,7 @@ pub fn bitlinear_tq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: 
 /// `t / 16 + 16·m` and tokens `t % 16 + 16·j`.
 #[kernel(
     workgroup = 256,
-    uses(lane_order_block, store_rows),
+    uses(lane_order_block, store_rows, kq_scale, kq_min),
     consts(BM = 64, BN = 64, TM = 4, TN = 4)
 )]
 pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32>(
@@ -381,7 +382,7 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
     let words = nibble_words + high_words;
     let blocks = cols / 256u32;
     let subs = 256u32 / sub;
-    let stride = words + blocks * subs;
+    let stride = words + blocks * subs / 2u32;
     let step_subs = 64u32 / sub;
     let low = 252645135u32;
     // The token whose codes this thread stages: its 16 codes from `16·(t % 4)` of the step.
@@ -398,7 +399,7 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
         let k0 = blk * 256u32 + (g % 4u32) * 64u32;
         // The step's words of the tile's rows (rows past the window read its last row): word
         // `x` of a row is nibbles for x < 8, high bits for 8 ≤ x < 8 + 2·high, and the scale
-        // word of the step's sub-block `x − 12` from 12.
+        // word of the step's sub-blocks `2·(x − 12)` and `2·(x − 12) + 1` from 12.
         for i in 0u32..BM * 16u32 / 256u32 {
             let e = t + 256u32 * i;
             let x = e % 16u32;
@@ -408,8 +409,8 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
                 v = w[base + k0 / 8u32 + x];
             } else if x < 8u32 + 2u32 * high {
                 v = w[base + nibble_words + k0 * high / 32u32 + x - 8u32];
-            } else if x >= 12u32 && x < 12u32 + step_subs {
-                v = w[base + words + blk * subs + (g % 4u32) * step_subs + x - 12u32];
+            } else if x >= 12u32 && x < 12u32 + step_subs / 2u32 {
+                v = w[base + words + (blk * subs + (g % 4u32) * step_subs) / 2u32 + x - 12u32];
             }
             wt[e] = v;
         }
@@ -471,9 +472,9 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
                     }
                 }
                 for m in 0..TM {
-                    let packed = wt[(tr + 16u32 * m) * 16u32 + 12u32 + s];
-                    let scale = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
-                    let mins = (packed >> 16u32) as i32;
+                    let packed = wt[(tr + 16u32 * m) * 16u32 + 12u32 + s / 2u32];
+                    let scale = kq_scale(packed, s);
+                    let mins = kq_min(packed, s);
                     for j in 0..TN {
                         si[m * TN + j] += scale * (sd[m * TN + j] - (offset as i32) * sq[j]);
                         sm[m * TN + j] += mins * sq[j];

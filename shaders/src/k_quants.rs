@@ -5,20 +5,35 @@
 //! rows; `matvec_kq_wide` is the wide-step instance, summing every output in the same order,
 //! and [`crate::matvec_kq_gemm`] the tiled kernel, which follows it too.
 
-use hesper_dsl::kernel;
+use hesper_dsl::{kernel, kernel_fn};
 
 use crate::reduce::row_fold;
 use crate::tile::store_rows;
+
+/// The integer scale of sub-block `s` from the word holding its pair of sub-blocks (the low
+/// byte of its half, signed).
+#[kernel_fn]
+pub fn kq_scale(word: u32, s: u32) -> i32 {
+    let half = (word >> (16u32 * (s % 2u32))) & 65535u32;
+    ((half & 255u32) ^ 128u32) as i32 - 128
+}
+
+/// The minimum of sub-block `s` from the word holding its pair of sub-blocks (the high byte
+/// of its half).
+#[kernel_fn]
+pub fn kq_min(word: u32, s: u32) -> i32 {
+    ((word >> (16u32 * (s % 2u32) + 8u32)) & 255u32) as i32
+}
 
 /// K-quant weights, repacked at upload into one layout for the three types: each row its
 /// codes' low four bits as nibbles, eight to a word (element `8i + b` of a row in bits
 /// `4b..4b + 4` of word `i`: `cols / 8` words), then their `high` bits above those (none for
 /// Q4_K, one for Q5_K, two for Q6_K), `32 / high` to a word, element `e` in bits
-/// `high·(e % (32 / high))..` of word `e / (32 / high)` (`cols·high / 32` words), then one word
-/// per sub-block holding the sub-block's integer scale (low 16 bits, signed) and minimum (high
-/// 16 bits); `wd` holds `d` and `dmin` of every (row, block). A code is its bits less `offset`
-/// (Q6_K's 32). The upload is the file's bits but for the scales (widened to a word each) and
-/// `d`, `dmin` (f32).
+/// `high·(e % (32 / high))..` of word `e / (32 / high)` (`cols·high / 32` words), then two bytes
+/// per sub-block, two sub-blocks to a word (the earlier in the low half), holding the
+/// sub-block's integer scale (the low byte, signed) and minimum (the high byte)
+/// ([`kq_scale`], [`kq_min`]); `wd` holds `d` and `dmin` of every (row, block). A code is its bits less
+/// `offset` (Q6_K's 32). The upload is the file's bits but for `d`, `dmin` (f32).
 /// `sub` is the sub-block length: 32 (Q4_K, Q5_K) or 16 (Q6_K, whose minimums are 0). Q8_K
 /// activations from [`crate::quantize_q8k`]. Per block the exact integers
 /// `sumi = Σ_s scale_s · Σ code·q` and `summ = Σ_s min_s · Σ q`, then
@@ -27,7 +42,7 @@ use crate::tile::store_rows;
 /// order the tiled kernel follows.
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows),
+    uses(row_fold, store_rows, kq_scale, kq_min),
     consts(TILE = 4, ROWS = 1),
     also(matvec_kq_wide(TILE = 8, ROWS = 2))
 )]
@@ -74,7 +89,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
     let words = nibble_words + high_words;
     let blocks = cols / 256u32;
     let subs = 256u32 / sub;
-    let stride = words + blocks * subs;
+    let stride = words + blocks * subs / 2u32;
     let mut f = [0.0f32; TILE * ROWS];
     for blk in (lane..blocks).step_by(lanes) {
         if r0 >= window_rows {
@@ -86,9 +101,9 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
             let mut scale = [0i32; ROWS];
             let mut mins = [0i32; ROWS];
             for m in 0..ROWS {
-                let packed = w[rr[m] * stride + words + blk * subs + s];
-                scale[m] = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
-                mins[m] = (packed >> 16u32) as i32;
+                let packed = w[rr[m] * stride + words + (blk * subs + s) / 2u32];
+                scale[m] = kq_scale(packed, s);
+                mins[m] = kq_min(packed, s);
             }
             let e0 = blk * 256u32 + s * sub;
             let mut sd = [0i32; TILE * ROWS];

@@ -18,6 +18,7 @@
 
 use hesper_dsl::kernel;
 
+use crate::k_quants::{kq_min, kq_scale};
 use crate::reduce::lane_order_block;
 use crate::tile::store_rows;
 
@@ -333,7 +334,7 @@ pub fn matvec_q8_0_coop<const BM: u32, const BN: u32, const PER: u32>(
 /// subgroups multiply.
 #[kernel(
     workgroup = 256,
-    uses(lane_order_block, store_rows),
+    uses(lane_order_block, store_rows, kq_scale, kq_min),
     features(cooperative_matrix),
     consts(BM = 64, BN = 32, PER = 8)
 )]
@@ -378,7 +379,7 @@ pub fn matvec_kq_coop<const BM: u32, const BN: u32, const PER: u32>(
     let words = nibble_words + high_words;
     let blocks = cols / 256u32;
     let subs = 256u32 / sub;
-    let stride = words + blocks * subs;
+    let stride = words + blocks * subs / 2u32;
     let units = (BM / 16u32) * (BN / 16u32);
     let groups = subgroup_count();
     let sweeps = (units + groups - 1u32) / groups;
@@ -413,7 +414,7 @@ pub fn matvec_kq_coop<const BM: u32, const BN: u32, const PER: u32>(
         }
         if t < BM {
             let base = (r_base + t).min(window_rows - 1u32) * stride;
-            ws[BM * slot + t] = w[base + words + blk * subs + s];
+            ws[BM * slot + t] = w[base + words + (blk * subs + s) / 2u32];
         }
         // Its tokens' codes, four a task (tokens past the step read its last token), each
         // task's Σq in `qpart`.
@@ -452,8 +453,8 @@ pub fn matvec_kq_coop<const BM: u32, const BN: u32, const PER: u32>(
         }
         barrier();
         let packed = ws[BM * slot + row];
-        let scale = ((packed & 65535u32) ^ 32768u32) as i32 - 32768;
-        let mins = (packed >> 16u32) as i32;
+        let scale = kq_scale(packed, s);
+        let mins = kq_min(packed, s);
         for c in 0..PER {
             let j = first_token + c;
             let sq = qs[j];

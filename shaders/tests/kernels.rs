@@ -1341,6 +1341,8 @@ impl KqCase {
         let mut scales = Vec::new();
         for _ in 0..rows {
             layout.extend((0..nibble_words + high_words).map(|_| r.next() as u32));
+            // Two bytes a sub-block (scale, then minimum), two sub-blocks a word.
+            let mut halves = Vec::new();
             for _ in 0..blocks * subs {
                 let (scale, min) = if high == 2 {
                     ((r.next() % 256) as i32 - 128, 0)
@@ -1348,8 +1350,9 @@ impl KqCase {
                     ((r.next() % 64) as i32, (r.next() % 64) as i32)
                 };
                 scales.push((scale, min));
-                layout.push((scale as u32 & 0xffff) | ((min as u32) << 16));
+                halves.push((scale as u32 & 0xff) | ((min as u32) << 8));
             }
+            layout.extend(halves.chunks_exact(2).map(|p| p[0] | (p[1] << 16)));
         }
         let wd: Vec<f32> = (0..rows * blocks)
             .flat_map(|_| {
@@ -1362,7 +1365,7 @@ impl KqCase {
                 [d, dmin]
             })
             .collect();
-        let stride = nibble_words + high_words + blocks * subs;
+        let stride = nibble_words + high_words + blocks * subs / 2;
         let code = |row: usize, e: usize| -> i32 {
             let w = &layout[row * stride..];
             let nibble = (w[e / 8] >> (4 * (e % 8))) & 15;

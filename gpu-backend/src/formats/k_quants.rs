@@ -1,10 +1,12 @@
 //! The upload every K-quant layout shares (`Kind::Kq`, `matvec_kq`): each row's codes as their
 //! low four bits (nibbles, eight to a word, element `8i + b` in bits `4b..4b + 4` of word `i`)
 //! and then their bits above those (none for Q4_K, one for Q5_K, two for Q6_K, packed from the
-//! lowest bit up), then one word per sub-block holding its integer scale (low 16 bits, signed)
-//! and minimum (high 16 bits); `d` and `dmin` of every block as f32. One kernel reads all three
-//! types. The codes take the file's bits; the scales widened make Q4_K and Q5_K rows 1.17 and
-//! 1.14 times their file size, Q6_K's 1.26.
+//! lowest bit up), then two bytes per sub-block, two sub-blocks to a word (the earlier in the
+//! low half): its integer scale (the low byte, signed) and minimum (the high byte); `d` and
+//! `dmin` of every block as f32. One kernel reads all three types. The codes and scales take
+//! the file's bits (Q4_K's and Q5_K's six-bit scales and minimums a byte each): with the f32
+//! `d` and `dmin` beside them, Q4_K and Q5_K rows are 1.06 and 1.05 times their file size,
+//! Q6_K's 1.10.
 
 use std::borrow::Cow;
 
@@ -20,7 +22,7 @@ pub(super) struct KBlock {
     /// route's `offset`).
     pub code: fn(&[u8], usize) -> u8,
     /// The integer scale and minimum of every sub-block (`256 / sub` of them).
-    pub scales_mins: fn(&[u8]) -> Vec<(i16, u16)>,
+    pub scales_mins: fn(&[u8]) -> Vec<(i8, u8)>,
     /// `d` and `dmin`.
     pub d_dmin: fn(&[u8]) -> (f32, f32),
 }
@@ -34,7 +36,7 @@ pub(super) fn repack<L: Layout>(
     let blocks = cols / L::BLOCK;
     let subs = L::BLOCK / k.sub;
     let rows = src.len() / L::row_bytes(cols);
-    let mut bytes = Vec::with_capacity(rows * (cols / 2 + cols * k.high / 8 + 4 * blocks * subs));
+    let mut bytes = Vec::with_capacity(rows * (cols / 2 + cols * k.high / 8 + 2 * blocks * subs));
     let mut scales = Vec::with_capacity(2 * rows * blocks);
     for row in src.chunks_exact(L::row_bytes(cols)) {
         let codes: Vec<u8> = row
@@ -58,8 +60,7 @@ pub(super) fn repack<L: Layout>(
         }
         for blk in row.chunks_exact(L::BLOCK_BYTES) {
             for (scale, min) in (k.scales_mins)(blk) {
-                let word = u32::from(scale as u16) | (u32::from(min) << 16);
-                bytes.extend(word.to_le_bytes());
+                bytes.extend([scale as u8, min]);
             }
             let (d, dmin) = (k.d_dmin)(blk);
             scales.extend([d, dmin]);
@@ -100,16 +101,15 @@ mod tests {
             let scales = scales.expect("block scales");
             let subs = 256 / sub;
             let code_bytes = cols / 2 + cols * high / 8;
-            let row_len = code_bytes + 4 * (cols / 256) * subs;
+            let row_len = code_bytes + 2 * (cols / 256) * subs;
             let mut want = vec![0.0f32; cols];
             for (r, row) in src.chunks_exact(L::row_bytes(cols)).enumerate() {
                 layout.decode_row(row, &mut want);
                 let up = &up[r * row_len..(r + 1) * row_len];
                 for (e, &w) in want.iter().enumerate() {
                     let (b, s) = (e / 256, (e % 256) / sub);
-                    let at = code_bytes + 4 * (b * subs + s);
-                    let word = u32::from_le_bytes([up[at], up[at + 1], up[at + 2], up[at + 3]]);
-                    let (scale, min) = (f32::from(word as u16 as i16), (word >> 16) as f32);
+                    let at = code_bytes + 2 * (b * subs + s);
+                    let (scale, min) = (f32::from(up[at] as i8), f32::from(up[at + 1]));
                     let (d, dmin) = (scales[2 * (r * 2 + b)], scales[2 * (r * 2 + b) + 1]);
                     let nibble = (up[e / 2] >> (4 * (e % 2))) & 15;
                     let bits = match high {

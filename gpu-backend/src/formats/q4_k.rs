@@ -9,13 +9,13 @@ use super::k_quants::{repack, KBlock};
 use super::GpuLayout;
 use crate::matrix::Kind;
 
-/// The eight six-bit scales and minimums of a Q4_K or Q5_K block.
-pub(super) fn eight_scales_mins(blk: &[u8]) -> Vec<(i16, u16)> {
+/// The eight six-bit scales and minimums of a Q4_K or Q5_K block (a scale fits an i8).
+pub(super) fn eight_scales_mins(blk: &[u8]) -> Vec<(i8, u8)> {
     let (scales, mins) = k_scales_mins(blk);
     scales
         .iter()
         .zip(mins)
-        .map(|(&s, m)| (i16::from(s), u16::from(m)))
+        .map(|(&s, m)| (s as i8, m))
         .collect()
 }
 

@@ -28,7 +28,7 @@ impl GpuLayout for Q6K {
             scales_mins: |blk| {
                 blk[Q6_K_SCALES..Q6_K_SCALES + 16]
                     .iter()
-                    .map(|&s| (i16::from(s as i8), 0))
+                    .map(|&s| (s as i8, 0))
                     .collect()
             },
             d_dmin: |blk| (q6_k_d(blk), 0.0),
