@@ -331,7 +331,7 @@ pub fn bitlinear_tq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: 
 /// each lane's terms into its own sum and that sum into the total at the lane's last block —
 /// that kernel's order, so every output has its bits. A K-step is 64 columns (two sub-blocks of
 /// 32 or four of 16): for each of the tile's 64 rows 16 staged words (8 of nibbles, `2·high` of
-/// high bits, then the step's sub-block scale words), and for each of its 64 tokens 16 words of
+/// high bits, then the word or two of the step's sub-blocks' scales), and for each of its 64 tokens 16 words of
 /// codes, the even elements of each eight packed into one word and the odd ones into the next
 /// (the two nibbles of a weight byte), padded to 17 so that the 16 tokens a warp reads fall in
 /// distinct banks, with each staging thread's `Σq` of 16 codes. Thread `t` takes rows

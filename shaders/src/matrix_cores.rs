@@ -395,7 +395,7 @@ pub fn matvec_kq_coop<const BM: u32, const BN: u32, const PER: u32>(
         let slot = k % 2u32;
         let e0 = blk * 256u32 + s * sub;
         // The sub-block's codes of the tile's rows, eight (one word of nibbles) a task (rows
-        // past the window read its last row), and their scale words.
+        // past the window read its last row), and the word holding their scale and minimum.
         if t < BM * sub / 8u32 {
             let r = t / (sub / 8u32);
             let x = t % (sub / 8u32);

@@ -1314,9 +1314,10 @@ const KQ_TYPES: [KqType; 3] = [
 ];
 
 /// A `rows × cols` matrix of random codes in `matvec_kq`'s layout (nibble words, high-bit words,
-/// one scale word a sub-block: Q4_K/Q5_K's 6-bit scales and minimums, Q6_K's signed 8-bit
-/// scales without minimums; `d` and `dmin` of each block beside), and `n` tokens of Q8_K
-/// activations, uploaded; with the layout's product computed here in f64 from its definition
+/// a byte of scale and one of minimum a sub-block: Q4_K/Q5_K's 6-bit scales and minimums,
+/// Q6_K's signed 8-bit scales without minimums; `d` and `dmin` of each block beside), and `n`
+/// tokens of Q8_K activations, uploaded; with the layout's product computed here in f64 from
+/// its definition
 /// (`Σ_blocks (d·d_act)·Σ_s scale·Σ(code − offset)·q − (dmin·d_act)·Σ_s min·Σq`) and the scale
 /// of its f32 rounding.
 struct KqCase {
