@@ -89,6 +89,7 @@ fn run() -> Result<(), GpuError> {
                 y: &mut out,
                 width: D as u32,
                 eps: 1e-5,
+                add: 0,
             },
             k::row_grid(1),
         )

@@ -388,6 +388,24 @@ pub trait Backend {
         let _ = next;
         self.rms_norm(x, w, n, eps, out);
     }
+    /// `out += rms_norm(x)·w` over `n` rows of `w.len()` values (Gemma's normalized attention
+    /// and FFN outputs added to the residual stream). By default the norm goes to `scratch`
+    /// and is added; a backend may add it as it writes (the same products, then the same add,
+    /// so the same bits).
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_add(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Vector,
+        n: usize,
+        width: usize,
+        eps: f32,
+        out: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
+    ) {
+        self.rms_norm(x, w, n, eps, scratch);
+        self.add(out, scratch, n * width);
+    }
     /// `out[i] = W · x[i]` for `n` rows, with the activation quantization the weight layout
     /// implies (per-token int8 for I2_S, Q8_K blocks for TQ, f16 rounding for F16, none for F32).
     fn matmul(&self, w: &Self::Matrix, x: &Self::Buffer, n: usize, out: &mut Self::Buffer);
@@ -515,6 +533,28 @@ pub trait Backend {
         self.rope(q, n, pos0, rope_q);
         self.rope(k, n, pos0, rope_k);
         self.attention(cache, layer, q, k, v, n, pos0, shape, out);
+    }
+    /// [`Backend::rope_attention`] whose output is read only by the product of `next`, where
+    /// the caller names one: a backend may then leave `out` in the form that product reads (as
+    /// [`Backend::rms_norm_for`] leaves its rows), and nothing else may read `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention_for(
+        &self,
+        cache: &mut Self::Cache,
+        layer: usize,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &Self::Buffer,
+        n: usize,
+        pos0: usize,
+        rope_q: &RopeShape,
+        rope_k: &RopeShape,
+        shape: &AttentionShape,
+        out: &mut Self::Buffer,
+        next: Option<&Self::Matrix>,
+    ) {
+        let _ = next;
+        self.rope_attention(cache, layer, q, k, v, n, pos0, rope_q, rope_k, shape, out);
     }
     /// Drops positions `keep..keep + discard` from every layer of the cache (llama.cpp's
     /// context shift): positions `keep + discard..used` move down by `discard`, each key

@@ -337,8 +337,14 @@ pub struct Session<B: Backend> {
 
 /// A layer's attention over one session or a batch's ([`Model::layers_over`]): the backend,
 /// the layer, its queries, keys, values and output, the RoPE of queries and keys, the heads.
-type Attend<'a, B> = dyn FnMut(&B, usize, [&mut <B as Backend>::Buffer; 4], &[RopeShape<'_>; 2], &AttentionShape)
-    + 'a;
+type Attend<'a, B> = dyn FnMut(
+        &B,
+        usize,
+        [&mut <B as Backend>::Buffer; 4],
+        &[RopeShape<'_>; 2],
+        &AttentionShape,
+        Option<&<B as Backend>::Matrix>,
+    ) + 'a;
 
 struct Scratch<B: Backend> {
     x: B::Buffer,
@@ -1136,10 +1142,16 @@ impl<B: Backend> Model<B> {
     fn run_layers(&self, s: &mut Session<B>, n: usize) {
         let (pos0, n_ctx) = (s.pos, s.n_ctx);
         let cache = &mut s.cache;
-        self.layers_over(&mut s.s, n, &mut |b, li, [q, k, v, att], rope, attn| {
-            let [rope_q, rope_k] = self.rope_in_context(rope, n_ctx);
-            b.rope_attention(cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att);
-        });
+        self.layers_over(
+            &mut s.s,
+            n,
+            &mut |b, li, [q, k, v, att], rope, attn, next| {
+                let [rope_q, rope_k] = self.rope_in_context(rope, n_ctx);
+                b.rope_attention_for(
+                    cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att, next,
+                );
+            },
+        );
     }
 
     /// Runs this instance's layers on the `n` rows of `sc.x`; `attend` does each layer's
@@ -1193,6 +1205,9 @@ impl<B: Backend> Model<B> {
             if l.qk_norm.is_none() && c.query_scale != 1.0 {
                 b.scale(q, n * c.q_dim(), c.query_scale);
             }
+            // The attention's output is read by the output projection alone, but where BitNet
+            // normalizes it first.
+            let next = l.attn_sub_norm.is_none().then_some(&l.wo);
             match &l.qk_norm {
                 // Each head's query and key normalized: the queries into `att`, the keys into
                 // `gate` (free until the FFN); the attention then writes its
@@ -1211,10 +1226,18 @@ impl<B: Backend> Model<B> {
                         [&mut *att, &mut *gate, &mut *v, &mut *q],
                         &rope,
                         &attn,
+                        next,
                     );
                     std::mem::swap(q, att);
                 }
-                None => attend(b, li, [&mut *q, &mut *k, &mut *v, &mut *att], &rope, &attn),
+                None => attend(
+                    b,
+                    li,
+                    [&mut *q, &mut *k, &mut *v, &mut *att],
+                    &rope,
+                    &attn,
+                    next,
+                ),
             }
             // BitNet normalizes the attention output and the FFN activation once more before
             // their products; other families multiply them as they are.
@@ -1230,8 +1253,7 @@ impl<B: Backend> Model<B> {
                 // normalized into `h`: both free here).
                 (Some([g, _]), _) => {
                     b.matmul(&l.wo, wo_in, n, q);
-                    b.rms_norm(q, g, n, c.eps, h);
-                    b.add(x, h, n * c.n_embd);
+                    b.rms_norm_add(q, g, n, c.n_embd, c.eps, x, h);
                 }
                 (None, Some(bias)) => {
                     b.matmul(&l.wo, wo_in, n, q);
@@ -1254,8 +1276,7 @@ impl<B: Backend> Model<B> {
                     match &l.post_norms {
                         Some([_, g]) => {
                             b.matmul(down, down_in, n, q);
-                            b.rms_norm(q, g, n, c.eps, h);
-                            b.add(x, h, n * c.n_embd);
+                            b.rms_norm_add(q, g, n, c.n_embd, c.eps, x, h);
                         }
                         None => b.matmul_add(down, down_in, n, c.n_embd, x, q),
                     }
@@ -1268,10 +1289,7 @@ impl<B: Backend> Model<B> {
                     };
                     b.moe_ffn(moe, routing, c.activation, h, n, q);
                     match &l.post_norms {
-                        Some([_, g]) => {
-                            b.rms_norm(q, g, n, c.eps, h);
-                            b.add(x, h, n * c.n_embd);
-                        }
+                        Some([_, g]) => b.rms_norm_add(q, g, n, c.n_embd, c.eps, x, h),
                         None => b.add(x, q, n * c.n_embd),
                     }
                 }

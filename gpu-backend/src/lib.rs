@@ -645,8 +645,8 @@ impl State {
         self.gpu.submit_part(batch)
     }
 
-    /// Records RMSNorm of `n` rows of `x` into `out` (with subgroup sums where the device has
-    /// subgroups).
+    /// Records RMSNorm of `n` rows of `x` into `out`, or added to `out` where `add` is set
+    /// (with subgroup sums where the device has subgroups).
     fn rms_norm(
         &mut self,
         x: &GpuBuffer<f32>,
@@ -654,9 +654,12 @@ impl State {
         n: usize,
         eps: f32,
         out: &mut GpuBuffer<f32>,
+        add: bool,
     ) -> Result<(), GpuError> {
         let (width, grid) = (w.len() as u32, k::row_grid(n as u32));
-        let traffic = norm_bytes(n, w.len());
+        // An add reads the output rows too.
+        let traffic = norm_bytes(n, w.len()) + if add { 4 * (n * w.len()) as u64 } else { 0 };
+        let add = u32::from(add);
         if self.subgroups {
             self.batch.run_moving(
                 &mut self.gpu,
@@ -666,6 +669,7 @@ impl State {
                     y: out,
                     width,
                     eps,
+                    add,
                 },
                 grid,
                 traffic,
@@ -679,6 +683,7 @@ impl State {
                     y: out,
                     width,
                     eps,
+                    add,
                 },
                 grid,
                 traffic,
@@ -1005,7 +1010,22 @@ impl Backend for GpuBackend {
         eps: f32,
         out: &mut GpuBuffer<f32>,
     ) {
-        self.record(|st| st.rms_norm(x, w, n, eps, out));
+        self.record(|st| st.rms_norm(x, w, n, eps, out, false));
+    }
+
+    /// The norm and the add in one kernel: each product written, then added, as the unfused
+    /// ops do it.
+    fn rms_norm_add(
+        &self,
+        x: &GpuBuffer<f32>,
+        w: &GpuBuffer<f32>,
+        n: usize,
+        _width: usize,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+        _scratch: &mut GpuBuffer<f32>,
+    ) {
+        self.record(|st| st.rms_norm(x, w, n, eps, out, true));
     }
 
     /// Both head norms in one launch (`rms_norm_heads_sg`) where the device has subgroups, the
@@ -1067,7 +1087,7 @@ impl Backend for GpuBackend {
             let cols = w.len();
             let form = match product::fused_form(next.kind, st.packed_dot) {
                 Some(form) if st.subgroups && next.desc.cols == cols => form,
-                _ => return st.rms_norm(x, w, n, eps, out),
+                _ => return st.rms_norm(x, w, n, eps, out, false),
             };
             let traffic = norm_bytes(n, cols) + product::activation_bytes(next.kind, true, n, cols);
             let (width, rows) = (cols as u32, n as u32);
@@ -1368,6 +1388,29 @@ impl Backend for GpuBackend {
         shape: &AttentionShape,
         out: &mut GpuBuffer<f32>,
     ) {
+        self.rope_attention_for(
+            cache, layer, q, k_new, v_new, n, pos0, rope_q, rope_k, shape, out, None,
+        );
+    }
+
+    /// As [`Backend::rope_attention`]; where the one kernel runs and `next` is an F16 product
+    /// of the outputs, they are rounded to its halves by that kernel (`pack_f16`'s words)
+    /// instead of written as floats, and the product reads them as they are.
+    fn rope_attention_for(
+        &self,
+        cache: &mut GpuKvCache,
+        layer: usize,
+        q: &mut GpuBuffer<f32>,
+        k_new: &mut GpuBuffer<f32>,
+        v_new: &GpuBuffer<f32>,
+        n: usize,
+        pos0: usize,
+        rope_q: &RopeShape,
+        rope_k: &RopeShape,
+        shape: &AttentionShape,
+        out: &mut GpuBuffer<f32>,
+        next: Option<&GpuMatrix>,
+    ) {
         let fused = cache.sparse.is_none()
             && rope_q.rope_dim == rope_k.rope_dim
             && rope_q.base == rope_k.base
@@ -1387,8 +1430,12 @@ impl Backend for GpuBackend {
             self.check_head(shape)?;
             let at = st.rope_table(rope_q, pos0 + n)?;
             if n < k::WIDE_STEP as usize {
+                let cols = shape.n_head * shape.head_dim;
+                let halves = next.is_some_and(|m| {
+                    m.kind == Kind::F16 && m.desc.cols == cols && shape.head_dim.is_multiple_of(2)
+                });
                 return rope_attend(
-                    st, cache, layer, at, q, k_new, v_new, n, pos0, rope_q, shape, out,
+                    st, cache, layer, at, q, k_new, v_new, n, pos0, rope_q, shape, out, halves,
                 );
             }
             let table = &st.ropes[at];
@@ -1807,7 +1854,8 @@ fn dense_cache_bytes(cache: &GpuKvCache, shape: &AttentionShape, n: usize, pos0:
 }
 
 /// A decode-sized step's NeoX RoPE, cache write and dense attention in one dispatch
-/// (`rope_attention`), the angles from RoPE table `table`.
+/// (`rope_attention`), the angles from RoPE table `table`; with `halves`, the outputs rounded
+/// to halves for the F16 product that reads them next, left in the activation scratch.
 #[allow(clippy::too_many_arguments)]
 fn rope_attend(
     st: &mut State,
@@ -1822,44 +1870,70 @@ fn rope_attend(
     rope: &RopeShape,
     shape: &AttentionShape,
     out: &mut GpuBuffer<f32>,
+    halves: bool,
 ) -> Result<(), GpuError> {
     upload_sinks(st, cache, layer, shape)?;
+    let cols = shape.n_head * shape.head_dim;
+    if halves {
+        st.reserve_halves(n * cols / 2)?;
+    }
     // The attended positions' keys and values read once, the step's new ones read and
-    // written, the queries read and written back rotated, the outputs written.
+    // written, the queries read and written back rotated, the outputs written (as floats or
+    // halves).
     let traffic = dense_cache_bytes(cache, shape, n, pos0)
         + kv_write_bytes(n * cache.kv_dim, cache.kv_type)
-        + (12 * n * shape.n_head * shape.head_dim) as u64;
+        + (8 * n * cols) as u64
+        + if halves { 2 } else { 4 } * (n * cols) as u64;
     let State {
-        gpu, batch, ropes, ..
+        gpu,
+        batch,
+        ropes,
+        act,
+        ..
     } = st;
     // Unread without sinks: the angle table stands in (the queries are bound for writing).
     let (sink, sinks) = sink_binding(&cache.sinks[layer], shape, &ropes[table].cs);
-    batch.run_moving(
-        gpu,
-        &k::rope_attention::Args {
-            q,
-            k: k_new,
-            v: v_new,
-            cs: &ropes[table].cs,
-            k_cache: &mut cache.k[layer],
-            v_cache: &mut cache.v[layer],
-            sink,
-            out,
-            n_head: shape.n_head as u32,
-            n_head_kv: shape.n_head_kv as u32,
-            head_dim: shape.head_dim as u32,
-            rope_dim: rope.rope_dim as u32,
-            pos0: pos0 as u32,
-            scale: 1.0 / (shape.head_dim as f32).sqrt(),
-            f16: u32::from(cache.kv_type == KvType::F16),
-            slots: cache.slots[layer] as u32,
-            window: shape.window.map_or(0, |w| w as u32),
-            softcap: shape.softcap.unwrap_or(0.0),
-            sinks,
-        },
-        k::attention_grid(shape.n_head as u32, n as u32),
-        traffic,
-    )
+    let mut run = |out: &mut GpuBuffer<u32>| {
+        batch.run_moving(
+            gpu,
+            &k::rope_attention::Args {
+                q: &mut *q,
+                k: k_new,
+                v: v_new,
+                cs: &ropes[table].cs,
+                k_cache: &mut cache.k[layer],
+                v_cache: &mut cache.v[layer],
+                sink,
+                out,
+                n_head: shape.n_head as u32,
+                n_head_kv: shape.n_head_kv as u32,
+                head_dim: shape.head_dim as u32,
+                rope_dim: rope.rope_dim as u32,
+                pos0: pos0 as u32,
+                scale: 1.0 / (shape.head_dim as f32).sqrt(),
+                f16: u32::from(cache.kv_type == KvType::F16),
+                slots: cache.slots[layer] as u32,
+                window: shape.window.map_or(0, |w| w as u32),
+                softcap: shape.softcap.unwrap_or(0.0),
+                sinks,
+                halves: u32::from(halves),
+            },
+            k::attention_grid(shape.n_head as u32, n as u32),
+            traffic,
+        )
+    };
+    if !halves {
+        return out.as_elements_mut(run);
+    }
+    run(&mut act.halves)?;
+    // The output projection reads the halves as `pack_f16` would have left them.
+    st.quantized = Some(Quantized {
+        buffer: out.raw().clone(),
+        cols,
+        n,
+        form: product::Form::Halves,
+    });
+    Ok(())
 }
 
 /// Bytes RMSNorm of `n` rows of `width` moves: the rows read and written, and the gains.

@@ -41,6 +41,16 @@ impl<T: bytemuck::Pod> GpuBuffer<T> {
         GpuBuffer::new(self.raw, self.len)
     }
 
+    /// Runs `f` on the same bytes as elements of another 4-byte type while `self` is borrowed
+    /// (a kernel whose one output is floats or packed words, as its caller asks).
+    pub fn as_elements_mut<U: bytemuck::Pod, R>(
+        &mut self,
+        f: impl FnOnce(&mut GpuBuffer<U>) -> R,
+    ) -> R {
+        const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<U>()) };
+        f(&mut GpuBuffer::new(self.raw.clone(), self.len))
+    }
+
     /// The wgpu buffer (for bindings and copies).
     pub fn raw(&self) -> &wgpu::Buffer {
         &self.raw

@@ -260,6 +260,10 @@ pub fn attention(
 /// `pos % slots`. Earlier positions are read from the cache as `attention` reads them; the
 /// tiles and their order are `attention`'s dense ones (the sparse pattern's scattered tile,
 /// which a dense cache leaves empty, is skipped: it changes no bit).
+///
+/// `out` takes the outputs as f32 bits (`halves` 0), or (`halves` 1) rounded to halves two to
+/// a word as [`pack_f16`](crate::pack_f16) would round them for the F16 product that reads
+/// them next: one dispatch instead of two, the same bits.
 #[kernel(
     workgroup = 128,
     uses(tree_max, f16_bits, rope_neox_value, cached_key_dot, cached_value)
@@ -272,7 +276,7 @@ pub fn rope_attention(
     k_cache: &mut [u32],
     v_cache: &mut [u32],
     sink: &[f32],
-    out: &mut [f32],
+    out: &mut [u32],
     #[uniform] n_head: u32,
     #[uniform] n_head_kv: u32,
     #[uniform] head_dim: u32,
@@ -284,6 +288,7 @@ pub fn rope_attention(
     #[uniform] window: u32,
     #[uniform] softcap: f32,
     #[uniform] sinks: u32,
+    #[uniform] halves: u32,
     #[shared] qs: &mut [f32; 256],
     #[shared] ps: &mut [f32; 128],
     #[shared] rows: &mut [u32; 128],
@@ -442,10 +447,26 @@ pub fn rope_attention(
         m = m_new;
         barrier();
     }
-    if t < head_dim {
-        out[q_off + t] = o / l;
-    }
-    if t + 128u32 < head_dim {
-        out[q_off + t + 128u32] = o_hi / l;
+    if halves == 0u32 {
+        if t < head_dim {
+            out[q_off + t] = f32_to_bits(o / l);
+        }
+        if t + 128u32 < head_dim {
+            out[q_off + t + 128u32] = f32_to_bits(o_hi / l);
+        }
+    } else {
+        // A word's two values come from two threads: through `qs`, which no thread reads
+        // after the last tile's barrier.
+        if t < head_dim {
+            qs[t] = o / l;
+        }
+        if t + 128u32 < head_dim {
+            qs[t + 128u32] = o_hi / l;
+        }
+        barrier();
+        if 2u32 * t < head_dim {
+            out[q_off / 2u32 + t] =
+                f16_bits(qs[2u32 * t]) | (f16_bits(qs[2u32 * t + 1u32]) << 16u32);
+        }
     }
 }

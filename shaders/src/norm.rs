@@ -15,8 +15,10 @@ use crate::half::f16_bits;
 use crate::quantize::{pack_codes, q8_0_block_max, q8_0_code, q8k_block_max, q8k_code, q8k_scale};
 use crate::reduce::{subgroup_total, tree_max, tree_sum};
 
-/// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, with a tree
-/// reduction in workgroup memory (correct for any subgroup size: no subgroup operations).
+/// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, or with `add` set
+/// `y += x / sqrt(mean(x²) + eps) · w` (Gemma's normalized outputs added to the residual
+/// stream: the same product, then the add `add_assign` would make), with a tree reduction in
+/// workgroup memory (correct for any subgroup size: no subgroup operations).
 #[kernel(workgroup = 256, uses(tree_sum))]
 pub fn rms_norm(
     x: &[f32],
@@ -24,6 +26,7 @@ pub fn rms_norm(
     y: &mut [f32],
     #[uniform] width: u32,
     #[uniform] eps: f32,
+    #[uniform] add: u32,
     #[shared] acc: &mut [f32; 256],
 ) {
     let row = wid();
@@ -39,7 +42,12 @@ pub fn rms_norm(
     tree_sum(acc, t, 256u32);
     let scale = 1.0 / (acc[0] / (width as f32) + eps).sqrt();
     for i in (t..width).step_by(256) {
-        y[base + i] = x[base + i] * scale * w[i];
+        let v = x[base + i] * scale * w[i];
+        if add != 0u32 {
+            y[base + i] = y[base + i] + v;
+        } else {
+            y[base + i] = v;
+        }
     }
 }
 
@@ -60,6 +68,7 @@ pub fn rms_norm_sg<const AHEAD: u32>(
     y: &mut [f32],
     #[uniform] width: u32,
     #[uniform] eps: f32,
+    #[uniform] add: u32,
     #[shared] acc: &mut [f32; 256],
 ) {
     let row = wid();
@@ -97,7 +106,13 @@ pub fn rms_norm_sg<const AHEAD: u32>(
         }
         for k in 0..AHEAD {
             if i + 256u32 * k < width {
-                y[base + i + 256u32 * k] = v[k] * scale * g[k];
+                let at = base + i + 256u32 * k;
+                let out = v[k] * scale * g[k];
+                if add != 0u32 {
+                    y[at] = y[at] + out;
+                } else {
+                    y[at] = out;
+                }
             }
         }
     }

@@ -781,8 +781,9 @@ fn moe_combine_routed_picks_each_rows_experts_by_id() {
 
 /// Runs RMS-norm kernel `k::$kernel` (one workgroup a row) on 3 rows of 1000 (not a multiple
 /// of 256) with eps 1e-5, rows and weights from data seeds `$seed_x` and `$seed_w`; evaluates
-/// to its max relative diff from the CPU's `ops::rms_norm`. A macro: each kernel has its own
-/// `Args` struct.
+/// to its max relative diff from the CPU's `ops::rms_norm`. Runs it once more with `add` set
+/// on its own output, which must then hold each value doubled (an exact add). A macro: each
+/// kernel has its own `Args` struct.
 macro_rules! rms_norm_diff {
     ($g:expr, $kernel:ident, $seed_x:expr, $seed_w:expr) => {{
         let g: &mut Gpu = $g;
@@ -790,17 +791,40 @@ macro_rules! rms_norm_diff {
         let (x, w) = (data(rows * width, $seed_x), data(width, $seed_w));
         let (bx, bw) = (g.upload("x", &x).unwrap(), g.upload("w", &w).unwrap());
         let mut y = g.zeroed::<f32>("y", rows * width).unwrap();
-        let args = k::$kernel::Args {
-            x: &bx,
-            w: &bw,
-            y: &mut y,
-            width: width as u32,
-            eps,
-        };
-        launch(g, &args, k::row_grid(rows as u32));
+        for add in 0..2 {
+            let args = k::$kernel::Args {
+                x: &bx,
+                w: &bw,
+                y: &mut y,
+                width: width as u32,
+                eps,
+                add,
+            };
+            launch(g, &args, k::row_grid(rows as u32));
+        }
         let mut want = vec![0.0; rows * width];
         ops::rms_norm(Isa::Scalar, &x, &w, rows, eps, &mut want);
-        max_rel_diff(&read!(g, &y), &want)
+        let halves: Vec<f32> = read!(g, &y).iter().map(|v| v / 2.0).collect();
+        let once = {
+            let mut y = g.zeroed::<f32>("y", rows * width).unwrap();
+            let args = k::$kernel::Args {
+                x: &bx,
+                w: &bw,
+                y: &mut y,
+                width: width as u32,
+                eps,
+                add: 0,
+            };
+            launch(g, &args, k::row_grid(rows as u32));
+            read!(g, &y)
+        };
+        assert_eq!(
+            bits(&halves),
+            bits(&once),
+            "{}: adding the norm to itself is not the norm doubled",
+            stringify!($kernel)
+        );
+        max_rel_diff(&once, &want)
     }};
 }
 
@@ -2198,6 +2222,7 @@ macro_rules! fused_norm_vs_two_kernels {
             y: y0,
             width: width as u32,
             eps,
+            add: 0,
         };
         launch(g, &norm, k::row_grid(rows as u32));
         $quantize(g, &*y0, q0, d0, blocks);
@@ -2780,6 +2805,7 @@ fn head_norms_in_one_launch_have_rms_norm_sgs_bits() {
             y: &mut y,
             width: width as u32,
             eps,
+            add: 0,
         };
         launch(&mut g, &args, k::row_grid(rows[side] as u32));
         apart.push(read!(g, &y));

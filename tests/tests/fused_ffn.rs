@@ -1,8 +1,9 @@
 //! The GPU's fused output stages against the unfused ops, in every weight layout the GPU runs:
 //! gate and up joined into one pass with `act(g)·u` as it writes, and the residual add fused
 //! into the down/output projection; Q, K and V joined into one pass that writes three outputs;
-//! RMSNorm fused with the activation quantization of the I2_S product that follows it; and the
-//! rotations of Q and K fused with the KV-cache write. Each does the same arithmetic in the
+//! RMSNorm fused with the activation quantization of the I2_S product that follows it, and
+//! with the residual add of a normalized output (Gemma); and the rotations of Q and K fused
+//! with the KV-cache write. Each does the same arithmetic in the
 //! same order as the ops it replaces, so they must agree bit for bit; the unfused GPU path is
 //! held to the CPU by the golden tests, and the fused FFN is held to the CPU here too.
 
@@ -12,7 +13,7 @@ use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
 use hesper_engine::backend::{AttentionShape, Backend, GateUp, MatrixUse, Qkv, RopeShape};
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{Format, MatrixDesc};
-use hesper_gpu_backend::{GpuBackend, GEMM_STEP, WIDE_STEP};
+use hesper_gpu_backend::{GpuBackend, GpuMatrix, Kind, GEMM_STEP, WIDE_STEP};
 use hesper_tests::random::Rng;
 
 /// Input width (a whole number of 256-blocks for TQ) and FFN width.
@@ -477,17 +478,54 @@ fn fused_norm_and_quantization_equal_the_unfused_ops_bit_for_bit() {
     }
 }
 
+#[test]
+fn fused_norm_and_residual_add_equal_the_unfused_ops_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng::new(9);
+    for n in [1, 5] {
+        let mut values =
+            |len: usize, scale: f32| -> Vec<f32> { (0..len).map(|_| scale * rng.unit()).collect() };
+        let (y, residual, gains) = (values(n * D, 3.0), values(n * D, 2.0), values(D, 1.0));
+        let w = gpu.load_vector(gains).expect("vector");
+        let upload = |v: &[f32]| {
+            let mut b = gpu.alloc(v.len()).expect("alloc");
+            gpu.write(&mut b, v).expect("write");
+            b
+        };
+        let (x, mut scratch) = (upload(&y), gpu.alloc(n * D).unwrap());
+        // Gemma's `x += rms_norm(y)·w`: fused, then as the two ops it replaces.
+        let mut fused = upload(&residual);
+        let d0 = gpu.stats().dispatches;
+        gpu.rms_norm_add(&x, &w, n, D, 1e-5, &mut fused, &mut scratch);
+        let fused = read(&gpu, &fused, n * D);
+        let d_fused = gpu.stats().dispatches - d0;
+        let mut apart = upload(&residual);
+        let d0 = gpu.stats().dispatches;
+        gpu.rms_norm(&x, &w, n, 1e-5, &mut scratch);
+        gpu.add(&mut apart, &scratch, n * D);
+        let apart = read(&gpu, &apart, n * D);
+        let d_apart = gpu.stats().dispatches - d0;
+        assert_eq!(bits(&fused), bits(&apart), "n={n}: residual stream");
+        assert_ne!(fused, residual, "n={n}: nothing was added");
+        assert_eq!((d_fused, d_apart), (1, 2), "n={n}: dispatches");
+    }
+}
+
 /// Attention of `n` new rows at position `pos0` (after `pos0` earlier rows written the same
 /// way) with GQA 4/2 heads of 16, a partial rotation (12 of 16 dims), through
 /// [`Backend::rope_attention`] (`fused`) or rope, rope, attention; `extras` adds a sliding
-/// window of 7 positions, soft-capped scores and attention sinks. Returns the rotated queries,
-/// the attention output and the dispatches of the last call.
+/// window of 7 positions, soft-capped scores and attention sinks. With `next`, the output is
+/// multiplied by it (after [`Backend::rope_attention_for`] where fused) and the product is
+/// returned in the attention output's place. Returns the rotated queries, the attention output
+/// and the dispatches of the last call.
 fn rope_then_attention(
     b: &GpuBackend,
     config: &AttentionConfig,
     fused: bool,
     extras: bool,
     (n, pos0): (usize, usize),
+    next: Option<&GpuMatrix>,
 ) -> (Vec<f32>, Vec<f32>, u64) {
     let sinks = [0.5, -0.3, 1.0, 0.2];
     let shape = AttentionShape {
@@ -526,15 +564,23 @@ fn rope_then_attention(
         let (mut q, mut k, v) = (data(rows * q_dim), data(rows * kv_dim), data(rows * kv_dim));
         let d0 = b.stats().dispatches;
         if fused {
-            b.rope_attention(
+            b.rope_attention_for(
                 &mut cache, 0, &mut q, &mut k, &v, rows, start, &rope_q, &rope_k, &shape, &mut out,
+                next,
             );
         } else {
             b.rope(&mut q, rows, start, &rope_q);
             b.rope(&mut k, rows, start, &rope_k);
             b.attention(&mut cache, 0, &q, &k, &v, rows, start, &shape, &mut out);
         }
-        let attended = read(b, &out, rows * q_dim);
+        let attended = match next {
+            Some(m) => {
+                let mut y = b.alloc(rows * m.desc.rows).expect("alloc");
+                b.matmul(m, &out, rows, &mut y);
+                read(b, &y, rows * m.desc.rows)
+            }
+            None => read(b, &out, rows * q_dim),
+        };
         (
             read(b, &q, rows * q_dim),
             attended,
@@ -569,9 +615,9 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
             {
                 let what = format!("{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0}");
                 let (q_fused, out_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0));
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None);
                 let (q_apart, out_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0));
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None);
                 assert_eq!(bits(&q_fused), bits(&q_apart), "{what}: rotated queries");
                 assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
                 // Rope, rope, cache write, (landmarks,) attention; fused on a dense cache: one
@@ -581,6 +627,40 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
                     (true, true) => 3,
                     (true, false) => 2,
                 };
+                assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_left_as_halves_for_an_f16_product_equals_the_unfused_ops_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    // An output projection of the 4 heads of 16 (64 columns), F16, and one that is not.
+    let wo = load(&gpu, "wo", Format::F16, 48, 64, 11);
+    let q8 = load(&gpu, "wo", Format::Q8_0, 48, 64, 12);
+    for kv_type in [KvType::F32, KvType::F16] {
+        let config = AttentionConfig {
+            kv_type,
+            sparse: None,
+            swa_full: false,
+        };
+        for (extras, (n, pos0)) in [false, true]
+            .into_iter()
+            .flat_map(|e| [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)].map(|s| (e, s)))
+        {
+            for m in [&wo, &q8] {
+                let what = format!("{kv_type:?} extras={extras} n={n} pos0={pos0} {:?}", m.kind);
+                let (_, y_fused, d_fused) =
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), Some(m));
+                let (_, y_apart, d_apart) =
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), Some(m));
+                assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
+                // Rope, rope, cache write, attention, the product's quantizer, the product: a
+                // decode-sized step's one kernel also rounds the halves an F16 product reads.
+                let decode = n < WIDE_STEP as usize;
+                let saved = if decode { 3 } else { 2 } + u64::from(decode && m.kind == Kind::F16);
                 assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
             }
         }

@@ -280,33 +280,38 @@ impl<B: Backend> Model<B> {
             row += st.n;
         }
         let one = &mut sc.one;
-        self.layers_over(&mut sc.s, n, &mut |b, li, [q, k, v, att], rope, attn| {
-            if let [seg] = &mut segs[..] {
-                if seg.len <= seg.step {
+        self.layers_over(
+            &mut sc.s,
+            n,
+            &mut |b, li, [q, k, v, att], rope, attn, next| {
+                if let [seg] = &mut segs[..] {
+                    if seg.len <= seg.step {
+                        let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
+                        let (len, pos0) = (seg.len, seg.pos0);
+                        b.rope_attention_for(
+                            seg.cache, li, q, k, v, len, pos0, &rope_q, &rope_k, attn, att, next,
+                        );
+                        return;
+                    }
+                }
+                // Each segment's output is copied into `att` (as floats) for the product.
+                let [oq, ok, ov, oatt] = one;
+                for seg in segs.iter_mut() {
                     let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
-                    let (len, pos0) = (seg.len, seg.pos0);
-                    b.rope_attention(
-                        seg.cache, li, q, k, v, len, pos0, &rope_q, &rope_k, attn, att,
-                    );
-                    return;
+                    for at in (0..seg.len).step_by(seg.step) {
+                        let (row0, len) = (seg.row0 + at, (seg.len - at).min(seg.step));
+                        b.copy_rows(q, row0, len, qd, oq, 0);
+                        b.copy_rows(k, row0, len, kv, ok, 0);
+                        b.copy_rows(v, row0, len, kv, ov, 0);
+                        let pos0 = seg.pos0 + at;
+                        b.rope_attention(
+                            seg.cache, li, oq, ok, ov, len, pos0, &rope_q, &rope_k, attn, oatt,
+                        );
+                        b.copy_rows(oatt, 0, len, qd, att, row0);
+                    }
                 }
-            }
-            let [oq, ok, ov, oatt] = one;
-            for seg in segs.iter_mut() {
-                let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
-                for at in (0..seg.len).step_by(seg.step) {
-                    let (row0, len) = (seg.row0 + at, (seg.len - at).min(seg.step));
-                    b.copy_rows(q, row0, len, qd, oq, 0);
-                    b.copy_rows(k, row0, len, kv, ok, 0);
-                    b.copy_rows(v, row0, len, kv, ov, 0);
-                    let pos0 = seg.pos0 + at;
-                    b.rope_attention(
-                        seg.cache, li, oq, ok, ov, len, pos0, &rope_q, &rope_k, attn, oatt,
-                    );
-                    b.copy_rows(oatt, 0, len, qd, att, row0);
-                }
-            }
-        });
+            },
+        );
         drop(segs);
         for st in seqs.iter_mut() {
             st.session.advance(st.n);
