@@ -299,6 +299,17 @@ pub fn multiply_into(
             (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value),* } k::gemm_grid(window_rows, n32))
             };
+            // A matrix-core kernel (`@tiled` or `@narrow`) where the backend uses matrix
+            // cores, else its stand-in (same buffers, same grid).
+            (@cores $grid:ident $kernel:ident | $stand_in:ident {
+                $($field:ident: $value:expr),* $(,)?
+            }) => {
+                if *matrix_cores == MatrixCores::On {
+                    launch!(@$grid $kernel { $($field: $value),* })
+                } else {
+                    launch!(@$grid $stand_in { $($field: $value),* })
+                }
+            };
             // A tiled kernel of half the tokens (`matvec_q8_0_coop`, `matvec_kq_coop`,
             // `bitlinear_tq_coop`), with the lanes whose order it follows.
             (@narrow $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
@@ -331,25 +342,18 @@ pub fn multiply_into(
                 )?
             }};
         }
+        // Matrix cores (or their stand-in) for a step of the tiled kernels' size.
+        let cores = *packed_dot && tiled && *matrix_cores != MatrixCores::Off;
         match w.kind {
-            // On matrix cores (or their stand-in) where the row's sums stay exact there.
-            Kind::I2s { .. }
-                if *packed_dot
-                    && tiled
-                    && *matrix_cores != MatrixCores::Off
-                    && w.desc.cols <= matrix_cores::MAX_COLS =>
-            {
-                let (codes, q, sum) = (&win.data, &packed.0, &packed.1);
-                if *matrix_cores == MatrixCores::On {
-                    launch!(@tiled bitlinear_i2s_coop {
-                        codes: codes, q: q, scale: act_scale, sum: sum
-                    })
-                } else {
-                    launch!(@tiled bitlinear_i2s_coop_stand_in {
-                        codes: codes, q: q, scale: act_scale, sum: sum
-                    })
+            // On matrix cores where the row's sums stay exact there.
+            Kind::I2s { .. } if cores && w.desc.cols <= matrix_cores::MAX_COLS => launch!(
+                @cores tiled bitlinear_i2s_coop | bitlinear_i2s_coop_stand_in {
+                    codes: &win.data,
+                    q: &packed.0,
+                    scale: act_scale,
+                    sum: &packed.1,
                 }
-            }
+            ),
             Kind::I2s { .. } if *packed_dot && tiled => launch!(
                 @tiled bitlinear_i2s_gemm {
                     codes: &win.data,
@@ -376,16 +380,14 @@ pub fn multiply_into(
                     }
             ),
             // Q8_0 blocks' sums are exact on matrix cores at any width.
-            Kind::Q8_0 if *packed_dot && tiled && *matrix_cores != MatrixCores::Off => {
-                let (wq, wd, q) = (&win.data, win.scales(&w.desc.name)?, &packed.0);
-                if *matrix_cores == MatrixCores::On {
-                    launch!(@narrow matvec_q8_0_coop { wq: wq, wd: wd, q: q, d: act_scale })
-                } else {
-                    launch!(@narrow matvec_q8_0_coop_stand_in {
-                        wq: wq, wd: wd, q: q, d: act_scale
-                    })
+            Kind::Q8_0 if cores => launch!(
+                @cores narrow matvec_q8_0_coop | matvec_q8_0_coop_stand_in {
+                    wq: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: &packed.0,
+                    d: act_scale,
                 }
-            }
+            ),
             Kind::Q8_0 if *packed_dot => launch!(
                 matvec_q8_0_dp4
                     | matvec_q8_0_dp4_wide
@@ -406,18 +408,14 @@ pub fn multiply_into(
                     }
             ),
             // So is a TQ block's.
-            Kind::Tq if *packed_dot && tiled && *matrix_cores != MatrixCores::Off => {
-                let (codes, wscale) = (&win.data, win.scales(&w.desc.name)?);
-                if *matrix_cores == MatrixCores::On {
-                    launch!(@narrow bitlinear_tq_coop {
-                        codes: codes, wscale: wscale, q: q, d: act_scale
-                    })
-                } else {
-                    launch!(@narrow bitlinear_tq_coop_stand_in {
-                        codes: codes, wscale: wscale, q: q, d: act_scale
-                    })
+            Kind::Tq if cores => launch!(
+                @cores narrow bitlinear_tq_coop | bitlinear_tq_coop_stand_in {
+                    codes: &win.data,
+                    wscale: win.scales(&w.desc.name)?,
+                    q: q,
+                    d: act_scale,
                 }
-            }
+            ),
             Kind::Tq => launch!(
                 packed: bitlinear_tq
                     | bitlinear_tq_wide
@@ -429,20 +427,17 @@ pub fn multiply_into(
                     }
             ),
             // A K-quant sub-block's sums are exact on matrix cores at any width too.
-            Kind::Kq { sub, high, offset }
-                if *packed_dot && tiled && *matrix_cores != MatrixCores::Off =>
-            {
-                let (wk, wd) = (&win.data, win.scales(&w.desc.name)?);
-                if *matrix_cores == MatrixCores::On {
-                    launch!(@narrow matvec_kq_coop {
-                        w: wk, wd: wd, q: q, d: act_scale, sub: sub, high: high, offset: offset
-                    })
-                } else {
-                    launch!(@narrow matvec_kq_coop_stand_in {
-                        w: wk, wd: wd, q: q, d: act_scale, sub: sub, high: high, offset: offset
-                    })
+            Kind::Kq { sub, high, offset } if cores => launch!(
+                @cores narrow matvec_kq_coop | matvec_kq_coop_stand_in {
+                    w: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: q,
+                    d: act_scale,
+                    sub: sub,
+                    high: high,
+                    offset: offset,
                 }
-            }
+            ),
             Kind::Kq { sub, high, offset } => launch!(
                 packed: matvec_kq
                     | matvec_kq_wide

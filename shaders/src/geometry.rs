@@ -167,16 +167,19 @@ const _: () = assert!(
 /// The grid of a tiled kernel (`gemm.rs`): `rows` output rows in tiles of [`GEMM_ROWS`] along
 /// x, `tokens` activation rows in tiles of [`GEMM_TOKENS`] along y (at least one each way).
 pub const fn gemm_grid(rows: u32, tokens: u32) -> [u32; 3] {
-    let x = rows.div_ceil(GEMM_ROWS);
-    let y = tokens.div_ceil(GEMM_TOKENS);
-    [if x == 0 { 1 } else { x }, if y == 0 { 1 } else { y }, 1]
+    tile_grid(rows, tokens, GEMM_TOKENS)
 }
 
 /// The grid of a tiled kernel of [`GEMM_ROWS`] rows × [`NARROW_GEMM_TOKENS`] tokens, as
 /// [`gemm_grid`] lays out the full tiles.
 pub const fn narrow_gemm_grid(rows: u32, tokens: u32) -> [u32; 3] {
+    tile_grid(rows, tokens, NARROW_GEMM_TOKENS)
+}
+
+/// Tiles of [`GEMM_ROWS`] rows along x and of `tile` tokens along y (at least one each way).
+const fn tile_grid(rows: u32, tokens: u32, tile: u32) -> [u32; 3] {
     let x = rows.div_ceil(GEMM_ROWS);
-    let y = tokens.div_ceil(NARROW_GEMM_TOKENS);
+    let y = tokens.div_ceil(tile);
     [if x == 0 { 1 } else { x }, if y == 0 { 1 } else { y }, 1]
 }
 
