@@ -13,7 +13,7 @@ use hesper_dsl::kernel;
 
 use crate::half::f16_bits;
 use crate::quantize::{pack_codes, q8_0_block_max, q8_0_code, q8k_block_max, q8k_code, q8k_scale};
-use crate::reduce::{subgroup_total, tree_max, tree_sum};
+use crate::reduce::{subgroup_largest, subgroup_total, tree_sum};
 
 /// RMSNorm of one row per workgroup: `y = x / sqrt(mean(x²) + eps) · w`, or with `add` set
 /// `y += x / sqrt(mean(x²) + eps) · w` (Gemma's normalized outputs added to the residual
@@ -192,11 +192,13 @@ pub fn rms_norm_heads_sg<const AHEAD: u32>(
 /// its output: `y` as `rms_norm_sg` writes it, then `s = 127 / max(max|y|, 1e-5)`, the codes
 /// `clamp(rne(y·s), −128, 127)` four to a word, `scale[row] = s` and `Σq` of the row in `sum`.
 /// The products of `y` are computed again, not read back, with the same operations in the same
-/// order: the same bits as the two kernels one after the other. `width` is a multiple of 4.
+/// order: the same bits as the two kernels one after the other. The row's largest magnitude and
+/// `Σq` go through subgroups too (a maximum and an integer sum are exact in any order): four
+/// barriers where trees took twenty. `width` is a multiple of 4.
 #[kernel(
     workgroup = 256,
     features(subgroups),
-    uses(subgroup_total, tree_max, tree_sum)
+    uses(subgroup_total, subgroup_largest)
 )]
 pub fn rms_norm_quantize_i8_packed_sg(
     x: &[f32],
@@ -234,10 +236,14 @@ pub fn rms_norm_quantize_i8_packed_sg(
     }
     // Every thread has read the partial sums before they are overwritten.
     barrier();
-    acc[t] = m;
-    barrier();
-    tree_max(acc, t, 256u32);
-    let s = 127.0 / acc[0].max(0.00001);
+    let largest = subgroup_largest(
+        m,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
+    let s = 127.0 / largest.max(0.00001);
     let words = width / 4u32;
     let mut codes: i32 = 0;
     for wd in (t..words).step_by(256) {
@@ -251,12 +257,19 @@ pub fn rms_norm_quantize_i8_packed_sg(
         }
         q[row * words + wd] = packed;
     }
-    sums[t] = codes;
+    // Σq: each subgroup's sum, then the first thread adds them (integers: exact in any order).
+    let part = subgroup_add(codes);
+    if subgroup_invocation() == 0u32 {
+        sums[subgroup_index()] = part;
+    }
     barrier();
-    tree_sum(sums, t, 256u32);
     if t == 0 {
+        let mut total: i32 = 0;
+        for g in 0u32..subgroup_count() {
+            total += sums[g];
+        }
         scale[row] = s;
-        sum[row] = sums[0];
+        sum[row] = total;
     }
 }
 

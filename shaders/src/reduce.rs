@@ -1,6 +1,7 @@
 //! Workgroup reductions shared by the kernels (`#[kernel_fn]` helpers). Every thread of the
 //! workgroup must call them (they contain barriers) with the same `width`/`lanes`. All but
-//! [`subgroup_total`] use no subgroup operations, so they are correct for every subgroup size.
+//! [`subgroup_total`] and [`subgroup_largest`] use no subgroup operations, so they are correct
+//! for every subgroup size.
 //! A kernel passes its own workgroup arrays (of any name; the generic ones of any element
 //! type).
 
@@ -137,4 +138,27 @@ pub fn subgroup_total(
         total += acc[s];
     }
     total
+}
+
+/// The largest of every thread's `part` over the workgroup, as [`subgroup_total`] adds (a
+/// maximum is exact in any order, so it equals [`tree_max`]'s in two barriers, not eight).
+/// `acc` must be free: every thread done reading what it held.
+#[kernel_fn(features(subgroups))]
+pub fn subgroup_largest(
+    part: f32,
+    acc: &mut [f32; _],
+    invocation: u32,
+    index: u32,
+    count: u32,
+) -> f32 {
+    let largest = subgroup_max(part);
+    if invocation == 0u32 {
+        acc[index] = largest;
+    }
+    barrier();
+    let mut all = acc[0];
+    for s in 1u32..count {
+        all = all.max(acc[s]);
+    }
+    all
 }
