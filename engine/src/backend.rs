@@ -64,6 +64,25 @@ pub struct AttentionShape<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
+/// The RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3), handed to
+/// [`Backend::rope_attention_for`] by a backend that applies it there
+/// ([`Backend::norms_heads_in_attention`]).
+pub struct HeadNorms<'a, V> {
+    /// The gains of the query heads' norm, then of the key heads' (a head wide each).
+    pub gains: [&'a V; 2],
+    /// The norms' epsilon.
+    pub eps: f32,
+}
+
+// Hand-written: a derive would ask `V: Copy`, which a backend's vectors are not.
+impl<V> Clone for HeadNorms<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V> Copy for HeadNorms<'_, V> {}
+
 /// Rotary embedding parameters (NeoX "rotate half" pairing: `i` with `i + rope_dim/2`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeShape<'a> {
@@ -534,9 +553,16 @@ pub trait Backend {
         self.rope(k, n, pos0, rope_k);
         self.attention(cache, layer, q, k, v, n, pos0, shape, out);
     }
+    /// Whether [`Backend::rope_attention_for`] normalizes the query and key heads itself when
+    /// handed their [`HeadNorms`] (else the caller normalizes them first, [`Backend::rms_norm_qk`]).
+    fn norms_heads_in_attention(&self) -> bool {
+        false
+    }
     /// [`Backend::rope_attention`] whose output is read only by the product of `next`, where
     /// the caller names one: a backend may then leave `out` in the form that product reads (as
-    /// [`Backend::rms_norm_for`] leaves its rows), and nothing else may read `out`.
+    /// [`Backend::rms_norm_for`] leaves its rows), and nothing else may read `out`. `heads`,
+    /// only for a backend that [`Backend::norms_heads_in_attention`], are the norms of the
+    /// query and key heads in `q` and `k`, applied before the rotations.
     #[allow(clippy::too_many_arguments)]
     fn rope_attention_for(
         &self,
@@ -552,8 +578,12 @@ pub trait Backend {
         shape: &AttentionShape,
         out: &mut Self::Buffer,
         next: Option<&Self::Matrix>,
+        heads: Option<HeadNorms<'_, Self::Vector>>,
     ) {
         let _ = next;
+        if heads.is_some() {
+            unreachable!("only a backend that normalizes heads in attention is handed their norms")
+        }
         self.rope_attention(cache, layer, q, k, v, n, pos0, rope_q, rope_k, shape, out);
     }
     /// Drops positions `keep..keep + discard` from every layer of the cache (llama.cpp's

@@ -28,7 +28,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, RopeShape};
+use crate::backend::{AttentionShape, Backend, BackendError, HeadNorms, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
 use crate::memory::{SessionShape, SizeError};
@@ -344,6 +344,7 @@ type Attend<'a, B> = dyn FnMut(
         &[RopeShape<'_>; 2],
         &AttentionShape,
         Option<&<B as Backend>::Matrix>,
+        Option<HeadNorms<'_, <B as Backend>::Vector>>,
     ) + 'a;
 
 struct Scratch<B: Backend> {
@@ -1145,10 +1146,10 @@ impl<B: Backend> Model<B> {
         self.layers_over(
             &mut s.s,
             n,
-            &mut |b, li, [q, k, v, att], rope, attn, next| {
+            &mut |b, li, [q, k, v, att], rope, attn, next, heads| {
                 let [rope_q, rope_k] = self.rope_in_context(rope, n_ctx);
                 b.rope_attention_for(
-                    cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att, next,
+                    cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att, next, heads,
                 );
             },
         );
@@ -1209,6 +1210,22 @@ impl<B: Backend> Model<B> {
             // normalizes it first.
             let next = l.attn_sub_norm.is_none().then_some(&l.wo);
             match &l.qk_norm {
+                // Each head's query and key normalized by the attention itself.
+                Some([gq, gk]) if b.norms_heads_in_attention() => {
+                    let heads = HeadNorms {
+                        gains: [gq, gk],
+                        eps: c.eps,
+                    };
+                    attend(
+                        b,
+                        li,
+                        [&mut *q, &mut *k, &mut *v, &mut *att],
+                        &rope,
+                        &attn,
+                        next,
+                        Some(heads),
+                    );
+                }
                 // Each head's query and key normalized: the queries into `att`, the keys into
                 // `gate` (free until the FFN); the attention then writes its
                 // output into `q`, and the two buffers (of one width) trade places.
@@ -1227,6 +1244,7 @@ impl<B: Backend> Model<B> {
                         &rope,
                         &attn,
                         next,
+                        None,
                     );
                     std::mem::swap(q, att);
                 }
@@ -1237,6 +1255,7 @@ impl<B: Backend> Model<B> {
                     &rope,
                     &attn,
                     next,
+                    None,
                 ),
             }
             // BitNet normalizes the attention output and the FFN activation once more before

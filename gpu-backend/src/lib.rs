@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
 use hesper_engine::backend::{
-    AttentionShape, Backend, BackendError, GateUp, MatrixUse, Qkv, RopeShape,
+    AttentionShape, Backend, BackendError, GateUp, HeadNorms, MatrixUse, Qkv, RopeShape,
 };
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
@@ -70,6 +70,15 @@ pub struct GpuKvCache {
     sparse: Option<Sparse>,
     /// Each layer's attention sinks (gpt-oss), uploaded by its first attention.
     sinks: Vec<Option<GpuBuffer<f32>>>,
+    /// Each layer's head-norm gains (Qwen3, Gemma 3), joined by its first decoded token.
+    head_gains: Vec<Option<HeadGains>>,
+}
+
+/// A layer's query and key head-norm gains in one buffer (`rope_attention`'s `layer_params`), and
+/// the buffers they were copied from (a hot-swapped piece brings new ones).
+struct HeadGains {
+    from: [hesper_gpu::wgpu::Buffer; 2],
+    joined: GpuBuffer<f32>,
 }
 
 /// What a sparse cache adds: its pattern, its globals on the GPU and the landmarks of each
@@ -152,6 +161,9 @@ struct State {
     /// A second activation scratch, between the layers that share an input
     /// (`shared_input.rs`).
     spare_scratch: Option<Activations>,
+    /// The normalized query and key heads of an attention that cannot normalize them in its
+    /// one kernel, kept from layer to layer.
+    head_scratch: Option<[GpuBuffer<f32>; 2]>,
     /// The buffer whose rows the activation scratch holds quantized, when a fused RMSNorm
     /// left them there for the product that comes next (cleared by any other operation).
     quantized: Option<Quantized>,
@@ -280,6 +292,7 @@ impl GpuBackend {
                 ropes: Vec::new(),
                 quantized: None,
                 spare_scratch: None,
+                head_scratch: None,
                 moe_pool: experts::Pool::default(),
                 products: BTreeMap::new(),
                 #[cfg(not(target_arch = "wasm32"))]
@@ -590,6 +603,27 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// The backend's scratch for normalized query and key heads, at least `lens` long each;
+    /// `None` (the error kept for the next read) where it cannot be made.
+    fn take_head_scratch(&self, lens: [usize; 2]) -> Option<[GpuBuffer<f32>; 2]> {
+        let mut st = self.state.borrow_mut();
+        let held = st.head_scratch.take();
+        let made = match held {
+            Some([q, k]) if q.len() >= lens[0] && k.len() >= lens[1] => Ok([q, k]),
+            _ => st
+                .gpu
+                .zeroed("normalized query heads", lens[0])
+                .and_then(|q| Ok([q, st.gpu.zeroed("normalized key heads", lens[1])?])),
+        };
+        match made {
+            Ok(scratch) => Some(scratch),
+            Err(e) => {
+                st.error.get_or_insert(e);
+                None
+            }
+        }
+    }
+
     fn unsupported(&self, what: &str, why: String) -> GpuError {
         GpuError::Kernel {
             kernel: "backend",
@@ -877,11 +911,13 @@ impl Backend for GpuBackend {
             kv_type,
             sparse,
             sinks: Vec::with_capacity(n_layer),
+            head_gains: Vec::with_capacity(n_layer),
         };
         for &n in slots {
             cache.k.push(alloc("K cache", n)?);
             cache.v.push(alloc("V cache", n)?);
             cache.sinks.push(None);
+            cache.head_gains.push(None);
         }
         Ok(cache)
     }
@@ -1028,9 +1064,9 @@ impl Backend for GpuBackend {
         self.record(|st| st.rms_norm(x, w, n, eps, out, true));
     }
 
-    /// Both head norms in one launch (`rms_norm_heads_sg`) where the device has subgroups, the
-    /// heads are one width and their rows fit one grid dimension (else the two launches, each
-    /// of fewer rows).
+    /// Both head norms in one launch (`rms_norm_heads`: the order in which `rope_attention`
+    /// normalizes a decoded token's heads) where the heads are one width of at most
+    /// [`MAX_HEAD_DIM`] and their rows fit one grid dimension (else the two norms apart).
     fn rms_norm_qk(
         &self,
         x: [&GpuBuffer<f32>; 2],
@@ -1040,16 +1076,15 @@ impl Backend for GpuBackend {
         out: [&mut GpuBuffer<f32>; 2],
     ) {
         let ([xq, xk], [wq, wk], [yq, yk]) = (x, w, out);
-        let subgroups = self.state.borrow().subgroups;
-        if !subgroups || wq.len() != wk.len() || !self.fits_one_dimension(n[0] + n[1]) {
+        let width = wq.len();
+        if width != wk.len() || width > MAX_HEAD_DIM || !self.fits_one_dimension(n[0] + n[1]) {
             self.rms_norm(xq, wq, n[0], eps, yq);
             return self.rms_norm(xk, wk, n[1], eps, yk);
         }
-        let width = wq.len();
         self.record(|st| {
             st.batch.run_moving(
                 &mut st.gpu,
-                &k::rms_norm_heads_sg::Args {
+                &k::rms_norm_heads::Args {
                     xq,
                     wq,
                     yq,
@@ -1389,13 +1424,21 @@ impl Backend for GpuBackend {
         out: &mut GpuBuffer<f32>,
     ) {
         self.rope_attention_for(
-            cache, layer, q, k_new, v_new, n, pos0, rope_q, rope_k, shape, out, None,
+            cache, layer, q, k_new, v_new, n, pos0, rope_q, rope_k, shape, out, None, None,
         );
+    }
+
+    /// Always: in the one kernel of a decoded token (`rope_attention`), else with
+    /// `rms_norm_heads` first, which sums each head's squares in that kernel's order.
+    fn norms_heads_in_attention(&self) -> bool {
+        true
     }
 
     /// As [`Backend::rope_attention`]; where the one kernel runs and `next` is an F16 product
     /// of the outputs, they are rounded to its halves by that kernel (`pack_f16`'s words)
-    /// instead of written as floats, and the product reads them as they are.
+    /// instead of written as floats, and the product reads them as they are. Head norms are
+    /// applied by that kernel too where it runs (and the layer has no sinks, which take the
+    /// same binding), else by `rms_norm_heads` into a scratch of the backend's first.
     fn rope_attention_for(
         &self,
         cache: &mut GpuKvCache,
@@ -1410,6 +1453,7 @@ impl Backend for GpuBackend {
         shape: &AttentionShape,
         out: &mut GpuBuffer<f32>,
         next: Option<&GpuMatrix>,
+        heads: Option<HeadNorms<'_, GpuBuffer<f32>>>,
     ) {
         let fused = cache.sparse.is_none()
             && rope_q.rope_dim == rope_k.rope_dim
@@ -1421,6 +1465,33 @@ impl Backend for GpuBackend {
             && rope_q.head_dim == shape.head_dim
             && rope_k.head_dim == shape.head_dim
             && rope_q.rope_dim.is_multiple_of(2);
+        let head = shape.head_dim;
+        let decode = fused && n < k::WIDE_STEP as usize;
+        if let Some(h) = heads {
+            let one_kernel = decode
+                && shape.sinks.is_none()
+                && h.gains[0].len() == head
+                && h.gains[1].len() == head;
+            if !one_kernel {
+                let lens = [n * shape.n_head * head, n * shape.n_head_kv * head];
+                let Some([mut hq, mut hk]) = self.take_head_scratch(lens) else {
+                    return;
+                };
+                self.rms_norm_qk(
+                    [&*q, &*k_new],
+                    h.gains,
+                    [n * shape.n_head, n * shape.n_head_kv],
+                    h.eps,
+                    [&mut hq, &mut hk],
+                );
+                self.rope_attention_for(
+                    cache, layer, &mut hq, &mut hk, v_new, n, pos0, rope_q, rope_k, shape, out,
+                    next, None,
+                );
+                self.state.borrow_mut().head_scratch = Some([hq, hk]);
+                return;
+            }
+        }
         if !fused {
             self.rope(q, n, pos0, rope_q);
             self.rope(k_new, n, pos0, rope_k);
@@ -1429,13 +1500,18 @@ impl Backend for GpuBackend {
         self.record(|st| {
             self.check_head(shape)?;
             let at = st.rope_table(rope_q, pos0 + n)?;
-            if n < k::WIDE_STEP as usize {
+            if decode {
                 let cols = shape.n_head * shape.head_dim;
                 let halves = next.is_some_and(|m| {
                     m.kind == Kind::F16 && m.desc.cols == cols && shape.head_dim.is_multiple_of(2)
                 });
+                if let Some(h) = &heads {
+                    join_head_gains(st, cache, layer, h)?;
+                }
+                let norm_eps = heads.map(|h| h.eps);
                 return rope_attend(
                     st, cache, layer, at, q, k_new, v_new, n, pos0, rope_q, shape, out, halves,
+                    norm_eps,
                 );
             }
             let table = &st.ropes[at];
@@ -1831,6 +1907,26 @@ fn upload_sinks(
     Ok(())
 }
 
+/// Joins layer `layer`'s query and key head-norm gains into one buffer, once (again where
+/// the layer's gains were swapped since).
+fn join_head_gains(
+    st: &mut State,
+    cache: &mut GpuKvCache,
+    layer: usize,
+    heads: &HeadNorms<'_, GpuBuffer<f32>>,
+) -> Result<(), GpuError> {
+    let [gq, gk] = heads.gains;
+    let from = [gq.raw().clone(), gk.raw().clone()];
+    if matches!(&cache.head_gains[layer], Some(g) if g.from == from) {
+        return Ok(());
+    }
+    let mut joined = st.gpu.zeroed("head norm gains", gq.len() + gk.len())?;
+    st.batch.copy(gq, 0, &mut joined, 0, gq.len())?;
+    st.batch.copy(gk, 0, &mut joined, gq.len(), gk.len())?;
+    cache.head_gains[layer] = Some(HeadGains { from, joined });
+    Ok(())
+}
+
 /// The buffer an attention kernel's `sink` binding takes and its `sinks` flag: a layer's
 /// `uploaded` sinks where the shape has them, else `stand_in` (unread).
 fn sink_binding<'a>(
@@ -1871,6 +1967,7 @@ fn rope_attend(
     shape: &AttentionShape,
     out: &mut GpuBuffer<f32>,
     halves: bool,
+    norm_eps: Option<f32>,
 ) -> Result<(), GpuError> {
     upload_sinks(st, cache, layer, shape)?;
     let cols = shape.n_head * shape.head_dim;
@@ -1891,8 +1988,12 @@ fn rope_attend(
         act,
         ..
     } = st;
-    // Unread without sinks: the angle table stands in (the queries are bound for writing).
-    let (sink, sinks) = sink_binding(&cache.sinks[layer], shape, &ropes[table].cs);
+    // The layer's head-norm gains, or its sinks; unread without either: the angle table
+    // stands in (the queries are bound for writing).
+    let (layer_params, sinks) = match (&cache.head_gains[layer], norm_eps) {
+        (Some(g), Some(_)) => (&g.joined, 0),
+        _ => sink_binding(&cache.sinks[layer], shape, &ropes[table].cs),
+    };
     let mut run = |out: &mut GpuBuffer<u32>| {
         batch.run_moving(
             gpu,
@@ -1903,7 +2004,7 @@ fn rope_attend(
                 cs: &ropes[table].cs,
                 k_cache: &mut cache.k[layer],
                 v_cache: &mut cache.v[layer],
-                sink,
+                layer_params,
                 out,
                 n_head: shape.n_head as u32,
                 n_head_kv: shape.n_head_kv as u32,
@@ -1917,6 +2018,8 @@ fn rope_attend(
                 softcap: shape.softcap.unwrap_or(0.0),
                 sinks,
                 halves: u32::from(halves),
+                norm: u32::from(norm_eps.is_some()),
+                eps: norm_eps.unwrap_or(0.0),
             },
             k::attention_grid(shape.n_head as u32, n as u32),
             traffic,

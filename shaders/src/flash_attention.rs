@@ -8,6 +8,7 @@
 use hesper_dsl::{kernel, kernel_fn};
 
 use crate::half::f16_bits;
+use crate::norm::head_squares;
 use crate::reduce::tree_max;
 use crate::rope::rope_neox_value;
 
@@ -264,9 +265,24 @@ pub fn attention(
 /// `out` takes the outputs as f32 bits (`halves` 0), or (`halves` 1) rounded to halves two to
 /// a word as [`pack_f16`](crate::pack_f16) would round them for the F16 product that reads
 /// them next: one dispatch instead of two, the same bits.
+///
+/// `layer_params` holds each query head's attention sink (`sinks` set), or (`norm` set: Qwen3's and
+/// Gemma 3's head norms) the gains of the query heads' RMSNorm, then the key heads'
+/// (`head_dim` each). With `norm`, the workgroup normalizes its query head and each of the
+/// step's keys it scores before rotating them, their squares summed by
+/// [`head_squares`](crate::norm::head_squares) as [`rms_norm_heads`](crate::rms_norm_heads)
+/// sums them and each value `x · scale · gain` as there: the same bits as that kernel, then
+/// this one, and one dispatch less. A step has at most 4 rows here.
 #[kernel(
     workgroup = 128,
-    uses(tree_max, f16_bits, rope_neox_value, cached_key_dot, cached_value)
+    uses(
+        tree_max,
+        f16_bits,
+        rope_neox_value,
+        cached_key_dot,
+        cached_value,
+        head_squares
+    )
 )]
 pub fn rope_attention(
     q: &mut [f32],
@@ -275,7 +291,7 @@ pub fn rope_attention(
     cs: &[f32],
     k_cache: &mut [u32],
     v_cache: &mut [u32],
-    sink: &[f32],
+    layer_params: &[f32],
     out: &mut [u32],
     #[uniform] n_head: u32,
     #[uniform] n_head_kv: u32,
@@ -289,10 +305,13 @@ pub fn rope_attention(
     #[uniform] softcap: f32,
     #[uniform] sinks: u32,
     #[uniform] halves: u32,
+    #[uniform] norm: u32,
+    #[uniform] eps: f32,
     #[shared] qs: &mut [f32; 256],
     #[shared] ps: &mut [f32; 128],
     #[shared] rows: &mut [u32; 128],
     #[shared] acc: &mut [f32; 256],
+    #[shared] key_scales: &mut [f32; 4],
 ) {
     let h = wid();
     let i = wid_y();
@@ -305,13 +324,54 @@ pub fn rope_attention(
     let pos = pos0 + i;
     // Whether this workgroup writes its token's key and value for its kv head.
     let owner = h % group == 0u32;
+    // The norms' scales: of the query head, and of each of the step's keys this row scores
+    // (rows 0..=i; the keys' gains follow the queries' in `layer_params`).
+    let mut q_scale: f32 = 1.0;
+    if norm != 0u32 {
+        let mut x = [0.0f32; 2];
+        for part in 0..2u32 {
+            if t + 128u32 * part < head_dim {
+                x[part] = q[q_off + t + 128u32 * part];
+            }
+        }
+        q_scale = 1.0 / (head_squares(acc, t, x[0], x[1]) / (head_dim as f32) + eps).sqrt();
+        for j in 0u32..(i + 1u32) {
+            let kb = j * kv_dim + kv_off;
+            for part in 0..2u32 {
+                x[part] = 0.0;
+                if t + 128u32 * part < head_dim {
+                    x[part] = k[kb + t + 128u32 * part];
+                }
+            }
+            let key_scale =
+                1.0 / (head_squares(acc, t, x[0], x[1]) / (head_dim as f32) + eps).sqrt();
+            if t == 0u32 {
+                key_scales[j] = key_scale;
+            }
+        }
+        barrier();
+    }
     for part in 0u32..2u32 {
         let dim = t + part * 128u32;
         let mut x: f32 = 0.0;
         if dim < rope_dim {
-            x = rope_neox_value(q, cs, q_off, dim, half, pos);
+            x = rope_neox_value(
+                q,
+                layer_params,
+                cs,
+                q_off,
+                0u32,
+                dim,
+                half,
+                pos,
+                q_scale,
+                norm,
+            );
         } else if dim < head_dim {
             x = q[q_off + dim];
+            if norm != 0u32 {
+                x = x * q_scale * layer_params[dim];
+            }
         }
         qs[dim] = x;
     }
@@ -346,7 +406,7 @@ pub fn rope_attention(
     let mut m: f32 = -3.4028235e38;
     let mut l: f32 = 0.0;
     if sinks != 0u32 {
-        m = sink[h];
+        m = layer_params[h];
         l = 1.0;
     }
     let mut o: f32 = 0.0;
@@ -366,13 +426,42 @@ pub fn rope_attention(
                 row = slots + (p - pos0);
                 let kb = (p - pos0) * kv_dim + kv_off;
                 let write = owner && p == pos;
+                let mut key_scale: f32 = 1.0;
+                if norm != 0u32 {
+                    key_scale = key_scales[p - pos0];
+                }
                 if f16 != 0u32 {
                     for e in 0u32..head_dim / 2u32 {
                         let mut k0 = k[kb + 2u32 * e];
                         let mut k1 = k[kb + 2u32 * e + 1u32];
                         if 2u32 * e < rope_dim {
-                            k0 = rope_neox_value(k, cs, kb, 2u32 * e, half, p);
-                            k1 = rope_neox_value(k, cs, kb, 2u32 * e + 1u32, half, p);
+                            k0 = rope_neox_value(
+                                k,
+                                layer_params,
+                                cs,
+                                kb,
+                                head_dim,
+                                2u32 * e,
+                                half,
+                                p,
+                                key_scale,
+                                norm,
+                            );
+                            k1 = rope_neox_value(
+                                k,
+                                layer_params,
+                                cs,
+                                kb,
+                                head_dim,
+                                2u32 * e + 1u32,
+                                half,
+                                p,
+                                key_scale,
+                                norm,
+                            );
+                        } else if norm != 0u32 {
+                            k0 = k0 * key_scale * layer_params[head_dim + 2u32 * e];
+                            k1 = k1 * key_scale * layer_params[head_dim + 2u32 * e + 1u32];
                         }
                         let w = f16_bits(k0) | (f16_bits(k1) << 16u32);
                         if write {
@@ -385,7 +474,20 @@ pub fn rope_attention(
                     for e in 0u32..head_dim {
                         let mut x = k[kb + e];
                         if e < rope_dim {
-                            x = rope_neox_value(k, cs, kb, e, half, p);
+                            x = rope_neox_value(
+                                k,
+                                layer_params,
+                                cs,
+                                kb,
+                                head_dim,
+                                e,
+                                half,
+                                p,
+                                key_scale,
+                                norm,
+                            );
+                        } else if norm != 0u32 {
+                            x = x * key_scale * layer_params[head_dim + e];
                         }
                         if write {
                             k_cache[slot_at + e] = f32_to_bits(x);

@@ -29,6 +29,11 @@ pub const MATRIX_WORKGROUP: u32 = 64;
 /// its bits, and a step of more rows than one decode tile reads each weight fewer times.
 pub const WIDE_STEP: u32 = TOKEN_TILE + 1;
 
+const _: () = assert!(
+    WIDE_STEP <= 5,
+    "rope_attention keeps the norm scales of a step's keys in four floats"
+);
+
 const _: () = {
     // (workgroup size, TILE, ROWS) of every decode instance, then of every wide instance.
     let decode = [

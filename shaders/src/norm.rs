@@ -9,7 +9,7 @@
 //! (17.6 → 17.9 µs) and lost on lavapipe, so it keeps one element in flight, as does the plain
 //! [`rms_norm`] of devices without subgroups (not measured on one).
 
-use hesper_dsl::kernel;
+use hesper_dsl::{kernel, kernel_fn};
 
 use crate::half::f16_bits;
 use crate::quantize::{pack_codes, q8_0_block_max, q8_0_code, q8k_block_max, q8k_code, q8k_scale};
@@ -118,18 +118,36 @@ pub fn rms_norm_sg<const AHEAD: u32>(
     }
 }
 
-/// [`rms_norm_sg`] of the query heads and the key heads in one launch (the per-head norms of
-/// Qwen3 and Gemma 3): workgroup `r < q_rows` normalizes row `r` of `xq` with the gains `wq`
-/// into `yq`, workgroup `q_rows + r` row `r` of `xk` with `wk` into `yk`, every row `width`
-/// wide. Each row's loads, sums and products are `rms_norm_sg`'s, so are its bits (which side
-/// a workgroup takes is the same for all its threads).
-#[kernel(
-    workgroup = 256,
-    features(subgroups),
-    uses(subgroup_total),
-    consts(AHEAD = 4)
-)]
-pub fn rms_norm_heads_sg<const AHEAD: u32>(
+/// The sum of the squares of one head (up to 256 values) over a workgroup of 128 threads:
+/// thread `t` holds values `a` (element `t`) and `b` (element `t + 128`, 0 past the head) and
+/// adds their squares, then a tree adds the threads' sums in `acc` (free when it is called,
+/// free again when it returns). [`rms_norm_heads`] and `rope_attention` normalize heads with
+/// it, so the two give the same bits.
+#[kernel_fn]
+pub fn head_squares(acc: &mut [f32; _], t: u32, a: f32, b: f32) -> f32 {
+    acc[t] = a * a + b * b;
+    barrier();
+    let mut stride: u32 = 64;
+    while stride > 0 {
+        if t < stride {
+            acc[t] = acc[t] + acc[t + stride];
+        }
+        barrier();
+        stride = stride >> 1u32;
+    }
+    let total = acc[0];
+    barrier();
+    total
+}
+
+/// RMSNorm of the query heads and the key heads in one launch (the per-head norms of Qwen3 and
+/// Gemma 3), a workgroup of 128 threads a head of `width` ≤ 256: workgroup `r < q_rows`
+/// normalizes row `r` of `xq` with the gains `wq` into `yq`, workgroup `q_rows + r` row `r` of
+/// `xk` with `wk` into `yk`. The squares are summed by [`head_squares`], as `rope_attention`
+/// sums a decoded token's heads when it normalizes them itself, and each value is
+/// `x · scale · w` as there: the same bits either way.
+#[kernel(workgroup = 128, uses(head_squares))]
+pub fn rms_norm_heads(
     xq: &[f32],
     wq: &[f32],
     yq: &mut [f32],
@@ -139,7 +157,7 @@ pub fn rms_norm_heads_sg<const AHEAD: u32>(
     #[uniform] q_rows: u32,
     #[uniform] width: u32,
     #[uniform] eps: f32,
-    #[shared] acc: &mut [f32; 256],
+    #[shared] acc: &mut [f32; 128],
 ) {
     let keys = wid() >= q_rows;
     let mut row = wid();
@@ -148,41 +166,25 @@ pub fn rms_norm_heads_sg<const AHEAD: u32>(
     }
     let t = lid();
     let base = row * width;
-    let last = width - 1u32;
-    let mut sum: f32 = 0.0;
-    for i in (t..width).step_by(256 * AHEAD) {
-        let mut v = [0.0f32; AHEAD];
-        for k in 0..AHEAD {
-            let at = base + (i + 256u32 * k).min(last);
+    let mut v = [0.0f32; 2];
+    for part in 0..2u32 {
+        let e = t + 128u32 * part;
+        if e < width {
             if keys {
-                v[k] = xk[at];
+                v[part] = xk[base + e];
             } else {
-                v[k] = xq[at];
-            }
-        }
-        for k in 0..AHEAD {
-            if i + 256u32 * k < width {
-                sum += v[k] * v[k];
+                v[part] = xq[base + e];
             }
         }
     }
-    let total = subgroup_total(
-        sum,
-        acc,
-        subgroup_invocation(),
-        subgroup_index(),
-        subgroup_count(),
-    );
-    let scale = 1.0 / (total / (width as f32) + eps).sqrt();
-    for i in (t..width).step_by(256 * AHEAD) {
-        for k in 0..AHEAD {
-            let e = i + 256u32 * k;
-            if e < width {
-                if keys {
-                    yk[base + e] = xk[base + e] * scale * wk[e];
-                } else {
-                    yq[base + e] = xq[base + e] * scale * wq[e];
-                }
+    let scale = 1.0 / (head_squares(acc, t, v[0], v[1]) / (width as f32) + eps).sqrt();
+    for part in 0..2u32 {
+        let e = t + 128u32 * part;
+        if e < width {
+            if keys {
+                yk[base + e] = v[part] * scale * wk[e];
+            } else {
+                yq[base + e] = v[part] * scale * wq[e];
             }
         }
     }

@@ -27,7 +27,7 @@ fn generated_wgsl_is_unchanged() {
         moe_combine_routed,
         rms_norm,
         rms_norm_sg,
-        rms_norm_heads_sg,
+        rms_norm_heads,
         rms_norm_quantize_i8_packed_sg,
         rms_norm_pack_f16_sg,
         rms_norm_quantize_q8_0_sg,

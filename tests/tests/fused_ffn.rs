@@ -10,11 +10,16 @@
 use half::f16;
 use hesper_cpu::CpuBackend;
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
-use hesper_engine::backend::{AttentionShape, Backend, GateUp, MatrixUse, Qkv, RopeShape};
+use hesper_engine::backend::{
+    AttentionShape, Backend, GateUp, HeadNorms, MatrixUse, Qkv, RopeShape,
+};
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{Format, MatrixDesc};
 use hesper_gpu_backend::{GpuBackend, GpuMatrix, Kind, GEMM_STEP, WIDE_STEP};
 use hesper_tests::random::Rng;
+
+/// The GPU backend's vectors (gains).
+type Vector = <GpuBackend as Backend>::Vector;
 
 /// Input width (a whole number of 256-blocks for TQ) and FFN width.
 const D: usize = 512;
@@ -517,8 +522,9 @@ fn fused_norm_and_residual_add_equal_the_unfused_ops_bit_for_bit() {
 /// [`Backend::rope_attention`] (`fused`) or rope, rope, attention; `extras` adds a sliding
 /// window of 7 positions, soft-capped scores and attention sinks. With `next`, the output is
 /// multiplied by it (after [`Backend::rope_attention_for`] where fused) and the product is
-/// returned in the attention output's place. Returns the rotated queries, the attention output
-/// and the dispatches of the last call.
+/// returned in the attention output's place. With `heads` (query and key gains), each head is
+/// normalized first: by `rope_attention_for` where fused, else by [`Backend::rms_norm_qk`].
+/// Returns the rotated queries, the attention output and the dispatches of the last call.
 fn rope_then_attention(
     b: &GpuBackend,
     config: &AttentionConfig,
@@ -526,6 +532,7 @@ fn rope_then_attention(
     extras: bool,
     (n, pos0): (usize, usize),
     next: Option<&GpuMatrix>,
+    heads: Option<[&Vector; 2]>,
 ) -> (Vec<f32>, Vec<f32>, u64) {
     let sinks = [0.5, -0.3, 1.0, 0.2];
     let shape = AttentionShape {
@@ -563,10 +570,25 @@ fn rope_then_attention(
         };
         let (mut q, mut k, v) = (data(rows * q_dim), data(rows * kv_dim), data(rows * kv_dim));
         let d0 = b.stats().dispatches;
+        if let (Some(gains), false) = (heads, fused) {
+            let (mut nq, mut nk) = (
+                b.alloc(rows * q_dim).unwrap(),
+                b.alloc(rows * kv_dim).unwrap(),
+            );
+            b.rms_norm_qk(
+                [&q, &k],
+                gains,
+                [rows * 4, rows * 2],
+                1e-6,
+                [&mut nq, &mut nk],
+            );
+            (q, k) = (nq, nk);
+        }
         if fused {
+            let heads = heads.map(|gains| HeadNorms { gains, eps: 1e-6 });
             b.rope_attention_for(
                 &mut cache, 0, &mut q, &mut k, &v, rows, start, &rope_q, &rope_k, &shape, &mut out,
-                next,
+                next, heads,
             );
         } else {
             b.rope(&mut q, rows, start, &rope_q);
@@ -615,9 +637,9 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
             {
                 let what = format!("{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0}");
                 let (q_fused, out_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None);
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, None);
                 let (q_apart, out_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None);
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, None);
                 assert_eq!(bits(&q_fused), bits(&q_apart), "{what}: rotated queries");
                 assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
                 // Rope, rope, cache write, (landmarks,) attention; fused on a dense cache: one
@@ -653,14 +675,59 @@ fn attention_left_as_halves_for_an_f16_product_equals_the_unfused_ops_bit_for_bi
             for m in [&wo, &q8] {
                 let what = format!("{kv_type:?} extras={extras} n={n} pos0={pos0} {:?}", m.kind);
                 let (_, y_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), Some(m));
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), Some(m), None);
                 let (_, y_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), Some(m));
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), Some(m), None);
                 assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
                 // Rope, rope, cache write, attention, the product's quantizer, the product: a
                 // decode-sized step's one kernel also rounds the halves an F16 product reads.
                 let decode = n < WIDE_STEP as usize;
                 let saved = if decode { 3 } else { 2 } + u64::from(decode && m.kind == Kind::F16);
+                assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
+            }
+        }
+    }
+}
+
+#[test]
+fn head_norms_in_attention_equal_the_unfused_ops_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    assert!(gpu.norms_heads_in_attention());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng::new(13);
+    let mut gains = || {
+        let g: Vec<f32> = (0..16).map(|_| 1.0 + rng.unit()).collect();
+        gpu.load_vector(g).expect("vector")
+    };
+    let (gq, gk) = (gains(), gains());
+    for kv_type in [KvType::F32, KvType::F16] {
+        for sparse in [None, Some(SparsePattern::default())] {
+            let dense = sparse.is_none();
+            let config = AttentionConfig {
+                kv_type,
+                sparse,
+                swa_full: false,
+            };
+            // As the test above; sinks (`extras`) take the binding the gains would, so those
+            // layers normalize before the one kernel, as do sparse caches and longer steps.
+            let extras: &[bool] = if dense { &[false, true] } else { &[false] };
+            for (&extras, (n, pos0)) in extras
+                .iter()
+                .flat_map(|e| [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)].map(|s| (e, s)))
+            {
+                let what = format!("{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0}");
+                let heads = Some([&gq, &gk]);
+                let (_, out_fused, d_fused) =
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, heads);
+                let (_, out_apart, d_apart) =
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, heads);
+                assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
+                let decode = n < WIDE_STEP as usize;
+                let saved = match (dense, decode) {
+                    (false, _) => 0,
+                    (true, true) => 3 + u64::from(!extras),
+                    (true, false) => 2,
+                };
                 assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
             }
         }

@@ -283,13 +283,14 @@ impl<B: Backend> Model<B> {
         self.layers_over(
             &mut sc.s,
             n,
-            &mut |b, li, [q, k, v, att], rope, attn, next| {
+            &mut |b, li, [q, k, v, att], rope, attn, next, heads| {
                 if let [seg] = &mut segs[..] {
                     if seg.len <= seg.step {
                         let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
                         let (len, pos0) = (seg.len, seg.pos0);
                         b.rope_attention_for(
                             seg.cache, li, q, k, v, len, pos0, &rope_q, &rope_k, attn, att, next,
+                            heads,
                         );
                         return;
                     }
@@ -304,8 +305,9 @@ impl<B: Backend> Model<B> {
                         b.copy_rows(k, row0, len, kv, ok, 0);
                         b.copy_rows(v, row0, len, kv, ov, 0);
                         let pos0 = seg.pos0 + at;
-                        b.rope_attention(
+                        b.rope_attention_for(
                             seg.cache, li, oq, ok, ov, len, pos0, &rope_q, &rope_k, attn, oatt,
+                            None, heads,
                         );
                         b.copy_rows(oatt, 0, len, qd, att, row0);
                     }
