@@ -618,7 +618,14 @@ fn rope_then_attention(
 #[test]
 fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
     let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    assert!(gpu.norms_heads_in_attention());
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng::new(13);
+    let mut gains = || {
+        let g: Vec<f32> = (0..16).map(|_| 1.0 + rng.unit()).collect();
+        gpu.load_vector(g).expect("vector")
+    };
+    let (gq, gk) = (gains(), gains());
     for kv_type in [KvType::F32, KvType::F16] {
         for sparse in [None, Some(SparsePattern::default())] {
             let dense = sparse.is_none();
@@ -629,24 +636,35 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
             };
             // Decode-sized steps (one kernel on a dense cache), one past them (two), and a step
             // whose new keys sit in attention's second tile of 128 positions; on a dense cache
-            // also with a window (of cached and new positions), soft caps and sinks.
+            // also with a window (of cached and new positions), soft caps and sinks; without
+            // and with head norms (Qwen3's), which the one kernel applies itself but where
+            // sinks take their binding.
             let extras: &[bool] = if dense { &[false, true] } else { &[false] };
-            for (&extras, (n, pos0)) in extras
+            for ((&extras, (n, pos0)), heads) in extras
                 .iter()
                 .flat_map(|e| [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)].map(|s| (e, s)))
+                .flat_map(|c| [(c, None), (c, Some([&gq, &gk]))])
             {
-                let what = format!("{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0}");
+                let normed = heads.is_some();
+                let what = format!(
+                    "{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0} heads={normed}"
+                );
                 let (q_fused, out_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, None);
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, heads);
                 let (q_apart, out_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, None);
-                assert_eq!(bits(&q_fused), bits(&q_apart), "{what}: rotated queries");
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, heads);
+                // With head norms, a path that normalizes first rotates its own copy.
+                if !normed {
+                    assert_eq!(bits(&q_fused), bits(&q_apart), "{what}: rotated queries");
+                }
                 assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
                 // Rope, rope, cache write, (landmarks,) attention; fused on a dense cache: one
-                // kernel for all four in a decode-sized step, else one for the first three.
-                let saved = match (dense, n < WIDE_STEP as usize) {
+                // kernel for all four in a decode-sized step (and the head norms, but beside
+                // sinks), else one for the first three.
+                let decode = n < WIDE_STEP as usize;
+                let saved = match (dense, decode) {
                     (false, _) => 0,
-                    (true, true) => 3,
+                    (true, true) => 3 + u64::from(normed && !extras),
                     (true, false) => 2,
                 };
                 assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
@@ -683,51 +701,6 @@ fn attention_left_as_halves_for_an_f16_product_equals_the_unfused_ops_bit_for_bi
                 // decode-sized step's one kernel also rounds the halves an F16 product reads.
                 let decode = n < WIDE_STEP as usize;
                 let saved = if decode { 3 } else { 2 } + u64::from(decode && m.kind == Kind::F16);
-                assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
-            }
-        }
-    }
-}
-
-#[test]
-fn head_norms_in_attention_equal_the_unfused_ops_bit_for_bit() {
-    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
-    assert!(gpu.norms_heads_in_attention());
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let mut rng = Rng::new(13);
-    let mut gains = || {
-        let g: Vec<f32> = (0..16).map(|_| 1.0 + rng.unit()).collect();
-        gpu.load_vector(g).expect("vector")
-    };
-    let (gq, gk) = (gains(), gains());
-    for kv_type in [KvType::F32, KvType::F16] {
-        for sparse in [None, Some(SparsePattern::default())] {
-            let dense = sparse.is_none();
-            let config = AttentionConfig {
-                kv_type,
-                sparse,
-                swa_full: false,
-            };
-            // As the test above; sinks (`extras`) take the binding the gains would, so those
-            // layers normalize before the one kernel, as do sparse caches and longer steps.
-            let extras: &[bool] = if dense { &[false, true] } else { &[false] };
-            for (&extras, (n, pos0)) in extras
-                .iter()
-                .flat_map(|e| [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)].map(|s| (e, s)))
-            {
-                let what = format!("{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0}");
-                let heads = Some([&gq, &gk]);
-                let (_, out_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, heads);
-                let (_, out_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, heads);
-                assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
-                let decode = n < WIDE_STEP as usize;
-                let saved = match (dense, decode) {
-                    (false, _) => 0,
-                    (true, true) => 3 + u64::from(!extras),
-                    (true, false) => 2,
-                };
                 assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
             }
         }
