@@ -64,9 +64,8 @@ pub struct AttentionShape<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
-/// The RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3), handed to
-/// [`Backend::rope_attention_for`] by a backend that applies it there
-/// ([`Backend::norms_heads_in_attention`]).
+/// The RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3), a part of
+/// [`HeadPrep`].
 pub struct HeadNorms<'a, V> {
     /// The gains of the query heads' norm, then of the key heads' (a head wide each).
     pub gains: [&'a V; 2],
@@ -82,6 +81,28 @@ impl<V> Clone for HeadNorms<'_, V> {
 }
 
 impl<V> Copy for HeadNorms<'_, V> {}
+
+/// What a layer does to its step's queries, keys and values between their products and the
+/// rotations, in this order: the biases added, the queries scaled, each query and key head
+/// normalized. Handed to [`Backend::rope_attention_for`] by a backend that applies it there
+/// ([`Backend::prepares_heads_in_attention`]); else the caller applies it first.
+pub struct HeadPrep<'a, V> {
+    /// The query, key and value biases (Qwen2, gpt-oss).
+    pub bias: Option<&'a [V; 3]>,
+    /// The queries' factor (Gemma 2's `query_pre_attn_scalar`), 1 where there is none.
+    pub query_scale: f32,
+    /// Each query and key head's RMSNorm (Qwen3, Gemma 3).
+    pub norms: Option<HeadNorms<'a, V>>,
+}
+
+// Hand-written for the same reason as `HeadNorms`'.
+impl<V> Clone for HeadPrep<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V> Copy for HeadPrep<'_, V> {}
 
 /// Rotary embedding parameters (NeoX "rotate half" pairing: `i` with `i + rope_dim/2`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -553,16 +574,17 @@ pub trait Backend {
         self.rope(k, n, pos0, rope_k);
         self.attention(cache, layer, q, k, v, n, pos0, shape, out);
     }
-    /// Whether [`Backend::rope_attention_for`] normalizes the query and key heads itself when
-    /// handed their [`HeadNorms`] (else the caller normalizes them first, [`Backend::rms_norm_qk`]).
-    fn norms_heads_in_attention(&self) -> bool {
+    /// Whether [`Backend::rope_attention_for`] applies a layer's [`HeadPrep`] itself when
+    /// handed it (else the caller applies it first: [`Backend::add_qkv_bias`],
+    /// [`Backend::scale`], [`Backend::rms_norm_qk`]).
+    fn prepares_heads_in_attention(&self) -> bool {
         false
     }
     /// [`Backend::rope_attention`] whose output is read only by the product of `next`, where
     /// the caller names one: a backend may then leave `out` in the form that product reads (as
-    /// [`Backend::rms_norm_for`] leaves its rows), and nothing else may read `out`. `heads`,
-    /// only for a backend that [`Backend::norms_heads_in_attention`], are the norms of the
-    /// query and key heads in `q` and `k`, applied before the rotations.
+    /// [`Backend::rms_norm_for`] leaves its rows), and nothing else may read `out`. `prep`,
+    /// only for a backend that [`Backend::prepares_heads_in_attention`], is what the layer
+    /// does to `q`, `k` and `v` before the rotations (a backend may apply it in place).
     #[allow(clippy::too_many_arguments)]
     fn rope_attention_for(
         &self,
@@ -570,7 +592,7 @@ pub trait Backend {
         layer: usize,
         q: &mut Self::Buffer,
         k: &mut Self::Buffer,
-        v: &Self::Buffer,
+        v: &mut Self::Buffer,
         n: usize,
         pos0: usize,
         rope_q: &RopeShape,
@@ -578,11 +600,11 @@ pub trait Backend {
         shape: &AttentionShape,
         out: &mut Self::Buffer,
         next: Option<&Self::Matrix>,
-        heads: Option<HeadNorms<'_, Self::Vector>>,
+        prep: Option<HeadPrep<'_, Self::Vector>>,
     ) {
         let _ = next;
-        if heads.is_some() {
-            unreachable!("only a backend that normalizes heads in attention is handed their norms")
+        if prep.is_some() {
+            unreachable!("only a backend that prepares heads in attention is handed a HeadPrep")
         }
         self.rope_attention(cache, layer, q, k, v, n, pos0, rope_q, rope_k, shape, out);
     }

@@ -28,7 +28,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use crate::attention::AttentionConfig;
-use crate::backend::{AttentionShape, Backend, BackendError, HeadNorms, RopeShape};
+use crate::backend::{AttentionShape, Backend, BackendError, HeadNorms, HeadPrep, RopeShape};
 use crate::config::{Config, ConfigError};
 use crate::file::ModelFile;
 use crate::memory::{SessionShape, SizeError};
@@ -344,7 +344,7 @@ type Attend<'a, B> = dyn FnMut(
         &[RopeShape<'_>; 2],
         &AttentionShape,
         Option<&<B as Backend>::Matrix>,
-        Option<HeadNorms<'_, <B as Backend>::Vector>>,
+        Option<HeadPrep<'_, <B as Backend>::Vector>>,
     ) + 'a;
 
 struct Scratch<B: Backend> {
@@ -1146,10 +1146,10 @@ impl<B: Backend> Model<B> {
         self.layers_over(
             &mut s.s,
             n,
-            &mut |b, li, [q, k, v, att], rope, attn, next, heads| {
+            &mut |b, li, [q, k, v, att], rope, attn, next, prep| {
                 let [rope_q, rope_k] = self.rope_in_context(rope, n_ctx);
                 b.rope_attention_for(
-                    cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att, next, heads,
+                    cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att, next, prep,
                 );
             },
         );
@@ -1200,63 +1200,57 @@ impl<B: Backend> Model<B> {
             ];
             b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
             b.qkv(&l.qkv, h, n, [&mut *q, &mut *k, &mut *v]);
-            if let Some(bias) = &l.qkv_bias {
-                b.add_qkv_bias([&mut *q, &mut *k, &mut *v], bias, n);
-            }
-            if l.qk_norm.is_none() && c.query_scale != 1.0 {
-                b.scale(q, n * c.q_dim(), c.query_scale);
-            }
+            // Between the products and the rotations: the biases, the query scale (where head
+            // norms do not follow) and the head norms.
+            let prep = HeadPrep {
+                bias: l.qkv_bias.as_ref(),
+                query_scale: if l.qk_norm.is_none() {
+                    c.query_scale
+                } else {
+                    1.0
+                },
+                norms: l.qk_norm.as_ref().map(|[gq, gk]| HeadNorms {
+                    gains: [gq, gk],
+                    eps: c.eps,
+                }),
+            };
             // The attention's output is read by the output projection alone, but where BitNet
             // normalizes it first.
             let next = l.attn_sub_norm.is_none().then_some(&l.wo);
-            match &l.qk_norm {
-                // Each head's query and key normalized by the attention itself.
-                Some([gq, gk]) if b.norms_heads_in_attention() => {
-                    let heads = HeadNorms {
-                        gains: [gq, gk],
-                        eps: c.eps,
-                    };
-                    attend(
-                        b,
-                        li,
-                        [&mut *q, &mut *k, &mut *v, &mut *att],
-                        &rope,
-                        &attn,
-                        next,
-                        Some(heads),
-                    );
+            // A backend that prepares the heads in attention is handed them; else they are
+            // prepared here, the normalized queries into `att` and keys into `gate` (free
+            // until the FFN), and the attention writes its output into `q`: the two buffers
+            // (of one width) then trade places.
+            let inside = b.prepares_heads_in_attention();
+            if !inside {
+                if let Some(bias) = prep.bias {
+                    b.add_qkv_bias([&mut *q, &mut *k, &mut *v], bias, n);
                 }
-                // Each head's query and key normalized: the queries into `att`, the keys into
-                // `gate` (free until the FFN); the attention then writes its
-                // output into `q`, and the two buffers (of one width) trade places.
-                Some([gq, gk]) => {
+                if prep.query_scale != 1.0 {
+                    b.scale(q, n * c.q_dim(), prep.query_scale);
+                }
+            }
+            let normed_apart = match prep.norms {
+                Some(norms) if !inside => {
                     b.rms_norm_qk(
                         [&*q, &*k],
-                        [gq, gk],
+                        norms.gains,
                         [n * c.n_head, n * c.n_head_kv],
-                        c.eps,
+                        norms.eps,
                         [&mut *att, &mut *gate],
                     );
-                    attend(
-                        b,
-                        li,
-                        [&mut *att, &mut *gate, &mut *v, &mut *q],
-                        &rope,
-                        &attn,
-                        next,
-                        None,
-                    );
-                    std::mem::swap(q, att);
+                    true
                 }
-                None => attend(
-                    b,
-                    li,
-                    [&mut *q, &mut *k, &mut *v, &mut *att],
-                    &rope,
-                    &attn,
-                    next,
-                    None,
-                ),
+                _ => false,
+            };
+            let buffers = if normed_apart {
+                [&mut *att, &mut *gate, &mut *v, &mut *q]
+            } else {
+                [&mut *q, &mut *k, &mut *v, &mut *att]
+            };
+            attend(b, li, buffers, &rope, &attn, next, inside.then_some(prep));
+            if normed_apart {
+                std::mem::swap(q, att);
             }
             // BitNet normalizes the attention output and the FFN activation once more before
             // their products; other families multiply them as they are.

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
 use hesper_engine::backend::{
-    AttentionShape, Backend, BackendError, GateUp, HeadNorms, MatrixUse, Qkv, RopeShape,
+    AttentionShape, Backend, BackendError, GateUp, HeadPrep, MatrixUse, Qkv, RopeShape,
 };
 use hesper_engine::config::Activation;
 use hesper_engine::file::ModelFile;
@@ -70,14 +70,15 @@ pub struct GpuKvCache {
     sparse: Option<Sparse>,
     /// Each layer's attention sinks (gpt-oss), uploaded by its first attention.
     sinks: Vec<Option<GpuBuffer<f32>>>,
-    /// Each layer's head-norm gains (Qwen3, Gemma 3), joined by its first decoded token.
-    head_gains: Vec<Option<HeadGains>>,
+    /// Each layer's sinks, head-norm gains and biases as `rope_attention` reads them, joined
+    /// by its first decoded token.
+    layer_params: Vec<Option<LayerParams>>,
 }
 
-/// A layer's query and key head-norm gains in one buffer (`rope_attention`'s `layer_params`), and
-/// the buffers they were copied from (a hot-swapped piece brings new ones).
-struct HeadGains {
-    from: [hesper_gpu::wgpu::Buffer; 2],
+/// A layer's parameters in one buffer (`rope_attention`'s `layer_params`), and the buffers
+/// they were copied from (a hot-swapped piece brings new ones).
+struct LayerParams {
+    from: Vec<hesper_gpu::wgpu::Buffer>,
     joined: GpuBuffer<f32>,
 }
 
@@ -624,6 +625,86 @@ impl GpuBackend {
         }
     }
 
+    /// [`Backend::rope_attention_for`] once what prepares the heads is settled: `prep` is
+    /// handed over only where `step` runs in one kernel, which applies it.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attend_step(
+        &self,
+        step: Step,
+        q: &mut GpuBuffer<f32>,
+        k_new: &mut GpuBuffer<f32>,
+        v_new: &GpuBuffer<f32>,
+        out: &mut GpuBuffer<f32>,
+        next: Option<&GpuMatrix>,
+        prep: Option<HeadPrep<'_, GpuBuffer<f32>>>,
+    ) {
+        let (fused, decode) = (step.fused(), step.one_kernel());
+        let Step {
+            cache,
+            layer,
+            n,
+            pos0,
+            rope: [rope_q, rope_k],
+            shape,
+        } = step;
+        if !fused {
+            self.rope(q, n, pos0, rope_q);
+            self.rope(k_new, n, pos0, rope_k);
+            return self.attention(cache, layer, q, k_new, v_new, n, pos0, shape, out);
+        }
+        self.record(|st| {
+            self.check_head(shape)?;
+            let at = st.rope_table(rope_q, pos0 + n)?;
+            if decode {
+                let cols = shape.n_head * shape.head_dim;
+                let halves = next.is_some_and(|m| {
+                    m.kind == Kind::F16 && m.desc.cols == cols && shape.head_dim.is_multiple_of(2)
+                });
+                upload_sinks(st, cache, layer, shape)?;
+                let prepared = join_layer_params(st, cache, layer, shape, prep.as_ref())?;
+                let step = Step {
+                    cache,
+                    layer,
+                    n,
+                    pos0,
+                    rope: [rope_q, rope_k],
+                    shape,
+                };
+                return rope_attend(st, step, at, q, k_new, v_new, out, halves, prepared);
+            }
+            let table = &st.ropes[at];
+            let kv = cache.kv_dim;
+            let pairs = n * shape.n_head * rope_q.rope_dim / 2;
+            let threads = pairs + n * kv / 2;
+            // The queries' pairs and angles (as `rope_neox`), the new keys and values read and
+            // written to the cache (as `kv_write`; a key's angles are read again from cache).
+            let traffic = 24 * pairs as u64 + kv_write_bytes(n * kv, cache.kv_type);
+            st.batch.run_moving(
+                &mut st.gpu,
+                &k::rope_neox_kv_write::Args {
+                    q: &mut *q,
+                    k: k_new,
+                    v: v_new,
+                    cs: &table.cs,
+                    k_cache: &mut cache.k[layer],
+                    v_cache: &mut cache.v[layer],
+                    n_tokens: n as u32,
+                    n_head: shape.n_head as u32,
+                    n_head_kv: shape.n_head_kv as u32,
+                    head_dim: shape.head_dim as u32,
+                    rope_dim: rope_q.rope_dim as u32,
+                    pos0: pos0 as u32,
+                    at: (pos0 * kv) as u32,
+                    ring: (cache.slots[layer] * kv) as u32,
+                    f16: u32::from(cache.kv_type == KvType::F16),
+                },
+                k::rope_neox_kv_write::grid_for(threads as u32),
+                traffic,
+            )?;
+            attend(st, cache, layer, q, k_new, v_new, n, pos0, shape, out)
+        });
+    }
+
     fn unsupported(&self, what: &str, why: String) -> GpuError {
         GpuError::Kernel {
             kernel: "backend",
@@ -911,13 +992,13 @@ impl Backend for GpuBackend {
             kv_type,
             sparse,
             sinks: Vec::with_capacity(n_layer),
-            head_gains: Vec::with_capacity(n_layer),
+            layer_params: Vec::with_capacity(n_layer),
         };
         for &n in slots {
             cache.k.push(alloc("K cache", n)?);
             cache.v.push(alloc("V cache", n)?);
             cache.sinks.push(None);
-            cache.head_gains.push(None);
+            cache.layer_params.push(None);
         }
         Ok(cache)
     }
@@ -1407,8 +1488,8 @@ impl Backend for GpuBackend {
     /// Where the cache is dense: a decode-sized step (fewer than [`k::WIDE_STEP`] rows) in one
     /// kernel (`rope_attention`: the rotations, the cache write and attention); a longer one
     /// rotates Q and K and writes the cache in one kernel (`rope_neox_kv_write`), then attends
-    /// (`rope_attention` rotates each of the step's keys for every row that scores it, work
-    /// that grows with the square of the step). Both give every row the same bits.
+    /// (`rope_attention` prepares the step's keys again in each row's workgroups, work that
+    /// grows with the square of the step). Both give every row the same bits.
     fn rope_attention(
         &self,
         cache: &mut GpuKvCache,
@@ -1423,29 +1504,35 @@ impl Backend for GpuBackend {
         shape: &AttentionShape,
         out: &mut GpuBuffer<f32>,
     ) {
-        self.rope_attention_for(
-            cache, layer, q, k_new, v_new, n, pos0, rope_q, rope_k, shape, out, None, None,
-        );
+        let step = Step {
+            cache,
+            layer,
+            n,
+            pos0,
+            rope: [rope_q, rope_k],
+            shape,
+        };
+        self.rope_attend_step(step, q, k_new, v_new, out, None, None);
     }
 
     /// Always: in the one kernel of a decoded token (`rope_attention`), else with
-    /// `rms_norm_heads` first, which sums each head's squares in that kernel's order.
-    fn norms_heads_in_attention(&self) -> bool {
+    /// `add_qkv_bias`, `scale` and `rms_norm_heads` first, which give the same bits.
+    fn prepares_heads_in_attention(&self) -> bool {
         true
     }
 
     /// As [`Backend::rope_attention`]; where the one kernel runs and `next` is an F16 product
     /// of the outputs, they are rounded to its halves by that kernel (`pack_f16`'s words)
-    /// instead of written as floats, and the product reads them as they are. Head norms are
-    /// applied by that kernel too where it runs (and the layer has no sinks, which take the
-    /// same binding), else by `rms_norm_heads` into a scratch of the backend's first.
+    /// instead of written as floats, and the product reads them as they are. The heads are
+    /// prepared by that kernel too where it runs, else by their own launches first (the
+    /// biases and scale in place, the norms into a scratch of the backend's).
     fn rope_attention_for(
         &self,
         cache: &mut GpuKvCache,
         layer: usize,
         q: &mut GpuBuffer<f32>,
         k_new: &mut GpuBuffer<f32>,
-        v_new: &GpuBuffer<f32>,
+        v_new: &mut GpuBuffer<f32>,
         n: usize,
         pos0: usize,
         rope_q: &RopeShape,
@@ -1453,98 +1540,55 @@ impl Backend for GpuBackend {
         shape: &AttentionShape,
         out: &mut GpuBuffer<f32>,
         next: Option<&GpuMatrix>,
-        heads: Option<HeadNorms<'_, GpuBuffer<f32>>>,
+        prep: Option<HeadPrep<'_, GpuBuffer<f32>>>,
     ) {
-        let fused = cache.sparse.is_none()
-            && rope_q.rope_dim == rope_k.rope_dim
-            && rope_q.base == rope_k.base
-            && rope_q.scale == rope_k.scale
-            && rope_q.freq_factors == rope_k.freq_factors
-            && rope_q.attn_factor == rope_k.attn_factor
-            && rope_q.yarn == rope_k.yarn
-            && rope_q.head_dim == shape.head_dim
-            && rope_k.head_dim == shape.head_dim
-            && rope_q.rope_dim.is_multiple_of(2);
+        let step = Step {
+            cache,
+            layer,
+            n,
+            pos0,
+            rope: [rope_q, rope_k],
+            shape,
+        };
+        let Some(p) = prep else {
+            return self.rope_attend_step(step, q, k_new, v_new, out, next, None);
+        };
         let head = shape.head_dim;
-        let decode = fused && n < k::WIDE_STEP as usize;
-        if let Some(h) = heads {
-            let one_kernel = decode
-                && shape.sinks.is_none()
-                && h.gains[0].len() == head
-                && h.gains[1].len() == head;
-            if !one_kernel {
-                let lens = [n * shape.n_head * head, n * shape.n_head_kv * head];
-                let Some([mut hq, mut hk]) = self.take_head_scratch(lens) else {
-                    return;
-                };
-                self.rms_norm_qk(
-                    [&*q, &*k_new],
-                    h.gains,
-                    [n * shape.n_head, n * shape.n_head_kv],
-                    h.eps,
-                    [&mut hq, &mut hk],
-                );
-                self.rope_attention_for(
-                    cache, layer, &mut hq, &mut hk, v_new, n, pos0, rope_q, rope_k, shape, out,
-                    next, None,
-                );
-                self.state.borrow_mut().head_scratch = Some([hq, hk]);
-                return;
-            }
+        let widths = [
+            shape.n_head * head,
+            shape.n_head_kv * head,
+            shape.n_head_kv * head,
+        ];
+        let one_kernel = step.one_kernel()
+            && p.norms
+                .is_none_or(|h| h.gains.iter().all(|g| g.len() == head))
+            && p.bias
+                .is_none_or(|b| b.iter().zip(widths).all(|(b, w)| b.len() == w));
+        if one_kernel {
+            return self.rope_attend_step(step, q, k_new, v_new, out, next, Some(p));
         }
-        if !fused {
-            self.rope(q, n, pos0, rope_q);
-            self.rope(k_new, n, pos0, rope_k);
-            return self.attention(cache, layer, q, k_new, v_new, n, pos0, shape, out);
+        if let Some(bias) = p.bias {
+            self.add_qkv_bias([&mut *q, &mut *k_new, &mut *v_new], bias, n);
         }
-        self.record(|st| {
-            self.check_head(shape)?;
-            let at = st.rope_table(rope_q, pos0 + n)?;
-            if decode {
-                let cols = shape.n_head * shape.head_dim;
-                let halves = next.is_some_and(|m| {
-                    m.kind == Kind::F16 && m.desc.cols == cols && shape.head_dim.is_multiple_of(2)
-                });
-                if let Some(h) = &heads {
-                    join_head_gains(st, cache, layer, h)?;
-                }
-                let norm_eps = heads.map(|h| h.eps);
-                return rope_attend(
-                    st, cache, layer, at, q, k_new, v_new, n, pos0, rope_q, shape, out, halves,
-                    norm_eps,
-                );
-            }
-            let table = &st.ropes[at];
-            let kv = cache.kv_dim;
-            let pairs = n * shape.n_head * rope_q.rope_dim / 2;
-            let threads = pairs + n * kv / 2;
-            // The queries' pairs and angles (as `rope_neox`), the new keys and values read and
-            // written to the cache (as `kv_write`; a key's angles are read again from cache).
-            let traffic = 24 * pairs as u64 + kv_write_bytes(n * kv, cache.kv_type);
-            st.batch.run_moving(
-                &mut st.gpu,
-                &k::rope_neox_kv_write::Args {
-                    q: &mut *q,
-                    k: k_new,
-                    v: v_new,
-                    cs: &table.cs,
-                    k_cache: &mut cache.k[layer],
-                    v_cache: &mut cache.v[layer],
-                    n_tokens: n as u32,
-                    n_head: shape.n_head as u32,
-                    n_head_kv: shape.n_head_kv as u32,
-                    head_dim: shape.head_dim as u32,
-                    rope_dim: rope_q.rope_dim as u32,
-                    pos0: pos0 as u32,
-                    at: (pos0 * kv) as u32,
-                    ring: (cache.slots[layer] * kv) as u32,
-                    f16: u32::from(cache.kv_type == KvType::F16),
-                },
-                k::rope_neox_kv_write::grid_for(threads as u32),
-                traffic,
-            )?;
-            attend(st, cache, layer, q, k_new, v_new, n, pos0, shape, out)
-        });
+        if p.query_scale != 1.0 {
+            self.scale(q, n * widths[0], p.query_scale);
+        }
+        let Some(norms) = p.norms else {
+            return self.rope_attend_step(step, q, k_new, v_new, out, next, None);
+        };
+        let lens = [n * widths[0], n * widths[1]];
+        let Some([mut hq, mut hk]) = self.take_head_scratch(lens) else {
+            return;
+        };
+        self.rms_norm_qk(
+            [&*q, &*k_new],
+            norms.gains,
+            [n * shape.n_head, n * shape.n_head_kv],
+            norms.eps,
+            [&mut hq, &mut hk],
+        );
+        self.rope_attend_step(step, &mut hq, &mut hk, v_new, out, next, None);
+        self.state.borrow_mut().head_scratch = Some([hq, hk]);
     }
 
     fn shift_cache(
@@ -1907,24 +1951,99 @@ fn upload_sinks(
     Ok(())
 }
 
-/// Joins layer `layer`'s query and key head-norm gains into one buffer, once (again where
-/// the layer's gains were swapped since).
-fn join_head_gains(
+/// One session's attention step: its cache and layer, `n` rows from `pos0`, the RoPE of its
+/// queries and keys, its heads.
+struct Step<'s, 'a> {
+    cache: &'s mut GpuKvCache,
+    layer: usize,
+    n: usize,
+    pos0: usize,
+    rope: [&'s RopeShape<'a>; 2],
+    shape: &'s AttentionShape<'a>,
+}
+
+impl Step<'_, '_> {
+    /// Whether the rotations fold into the attention's kernels: a dense cache, one RoPE for
+    /// queries and keys, whole pairs of a head's dimensions.
+    fn fused(&self) -> bool {
+        let ([q, k], head_dim) = (self.rope, self.shape.head_dim);
+        self.cache.sparse.is_none()
+            && q.rope_dim == k.rope_dim
+            && q.base == k.base
+            && q.scale == k.scale
+            && q.freq_factors == k.freq_factors
+            && q.attn_factor == k.attn_factor
+            && q.yarn == k.yarn
+            && q.head_dim == head_dim
+            && k.head_dim == head_dim
+            && q.rope_dim.is_multiple_of(2)
+    }
+
+    /// Whether the step runs in one kernel (`rope_attention`): fused and decode-sized.
+    fn one_kernel(&self) -> bool {
+        self.fused() && self.n < k::WIDE_STEP as usize
+    }
+}
+
+/// How `rope_attention` prepares a layer's heads: what its `layer_params` binding holds (the
+/// sinks, the head norms' gains and their epsilon, the biases) and the queries' factor.
+#[derive(Clone, Copy)]
+struct Prepared {
+    sinks: bool,
+    norm: Option<f32>,
+    biased: bool,
+    query_scale: f32,
+}
+
+impl Prepared {
+    /// Whether `layer_params` holds anything.
+    fn any(&self) -> bool {
+        self.sinks || self.norm.is_some() || self.biased
+    }
+}
+
+/// Joins what layer `layer`'s `rope_attention` reads beside its inputs — the sinks of `shape`
+/// (uploaded), the head-norm gains and the biases of `prep` — into one buffer, once (again
+/// where a hot swap brought the layer new ones); says how the kernel prepares the heads.
+fn join_layer_params(
     st: &mut State,
     cache: &mut GpuKvCache,
     layer: usize,
-    heads: &HeadNorms<'_, GpuBuffer<f32>>,
-) -> Result<(), GpuError> {
-    let [gq, gk] = heads.gains;
-    let from = [gq.raw().clone(), gk.raw().clone()];
-    if matches!(&cache.head_gains[layer], Some(g) if g.from == from) {
-        return Ok(());
+    shape: &AttentionShape,
+    prep: Option<&HeadPrep<'_, GpuBuffer<f32>>>,
+) -> Result<Prepared, GpuError> {
+    let sinks = cache.sinks[layer]
+        .as_ref()
+        .filter(|_| shape.sinks.is_some());
+    let norms = prep.and_then(|p| p.norms);
+    let bias = prep.and_then(|p| p.bias);
+    let parts: Vec<&GpuBuffer<f32>> = sinks
+        .into_iter()
+        .chain(norms.iter().flat_map(|h| h.gains))
+        .chain(bias.into_iter().flatten())
+        .collect();
+    let held = Prepared {
+        sinks: sinks.is_some(),
+        norm: norms.map(|h| h.eps),
+        biased: bias.is_some(),
+        query_scale: prep.map_or(1.0, |p| p.query_scale),
+    };
+    if parts.is_empty() {
+        return Ok(held);
     }
-    let mut joined = st.gpu.zeroed("head norm gains", gq.len() + gk.len())?;
-    st.batch.copy(gq, 0, &mut joined, 0, gq.len())?;
-    st.batch.copy(gk, 0, &mut joined, gq.len(), gk.len())?;
-    cache.head_gains[layer] = Some(HeadGains { from, joined });
-    Ok(())
+    let from: Vec<_> = parts.iter().map(|b| b.raw().clone()).collect();
+    if matches!(&cache.layer_params[layer], Some(j) if j.from == from) {
+        return Ok(held);
+    }
+    let len = parts.iter().map(|b| b.len()).sum();
+    let mut joined = st.gpu.zeroed("attention layer parameters", len)?;
+    let mut at = 0;
+    for part in parts {
+        st.batch.copy(part, 0, &mut joined, at, part.len())?;
+        at += part.len();
+    }
+    cache.layer_params[layer] = Some(LayerParams { from, joined });
+    Ok(held)
 }
 
 /// The buffer an attention kernel's `sink` binding takes and its `sinks` flag: a layer's
@@ -1949,27 +2068,30 @@ fn dense_cache_bytes(cache: &GpuKvCache, shape: &AttentionShape, n: usize, pos0:
     (2 * keys * cache.kv_dim * element) as u64
 }
 
-/// A decode-sized step's NeoX RoPE, cache write and dense attention in one dispatch
-/// (`rope_attention`), the angles from RoPE table `table`; with `halves`, the outputs rounded
-/// to halves for the F16 product that reads them next, left in the activation scratch.
+/// A decode-sized step's preparation of its heads (`prepared`, its parameters joined in the
+/// cache), NeoX RoPE, cache write and dense attention in one dispatch (`rope_attention`), the
+/// angles from RoPE table `table`; with `halves`, the outputs rounded to halves for the F16
+/// product that reads them next, left in the activation scratch.
 #[allow(clippy::too_many_arguments)]
 fn rope_attend(
     st: &mut State,
-    cache: &mut GpuKvCache,
-    layer: usize,
+    step: Step,
     table: usize,
     q: &mut GpuBuffer<f32>,
     k_new: &GpuBuffer<f32>,
     v_new: &GpuBuffer<f32>,
-    n: usize,
-    pos0: usize,
-    rope: &RopeShape,
-    shape: &AttentionShape,
     out: &mut GpuBuffer<f32>,
     halves: bool,
-    norm_eps: Option<f32>,
+    prepared: Prepared,
 ) -> Result<(), GpuError> {
-    upload_sinks(st, cache, layer, shape)?;
+    let Step {
+        cache,
+        layer,
+        n,
+        pos0,
+        rope: [rope, _],
+        shape,
+    } = step;
     let cols = shape.n_head * shape.head_dim;
     if halves {
         st.reserve_halves(n * cols / 2)?;
@@ -1988,11 +2110,11 @@ fn rope_attend(
         act,
         ..
     } = st;
-    // The layer's head-norm gains, or its sinks; unread without either: the angle table
-    // stands in (the queries are bound for writing).
-    let (layer_params, sinks) = match (&cache.head_gains[layer], norm_eps) {
-        (Some(g), Some(_)) => (&g.joined, 0),
-        _ => sink_binding(&cache.sinks[layer], shape, &ropes[table].cs),
+    // The layer's joined parameters; unread without any: the angle table stands in (the
+    // queries are bound for writing).
+    let layer_params = match &cache.layer_params[layer] {
+        Some(joined) if prepared.any() => &joined.joined,
+        _ => &ropes[table].cs,
     };
     let mut run = |out: &mut GpuBuffer<u32>| {
         batch.run_moving(
@@ -2016,10 +2138,12 @@ fn rope_attend(
                 slots: cache.slots[layer] as u32,
                 window: shape.window.map_or(0, |w| w as u32),
                 softcap: shape.softcap.unwrap_or(0.0),
-                sinks,
+                sinks: u32::from(prepared.sinks),
                 halves: u32::from(halves),
-                norm: u32::from(norm_eps.is_some()),
-                eps: norm_eps.unwrap_or(0.0),
+                norm: u32::from(prepared.norm.is_some()),
+                eps: prepared.norm.unwrap_or(0.0),
+                biased: u32::from(prepared.biased),
+                query_scale: prepared.query_scale,
             },
             k::attention_grid(shape.n_head as u32, n as u32),
             traffic,

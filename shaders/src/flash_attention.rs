@@ -10,7 +10,6 @@ use hesper_dsl::{kernel, kernel_fn};
 use crate::half::f16_bits;
 use crate::norm::head_squares;
 use crate::reduce::tree_max;
-use crate::rope::rope_neox_value;
 
 /// The dot product of the query in `qs` with the cached key at word offset `kb` of `k_cache`
 /// (f32 bits, or two f16 a word where `f16` is set), dimensions in order: how both attention
@@ -249,15 +248,22 @@ pub fn attention(
 
 /// [`attention`] over a dense cache (or a sliding window of one) with what
 /// [`rope_neox_kv_write`](crate::rope_neox_kv_write) does before it folded in: one dispatch
-/// for a decode step's RoPE, cache write and attention. Grid `[n_head, n]` as `attention`'s.
+/// for a decode step's RoPE, cache write and attention. Grid `[n_head, n]` as `attention`'s;
+/// a step has at most 4 rows here.
 ///
-/// Each workgroup rotates its query head (NeoX, the first `rope_dim` dimensions, angles from
-/// `cs`) into `qs` and writes it back to `q`. The step's own positions (`pos0..pos0+n`) are
-/// not read from the cache, which this dispatch is writing: a thread scoring one rotates the
-/// new key from `k` and rounds it as the cache would hold it (f32 bits, or the f16 word), and
-/// values are read from `v` and rounded the same way, so every score and weighted value has
-/// the bits `attention` gives after the cache write. The first query head of each kv head
-/// writes its token's key (the word it scored) and value into the cache, in slot
+/// Each workgroup first prepares, in workgroup memory, its query head (row `i`, head `h`) and
+/// the step's keys and values of its kv head (rows `0..=i`), as the launches it replaces
+/// leave them: the biases added (`biased`: Qwen2's and gpt-oss's, as `add_qkv_bias`), the
+/// query times `query_scale` (Gemma 2's, as `scale`; 1 elsewhere), each query and key head
+/// normalized (`norm`: Qwen3's and Gemma 3's head norms, its squares summed by
+/// [`head_squares`](crate::norm::head_squares) as [`rms_norm_heads`](crate::rms_norm_heads)
+/// sums them, each value `x · scale · gain` as there), then rotated (NeoX, the first
+/// `rope_dim` dimensions, angles from `cs`, [`rope_neox`](crate::rope_neox)'s expressions).
+/// The rotated query is written back to `q`. The step's own positions (`pos0..pos0+n`) are
+/// not read from the cache, which this dispatch is writing: their keys and values come from
+/// workgroup memory, rounded as the cache holds them (f32 bits, or the f16 word), so every
+/// score and weighted value has the bits `attention` gives after the cache write. The first
+/// query head of each kv head writes its token's key and value into the cache, in slot
 /// `pos % slots`. Earlier positions are read from the cache as `attention` reads them; the
 /// tiles and their order are `attention`'s dense ones (the sparse pattern's scattered tile,
 /// which a dense cache leaves empty, is skipped: it changes no bit).
@@ -266,23 +272,12 @@ pub fn attention(
 /// a word as [`pack_f16`](crate::pack_f16) would round them for the F16 product that reads
 /// them next: one dispatch instead of two, the same bits.
 ///
-/// `layer_params` holds each query head's attention sink (`sinks` set), or (`norm` set: Qwen3's and
-/// Gemma 3's head norms) the gains of the query heads' RMSNorm, then the key heads'
-/// (`head_dim` each). With `norm`, the workgroup normalizes its query head and each of the
-/// step's keys it scores before rotating them, their squares summed by
-/// [`head_squares`](crate::norm::head_squares) as [`rms_norm_heads`](crate::rms_norm_heads)
-/// sums them and each value `x · scale · gain` as there: the same bits as that kernel, then
-/// this one, and one dispatch less. A step has at most 4 rows here.
+/// `layer_params` holds the layer's parts that are set, in this order: each query head's
+/// attention sink (`sinks`), the query heads' norm gains then the key heads' (`norm`,
+/// `head_dim` each), the query, key and value biases (`biased`).
 #[kernel(
     workgroup = 128,
-    uses(
-        tree_max,
-        f16_bits,
-        rope_neox_value,
-        cached_key_dot,
-        cached_value,
-        head_squares
-    )
+    uses(tree_max, f16_bits, cached_key_dot, cached_value, head_squares)
 )]
 pub fn rope_attention(
     q: &mut [f32],
@@ -307,11 +302,14 @@ pub fn rope_attention(
     #[uniform] halves: u32,
     #[uniform] norm: u32,
     #[uniform] eps: f32,
+    #[uniform] biased: u32,
+    #[uniform] query_scale: f32,
     #[shared] qs: &mut [f32; 256],
     #[shared] ps: &mut [f32; 128],
     #[shared] rows: &mut [u32; 128],
     #[shared] acc: &mut [f32; 256],
-    #[shared] key_scales: &mut [f32; 4],
+    #[shared] heads: &mut [f32; 5 * 256],
+    #[shared] vs: &mut [f32; 4 * 256],
 ) {
     let h = wid();
     let i = wid_y();
@@ -324,79 +322,125 @@ pub fn rope_attention(
     let pos = pos0 + i;
     // Whether this workgroup writes its token's key and value for its kv head.
     let owner = h % group == 0u32;
-    // The norms' scales: of the query head, and of each of the step's keys this row scores
-    // (rows 0..=i; the keys' gains follow the queries' in `layer_params`).
-    let mut q_scale: f32 = 1.0;
+    // Where `layer_params`' gains and biases start.
+    let mut gains_at = 0u32;
+    if sinks != 0u32 {
+        gains_at = n_head;
+    }
+    let mut bias_at = gains_at;
     if norm != 0u32 {
-        let mut x = [0.0f32; 2];
-        for part in 0..2u32 {
-            if t + 128u32 * part < head_dim {
-                x[part] = q[q_off + t + 128u32 * part];
-            }
-        }
-        q_scale = 1.0 / (head_squares(acc, t, x[0], x[1]) / (head_dim as f32) + eps).sqrt();
-        for j in 0u32..(i + 1u32) {
-            let kb = j * kv_dim + kv_off;
-            for part in 0..2u32 {
-                x[part] = 0.0;
-                if t + 128u32 * part < head_dim {
-                    x[part] = k[kb + t + 128u32 * part];
+        bias_at = gains_at + 2u32 * head_dim;
+    }
+    let q_bias = bias_at + h * head_dim;
+    let k_bias = bias_at + n_head * head_dim + kv_off;
+    let v_bias = k_bias + kv_dim;
+    // `heads` slot `j <= i` holds the step's key of row `j`, slot `i + 1` the query; `vs`
+    // slot `j` the value of row `j`. Each thread loads (and normalizes) dimensions `t` and
+    // `t + 128` of each.
+    for s in 0u32..(i + 2u32) {
+        for part in 0u32..2u32 {
+            let d = t + 128u32 * part;
+            if d < head_dim {
+                if s <= i {
+                    let mut x = k[s * kv_dim + kv_off + d];
+                    let mut y = v[s * kv_dim + kv_off + d];
+                    if biased != 0u32 {
+                        x = x + layer_params[k_bias + d];
+                        y = y + layer_params[v_bias + d];
+                    }
+                    heads[s * 256u32 + d] = x;
+                    vs[s * 256u32 + d] = y;
+                } else {
+                    let mut x = q[q_off + d];
+                    if biased != 0u32 {
+                        x = x + layer_params[q_bias + d];
+                    }
+                    heads[s * 256u32 + d] = x * query_scale;
                 }
             }
-            let key_scale =
+        }
+    }
+    if norm != 0u32 {
+        for s in 0u32..(i + 2u32) {
+            let mut x = [0.0f32; 2];
+            for part in 0u32..2u32 {
+                if t + 128u32 * part < head_dim {
+                    x[part] = heads[s * 256u32 + t + 128u32 * part];
+                }
+            }
+            let head_scale =
                 1.0 / (head_squares(acc, t, x[0], x[1]) / (head_dim as f32) + eps).sqrt();
-            if t == 0u32 {
-                key_scales[j] = key_scale;
+            // The key heads' gains follow the query heads'.
+            let mut g = gains_at;
+            if s <= i {
+                g = gains_at + head_dim;
+            }
+            for part in 0u32..2u32 {
+                let d = t + 128u32 * part;
+                if d < head_dim {
+                    heads[s * 256u32 + d] = x[part] * head_scale * layer_params[g + d];
+                }
+            }
+        }
+    }
+    barrier();
+    // The rotations: each thread's two dimensions of a head read before any is written.
+    for s in 0u32..(i + 2u32) {
+        let mut at_pos = pos;
+        if s <= i {
+            at_pos = pos0 + s;
+        }
+        let mut x = [0.0f32; 2];
+        for part in 0u32..2u32 {
+            let d = t + 128u32 * part;
+            if d < rope_dim {
+                let e = d % half;
+                let at = 2u32 * (at_pos * half + e);
+                let c = cs[at];
+                let sn = cs[at + 1u32];
+                let a = heads[s * 256u32 + e];
+                let b = heads[s * 256u32 + e + half];
+                x[part] = a * sn + b * c;
+                if d < half {
+                    x[part] = a * c - b * sn;
+                }
             }
         }
         barrier();
-    }
-    for part in 0u32..2u32 {
-        let dim = t + part * 128u32;
-        let mut x: f32 = 0.0;
-        if dim < rope_dim {
-            x = rope_neox_value(
-                q,
-                layer_params,
-                cs,
-                q_off,
-                0u32,
-                dim,
-                half,
-                pos,
-                q_scale,
-                norm,
-            );
-        } else if dim < head_dim {
-            x = q[q_off + dim];
-            if norm != 0u32 {
-                x = x * q_scale * layer_params[dim];
+        for part in 0u32..2u32 {
+            let d = t + 128u32 * part;
+            if d < rope_dim {
+                heads[s * 256u32 + d] = x[part];
             }
         }
-        qs[dim] = x;
     }
     barrier();
+    let query = (i + 1u32) * 256u32;
     for part in 0u32..2u32 {
-        let dim = t + part * 128u32;
-        if dim < head_dim {
-            q[q_off + dim] = qs[dim];
+        let d = t + part * 128u32;
+        if d < head_dim {
+            qs[d] = heads[query + d];
+            q[q_off + d] = heads[query + d];
         }
     }
-    let new_at = i * kv_dim + kv_off;
+    let own = i * 256u32;
     let slot_at = (pos % slots) * kv_dim + kv_off;
     if owner {
         if f16 == 0u32 {
             for part in 0u32..2u32 {
-                let dim = t + part * 128u32;
-                if dim < head_dim {
-                    v_cache[slot_at + dim] = f32_to_bits(v[new_at + dim]);
+                let d = t + part * 128u32;
+                if d < head_dim {
+                    k_cache[slot_at + d] = f32_to_bits(heads[own + d]);
+                    v_cache[slot_at + d] = f32_to_bits(vs[own + d]);
                 }
             }
         } else if 2u32 * t < head_dim {
-            let a = new_at + 2u32 * t;
-            v_cache[slot_at / 2u32 + t] = f16_bits(v[a]) | (f16_bits(v[a + 1u32]) << 16u32);
+            let a = own + 2u32 * t;
+            k_cache[slot_at / 2u32 + t] = f16_bits(heads[a]) | (f16_bits(heads[a + 1u32]) << 16u32);
+            v_cache[slot_at / 2u32 + t] = f16_bits(vs[a]) | (f16_bits(vs[a + 1u32]) << 16u32);
         }
     }
+    barrier();
     let len = pos + 1u32;
     let mut start = 0u32;
     if window > 0u32 && len > window {
@@ -413,7 +457,7 @@ pub fn rope_attention(
     let mut o_hi: f32 = 0.0;
     for tile in 0u32..tiles {
         // Thread `t` scores position `p`: from the cache (`rows[t]`: its slot) before the step,
-        // from `k` rotated (`rows[t]`: `slots` + its row of the step) within it.
+        // from `heads` (`rows[t]`: `slots` + its row of the step) within it.
         let first = start + tile * 128u32;
         let p = first + t;
         let valid = p < len;
@@ -424,75 +468,17 @@ pub fn rope_attention(
             let mut dot: f32 = 0.0;
             if p >= pos0 {
                 row = slots + (p - pos0);
-                let kb = (p - pos0) * kv_dim + kv_off;
-                let write = owner && p == pos;
-                let mut key_scale: f32 = 1.0;
-                if norm != 0u32 {
-                    key_scale = key_scales[p - pos0];
-                }
+                let kb = (p - pos0) * 256u32;
                 if f16 != 0u32 {
                     for e in 0u32..head_dim / 2u32 {
-                        let mut k0 = k[kb + 2u32 * e];
-                        let mut k1 = k[kb + 2u32 * e + 1u32];
-                        if 2u32 * e < rope_dim {
-                            k0 = rope_neox_value(
-                                k,
-                                layer_params,
-                                cs,
-                                kb,
-                                head_dim,
-                                2u32 * e,
-                                half,
-                                p,
-                                key_scale,
-                                norm,
-                            );
-                            k1 = rope_neox_value(
-                                k,
-                                layer_params,
-                                cs,
-                                kb,
-                                head_dim,
-                                2u32 * e + 1u32,
-                                half,
-                                p,
-                                key_scale,
-                                norm,
-                            );
-                        } else if norm != 0u32 {
-                            k0 = k0 * key_scale * layer_params[head_dim + 2u32 * e];
-                            k1 = k1 * key_scale * layer_params[head_dim + 2u32 * e + 1u32];
-                        }
-                        let w = f16_bits(k0) | (f16_bits(k1) << 16u32);
-                        if write {
-                            k_cache[slot_at / 2u32 + e] = w;
-                        }
+                        let w = f16_bits(heads[kb + 2u32 * e])
+                            | (f16_bits(heads[kb + 2u32 * e + 1u32]) << 16u32);
                         dot += qs[2u32 * e] * unpack_f16_lo(w)
                             + qs[2u32 * e + 1u32] * unpack_f16_hi(w);
                     }
                 } else {
                     for e in 0u32..head_dim {
-                        let mut x = k[kb + e];
-                        if e < rope_dim {
-                            x = rope_neox_value(
-                                k,
-                                layer_params,
-                                cs,
-                                kb,
-                                head_dim,
-                                e,
-                                half,
-                                p,
-                                key_scale,
-                                norm,
-                            );
-                        } else if norm != 0u32 {
-                            x = x * key_scale * layer_params[head_dim + e];
-                        }
-                        if write {
-                            k_cache[slot_at + e] = f32_to_bits(x);
-                        }
-                        dot += qs[e] * x;
+                        dot += qs[e] * heads[kb + e];
                     }
                 }
             } else {
@@ -528,7 +514,7 @@ pub fn rope_attention(
                 if dim < head_dim {
                     let mut x: f32 = 0.0;
                     if r >= slots {
-                        x = v[(r - slots) * kv_dim + kv_off + dim];
+                        x = vs[(r - slots) * 256u32 + dim];
                         if f16 != 0u32 {
                             x = unpack_f16_lo(f16_bits(x));
                         }

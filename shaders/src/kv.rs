@@ -193,18 +193,7 @@ pub fn rope_neox_kv_write(
             let mut value = k[e];
             if d < rope_dim {
                 // The pair this element belongs to, rotated as rope_neox does.
-                value = rope_neox_value(
-                    k,
-                    cs,
-                    cs,
-                    e - d,
-                    0u32,
-                    d,
-                    half,
-                    pos0 + e / kv_dim,
-                    1.0,
-                    0u32,
-                );
+                value = rope_neox_value(k, cs, e - d, d, half, pos0 + e / kv_dim);
             }
             if u == 0u32 {
                 k0 = value;

@@ -65,33 +65,15 @@ pub fn rope_norm(
 
 /// Element `d` (`< rope_dim`) of the head at `base` of `x`, rotated by NeoX RoPE at position
 /// `pos` with the angle table `cs` ([`rope_neox`](crate::rope_neox)'s expressions, so the same
-/// bits as its output). With `norm` set, the head is first normalized as
-/// [`rms_norm_heads`](crate::rms_norm_heads) writes it, each element times `scale` times its
-/// gain `g[g0 + element]` (`g` is read only then). `rope_neox_kv_write` rotates the keys it
-/// caches with it, and `rope_attention` its queries and the step's keys it scores.
+/// bits as its output). `rope_neox_kv_write` rotates the keys it caches with it.
 #[kernel_fn]
-pub fn rope_neox_value(
-    x: &[f32],
-    g: &[f32],
-    cs: &[f32],
-    base: u32,
-    g0: u32,
-    d: u32,
-    half: u32,
-    pos: u32,
-    scale: f32,
-    norm: u32,
-) -> f32 {
+pub fn rope_neox_value(x: &[f32], cs: &[f32], base: u32, d: u32, half: u32, pos: u32) -> f32 {
     let i = d % half;
     let at = 2u32 * (pos * half + i);
     let c = cs[at];
     let s = cs[at + 1u32];
-    let mut a = x[base + i];
-    let mut b = x[base + i + half];
-    if norm != 0u32 {
-        a = a * scale * g[g0 + i];
-        b = b * scale * g[g0 + i + half];
-    }
+    let a = x[base + i];
+    let b = x[base + i + half];
     let mut value = a * s + b * c;
     if d < half {
         value = a * c - b * s;

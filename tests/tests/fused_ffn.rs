@@ -11,7 +11,7 @@ use half::f16;
 use hesper_cpu::CpuBackend;
 use hesper_engine::attention::{AttentionConfig, KvType, SparsePattern};
 use hesper_engine::backend::{
-    AttentionShape, Backend, GateUp, HeadNorms, MatrixUse, Qkv, RopeShape,
+    AttentionShape, Backend, GateUp, HeadNorms, HeadPrep, MatrixUse, Qkv, RopeShape,
 };
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{Format, MatrixDesc};
@@ -522,8 +522,9 @@ fn fused_norm_and_residual_add_equal_the_unfused_ops_bit_for_bit() {
 /// [`Backend::rope_attention`] (`fused`) or rope, rope, attention; `extras` adds a sliding
 /// window of 7 positions, soft-capped scores and attention sinks. With `next`, the output is
 /// multiplied by it (after [`Backend::rope_attention_for`] where fused) and the product is
-/// returned in the attention output's place. With `heads` (query and key gains), each head is
-/// normalized first: by `rope_attention_for` where fused, else by [`Backend::rms_norm_qk`].
+/// returned in the attention output's place. With `prep` (biases, a query scale, head norms),
+/// the heads are prepared first: by `rope_attention_for` where fused, else by
+/// [`Backend::add_qkv_bias`], [`Backend::scale`] and [`Backend::rms_norm_qk`].
 /// Returns the rotated queries, the attention output and the dispatches of the last call.
 fn rope_then_attention(
     b: &GpuBackend,
@@ -532,7 +533,7 @@ fn rope_then_attention(
     extras: bool,
     (n, pos0): (usize, usize),
     next: Option<&GpuMatrix>,
-    heads: Option<[&Vector; 2]>,
+    prep: Option<HeadPrep<'_, Vector>>,
 ) -> (Vec<f32>, Vec<f32>, u64) {
     let sinks = [0.5, -0.3, 1.0, 0.2];
     let shape = AttentionShape {
@@ -568,27 +569,34 @@ fn rope_then_attention(
             b.write(&mut buf, &host).expect("write");
             buf
         };
-        let (mut q, mut k, v) = (data(rows * q_dim), data(rows * kv_dim), data(rows * kv_dim));
+        let (mut q, mut k, mut v) = (data(rows * q_dim), data(rows * kv_dim), data(rows * kv_dim));
         let d0 = b.stats().dispatches;
-        if let (Some(gains), false) = (heads, fused) {
-            let (mut nq, mut nk) = (
-                b.alloc(rows * q_dim).unwrap(),
-                b.alloc(rows * kv_dim).unwrap(),
-            );
-            b.rms_norm_qk(
-                [&q, &k],
-                gains,
-                [rows * 4, rows * 2],
-                1e-6,
-                [&mut nq, &mut nk],
-            );
-            (q, k) = (nq, nk);
+        if let (Some(p), false) = (prep, fused) {
+            if let Some(bias) = p.bias {
+                b.add_qkv_bias([&mut q, &mut k, &mut v], bias, rows);
+            }
+            if p.query_scale != 1.0 {
+                b.scale(&mut q, rows * q_dim, p.query_scale);
+            }
+            if let Some(norms) = p.norms {
+                let (mut nq, mut nk) = (
+                    b.alloc(rows * q_dim).unwrap(),
+                    b.alloc(rows * kv_dim).unwrap(),
+                );
+                b.rms_norm_qk(
+                    [&q, &k],
+                    norms.gains,
+                    [rows * 4, rows * 2],
+                    norms.eps,
+                    [&mut nq, &mut nk],
+                );
+                (q, k) = (nq, nk);
+            }
         }
         if fused {
-            let heads = heads.map(|gains| HeadNorms { gains, eps: 1e-6 });
             b.rope_attention_for(
-                &mut cache, 0, &mut q, &mut k, &v, rows, start, &rope_q, &rope_k, &shape, &mut out,
-                next, heads,
+                &mut cache, 0, &mut q, &mut k, &mut v, rows, start, &rope_q, &rope_k, &shape,
+                &mut out, next, prep,
             );
         } else {
             b.rope(&mut q, rows, start, &rope_q);
@@ -618,14 +626,38 @@ fn rope_then_attention(
 #[test]
 fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
     let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
-    assert!(gpu.norms_heads_in_attention());
+    assert!(gpu.prepares_heads_in_attention());
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let mut rng = Rng::new(13);
-    let mut gains = || {
-        let g: Vec<f32> = (0..16).map(|_| 1.0 + rng.unit()).collect();
+    let mut vector = |len: usize, around: f32| {
+        let g: Vec<f32> = (0..len).map(|_| around + rng.unit()).collect();
         gpu.load_vector(g).expect("vector")
     };
-    let (gq, gk) = (gains(), gains());
+    let (gq, gk) = (vector(16, 1.0), vector(16, 1.0));
+    let bias = [vector(64, 0.0), vector(32, 0.0), vector(32, 0.0)];
+    let norms = HeadNorms {
+        gains: [&gq, &gk],
+        eps: 1e-6,
+    };
+    // Qwen3's head norms; Qwen2's biases with Gemma 2's query scale; biases and head norms.
+    let preps = [
+        None,
+        Some(HeadPrep {
+            bias: None,
+            query_scale: 1.0,
+            norms: Some(norms),
+        }),
+        Some(HeadPrep {
+            bias: Some(&bias),
+            query_scale: 0.375,
+            norms: None,
+        }),
+        Some(HeadPrep {
+            bias: Some(&bias),
+            query_scale: 1.0,
+            norms: Some(norms),
+        }),
+    ];
     for kv_type in [KvType::F32, KvType::F16] {
         for sparse in [None, Some(SparsePattern::default())] {
             let dense = sparse.is_none();
@@ -636,35 +668,39 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
             };
             // Decode-sized steps (one kernel on a dense cache), one past them (two), and a step
             // whose new keys sit in attention's second tile of 128 positions; on a dense cache
-            // also with a window (of cached and new positions), soft caps and sinks; without
-            // and with head norms (Qwen3's), which the one kernel applies itself but where
-            // sinks take their binding.
+            // also with a window (of cached and new positions), soft caps and sinks; with each
+            // preparation of the heads, which the one kernel applies itself.
             let extras: &[bool] = if dense { &[false, true] } else { &[false] };
-            for ((&extras, (n, pos0)), heads) in extras
+            for ((&extras, (n, pos0)), (which, prep)) in extras
                 .iter()
                 .flat_map(|e| [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)].map(|s| (e, s)))
-                .flat_map(|c| [(c, None), (c, Some([&gq, &gk]))])
+                .flat_map(|c| preps.iter().enumerate().map(move |p| (c, p)))
             {
-                let normed = heads.is_some();
                 let what = format!(
-                    "{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0} heads={normed}"
+                    "{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0} prep {which}"
                 );
                 let (q_fused, out_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, heads);
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, *prep);
                 let (q_apart, out_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, heads);
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, *prep);
                 // With head norms, a path that normalizes first rotates its own copy.
+                let normed = prep.is_some_and(|p| p.norms.is_some());
                 if !normed {
                     assert_eq!(bits(&q_fused), bits(&q_apart), "{what}: rotated queries");
                 }
                 assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: attention");
                 // Rope, rope, cache write, (landmarks,) attention; fused on a dense cache: one
-                // kernel for all four in a decode-sized step (and the head norms, but beside
-                // sinks), else one for the first three.
+                // kernel for all four in a decode-sized step (and the biases, the query scale
+                // and the head norms, each a launch apart), else one for the first three.
                 let decode = n < WIDE_STEP as usize;
+                let prepared = prep.map_or(0, |p| {
+                    u64::from(p.bias.is_some())
+                        + u64::from(p.query_scale != 1.0)
+                        + u64::from(p.norms.is_some())
+                });
                 let saved = match (dense, decode) {
                     (false, _) => 0,
-                    (true, true) => 3 + u64::from(normed && !extras),
+                    (true, true) => 3 + prepared,
                     (true, false) => 2,
                 };
                 assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");

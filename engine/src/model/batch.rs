@@ -283,14 +283,14 @@ impl<B: Backend> Model<B> {
         self.layers_over(
             &mut sc.s,
             n,
-            &mut |b, li, [q, k, v, att], rope, attn, next, heads| {
+            &mut |b, li, [q, k, v, att], rope, attn, next, prep| {
                 if let [seg] = &mut segs[..] {
                     if seg.len <= seg.step {
                         let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
                         let (len, pos0) = (seg.len, seg.pos0);
                         b.rope_attention_for(
                             seg.cache, li, q, k, v, len, pos0, &rope_q, &rope_k, attn, att, next,
-                            heads,
+                            prep,
                         );
                         return;
                     }
@@ -307,7 +307,7 @@ impl<B: Backend> Model<B> {
                         let pos0 = seg.pos0 + at;
                         b.rope_attention_for(
                             seg.cache, li, oq, ok, ov, len, pos0, &rope_q, &rope_k, attn, oatt,
-                            None, heads,
+                            None, prep,
                         );
                         b.copy_rows(oatt, 0, len, qd, att, row0);
                     }
