@@ -84,7 +84,7 @@ impl<V> Copy for HeadNorms<'_, V> {}
 
 /// What a layer does to its step's queries, keys and values between their products and the
 /// rotations, in this order: the biases added, the queries scaled, each query and key head
-/// normalized. Handed to [`Backend::rope_attention_for`] by a backend that applies it there
+/// normalized. Handed to [`Backend::rope_attention`] by a backend that applies it there
 /// ([`Backend::prepares_heads_in_attention`]); else the caller applies it first.
 pub struct HeadPrep<'a, V> {
     /// The query, key and value biases (Qwen2, gpt-oss).
@@ -552,41 +552,22 @@ pub trait Backend {
         shape: &AttentionShape,
         out: &mut Self::Buffer,
     );
-    /// [`Backend::rope`] of the queries `q` (`rope_q`) and of the new keys `k` (`rope_k`),
-    /// then [`Backend::attention`]. A backend may rotate both and write the cache in one pass;
-    /// `k` is then left as it was (callers do not read it afterwards).
-    #[allow(clippy::too_many_arguments)]
-    fn rope_attention(
-        &self,
-        cache: &mut Self::Cache,
-        layer: usize,
-        q: &mut Self::Buffer,
-        k: &mut Self::Buffer,
-        v: &Self::Buffer,
-        n: usize,
-        pos0: usize,
-        rope_q: &RopeShape,
-        rope_k: &RopeShape,
-        shape: &AttentionShape,
-        out: &mut Self::Buffer,
-    ) {
-        self.rope(q, n, pos0, rope_q);
-        self.rope(k, n, pos0, rope_k);
-        self.attention(cache, layer, q, k, v, n, pos0, shape, out);
-    }
-    /// Whether [`Backend::rope_attention_for`] applies a layer's [`HeadPrep`] itself when
-    /// handed it (else the caller applies it first: [`Backend::add_qkv_bias`],
-    /// [`Backend::scale`], [`Backend::rms_norm_qk`]).
+    /// Whether [`Backend::rope_attention`] applies a layer's [`HeadPrep`] itself when handed
+    /// it (else the caller applies it first: [`Backend::add_qkv_bias`], [`Backend::scale`],
+    /// [`Backend::rms_norm_qk`]).
     fn prepares_heads_in_attention(&self) -> bool {
         false
     }
-    /// [`Backend::rope_attention`] whose output is read only by the product of `next`, where
-    /// the caller names one: a backend may then leave `out` in the form that product reads (as
-    /// [`Backend::rms_norm_for`] leaves its rows), and nothing else may read `out`. `prep`,
-    /// only for a backend that [`Backend::prepares_heads_in_attention`], is what the layer
-    /// does to `q`, `k` and `v` before the rotations (a backend may apply it in place).
+    /// [`Backend::rope`] of the queries `q` (`rope_q`) and of the new keys `k` (`rope_k`),
+    /// then [`Backend::attention`]. A backend may rotate both and write the cache in one pass;
+    /// `k` is then left as it was (callers do not read it afterwards). Where the caller names
+    /// `next`, the product that alone reads `out`, a backend may leave `out` in the form that
+    /// product reads (as [`Backend::rms_norm_for`] leaves its rows), and nothing else may read
+    /// it. `prep`, only for a backend that [`Backend::prepares_heads_in_attention`], is what
+    /// the layer does to `q`, `k` and `v` before the rotations (a backend may apply it in
+    /// place).
     #[allow(clippy::too_many_arguments)]
-    fn rope_attention_for(
+    fn rope_attention(
         &self,
         cache: &mut Self::Cache,
         layer: usize,
@@ -606,7 +587,9 @@ pub trait Backend {
         if prep.is_some() {
             unreachable!("only a backend that prepares heads in attention is handed a HeadPrep")
         }
-        self.rope_attention(cache, layer, q, k, v, n, pos0, rope_q, rope_k, shape, out);
+        self.rope(q, n, pos0, rope_q);
+        self.rope(k, n, pos0, rope_k);
+        self.attention(cache, layer, q, k, v, n, pos0, shape, out);
     }
     /// Drops positions `keep..keep + discard` from every layer of the cache (llama.cpp's
     /// context shift): positions `keep + discard..used` move down by `discard`, each key

@@ -1148,7 +1148,7 @@ impl<B: Backend> Model<B> {
             n,
             &mut |b, li, [q, k, v, att], rope, attn, next, prep| {
                 let [rope_q, rope_k] = self.rope_in_context(rope, n_ctx);
-                b.rope_attention_for(
+                b.rope_attention(
                     cache, li, q, k, v, n, pos0, &rope_q, &rope_k, attn, att, next, prep,
                 );
             },

@@ -625,7 +625,7 @@ impl GpuBackend {
         }
     }
 
-    /// [`Backend::rope_attention_for`] once what prepares the heads is settled: `prep` is
+    /// [`Backend::rope_attention`] once what prepares the heads is settled: `prep` is
     /// handed over only where `step` runs in one kernel, which applies it.
     #[allow(clippy::too_many_arguments)]
     fn rope_attend_step(
@@ -1485,48 +1485,23 @@ impl Backend for GpuBackend {
         });
     }
 
-    /// Where the cache is dense: a decode-sized step (fewer than [`k::WIDE_STEP`] rows) in one
-    /// kernel (`rope_attention`: the rotations, the cache write and attention); a longer one
-    /// rotates Q and K and writes the cache in one kernel (`rope_neox_kv_write`), then attends
-    /// (`rope_attention` prepares the step's keys again in each row's workgroups, work that
-    /// grows with the square of the step). Both give every row the same bits.
-    fn rope_attention(
-        &self,
-        cache: &mut GpuKvCache,
-        layer: usize,
-        q: &mut GpuBuffer<f32>,
-        k_new: &mut GpuBuffer<f32>,
-        v_new: &GpuBuffer<f32>,
-        n: usize,
-        pos0: usize,
-        rope_q: &RopeShape,
-        rope_k: &RopeShape,
-        shape: &AttentionShape,
-        out: &mut GpuBuffer<f32>,
-    ) {
-        let step = Step {
-            cache,
-            layer,
-            n,
-            pos0,
-            rope: [rope_q, rope_k],
-            shape,
-        };
-        self.rope_attend_step(step, q, k_new, v_new, out, None, None);
-    }
-
     /// Always: in the one kernel of a decoded token (`rope_attention`), else with
     /// `add_qkv_bias`, `scale` and `rms_norm_heads` first, which give the same bits.
     fn prepares_heads_in_attention(&self) -> bool {
         true
     }
 
-    /// As [`Backend::rope_attention`]; where the one kernel runs and `next` is an F16 product
-    /// of the outputs, they are rounded to its halves by that kernel (`pack_f16`'s words)
-    /// instead of written as floats, and the product reads them as they are. The heads are
-    /// prepared by that kernel too where it runs, else by their own launches first (the
-    /// biases and scale in place, the norms into a scratch of the backend's).
-    fn rope_attention_for(
+    /// Where the cache is dense: a decode-sized step (fewer than [`k::WIDE_STEP`] rows) in one
+    /// kernel (`rope_attention`: the heads' preparation, the rotations, the cache write and
+    /// attention); a longer one prepares the heads by their own launches (the biases and
+    /// scale in place, the norms into a scratch of the backend's), rotates Q and K and writes
+    /// the cache in one kernel (`rope_neox_kv_write`), then attends (`rope_attention` would
+    /// prepare the step's keys again in each row's workgroups, work that grows with the
+    /// square of the step). Both give every row the same bits. Where the one kernel runs and
+    /// `next` is an F16 product of the outputs, they are rounded to its halves by that kernel
+    /// (`pack_f16`'s words) instead of written as floats, and the product reads them as they
+    /// are.
+    fn rope_attention(
         &self,
         cache: &mut GpuKvCache,
         layer: usize,

@@ -521,9 +521,9 @@ fn fused_norm_and_residual_add_equal_the_unfused_ops_bit_for_bit() {
 /// way) with GQA 4/2 heads of 16, a partial rotation (12 of 16 dims), through
 /// [`Backend::rope_attention`] (`fused`) or rope, rope, attention; `extras` adds a sliding
 /// window of 7 positions, soft-capped scores and attention sinks. With `next`, the output is
-/// multiplied by it (after [`Backend::rope_attention_for`] where fused) and the product is
+/// multiplied by it (after [`Backend::rope_attention`] where fused) and the product is
 /// returned in the attention output's place. With `prep` (biases, a query scale, head norms),
-/// the heads are prepared first: by `rope_attention_for` where fused, else by
+/// the heads are prepared first: by `rope_attention` where fused, else by
 /// [`Backend::add_qkv_bias`], [`Backend::scale`] and [`Backend::rms_norm_qk`].
 /// Returns the rotated queries, the attention output and the dispatches of the last call.
 fn rope_then_attention(
@@ -594,7 +594,7 @@ fn rope_then_attention(
             }
         }
         if fused {
-            b.rope_attention_for(
+            b.rope_attention(
                 &mut cache, 0, &mut q, &mut k, &mut v, rows, start, &rope_q, &rope_k, &shape,
                 &mut out, next, prep,
             );

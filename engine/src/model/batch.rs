@@ -288,7 +288,7 @@ impl<B: Backend> Model<B> {
                     if seg.len <= seg.step {
                         let [rope_q, rope_k] = self.rope_in_context(rope, seg.n_ctx);
                         let (len, pos0) = (seg.len, seg.pos0);
-                        b.rope_attention_for(
+                        b.rope_attention(
                             seg.cache, li, q, k, v, len, pos0, &rope_q, &rope_k, attn, att, next,
                             prep,
                         );
@@ -305,7 +305,7 @@ impl<B: Backend> Model<B> {
                         b.copy_rows(k, row0, len, kv, ok, 0);
                         b.copy_rows(v, row0, len, kv, ov, 0);
                         let pos0 = seg.pos0 + at;
-                        b.rope_attention_for(
+                        b.rope_attention(
                             seg.cache, li, oq, ok, ov, len, pos0, &rope_q, &rope_k, attn, oatt,
                             None, prep,
                         );
