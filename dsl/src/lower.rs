@@ -662,13 +662,14 @@ impl<'a> Lowerer<'a> {
             )),
             ("f32_to_bits", 1) => call("bitcast<u32>", args, Ty::U32),
             ("barrier", 0) => call("workgroupBarrier", args, Ty::Unknown),
+            ("storage_barrier", 0) => call("storageBarrier", args, Ty::Unknown),
             ("select", 3) => {
                 let ty = args[1].ty();
                 call("select", args, ty)
             }
             (name, _) => Err(unsupported(
                 c,
-                &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, f32_to_bits, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
+                &format!("the call `{name}` (intrinsics: gid, lid, wid, wid_y, barrier, storage_barrier, select, f32_from_bits, dot4_i8_packed, unpack_f16_lo, unpack_f16_hi, f32_to_bits, subgroup_add, subgroup_max, subgroup_invocation, subgroup_size, subgroup_index, subgroup_count; helpers are listed in `uses(..)`)"),
             )),
         }
     }

@@ -446,6 +446,26 @@ pub trait Backend {
         self.rms_norm(x, w, n, eps, scratch);
         self.add(out, scratch, n * width);
     }
+    /// [`Backend::rms_norm_add`] of `y` with `w_add` into the residual stream `x`, then
+    /// [`Backend::rms_norm_for`] of `x` with `w` into `out` for `next` (Gemma's normalized
+    /// sublayer output added, then the stream's norm before the next sublayer). A backend may
+    /// do both in one pass where it gives the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_add_norm_for(
+        &self,
+        y: &Self::Buffer,
+        w_add: &Self::Vector,
+        x: &mut Self::Buffer,
+        w: &Self::Vector,
+        n: usize,
+        width: usize,
+        eps: f32,
+        out: &mut Self::Buffer,
+        next: &Self::Matrix,
+    ) {
+        self.rms_norm_add(y, w_add, n, width, eps, x, out);
+        self.rms_norm_for(x, w, n, eps, out, next);
+    }
     /// `out[i] = W · x[i]` for `n` rows, with the activation quantization the weight layout
     /// implies (per-token int8 for I2_S, Q8_K blocks for TQ, f16 rounding for F16, none for F32).
     fn matmul(&self, w: &Self::Matrix, x: &Self::Buffer, n: usize, out: &mut Self::Buffer);

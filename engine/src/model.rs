@@ -1175,6 +1175,8 @@ impl<B: Backend> Model<B> {
             act,
             ..
         } = sc;
+        // Whether the layer before normalized the stream for this layer's attention (into `h`).
+        let mut normed = false;
         for (li, l) in self.layers.iter().enumerate() {
             // A sliding-window layer attends its window with its own RoPE base.
             let il = self.layer_range.start + li;
@@ -1198,7 +1200,9 @@ impl<B: Backend> Model<B> {
                     ..rope_q
                 },
             ];
-            b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
+            if !normed {
+                b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
+            }
             b.qkv(&l.qkv, h, n, [&mut *q, &mut *k, &mut *v]);
             // Between the products and the rotations: the biases, the query scale (where head
             // norms do not follow) and the head norms.
@@ -1263,19 +1267,36 @@ impl<B: Backend> Model<B> {
             };
             match (&l.post_norms, &l.wo_bias) {
                 // Gemma normalizes the attention's output before the residual add (into `q`,
-                // normalized into `h`: both free here).
+                // normalized into `h`: both free here), and the stream for the FFN in the same
+                // pass.
                 (Some([g, _]), _) => {
                     b.matmul(&l.wo, wo_in, n, q);
-                    b.rms_norm_add(q, g, n, c.n_embd, c.eps, x, h);
+                    b.rms_norm_add_norm_for(
+                        q,
+                        g,
+                        x,
+                        &l.ffn_norm,
+                        n,
+                        c.n_embd,
+                        c.eps,
+                        h,
+                        l.ffn.first(),
+                    );
                 }
                 (None, Some(bias)) => {
                     b.matmul(&l.wo, wo_in, n, q);
                     b.add_bias(q, bias, n);
                     b.add(x, q, n * c.n_embd);
+                    b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.ffn.first());
                 }
-                (None, None) => b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q),
+                (None, None) => {
+                    b.matmul_add(&l.wo, wo_in, n, c.n_embd, x, q);
+                    b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.ffn.first());
+                }
             }
-            b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.ffn.first());
+            // The FFN's output: into `q` where Gemma normalizes it before the residual add,
+            // else added to the residual stream here.
+            let post_norm = l.post_norms.as_ref().map(|[_, g]| g);
             match &l.ffn {
                 Ffn::Dense { gate_up, down } => {
                     b.gate_up(gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
@@ -1286,27 +1307,45 @@ impl<B: Backend> Model<B> {
                         }
                         None => &*act,
                     };
-                    match &l.post_norms {
-                        Some([_, g]) => {
-                            b.matmul(down, down_in, n, q);
-                            b.rms_norm_add(q, g, n, c.n_embd, c.eps, x, h);
-                        }
+                    match post_norm {
+                        Some(_) => b.matmul(down, down_in, n, q),
                         None => b.matmul_add(down, down_in, n, c.n_embd, x, q),
                     }
                 }
-                // The experts' weighted sum into `q`, then (normalized where the family
-                // normalizes the FFN's output) added to the residual stream.
+                // The experts' weighted sum into `q`.
                 Ffn::Experts(moe) => {
                     let Some(routing) = &c.experts else {
                         unreachable!("a layer of experts is loaded from a config with them")
                     };
                     b.moe_ffn(moe, routing, c.activation, h, n, q);
-                    match &l.post_norms {
-                        Some([_, g]) => b.rms_norm_add(q, g, n, c.n_embd, c.eps, x, h),
-                        None => b.add(x, q, n * c.n_embd),
+                    if post_norm.is_none() {
+                        b.add(x, q, n * c.n_embd);
                     }
                 }
             }
+            // Gemma's normalized FFN output added; with a layer after it here, the stream
+            // normalized for that layer's attention in the same pass.
+            normed = match (post_norm, self.layers.get(li + 1)) {
+                (Some(g), Some(after)) => {
+                    b.rms_norm_add_norm_for(
+                        q,
+                        g,
+                        x,
+                        &after.attn_norm,
+                        n,
+                        c.n_embd,
+                        c.eps,
+                        h,
+                        after.qkv.first(),
+                    );
+                    true
+                }
+                (Some(g), None) => {
+                    b.rms_norm_add(q, g, n, c.n_embd, c.eps, x, h);
+                    false
+                }
+                (None, _) => false,
+            };
         }
     }
 

@@ -1145,6 +1145,88 @@ impl Backend for GpuBackend {
         self.record(|st| st.rms_norm(x, w, n, eps, out, true));
     }
 
+    /// One kernel (`rms_norm_add_norm_sg`) where the device has subgroups and `next` reads
+    /// floats or F16 halves (which it leaves for the product, as `rms_norm_for` does); else
+    /// the add and `rms_norm_for` apart (the block and per-token quantizers spread a row over
+    /// workgroups or take their own kernels).
+    fn rms_norm_add_norm_for(
+        &self,
+        y: &GpuBuffer<f32>,
+        w_add: &GpuBuffer<f32>,
+        x: &mut GpuBuffer<f32>,
+        w: &GpuBuffer<f32>,
+        n: usize,
+        width: usize,
+        eps: f32,
+        out: &mut GpuBuffer<f32>,
+        next: &GpuMatrix,
+    ) {
+        // Whether the one kernel leaves halves (else floats), where it runs.
+        let halves = {
+            let st = self.state.borrow();
+            let form = product::fused_form(next.kind, st.packed_dot);
+            match form {
+                _ if !st.subgroups || w_add.len() != width || w.len() != width => None,
+                None => Some(false),
+                Some(product::Form::Halves)
+                    if next.desc.cols == width && width.is_multiple_of(2) =>
+                {
+                    Some(true)
+                }
+                Some(_) => None,
+            }
+        };
+        let Some(halves) = halves else {
+            self.rms_norm_add(y, w_add, n, width, eps, x, out);
+            return self.rms_norm_for(x, w, n, eps, out, next);
+        };
+        self.record(|st| {
+            if halves {
+                st.reserve_halves(n * width / 2)?;
+            }
+            // Both rows read, the stream written, the output written (and its halves).
+            let traffic = norm_bytes(n, width)
+                + norm_bytes(n, width)
+                + if halves { 2 * (n * width) as u64 } else { 0 };
+            let State {
+                gpu,
+                batch,
+                act: Activations { halves: h, .. },
+                unused,
+                ..
+            } = st;
+            let mut run = |h: &mut GpuBuffer<u32>| {
+                batch.run_moving(
+                    gpu,
+                    &k::rms_norm_add_norm_sg::Args {
+                        y,
+                        w_add,
+                        x: &mut *x,
+                        w,
+                        out: &mut *out,
+                        h,
+                        width: width as u32,
+                        eps,
+                        halves: u32::from(halves),
+                    },
+                    k::row_grid(n as u32),
+                    traffic,
+                )
+            };
+            if !halves {
+                return unused.0.as_elements_mut(run);
+            }
+            run(h)?;
+            st.quantized = Some(Quantized {
+                buffer: out.raw().clone(),
+                cols: width,
+                n,
+                form: product::Form::Halves,
+            });
+            Ok(())
+        });
+    }
+
     /// Both head norms in one launch (`rms_norm_heads`: the order in which `rope_attention`
     /// normalizes a decoded token's heads) where the heads are one width of at most
     /// [`MAX_HEAD_DIM`] and their rows fit one grid dimension (else the two norms apart).

@@ -120,6 +120,11 @@ pub fn barrier() {
     unreachable!("{NOT_RUN}")
 }
 
+/// `storageBarrier()`.
+pub fn storage_barrier() {
+    unreachable!("{NOT_RUN}")
+}
+
 /// WGSL's `select(f, t, cond)`: `t` where `cond`, else `f`.
 pub fn select<T>(_f: T, _t: T, _cond: bool) -> T {
     unreachable!("{NOT_RUN}")

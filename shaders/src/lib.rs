@@ -54,8 +54,9 @@ pub use matvec::{
     matvec_q8_0, matvec_q8_0_dp4, matvec_q8_0_dp4_wide, matvec_q8_0_wide,
 };
 pub use norm::{
-    rms_norm, rms_norm_heads, rms_norm_pack_f16_sg, rms_norm_quantize_i8_packed_sg,
-    rms_norm_quantize_q8_0_sg, rms_norm_quantize_q8k_sg, rms_norm_sg,
+    rms_norm, rms_norm_add_norm_sg, rms_norm_heads, rms_norm_pack_f16_sg,
+    rms_norm_quantize_i8_packed_sg, rms_norm_quantize_q8_0_sg, rms_norm_quantize_q8k_sg,
+    rms_norm_sg,
 };
 pub use quantize::{quantize_i8, quantize_i8_packed, quantize_q8_0, quantize_q8k};
 pub use rope::{rope_neox, rope_norm};

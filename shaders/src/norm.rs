@@ -316,6 +316,78 @@ pub fn rms_norm_pack_f16_sg(
     }
 }
 
+/// Gemma's normalized sublayer output added to the residual stream, then the stream's next
+/// norm, in one pass a row: `x += y / sqrt(mean(y²) + eps) · w_add` as [`rms_norm_sg`] with
+/// `add` writes it, then `out = x / sqrt(mean(x²) + eps) · w` as `rms_norm_sg` writes it
+/// (`halves` 0) or as [`rms_norm_pack_f16_sg`] does, with its halves in `h` (`halves` 1, for the
+/// F16 product that reads `out` next; `width` even). Each sum of squares is added in those
+/// kernels' order (thread `t`: elements `t, t + 256, …`, then the subgroup sums), so the same
+/// bits as the two kernels one after the other; the second pass reads the stream values other
+/// threads wrote after a storage barrier.
+#[kernel(workgroup = 256, features(subgroups), uses(subgroup_total, f16_bits))]
+pub fn rms_norm_add_norm_sg(
+    y: &[f32],
+    w_add: &[f32],
+    x: &mut [f32],
+    w: &[f32],
+    out: &mut [f32],
+    h: &mut [u32],
+    #[uniform] width: u32,
+    #[uniform] eps: f32,
+    #[uniform] halves: u32,
+    #[shared] acc: &mut [f32; 256],
+) {
+    let row = wid();
+    let t = lid();
+    let base = row * width;
+    let mut squares: f32 = 0.0;
+    for i in (t..width).step_by(256) {
+        let v = y[base + i];
+        squares += v * v;
+    }
+    let total = subgroup_total(
+        squares,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
+    let scale = 1.0 / (total / (width as f32) + eps).sqrt();
+    let mut stream_squares: f32 = 0.0;
+    for i in (t..width).step_by(256) {
+        let added = y[base + i] * scale * w_add[i];
+        let v = x[base + i] + added;
+        x[base + i] = v;
+        stream_squares += v * v;
+    }
+    // Every thread has read `acc` before it is written again.
+    barrier();
+    let stream_total = subgroup_total(
+        stream_squares,
+        acc,
+        subgroup_invocation(),
+        subgroup_index(),
+        subgroup_count(),
+    );
+    let norm = 1.0 / (stream_total / (width as f32) + eps).sqrt();
+    storage_barrier();
+    if halves == 0u32 {
+        for i in (t..width).step_by(256) {
+            out[base + i] = x[base + i] * norm * w[i];
+        }
+    } else {
+        let words = width / 2u32;
+        for wd in (t..words).step_by(256) {
+            let i = 2u32 * wd;
+            let v0 = x[base + i] * norm * w[i];
+            let v1 = x[base + i + 1u32] * norm * w[i + 1u32];
+            out[base + i] = v0;
+            out[base + i + 1u32] = v1;
+            h[row * words + wd] = f16_bits(v0) | (f16_bits(v1) << 16u32);
+        }
+    }
+}
+
 /// [`rms_norm_sg`] and, in the same pass, [`quantize_q8_0`](crate::quantize_q8_0) of its output,
 /// spread over the row: a workgroup for each 256 values of a row (the grid is
 /// [`span_grid`](crate::span_grid)`(width, rows)`). Every workgroup sums its row's squares

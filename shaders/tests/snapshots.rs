@@ -30,6 +30,7 @@ fn generated_wgsl_is_unchanged() {
         rms_norm_heads,
         rms_norm_quantize_i8_packed_sg,
         rms_norm_pack_f16_sg,
+        rms_norm_add_norm_sg,
         rms_norm_quantize_q8_0_sg,
         rms_norm_quantize_q8k_sg,
         argmax_partial,

@@ -517,6 +517,67 @@ fn fused_norm_and_residual_add_equal_the_unfused_ops_bit_for_bit() {
     }
 }
 
+#[test]
+fn fused_norm_add_and_next_norm_equal_the_unfused_ops_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng::new(10);
+    // A width that is not a multiple of the kernel's 256 threads, and one that is.
+    for width in [320, D] {
+        // The next product reads halves (one kernel), floats (one kernel) or Q8_0 blocks (the
+        // add, then the fused norm and quantizer).
+        let next = [
+            (load(&gpu, "next", Format::F16, 48, width, 21), 1),
+            (load(&gpu, "next", Format::F32, 48, width, 22), 1),
+            (load(&gpu, "next", Format::Q8_0, 48, width, 23), 2),
+        ];
+        for (n, (m, launches)) in [1, 5]
+            .into_iter()
+            .flat_map(|n| next.iter().map(move |m| (n, m)))
+        {
+            let what = format!("width={width} n={n} {:?}", m.kind);
+            let mut values = |len: usize, scale: f32| -> Vec<f32> {
+                (0..len).map(|_| scale * rng.unit()).collect()
+            };
+            let (y, residual) = (values(n * width, 3.0), values(n * width, 2.0));
+            let w_add = gpu.load_vector(values(width, 1.0)).expect("vector");
+            let w = gpu.load_vector(values(width, 1.0)).expect("vector");
+            let upload = |v: &[f32]| {
+                let mut b = gpu.alloc(v.len()).expect("alloc");
+                gpu.write(&mut b, v).expect("write");
+                b
+            };
+            let y = upload(&y);
+            // Gemma's `x += rms_norm(y)·w_add`, then `rms_norm(x)·w` for the next product:
+            // fused, then as the two ops it replaces; each followed by that product.
+            let run = |fused: bool| {
+                let (mut x, mut out) = (upload(&residual), gpu.alloc(n * width).unwrap());
+                let mut product = gpu.alloc(n * 48).unwrap();
+                let d0 = gpu.stats().dispatches;
+                if fused {
+                    gpu.rms_norm_add_norm_for(&y, &w_add, &mut x, &w, n, width, 1e-5, &mut out, m);
+                } else {
+                    gpu.rms_norm_add(&y, &w_add, n, width, 1e-5, &mut x, &mut out);
+                    gpu.rms_norm_for(&x, &w, n, 1e-5, &mut out, m);
+                }
+                gpu.matmul(m, &out, n, &mut product);
+                let reads = [(&x, width), (&out, width), (&product, 48)];
+                let read = reads.map(|(b, w)| read(&gpu, b, n * w));
+                (read, gpu.stats().dispatches - d0)
+            };
+            let ([x_fused, out_fused, p_fused], d_fused) = run(true);
+            let ([x_apart, out_apart, p_apart], d_apart) = run(false);
+            assert_eq!(bits(&x_fused), bits(&x_apart), "{what}: residual stream");
+            assert_eq!(bits(&out_fused), bits(&out_apart), "{what}: norm");
+            assert_eq!(bits(&p_fused), bits(&p_apart), "{what}: product");
+            assert_ne!(x_fused, residual, "{what}: nothing was added");
+            // The norms' launches and the product's, which reads what the last norm left (an
+            // F16 product's halves: no launch of its own to round them).
+            assert_eq!((d_fused, d_apart), (launches + 1, 3), "{what}: dispatches");
+        }
+    }
+}
+
 /// Attention of `n` new rows at position `pos0` (after `pos0` earlier rows written the same
 /// way) with GQA 4/2 heads of 16, a partial rotation (12 of 16 dims), through
 /// [`Backend::rope_attention`] (`fused`) or rope, rope, attention; `extras` adds a sliding
