@@ -639,17 +639,11 @@ impl GpuBackend {
         prep: Option<HeadPrep<'_, GpuBuffer<f32>>>,
     ) {
         let (fused, decode) = (step.fused(), step.one_kernel());
-        let Step {
-            cache,
-            layer,
-            n,
-            pos0,
-            rope: [rope_q, rope_k],
-            shape,
-        } = step;
+        let (n, pos0, shape, [rope_q, rope_k]) = (step.n, step.pos0, step.shape, step.rope);
         if !fused {
             self.rope(q, n, pos0, rope_q);
             self.rope(k_new, n, pos0, rope_k);
+            let (cache, layer) = (step.cache, step.layer);
             return self.attention(cache, layer, q, k_new, v_new, n, pos0, shape, out);
         }
         self.record(|st| {
@@ -660,18 +654,11 @@ impl GpuBackend {
                 let halves = next.is_some_and(|m| {
                     m.kind == Kind::F16 && m.desc.cols == cols && shape.head_dim.is_multiple_of(2)
                 });
-                upload_sinks(st, cache, layer, shape)?;
-                let prepared = join_layer_params(st, cache, layer, shape, prep.as_ref())?;
-                let step = Step {
-                    cache,
-                    layer,
-                    n,
-                    pos0,
-                    rope: [rope_q, rope_k],
-                    shape,
-                };
+                upload_sinks(st, step.cache, step.layer, shape)?;
+                let prepared = join_layer_params(st, step.cache, step.layer, shape, prep.as_ref())?;
                 return rope_attend(st, step, at, q, k_new, v_new, out, halves, prepared);
             }
+            let (cache, layer) = (step.cache, step.layer);
             let table = &st.ropes[at];
             let kv = cache.kv_dim;
             let pairs = n * shape.n_head * rope_q.rope_dim / 2;
