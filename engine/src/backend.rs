@@ -254,6 +254,14 @@ pub enum Qkv<M> {
     },
     /// One matrix of all three (the backend's own layout), multiplied in one pass.
     Joined(M),
+    /// Q and K in one matrix (the backend's own layout) and V apart, where V cannot join them
+    /// (llama.cpp's Q4_K_M keeps some layers' V in Q6_K): two products of one input.
+    JoinedQk {
+        /// The query and key projections, multiplied in one pass.
+        qk: M,
+        /// The value projection.
+        v: M,
+    },
 }
 
 impl<M> Qkv<M> {
@@ -261,7 +269,7 @@ impl<M> Qkv<M> {
     pub fn first(&self) -> &M {
         match self {
             Qkv::Apart { q, .. } => q,
-            Qkv::Joined(m) => m,
+            Qkv::Joined(m) | Qkv::JoinedQk { qk: m, .. } => m,
         }
     }
 }
@@ -495,9 +503,8 @@ pub trait Backend {
         self.matmul(w, x, n, scratch);
         self.add(out, scratch, n * width);
     }
-    /// The FFN's gate and up projections as this backend multiplies them in
     /// Prepares an attention block's Q, K and V projections for [`Backend::qkv`]. By default
-    /// they stay apart; a backend that multiplies all three in one pass joins them here.
+    /// they stay apart; a backend that multiplies them in fewer passes joins them here.
     fn join_qkv(
         &self,
         q: Self::Matrix,
@@ -514,11 +521,12 @@ pub trait Backend {
                 let [oq, ok, ov] = outs;
                 self.matmul_many(&[q, k, v], x, n, &mut [oq, ok, ov]);
             }
-            Qkv::Joined(_) => {
+            Qkv::Joined(_) | Qkv::JoinedQk { .. } => {
                 unreachable!("a backend that joins Q, K and V multiplies them itself")
             }
         }
     }
+    /// The FFN's gate and up projections as this backend multiplies them in
     /// [`Backend::gate_up`]. By default they stay apart; a backend that fuses the pair (one
     /// pass over the activations, `act(g)·u` as it writes) joins them here.
     fn join_gate_up(

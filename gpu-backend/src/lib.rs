@@ -1420,17 +1420,23 @@ impl Backend for GpuBackend {
     }
 
     /// Puts the rows of Q, K and V one after the other so one pass of the matrix kernel
-    /// computes all three; matrices that do not fit one window stay apart.
+    /// computes all three; where V cannot join them (a layout of its own), Q and K alone;
+    /// matrices that do not fit one window stay apart.
     fn join_qkv(
         &self,
         q: GpuMatrix,
         k: GpuMatrix,
         v: GpuMatrix,
     ) -> Result<Qkv<GpuMatrix>, BackendError> {
-        let mut st = self.state.borrow_mut();
-        match GpuMatrix::join_qkv(&mut st.gpu, q, k, v).map_err(device_error)? {
-            Ok(joined) => Ok(Qkv::Joined(joined)),
-            Err((q, k, v)) => Ok(Qkv::Apart { q, k, v }),
+        let gpu = &mut self.state.borrow_mut().gpu;
+        let (q, k, v) = match GpuMatrix::join_qkv(gpu, q, k, Some(v)).map_err(device_error)? {
+            Ok(joined) => return Ok(Qkv::Joined(joined)),
+            Err((q, k, Some(v))) => (q, k, v),
+            Err((_, _, None)) => unreachable!("V was handed to the join"),
+        };
+        match GpuMatrix::join_qkv(gpu, q, k, None).map_err(device_error)? {
+            Ok(qk) => Ok(Qkv::JoinedQk { qk, v }),
+            Err((q, k, _)) => Ok(Qkv::Apart { q, k, v }),
         }
     }
 
@@ -1445,6 +1451,17 @@ impl Backend for GpuBackend {
             Qkv::Joined(m) => self.record_product(|st| {
                 product::quantize(st, m, x, n)?;
                 product::multiply_into(st, m, x, n, product::Outputs::Qkv(outs))
+            }),
+            // V's product reads the input Q and K's quantized where it reads it so.
+            Qkv::JoinedQk { qk, v } => self.record_product(|st| {
+                let [oq, ok, ov] = outs;
+                product::quantize(st, qk, x, n)?;
+                let joined = product::Outputs::Qkv([oq, ok, &mut *ov]);
+                product::multiply_into(st, qk, x, n, joined)?;
+                if !product::same_input(qk, v) {
+                    product::quantize(st, v, x, n)?;
+                }
+                product::multiply(st, v, x, n, ov, k::STORE)
             }),
             Qkv::Apart { q, k, v } => {
                 let [oq, ok, ov] = outs;

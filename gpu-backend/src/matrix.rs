@@ -248,21 +248,22 @@ impl GpuMatrix {
         }))
     }
 
-    /// Joins an attention block's Q, K and V into one matrix of their rows one after the
-    /// other (copied on the GPU), for one pass that writes the three outputs
-    /// (`hesper_shaders::SPLIT_QKV`). Returns them untouched where they differ in layout or
-    /// width, or would not fit one window.
+    /// Joins an attention block's Q, K and (where given) V into one matrix of their rows one
+    /// after the other (copied on the GPU), for one pass that writes the three outputs
+    /// (`hesper_shaders::SPLIT_QKV`; without V its rows start past the last, so none is
+    /// written as one). Returns them untouched where they differ in layout or width, or would
+    /// not fit one window.
     #[allow(clippy::type_complexity)]
     pub fn join_qkv(
         gpu: &mut Gpu,
         q: Self,
         k: Self,
-        v: Self,
-    ) -> Result<Result<Self, (Self, Self, Self)>, GpuError> {
+        v: Option<Self>,
+    ) -> Result<Result<Self, (Self, Self, Option<Self>)>, GpuError> {
         let cols = q.desc.cols;
-        let rows = q.desc.rows + k.desc.rows + v.desc.rows;
+        let parts: Vec<&Self> = [&q, &k].into_iter().chain(v.as_ref()).collect();
+        let rows: usize = parts.iter().map(|m| m.desc.rows).sum();
         let row_words = q.kind.row_bytes(cols) / 4;
-        let parts = [&q, &k, &v];
         let fits = parts.iter().all(|m| {
             m.kind.joins(q.kind)
                 && m.desc.cols == cols
@@ -281,7 +282,7 @@ impl GpuMatrix {
             None => None,
         };
         let mut at = 0;
-        for m in parts {
+        for m in &parts {
             let w = &m.windows[0];
             batch.copy(&w.data, 0, &mut data, at, m.desc.rows * row_words)?;
             at += m.desc.rows * row_words;
@@ -291,11 +292,14 @@ impl GpuMatrix {
             }
         }
         gpu.submit(batch)?;
+        let names: Vec<&str> = parts.iter().map(|m| m.desc.name.as_str()).collect();
         let desc = MatrixDesc {
-            name: format!("{}+{}+{}", q.desc.name, k.desc.name, v.desc.name),
+            name: names.join("+"),
             rows,
             ..q.desc.clone()
         };
+        // Without V, its route and scale are K's (no row reads them).
+        let v_part = v.as_ref().unwrap_or(&k);
         Ok(Ok(Self {
             desc,
             kind: q.kind,
@@ -312,7 +316,7 @@ impl GpuMatrix {
                 k_row: q.desc.rows,
                 v_row: q.desc.rows + k.desc.rows,
                 k: (k.kind, k.scale),
-                v: (v.kind, v.scale),
+                v: (v_part.kind, v_part.scale),
             }),
         }))
     }

@@ -346,22 +346,30 @@ fn fused_gate_up_and_residual_equal_the_unfused_ops_bit_for_bit() {
 const QD: usize = 128;
 const KVD: usize = 32;
 
-/// Q, K and V of `n` rows through [`Backend::qkv`], joined (as the backend joins them) or
-/// apart, with their own scales (I2_S: their own β too). Returns the three outputs and the
-/// dispatches recorded.
-fn qkv(b: &GpuBackend, format: Format, join: bool, n: usize) -> ([Vec<f32>; 3], u64) {
-    let scaled = |beta: f32| match format {
+/// Q, K and V of `n` rows through [`Backend::qkv`], in the `formats` of Q, K and V, joined (as
+/// the backend joins them: all three where they share a layout, else Q and K) or apart, with
+/// their own scales (I2_S: their own β too). Returns the three outputs and the dispatches
+/// recorded.
+fn qkv(b: &GpuBackend, formats: [Format; 3], join: bool, n: usize) -> ([Vec<f32>; 3], u64) {
+    let scaled = |format: Format, beta: f32| match format {
         Format::I2S { .. } => Format::I2S { beta },
         other => other,
     };
     let (q, k, v) = (
-        load(b, "wq", scaled(0.5), QD, D, 7),
-        load(b, "wk", scaled(0.25), KVD, D, 8),
-        load(b, "wv", scaled(2.0), KVD, D, 9),
+        load(b, "wq", scaled(formats[0], 0.5), QD, D, 7),
+        load(b, "wk", scaled(formats[1], 0.25), KVD, D, 8),
+        load(b, "wv", scaled(formats[2], 2.0), KVD, D, 9),
     );
     let w = if join {
         let joined = b.join_qkv(q, k, v).expect("join");
-        assert!(matches!(joined, Qkv::Joined(_)), "{format:?}: not joined");
+        let all = formats[2] == formats[0];
+        assert!(
+            matches!(
+                (&joined, all),
+                (Qkv::Joined(_), true) | (Qkv::JoinedQk { .. }, false)
+            ),
+            "{formats:?}: not joined"
+        );
         joined
     } else {
         Qkv::Apart { q, k, v }
@@ -394,8 +402,8 @@ fn joined_qkv_equals_three_products_bit_for_bit() {
         for format in FORMATS {
             for n in steps(format) {
                 let what = format!("{format:?} n={n} packed_dot={packed}");
-                let (joined, d_joined) = qkv(&gpu, format, true, n);
-                let (apart, d_apart) = qkv(&gpu, format, false, n);
+                let (joined, d_joined) = qkv(&gpu, [format; 3], true, n);
+                let (apart, d_apart) = qkv(&gpu, [format; 3], false, n);
                 for (name, (a, b)) in ["Q", "K", "V"].iter().zip(joined.iter().zip(&apart)) {
                     assert!(
                         a.iter().any(|&x| x != 0.0),
@@ -410,6 +418,24 @@ fn joined_qkv_equals_three_products_bit_for_bit() {
                 assert_eq!(d_joined, quantizer + 1, "{what}: dispatches joined");
             }
         }
+    }
+}
+
+#[test]
+fn q_and_k_joined_beside_a_v_of_its_own_equal_three_products_bit_for_bit() {
+    let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    // llama.cpp's Q4_K_M: Q and K in Q4_K, some layers' V in Q6_K (one Q8_K input for all).
+    let formats = [Format::Q4K, Format::Q4K, Format::Q6K];
+    for n in steps(Format::Q4K) {
+        let (joined, d_joined) = qkv(&gpu, formats, true, n);
+        let (apart, d_apart) = qkv(&gpu, formats, false, n);
+        for (name, (a, b)) in ["Q", "K", "V"].iter().zip(joined.iter().zip(&apart)) {
+            assert!(a.iter().any(|&x| x != 0.0), "n={n} {name}: nothing written");
+            assert_eq!(bits(a), bits(b), "n={n} {name}");
+        }
+        // The input quantized once, then two products instead of three.
+        assert_eq!((d_joined, d_apart), (3, 4), "n={n}: dispatches");
     }
 }
 

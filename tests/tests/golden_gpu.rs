@@ -112,14 +112,14 @@ fn gpu_cached_decode_equals_prefill() {
 #[test]
 fn gpu_prompt_in_tiled_products_equals_decoding_it() {
     // Tiled launches of the prompt: Q/K/V, output, gate/up and down of each of the 2 layers (in
-    // the _K_M mixtures V is Q6_K beside Q4_K/Q5_K Q and K, so a product of its own), and the LM
-    // head where it is the file's type (every position's logits are asked for, so all rows;
-    // Q4_0's head is Q6_K).
+    // the _K_M mixtures one layer's V is Q6_K beside Q4_K/Q5_K Q and K, so a product of its own
+    // beside theirs), and the LM head where it is the file's type (every position's logits are
+    // asked for, so all rows; Q4_0's head is Q6_K).
     for (stem, kernel, launched) in [
         ("tiny-llama-tq1_0", "bitlinear_tq_gemm", 2 * 4),
         ("tiny-qwen2-tq2_0", "bitlinear_tq_gemm", 2 * 4),
-        ("tiny-llama-q4_k_m", "matvec_kq_gemm", 2 * 5 + 1),
-        ("tiny-llama-q5_k_m", "matvec_kq_gemm", 2 * 5 + 1),
+        ("tiny-llama-q4_k_m", "matvec_kq_gemm", 2 * 4 + 1 + 1),
+        ("tiny-llama-q5_k_m", "matvec_kq_gemm", 2 * 4 + 1 + 1),
         ("tiny-llama-q6_k", "matvec_kq_gemm", 2 * 4 + 1),
         ("tiny-llama-q8_0", "matvec_q8_0_gemm", 2 * 4 + 1),
         ("tiny-llama-q4_0", "matvec_q8_0_gemm", 2 * 4),
@@ -163,12 +163,12 @@ fn gpu_prompt_on_the_matrix_core_stand_in_equals_the_tiled_products() {
             "matvec_q8_0_gemm",
             2 * 4 + 1,
         ),
-        // Q4_K beside Q6_K V (a product of its own) and head.
+        // Q4_K beside one layer's Q6_K V (a product of its own) and the head.
         (
             "tiny-llama-q4_k_m",
             "matvec_kq_coop_stand_in",
             "matvec_kq_gemm",
-            2 * 5 + 1,
+            2 * 4 + 1 + 1,
         ),
         (
             "tiny-llama-tq1_0",
