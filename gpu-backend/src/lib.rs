@@ -654,7 +654,6 @@ impl GpuBackend {
                 let halves = next.is_some_and(|m| {
                     m.kind == Kind::F16 && m.desc.cols == cols && shape.head_dim.is_multiple_of(2)
                 });
-                upload_sinks(st, step.cache, step.layer, shape)?;
                 let prepared = join_layer_params(st, step.cache, step.layer, shape, prep.as_ref())?;
                 return rope_attend(st, step, at, q, k_new, v_new, out, halves, prepared);
             }
@@ -2064,8 +2063,9 @@ impl Prepared {
 }
 
 /// Joins what layer `layer`'s `rope_attention` reads beside its inputs — the sinks of `shape`
-/// (uploaded), the head-norm gains and the biases of `prep` — into one buffer, once (again
-/// where a hot swap brought the layer new ones); says how the kernel prepares the heads.
+/// (uploaded first where they are not yet), the head-norm gains and the biases of `prep` —
+/// into one buffer, once (again where a hot swap brought the layer new ones); says how the
+/// kernel prepares the heads.
 fn join_layer_params(
     st: &mut State,
     cache: &mut GpuKvCache,
@@ -2073,6 +2073,7 @@ fn join_layer_params(
     shape: &AttentionShape,
     prep: Option<&HeadPrep<'_, GpuBuffer<f32>>>,
 ) -> Result<Prepared, GpuError> {
+    upload_sinks(st, cache, layer, shape)?;
     let sinks = cache.sinks[layer]
         .as_ref()
         .filter(|_| shape.sinks.is_some());
