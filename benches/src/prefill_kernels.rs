@@ -1,9 +1,9 @@
 //! `prefill_kernels`: how many multiply-adds per second the CPU backend's matrix products
 //! reach on a batch of tokens (prompt processing is these products, compute-bound): the I2_S
-//! layout as in the file and interleaved sixteen rows deep, or Q8_0 or F16.
+//! layout as in the file and interleaved sixteen rows deep, or Q8_0, F16 or a K-quant.
 //!
 //! Usage: `cargo run --release -p hesper-benches --bin prefill_kernels -- [THREADS] [TOKENS]
-//! [i2s|q8_0|f16]` For each 2B4T matrix shape (random weights), TOKENS tokens (default 512),
+//! [i2s|q8_0|f16|q4_k|q5_k|q6_k]` For each 2B4T matrix shape (random weights), TOKENS tokens (default 512),
 //! best of 5 products, on THREADS threads (default: all cores), with every instruction set
 //! this CPU runs.
 
@@ -30,8 +30,11 @@ fn main() {
         None | Some("i2s") => Format::I2S { beta: 1.0 },
         Some("q8_0") => Format::Q8_0,
         Some("f16") => Format::F16,
+        Some("q4_k") => Format::Q4K,
+        Some("q5_k") => Format::Q5K,
+        Some("q6_k") => Format::Q6K,
         Some(other) => {
-            eprintln!("prefill_kernels: no format {other:?} (i2s, q8_0 or f16)");
+            eprintln!("prefill_kernels: no format {other:?} (i2s, q8_0, f16, q4_k, q5_k or q6_k)");
             std::process::exit(1);
         }
     };
@@ -47,6 +50,8 @@ fn main() {
             Format::I2S { .. } => isa.interleaves_i2s(),
             Format::Q8_0 => isa.interleaves_q8_0(),
             Format::F16 => isa.interleaves_f16(),
+            Format::Q4K | Format::Q5K => isa.interleaves_q4_k(),
+            Format::Q6K => isa.interleaves_q6_k(),
             _ => false,
         };
         let layouts: &[bool] = if interleaves {
@@ -80,10 +85,8 @@ fn main() {
                     match (format, tiled) {
                         (Format::I2S { .. }, true) => "interleaved",
                         (Format::I2S { .. }, false) => "as in file",
-                        (Format::Q8_0, true) => "Q8_0 inter.",
-                        (Format::Q8_0, _) => "Q8_0",
-                        (_, true) => "F16 inter.",
-                        _ => "F16",
+                        (_, true) => "inter.",
+                        _ => "as in file",
                     },
                     backend.threads(),
                     gmacs / backend.threads() as f64
@@ -103,6 +106,17 @@ fn weights(format: Format, n: usize) -> Vec<u8> {
         Format::Q8_0 => bytes
             .chunks_exact_mut(34)
             .for_each(|b| normal_half(&mut b[..2])),
+        // d and dmin lead a Q4_K or Q5_K block; d ends a Q6_K one.
+        Format::Q4K | Format::Q5K => {
+            let block = if format == Format::Q4K { 144 } else { 176 };
+            for b in bytes.chunks_exact_mut(block) {
+                normal_half(&mut b[..2]);
+                normal_half(&mut b[2..4]);
+            }
+        }
+        Format::Q6K => bytes
+            .chunks_exact_mut(210)
+            .for_each(|b| normal_half(&mut b[208..])),
         _ => {}
     }
     bytes

@@ -137,6 +137,38 @@ fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
     }
 }
 
+/// A batch over the interleaved F16 copy (AVX-VNNI's groups of twelve tokens in two passes of
+/// six, the other instruction sets' groups of eight, then four, then one; row chunks across
+/// threads) equals the scalar kernel over the file's rows bit for bit, and so does each token alone.
+#[test]
+fn an_interleaved_f16_batch_equals_the_scalar_products() {
+    // 320 rows: twenty blocks of sixteen; 41 tokens: 3 × 12 + 4 + 1 on AVX-VNNI, 5 × 8 + 1
+    // elsewhere; 203 columns: not a multiple of the kernels' stretch.
+    let (rows, cols, n) = (320usize, 203usize, 41usize);
+    let pool = two_threads();
+    let x = activations(n, cols);
+    let data = f16_rows(rows, cols);
+    let desc = MatrixDesc {
+        name: "w".into(),
+        rows,
+        cols,
+        format: Format::F16,
+        range: 0..data.len(),
+    };
+    let plain = CpuMatrix::owned(data.clone(), desc.clone(), None);
+    let mut want = vec![0.0; n * rows];
+    pool.install(|| plain.matmul(Isa::Scalar, &x, n, &mut want));
+    let tiled = CpuMatrix::owned(data, desc, None).interleaved();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for isa in Isa::supported() {
+        let mut batched = vec![0.0; n * rows];
+        pool.install(|| tiled.matmul(isa, &x, n, &mut batched));
+        assert_eq!(bits(&batched), bits(&want), "{isa:?}: batch");
+        let single = one_at_a_time(&tiled, isa, &x, (rows, cols), &pool);
+        assert_eq!(bits(&single), bits(&want), "{isa:?}: one at a time");
+    }
+}
+
 /// Rows of F16 weights in [-1, 1).
 fn f16_rows(rows: usize, cols: usize) -> Vec<u8> {
     activations(rows, cols)

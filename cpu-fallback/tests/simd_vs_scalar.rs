@@ -507,8 +507,9 @@ proptest! {
         }
     }
 
-    /// The interleaved F16 kernel (sixteen rows × 1, 3, 4 or 8 tokens) equals single scalar
-    /// dots bit for bit: f16 products are exact in f32, so its FMAs round as the scalar sum.
+    /// The interleaved F16 kernel (sixteen rows × 1, 3, 4, 8 or 12 tokens: AVX2's passes of
+    /// four and of six) equals single scalar dots bit for bit: f16 products are exact in f32,
+    /// so its FMAs round as the scalar sum.
     #[test]
     fn f16_rows16_matches_scalar(cols in 1usize..300, seed in any::<u64>()) {
         let mut g = Lcg(seed);
@@ -516,7 +517,7 @@ proptest! {
             .flat_map(|_| half::f16::from_f32(g.float(-4.0, 8) * 1.37).to_le_bytes())
             .collect();
         let tiles = interleave_f16::interleave(&rows, 2 * cols);
-        let xs: Vec<Vec<f32>> = (0..8)
+        let xs: Vec<Vec<f32>> = (0..12)
             .map(|_| round_f16(&(0..cols).map(|_| g.float(-3.0, 6) * 0.731).collect::<Vec<_>>()))
             .collect();
         let want: Vec<Vec<u32>> = xs
@@ -533,14 +534,18 @@ proptest! {
             ]
             .concat();
             let eight = float::f16_rows16_dot::<8>(isa, &tiles, &pack(0..8));
+            let twelve = float::f16_rows16_dot::<12>(isa, &tiles, &pack(0..12));
             let four_blocks = float::f16_rows64_dot(isa, [&tiles[..]; 4], x[0]);
             for block in four_blocks {
                 prop_assert_eq!(block.map(f32::to_bits).to_vec(), want[0].clone(), "{:?}, 64 rows", isa);
             }
+            let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
             for t in 0..8 {
-                let bits = |v: &[f32; 16]| v.map(f32::to_bits).to_vec();
                 prop_assert_eq!(&bits(&got[t]), &want[t], "{:?}, token {}", isa, t);
                 prop_assert_eq!(&bits(&eight[t]), &want[t], "{:?}, token {} of 8", isa, t);
+            }
+            for t in 0..12 {
+                prop_assert_eq!(&bits(&twelve[t]), &want[t], "{:?}, token {} of 12", isa, t);
             }
         }
     }

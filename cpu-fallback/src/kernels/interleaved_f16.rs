@@ -76,10 +76,12 @@ pub unsafe fn f16_blocks4_avx512(blocks: [&[u8]; 4], x: &[f32]) -> [[f32; ROWS];
 const AVX2_STRETCH: usize = 64;
 
 /// [`f16_rows16_avx512`] with AVX2's sixteen registers: the sixteen rows in two eight-lane
-/// halves, so four tokens at a time fit (eight accumulators, two weight halves, one broadcast).
-/// More tokens pass over the block in stretches of [`AVX2_STRETCH`] columns, each group of four
-/// in turn, their accumulators kept between stretches; every row still sums in column order,
-/// so the bits are [`f16_rows16_avx512`]'s and the scalar kernel's.
+/// halves, six tokens at a time where `T` is a multiple of six (twelve accumulators, two weight
+/// halves, one broadcast: twelve FMA chains, for cores whose weight conversions share the FMA
+/// pipes), else four (eight accumulators). More tokens pass over the block in
+/// stretches of [`AVX2_STRETCH`] columns, each group in turn, their accumulators kept between
+/// stretches; every row still sums in column order, so the bits are [`f16_rows16_avx512`]'s
+/// and the scalar kernel's.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `block` holds 32 bytes for each of the
@@ -91,12 +93,14 @@ pub unsafe fn f16_rows16_avx2<const T: usize>(block: &[u8], x: &[f32]) -> [[f32;
     let mut acc = [[_mm256_set1_ps(-0.0); 2]; T];
     for k0 in (0..cols).step_by(AVX2_STRETCH) {
         let columns = k0..(k0 + AVX2_STRETCH).min(cols);
-        for t0 in (0..T).step_by(4) {
-            let acc = &mut acc[t0..(t0 + 4).min(T)];
+        let pass = if T.is_multiple_of(6) { 6 } else { 4 };
+        for t0 in (0..T).step_by(pass) {
+            let acc = &mut acc[t0..(t0 + pass).min(T)];
             // SAFETY: the assert above bounds every column's 32 bytes and T activations;
             // tokens t0.. are within T.
             unsafe {
                 match acc.len() {
+                    6 => stretch_avx2::<6, T>(block, x, t0, columns.clone(), acc),
                     4 => stretch_avx2::<4, T>(block, x, t0, columns.clone(), acc),
                     3 => stretch_avx2::<3, T>(block, x, t0, columns.clone(), acc),
                     2 => stretch_avx2::<2, T>(block, x, t0, columns.clone(), acc),
