@@ -676,6 +676,24 @@ pub trait Backend {
             self.add_bias(x, b, n);
         }
     }
+    /// The first two steps of `prep` applied to the queries, keys and values (`qkv`, `n` rows
+    /// each, the queries `q_width` wide): the biases added, then the queries scaled. The head
+    /// norms are the caller's, whose destinations differ.
+    fn add_bias_and_scale_queries(
+        &self,
+        prep: &HeadPrep<'_, Self::Vector>,
+        qkv: [&mut Self::Buffer; 3],
+        n: usize,
+        q_width: usize,
+    ) {
+        let [q, k, v] = qkv;
+        if let Some(bias) = prep.bias {
+            self.add_qkv_bias([&mut *q, k, v], bias, n);
+        }
+        if prep.query_scale != 1.0 {
+            self.scale(q, n * q_width, prep.query_scale);
+        }
+    }
     /// Copies `n_rows` rows of `width` floats starting at row `row0` of `src` to `dst` from
     /// its row `dst_row0`.
     fn copy_rows(

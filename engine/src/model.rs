@@ -1227,12 +1227,7 @@ impl<B: Backend> Model<B> {
             // (of one width) then trade places.
             let inside = b.prepares_heads_in_attention();
             if !inside {
-                if let Some(bias) = prep.bias {
-                    b.add_qkv_bias([&mut *q, &mut *k, &mut *v], bias, n);
-                }
-                if prep.query_scale != 1.0 {
-                    b.scale(q, n * c.q_dim(), prep.query_scale);
-                }
+                b.add_bias_and_scale_queries(&prep, [&mut *q, &mut *k, &mut *v], n, c.q_dim());
             }
             let normed_apart = match prep.norms {
                 Some(norms) if !inside => {

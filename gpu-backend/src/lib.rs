@@ -1627,12 +1627,7 @@ impl Backend for GpuBackend {
         if one_kernel {
             return self.rope_attend_step(step, q, k_new, v_new, out, next, Some(p));
         }
-        if let Some(bias) = p.bias {
-            self.add_qkv_bias([&mut *q, &mut *k_new, &mut *v_new], bias, n);
-        }
-        if p.query_scale != 1.0 {
-            self.scale(q, n * widths[0], p.query_scale);
-        }
+        self.add_bias_and_scale_queries(&p, [&mut *q, &mut *k_new, &mut *v_new], n, widths[0]);
         let Some(norms) = p.norms else {
             return self.rope_attend_step(step, q, k_new, v_new, out, next, None);
         };
