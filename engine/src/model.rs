@@ -1178,28 +1178,7 @@ impl<B: Backend> Model<B> {
         // Whether the layer before normalized the stream for this layer's attention (into `h`).
         let mut normed = false;
         for (li, l) in self.layers.iter().enumerate() {
-            // A sliding-window layer attends its window with its own RoPE base.
-            let il = self.layer_range.start + li;
-            let attn = AttentionShape {
-                n_head: c.n_head,
-                n_head_kv: c.n_head_kv,
-                head_dim: c.head_dim,
-                window: c.window_of(il),
-                softcap: c.attn_softcap,
-                sinks: l.sinks.as_deref(),
-            };
-            let rope_q = RopeShape {
-                base: c.rope_base_of(il),
-                scale: c.rope_scale_of(il),
-                ..self.rope_shape(0)
-            };
-            let rope = [
-                rope_q,
-                RopeShape {
-                    n_head: c.n_head_kv,
-                    ..rope_q
-                },
-            ];
+            let (attn, rope) = self.layer_shapes(li, l);
             if !normed {
                 b.rms_norm_for(x, &l.attn_norm, n, c.eps, h, l.qkv.first());
             }
@@ -1289,35 +1268,8 @@ impl<B: Backend> Model<B> {
                     b.rms_norm_for(x, &l.ffn_norm, n, c.eps, h, l.ffn.first());
                 }
             }
-            // The FFN's output: into `q` where Gemma normalizes it before the residual add,
-            // else added to the residual stream here.
+            self.ffn(l, n, h, [&mut *gate, &mut *up, &mut *act], x, q);
             let post_norm = l.post_norms.as_ref().map(|[_, g]| g);
-            match &l.ffn {
-                Ffn::Dense { gate_up, down } => {
-                    b.gate_up(gate_up, h, n, c.n_ff, c.activation, [gate, up], act);
-                    let down_in = match &l.ffn_sub_norm {
-                        Some(g) => {
-                            b.rms_norm_for(act, g, n, c.eps, gate, down);
-                            &*gate
-                        }
-                        None => &*act,
-                    };
-                    match post_norm {
-                        Some(_) => b.matmul(down, down_in, n, q),
-                        None => b.matmul_add(down, down_in, n, c.n_embd, x, q),
-                    }
-                }
-                // The experts' weighted sum into `q`.
-                Ffn::Experts(moe) => {
-                    let Some(routing) = &c.experts else {
-                        unreachable!("a layer of experts is loaded from a config with them")
-                    };
-                    b.moe_ffn(moe, routing, c.activation, h, n, q);
-                    if post_norm.is_none() {
-                        b.add(x, q, n * c.n_embd);
-                    }
-                }
-            }
             // Gemma's normalized FFN output added; with a layer after it here, the stream
             // normalized for that layer's attention in the same pass.
             normed = match (post_norm, self.layers.get(li + 1)) {
@@ -1352,6 +1304,79 @@ impl<B: Backend> Model<B> {
         if c.family.embed_scale {
             self.backend
                 .scale(x, tokens.len() * c.n_embd, (c.n_embd as f32).sqrt());
+        }
+    }
+
+    /// Layer `li`'s attention and the RoPE of its queries and keys: a sliding-window layer
+    /// attends its window with its own RoPE base.
+    fn layer_shapes<'a>(
+        &'a self,
+        li: usize,
+        l: &'a Layer<B>,
+    ) -> (AttentionShape<'a>, [RopeShape<'a>; 2]) {
+        let c = &self.config;
+        let il = self.layer_range.start + li;
+        let attn = AttentionShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            window: c.window_of(il),
+            softcap: c.attn_softcap,
+            sinks: l.sinks.as_deref(),
+        };
+        let rope_q = RopeShape {
+            base: c.rope_base_of(il),
+            scale: c.rope_scale_of(il),
+            ..self.rope_shape(0)
+        };
+        let rope_k = RopeShape {
+            n_head: c.n_head_kv,
+            ..rope_q
+        };
+        (attn, [rope_q, rope_k])
+    }
+
+    /// Layer `l`'s FFN of the `n` normalized rows `h`, with `gate`, `up` and `act` as
+    /// scratch: its output into `q` where the family normalizes it before the residual add
+    /// (Gemma), else added to the residual stream `x`.
+    fn ffn(
+        &self,
+        l: &Layer<B>,
+        n: usize,
+        h: &B::Buffer,
+        [gate, up, act]: [&mut B::Buffer; 3],
+        x: &mut B::Buffer,
+        q: &mut B::Buffer,
+    ) {
+        let (c, b) = (&self.config, &self.backend);
+        let post_norm = l.post_norms.is_some();
+        match &l.ffn {
+            Ffn::Dense { gate_up, down } => {
+                b.gate_up(gate_up, h, n, c.n_ff, c.activation, [&mut *gate, up], act);
+                // BitNet normalizes the activation once more before the down product.
+                let down_in = match &l.ffn_sub_norm {
+                    Some(g) => {
+                        b.rms_norm_for(act, g, n, c.eps, gate, down);
+                        &*gate
+                    }
+                    None => &*act,
+                };
+                if post_norm {
+                    b.matmul(down, down_in, n, q);
+                } else {
+                    b.matmul_add(down, down_in, n, c.n_embd, x, q);
+                }
+            }
+            // The experts' weighted sum into `q`.
+            Ffn::Experts(moe) => {
+                let Some(routing) = &c.experts else {
+                    unreachable!("a layer of experts is loaded from a config with them")
+                };
+                b.moe_ffn(moe, routing, c.activation, h, n, q);
+                if !post_norm {
+                    b.add(x, q, n * c.n_embd);
+                }
+            }
         }
     }
 
