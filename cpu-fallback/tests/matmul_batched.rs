@@ -19,13 +19,7 @@ fn i2s_matrix(rows: usize, cols: usize) -> CpuMatrix {
             })
         })
         .collect();
-    let desc = MatrixDesc {
-        name: "w".into(),
-        rows,
-        cols,
-        format: Format::I2S { beta: 0.0421 },
-        range: 0..data.len(),
-    };
+    let desc = desc(Format::I2S { beta: 0.0421 }, rows, cols, data.len());
     CpuMatrix::owned(data, desc, None)
 }
 
@@ -117,13 +111,7 @@ fn float_and_q8_0_batches_equal_their_tokens_one_at_a_time() {
         (Format::Q8_0, 224, q8_0_rows(rows, 224)),
     ] {
         let x = activations(n, cols);
-        let desc = MatrixDesc {
-            name: "w".into(),
-            rows,
-            cols,
-            format,
-            range: 0..data.len(),
-        };
+        let desc = desc(format, rows, cols, data.len());
         let w = CpuMatrix::owned(data, desc, None);
         for isa in Isa::supported() {
             let mut batched = vec![0.0; n * rows];
@@ -148,13 +136,7 @@ fn an_interleaved_f16_batch_equals_the_scalar_products() {
     let pool = two_threads();
     let x = activations(n, cols);
     let data = f16_rows(rows, cols);
-    let desc = MatrixDesc {
-        name: "w".into(),
-        rows,
-        cols,
-        format: Format::F16,
-        range: 0..data.len(),
-    };
+    let desc = desc(Format::F16, rows, cols, data.len());
     let plain = CpuMatrix::owned(data.clone(), desc.clone(), None);
     let mut want = vec![0.0; n * rows];
     pool.install(|| plain.matmul(Isa::Scalar, &x, n, &mut want));
@@ -166,6 +148,17 @@ fn an_interleaved_f16_batch_equals_the_scalar_products() {
         assert_eq!(bits(&batched), bits(&want), "{isa:?}: batch");
         let single = one_at_a_time(&tiled, isa, &x, (rows, cols), &pool);
         assert_eq!(bits(&single), bits(&want), "{isa:?}: one at a time");
+    }
+}
+
+/// The description of a `rows` × `cols` matrix of `format` held in `len` bytes.
+fn desc(format: Format, rows: usize, cols: usize, len: usize) -> MatrixDesc {
+    MatrixDesc {
+        name: "w".into(),
+        rows,
+        cols,
+        format,
+        range: 0..len,
     }
 }
 
@@ -241,13 +234,7 @@ fn q4_0_mxfp4_and_k_quant_batches_equal_their_tokens_one_at_a_time() {
         Format::Q6K,
     ] {
         let data = block_rows(format, rows, cols);
-        let desc = MatrixDesc {
-            name: "w".into(),
-            rows,
-            cols,
-            format,
-            range: 0..data.len(),
-        };
+        let desc = desc(format, rows, cols, data.len());
         let plain = CpuMatrix::owned(data.clone(), desc.clone(), None);
         let mut want = vec![0.0; n * rows];
         pool.install(|| plain.matmul(Isa::Scalar, &x, n, &mut want));
@@ -337,13 +324,7 @@ fn a_tq1_0_matrix_is_rewritten_as_tq2_0_with_the_same_products() {
     {
         Tq1_0::encode_block(v, b);
     }
-    let desc = MatrixDesc {
-        name: "w".into(),
-        rows,
-        cols,
-        format: Format::TQ1_0,
-        range: 0..data.len(),
-    };
+    let desc = desc(Format::TQ1_0, rows, cols, data.len());
     let as_stored = CpuMatrix::owned(data.clone(), desc.clone(), None);
     let pool = two_threads();
     for isa in Isa::supported() {
@@ -420,13 +401,7 @@ fn a_matrix_handed_over_is_repacked_as_one_in_a_file() {
                 isa.interleaves_q6_k(),
             ),
         ] {
-            let desc = MatrixDesc {
-                name: "w".into(),
-                rows,
-                cols,
-                format,
-                range: 0..data.len(),
-            };
+            let desc = desc(format, rows, cols, data.len());
             let w = backend
                 .load_owned_matrix(desc, data, None, MatrixUse::Product)
                 .expect("load");
