@@ -50,11 +50,18 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
             interleaved_q6_k::q6_k_rows16_vnni512::<T>(block, xq, bsum, d)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: both variants are chosen only on CPUs with AVX2, FMA and F16C; the kernel
-        // asserts the shapes before reading.
-        Isa::Avx2 | Isa::AvxVnni => unsafe {
+        // SAFETY: `Avx2` is chosen only on CPUs with AVX2, FMA and F16C; the kernel asserts
+        // the shapes before reading.
+        Isa::Avx2 => unsafe {
             let (xq, bsum, d) = p.parts::<T>();
             interleaved_q6_k::q6_k_rows16_avx2::<T>(block, xq, bsum, d)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `AvxVnni` is chosen only when the CPU reports AVX2, FMA, F16C and AVX-VNNI;
+        // the kernel asserts the shapes before reading.
+        Isa::AvxVnni => unsafe {
+            let (xq, bsum, d) = p.parts::<T>();
+            interleaved_q6_k::q6_k_rows16_avxvnni::<T>(block, xq, bsum, d)
         },
         _ => {
             // The reference: each row taken back out of the block.

@@ -1,4 +1,4 @@
-//! AVX-512 VNNI and AVX2 kernels over Q6_K weights interleaved sixteen rows deep
+//! AVX-512 VNNI, AVX-VNNI and AVX2 kernels over Q6_K weights interleaved sixteen rows deep
 //! ([`crate::interleave_q6_k`]): sixteen rows × `T` tokens per pass, each 32-bit lane a row.
 //!
 //! Per sub-block of 16 columns, four `vpdpbusd` (the six-bit codes unsigned, built from a nibble
@@ -109,6 +109,22 @@ pub unsafe fn q6_k_rows16_avx2<const T: usize>(
     bsum: &[i32],
     d: &[f32],
 ) -> [Rows16; T] {
+    // SAFETY: this function's features are the AVX2 pass's.
+    unsafe { q6_k_rows16_halves::<false, T>(block, xq, bsum, d) }
+}
+
+/// The body of [`q6_k_rows16_avx2`] (`VNNI` false) and [`q6_k_rows16_avxvnni`] (true): each
+/// block's halves, four tokens a pass.
+///
+/// # Safety
+/// As for the kernel that inlines it.
+#[inline(always)]
+unsafe fn q6_k_rows16_halves<const VNNI: bool, const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    bsum: &[i32],
+    d: &[f32],
+) -> [Rows16; T] {
     let blocks = d.len() / T;
     assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
     assert!(xq.len() == 64 * d.len() && bsum.len() == 16 * d.len());
@@ -127,16 +143,38 @@ pub unsafe fn q6_k_rows16_avx2<const T: usize>(
                 for t0 in (0..T).step_by(4) {
                     let acc = &mut acc[t0..(t0 + 4).min(T)];
                     match acc.len() {
-                        4 => q6_k_pass_avx2::<4, T>(base, h, act, t0, acc),
-                        3 => q6_k_pass_avx2::<3, T>(base, h, act, t0, acc),
-                        2 => q6_k_pass_avx2::<2, T>(base, h, act, t0, acc),
-                        _ => q6_k_pass_avx2::<1, T>(base, h, act, t0, acc),
+                        4 => q6_k_pass::<VNNI, 4, T>(base, h, act, t0, acc),
+                        3 => q6_k_pass::<VNNI, 3, T>(base, h, act, t0, acc),
+                        2 => q6_k_pass::<VNNI, 2, T>(base, h, act, t0, acc),
+                        _ => q6_k_pass::<VNNI, 1, T>(base, h, act, t0, acc),
                     }
                 }
             }
         }
     }
     super::interleaved_q4_k::rows16_out_avx2(acc)
+}
+
+/// [`q6_k_pass_avxvnni`] where `VNNI`, else [`q6_k_pass_avx2`].
+///
+/// # Safety
+/// As for the pass it runs.
+#[inline(always)]
+unsafe fn q6_k_pass<const VNNI: bool, const U: usize, const T: usize>(
+    base: *const u8,
+    h: usize,
+    act: (*const i32, *const i32, *const f32),
+    t0: usize,
+    acc: &mut [[__m256; 2]],
+) {
+    // SAFETY: the caller's.
+    unsafe {
+        if VNNI {
+            q6_k_pass_avxvnni::<U, T>(base, h, act, t0, acc)
+        } else {
+            q6_k_pass_avx2::<U, T>(base, h, act, t0, acc)
+        }
+    }
 }
 
 /// Half `h` (rows 8h..8h + 8) of one interleaved block at `base` times tokens `t0..t0 + U` of
@@ -153,8 +191,6 @@ unsafe fn q6_k_pass_avx2<const U: usize, const T: usize>(
     t0: usize,
     acc: &mut [[__m256; 2]],
 ) {
-    let low4 = _mm256_set1_epi8(0x0F);
-    let high2 = _mm256_set1_epi8(0x30);
     let mut isum = [_mm256_setzero_si256(); U];
     // SAFETY: the caller bounds the block's bytes and tokens t0..t0 + U of its activations.
     unsafe {
@@ -180,21 +216,7 @@ unsafe fn q6_k_pass_avx2<const U: usize, const T: usize>(
             for pair in [[0, 2], [1, 3]] {
                 let mut sum = [_mm256_setzero_si256(); U];
                 for j in pair {
-                    // A nibble of tile 2s + j / 2, and crumb j moved to bits 4-5.
-                    let n = _mm256_loadu_si256(at(NIBBLES + 64 * (2 * s + j / 2)));
-                    let n = if j % 2 == 0 {
-                        n
-                    } else {
-                        _mm256_srli_epi16::<4>(n)
-                    };
-                    let high = match j {
-                        0 => _mm256_slli_epi16::<4>(crumbs),
-                        1 => _mm256_slli_epi16::<2>(crumbs),
-                        2 => crumbs,
-                        _ => _mm256_srli_epi16::<2>(crumbs),
-                    };
-                    let code =
-                        _mm256_or_si256(_mm256_and_si256(n, low4), _mm256_and_si256(high, high2));
+                    let code = q6_k_codes(base, h, s, j, crumbs);
                     for (u, sum) in sum.iter_mut().enumerate() {
                         let xj = _mm256_set1_epi32(*x.add((g + j) * T + t0 + u));
                         *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(code, xj));
@@ -205,11 +227,122 @@ unsafe fn q6_k_pass_avx2<const U: usize, const T: usize>(
                 }
             }
         }
+        q6_k_block_step::<U, T>(base, h, (bsum, d), t0, isum, acc);
+    }
+}
+
+/// [`q6_k_rows16_avx2`] with AVX-VNNI's 256-bit `vpdpbusd` (Intel Alder Lake and later
+/// clients): each code vector meets a token's activations in one instruction, summed in 32 bits
+/// per sub-block, then times the rows' scales (`vpmulld`); the integer sums, and so the bits,
+/// are [`q6_k_rows16_avx2`]'s.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-VNNI; the shapes are those of
+/// [`q6_k_rows16_vnni512`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn q6_k_rows16_avxvnni<const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    bsum: &[i32],
+    d: &[f32],
+) -> [Rows16; T] {
+    // SAFETY: this function's features are the AVX-VNNI pass's.
+    unsafe { q6_k_rows16_halves::<true, T>(block, xq, bsum, d) }
+}
+
+/// [`q6_k_pass_avx2`] with `vpdpbusd`.
+///
+/// # Safety
+/// As for [`q6_k_rows16_avxvnni`].
+#[inline(always)]
+unsafe fn q6_k_pass_avxvnni<const U: usize, const T: usize>(
+    base: *const u8,
+    h: usize,
+    (x, bsum, d): (*const i32, *const i32, *const f32),
+    t0: usize,
+    acc: &mut [[__m256; 2]],
+) {
+    let mut isum = [_mm256_setzero_si256(); U];
+    // SAFETY: the caller bounds the block's bytes and tokens t0..t0 + U of its activations.
+    unsafe {
+        for s in 0..16 {
+            if T == 1 && h == 0 {
+                // Decode streams the weights once: the block two ahead, a sixteenth at a time.
+                prefetch_part(base, BLOCK_BYTES, 2, s, 16);
+            }
+            // The half's eight rows' scales of sub-block `s`, one a lane.
+            let sc =
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(base.add(SCALES + ROWS * s + 8 * h).cast()));
+            let at = |offset: usize| base.add(offset + 32 * h).cast();
+            let crumbs = _mm256_loadu_si256(at(CRUMBS + 64 * s));
+            let mut sum = [_mm256_setzero_si256(); U];
+            for j in 0..4 {
+                let code = q6_k_codes(base, h, s, j, crumbs);
+                for (u, sum) in sum.iter_mut().enumerate() {
+                    let xj = _mm256_set1_epi32(*x.add((4 * s + j) * T + t0 + u));
+                    *sum = _mm256_dpbusd_avx_epi32(*sum, code, xj);
+                }
+            }
+            for (isum, sum) in isum.iter_mut().zip(sum) {
+                *isum = _mm256_add_epi32(*isum, _mm256_mullo_epi32(sum, sc));
+            }
+        }
+        q6_k_block_step::<U, T>(base, h, (bsum, d), t0, isum, acc);
+    }
+}
+
+/// The six-bit codes of columns `16s + 4j .. 16s + 4j + 4` of half `h` of the block at `base`
+/// (a byte each, the half's rows in its lanes): a nibble of tile `2s + j / 2`, and crumb `j` of
+/// `crumbs` (the sub-block's crumb tile) moved to bits 4-5.
+///
+/// # Safety
+/// The block's bytes are readable (the caller bounds them).
+#[inline(always)]
+unsafe fn q6_k_codes(base: *const u8, h: usize, s: usize, j: usize, crumbs: __m256i) -> __m256i {
+    // SAFETY: the caller bounds the block's bytes.
+    let n = unsafe { _mm256_loadu_si256(base.add(NIBBLES + 64 * (2 * s + j / 2) + 32 * h).cast()) };
+    let n = if j.is_multiple_of(2) {
+        n
+    } else {
+        _mm256_srli_epi16::<4>(n)
+    };
+    let high = match j {
+        0 => _mm256_slli_epi16::<4>(crumbs),
+        1 => _mm256_slli_epi16::<2>(crumbs),
+        2 => crumbs,
+        _ => _mm256_srli_epi16::<2>(crumbs),
+    };
+    let low4 = _mm256_set1_epi8(0x0F);
+    let high2 = _mm256_set1_epi8(0x30);
+    _mm256_or_si256(_mm256_and_si256(n, low4), _mm256_and_si256(high, high2))
+}
+
+/// Half `h` of the block at `base` done for tokens `t0..t0 + U`: the codes' offset of 32 taken
+/// off each token's `Σ scale·Σ code·q` (`isum`, as `32 · Σ scale · Σq` of the sixteen
+/// sub-blocks, two per `vpmaddwd`), then the float step into `acc[u][h]`.
+///
+/// # Safety
+/// As for [`q6_k_pass_avx2`].
+#[inline(always)]
+unsafe fn q6_k_block_step<const U: usize, const T: usize>(
+    base: *const u8,
+    h: usize,
+    (bsum, d): (*const i32, *const f32),
+    t0: usize,
+    isum: [__m256i; U],
+    acc: &mut [[__m256; 2]],
+) {
+    // SAFETY: the caller bounds the block's bytes and tokens t0..t0 + U of its activations.
+    unsafe {
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
         // Sub-blocks 2p and 2p + 1: the rows' scales beside each other.
         let scales: [__m256i; 8] = std::array::from_fn(|p| {
             let at = |s: usize| base.add(SCALES + ROWS * s + 8 * h);
-            pairs(at(2 * p), at(2 * p + 1))
+            let (a, b) = (
+                _mm_loadl_epi64(at(2 * p).cast()),
+                _mm_loadl_epi64(at(2 * p + 1).cast()),
+            );
+            _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b))
         });
         for u in 0..U {
             let mut offset = _mm256_setzero_si256();

@@ -198,7 +198,7 @@ impl Isa {
 
     /// Whether Q6_K weights are interleaved sixteen rows deep at load for this instruction set
     /// ([`crate::interleave_q6_k`]): where [`crate::formats::q6_k::rows16_dot`] has a kernel
-    /// of its own (AVX-512 VNNI with `vpdpbusd`; AVX2 and AVX-VNNI with `vpmaddubsw`).
+    /// of its own (AVX-512 VNNI and AVX-VNNI with `vpdpbusd`; AVX2 with `vpmaddubsw`).
     pub fn interleaves_q6_k(self) -> bool {
         matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
     }
