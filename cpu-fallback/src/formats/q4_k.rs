@@ -138,11 +138,18 @@ pub(super) fn k_rows16_dot<const FIVE: bool, const T: usize>(
             interleaved_q4_k::k_rows16_vnni512::<FIVE, T>(block, xq, bsum, d)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: both variants are chosen only on CPUs with AVX2, FMA and F16C; the kernel
-        // asserts the shapes before reading.
-        Isa::Avx2 | Isa::AvxVnni => unsafe {
+        // SAFETY: `Avx2` is chosen only on CPUs with AVX2, FMA and F16C; the kernel asserts
+        // the shapes before reading.
+        Isa::Avx2 => unsafe {
             let (xq, bsum, d) = p.parts::<T>();
             interleaved_q4_k::k_rows16_avx2::<FIVE, T>(block, xq, bsum, d)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `AvxVnni` is chosen only when the CPU reports AVX2, FMA, F16C and AVX-VNNI;
+        // the kernel asserts the shapes before reading.
+        Isa::AvxVnni => unsafe {
+            let (xq, bsum, d) = p.parts::<T>();
+            interleaved_q4_k::k_rows16_avxvnni::<FIVE, T>(block, xq, bsum, d)
         },
         _ => {
             // The reference: each row taken back out of the block.

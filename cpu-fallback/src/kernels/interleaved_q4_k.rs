@@ -1,4 +1,4 @@
-//! AVX-512 VNNI and AVX2 kernels over Q4_K and Q5_K weights interleaved sixteen rows deep
+//! AVX-512 VNNI, AVX-VNNI and AVX2 kernels over Q4_K and Q5_K weights interleaved sixteen rows deep
 //! ([`crate::interleave_q4_k`]): sixteen rows × `T` tokens per pass, each 32-bit lane a row.
 //!
 //! Per sub-block of 32 columns, eight `vpdpbusd` (the codes unsigned, each activation dword
@@ -130,6 +130,40 @@ pub unsafe fn k_rows16_avx2<const FIVE: bool, const T: usize>(
     bsum: &[i32],
     d: &[f32],
 ) -> [Rows16; T] {
+    // SAFETY: this function's features are the AVX2 passes'.
+    unsafe { k_rows16_halves::<false, FIVE, T>(block, xq, bsum, d) }
+}
+
+/// [`k_rows16_avx2`] with AVX-VNNI's 256-bit `vpdpbusd` (Intel Alder Lake and later clients):
+/// each code vector meets a token's activations in one instruction, a sub-block's sums kept in
+/// 32 bits and multiplied by the rows' scales (`vpmulld`); the integer sums, and so the bits,
+/// are [`k_rows16_avx2`]'s.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-VNNI; the shapes are those of
+/// [`k_rows16_vnni512`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn k_rows16_avxvnni<const FIVE: bool, const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    bsum: &[i32],
+    d: &[f32],
+) -> [Rows16; T] {
+    // SAFETY: this function's features are the AVX-VNNI passes'.
+    unsafe { k_rows16_halves::<true, FIVE, T>(block, xq, bsum, d) }
+}
+
+/// The body of [`k_rows16_avx2`] (`VNNI` false) and [`k_rows16_avxvnni`] (true).
+///
+/// # Safety
+/// As for the kernel that inlines it.
+#[inline(always)]
+unsafe fn k_rows16_halves<const VNNI: bool, const FIVE: bool, const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    bsum: &[i32],
+    d: &[f32],
+) -> [Rows16; T] {
     let block_size = block_bytes(FIVE);
     let blocks = d.len() / T;
     assert!(block.len() == blocks * block_size && d.len() == blocks * T);
@@ -146,17 +180,17 @@ pub unsafe fn k_rows16_avx2<const FIVE: bool, const T: usize>(
                 d: d.as_ptr().add(T * b),
             };
             match T {
-                1 if !FIVE => k_pass_avx2::<FIVE, 2, 1, T>(base, [0, 1], &act, 0, &mut acc),
-                2 if !FIVE => k_pass_avx2::<FIVE, 2, 2, T>(base, [0, 1], &act, 0, &mut acc),
+                1 if !FIVE => k_pass::<VNNI, FIVE, 2, 1, T>(base, [0, 1], &act, 0, &mut acc),
+                2 if !FIVE => k_pass::<VNNI, FIVE, 2, 2, T>(base, [0, 1], &act, 0, &mut acc),
                 _ => {
                     for h in 0..2 {
                         for t0 in (0..T).step_by(4) {
                             let acc = &mut acc[t0..(t0 + 4).min(T)];
                             match acc.len() {
-                                4 => k_pass_avx2::<FIVE, 1, 4, T>(base, [h], &act, t0, acc),
-                                3 => k_pass_avx2::<FIVE, 1, 3, T>(base, [h], &act, t0, acc),
-                                2 => k_pass_avx2::<FIVE, 1, 2, T>(base, [h], &act, t0, acc),
-                                _ => k_pass_avx2::<FIVE, 1, 1, T>(base, [h], &act, t0, acc),
+                                4 => k_pass::<VNNI, FIVE, 1, 4, T>(base, [h], &act, t0, acc),
+                                3 => k_pass::<VNNI, FIVE, 1, 3, T>(base, [h], &act, t0, acc),
+                                2 => k_pass::<VNNI, FIVE, 1, 2, T>(base, [h], &act, t0, acc),
+                                _ => k_pass::<VNNI, FIVE, 1, 1, T>(base, [h], &act, t0, acc),
                             }
                         }
                     }
@@ -178,13 +212,20 @@ struct KAct {
 /// The halves `hs` (rows `8h..8h + 8` each) of one interleaved block at `base` times tokens
 /// `t0..t0 + U` of `T`: adds the block's float step into `acc[u][h]`. A sub-block's 16-bit sums
 /// are widened by `vpmaddwd` with the rows' scales (each row's scale in both halves of its
-/// lane: `scale · Σ`, exact in 32 bits), and the minimums meet the activations' sums two
-/// sub-blocks per `vpmaddwd` once the block is done.
+/// lane: `scale · Σ`, exact in 32 bits), or with `VNNI` summed in 32 bits by `vpdpbusd` and
+/// multiplied by the scales; the minimums meet the activations' sums two sub-blocks per
+/// `vpmaddwd` once the block is done.
 ///
 /// # Safety
-/// As for [`k_rows16_avx2`]; `base` is the block's start and `act` its activations.
+/// As for the kernel that inlines it; `base` is the block's start and `act` its activations.
 #[inline(always)]
-unsafe fn k_pass_avx2<const FIVE: bool, const H: usize, const U: usize, const T: usize>(
+unsafe fn k_pass<
+    const VNNI: bool,
+    const FIVE: bool,
+    const H: usize,
+    const U: usize,
+    const T: usize,
+>(
     base: *const u8,
     hs: [usize; H],
     act: &KAct,
@@ -208,7 +249,14 @@ unsafe fn k_pass_avx2<const FIVE: bool, const H: usize, const U: usize, const T:
                 prefetch_part(base, block_bytes(FIVE), 2, s, 8);
             }
             let at = |offset: usize, h: usize| base.add(offset + ROWS * s + 8 * h);
-            let sc = hs.map(|h| pairs(at(SCALES, h), at(SCALES, h)));
+            // The rows' scales: twice in each 32-bit lane for `vpmaddwd`, or once (`VNNI`).
+            let sc = hs.map(|h| {
+                if VNNI {
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(at(SCALES, h).cast()))
+                } else {
+                    pairs(at(SCALES, h), at(SCALES, h))
+                }
+            });
             let mut lo = [[_mm256_setzero_si256(); U]; H];
             let mut hi = [[_mm256_setzero_si256(); U]; H];
             let fifth = hs.map(|h| {
@@ -239,17 +287,26 @@ unsafe fn k_pass_avx2<const FIVE: bool, const H: usize, const U: usize, const T:
                         c1 = _mm256_or_si256(c1, _mm256_and_si256(b1, bit4));
                     }
                     for u in 0..U {
-                        lo[i][u] = _mm256_add_epi16(lo[i][u], _mm256_maddubs_epi16(c0, x0[u]));
-                        hi[i][u] = _mm256_add_epi16(hi[i][u], _mm256_maddubs_epi16(c1, x1[u]));
+                        if VNNI {
+                            lo[i][u] = _mm256_dpbusd_avx_epi32(lo[i][u], c0, x0[u]);
+                            hi[i][u] = _mm256_dpbusd_avx_epi32(hi[i][u], c1, x1[u]);
+                        } else {
+                            lo[i][u] = _mm256_add_epi16(lo[i][u], _mm256_maddubs_epi16(c0, x0[u]));
+                            hi[i][u] = _mm256_add_epi16(hi[i][u], _mm256_maddubs_epi16(c1, x1[u]));
+                        }
                     }
                 }
             }
             for i in 0..H {
                 for u in 0..U {
-                    let sub = _mm256_add_epi32(
-                        _mm256_madd_epi16(lo[i][u], sc[i]),
-                        _mm256_madd_epi16(hi[i][u], sc[i]),
-                    );
+                    let sub = if VNNI {
+                        _mm256_mullo_epi32(_mm256_add_epi32(lo[i][u], hi[i][u]), sc[i])
+                    } else {
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(lo[i][u], sc[i]),
+                            _mm256_madd_epi16(hi[i][u], sc[i]),
+                        )
+                    };
                     isum[i][u] = _mm256_add_epi32(isum[i][u], sub);
                 }
             }

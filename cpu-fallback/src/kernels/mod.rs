@@ -190,8 +190,8 @@ impl Isa {
 
     /// Whether Q4_K and Q5_K weights are interleaved sixteen rows deep at load for this
     /// instruction set ([`crate::interleave_q4_k`]): where [`crate::formats::q4_k::rows16_dot`]
-    /// and its Q5_K twin have a kernel of their own (AVX-512 VNNI with `vpdpbusd`; AVX2 and
-    /// AVX-VNNI with `vpmaddubsw`).
+    /// and its Q5_K twin have a kernel of their own (AVX-512 VNNI and AVX-VNNI with
+    /// `vpdpbusd`; AVX2 with `vpmaddubsw`).
     pub fn interleaves_q4_k(self) -> bool {
         matches!(self, Self::Avx2 | Self::AvxVnni | Self::Avx512Vnni)
     }
