@@ -15,6 +15,43 @@ use super::interleaved_q8_0::{prefetch_part, rows16_out, Rows16};
 use crate::interleave::ROWS;
 use crate::interleave_q4_k::{block_bytes, DMIN, HIGH, MINS, SCALES, TILES};
 
+/// How the 256-bit K-quant passes add a sub-block's byte products (unsigned codes times signed
+/// activations, four to a 32-bit lane): in 16 bits with `vpmaddubsw`, widened later by
+/// `vpmaddwd` with the rows' scales ([`Avx2Dots`]), or in 32 bits with `vpdpbusd`, then times
+/// the scales ([`AvxVnniDots`]; the tests run the same body with the instruction's EVEX form).
+pub(crate) trait ByteDots {
+    /// Whether the sums are 32-bit (`vpdpbusd`).
+    const WIDE: bool;
+    /// `acc` plus the products of `codes` and `x`, lane by lane.
+    ///
+    /// # Safety
+    /// The CPU supports the instruction.
+    unsafe fn add(acc: __m256i, codes: __m256i, x: __m256i) -> __m256i;
+}
+
+/// AVX2's 16-bit sums.
+pub(crate) struct Avx2Dots;
+
+impl ByteDots for Avx2Dots {
+    const WIDE: bool = false;
+    #[inline(always)]
+    unsafe fn add(acc: __m256i, codes: __m256i, x: __m256i) -> __m256i {
+        _mm256_add_epi16(acc, _mm256_maddubs_epi16(codes, x))
+    }
+}
+
+/// AVX-VNNI's 256-bit VEX `vpdpbusd`.
+pub(crate) struct AvxVnniDots;
+
+impl ByteDots for AvxVnniDots {
+    const WIDE: bool = true;
+    #[inline(always)]
+    unsafe fn add(acc: __m256i, codes: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: the caller's CPU has AVX-VNNI.
+        unsafe { _mm256_dpbusd_avx_epi32(acc, codes, x) }
+    }
+}
+
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy, of
 /// Q5_K with `FIVE`) and
 /// `T` tokens packed as [`crate::formats::q4_k::Packed`] holds them: `xq[(64b + g)·T + t]` is
@@ -131,7 +168,7 @@ pub unsafe fn k_rows16_avx2<const FIVE: bool, const T: usize>(
     d: &[f32],
 ) -> [Rows16; T] {
     // SAFETY: this function's features are the AVX2 passes'.
-    unsafe { k_rows16_halves::<false, FIVE, T>(block, xq, bsum, d) }
+    unsafe { k_rows16_halves::<Avx2Dots, FIVE, T>(block, xq, bsum, d) }
 }
 
 /// [`k_rows16_avx2`] with AVX-VNNI's 256-bit `vpdpbusd` (Intel Alder Lake and later clients):
@@ -150,15 +187,15 @@ pub unsafe fn k_rows16_avxvnni<const FIVE: bool, const T: usize>(
     d: &[f32],
 ) -> [Rows16; T] {
     // SAFETY: this function's features are the AVX-VNNI passes'.
-    unsafe { k_rows16_halves::<true, FIVE, T>(block, xq, bsum, d) }
+    unsafe { k_rows16_halves::<AvxVnniDots, FIVE, T>(block, xq, bsum, d) }
 }
 
-/// The body of [`k_rows16_avx2`] (`VNNI` false) and [`k_rows16_avxvnni`] (true).
+/// The body of [`k_rows16_avx2`] and [`k_rows16_avxvnni`], their sums made as `D` makes them.
 ///
 /// # Safety
 /// As for the kernel that inlines it.
 #[inline(always)]
-unsafe fn k_rows16_halves<const VNNI: bool, const FIVE: bool, const T: usize>(
+pub(crate) unsafe fn k_rows16_halves<D: ByteDots, const FIVE: bool, const T: usize>(
     block: &[u8],
     xq: &[i32],
     bsum: &[i32],
@@ -180,17 +217,17 @@ unsafe fn k_rows16_halves<const VNNI: bool, const FIVE: bool, const T: usize>(
                 d: d.as_ptr().add(T * b),
             };
             match T {
-                1 if !FIVE => k_pass::<VNNI, FIVE, 2, 1, T>(base, [0, 1], &act, 0, &mut acc),
-                2 if !FIVE => k_pass::<VNNI, FIVE, 2, 2, T>(base, [0, 1], &act, 0, &mut acc),
+                1 if !FIVE => k_pass::<D, FIVE, 2, 1, T>(base, [0, 1], &act, 0, &mut acc),
+                2 if !FIVE => k_pass::<D, FIVE, 2, 2, T>(base, [0, 1], &act, 0, &mut acc),
                 _ => {
                     for h in 0..2 {
                         for t0 in (0..T).step_by(4) {
                             let acc = &mut acc[t0..(t0 + 4).min(T)];
                             match acc.len() {
-                                4 => k_pass::<VNNI, FIVE, 1, 4, T>(base, [h], &act, t0, acc),
-                                3 => k_pass::<VNNI, FIVE, 1, 3, T>(base, [h], &act, t0, acc),
-                                2 => k_pass::<VNNI, FIVE, 1, 2, T>(base, [h], &act, t0, acc),
-                                _ => k_pass::<VNNI, FIVE, 1, 1, T>(base, [h], &act, t0, acc),
+                                4 => k_pass::<D, FIVE, 1, 4, T>(base, [h], &act, t0, acc),
+                                3 => k_pass::<D, FIVE, 1, 3, T>(base, [h], &act, t0, acc),
+                                2 => k_pass::<D, FIVE, 1, 2, T>(base, [h], &act, t0, acc),
+                                _ => k_pass::<D, FIVE, 1, 1, T>(base, [h], &act, t0, acc),
                             }
                         }
                     }
@@ -212,20 +249,14 @@ struct KAct {
 /// The halves `hs` (rows `8h..8h + 8` each) of one interleaved block at `base` times tokens
 /// `t0..t0 + U` of `T`: adds the block's float step into `acc[u][h]`. A sub-block's 16-bit sums
 /// are widened by `vpmaddwd` with the rows' scales (each row's scale in both halves of its
-/// lane: `scale · Σ`, exact in 32 bits), or with `VNNI` summed in 32 bits by `vpdpbusd` and
-/// multiplied by the scales; the minimums meet the activations' sums two sub-blocks per
+/// lane: `scale · Σ`, exact in 32 bits), or where `D` sums in 32 bits multiplied by the
+/// scales; the minimums meet the activations' sums two sub-blocks per
 /// `vpmaddwd` once the block is done.
 ///
 /// # Safety
 /// As for the kernel that inlines it; `base` is the block's start and `act` its activations.
 #[inline(always)]
-unsafe fn k_pass<
-    const VNNI: bool,
-    const FIVE: bool,
-    const H: usize,
-    const U: usize,
-    const T: usize,
->(
+unsafe fn k_pass<D: ByteDots, const FIVE: bool, const H: usize, const U: usize, const T: usize>(
     base: *const u8,
     hs: [usize; H],
     act: &KAct,
@@ -249,9 +280,9 @@ unsafe fn k_pass<
                 prefetch_part(base, block_bytes(FIVE), 2, s, 8);
             }
             let at = |offset: usize, h: usize| base.add(offset + ROWS * s + 8 * h);
-            // The rows' scales: twice in each 32-bit lane for `vpmaddwd`, or once (`VNNI`).
+            // The rows' scales: twice in each 32-bit lane for `vpmaddwd`, or once (32-bit sums).
             let sc = hs.map(|h| {
-                if VNNI {
+                if D::WIDE {
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(at(SCALES, h).cast()))
                 } else {
                     pairs(at(SCALES, h), at(SCALES, h))
@@ -287,19 +318,14 @@ unsafe fn k_pass<
                         c1 = _mm256_or_si256(c1, _mm256_and_si256(b1, bit4));
                     }
                     for u in 0..U {
-                        if VNNI {
-                            lo[i][u] = _mm256_dpbusd_avx_epi32(lo[i][u], c0, x0[u]);
-                            hi[i][u] = _mm256_dpbusd_avx_epi32(hi[i][u], c1, x1[u]);
-                        } else {
-                            lo[i][u] = _mm256_add_epi16(lo[i][u], _mm256_maddubs_epi16(c0, x0[u]));
-                            hi[i][u] = _mm256_add_epi16(hi[i][u], _mm256_maddubs_epi16(c1, x1[u]));
-                        }
+                        lo[i][u] = D::add(lo[i][u], c0, x0[u]);
+                        hi[i][u] = D::add(hi[i][u], c1, x1[u]);
                     }
                 }
             }
             for i in 0..H {
                 for u in 0..U {
-                    let sub = if VNNI {
+                    let sub = if D::WIDE {
                         _mm256_mullo_epi32(_mm256_add_epi32(lo[i][u], hi[i][u]), sc[i])
                     } else {
                         _mm256_add_epi32(
@@ -365,4 +391,124 @@ pub(crate) fn rows16_out_avx2<const T: usize>(acc: [[__m256; 2]; T]) -> [Rows16;
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::q4_k::Packed;
+    use crate::kernels::interleaved_q6_k::{q6_k_rows16_avx2, q6_k_rows16_halves};
+    use crate::quant::quantize_q8_k;
+
+    /// The AVX-VNNI passes run with the EVEX encoding of the same instruction (AVX-512 VL +
+    /// VNNI), so a host without AVX-VNNI (AMD Zen 4) still checks everything but the opcode.
+    struct EvexDots;
+
+    impl ByteDots for EvexDots {
+        const WIDE: bool = true;
+        #[inline(always)]
+        unsafe fn add(acc: __m256i, codes: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: the caller's CPU has AVX-512 VL and VNNI.
+            unsafe { _mm256_dpbusd_epi32(acc, codes, x) }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    unsafe fn k_evex<const FIVE: bool, const T: usize>(block: &[u8], p: &Packed) -> [Rows16; T] {
+        let (xq, bsum, d) = p.parts::<T>();
+        // SAFETY: forwarded from the caller.
+        unsafe { k_rows16_halves::<EvexDots, FIVE, T>(block, xq, bsum, d) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    unsafe fn q6_k_evex<const T: usize>(block: &[u8], p: &Packed) -> [Rows16; T] {
+        let (xq, bsum, d) = p.parts::<T>();
+        // SAFETY: forwarded from the caller.
+        unsafe { q6_k_rows16_halves::<EvexDots, T>(block, xq, bsum, d) }
+    }
+
+    /// Sixteen rows of `blocks` random blocks of `bytes`, each with small f16 numbers at
+    /// `halves` (byte offsets), from a fixed generator.
+    fn rows(blocks: usize, bytes: usize, halves: &[usize]) -> Vec<u8> {
+        let mut s = 7u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let mut data: Vec<u8> = (0..16 * blocks * bytes).map(|_| next() as u8).collect();
+        for blk in data.chunks_exact_mut(bytes) {
+            for &at in halves {
+                let v = half::f16::from_f32((next() % 200) as f32 / 10000.0 - 0.01);
+                blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        data
+    }
+
+    /// `T` tokens of `cols` activations as Q8_K blocks, packed for the kernels.
+    fn tokens<const T: usize>(cols: usize) -> Packed {
+        let acts: Vec<_> = (0..T)
+            .map(|t| {
+                let x: Vec<f32> = (0..cols)
+                    .map(|k| ((k * 37 + t * 11) % 97) as f32 / 24.0 - 2.0)
+                    .collect();
+                quantize_q8_k(&x)
+            })
+            .collect();
+        let a: Vec<&[_]> = acts.iter().map(Vec::as_slice).collect();
+        Packed::new(&a)
+    }
+
+    fn bits<const T: usize>(v: [Rows16; T]) -> Vec<u32> {
+        v.iter().flatten().map(|x| x.to_bits()).collect()
+    }
+
+    /// Every pass shape (both halves at once for one or two Q4_K tokens, one half at a time for
+    /// the rest) of the 256-bit `vpdpbusd` body equals the AVX2 kernel bit for bit.
+    fn k_quants_agree<const T: usize>() {
+        let blocks = 3;
+        let cols = 256 * blocks;
+        let p = tokens::<T>(cols);
+        let q4 =
+            crate::interleave_q4_k::interleave::<false>(&rows(blocks, 144, &[0, 2]), 144 * blocks);
+        let q5 =
+            crate::interleave_q4_k::interleave::<true>(&rows(blocks, 176, &[0, 2]), 176 * blocks);
+        let q6 = crate::interleave_q6_k::interleave(&rows(blocks, 210, &[208]), 210 * blocks);
+        let (xq, bsum, d) = p.parts::<T>();
+        // SAFETY: the caller checked the features; whole blocks of sixteen rows and T tokens.
+        unsafe {
+            let avx2 = k_rows16_avx2::<false, T>(&q4, xq, bsum, d);
+            assert_eq!(
+                bits(k_evex::<false, T>(&q4, &p)),
+                bits(avx2),
+                "Q4_K, {T} tokens"
+            );
+            let avx2 = k_rows16_avx2::<true, T>(&q5, xq, bsum, d);
+            assert_eq!(
+                bits(k_evex::<true, T>(&q5, &p)),
+                bits(avx2),
+                "Q5_K, {T} tokens"
+            );
+            let avx2 = q6_k_rows16_avx2::<T>(&q6, xq, bsum, d);
+            assert_eq!(
+                bits(q6_k_evex::<T>(&q6, &p)),
+                bits(avx2),
+                "Q6_K, {T} tokens"
+            );
+        }
+    }
+
+    #[test]
+    fn the_vpdpbusd_passes_match_the_avx2_kernels() {
+        if !(is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512vnni")) {
+            println!("this host has no AVX-512 VNNI: the 256-bit vpdpbusd body is only compiled");
+            return;
+        }
+        k_quants_agree::<1>();
+        k_quants_agree::<2>();
+        k_quants_agree::<3>();
+        k_quants_agree::<8>();
+    }
 }

@@ -10,6 +10,7 @@
 
 use std::arch::x86_64::*;
 
+use super::interleaved_q4_k::{Avx2Dots, AvxVnniDots, ByteDots};
 use super::interleaved_q8_0::{prefetch_part, rows16_out, Rows16};
 use crate::interleave::ROWS;
 use crate::interleave_q6_k::{BLOCK_BYTES, CRUMBS, NIBBLES, SCALES};
@@ -110,16 +111,16 @@ pub unsafe fn q6_k_rows16_avx2<const T: usize>(
     d: &[f32],
 ) -> [Rows16; T] {
     // SAFETY: this function's features are the AVX2 pass's.
-    unsafe { q6_k_rows16_halves::<false, T>(block, xq, bsum, d) }
+    unsafe { q6_k_rows16_halves::<Avx2Dots, T>(block, xq, bsum, d) }
 }
 
-/// The body of [`q6_k_rows16_avx2`] (`VNNI` false) and [`q6_k_rows16_avxvnni`] (true): each
-/// block's halves, four tokens a pass.
+/// The body of [`q6_k_rows16_avx2`] and [`q6_k_rows16_avxvnni`], their sums made as `D` makes
+/// them: each block's halves, four tokens a pass.
 ///
 /// # Safety
 /// As for the kernel that inlines it.
 #[inline(always)]
-unsafe fn q6_k_rows16_halves<const VNNI: bool, const T: usize>(
+pub(crate) unsafe fn q6_k_rows16_halves<D: ByteDots, const T: usize>(
     block: &[u8],
     xq: &[i32],
     bsum: &[i32],
@@ -143,10 +144,10 @@ unsafe fn q6_k_rows16_halves<const VNNI: bool, const T: usize>(
                 for t0 in (0..T).step_by(4) {
                     let acc = &mut acc[t0..(t0 + 4).min(T)];
                     match acc.len() {
-                        4 => q6_k_pass::<VNNI, 4, T>(base, h, act, t0, acc),
-                        3 => q6_k_pass::<VNNI, 3, T>(base, h, act, t0, acc),
-                        2 => q6_k_pass::<VNNI, 2, T>(base, h, act, t0, acc),
-                        _ => q6_k_pass::<VNNI, 1, T>(base, h, act, t0, acc),
+                        4 => q6_k_pass::<D, 4, T>(base, h, act, t0, acc),
+                        3 => q6_k_pass::<D, 3, T>(base, h, act, t0, acc),
+                        2 => q6_k_pass::<D, 2, T>(base, h, act, t0, acc),
+                        _ => q6_k_pass::<D, 1, T>(base, h, act, t0, acc),
                     }
                 }
             }
@@ -155,12 +156,12 @@ unsafe fn q6_k_rows16_halves<const VNNI: bool, const T: usize>(
     super::interleaved_q4_k::rows16_out_avx2(acc)
 }
 
-/// [`q6_k_pass_avxvnni`] where `VNNI`, else [`q6_k_pass_avx2`].
+/// [`q6_k_pass_avxvnni`] where `D` sums in 32 bits, else [`q6_k_pass_avx2`].
 ///
 /// # Safety
 /// As for the pass it runs.
 #[inline(always)]
-unsafe fn q6_k_pass<const VNNI: bool, const U: usize, const T: usize>(
+unsafe fn q6_k_pass<D: ByteDots, const U: usize, const T: usize>(
     base: *const u8,
     h: usize,
     act: (*const i32, *const i32, *const f32),
@@ -169,8 +170,8 @@ unsafe fn q6_k_pass<const VNNI: bool, const U: usize, const T: usize>(
 ) {
     // SAFETY: the caller's.
     unsafe {
-        if VNNI {
-            q6_k_pass_avxvnni::<U, T>(base, h, act, t0, acc)
+        if D::WIDE {
+            q6_k_pass_avxvnni::<D, U, T>(base, h, act, t0, acc)
         } else {
             q6_k_pass_avx2::<U, T>(base, h, act, t0, acc)
         }
@@ -247,15 +248,15 @@ pub unsafe fn q6_k_rows16_avxvnni<const T: usize>(
     d: &[f32],
 ) -> [Rows16; T] {
     // SAFETY: this function's features are the AVX-VNNI pass's.
-    unsafe { q6_k_rows16_halves::<true, T>(block, xq, bsum, d) }
+    unsafe { q6_k_rows16_halves::<AvxVnniDots, T>(block, xq, bsum, d) }
 }
 
-/// [`q6_k_pass_avx2`] with `vpdpbusd`.
+/// [`q6_k_pass_avx2`] with `vpdpbusd` (`D`'s).
 ///
 /// # Safety
 /// As for [`q6_k_rows16_avxvnni`].
 #[inline(always)]
-unsafe fn q6_k_pass_avxvnni<const U: usize, const T: usize>(
+unsafe fn q6_k_pass_avxvnni<D: ByteDots, const U: usize, const T: usize>(
     base: *const u8,
     h: usize,
     (x, bsum, d): (*const i32, *const i32, *const f32),
@@ -280,7 +281,7 @@ unsafe fn q6_k_pass_avxvnni<const U: usize, const T: usize>(
                 let code = q6_k_codes(base, h, s, j, crumbs);
                 for (u, sum) in sum.iter_mut().enumerate() {
                     let xj = _mm256_set1_epi32(*x.add((4 * s + j) * T + t0 + u));
-                    *sum = _mm256_dpbusd_avx_epi32(*sum, code, xj);
+                    *sum = D::add(*sum, code, xj);
                 }
             }
             for (isum, sum) in isum.iter_mut().zip(sum) {
