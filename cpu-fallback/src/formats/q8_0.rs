@@ -108,10 +108,14 @@ pub fn rows16_dot<const T: usize>(isa: Isa, block: &[u8], p: &Packed) -> [[f32; 
             interleaved_q8_0::q8_0_rows16_vnni512::<T>(block, &p.xq, &p.d, &p.bias)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: both variants are chosen only on CPUs with AVX2, FMA and F16C; the kernel
+        // SAFETY: `Avx2` is chosen only on CPUs with AVX2, FMA and F16C; the kernel
         // asserts the shapes before reading.
-        Isa::Avx2 | Isa::AvxVnni => unsafe {
-            interleaved_q8_0::q8_0_rows16_avx2::<T>(block, &p.xq, &p.d)
+        Isa::Avx2 => unsafe { interleaved_q8_0::q8_0_rows16_avx2::<T>(block, &p.xq, &p.d) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `AvxVnni` is chosen only when the CPU reports AVX2, FMA, F16C and AVX-VNNI;
+        // the kernel asserts the shapes before reading.
+        Isa::AvxVnni => unsafe {
+            interleaved_q8_0::q8_0_rows16_avxvnni::<T>(block, &p.xq, &p.d, &p.bias)
         },
         _ => {
             // The reference: each row taken back out of the block.

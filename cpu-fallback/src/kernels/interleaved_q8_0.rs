@@ -1,4 +1,4 @@
-//! AVX-512 VNNI and AVX2 kernels over Q8_0 weights interleaved sixteen rows deep
+//! AVX-512 VNNI, AVX-VNNI and AVX2 kernels over Q8_0 weights interleaved sixteen rows deep
 //! ([`crate::interleave_q8_0`]): sixteen rows × `T` tokens per pass, each 32-bit lane a row.
 //!
 //! Per block of 32 columns, eight `vpdpbusd` (offset weights unsigned, each activation dword
@@ -10,6 +10,7 @@
 
 use std::arch::x86_64::*;
 
+use super::interleaved_q4_k::{AvxVnniDots, ByteDots};
 use crate::interleave::ROWS;
 use crate::interleave_q8_0::{BLOCK_BYTES, SCALE_BYTES};
 
@@ -172,6 +173,122 @@ unsafe fn q8_0_pass_avx2<const H: usize, const U: usize, const T: usize>(
             for u in 0..U {
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(t0 + u)));
                 let s = _mm256_cvtepi32_ps(sum[i][u]);
+                acc[u][h] = _mm256_add_ps(acc[u][h], _mm256_mul_ps(s, scale));
+            }
+        }
+    }
+}
+
+/// [`q8_0_rows16_avx2`] with AVX-VNNI's 256-bit `vpdpbusd` (Intel Alder Lake and later
+/// clients): the offset weights meet a token's activations in one instruction, as in
+/// [`q8_0_rows16_vnni512`] (`128 · Σq` taken off after the block), instead of the sign trick's
+/// four. Both halves of the sixteen rows go together, four tokens at a time. The integer sums
+/// are exact and the float step is [`q8_0_rows16_vnni512`]'s: the bits are the scalar kernel's.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-VNNI; the shapes are those of
+/// [`q8_0_rows16_vnni512`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn q8_0_rows16_avxvnni<const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    d: &[f32],
+    bias: &[i32],
+) -> [Rows16; T] {
+    // SAFETY: this function's features are the AVX-VNNI passes'.
+    unsafe { q8_0_rows16_vnni256::<AvxVnniDots, T>(block, xq, d, bias) }
+}
+
+/// The body of [`q8_0_rows16_avxvnni`], its sums made as `D` makes them (`D::WIDE`: 32-bit
+/// `vpdpbusd`; the tests run it with the instruction's EVEX form).
+///
+/// # Safety
+/// As for the kernel that inlines it.
+#[inline(always)]
+pub(crate) unsafe fn q8_0_rows16_vnni256<D: ByteDots, const T: usize>(
+    block: &[u8],
+    xq: &[i32],
+    d: &[f32],
+    bias: &[i32],
+) -> [Rows16; T] {
+    const { assert!(D::WIDE, "the offset weights' sums need 32 bits") };
+    let blocks = d.len() / T;
+    assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
+    assert!(xq.len() == 8 * d.len() && bias.len() == d.len());
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its 544 bytes, its 8·T
+        // dwords, T scales and T sums.
+        unsafe {
+            let base = block.as_ptr().add(b * BLOCK_BYTES);
+            if T == 1 {
+                for line in (0..BLOCK_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(4 * BLOCK_BYTES + line).cast());
+                }
+            }
+            let act = (
+                xq.as_ptr().add(8 * T * b),
+                d.as_ptr().add(T * b),
+                bias.as_ptr().add(T * b),
+            );
+            for t0 in (0..T).step_by(4) {
+                let acc = &mut acc[t0..(t0 + 4).min(T)];
+                match acc.len() {
+                    4 => q8_0_pass_vnni256::<D, 4, T>(base, act, t0, acc),
+                    3 => q8_0_pass_vnni256::<D, 3, T>(base, act, t0, acc),
+                    2 => q8_0_pass_vnni256::<D, 2, T>(base, act, t0, acc),
+                    _ => q8_0_pass_vnni256::<D, 1, T>(base, act, t0, acc),
+                }
+            }
+        }
+    }
+    super::interleaved_q4_k::rows16_out_avx2(acc)
+}
+
+/// Both halves of one interleaved block at `base` times tokens `t0..t0 + U` of `T`, whose
+/// block's dwords, scales and `128 · Σq` start at `act`: adds the block's float step into
+/// `acc[u]`. One or two tokens keep two chains of sums each (even and odd dwords), so that they
+/// do not wait on eight dependent `vpdpbusd`; more tokens have chains enough with one.
+///
+/// # Safety
+/// As for [`q8_0_rows16_avxvnni`].
+#[inline(always)]
+unsafe fn q8_0_pass_vnni256<D: ByteDots, const U: usize, const T: usize>(
+    base: *const u8,
+    (x, d, bias): (*const i32, *const f32, *const i32),
+    t0: usize,
+    acc: &mut [[__m256; 2]],
+) {
+    let mut even = [[_mm256_setzero_si256(); 2]; U];
+    let mut odd = [[_mm256_setzero_si256(); 2]; U];
+    // SAFETY: the caller bounds the block's bytes and tokens t0..t0 + U of its activations.
+    unsafe {
+        let tile =
+            |g: usize, h: usize| _mm256_loadu_si256(base.add(SCALE_BYTES + 64 * g + 32 * h).cast());
+        for g in (0..8).step_by(2) {
+            let w = [[tile(g, 0), tile(g, 1)], [tile(g + 1, 0), tile(g + 1, 1)]];
+            for u in 0..U {
+                let x0 = _mm256_set1_epi32(*x.add(g * T + t0 + u));
+                let x1 = _mm256_set1_epi32(*x.add((g + 1) * T + t0 + u));
+                for h in 0..2 {
+                    even[u][h] = D::add(even[u][h], w[0][h], x0);
+                    if U <= 2 {
+                        odd[u][h] = D::add(odd[u][h], w[1][h], x1);
+                    } else {
+                        even[u][h] = D::add(even[u][h], w[1][h], x1);
+                    }
+                }
+            }
+        }
+        for h in 0..2 {
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
+            for u in 0..U {
+                let sum = _mm256_sub_epi32(
+                    _mm256_add_epi32(even[u][h], odd[u][h]),
+                    _mm256_set1_epi32(*bias.add(t0 + u)),
+                );
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(t0 + u)));
+                let s = _mm256_cvtepi32_ps(sum);
                 acc[u][h] = _mm256_add_ps(acc[u][h], _mm256_mul_ps(s, scale));
             }
         }

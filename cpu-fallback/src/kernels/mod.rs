@@ -23,6 +23,8 @@ pub mod interleaved_q8_0;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 pub mod scalar;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod vnni256_tests;
 
 /// Every x86_64 variant: each has AVX2, FMA and F16C and runs the AVX2 kernels wherever it has
 /// none of its own.
@@ -48,8 +50,9 @@ pub enum Isa {
     /// AVX2 kernels, and I2_S interleaved sixteen rows deep with 512-bit `vpmaddubsw`
     /// (AVX-512 F/BW without VNNI: Intel Skylake-X).
     Avx512Bw,
-    /// AVX2 kernels, and I2_S interleaved sixteen rows deep with 256-bit VEX `vpdpbusd`
-    /// (AVX-VNNI without AVX-512: Intel Alder Lake and later client cores).
+    /// AVX2 kernels, and I2_S, Q8_0 and the K-quants interleaved sixteen rows deep under
+    /// 256-bit VEX `vpdpbusd`, F16 prefill in groups of twelve tokens (AVX-VNNI without
+    /// AVX-512: Intel Alder Lake and later client cores).
     AvxVnni,
     /// AVX2 kernels, and I2_S interleaved sixteen rows deep with 512-bit `vpdpbusd`
     /// (AVX-512 F/BW/VNNI: Intel Ice Lake and later servers, AMD Zen 4 and later).
