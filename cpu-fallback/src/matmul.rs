@@ -358,7 +358,7 @@ impl CpuMatrix {
     /// (`kernels`) read activations of blocks `T` packed by `pack`: each group's activations
     /// packed once, each row's sum as the single-row scalar kernel makes it, times the matrix's
     /// scale.
-    fn packed_blocks<T, P: Sync>(
+    fn packed_blocks<T: Sync, P: Send + Sync>(
         &self,
         isa: Isa,
         a: &[Vec<T>],
@@ -367,7 +367,7 @@ impl CpuMatrix {
         kernels: FloatTiles<P>,
     ) -> impl Fn(&[u8], usize, &mut Vec<f32>) + Sync {
         let packed = groups
-            .iter()
+            .par_iter()
             .map(|&(t, size)| {
                 let acts: Vec<&[T]> = a[t..t + size].iter().map(Vec::as_slice).collect();
                 (size, pack(&acts))
@@ -396,7 +396,7 @@ impl CpuMatrix {
         groups: &[(usize, usize)],
     ) -> Box<BlockDot<'static>> {
         let packed: Vec<_> = groups
-            .iter()
+            .par_iter()
             .map(|&(t, size)| {
                 let xs: Vec<&[f32]> = x[t..t + size].iter().map(Vec::as_slice).collect();
                 (size, float::pack_f16(&xs))

@@ -1,6 +1,6 @@
 //! Activation quantizers, exactly as the reference implementations define them.
 
-use half::{bf16, f16};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 pub use hesper_engine::formats::nearest_int;
 use hesper_engine::formats::signed_absmax;
 
@@ -122,19 +122,57 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<Q8_0Block> {
         .collect()
 }
 
-/// Rounds every value through f16 (what ggml does to activations multiplied with F16 weights).
+/// Rounds every value through f16 (what ggml does to activations multiplied with F16 weights),
+/// a slice at a time (`half`'s slice conversions use the CPU's F16C where it has one: the same
+/// round-to-nearest-even as one value at a time, eight values an instruction).
 pub fn round_f16(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+    let mut halves = vec![f16::ZERO; x.len()];
+    halves.convert_from_f32_slice(x);
+    let mut out = vec![0.0; x.len()];
+    halves.convert_to_f32_slice(&mut out);
+    out
 }
 
-/// Rounds every value through bf16 (activations multiplied with BF16 weights).
+/// Rounds every value through bf16 (activations multiplied with BF16 weights), a slice at a
+/// time as [`round_f16`] does.
 pub fn round_bf16(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
+    let mut halves = vec![bf16::ZERO; x.len()];
+    halves.convert_from_f32_slice(x);
+    let mut out = vec![0.0; x.len()];
+    halves.convert_to_f32_slice(&mut out);
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slice_rounding_equals_one_value_at_a_time() {
+        // Ties (1 + 2^-11 lies halfway between two halves), subnormal halves, values past the
+        // largest half, signed zeros and infinities; 37 values, so the slice has a remainder
+        // past its runs of eight.
+        let mut x = vec![
+            1.0 + 2f32.powi(-11),
+            1.0 + 3.0 * 2f32.powi(-11),
+            3.0e-7,
+            -6.0e-8,
+        ];
+        x.extend([65520.0, -70000.0, -0.0, f32::INFINITY, 1.0e-30, 0.1]);
+        x.extend((0..27).map(|i| (i as f32 - 13.0) * 0.377_1));
+        let one_by_one: Vec<u32> = x
+            .iter()
+            .map(|&v| f16::from_f32(v).to_f32().to_bits())
+            .collect();
+        let sliced: Vec<u32> = round_f16(&x).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(sliced, one_by_one);
+        let one_by_one: Vec<u32> = x
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_f32().to_bits())
+            .collect();
+        let sliced: Vec<u32> = round_bf16(&x).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(sliced, one_by_one);
+    }
 
     #[test]
     fn i8_rounds_half_to_even_and_scales_by_max() {

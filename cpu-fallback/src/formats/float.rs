@@ -127,9 +127,13 @@ impl CpuLayout for Bf16 {
 /// pointer. One token's activations are already packed.
 pub fn pack_f16(x: &[&[f32]]) -> Vec<f32> {
     let cols = x.first().map_or(0, |x| x.len());
-    (0..cols)
-        .flat_map(|k| x.iter().map(move |x| x[k]))
-        .collect()
+    let mut out = vec![0.0; cols * x.len()];
+    for (k, column) in out.chunks_exact_mut(x.len().max(1)).enumerate() {
+        for (c, x) in column.iter_mut().zip(x) {
+            *c = x[k];
+        }
+    }
+    out
 }
 
 /// Sixteen F16 rows interleaved into one block (`block`, see [`crate::interleave_f16`]) against
