@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use hesper_engine::formats::MXFP4_VALUES;
 
-use super::interleaved_q8_0::{blocks_avx2, halves_and_tokens, Rows16};
+use super::interleaved_q8_0::{halves_and_tokens, Rows16};
 use crate::interleave_mxfp4::{BLOCK_BYTES, SCALE_BYTES};
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
@@ -33,14 +33,22 @@ pub unsafe fn mxfp4_rows16_avx2<const T: usize>(
     let blocks = d.len() / T;
     assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
     assert!(xq.len() == 8 * d.len());
-    // SAFETY: the asserts above bound every read of block `b`: its 272 bytes, its 8·T dwords
-    // and T scales; the CPU has the features this function enables.
-    unsafe {
-        blocks_avx2(block, BLOCK_BYTES, 8, |base, b, acc| {
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its 272 bytes, its 8·T
+        // dwords and T scales.
+        unsafe {
+            let base = block.as_ptr().add(b * BLOCK_BYTES);
+            if T == 1 {
+                for line in (0..BLOCK_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(8 * BLOCK_BYTES + line).cast());
+                }
+            }
             let act = (xq.as_ptr().add(8 * T * b), d.as_ptr().add(T * b));
             halves_and_tokens!(pass, base, act, acc);
-        })
+        }
     }
+    super::interleaved_q4_k::rows16_out_avx2(acc)
 }
 
 /// `2^(e − 128)` of eight exponent bytes at `p` (ggml's `GGML_E8M0_TO_FP32_HALF` lane by

@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved_q8_0::{blocks_avx2, halves_and_tokens, prefetch_block, rows16_out, Rows16};
+use super::interleaved_q8_0::{halves_and_tokens, prefetch_block, rows16_out, Rows16};
 use crate::interleave_q4_0::{BLOCK_BYTES, SCALE_BYTES};
 
 /// `out[t][l] = row l · token t` for the sixteen rows of `block` (their interleaved copy) and
@@ -94,18 +94,26 @@ pub unsafe fn q4_0_rows16_avx2<const T: usize>(
     let blocks = d.len() / T;
     assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
     assert!(xq.len() == 8 * d.len() && bias.len() == d.len());
-    // SAFETY: the asserts above bound every read of block `b`: its 288 bytes, its 8·T dwords,
-    // T scales and T sums; the CPU has the features this function enables.
-    unsafe {
-        blocks_avx2(block, BLOCK_BYTES, 8, |base, b, acc| {
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its 288 bytes, its 8·T
+        // dwords, T scales and T sums.
+        unsafe {
+            let base = block.as_ptr().add(b * BLOCK_BYTES);
+            if T == 1 {
+                for line in (0..BLOCK_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(8 * BLOCK_BYTES + line).cast());
+                }
+            }
             let act = (
                 xq.as_ptr().add(8 * T * b),
                 d.as_ptr().add(T * b),
                 bias.as_ptr().add(T * b),
             );
             halves_and_tokens!(q4_0_pass_avx2, base, act, acc);
-        })
+        }
     }
+    super::interleaved_q4_k::rows16_out_avx2(acc)
 }
 
 /// The halves `hs` of one interleaved block at `base` times tokens `t0..t0 + U` of `T`, whose

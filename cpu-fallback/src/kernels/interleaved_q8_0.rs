@@ -82,8 +82,8 @@ pub unsafe fn q8_0_rows16_vnni512<const T: usize>(
 macro_rules! halves_and_tokens {
     ($pass:ident, $base:expr, $act:expr, $acc:expr) => {
         match T {
-            1 => $pass::<2, 1, T>($base, [0, 1], $act, 0, &mut $acc[..]),
-            2 => $pass::<2, 2, T>($base, [0, 1], $act, 0, &mut $acc[..]),
+            1 => $pass::<2, 1, T>($base, [0, 1], $act, 0, &mut $acc),
+            2 => $pass::<2, 2, T>($base, [0, 1], $act, 0, &mut $acc),
             _ => {
                 for h in 0..2 {
                     for t0 in (0..T).step_by(4) {
@@ -119,45 +119,22 @@ pub unsafe fn q8_0_rows16_avx2<const T: usize>(block: &[u8], xq: &[i32], d: &[f3
     let blocks = d.len() / T;
     assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
     assert!(xq.len() == 8 * d.len());
-    // SAFETY: the asserts above bound every read of block `b`: its 544 bytes, its 8·T dwords
-    // and T scales; the CPU has the features this function enables.
-    unsafe {
-        blocks_avx2(block, BLOCK_BYTES, 4, |base, b, acc| {
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its 544 bytes, its 8·T
+        // dwords and T scales.
+        unsafe {
+            let base = block.as_ptr().add(b * BLOCK_BYTES);
+            if T == 1 {
+                for line in (0..BLOCK_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(4 * BLOCK_BYTES + line).cast());
+                }
+            }
             let act = (xq.as_ptr().add(8 * T * b), d.as_ptr().add(T * b));
             halves_and_tokens!(q8_0_pass_avx2, base, act, acc);
-        })
-    }
-}
-
-/// The block loop of the 256-bit kernels over Q8_0-quantized activations (Q8_0, Q4_0, MXFP4):
-/// for each interleaved block of `bytes` in `block`, `pass(base, b, acc)` adds block `b`'s float
-/// step (the block at `base`) into the `T` tokens' accumulators. One token alone (decode, which
-/// streams the weights once) first asks for the block `ahead` blocks on.
-///
-/// # Safety
-/// The CPU must support AVX2; `block` holds whole blocks of `bytes`.
-#[inline(always)]
-pub(crate) unsafe fn blocks_avx2<const T: usize>(
-    block: &[u8],
-    bytes: usize,
-    ahead: usize,
-    mut pass: impl FnMut(*const u8, usize, &mut [[__m256; 2]; T]),
-) -> [Rows16; T] {
-    let mut acc = [[_mm256_setzero_ps(); 2]; T];
-    for (b, tile) in block.chunks_exact(bytes).enumerate() {
-        let base = tile.as_ptr();
-        if T == 1 {
-            for line in (0..bytes).step_by(64) {
-                // SAFETY: a prefetch is a hint: it reads nothing and never faults.
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(ahead * bytes + line).cast())
-                };
-            }
         }
-        pass(base, b, &mut acc);
     }
-    // SAFETY: the caller's CPU has AVX2.
-    unsafe { super::interleaved_q4_k::rows16_out_avx2(acc) }
+    super::interleaved_q4_k::rows16_out_avx2(acc)
 }
 
 /// The halves `hs` of one interleaved block at `base` times tokens `t0..t0 + U` of `T`, whose
@@ -238,10 +215,17 @@ pub(crate) unsafe fn q8_0_rows16_vnni256<D: ByteDots, const T: usize>(
     let blocks = d.len() / T;
     assert!(block.len() == blocks * BLOCK_BYTES && d.len() == blocks * T);
     assert!(xq.len() == 8 * d.len() && bias.len() == d.len());
-    // SAFETY: the asserts above bound every read of block `b`: its 544 bytes, its 8·T dwords,
-    // T scales and T sums; the caller's CPU has the instructions `D` and the passes use.
-    unsafe {
-        blocks_avx2(block, BLOCK_BYTES, 4, |base, b, acc| {
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        // SAFETY: the asserts above bound every read of block `b`: its 544 bytes, its 8·T
+        // dwords, T scales and T sums.
+        unsafe {
+            let base = block.as_ptr().add(b * BLOCK_BYTES);
+            if T == 1 {
+                for line in (0..BLOCK_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(4 * BLOCK_BYTES + line).cast());
+                }
+            }
             let act = (
                 xq.as_ptr().add(8 * T * b),
                 d.as_ptr().add(T * b),
@@ -256,8 +240,9 @@ pub(crate) unsafe fn q8_0_rows16_vnni256<D: ByteDots, const T: usize>(
                     _ => q8_0_pass_vnni256::<D, 1, T>(base, act, t0, acc),
                 }
             }
-        })
+        }
     }
+    super::interleaved_q4_k::rows16_out_avx2(acc)
 }
 
 /// Both halves of one interleaved block at `base` times tokens `t0..t0 + U` of `T`, whose
