@@ -302,6 +302,38 @@ fn a_ring_of_three_processes_prints_what_generate_prints() {
 /// A `llama` model (Mistral's proportions, F32, a SentencePiece vocabulary: the golden model of
 /// golden-values/families.py) split across a GPU node and a CPU node prints what `generate`
 /// prints on the whole model.
+/// Over links that hold every frame back 150 ms, the ring still ends cleanly on every node:
+/// the master waits for its Shutdown to come back round before it exits, so the last worker
+/// never finds the master gone before the Shutdown reaches it.
+#[test]
+fn a_ring_on_slow_links_ends_cleanly_on_every_node() {
+    let model = four_layer_model("same");
+    let flags = ["-p", "Once upon a time", "-n", "2", "--temp", "0"];
+    let expected = generate(&model, &flags);
+    let parts = [
+        on_cpu("master", "0..1", &model),
+        on_cpu("worker", "1..3", &model),
+        on_cpu("worker", "3..4", &model),
+    ];
+    let slow = ["--transport", "tcp", "--link-delay", "150"];
+    let outs: Vec<Output> = start_ring(&parts, &slow, &flags)
+        .into_iter()
+        .map(Proc::wait)
+        .collect();
+    for o in &outs {
+        assert_no_crash(&[], o);
+        assert!(o.status.success(), "{}", stderr(o));
+    }
+    assert_eq!(stdout(&outs[0]), stdout(&expected));
+    for o in &outs[1..] {
+        assert!(
+            stderr(o).contains("the master ended the ring"),
+            "{}",
+            stderr(o)
+        );
+    }
+}
+
 #[test]
 fn a_llama_model_splits_across_a_gpu_node_and_a_cpu_node() {
     let model = PathBuf::from(support::golden("models/tiny-mistral-f32.gguf"));

@@ -154,6 +154,10 @@ impl<W: FrameWrite> FrameWrite for AuthWriter<W> {
         self.counter += 1;
         self.inner.write_frame(sealed).await
     }
+
+    async fn flush(&mut self) -> Result<(), LinkError> {
+        self.inner.flush().await
+    }
 }
 
 /// The per-direction keys of a link: (acceptor → connector, connector → acceptor).

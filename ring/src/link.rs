@@ -106,6 +106,20 @@ pub trait FrameRead: Send + 'static {
 pub trait FrameWrite: Send + 'static {
     /// Sends `frame`.
     fn write_frame(&mut self, frame: Frame) -> impl Future<Output = Result<(), LinkError>> + Send;
+
+    /// Returns once every frame written so far is on its way: handed to the kernel (TCP), or
+    /// acknowledged by the peer (UDP). By default `write_frame` has already waited for that.
+    fn flush(&mut self) -> impl Future<Output = Result<(), LinkError>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
+
+/// What a link's writer task is asked to do, in order.
+enum Out {
+    /// Send a frame queued at this instant.
+    Frame(tokio::time::Instant, Frame),
+    /// Answer once every frame queued before is on its way.
+    Flush(mpsc::SyncSender<()>),
 }
 
 /// The sending end of a link, held by the node; dropping it closes the link.
@@ -114,7 +128,7 @@ pub struct Link {
     id: u64,
     side: Side,
     peer: String,
-    out: tmpsc::UnboundedSender<(tokio::time::Instant, Frame)>,
+    out: tmpsc::UnboundedSender<Out>,
     stats: Arc<LinkStats>,
 }
 
@@ -127,7 +141,19 @@ impl Link {
             (crate::frame::HEADER_LEN + frame.payload.len()) as u64,
             Ordering::Relaxed,
         );
-        self.out.send((tokio::time::Instant::now(), frame)).is_ok()
+        self.out
+            .send(Out::Frame(tokio::time::Instant::now(), frame))
+            .is_ok()
+    }
+
+    /// Waits until every frame queued so far is on its way to the peer (see
+    /// [`FrameWrite::flush`]), the link is gone, or `limit` has passed; `true` in the first
+    /// case. A node calls it before it moves on from its last frames (a Shutdown, a Fault), so
+    /// that they are not lost with it: over UDP a frame dropped on the way is sent again only
+    /// while its sender lives.
+    pub fn flush(&self, limit: Duration) -> bool {
+        let (done, wait) = mpsc::sync_channel(1);
+        self.out.send(Out::Flush(done)).is_ok() && wait.recv_timeout(limit).is_ok()
     }
 
     /// The peer's address, as shown in messages.
@@ -181,7 +207,7 @@ pub(crate) fn spawn_link(
     let (inbox, timing) = (cx.inbox.clone(), cx.timing);
     let id = cx.next_id.fetch_add(1, Ordering::Relaxed);
     let from = From { id, side };
-    let (out, mut queue) = tmpsc::unbounded_channel::<(tokio::time::Instant, Frame)>();
+    let (out, mut queue) = tmpsc::unbounded_channel::<Out>();
     let lost = inbox.clone();
     let who = peer.clone();
     rt.spawn(async move {
@@ -226,11 +252,18 @@ pub(crate) fn spawn_link(
         loop {
             let frame = tokio::select! {
                 f = queue.recv() => match f {
-                    Some((sent, f)) => {
+                    Some(Out::Frame(sent, f)) => {
                         if !timing.delay.is_zero() {
                             tokio::time::sleep_until(sent + timing.delay).await;
                         }
                         f
+                    }
+                    Some(Out::Flush(done)) => {
+                        if writer.flush().await.is_err() {
+                            return;
+                        }
+                        let _ = done.send(());
+                        continue;
                     }
                     None => return,
                 },

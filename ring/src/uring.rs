@@ -49,15 +49,33 @@ impl FrameRead for UringReader {
     }
 }
 
+/// What the writer thread is asked to do, in order.
+enum Job {
+    /// Send a frame.
+    Send(Frame),
+    /// Answer once every frame before is sent.
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
 /// Frames for the writer thread.
 pub(crate) struct UringWriter {
-    frames: mpsc::Sender<Frame>,
+    frames: mpsc::Sender<Job>,
 }
 
 impl FrameWrite for UringWriter {
     async fn write_frame(&mut self, frame: Frame) -> Result<(), LinkError> {
         // The writer thread ends when its connection fails; the reader reports why.
-        self.frames.send(frame).map_err(|_| LinkError::Closed)
+        self.frames
+            .send(Job::Send(frame))
+            .map_err(|_| LinkError::Closed)
+    }
+
+    async fn flush(&mut self) -> Result<(), LinkError> {
+        let (done, sent) = tokio::sync::oneshot::channel();
+        self.frames
+            .send(Job::Flush(done))
+            .map_err(|_| LinkError::Closed)?;
+        sent.await.map_err(|_| LinkError::Closed)
     }
 }
 
@@ -86,7 +104,7 @@ pub(crate) fn split(
     std::thread::Builder::new()
         .name("hesper-ring-uring-rx".into())
         .spawn(move || read_loop(read_ring, buf, &stream, max_payload, &tx))?;
-    let (out, queue) = mpsc::channel::<Frame>();
+    let (out, queue) = mpsc::channel::<Job>();
     std::thread::Builder::new()
         .name("hesper-ring-uring-tx".into())
         .spawn(move || write_loop(write_ring, write_half, zero_copy, &queue))?;
@@ -154,10 +172,17 @@ fn write_loop(
     mut ring: IoUring,
     mut stream: TcpStream,
     zero_copy: bool,
-    queue: &mpsc::Receiver<Frame>,
+    queue: &mpsc::Receiver<Job>,
 ) {
     let fd = types::Fd(stream.as_raw_fd());
-    for frame in queue {
+    for job in queue {
+        let frame = match job {
+            Job::Send(frame) => frame,
+            Job::Flush(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
         let head = frame.header.encode();
         let parts: [&[u8]; 2] = [&head, &frame.payload];
         let parts = &parts[..if frame.payload.is_empty() { 1 } else { 2 }];

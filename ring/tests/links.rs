@@ -153,3 +153,42 @@ fn an_emulated_delay_holds_each_frame_back_alike_not_behind_one_another() {
     assert!(took >= delay, "{took:?}");
     assert!(took < delay * 3, "{took:?}");
 }
+
+#[test]
+fn a_flushed_frame_reaches_its_peer_after_the_sender_is_gone() {
+    // A third of the datagrams lost each way: a UDP frame of 750 datagrams needs many
+    // rounds of asking again, which only a living sender answers.
+    let chaos = Chaos {
+        drop: 0.3,
+        duplicate: 0.05,
+        reorder: 0.05,
+    };
+    let cases = [
+        (TransportKind::Tcp, None),
+        (TransportKind::Udp, Some(chaos)),
+        (TransportKind::Uring, None),
+    ];
+    let last = Frame::new(
+        Header::new(Kind::Shutdown),
+        (0..1 << 20).map(|j| (j * 7) as u8).collect(),
+    );
+    for (transport, chaos) in cases {
+        let mut a = Net::new(config(transport, chaos, None)).unwrap();
+        let b = Net::new(config(transport, chaos, None)).unwrap();
+        let addr = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to_a = b.connect(addr, Duration::from_secs(5)).unwrap();
+        let to_b = a.accept(Duration::from_secs(5)).unwrap();
+        assert!(to_a.send(last.clone()));
+        assert!(to_a.flush(Duration::from_secs(20)), "{transport:?}");
+        // The sender's process ends: its links and their tasks with it.
+        drop((to_a, b));
+        assert_eq!(next_frame(&mut a), last, "{transport:?}");
+        if transport == TransportKind::Udp {
+            // Nobody acknowledges a frame to a peer that is gone: the wait ends at its limit.
+            let start = std::time::Instant::now();
+            assert!(to_b.send(Frame::empty(Kind::Forward)));
+            assert!(!to_b.flush(Duration::from_millis(300)));
+            assert!(start.elapsed() >= Duration::from_millis(300));
+        }
+    }
+}

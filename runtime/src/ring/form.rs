@@ -11,7 +11,7 @@ use hesper_ring::{Frame, Header, Incoming, Kind, Link, Net};
 
 use super::hello::{self, NodeRecord};
 use super::plan::{self, Offer};
-use super::{NodeSettings, RingError, FLUSH, HELLO_PLAN};
+use super::{NodeSettings, RingError, CLOSE_WAIT, HELLO_PLAN};
 
 /// The master's two links and what the ring's nodes said of themselves.
 pub(super) struct Links {
@@ -82,8 +82,7 @@ pub(super) fn join_over(
         .map_err(|e| RingError::Config(format!("the Hello came back malformed: {e}")))?
         .1;
     if let Err(why) = verify(&records) {
-        next.send(Frame::text(Kind::Shutdown, &why));
-        std::thread::sleep(FLUSH);
+        shut_down(net, &next, &prev, &why);
         return Err(RingError::Config(why));
     }
     Ok(Links {
@@ -212,9 +211,34 @@ impl Formation {
 
     /// Ends the forming ring with `why` (no plan fits): every node that answered the Probe
     /// is told.
-    pub fn refuse(self, why: &str) {
-        self.next.send(Frame::text(Kind::Shutdown, why));
-        std::thread::sleep(FLUSH);
+    pub fn refuse(mut self, why: &str) {
+        shut_down(&mut self.net, &self.next, &self.prev, why);
+    }
+}
+
+/// Ends a ring the master has linked round (`next` to the first worker, `prev` from the last)
+/// with `why` (empty: a normal end). Each worker passes the Shutdown on before it exits, and
+/// the master waits until it comes back over `prev`, `prev` is lost, or [`CLOSE_WAIT`] passes:
+/// a master that left at once could be found gone by the last worker before the Shutdown
+/// reached it, which would then report a lost node instead of the reason.
+pub(super) fn shut_down(net: &mut Net, next: &Link, prev: &Link, why: &str) {
+    next.send(Frame::text(Kind::Shutdown, why));
+    let end = Instant::now() + CLOSE_WAIT;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        match net.recv(left) {
+            Some(Incoming::Frame(from, f))
+                if from.id == prev.id() && f.header.kind == Kind::Shutdown =>
+            {
+                return
+            }
+            Some(Incoming::Lost(from, _)) if from.id == prev.id() => return,
+            Some(_) => {}
+            None => return,
+        }
     }
 }
 

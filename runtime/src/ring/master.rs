@@ -18,7 +18,7 @@ use hesper_engine::model::{
 };
 use hesper_ring::{wire, Dtype, Frame, Header, Kind, Link, Net};
 
-use super::form::{join, join_over, run_id, verify, Formation, Hello, Links};
+use super::form::{join, join_over, run_id, shut_down, verify, Formation, Hello, Links};
 use super::hello::{self, NodeRecord};
 use super::protocol::{
     decode_prediction, encode_entries, encode_ops, prediction_len, CacheOp, Entry,
@@ -269,15 +269,22 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
     }
 
     /// Ends the ring: every worker gets the reason (empty: a normal end) and exits; an
-    /// unused standby is told too.
-    pub fn close(self, why: &str) {
-        self.links.next.send(Frame::text(Kind::Shutdown, why));
+    /// unused standby is told too. Returns once the reason has come back round (see
+    /// [`shut_down`]).
+    pub fn close(mut self, why: &str) {
         if let Some(addr) = self.opts.standby {
             if let Ok(link) = self.net.connect(addr, Duration::from_secs(2)) {
                 link.send(Frame::text(Kind::Shutdown, why));
+                link.flush(FLUSH);
             }
         }
-        std::thread::sleep(FLUSH);
+        if self.down.is_some() {
+            // Whoever still listens of a broken ring is told; nothing comes back round.
+            self.links.next.send(Frame::text(Kind::Shutdown, why));
+            self.links.next.flush(FLUSH);
+        } else {
+            shut_down(&mut self.net, &self.links.next, &self.links.prev, why);
+        }
     }
 
     /// Why the ring cannot run a step now, if it cannot.
@@ -598,7 +605,7 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
             .next
             .send(Frame::text(Kind::Shutdown, &broke.to_string()));
         let Some(addr) = self.opts.standby.take() else {
-            std::thread::sleep(FLUSH);
+            self.links.next.flush(FLUSH);
             let why = broke.to_string();
             (self.settings.log)(&why);
             self.down = Some(why.clone());

@@ -112,5 +112,10 @@ pub enum RingError {
     Model(#[from] ModelError),
 }
 
-/// Time for a link's writer to put the last frames on the wire before the process moves on.
-const FLUSH: Duration = Duration::from_millis(200);
+/// Longest wait for a link to put a node's last frames on their way before the node moves on
+/// ([`hesper_ring::Link::flush`]: it returns as soon as they are; a peer that is gone never
+/// acknowledges a UDP frame).
+const FLUSH: Duration = Duration::from_secs(1);
+
+/// Longest wait for a master's Shutdown to come back round the ring ([`form::shut_down`]).
+const CLOSE_WAIT: Duration = Duration::from_secs(5);

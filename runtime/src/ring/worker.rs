@@ -228,7 +228,7 @@ impl RingNode {
                         Kind::Shutdown if probed_by == Some(from.id) => {
                             if let Some(n) = &next {
                                 n.send(frame.clone());
-                                std::thread::sleep(FLUSH);
+                                n.flush(FLUSH);
                             }
                             return Err(RingError::Shutdown(frame.message()));
                         }
@@ -274,7 +274,7 @@ impl RingNode {
             f.header.session = formed.hello.header.session;
             if let Some(n) = &formed.next {
                 n.send(f);
-                std::thread::sleep(FLUSH);
+                n.flush(FLUSH);
             }
             return Err(RingError::Config(why));
         }
@@ -383,7 +383,7 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                     let msg = format!("node {} lost its {lost} node: {why}", self.me.name());
                     if let Some(other) = other {
                         other.send(self.fault(0, &msg));
-                        std::thread::sleep(FLUSH);
+                        other.flush(FLUSH);
                     }
                     return Err(RingError::Lost {
                         node: peer.to_string(),
@@ -411,7 +411,7 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                     if frame.header.kind == Kind::Shutdown {
                         if let Some(n) = &next {
                             n.send(frame.clone());
-                            std::thread::sleep(FLUSH);
+                            n.flush(FLUSH);
                         }
                         let why = frame.message();
                         return if why.is_empty() {
