@@ -1,7 +1,8 @@
 //! A link to one neighbour: frames out through a writer task that also sends heartbeats when
 //! the link is idle, frames in through a reader task that drops heartbeats and reports the
-//! link lost when nothing arrives for [`Timing::dead_after`]. Both tasks hand what happens to
-//! the node's one inbox, which the node's own thread reads while it computes or waits.
+//! link lost when nothing arrives for [`Timing::dead_after`] (and stops the writer then). Both
+//! tasks hand what happens to the node's one inbox, which the node's own thread reads while it
+//! computes or waits.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,6 +211,10 @@ pub(crate) fn spawn_link(
     let (out, mut queue) = tmpsc::unbounded_channel::<Out>();
     let lost = inbox.clone();
     let who = peer.clone();
+    // The reader's word to the writer that the link is lost: the writer stops (a UDP frame to
+    // a peer that is gone would be offered again for ever) and so does any flush.
+    let gone = Arc::new(tokio::sync::Notify::new());
+    let reader_gone = Arc::clone(&gone);
     rt.spawn(async move {
         // Whether the peer sent anything: a peer that admitted the link sends heartbeats.
         let mut heard = false;
@@ -226,10 +231,12 @@ pub(crate) fn spawn_link(
                     } else {
                         String::new()
                     };
+                    reader_gone.notify_one();
                     let _ = lost.send(Incoming::Lost(from, format!("{who}: {e}{hint}")));
                     return;
                 }
                 Err(_) => {
+                    reader_gone.notify_one();
                     let _ = lost.send(Incoming::Lost(
                         from,
                         format!(
@@ -251,6 +258,8 @@ pub(crate) fn spawn_link(
         let beat = Frame::empty(Kind::Heartbeat);
         loop {
             let frame = tokio::select! {
+                biased;
+                () = gone.notified() => return,
                 f = queue.recv() => match f {
                     Some(Out::Frame(sent, f)) => {
                         if !timing.delay.is_zero() {
@@ -269,7 +278,12 @@ pub(crate) fn spawn_link(
                 },
                 () = tokio::time::sleep(timing.heartbeat) => beat.clone(),
             };
-            if writer.write_frame(frame).await.is_err() {
+            let written = tokio::select! {
+                biased;
+                () = gone.notified() => false,
+                r = writer.write_frame(frame) => r.is_ok(),
+            };
+            if !written {
                 // The reader reports the loss (a failed connection fails both ways).
                 return;
             }

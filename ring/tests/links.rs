@@ -138,7 +138,8 @@ fn an_emulated_delay_holds_each_frame_back_alike_not_behind_one_another() {
     let b = Net::new(slow).unwrap();
     let addr = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let to_a = b.connect(addr, Duration::from_secs(5)).unwrap();
-    a.accept(Duration::from_secs(5)).unwrap();
+    // Held: a link dropped is closed, and its peer finds it lost.
+    let _to_b = a.accept(Duration::from_secs(5)).unwrap();
     let start = std::time::Instant::now();
     let sent = frames();
     for f in &sent {
@@ -189,6 +190,21 @@ fn a_flushed_frame_reaches_its_peer_after_the_sender_is_gone() {
             assert!(to_b.send(Frame::empty(Kind::Forward)));
             assert!(!to_b.flush(Duration::from_millis(300)));
             assert!(start.elapsed() >= Duration::from_millis(300));
+            // Once the silence has made the link lost, its writer stops: a flush ends at once.
+            loop {
+                match a.recv(Duration::from_secs(10)) {
+                    Some(Incoming::Lost(from, _)) if from.id == to_b.id() => break,
+                    Some(_) => {}
+                    None => panic!("the link to a peer that is gone was never lost"),
+                }
+            }
+            let start = std::time::Instant::now();
+            assert!(!to_b.flush(Duration::from_secs(10)));
+            assert!(
+                start.elapsed() < Duration::from_millis(300),
+                "{:?}",
+                start.elapsed()
+            );
         }
     }
 }
