@@ -282,14 +282,21 @@ impl FrameRead for UdpReader {
 }
 
 /// Receives every datagram of a link: acknowledgements go straight to the writer (so a frame
-/// is acknowledged whether or not anyone reads), data to the reader.
-async fn pump(sh: Arc<Shared>, data: tmpsc::UnboundedSender<Vec<u8>>) {
+/// is acknowledged whether or not anyone reads), data to the reader. `heard`: whether the peer
+/// has sent a datagram already. Ends (and the reader finds the link closed) when the link
+/// fails, or when the kernel says that nothing listens at the peer's port any more.
+async fn pump(sh: Arc<Shared>, data: tmpsc::UnboundedSender<Vec<u8>>, mut heard: bool) {
     let mut buf = vec![0u8; DATAGRAM + 64];
     loop {
         let n = match sh.sock.recv(&mut buf).await {
             Ok(n) => n,
-            // The peer's port is not open (yet): an ICMP error, not a datagram.
+            // An ICMP error, not a datagram: the peer's port is closed. Before the peer has
+            // answered it may not be open yet; after, the peer is gone (a process that ended
+            // closes its socket), which this says at once where silence takes `dead_after`.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                if heard {
+                    return;
+                }
                 tokio::time::sleep(PROBE_AFTER).await;
                 continue;
             }
@@ -298,6 +305,7 @@ async fn pump(sh: Arc<Shared>, data: tmpsc::UnboundedSender<Vec<u8>>) {
         let Some(g) = parse(&buf[..n]) else {
             continue;
         };
+        heard = true;
         match g.kind {
             ACK => {
                 let mut acks = sh.acks.lock().unwrap_or_else(|e| e.into_inner());
@@ -405,6 +413,7 @@ fn halves(
     chaos: Option<Chaos>,
     max_payload: u32,
     seed: u64,
+    heard: bool,
 ) -> (UdpReader, UdpWriter) {
     let sh = Arc::new(Shared {
         sock,
@@ -420,7 +429,7 @@ fn halves(
         }),
     });
     let (tx, data) = tmpsc::unbounded_channel();
-    tokio::spawn(pump(Arc::clone(&sh), tx));
+    tokio::spawn(pump(Arc::clone(&sh), tx, heard));
     (
         UdpReader {
             sh: Arc::clone(&sh),
@@ -450,7 +459,7 @@ pub(crate) async fn accept(
         match parse(&buf[..n]) {
             Some(g) if g.kind == DATA && g.id == 1 => {
                 sock.connect(peer).await?;
-                let (mut r, w) = halves(sock, stats, chaos, max_payload, 0x9e37_79b9);
+                let (mut r, w) = halves(sock, stats, chaos, max_payload, 0x9e37_79b9, true);
                 r.first = Some(buf[..n].to_vec());
                 return Ok((r, w, peer));
             }
@@ -476,7 +485,7 @@ pub(crate) async fn connect(
     };
     let sock = socket(local)?;
     sock.connect(addr).await?;
-    let (r, mut w) = halves(sock, stats, chaos, max_payload, 0x2545_f491);
+    let (r, mut w) = halves(sock, stats, chaos, max_payload, 0x2545_f491, false);
     let probe = Frame::empty(crate::frame::Kind::Heartbeat);
     let handshake = w.write_frame(probe);
     match tokio::time::timeout(wait, handshake).await {
