@@ -188,6 +188,19 @@ fn start_ring(parts: &[Part<'_>], every: &[&str], extra: &[&str]) -> Vec<Proc> {
     procs.into_iter().map(|(_, p)| p).collect()
 }
 
+/// [`start_ring`], then waits for every node: each must exit cleanly.
+fn run_ring(parts: &[Part<'_>], every: &[&str], extra: &[&str]) -> Vec<Output> {
+    let outs: Vec<Output> = start_ring(parts, every, extra)
+        .into_iter()
+        .map(Proc::wait)
+        .collect();
+    for o in &outs {
+        assert_no_crash(&[], o);
+        assert!(o.status.success(), "{}", stderr(o));
+    }
+    outs
+}
+
 /// `generate` on the whole model with `flags`, on the CPU.
 fn generate(model: &std::path::Path, flags: &[&str]) -> Output {
     let mut args = vec![
@@ -252,14 +265,7 @@ fn a_ring_of_three_processes_prints_what_generate_prints() {
                 model: &model,
             },
         ];
-        let outs: Vec<Output> = start_ring(&parts, transport, flags)
-            .into_iter()
-            .map(Proc::wait)
-            .collect();
-        for o in &outs {
-            assert_no_crash(&[], o);
-            assert!(o.status.success(), "{}", stderr(o));
-        }
+        let outs = run_ring(&parts, transport, flags);
         let what = format!("{flags:?} {master_backend} {transport:?}");
         assert_eq!(
             stdout(&outs[0]),
@@ -316,14 +322,7 @@ fn a_ring_on_slow_links_ends_cleanly_on_every_node() {
         on_cpu("worker", "3..4", &model),
     ];
     let slow = ["--transport", "tcp", "--link-delay", "150"];
-    let outs: Vec<Output> = start_ring(&parts, &slow, &flags)
-        .into_iter()
-        .map(Proc::wait)
-        .collect();
-    for o in &outs {
-        assert_no_crash(&[], o);
-        assert!(o.status.success(), "{}", stderr(o));
-    }
+    let outs = run_ring(&parts, &slow, &flags);
     assert_eq!(stdout(&outs[0]), stdout(&expected));
     for o in &outs[1..] {
         assert!(
@@ -348,14 +347,7 @@ fn a_llama_model_splits_across_a_gpu_node_and_a_cpu_node() {
         },
         on_cpu("worker", "1..2", &model),
     ];
-    let outs: Vec<Output> = start_ring(&parts, &["--transport", "tcp"], &flags)
-        .into_iter()
-        .map(Proc::wait)
-        .collect();
-    for o in &outs {
-        assert_no_crash(&[], o);
-        assert!(o.status.success(), "{}", stderr(o));
-    }
+    let outs = run_ring(&parts, &["--transport", "tcp"], &flags);
     assert_eq!(
         stdout(&outs[0]),
         stdout(&expected),
