@@ -24,7 +24,9 @@ use super::protocol::{
     decode_prediction, encode_entries, encode_ops, prediction_len, CacheOp, Entry,
 };
 use super::reload::{self, Found};
-use super::{NodeSettings, RingError, FLUSH, HELLO_PRIVATE, HELLO_SERVES, MAX_FRAME_ROWS};
+use super::{
+    send_last, NodeSettings, RingError, FLUSH, HELLO_PRIVATE, HELLO_SERVES, MAX_FRAME_ROWS,
+};
 use crate::evaluator::ModelRef;
 use crate::scheduler::{Landed, RunStep, SeqCache, StepError, StepRunner};
 use crate::RuntimeError;
@@ -274,14 +276,12 @@ impl<B: Backend, M: ModelRef<B>> RingRunner<B, M> {
     pub fn close(mut self, why: &str) {
         if let Some(addr) = self.opts.standby {
             if let Ok(link) = self.net.connect(addr, Duration::from_secs(2)) {
-                link.send(Frame::text(Kind::Shutdown, why));
-                link.flush(FLUSH);
+                send_last(&link, Frame::text(Kind::Shutdown, why));
             }
         }
         if self.down.is_some() {
             // Whoever still listens of a broken ring is told; nothing comes back round.
-            self.links.next.send(Frame::text(Kind::Shutdown, why));
-            self.links.next.flush(FLUSH);
+            send_last(&self.links.next, Frame::text(Kind::Shutdown, why));
         } else {
             shut_down(&mut self.net, &self.links.next, &self.links.prev, why);
         }

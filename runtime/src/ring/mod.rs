@@ -117,5 +117,12 @@ pub enum RingError {
 /// acknowledges a UDP frame).
 const FLUSH: Duration = Duration::from_secs(1);
 
+/// Sends a node's last `frame` on `link` and waits (at most [`FLUSH`]) until it is on its way,
+/// so that it is not lost with the node.
+fn send_last(link: &hesper_ring::Link, frame: hesper_ring::Frame) {
+    link.send(frame);
+    link.flush(FLUSH);
+}
+
 /// Longest wait for a master's Shutdown to come back round the ring ([`form::shut_down`]).
 const CLOSE_WAIT: Duration = Duration::from_secs(5);

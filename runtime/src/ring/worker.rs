@@ -20,7 +20,7 @@ use super::protocol::{
     decode_entries, decode_ops, encode_entries, encode_prediction, CacheOp, Entry,
 };
 use super::reload::{self, Found};
-use super::{NodeSettings, RingError, FLUSH, HELLO_PLAN, HELLO_PRIVATE, HELLO_SERVES};
+use super::{send_last, NodeSettings, RingError, HELLO_PLAN, HELLO_PRIVATE, HELLO_SERVES};
 use crate::evaluator::ModelRef;
 
 /// Serves `model` (a layer range) as a worker until the master ends the ring (`Ok`), or a
@@ -227,8 +227,7 @@ impl RingNode {
                         }
                         Kind::Shutdown if probed_by == Some(from.id) => {
                             if let Some(n) = &next {
-                                n.send(frame.clone());
-                                n.flush(FLUSH);
+                                send_last(n, frame.clone());
                             }
                             return Err(RingError::Shutdown(frame.message()));
                         }
@@ -273,8 +272,7 @@ impl RingNode {
             let mut f = Frame::text(Kind::Fault, &why);
             f.header.session = formed.hello.header.session;
             if let Some(n) = &formed.next {
-                n.send(f);
-                n.flush(FLUSH);
+                send_last(n, f);
             }
             return Err(RingError::Config(why));
         }
@@ -382,8 +380,7 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                     };
                     let msg = format!("node {} lost its {lost} node: {why}", self.me.name());
                     if let Some(other) = other {
-                        other.send(self.fault(0, &msg));
-                        other.flush(FLUSH);
+                        send_last(other, self.fault(0, &msg));
                     }
                     return Err(RingError::Lost {
                         node: peer.to_string(),
@@ -410,8 +407,7 @@ impl<B: Backend, M: ModelRef<B>> Worker<B, M> {
                     }
                     if frame.header.kind == Kind::Shutdown {
                         if let Some(n) = &next {
-                            n.send(frame.clone());
-                            n.flush(FLUSH);
+                            send_last(n, frame.clone());
                         }
                         let why = frame.message();
                         return if why.is_empty() {
