@@ -154,7 +154,7 @@ fn run() -> Result<(), GpuError> {
             rows * cols + rows * q8_blocks * 4,
             |b, g| {
                 one_token!(b, g, matvec_q8_0_dp4, rows, cols, q8_blocks;
-                    wq: &wq, wd: &wd, q: &xq, d: &xd)
+                    wq: &wq, wd: &wd, q: &xq, d: &xd, d_at: 0)
             },
         )?;
         // The same shape as Q4_K and Q6_K in `matvec_kq`'s layout (nibbles, high bits, two

@@ -16,6 +16,10 @@ pub(crate) struct Activations {
     pub(crate) act_scale: GpuBuffer<f32>,
     /// The activations of an F16 product as halves, two to a word (`pack_f16`).
     pub(crate) halves: GpuBuffer<u32>,
+    /// Where Q8_0 blocks' scales lie in `packed.0` (the word past their codes) when one
+    /// kernel wrote both there (a decoded token's attention, `rope_attention`), instead of in
+    /// `act_scale`; every reservation for a quantizer clears it.
+    pub(crate) scales_in_codes: Option<u32>,
 }
 
 impl Activations {
@@ -29,11 +33,14 @@ impl Activations {
             ),
             act_scale: gpu.zeroed(&format!("{what} scales"), 1)?,
             halves: gpu.zeroed(&format!("{what} halves"), 1)?,
+            scales_in_codes: None,
         })
     }
 
-    /// Makes the scratch hold at least `q` codes and `scales` scales.
+    /// Makes the scratch hold at least `q` codes and `scales` scales, for a quantizer that
+    /// writes its scales apart.
     pub(crate) fn reserve(&mut self, gpu: &Gpu, q: usize, scales: usize) -> Result<(), GpuError> {
+        self.scales_in_codes = None;
         if self.q.len() < q {
             self.q = gpu.zeroed("activation codes", q.next_power_of_two())?;
             self.packed.0 = gpu.zeroed("packed activations", q.div_ceil(4).next_power_of_two())?;
@@ -44,6 +51,23 @@ impl Activations {
         if self.act_scale.len() < scales {
             self.act_scale = gpu.zeroed("activation scales", scales.next_power_of_two())?;
         }
+        Ok(())
+    }
+
+    /// Makes `packed.0` hold `n` rows of `cols` Q8_0 codes four to a word and, past them, the
+    /// blocks' scales (`cols` a multiple of 32), and says the scales lie there.
+    pub(crate) fn reserve_q8_0_with_scales(
+        &mut self,
+        gpu: &Gpu,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        let codes = n * cols / 4;
+        let words = codes + n * cols / 32;
+        if self.packed.0.len() < words {
+            self.packed.0 = gpu.zeroed("packed activations", words.next_power_of_two())?;
+        }
+        self.scales_in_codes = Some(codes as u32);
         Ok(())
     }
 

@@ -30,6 +30,7 @@ use hesper_engine::memory::MemoryLimits;
 use hesper_engine::weights::MatrixDesc;
 use hesper_gpu::{Batch, CacheStats, Gpu, GpuBuffer, GpuError, PendingRead};
 use hesper_shaders as k;
+use product::Form;
 
 use activations::Activations;
 
@@ -650,12 +651,9 @@ impl GpuBackend {
             self.check_head(shape)?;
             let at = st.rope_table(rope_q, pos0 + n)?;
             if decode {
-                let cols = shape.n_head * shape.head_dim;
-                let halves = next.is_some_and(|m| {
-                    m.kind == Kind::F16 && m.desc.cols == cols && shape.head_dim.is_multiple_of(2)
-                });
+                let form = next.and_then(|m| attention_form(m, shape, st.packed_dot));
                 let prepared = join_layer_params(st, step.cache, step.layer, shape, prep.as_ref())?;
-                return rope_attend(st, step, at, q, k_new, v_new, out, halves, prepared);
+                return rope_attend(st, step, at, q, k_new, v_new, out, form, prepared);
             }
             let (cache, layer) = (step.cache, step.layer);
             let table = &st.ropes[at];
@@ -2125,10 +2123,26 @@ fn dense_cache_bytes(cache: &GpuKvCache, shape: &AttentionShape, n: usize, pos0:
     (2 * keys * cache.kv_dim * element) as u64
 }
 
+/// The form in which a decoded token's attention kernel can leave its outputs for `next`, the
+/// one product that reads them, instead of floats: an F16 product's halves, or a Q8_0
+/// product's blocks where each head holds whole ones (Q4_0 and MXFP4 read Q8_0 too). Q8_K's
+/// blocks of 256 and I2_S's one scale a row span heads, which the kernel's workgroups hold
+/// one each.
+fn attention_form(next: &GpuMatrix, shape: &AttentionShape, packed_dot: bool) -> Option<Form> {
+    let head = shape.head_dim;
+    let form = product::fused_form(next.kind, packed_dot)?;
+    let whole = match form {
+        Form::Halves => head.is_multiple_of(2),
+        Form::Q8_0 => head.is_multiple_of(32),
+        Form::I8Packed | Form::Q8K => false,
+    };
+    (whole && next.desc.cols == shape.n_head * head).then_some(form)
+}
+
 /// A decode-sized step's preparation of its heads (`prepared`, its parameters joined in the
 /// cache), NeoX RoPE, cache write and dense attention in one dispatch (`rope_attention`), the
-/// angles from RoPE table `table`; with `halves`, the outputs rounded to halves for the F16
-/// product that reads them next, left in the activation scratch.
+/// angles from RoPE table `table`; with `form`, the outputs left in the activation scratch as
+/// the product that reads them next reads them ([`attention_form`]).
 #[allow(clippy::too_many_arguments)]
 fn rope_attend(
     st: &mut State,
@@ -2138,7 +2152,7 @@ fn rope_attend(
     k_new: &GpuBuffer<f32>,
     v_new: &GpuBuffer<f32>,
     out: &mut GpuBuffer<f32>,
-    halves: bool,
+    form: Option<Form>,
     prepared: Prepared,
 ) -> Result<(), GpuError> {
     let Step {
@@ -2150,16 +2164,24 @@ fn rope_attend(
         shape,
     } = step;
     let cols = shape.n_head * shape.head_dim;
-    if halves {
-        st.reserve_halves(n * cols / 2)?;
-    }
+    // Where the kernel writes: the outputs as floats, or the product's halves or Q8_0 blocks
+    // in the activation scratch, with the scales past the codes.
+    let (code, scales_at, written) = match form {
+        None => (k::OUT_F32, 0, 4 * n * cols),
+        Some(Form::Halves) => {
+            st.reserve_halves(n * cols / 2)?;
+            (k::OUT_HALVES, 0, 2 * n * cols)
+        }
+        Some(_) => {
+            st.act.reserve_q8_0_with_scales(&st.gpu, n, cols)?;
+            (k::OUT_Q8_0, n * cols / 4, n * cols + n * cols / 8)
+        }
+    };
     // The attended positions' keys and values read once, the step's new ones read and
-    // written, the queries read and written back rotated, the outputs written (as floats or
-    // halves).
+    // written, the queries read and written back rotated, the outputs written.
     let traffic = dense_cache_bytes(cache, shape, n, pos0)
         + kv_write_bytes(n * cache.kv_dim, cache.kv_type)
-        + (8 * n * cols) as u64
-        + if halves { 2 } else { 4 } * (n * cols) as u64;
+        + (8 * n * cols + written) as u64;
     let State {
         gpu,
         batch,
@@ -2196,7 +2218,8 @@ fn rope_attend(
                 window: shape.window.map_or(0, |w| w as u32),
                 softcap: shape.softcap.unwrap_or(0.0),
                 sinks: u32::from(prepared.sinks),
-                halves: u32::from(halves),
+                form: code,
+                scales_at: scales_at as u32,
                 norm: u32::from(prepared.norm.is_some()),
                 eps: prepared.norm.unwrap_or(0.0),
                 biased: u32::from(prepared.biased),
@@ -2206,16 +2229,19 @@ fn rope_attend(
             traffic,
         )
     };
-    if !halves {
+    let Some(form) = form else {
         return out.as_elements_mut(run);
+    };
+    match form {
+        Form::Halves => run(&mut act.halves)?,
+        _ => run(&mut act.packed.0)?,
     }
-    run(&mut act.halves)?;
-    // The output projection reads the halves as `pack_f16` would have left them.
+    // The output projection reads them as `pack_f16` or `quantize_q8_0` would have left them.
     st.quantized = Some(Quantized {
         buffer: out.raw().clone(),
         cols,
         n,
-        form: product::Form::Halves,
+        form,
     });
     Ok(())
 }

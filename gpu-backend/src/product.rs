@@ -212,6 +212,7 @@ pub fn multiply_into(
                 packed,
                 act_scale,
                 halves,
+                scales_in_codes,
             },
         packed_dot,
         matrix_cores,
@@ -388,25 +389,50 @@ pub fn multiply_into(
                     d: act_scale,
                 }
             ),
-            Kind::Q8_0 if *packed_dot => launch!(
-                matvec_q8_0_dp4
-                    | matvec_q8_0_dp4_wide
-                    | matvec_q8_0_gemm {
-                        wq: &win.data,
-                        wd: win.scales(&w.desc.name)?,
-                        q: &packed.0,
-                        d: act_scale,
-                    }
+            Kind::Q8_0 if *packed_dot && tiled => launch!(
+                @tiled matvec_q8_0_gemm {
+                    wq: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: &packed.0,
+                    d: act_scale,
+                    lanes: lanes,
+                }
             ),
-            Kind::Q8_0 => launch!(
-                matvec_q8_0
-                    | matvec_q8_0_wide {
-                        wq: &win.data,
-                        wd: win.scales(&w.desc.name)?,
-                        q: &packed.0,
-                        d: act_scale,
+            // The scales are `act_scale`'s, or `packed.0`'s past the codes where one kernel
+            // wrote both there (bound twice: as the codes and as the scales).
+            Kind::Q8_0 => {
+                let wd = win.scales(&w.desc.name)?;
+                let mut run = |d: &GpuBuffer<f32>, d_at: u32| -> Result<(), GpuError> {
+                    if *packed_dot {
+                        launch!(
+                            matvec_q8_0_dp4
+                                | matvec_q8_0_dp4_wide {
+                                    wq: &win.data,
+                                    wd: wd,
+                                    q: &packed.0,
+                                    d: d,
+                                    d_at: d_at
+                                }
+                        )
+                    } else {
+                        launch!(
+                            matvec_q8_0
+                                | matvec_q8_0_wide {
+                                    wq: &win.data,
+                                    wd: wd,
+                                    q: &packed.0,
+                                    d: d,
+                                    d_at: d_at
+                                }
+                        )
                     }
-            ),
+                    Ok(())
+                };
+                match *scales_in_codes {
+                    Some(at) => packed.0.as_elements(|d| run(d, at))?,
+                    None => run(act_scale, 0)?,
+                }
+            }
             // So is a TQ block's.
             Kind::Tq if cores => launch!(
                 @cores narrow bitlinear_tq_coop | bitlinear_tq_coop_stand_in {

@@ -51,6 +51,14 @@ impl<T: bytemuck::Pod> GpuBuffer<T> {
         f(&mut GpuBuffer::new(self.raw.clone(), self.len))
     }
 
+    /// Runs `f` on the same bytes as elements of another 4-byte type, read-only, while `self`
+    /// is borrowed (one buffer bound twice as inputs of one kernel: packed words and, past
+    /// them, their f32 scales).
+    pub fn as_elements<U: bytemuck::Pod, R>(&self, f: impl FnOnce(&GpuBuffer<U>) -> R) -> R {
+        const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<U>()) };
+        f(&GpuBuffer::new(self.raw.clone(), self.len))
+    }
+
     /// The wgpu buffer (for bindings and copies).
     pub fn raw(&self) -> &wgpu::Buffer {
         &self.raw

@@ -9,7 +9,15 @@ use hesper_dsl::{kernel, kernel_fn};
 
 use crate::half::f16_bits;
 use crate::norm::head_squares;
+use crate::quantize::q8_0_code;
 use crate::reduce::tree_max;
+
+/// [`rope_attention`]'s `form`: the outputs as f32 bits.
+pub const OUT_F32: u32 = 0;
+/// [`rope_attention`]'s `form`: the outputs rounded to halves, two to a word.
+pub const OUT_HALVES: u32 = 1;
+/// [`rope_attention`]'s `form`: the outputs as ggml Q8_0 blocks, codes then scales.
+pub const OUT_Q8_0: u32 = 2;
 
 /// The dot product of the query in `qs` with the cached key at word offset `kb` of `k_cache`
 /// (f32 bits, or two f16 a word where `f16` is set), dimensions in order: how both attention
@@ -268,16 +276,26 @@ pub fn attention(
 /// tiles and their order are `attention`'s dense ones (the sparse pattern's scattered tile,
 /// which a dense cache leaves empty, is skipped: it changes no bit).
 ///
-/// `out` takes the outputs as f32 bits (`halves` 0), or (`halves` 1) rounded to halves two to
-/// a word as [`pack_f16`](crate::pack_f16) would round them for the F16 product that reads
-/// them next: one dispatch instead of two, the same bits.
+/// `out` takes the outputs as `form` says, for the product that reads them next: f32 bits
+/// ([`OUT_F32`]); rounded to halves two to a word as [`pack_f16`](crate::pack_f16) rounds them
+/// for an F16 product ([`OUT_HALVES`]); or ([`OUT_Q8_0`], `head_dim` a multiple of 32, so a
+/// head holds whole blocks) as [`quantize_q8_0`](crate::quantize_q8_0) leaves them for a Q8_0
+/// product — four codes a word from word 0, each block's scale as f32 bits from word
+/// `scales_at` — one dispatch instead of two, the same bits.
 ///
 /// `layer_params` holds the layer's parts that are set, in this order: each query head's
 /// attention sink (`sinks`), the query heads' norm gains then the key heads' (`norm`,
 /// `head_dim` each), the query, key and value biases (`biased`).
 #[kernel(
     workgroup = 128,
-    uses(tree_max, f16_bits, cached_key_dot, cached_value, head_squares)
+    uses(
+        tree_max,
+        f16_bits,
+        q8_0_code,
+        cached_key_dot,
+        cached_value,
+        head_squares
+    )
 )]
 pub fn rope_attention(
     q: &mut [f32],
@@ -299,7 +317,8 @@ pub fn rope_attention(
     #[uniform] window: u32,
     #[uniform] softcap: f32,
     #[uniform] sinks: u32,
-    #[uniform] halves: u32,
+    #[uniform] form: u32,
+    #[uniform] scales_at: u32,
     #[uniform] norm: u32,
     #[uniform] eps: f32,
     #[uniform] biased: u32,
@@ -535,26 +554,49 @@ pub fn rope_attention(
         m = m_new;
         barrier();
     }
-    if halves == 0u32 {
+    if form == 0u32 {
+        // OUT_F32
         if t < head_dim {
             out[q_off + t] = f32_to_bits(o / l);
         }
         if t + 128u32 < head_dim {
             out[q_off + t + 128u32] = f32_to_bits(o_hi / l);
         }
-    } else {
-        // A word's two values come from two threads: through `qs`, which no thread reads
-        // after the last tile's barrier.
-        if t < head_dim {
-            qs[t] = o / l;
-        }
-        if t + 128u32 < head_dim {
-            qs[t + 128u32] = o_hi / l;
-        }
-        barrier();
+        return;
+    }
+    // A word's values come from several threads (a block's from 32): through `qs`, which no
+    // thread reads after the last tile's barrier.
+    if t < head_dim {
+        qs[t] = o / l;
+    }
+    if t + 128u32 < head_dim {
+        qs[t + 128u32] = o_hi / l;
+    }
+    barrier();
+    if form == 1u32 {
+        // OUT_HALVES
         if 2u32 * t < head_dim {
             out[q_off / 2u32 + t] =
                 f16_bits(qs[2u32 * t]) | (f16_bits(qs[2u32 * t + 1u32]) << 16u32);
+        }
+    } else if 4u32 * t < head_dim {
+        // OUT_Q8_0. Thread `t` writes word `t` of the head: codes `4t .. 4t + 4` of block `t / 8`, whose
+        // largest magnitude (exact in any order) it finds itself; the block's first word's
+        // thread writes its scale.
+        let first = 32u32 * (t / 8u32);
+        let mut amax: f32 = 0.0;
+        for e in 0u32..32u32 {
+            amax = amax.max(qs[first + e].abs());
+        }
+        let mut word = 0u32;
+        for b in 0u32..4u32 {
+            let code = q8_0_code(qs[4u32 * t + b], amax);
+            word = word | (((code as u32) & 255u32) << (8u32 * b));
+        }
+        out[q_off / 4u32 + t] = word;
+        if t % 8u32 == 0u32 {
+            out[scales_at + q_off / 32u32 + t / 8u32] =
+                f32_to_bits(unpack_f16_lo(f16_bits(amax / 127.0)));
         }
     }
 }

@@ -297,6 +297,9 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
 /// `dot4I8Packed` where the WGSL implementation has it; the integer sums, and so every bit,
 /// are the same. Lane `l` sums blocks `l, l + lanes, …` and the lanes' sums are added in lane
 /// order ([`row_fold`]), the order the tiled kernel [`crate::matvec_q8_0_gemm`] follows.
+/// The activations' scales are read from element `d_at` of `d` on: 0 where a quantizer wrote
+/// them apart, past the codes where [`crate::rope_attention`] wrote both into one buffer
+/// (bound as `q` and as `d`).
 #[kernel(
     workgroup = 64,
     uses(row_fold, store_rows),
@@ -327,6 +330,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
     #[uniform] split_k: u32,
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
+    #[uniform] d_at: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -373,7 +377,8 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
             let ws = wd[rr[m] * blocks + blk];
             for j in 0..TILE {
                 if t0 + j < n {
-                    f[m * TILE + j] += (s[m * TILE + j] as f32) * (ws * d[(t0 + j) * blocks + blk]);
+                    f[m * TILE + j] +=
+                        (s[m * TILE + j] as f32) * (ws * d[d_at + (t0 + j) * blocks + blk]);
                 }
             }
         }

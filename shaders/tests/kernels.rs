@@ -2311,6 +2311,9 @@ struct Q8_0Case {
     wd: GpuBuffer<f32>,
     q: GpuBuffer<u32>,
     d: GpuBuffer<f32>,
+    /// The same scales from element [`SCALES_AT`] on, after stand-ins that would spoil every
+    /// output (where `rope_attention` leaves them past its codes).
+    d_past: GpuBuffer<f32>,
     want: Vec<f32>,
     magnitude: Vec<f32>,
 }
@@ -2371,6 +2374,12 @@ impl Q8_0Case {
             wq: g.upload("wq", &wq).unwrap(),
             wd: g.upload("wd", &wd).unwrap(),
             q: g.upload("q", &pack_i8(&q)).unwrap(),
+            d_past: g
+                .upload(
+                    "d past",
+                    &[vec![-3.0; SCALES_AT as usize], d.clone()].concat(),
+                )
+                .unwrap(),
             d: g.upload("d", &d).unwrap(),
             want,
             magnitude,
@@ -2383,6 +2392,9 @@ impl Q8_0Case {
     }
 }
 
+/// Where [`Q8_0Case::d_past`]'s scales start.
+const SCALES_AT: u32 = 7;
+
 #[test]
 fn matvec_q8_0_matches_q8_0_dot() {
     let mut g = gpu();
@@ -2390,19 +2402,19 @@ fn matvec_q8_0_matches_q8_0_dot() {
     // tiles of 8 and one of 5).
     let (rows, cols, n, out_scale) = (37usize, 320usize, 21usize, 0.75f32);
     let c = Q8_0Case::new(&g, rows, cols, n, out_scale, 31);
-    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
+    let (bwq, bwd, bq, bd, bd_past) = (&c.wq, &c.wd, &c.q, &c.d, &c.d_past);
     // Block sums are exact integers; only the order of the 10 f32 block terms differs
     // (sequential on the CPU; each lane's blocks, then the lanes in order on the GPU): a few
     // ulp of Σ|terms|.
     // The plain and the dot4I8Packed instances add the same exact integer sums: the same bits
-    // at every placement.
+    // at every placement (the second reading its scales past `SCALES_AT` stand-ins).
     let mut outputs = [Vec::new(), Vec::new()];
     sweep_matrix(
         &mut g,
         Matrix::new("matvec_q8_0", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0 | matvec_q8_0_wide { wq: bwq, wd: bwd, q: bq, d: bd });
+                matvec_q8_0 | matvec_q8_0_wide { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0 });
             outputs[0].push(bits(&read!(g, &*out)));
         },
         |got| c.error(got),
@@ -2414,7 +2426,9 @@ fn matvec_q8_0_matches_q8_0_dot() {
         Matrix::new("matvec_q8_0_dp4", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd });
+            matvec_q8_0_dp4 | matvec_q8_0_dp4_wide {
+                wq: bwq, wd: bwd, q: bq, d: bd_past, d_at: SCALES_AT
+            });
             outputs[1].push(bits(&read!(g, &*out)));
         },
         |got| c.error(got),
@@ -2446,7 +2460,7 @@ fn tiled_q8_0_kernel_gives_the_matrix_vector_kernels_bits() {
         },
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd })
+                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0 })
         },
         |got| c.error(got),
         "diff of Σ|terms|",

@@ -15,7 +15,7 @@ use hesper_engine::backend::{
 };
 use hesper_engine::config::Activation;
 use hesper_engine::weights::{Format, MatrixDesc};
-use hesper_gpu_backend::{GpuBackend, GpuMatrix, Kind, GEMM_STEP, WIDE_STEP};
+use hesper_gpu_backend::{GpuBackend, GpuMatrix, GEMM_STEP, WIDE_STEP};
 use hesper_tests::random::Rng;
 
 /// The GPU backend's vectors (gains).
@@ -605,7 +605,7 @@ fn fused_norm_add_and_next_norm_equal_the_unfused_ops_bit_for_bit() {
 }
 
 /// Attention of `n` new rows at position `pos0` (after `pos0` earlier rows written the same
-/// way) with GQA 4/2 heads of 16, a partial rotation (12 of 16 dims), through
+/// way) with GQA 4/2 heads of `head_dim`, a partial rotation (three quarters of the dims), through
 /// [`Backend::rope_attention`] (`fused`) or rope, rope, attention; `extras` adds a sliding
 /// window of 7 positions, soft-capped scores and attention sinks. With `next`, the output is
 /// multiplied by it (after [`Backend::rope_attention`] where fused) and the product is
@@ -618,7 +618,7 @@ fn rope_then_attention(
     config: &AttentionConfig,
     fused: bool,
     extras: bool,
-    (n, pos0): (usize, usize),
+    (n, pos0, head_dim): (usize, usize, usize),
     next: Option<&GpuMatrix>,
     prep: Option<HeadPrep<'_, Vector>>,
 ) -> (Vec<f32>, Vec<f32>, u64) {
@@ -626,15 +626,15 @@ fn rope_then_attention(
     let shape = AttentionShape {
         n_head: 4,
         n_head_kv: 2,
-        head_dim: 16,
+        head_dim,
         window: extras.then_some(7),
         softcap: extras.then_some(2.0),
         sinks: extras.then_some(&sinks[..]),
     };
     let rope_q = RopeShape {
         n_head: 4,
-        head_dim: 16,
-        rope_dim: 12,
+        head_dim,
+        rope_dim: head_dim / 4 * 3,
         base: 10000.0,
         scale: 1.0,
         freq_factors: None,
@@ -645,7 +645,7 @@ fn rope_then_attention(
         n_head: 2,
         ..rope_q
     };
-    let (q_dim, kv_dim) = (64, 32);
+    let (q_dim, kv_dim) = (4 * head_dim, 2 * head_dim);
     let mut cache = b.new_cache(&[256], kv_dim, config).expect("cache");
     let mut rng = Rng::new(7);
     let mut out = b.alloc(n.max(pos0) * q_dim).expect("alloc");
@@ -767,9 +767,9 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
                     "{kv_type:?} dense={dense} extras={extras} n={n} pos0={pos0} prep {which}"
                 );
                 let (q_fused, out_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), None, *prep);
+                    rope_then_attention(&gpu, &config, true, extras, (n, pos0, 16), None, *prep);
                 let (q_apart, out_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), None, *prep);
+                    rope_then_attention(&gpu, &config, false, extras, (n, pos0, 16), None, *prep);
                 // With head norms, a path that normalizes first rotates its own copy.
                 let normed = prep.is_some_and(|p| p.norms.is_some());
                 if !normed {
@@ -797,12 +797,19 @@ fn fused_rope_and_cache_write_equal_the_unfused_ops_bit_for_bit() {
 }
 
 #[test]
-fn attention_left_as_halves_for_an_f16_product_equals_the_unfused_ops_bit_for_bit() {
+fn attention_left_as_its_product_reads_it_equals_the_unfused_ops_bit_for_bit() {
     let gpu = GpuBackend::new().expect("a GPU adapter (lavapipe in CI)");
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    // An output projection of the 4 heads of 16 (64 columns), F16, and one that is not.
-    let wo = load(&gpu, "wo", Format::F16, 48, 64, 11);
-    let q8 = load(&gpu, "wo", Format::Q8_0, 48, 64, 12);
+    // Output projections of 4 heads: F16 (halves), Q8_0 and Q4_0 (Q8_0 blocks, which heads of
+    // 32 hold whole and heads of 16 do not) and Q6_K (Q8_K blocks, never within a head).
+    let wo = |format, head: usize, seed| load(&gpu, "wo", format, 48, 4 * head, seed);
+    let products = [
+        (16, wo(Format::F16, 16, 11), true),
+        (16, wo(Format::Q8_0, 16, 12), false),
+        (32, wo(Format::Q8_0, 32, 13), true),
+        (32, wo(Format::Q4_0, 32, 14), true),
+        (64, wo(Format::Q6K, 64, 15), false),
+    ];
     for kv_type in [KvType::F32, KvType::F16] {
         let config = AttentionConfig {
             kv_type,
@@ -813,17 +820,22 @@ fn attention_left_as_halves_for_an_f16_product_equals_the_unfused_ops_bit_for_bi
             .into_iter()
             .flat_map(|e| [(1, 0), (1, 9), (4, 3), (5, 3), (3, 126)].map(|s| (e, s)))
         {
-            for m in [&wo, &q8] {
-                let what = format!("{kv_type:?} extras={extras} n={n} pos0={pos0} {:?}", m.kind);
+            for (head, m, left) in &products {
+                let what = format!(
+                    "{kv_type:?} extras={extras} n={n} pos0={pos0} {:?} heads of {head}",
+                    m.kind
+                );
+                let step = (n, pos0, *head);
                 let (_, y_fused, d_fused) =
-                    rope_then_attention(&gpu, &config, true, extras, (n, pos0), Some(m), None);
+                    rope_then_attention(&gpu, &config, true, extras, step, Some(m), None);
                 let (_, y_apart, d_apart) =
-                    rope_then_attention(&gpu, &config, false, extras, (n, pos0), Some(m), None);
+                    rope_then_attention(&gpu, &config, false, extras, step, Some(m), None);
                 assert_eq!(bits(&y_fused), bits(&y_apart), "{what}: product");
                 // Rope, rope, cache write, attention, the product's quantizer, the product: a
-                // decode-sized step's one kernel also rounds the halves an F16 product reads.
+                // decode-sized step's one kernel also rounds the halves an F16 product reads,
+                // or quantizes the Q8_0 blocks a Q8_0 one reads.
                 let decode = n < WIDE_STEP as usize;
-                let saved = if decode { 3 } else { 2 } + u64::from(decode && m.kind == Kind::F16);
+                let saved = if decode { 3 } else { 2 } + u64::from(decode && *left);
                 assert_eq!(d_fused + saved, d_apart, "{what}: dispatches");
             }
         }
