@@ -207,10 +207,7 @@ impl GpuMatrix {
             && [&gate, &up]
                 .iter()
                 .all(|m| m.odd.is_none() && m.qkv.is_none())
-            && 2 * rows <= rows_per_window(gpu, gate.kind.row_bytes(cols))
-            && (2 * rows * row_words)
-                .div_ceil(hesper_shaders::interleave_rows::WORKGROUP_SIZE as usize)
-                <= MAX_GRID;
+            && 2 * rows <= rows_per_window(gpu, gate.kind.row_bytes(cols));
         if !fits {
             return Ok(Err((gate, up)));
         }
@@ -400,6 +397,8 @@ fn interleave(
 ) -> Result<GpuBuffer<u32>, GpuError> {
     let mut out = gpu.zeroed("gate+up", 2 * rows * row_words)?;
     let words = (2 * rows * row_words) as u32;
+    let [groups, ..] = hesper_shaders::interleave_rows::grid_for(words);
+    let groups = groups.min(MAX_GRID as u32);
     batch.run(
         gpu,
         &hesper_shaders::interleave_rows::Args {
@@ -408,8 +407,9 @@ fn interleave(
             out: &mut out,
             row_words: row_words as u32,
             rows: rows as u32,
+            stride: groups * hesper_shaders::interleave_rows::WORKGROUP_SIZE,
         },
-        hesper_shaders::interleave_rows::grid_for(words),
+        [groups, 1, 1],
     )?;
     Ok(out)
 }

@@ -139,7 +139,9 @@ pub fn moe_combine(
 
 /// Interleaves the rows of two `rows × row_words` matrices (row `i` of `a` becomes row `2i`, of
 /// `b` row `2i + 1`): how a gate/up pair is joined on the GPU for one fused pass
-/// ([`crate::GLU_RELU2`]). One thread per output word.
+/// ([`crate::GLU_RELU2`]). Thread `gid` writes output words `gid, gid + stride, …`, so a
+/// grid of at most 65 535 workgroups (`stride` its threads) covers any pair: the FFN of a
+/// Llama-3.2-1B-shaped F16 file is 2²⁴ words, one past a one-word-a-thread grid's reach.
 #[kernel(workgroup = 256)]
 pub fn interleave_rows(
     a: &[u32],
@@ -147,9 +149,9 @@ pub fn interleave_rows(
     out: &mut [u32],
     #[uniform] row_words: u32,
     #[uniform] rows: u32,
+    #[uniform] stride: u32,
 ) {
-    let i = gid();
-    if i < 2u32 * rows * row_words {
+    for i in (gid()..(2u32 * rows * row_words)).step_by(stride) {
         let row = i / row_words;
         let src = (row / 2u32) * row_words + i % row_words;
         if row % 2u32 == 0u32 {

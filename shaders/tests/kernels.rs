@@ -490,6 +490,38 @@ fn qkv_biases_are_added_in_one_launch() {
 }
 
 #[test]
+fn interleaved_rows_cover_a_pair_larger_than_their_grid() {
+    let mut g = gpu();
+    // 13 rows of 101 words each (2626 output words): a grid of 3 workgroups (768 threads)
+    // walks them four times, the last time in part; and a grid covering every word once.
+    let (rows, row_words) = (13usize, 101usize);
+    let mut lcg = Lcg(5);
+    let a: Vec<u32> = (0..rows * row_words).map(|_| lcg.next() as u32).collect();
+    let b: Vec<u32> = (0..rows * row_words).map(|_| lcg.next() as u32).collect();
+    let want: Vec<u32> = (0..2 * rows)
+        .flat_map(|r| {
+            let src = if r % 2 == 0 { &a } else { &b };
+            src[r / 2 * row_words..][..row_words].to_vec()
+        })
+        .collect();
+    let (ga, gb) = (g.upload("a", &a).unwrap(), g.upload("b", &b).unwrap());
+    let words = (2 * rows * row_words) as u32;
+    for groups in [3, k::interleave_rows::grid_for(words)[0]] {
+        let mut out = g.zeroed::<u32>("out", want.len()).unwrap();
+        let args = k::interleave_rows::Args {
+            a: &ga,
+            b: &gb,
+            out: &mut out,
+            row_words: row_words as u32,
+            rows: rows as u32,
+            stride: groups * k::interleave_rows::WORKGROUP_SIZE,
+        };
+        launch(&mut g, &args, [groups, 1, 1]);
+        assert_eq!(read!(g, &out), want, "{groups} workgroups");
+    }
+}
+
+#[test]
 fn gated_activations_match_glu() {
     let mut g = gpu();
     let n = 1000; // not a multiple of 256
