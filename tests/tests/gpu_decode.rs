@@ -103,6 +103,32 @@ fn nothing_is_created_after_the_first_token() {
 }
 
 #[test]
+fn a_decoded_layer_launches_what_its_family_needs() {
+    // A decoded token's layers alone (what `bench --backend gpu` counts a layer): BF16 7
+    // (its products round their input), F16 and the Q8_0 family 8 (attention leaves the
+    // halves or blocks its output projection reads), the K-quants, TQ and BitNet 9 (a Q8_K
+    // block or an I2_S scale spans heads, so attention's output is quantized apart).
+    let cases = [
+        ("tiny-llama-bf16", 7),
+        ("tiny-qwen3-f16", 8),
+        ("tiny-llama-q8_0", 8),
+        ("tiny-llama-q4_0", 8),
+        ("tiny-llama-q6_k", 9),
+        ("tiny-tq2_0", 9),
+    ];
+    for (stem, per_layer) in cases {
+        let g = Golden::load(stem);
+        let model = gpu_model(&g.file(), None);
+        let mut s = model.new_session(1, 1).expect("session");
+        let x = model.embed(&mut s, &[1]).expect("embed");
+        let d0 = model.backend.stats().dispatches;
+        model.forward_hidden(&mut s, &x).expect("layers");
+        let launched = model.backend.stats().dispatches - d0;
+        assert_eq!(launched, per_layer * g.n_layer as u64, "{stem}: dispatches");
+    }
+}
+
+#[test]
 fn gpu_layer_ranges_chain_to_the_whole_model() {
     let g = Golden::load("tiny-i2s");
     let file = g.file();

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Result;
 use hesper_engine::backend::Backend;
 use hesper_engine::gguf::Gguf;
-use hesper_engine::model::{Logits, Model};
+use hesper_engine::model::{Logits, Model, Session};
 use hesper_gpu_backend::GpuBackend;
 
 use super::gpu_profile::{kernel_profile, KernelProfile};
@@ -137,6 +137,11 @@ pub fn measure<B: Backend>(
     }
     let gpu_stats = || gpu.map(GpuBackend::stats);
     let products = || gpu.map(GpuBackend::product_launches).unwrap_or_default();
+    // What a decoded token's layers launch, apart from its embedding, output norm and head.
+    let in_layers = match gpu {
+        Some(g) => Some(layer_dispatches(model, &mut session(1, 1)?, g, ids(1)[0])?),
+        None => None,
+    };
     let mut records = Vec::new();
     let mut gpu_line = None;
     let mut product_launches = BTreeMap::new();
@@ -172,10 +177,16 @@ pub fn measure<B: Backend>(
                 if let (true, Some(a), Some(b)) = (test.is_gen(), before, gpu_stats()) {
                     let n = gen.len() as f64;
                     let ms = |ns: u64| ns as f64 / 1e6 / n;
+                    let per_token = (b.dispatches - a.dispatches) as f64 / n;
+                    let layers = in_layers.map_or(String::new(), |l| {
+                        format!(
+                            " ({:.1} a layer, {:.1} outside the layers)",
+                            l as f64 / c.n_layer as f64,
+                            per_token - l as f64
+                        )
+                    });
                     gpu_line = Some(format!(
-                        "gpu per generated token: {:.1} dispatches ({:.1} per layer), {:.2} queue submits, {:.3} ms of host time ({:.3} ms waiting for the GPU, {:.3} ms encoding and submitting, the rest recording and sampling); during tg: pipeline cache {} hits, {} misses, {} bind groups created",
-                        (b.dispatches - a.dispatches) as f64 / n,
-                        (b.dispatches - a.dispatches) as f64 / n / c.n_layer as f64,
+                        "gpu per generated token: {per_token:.1} dispatches{layers}, {:.2} queue submits, {:.3} ms of host time ({:.3} ms waiting for the GPU, {:.3} ms encoding and submitting, the rest recording and sampling); during tg: pipeline cache {} hits, {} misses, {} bind groups created",
                         (b.submits - a.submits) as f64 / n,
                         wall * 1e3 / n,
                         ms(b.wait_ns - a.wait_ns),
@@ -234,6 +245,20 @@ pub fn measure<B: Backend>(
         kernels,
         ops: Vec::new(),
     })
+}
+
+/// The dispatches the layers of a decoded token launch on `gpu`: token `id`'s embedding run
+/// through every layer alone, as a ring node runs its range (no output norm, head or argmax).
+fn layer_dispatches<B: Backend>(
+    model: &Model<B>,
+    s: &mut Session<B>,
+    gpu: &GpuBackend,
+    id: u32,
+) -> Result<u64> {
+    let hidden = model.embed(s, &[id])?;
+    let before = gpu.stats().dispatches;
+    model.forward_hidden(s, &hidden)?;
+    Ok(gpu.stats().dispatches - before)
 }
 
 /// The launches of each kernel between the counts `before` and `after`, those launched only.
