@@ -381,7 +381,7 @@ pub fn multiply_into(
                     }
             ),
             // Q8_0 blocks' sums are exact on matrix cores at any width.
-            Kind::Q8_0 if cores => launch!(
+            Kind::Q8_0 if cores && scales_in_codes.is_none() => launch!(
                 @cores narrow matvec_q8_0_coop | matvec_q8_0_coop_stand_in {
                     wq: &win.data,
                     wd: win.scales(&w.desc.name)?,
@@ -389,7 +389,7 @@ pub fn multiply_into(
                     d: act_scale,
                 }
             ),
-            Kind::Q8_0 if *packed_dot && tiled => launch!(
+            Kind::Q8_0 if *packed_dot && tiled && scales_in_codes.is_none() => launch!(
                 @tiled matvec_q8_0_gemm {
                     wq: &win.data,
                     wd: win.scales(&w.desc.name)?,
@@ -399,7 +399,8 @@ pub fn multiply_into(
                 }
             ),
             // The scales are `act_scale`'s, or `packed.0`'s past the codes where one kernel
-            // wrote both there (bound twice: as the codes and as the scales).
+            // wrote both there (bound twice: as the codes and as the scales; only a
+            // decode-sized step's attention does, and the matrix-vector kernels read either).
             Kind::Q8_0 => {
                 let wd = win.scales(&w.desc.name)?;
                 let mut run = |d: &GpuBuffer<f32>, d_at: u32| -> Result<(), GpuError> {
