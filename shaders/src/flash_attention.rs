@@ -580,9 +580,9 @@ pub fn rope_attention(
                 f16_bits(qs[2u32 * t]) | (f16_bits(qs[2u32 * t + 1u32]) << 16u32);
         }
     } else if 4u32 * t < head_dim {
-        // OUT_Q8_0. Thread `t` writes word `t` of the head: codes `4t .. 4t + 4` of block `t / 8`, whose
-        // largest magnitude (exact in any order) it finds itself; the block's first word's
-        // thread writes its scale.
+        // OUT_Q8_0. Thread `t` writes word `t` of the head: codes `4t .. 4t + 4` of block
+        // `t / 8`, whose largest magnitude (exact in any order) it finds itself; the block's
+        // first word's thread writes its scale.
         let first = 32u32 * (t / 8u32);
         let mut amax: f32 = 0.0;
         for e in 0u32..32u32 {
