@@ -1581,9 +1581,9 @@ impl Backend for GpuBackend {
     /// the cache in one kernel (`rope_neox_kv_write`), then attends (`rope_attention` would
     /// prepare the step's keys again in each row's workgroups, work that grows with the
     /// square of the step). Both give every row the same bits. Where the one kernel runs and
-    /// `next` is an F16 product of the outputs, they are rounded to its halves by that kernel
-    /// (`pack_f16`'s words) instead of written as floats, and the product reads them as they
-    /// are.
+    /// `next` reads halves (F16) or Q8_0 blocks that a head holds whole, that kernel leaves the
+    /// outputs so (`pack_f16`'s words, or `quantize_q8_0`'s codes with their scales past them:
+    /// `attention_form`) instead of as floats, and the product reads them as they are.
     fn rope_attention(
         &self,
         cache: &mut GpuKvCache,
