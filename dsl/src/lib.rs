@@ -263,7 +263,7 @@ fn kernel_module(
         .filter(|a| matches!(a.2, ArgKind::Input | ArgKind::Output))
         .map(|(name, ..)| {
             let name = format_ident!("{}", name);
-            quote! { self.#name.raw() }
+            quote! { self.#name.bound() }
         });
     let uniforms = args
         .iter()
@@ -339,7 +339,7 @@ fn kernel_module(
                     bindings: BINDINGS,
                     features: FEATURES,
                 };
-                fn buffers(&self) -> ::std::vec::Vec<&::hesper_gpu::wgpu::Buffer> {
+                fn buffers(&self) -> ::std::vec::Vec<::hesper_gpu::Bound> {
                     ::std::vec![#(#buffers),*]
                 }
                 fn params(&self) -> ::std::vec::Vec<[u8; 4]> {

@@ -293,6 +293,10 @@ pub struct Moe<M, V> {
     pub router_bias: Option<V>,
     /// The experts, by id.
     pub experts: Vec<Expert<M, V>>,
+    /// The experts' matrices and biases stacked, expert `e`'s rows after expert `e − 1`'s,
+    /// where the backend multiplies a step's chosen experts through them
+    /// ([`Backend::stack_experts`]).
+    pub stacked: Option<Expert<M, V>>,
 }
 
 /// A compute backend.
@@ -641,6 +645,22 @@ pub trait Backend {
         act: Activation,
         out: &mut Self::Buffer,
     );
+    /// Prepares a mixture's experts for [`Backend::moe_ffn`]: returns them and, for a backend
+    /// whose products can each pick their expert of one stacked matrix, the stack
+    /// ([`Moe::stacked`]). By default they stay as they are.
+    #[allow(clippy::type_complexity)]
+    fn stack_experts(
+        &self,
+        experts: Vec<Expert<Self::Matrix, Self::Vector>>,
+    ) -> Result<
+        (
+            Vec<Expert<Self::Matrix, Self::Vector>>,
+            Option<Expert<Self::Matrix, Self::Vector>>,
+        ),
+        BackendError,
+    > {
+        Ok((experts, None))
+    }
     /// Whether [`Backend::moe_ffn`] is computed (a model with mixture-of-experts layers is
     /// refused at load by a backend that does not).
     fn runs_experts(&self) -> bool {
@@ -660,6 +680,25 @@ pub trait Backend {
     ) {
         let _ = (moe, routing, act, x, n, out);
         unreachable!("a backend that does not run experts refuses their models at load")
+    }
+    /// `x += ` the mixture of experts of `n` rows of `h` (`width` wide; see
+    /// [`Backend::moe_ffn`]): the residual add after it. By default the mixture goes to
+    /// `scratch` and is added; a backend may add its weighted sum as it writes (the same sum
+    /// added, so the same bits).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_ffn_add(
+        &self,
+        moe: &Moe<Self::Matrix, Self::Vector>,
+        routing: &crate::config::Experts,
+        act: Activation,
+        h: &Self::Buffer,
+        n: usize,
+        width: usize,
+        x: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
+    ) {
+        self.moe_ffn(moe, routing, act, h, n, scratch);
+        self.add(x, scratch, n * width);
     }
     /// `x *= s` over `len` values.
     fn scale(&self, x: &mut Self::Buffer, len: usize, s: f32);

@@ -1372,9 +1372,10 @@ impl<B: Backend> Model<B> {
                 let Some(routing) = &c.experts else {
                     unreachable!("a layer of experts is loaded from a config with them")
                 };
-                b.moe_ffn(moe, routing, c.activation, h, n, q);
-                if !post_norm {
-                    b.add(x, q, n * c.n_embd);
+                if post_norm {
+                    b.moe_ffn(moe, routing, c.activation, h, n, q);
+                } else {
+                    b.moe_ffn_add(moe, routing, c.activation, h, n, c.n_embd, x, q);
                 }
             }
         }

@@ -3,11 +3,17 @@
 //! its down product (and bias), then every row's outputs weighted and added in the order of
 //! its choice. `moe_route` chooses each row's experts and weights on the GPU from the router's
 //! logits (the definition of [`hesper_engine::config::Experts::route`], its softmax summed in
-//! f32); then one of two ways, the same bits for every row (the products of a row do not
-//! depend on the others, the weights are the same, and both combines add in the same order):
+//! f32); then one of three ways, the same bits for every row (the products of a row do not
+//! depend on the others, the weights are the same, and the combines add in the same order):
 //!
-//! - **On the GPU** (a browser; natively a step of up to [`k::TOKEN_TILE`] rows, e.g. a
-//!   decoded token, of a layer of at most [`GATED_EXPERTS`] experts, or every step by
+//! - **By id** (a step of up to [`k::TOKEN_TILE`] rows, e.g. a decoded token, where the
+//!   experts' matrices stack: [`stack`], at load): each product reads the stack of all the
+//!   experts' matrices, each of its rows picking the rows of its expert from the router's ids
+//!   on the GPU (the `_id` instances of the matrix-vector kernels, llama.cpp's
+//!   `mul_mat_vec_id`): one launch a matrix whatever the count of experts, only the chosen
+//!   experts' weights read, nothing waited for; `moe_combine` adds them up.
+//! - **Gated on the GPU** (a browser's longer steps; natively a short step of a layer of at
+//!   most [`GATED_EXPERTS`] experts that did not stack, or every step by
 //!   [`crate::GpuBackend::set_experts_routed_on_gpu`]): every
 //!   expert's launches are recorded over all the step's rows behind a gate (indirect
 //!   dispatches, [`hesper_gpu::Batch::open_gate`]) whose grids `gate_grids` zeroes for the
@@ -16,22 +22,25 @@
 //!   rows anyway, so up to a tile this reads what the gathered products read.
 //! - **Gathered on the host** (natively, a longer step, e.g. a prefill): the chosen ids are read back
 //!   (a wait for the GPU once a layer and step, which a browser cannot do inside a step), each
-//!   chosen expert's rows gathered and multiplied by its matrices once for all of them, and
-//!   `moe_combine` adds them up.
+//!   chosen expert's rows gathered and multiplied by its matrices once for all of them (its
+//!   tiled kernels reading each weight once per tile of its rows), and `moe_combine` adds them
+//!   up.
+//!
+//! Where the layer's output is added to the residual, the combine adds it as it writes.
 
 use hesper_engine::backend::{Backend, BackendError, Expert, GateUp, Moe};
 use hesper_engine::config::{Activation, Experts};
 use hesper_gpu::GpuBuffer;
 use hesper_shaders as k;
 
+use crate::product::{self, glu_mode};
 use crate::shared_input::SharedInput;
 use crate::{device_error, GpuBackend, GpuMatrix};
 
-/// The most experts a layer may have for its short steps to be routed on the GPU natively:
-/// each expert's launches are recorded whether or not a row chose it, a few microseconds of
-/// host time each, where a read-back costs one wait for the GPU a layer (Mixtral's 8 and
-/// gpt-oss-20b's 32 experts are routed on the GPU, Qwen3-30B-A3B's 128 read back; not yet
-/// measured on a GPU).
+/// The most experts a layer whose matrices did not stack may have for its short steps to be
+/// gated on the GPU natively: each expert's launches are recorded whether or not a row chose
+/// it, a few microseconds of host time each, where a read-back costs one wait for the GPU a
+/// layer (not yet measured on a GPU).
 #[cfg(not(target_arch = "wasm32"))]
 const GATED_EXPERTS: usize = 32;
 
@@ -93,9 +102,10 @@ fn keep(b: &GpuBackend, buffers: impl IntoIterator<Item = (usize, GpuBuffer<f32>
     }
 }
 
-/// `out` = the mixture of `moe`'s experts over `n` rows of `x` (see [`Backend::moe_ffn`]), its
-/// work recorded, routed on the host or the GPU as the backend is set; a failure to allocate
-/// or to read the router back is returned.
+/// `out` = the mixture of `moe`'s experts over `n` rows of `x` (see [`Backend::moe_ffn`]), or
+/// `out +=` it where `add`, its work recorded, routed on the host or the GPU as the backend is
+/// set; a failure to allocate or to read the router back is returned.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_ffn(
     b: &GpuBackend,
     moe: &Moe<GpuMatrix, GpuBuffer<f32>>,
@@ -104,6 +114,7 @@ pub fn moe_ffn(
     x: &GpuBuffer<f32>,
     n: usize,
     out: &mut GpuBuffer<f32>,
+    add: bool,
 ) -> Result<(), BackendError> {
     let (n_expert, n_used) = (routing.n_expert, routing.n_used);
     let mut logits = floats(b, LOGITS, n * n_expert)?;
@@ -140,6 +151,7 @@ pub fn moe_ffn(
         n,
         ids: &ids,
         w: &w,
+        add,
     };
     let done = route(b, mixture, out);
     keep(b, [(LOGITS, logits), (WEIGHTS, w)]);
@@ -148,7 +160,8 @@ pub fn moe_ffn(
 }
 
 /// A mixture layer's work once its router has chosen: the layer, its routing, the activation,
-/// `n` rows of input `x`, and for each row the experts chosen (`ids`) and their weights (`w`).
+/// `n` rows of input `x`, for each row the experts chosen (`ids`) and their weights (`w`), and
+/// whether the weighted sum is added to the output (the residual) or stored.
 #[derive(Clone, Copy)]
 struct Mixture<'a> {
     moe: &'a Moe<GpuMatrix, GpuBuffer<f32>>,
@@ -158,11 +171,17 @@ struct Mixture<'a> {
     n: usize,
     ids: &'a GpuBuffer<u32>,
     w: &'a GpuBuffer<f32>,
+    add: bool,
 }
 
 /// The experts a mixture's rows chose, over those rows into `out`: gathered on the host or
 /// routed on the GPU, as [`moe_ffn`] says.
 fn route(b: &GpuBackend, mixture: Mixture, out: &mut GpuBuffer<f32>) -> Result<(), BackendError> {
+    if let Some(stacked) = &mixture.moe.stacked {
+        if mixture.n <= k::TOKEN_TILE as usize {
+            return by_id(b, stacked, mixture, out);
+        }
+    }
     #[cfg(not(target_arch = "wasm32"))]
     {
         let Mixture { n, routing, .. } = mixture;
@@ -211,6 +230,94 @@ fn expert_ffn(
     }
 }
 
+/// A mixture's experts, and their matrices and biases stacked for [`by_id`] where every
+/// matrix stacks ([`GpuMatrix::stack`]: one shape and route of an `_id` kernel; else `None`,
+/// and the experts route as before). The experts' matrices then view their rows in the stacks.
+#[allow(clippy::type_complexity)]
+pub fn stack(
+    b: &GpuBackend,
+    experts: Vec<Expert<GpuMatrix, GpuBuffer<f32>>>,
+) -> Result<
+    (
+        Vec<Expert<GpuMatrix, GpuBuffer<f32>>>,
+        Option<Expert<GpuMatrix, GpuBuffer<f32>>>,
+    ),
+    BackendError,
+> {
+    let n = experts.len();
+    let (mut joined, mut gates, mut ups, mut downs, mut biases) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for e in experts {
+        match e.gate_up {
+            GateUp::Joined(m) => joined.push(m),
+            GateUp::Apart { gate, up } => {
+                gates.push(gate);
+                ups.push(up);
+            }
+        }
+        downs.push(e.down);
+        biases.extend(e.biases);
+    }
+    let mut st = b.state.borrow_mut();
+    let gpu = &mut st.gpu;
+    let mut stack = |ms: Vec<GpuMatrix>| match GpuMatrix::stack(gpu, ms).map_err(device_error)? {
+        Ok((stacked, ms)) => Ok::<_, BackendError>((Some(stacked), ms)),
+        Err(ms) => Ok((None, ms)),
+    };
+    let (down, downs) = stack(downs)?;
+    let (gate_up, gate_ups) = match (joined.len() == n, gates.len() == n) {
+        (true, _) => {
+            let (m, joined) = stack(joined)?;
+            let each: Vec<_> = joined.into_iter().map(GateUp::Joined).collect();
+            (m.map(GateUp::Joined), each)
+        }
+        (_, true) => {
+            let ((gate, gates), (up, ups)) = (stack(gates)?, stack(ups)?);
+            let each = gates.into_iter().zip(ups);
+            let each: Vec<_> = each.map(|(gate, up)| GateUp::Apart { gate, up }).collect();
+            let pair = gate.zip(up).map(|(gate, up)| GateUp::Apart { gate, up });
+            (pair, each)
+        }
+        _ => unreachable!("the loader joins every expert's gate and up or none"),
+    };
+    // The biases one expert after another (copies: a few rows each).
+    let stacked_biases = match biases.len() == n && n > 0 {
+        true => {
+            let mut batch = gpu.batch();
+            let mut part = |i: usize| {
+                let len = biases[0][i].len();
+                let mut all = gpu.zeroed::<f32>("experts' biases", n * len)?;
+                for (e, b) in biases.iter().enumerate() {
+                    batch.copy(&b[i], 0, &mut all, e * len, len)?;
+                }
+                Ok::<_, hesper_gpu::GpuError>(all)
+            };
+            let parts = [part(0), part(1), part(2)];
+            let [g, u, d] = parts.map(|p| p.map_err(device_error));
+            let stacked = [g?, u?, d?];
+            gpu.submit(batch).map_err(device_error)?;
+            Some(stacked)
+        }
+        false => None,
+    };
+    let mut each_biases = biases.into_iter().map(Some);
+    let experts = gate_ups
+        .into_iter()
+        .zip(downs)
+        .map(|(gate_up, down)| Expert {
+            gate_up,
+            down,
+            biases: each_biases.next().flatten(),
+        })
+        .collect();
+    let stacked = gate_up.zip(down).map(|(gate_up, down)| Expert {
+        gate_up,
+        down,
+        biases: stacked_biases,
+    });
+    Ok((experts, stacked))
+}
+
 /// The matrices that read an expert's input (its gate and up, or the two joined).
 fn input_matrices(expert: &Expert<GpuMatrix, GpuBuffer<f32>>) -> Vec<&GpuMatrix> {
     match &expert.gate_up {
@@ -257,6 +364,7 @@ fn gathered_on_host(
         n,
         ids,
         w,
+        add,
     } = mixture;
     let d = moe.router.desc.cols;
     let (n_used, ff) = (routing.n_used, routing.n_ff);
@@ -298,21 +406,7 @@ fn gathered_on_host(
         }
     }
     b.keep_shared_input(shared);
-    let len = (n * d) as u32;
-    b.record(|st| {
-        st.batch.run(
-            &mut st.gpu,
-            &k::moe_combine::Args {
-                ys: &ys,
-                w,
-                out,
-                width: d as u32,
-                n_used: n_used as u32,
-                n: len,
-            },
-            k::moe_combine::grid_for(len),
-        )
-    });
+    combine(b, &ys, w, out, d, n_used, n, add);
     keep(
         b,
         [
@@ -325,6 +419,160 @@ fn gathered_on_host(
         ],
     );
     Ok(())
+}
+
+/// `out` = each of `n` rows' `n_used` outputs in `ys` (row `t·n_used + rank`: row `t`'s from
+/// its rank-th expert, `width` wide) weighted by `w` and added in the order chosen (`out +=`
+/// that where `add`).
+#[allow(clippy::too_many_arguments)]
+fn combine(
+    b: &GpuBackend,
+    ys: &GpuBuffer<f32>,
+    w: &GpuBuffer<f32>,
+    out: &mut GpuBuffer<f32>,
+    width: usize,
+    n_used: usize,
+    n: usize,
+    add: bool,
+) {
+    let len = (n * width) as u32;
+    b.record(|st| {
+        st.batch.run(
+            &mut st.gpu,
+            &k::moe_combine::Args {
+                ys,
+                w,
+                out,
+                width: width as u32,
+                n_used: n_used as u32,
+                add: add.into(),
+                n: len,
+            },
+            k::moe_combine::grid_for(len),
+        )
+    });
+}
+
+/// The chosen experts of a step of up to [`k::TOKEN_TILE`] rows multiplied through the
+/// stacks ([`Moe::stacked`]), each product's rows picking their expert from `ids`: one launch
+/// a matrix whatever the layer's count of experts, reading only the chosen experts' rows and
+/// nothing back. Row `t·n_used + rank` of each product is row `t`'s with its rank-th expert,
+/// the products those of each expert alone (the same sums in the same order), and
+/// [`combine`] adds them up as the gathered rows are added, so every bit is the other paths'.
+fn by_id(
+    b: &GpuBackend,
+    stacked: &Expert<GpuMatrix, GpuBuffer<f32>>,
+    mixture: Mixture,
+    out: &mut GpuBuffer<f32>,
+) -> Result<(), BackendError> {
+    let (x, n, ids) = (mixture.x, mixture.n, mixture.ids);
+    let d = mixture.moe.router.desc.cols;
+    let (n_used, ff) = (mixture.routing.n_used, mixture.routing.n_ff);
+    let act = mixture.act;
+    let pairs = n * n_used;
+    let mut a = floats(b, ACT, pairs * ff)?;
+    let mut ys = floats(b, OUTPUTS, pairs * d)?;
+    let by = |per_input: usize| ById {
+        ids,
+        per_input: per_input as u32,
+    };
+    match (&stacked.gate_up, &stacked.biases) {
+        (GateUp::Joined(m), None) => {
+            matmul_by_id(b, &[m], x, n, by(n_used), &mut [&mut a], glu_mode(act));
+        }
+        (GateUp::Apart { gate, up }, biases) => {
+            let (mut g, mut u) = (floats(b, GATE, pairs * ff)?, floats(b, UP, pairs * ff)?);
+            let outs = &mut [&mut g, &mut u];
+            matmul_by_id(b, &[gate, up], x, n, by(n_used), outs, k::STORE);
+            if let Some([gate_bias, up_bias, _]) = biases {
+                add_bias_by_id(b, &mut g, gate_bias, ids, ff, pairs);
+                add_bias_by_id(b, &mut u, up_bias, ids, ff, pairs);
+            }
+            b.glu(&g, &u, pairs * ff, act, &mut a);
+            keep(b, [(GATE, g), (UP, u)]);
+        }
+        (GateUp::Joined(_), Some(_)) => {
+            unreachable!("the loader keeps an expert's gate and up apart where it has biases")
+        }
+    }
+    matmul_by_id(
+        b,
+        &[&stacked.down],
+        &a,
+        pairs,
+        by(1),
+        &mut [&mut ys],
+        k::STORE,
+    );
+    if let Some([.., down_bias]) = &stacked.biases {
+        add_bias_by_id(b, &mut ys, down_bias, ids, d, pairs);
+    }
+    combine(b, &ys, mixture.w, out, d, n_used, n, mixture.add);
+    keep(b, [(ACT, a), (OUTPUTS, ys)]);
+    Ok(())
+}
+
+/// Which expert each row of a product of stacked experts multiplies, and how many rows one
+/// input row feeds.
+#[derive(Clone, Copy)]
+struct ById<'a> {
+    ids: &'a GpuBuffer<u32>,
+    per_input: u32,
+}
+
+/// `outs[i]` = the products of the stacked `ws[i]` with `inputs` rows of `x`, row `z` that of
+/// expert `ids[z]` with input row `z / per_input`, written as `mode` says; `x` quantized once
+/// for every matrix that reads it the same way.
+fn matmul_by_id(
+    b: &GpuBackend,
+    ws: &[&GpuMatrix],
+    x: &GpuBuffer<f32>,
+    inputs: usize,
+    by: ById,
+    outs: &mut [&mut GpuBuffer<f32>],
+    mode: u32,
+) {
+    let rows = inputs * by.per_input as usize;
+    b.record_product(|st| {
+        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+            if i == 0 || !product::same_input(ws[i - 1], w) {
+                product::quantize(st, w, x, inputs)?;
+            }
+            let outputs = product::Outputs::ById {
+                out,
+                mode,
+                ids: by.ids,
+                per_input: by.per_input,
+            };
+            product::multiply_into(st, w, x, rows, outputs)?;
+        }
+        Ok(())
+    });
+}
+
+/// `x[z] += bias of expert ids[z]` over `rows` rows of `width` (`biases`: the experts' stacked).
+fn add_bias_by_id(
+    b: &GpuBackend,
+    x: &mut GpuBuffer<f32>,
+    biases: &GpuBuffer<f32>,
+    ids: &GpuBuffer<u32>,
+    width: usize,
+    rows: usize,
+) {
+    let len = (rows * width) as u32;
+    b.record(|st| {
+        st.batch.run(
+            &mut st.gpu,
+            &k::add_bias_by_id::Args {
+                x,
+                b: biases,
+                ids,
+                width: width as u32,
+                n: len,
+            },
+            k::add_bias_by_id::grid_for(len),
+        )
+    });
 }
 
 /// Every expert recorded behind a gate over all `n` rows, launched where a row chose it
@@ -342,6 +590,7 @@ fn routed_on_gpu(
         n,
         ids,
         w,
+        add,
     } = mixture;
     let d = moe.router.desc.cols;
     let (n_expert, n_used, ff) = (routing.n_expert, routing.n_used, routing.n_ff);
@@ -410,6 +659,7 @@ fn routed_on_gpu(
                 width: d as u32,
                 n_used: n_used as u32,
                 rows: n as u32,
+                add: add.into(),
                 n: len,
             },
             k::moe_combine_routed::grid_for(len),

@@ -511,9 +511,11 @@ impl GpuBackend {
     }
 
     /// Routes every step's mixture of experts on the GPU when `on`, as a browser always
-    /// does; by default (natively) only steps of up to [`k::TOKEN_TILE`] rows of layers of at
-    /// most 32 experts are, and another step's routing is read back once a layer so that its
-    /// rows are gathered by expert. Both give the same bits for every row (`experts.rs`).
+    /// does (steps of more than [`k::TOKEN_TILE`] rows gated expert by expert); by default
+    /// (natively) only steps of up to [`k::TOKEN_TILE`] rows are (by id, or gated where a
+    /// layer's experts did not stack), and another step's routing is read back once a layer
+    /// so that its rows are gathered by expert. All give the same bits for every row
+    /// (`experts.rs`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn set_experts_routed_on_gpu(&self, on: bool) {
         self.state.borrow_mut().route_on_gpu = on;
@@ -570,6 +572,30 @@ impl GpuBackend {
     fn record(&self, f: impl FnOnce(&mut State) -> Result<(), GpuError>) {
         self.state.borrow_mut().quantized = None;
         self.record_product(f);
+    }
+
+    /// [`experts::moe_ffn`] into `out` (added to it where `add`), its failure kept for the
+    /// step's read-back as every recorded operation's is (an earlier failure explains it).
+    #[allow(clippy::too_many_arguments)]
+    fn mixture(
+        &self,
+        moe: &hesper_engine::backend::Moe<GpuMatrix, GpuBuffer<f32>>,
+        routing: &hesper_engine::config::Experts,
+        act: Activation,
+        x: &GpuBuffer<f32>,
+        n: usize,
+        out: &mut GpuBuffer<f32>,
+        add: bool,
+    ) {
+        if let Err(e) = experts::moe_ffn(self, moe, routing, act, x, n, out, add) {
+            let mut st = self.state.borrow_mut();
+            if st.error.is_none() {
+                st.error = Some(GpuError::Kernel {
+                    kernel: "experts",
+                    why: e.to_string(),
+                });
+            }
+        }
     }
 
     /// [`GpuBackend::record`] for products, which may use the rows a fused RMSNorm quantized
@@ -1754,6 +1780,22 @@ impl Backend for GpuBackend {
         true
     }
 
+    /// Stacks the experts' matrices where they stack, so a short step multiplies its chosen
+    /// experts in one launch a matrix (`experts.rs`).
+    #[allow(clippy::type_complexity)]
+    fn stack_experts(
+        &self,
+        experts: Vec<hesper_engine::backend::Expert<GpuMatrix, GpuBuffer<f32>>>,
+    ) -> Result<
+        (
+            Vec<hesper_engine::backend::Expert<GpuMatrix, GpuBuffer<f32>>>,
+            Option<hesper_engine::backend::Expert<GpuMatrix, GpuBuffer<f32>>>,
+        ),
+        BackendError,
+    > {
+        experts::stack(self, experts)
+    }
+
     fn moe_ffn(
         &self,
         moe: &hesper_engine::backend::Moe<GpuMatrix, GpuBuffer<f32>>,
@@ -1763,17 +1805,22 @@ impl Backend for GpuBackend {
         n: usize,
         out: &mut GpuBuffer<f32>,
     ) {
-        if let Err(e) = experts::moe_ffn(self, moe, routing, act, x, n, out) {
-            // Kept for the step's read-back, as every recorded operation's failure is (an
-            // earlier failure explains this one).
-            let mut st = self.state.borrow_mut();
-            if st.error.is_none() {
-                st.error = Some(GpuError::Kernel {
-                    kernel: "experts",
-                    why: e.to_string(),
-                });
-            }
-        }
+        self.mixture(moe, routing, act, x, n, out, false);
+    }
+
+    /// The weighted sum added to the residual as it is written (`moe_combine`'s `add`).
+    fn moe_ffn_add(
+        &self,
+        moe: &hesper_engine::backend::Moe<GpuMatrix, GpuBuffer<f32>>,
+        routing: &hesper_engine::config::Experts,
+        act: Activation,
+        h: &GpuBuffer<f32>,
+        n: usize,
+        _width: usize,
+        x: &mut GpuBuffer<f32>,
+        _scratch: &mut GpuBuffer<f32>,
+    ) {
+        self.mixture(moe, routing, act, h, n, x, true);
     }
 
     fn add_bias(&self, x: &mut GpuBuffer<f32>, bias: &GpuBuffer<f32>, n: usize) {

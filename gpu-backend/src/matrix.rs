@@ -1,6 +1,7 @@
 //! Weight matrices on the GPU: kept packed as their layout's route reads them
 //! ([`crate::formats`]), split into row windows that fit one binding and one dispatch
-//! dimension; gate and up joined for the fused FFN.
+//! dimension; gate and up joined for the fused FFN; a mixture's experts stacked in one buffer
+//! for the products whose rows pick their expert, each expert viewing its rows there.
 
 use std::sync::Arc;
 
@@ -103,6 +104,9 @@ pub struct GpuMatrix {
     pub odd: Option<(Kind, f32)>,
     /// A joined Q/K/V matrix ([`GpuMatrix::join_qkv`]): where its K and V rows start.
     pub qkv: Option<QkvParts>,
+    /// The experts stacked in its one window ([`GpuMatrix::stack`]), each of `desc.rows`
+    /// rows, one after another; 1 for any other matrix.
+    pub experts: usize,
 }
 
 /// The K and V rows of a joined Q/K/V matrix (its Q rows come first, with the matrix's own
@@ -173,6 +177,7 @@ impl GpuMatrix {
             host: None,
             odd: None,
             qkv: None,
+            experts: 1,
         })
     }
 
@@ -242,6 +247,7 @@ impl GpuMatrix {
             host: None,
             odd: Some((up.kind, up.scale)),
             qkv: None,
+            experts: 1,
         }))
     }
 
@@ -315,11 +321,108 @@ impl GpuMatrix {
                 k: (k.kind, k.scale),
                 v: (v_part.kind, v_part.scale),
             }),
+            experts: 1,
         }))
+    }
+
+    /// Stacks a mixture's expert matrices (of one shape and route, one window each) into one
+    /// buffer, expert `e`'s rows after expert `e − 1`'s, for products whose rows each pick
+    /// their expert (`product::Outputs::ById`); each expert's window then views its
+    /// rows there, so no byte is held twice. Returns the stack and the experts, or the experts
+    /// untouched where they differ, their route has no such kernel, an expert's bytes would not
+    /// start at the device's storage offset alignment, or the stack would not fit one binding.
+    #[allow(clippy::type_complexity)]
+    pub fn stack(
+        gpu: &mut Gpu,
+        mut parts: Vec<Self>,
+    ) -> Result<Result<(Self, Vec<Self>), Vec<Self>>, GpuError> {
+        let Some(first) = parts.first() else {
+            return Ok(Err(parts));
+        };
+        let n = parts.len();
+        let (data_len, scales_len) = {
+            let w = &first.windows[0];
+            (w.data.len(), w.scales.as_ref().map(GpuBuffer::len))
+        };
+        let alike = parts.iter().all(|m| {
+            m.kind == first.kind
+                && m.scale == first.scale
+                && m.odd == first.odd
+                && m.qkv.is_none()
+                && m.experts == 1
+                && (m.desc.rows, m.desc.cols) == (first.desc.rows, first.desc.cols)
+                && m.windows.len() == 1
+                && m.windows[0].data.len() == data_len
+                && m.windows[0].scales.as_ref().map(GpuBuffer::len) == scales_len
+        });
+        let words = |len: usize| (n * len * 4) as u64 <= gpu.max_binding();
+        let fits = words(data_len) && scales_len.is_none_or(words);
+        if !(first.kind.by_id() && alike && fits) {
+            return Ok(Err(parts));
+        }
+        let mut batch = gpu.batch();
+        let mut data = gpu.zeroed::<u32>("experts", n * data_len)?;
+        let mut scales = match scales_len {
+            Some(len) => Some(gpu.zeroed::<f32>("experts' scales", n * len)?),
+            None => None,
+        };
+        // Each expert's bytes must start where a binding may.
+        let views: Option<Vec<_>> = (0..n)
+            .map(|e| {
+                let data = gpu.view(&data, e * data_len, data_len)?;
+                let scales = match (&scales, scales_len) {
+                    (Some(all), Some(len)) => Some(gpu.view(all, e * len, len)?),
+                    _ => None,
+                };
+                Some((data, scales))
+            })
+            .collect();
+        let Some(views) = views else {
+            return Ok(Err(parts));
+        };
+        for (e, m) in parts.iter().enumerate() {
+            let w = &m.windows[0];
+            batch.copy(&w.data, 0, &mut data, e * data_len, data_len)?;
+            if let (Some(all), Some(s), Some(len)) = (scales.as_mut(), &w.scales, scales_len) {
+                batch.copy(s, 0, all, e * len, len)?;
+            }
+        }
+        gpu.submit(batch)?;
+        for (m, (data, scales)) in parts.iter_mut().zip(views) {
+            m.windows[0].data = data;
+            m.windows[0].scales = scales;
+        }
+        let first = &parts[0];
+        let name = first.desc.name.split('[').next().unwrap_or_default();
+        let stacked = Self {
+            desc: MatrixDesc {
+                name: format!("{name} (all {n})"),
+                ..first.desc.clone()
+            },
+            kind: first.kind,
+            scale: first.scale,
+            windows: vec![Window {
+                row0: 0,
+                rows: first.desc.rows,
+                data,
+                scales,
+            }],
+            host: None,
+            odd: first.odd,
+            qkv: None,
+            experts: n,
+        };
+        Ok(Ok((stacked, parts)))
     }
 }
 
 impl Kind {
+    /// Whether its matrix-vector kernel has an `_id` instance, whose rows each pick an expert
+    /// of a stacked matrix ([`GpuMatrix::stack`]).
+    pub fn by_id(self) -> bool {
+        matches!(self, Self::F16 | Self::Bf16 | Self::Q8_0 | Self::Kq { .. })
+    }
+
     /// Bytes of one row as uploaded (TQ becomes 2-bit codes: cols/4; a K-quant row its codes,
     /// then two bytes per sub-block).
     fn row_bytes(self, cols: usize) -> usize {

@@ -180,6 +180,19 @@ pub enum Outputs<'a> {
     One(&'a mut GpuBuffer<f32>, u32),
     /// The Q, K and V outputs of a joined matrix ([`GpuMatrix::join_qkv`]).
     Qkv([&'a mut GpuBuffer<f32>; 3]),
+    /// One buffer, written as the mode says, by a matrix of stacked experts
+    /// ([`GpuMatrix::experts`]): `n` rows, row `z` the product of expert `ids[z]`'s rows with
+    /// activation row `z / per_input` (`per_input`: the rows each input row is multiplied by).
+    ById {
+        /// The outputs, `n` rows of one expert's width.
+        out: &'a mut GpuBuffer<f32>,
+        /// The output stage ([`k::STORE`], a gated pair's).
+        mode: u32,
+        /// The expert of each output row.
+        ids: &'a GpuBuffer<u32>,
+        /// Output rows an activation row feeds.
+        per_input: u32,
+    },
 }
 
 /// Runs `w`'s kernel over each of its windows on the activations [`quantize`] left (or `x`
@@ -220,9 +233,21 @@ pub fn multiply_into(
         products,
         ..
     } = st;
-    let (out, out_k, out_v, mode) = match outputs {
-        Outputs::One(out, mode) => (out, &mut unused.0, &mut unused.1, mode),
-        Outputs::Qkv([out_q, out_k, out_v]) => (out_q, out_k, out_v, k::SPLIT_QKV),
+    let (out, out_k, out_v, mode, by_id) = match outputs {
+        Outputs::One(out, mode) => (out, &mut unused.0, &mut unused.1, mode, None),
+        Outputs::Qkv([out_q, out_k, out_v]) => (out_q, out_k, out_v, k::SPLIT_QKV, None),
+        Outputs::ById {
+            out,
+            mode,
+            ids,
+            per_input,
+        } => (
+            out,
+            &mut unused.0,
+            &mut unused.1,
+            mode,
+            Some((ids, per_input)),
+        ),
     };
     let (cols, rows, n32) = (w.desc.cols as u32, w.desc.rows as u32, n as u32);
     let (out_scale, out_scale_odd, out_scale_v) = w.out_scales();
@@ -236,23 +261,29 @@ pub fn multiply_into(
         Kind::F16 | Kind::Bf16 => w.desc.cols / 2,
         Kind::F32 => w.desc.cols,
     });
-    let activations = activation_bytes(w.kind, *packed_dot, n, w.desc.cols);
+    // Rows picking their expert run the `_id` instances (one row of activations a workgroup
+    // row) on the activation rows they share, each reading one expert's share of the weights.
+    let (inputs, share) = match by_id {
+        Some((_, per_input)) => (n.div_ceil(per_input as usize), (n, w.experts)),
+        None => (n, (1, 1)),
+    };
+    let activations = activation_bytes(w.kind, *packed_dot, inputs, w.desc.cols);
     // A step of more rows than one decode tile runs the wide-step instances: the same sums in
     // the same order, each weight read once per tile of their larger tiles.
-    let wide = n >= k::WIDE_STEP as usize;
+    let wide = n >= k::WIDE_STEP as usize && by_id.is_none();
     // A step of at least a tile of tokens runs a layout's tiled kernel where it has one
     // (`hesper_shaders::bitlinear_i2s_gemm`, `bitlinear_tq_gemm`, `matvec_kq_gemm`,
     // `matvec_q8_0_gemm`, `matvec_f16_gemm`, `matvec_f32_gemm`, `matvec_bf16_gemm`): the same
     // bits again, each weight read once per 64 tokens and each activation once per 64 rows
     // (I2_S, TQ, Q8_0 and the K-quants on matrix cores where the backend uses them:
     // `matrix_cores.rs`).
-    let tiled = n >= k::GEMM_STEP as usize;
+    let tiled = n >= k::GEMM_STEP as usize && by_id.is_none();
     for win in &w.windows {
         // The window's weights and scales, the activations, and the outputs it writes (read
         // too where it adds into them; half as many where gate/up pairs make one value).
         let outputs = 4 * (n * win.rows) as u64;
-        let traffic = win.data.bytes()
-            + win.scales.as_ref().map_or(0, |s| s.bytes())
+        let weights = win.data.bytes() + win.scales.as_ref().map_or(0, |s| s.bytes());
+        let traffic = weights * share.0 as u64 / share.1 as u64
             + activations
             + match mode {
                 k::STORE | k::SPLIT_QKV => outputs,
@@ -283,6 +314,31 @@ pub fn multiply_into(
                     launch!(@tiled $tiled { $($field: $value,)* lanes: lanes })
                 } else {
                     launch!($decode | $wide { $($field: $value),* })
+                }
+            };
+            // A layout with a tiled kernel run where `$when` holds and an `_id` instance of its
+            // matrix-vector kernel: as below where the step is not tiled.
+            (ids: $decode:ident | $wide:ident | $id:ident | $tiled:ident if $when:expr; {
+                $($field:ident: $value:expr),* $(,)?
+            }) => {
+                if tiled && $when {
+                    launch!(@tiled $tiled { $($field: $value,)* lanes: lanes })
+                } else {
+                    launch!(ids: $decode | $wide | $id { $($field: $value),* })
+                }
+            };
+            // A layout whose matrix-vector kernel has an `_id` instance: that where the rows
+            // pick their expert, else as below (binding the weights as the unread ids).
+            (ids: $decode:ident | $wide:ident | $id:ident {
+                $($field:ident: $value:expr),* $(,)?
+            }) => {
+                match by_id {
+                    Some((ids, per_input)) => launch!(@one $id {
+                        $($field: $value,)* ids: ids, per_input: per_input
+                    }),
+                    None => launch!($decode | $wide {
+                        $($field: $value,)* ids: &win.data, per_input: 1
+                    }),
                 }
             };
             ($decode:ident | $wide:ident { $($field:ident: $value:expr),* $(,)? }) => {
@@ -406,8 +462,9 @@ pub fn multiply_into(
                 let mut run = |d: &GpuBuffer<f32>, d_at: u32| -> Result<(), GpuError> {
                     if *packed_dot {
                         launch!(
-                            matvec_q8_0_dp4
-                                | matvec_q8_0_dp4_wide {
+                            ids: matvec_q8_0_dp4
+                                | matvec_q8_0_dp4_wide
+                                | matvec_q8_0_dp4_id {
                                     wq: &win.data,
                                     wd: wd,
                                     q: &packed.0,
@@ -417,8 +474,9 @@ pub fn multiply_into(
                         )
                     } else {
                         launch!(
-                            matvec_q8_0
-                                | matvec_q8_0_wide {
+                            ids: matvec_q8_0
+                                | matvec_q8_0_wide
+                                | matvec_q8_0_id {
                                     wq: &win.data,
                                     wd: wd,
                                     q: &packed.0,
@@ -466,9 +524,10 @@ pub fn multiply_into(
                 }
             ),
             Kind::Kq { sub, high, offset } => launch!(
-                packed: matvec_kq
+                ids: matvec_kq
                     | matvec_kq_wide
-                    | matvec_kq_gemm {
+                    | matvec_kq_id
+                    | matvec_kq_gemm if *packed_dot; {
                         w: &win.data,
                         wd: win.scales(&w.desc.name)?,
                         q: q,
@@ -483,16 +542,23 @@ pub fn multiply_into(
                 launch!(matvec_f32 | matvec_f32_wide | matvec_f32_gemm { w: &win.data, x: x })
             }
             Kind::F16 => launch!(
-                matvec_f16
+                ids: matvec_f16
                     | matvec_f16_wide
-                    | matvec_f16_gemm {
+                    | matvec_f16_id
+                    | matvec_f16_gemm if true; {
                         w: &win.data,
                         xh: &*halves,
                     }
             ),
-            Kind::Bf16 => {
-                launch!(matvec_bf16 | matvec_bf16_wide | matvec_bf16_gemm { w: &win.data, x: x })
-            }
+            Kind::Bf16 => launch!(
+                ids: matvec_bf16
+                    | matvec_bf16_wide
+                    | matvec_bf16_id
+                    | matvec_bf16_gemm if true; {
+                        w: &win.data,
+                        x: x,
+                    }
+            ),
         }
     }
     Ok(())

@@ -12,7 +12,7 @@ use crate::pipeline::Pipeline;
 pub(crate) enum Command {
     Dispatch {
         pipeline: Arc<Pipeline>,
-        buffers: Vec<wgpu::Buffer>,
+        buffers: Vec<crate::Bound>,
         /// Byte range of this dispatch's uniforms inside the batch's parameter block.
         params: Option<Range<u64>>,
         grid: Grid,
@@ -132,7 +132,7 @@ impl Batch {
         self.dispatches += 1;
         self.commands.push(Command::Dispatch {
             pipeline,
-            buffers: args.buffers().into_iter().cloned().collect(),
+            buffers: args.buffers(),
             params,
             grid,
             traffic,
@@ -198,9 +198,9 @@ impl Batch {
         if len > 0 {
             self.commands.push(Command::Copy {
                 src: src.raw().clone(),
-                src_offset: src_at as u64 * size,
+                src_offset: src.offset() + src_at as u64 * size,
                 dst: dst.raw().clone(),
-                dst_offset: dst_at as u64 * size,
+                dst_offset: dst.offset() + dst_at as u64 * size,
                 size: len as u64 * size,
             });
         }
@@ -208,11 +208,16 @@ impl Batch {
     }
 
     /// Records a copy of `size` bytes from the front of `src` into `staging` (for read-back).
-    pub(crate) fn read_into(&mut self, src: &wgpu::Buffer, staging: &wgpu::Buffer, size: u64) {
+    pub(crate) fn read_into<T: bytemuck::Pod>(
+        &mut self,
+        src: &GpuBuffer<T>,
+        staging: &wgpu::Buffer,
+        size: u64,
+    ) {
         if size > 0 {
             self.commands.push(Command::Copy {
-                src: src.clone(),
-                src_offset: 0,
+                src: src.raw().clone(),
+                src_offset: src.offset(),
                 dst: staging.clone(),
                 dst_offset: 0,
                 size,

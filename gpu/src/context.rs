@@ -315,6 +315,21 @@ impl Gpu {
             .min(self.limits.max_storage_buffer_binding_size)
     }
 
+    /// `len` elements of `buffer` from element `at` on, as a buffer of their own sharing its
+    /// bytes (kernels bind just those), or `None` where they do not start at a multiple of the
+    /// device's storage offset alignment or lie past its end.
+    pub fn view<T: bytemuck::Pod>(
+        &self,
+        buffer: &GpuBuffer<T>,
+        at: usize,
+        len: usize,
+    ) -> Option<GpuBuffer<T>> {
+        let start = buffer.offset() + (at * std::mem::size_of::<T>()) as u64;
+        let aligned =
+            start.is_multiple_of(u64::from(self.limits.min_storage_buffer_offset_alignment));
+        (aligned && at + len <= buffer.len()).then(|| buffer.view(at, len))
+    }
+
     /// A storage buffer holding `data`.
     pub fn upload<T: bytemuck::Pod>(
         &self,
@@ -425,8 +440,8 @@ impl Gpu {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         // write_buffer needs a multiple of 4 bytes; every element type here is 4 bytes wide.
         if !bytes.is_empty() {
-            self.queue
-                .write_buffer(dst.raw(), (at * std::mem::size_of::<T>()) as u64, bytes);
+            let offset = dst.offset() + (at * std::mem::size_of::<T>()) as u64;
+            self.queue.write_buffer(dst.raw(), offset, bytes);
         }
         Ok(())
     }
@@ -487,7 +502,7 @@ impl Gpu {
         let Some(staging) = self.readback.clone() else {
             unreachable!("made above");
         };
-        batch.read_into(buffer.raw(), &staging, size);
+        batch.read_into(buffer, &staging, size);
         self.submit(batch)?;
         Ok(PendingRead::start(
             &self.device,

@@ -10,7 +10,7 @@ use crate::profile::{Profiler, MAX_TIMED};
 #[derive(Hash, PartialEq, Eq)]
 struct BindKey {
     pipeline: [u8; 32],
-    buffers: Vec<wgpu::Buffer>,
+    buffers: Vec<crate::Bound>,
     params: Option<(wgpu::Buffer, u64)>,
 }
 
@@ -76,7 +76,7 @@ impl BindGroups {
         &mut self,
         device: &wgpu::Device,
         pipeline: &Pipeline,
-        buffers: Vec<wgpu::Buffer>,
+        buffers: Vec<crate::Bound>,
         params: Option<(wgpu::Buffer, u64)>,
         now: u64,
     ) -> wgpu::BindGroup {
@@ -95,7 +95,11 @@ impl BindGroups {
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: b.as_entire_binding(),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &b.buffer,
+                    offset: b.offset,
+                    size: b.size.and_then(std::num::NonZeroU64::new),
+                }),
             })
             .collect();
         if let Some((p, size)) = &key.params {

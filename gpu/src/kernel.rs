@@ -73,7 +73,7 @@ pub trait KernelArgs {
     /// The kernel these arguments are for.
     const SOURCE: KernelSource;
     /// The storage buffers, in binding order.
-    fn buffers(&self) -> Vec<&wgpu::Buffer>;
+    fn buffers(&self) -> Vec<crate::Bound>;
     /// The uniform fields (4 bytes each, little-endian) in declaration order; empty when the
     /// kernel has no uniforms.
     fn params(&self) -> Vec<[u8; 4]>;

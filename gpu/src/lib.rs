@@ -9,8 +9,9 @@
 //!   event loop's map callback);
 //! * [`Gpu::copy_bandwidth`]: the device's memory bandwidth, the decode roofline (native);
 //! * [`hardware_gpu_possible`]: whether probing for a hardware adapter is worth its cost;
-//! * [`GpuBuffer`], [`KernelArgs`], [`KernelSource`]: typed buffers and the typed launch
-//!   arguments every `#[kernel]` of `hesper-shaders` generates.
+//! * [`GpuBuffer`] (or a view of some of one's elements, [`Gpu::view`]), [`KernelArgs`],
+//!   [`KernelSource`]: typed buffers and the typed launch arguments every `#[kernel]` of
+//!   `hesper-shaders` generates.
 //!
 //! Its own crate (not inside `hesper-engine`) so the engine core stays free of wgpu for builds
 //! that only need the CPU.
@@ -30,7 +31,7 @@ pub mod twin;
 pub mod wgsl_text;
 
 pub use batch::Batch;
-pub use buffer::GpuBuffer;
+pub use buffer::{Bound, GpuBuffer};
 pub use context::{Gpu, GpuError};
 pub use kernel::{BindingKind, KernelArgs, KernelSource};
 pub use pipeline::{CacheStats, PipelineCache};

@@ -114,7 +114,8 @@ pub fn swiglu_clamped_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] 
 
 /// `out[t][c] = Σ_r w[t·n_used + r] · ys[t·n_used + r][c]` over the `n` values of `out` (rows
 /// of `width`): each row's expert outputs weighted and added in the order they were chosen (a
-/// mixture of experts' output, as the CPU backend adds them up).
+/// mixture of experts' output, as the CPU backend adds them up); where `add` is 1, added to
+/// `out` instead (the residual stream: `out + Σ`, as an `add_assign` of the sum after it).
 #[kernel(workgroup = 256)]
 pub fn moe_combine(
     ys: &[f32],
@@ -122,6 +123,7 @@ pub fn moe_combine(
     out: &mut [f32],
     #[uniform] width: u32,
     #[uniform] n_used: u32,
+    #[uniform] add: u32,
     #[uniform] n: u32,
 ) {
     let i = gid();
@@ -133,7 +135,11 @@ pub fn moe_combine(
             let k = t * n_used + r;
             acc = acc + ys[k * width + c] * w[k];
         }
-        out[i] = acc;
+        if add == 1u32 {
+            out[i] = out[i] + acc;
+        } else {
+            out[i] = acc;
+        }
     }
 }
 

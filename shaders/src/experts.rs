@@ -92,7 +92,7 @@ pub fn gate_grids(
 /// `out[t][c] = Σ_r w[t·n_used + r] · ys[ids[t·n_used + r]][t][c]` over the `n` values of
 /// `out` (rows of `width`), `ys` holding each expert's outputs for every one of the step's
 /// `rows` rows: each row's chosen outputs weighted and added in the order chosen, as
-/// `moe_combine` adds them.
+/// `moe_combine` adds them (into `out` where `add` is 1).
 #[kernel(workgroup = 256)]
 pub fn moe_combine_routed(
     ys: &[f32],
@@ -102,6 +102,7 @@ pub fn moe_combine_routed(
     #[uniform] width: u32,
     #[uniform] n_used: u32,
     #[uniform] rows: u32,
+    #[uniform] add: u32,
     #[uniform] n: u32,
 ) {
     let i = gid();
@@ -113,6 +114,27 @@ pub fn moe_combine_routed(
             let k = t * n_used + r;
             acc = acc + ys[(ids[k] * rows + t) * width + c] * w[k];
         }
-        out[i] = acc;
+        if add == 1u32 {
+            out[i] = out[i] + acc;
+        } else {
+            out[i] = acc;
+        }
+    }
+}
+
+/// `x[i] += b[ids[i / width] · width + i % width]` over the `n` values of `x` (rows of
+/// `width`): each row's bias from the stacked biases of the expert its row chose (as
+/// [`crate::add_bias`] adds one expert's).
+#[kernel(workgroup = 256)]
+pub fn add_bias_by_id(
+    x: &mut [f32],
+    b: &[f32],
+    ids: &[u32],
+    #[uniform] width: u32,
+    #[uniform] n: u32,
+) {
+    let i = gid();
+    if i < n {
+        x[i] = x[i] + b[ids[i / width] * width + i % width];
     }
 }

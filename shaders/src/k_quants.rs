@@ -8,7 +8,7 @@
 use hesper_dsl::{kernel, kernel_fn};
 
 use crate::reduce::row_fold;
-use crate::tile::store_rows;
+use crate::tile::{expert_base, input_row, store_rows};
 
 /// The integer scale of sub-block `s` from the word holding its pair of sub-blocks (the low
 /// byte of its half, signed).
@@ -42,15 +42,16 @@ pub fn kq_min(word: u32, s: u32) -> i32 {
 /// order the tiled kernel follows.
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows, kq_scale, kq_min),
-    consts(TILE = 4, ROWS = 1),
-    also(matvec_kq_wide(TILE = 8, ROWS = 2))
+    uses(row_fold, store_rows, kq_scale, kq_min, expert_base, input_row),
+    consts(TILE = 4, ROWS = 1, IDS = 0),
+    also(matvec_kq_wide(TILE = 8, ROWS = 2), matvec_kq_id(TILE = 1, IDS = 1))
 )]
-pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
+pub fn matvec_kq<const TILE: u32, const ROWS: u32, const IDS: u32>(
     w: &[u32],
     wd: &[f32],
     q: &[i32],
     d: &[f32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -69,17 +70,22 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
     #[uniform] out_scale_v: f32,
     #[uniform] sub: u32,
     #[uniform] offset: u32,
+    #[uniform] per_input: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let group = 64u32 / lanes;
     let r0 = wid() * group * ROWS + t / lanes;
+    let t0 = wid_y() * TILE;
+    // The `_id` instances (one row of activations a workgroup row): the rows of expert
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
+    let base = expert_base(ids, t0, window_rows, IDS);
+    let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
-        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+        rr[m] = base + (r0 + m * group).min(window_rows - 1u32);
     }
-    let t0 = wid_y() * TILE;
     // Words of nibbles and of high bits a row holds; codes per word of high bits (`max` keeps
     // the division defined where there are none).
     let nibble_words = cols / 8u32;
@@ -130,7 +136,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
                     }
                     for j in 0..TILE {
                         if t0 + j < n {
-                            let qv = q[(t0 + j) * cols + e + b];
+                            let qv = q[(a0 + j) * cols + e + b];
                             for m in 0..ROWS {
                                 sd[m * TILE + j] += wv[m] * qv;
                             }
@@ -151,7 +157,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32>(
             let dm = wd[2u32 * (rr[m] * blocks + blk) + 1u32];
             for j in 0..TILE {
                 if t0 + j < n {
-                    let da = d[(t0 + j) * blocks + blk];
+                    let da = d[(a0 + j) * blocks + blk];
                     f[m * TILE + j] += (dw * da) * (si[m * TILE + j] as f32)
                         - (dm * da) * (sm[m * TILE + j] as f32);
                 }

@@ -31,7 +31,7 @@ pub use elementwise::{
     scale_assign, silu_mul, softcap_assign, swiglu_clamped_mul,
 };
 pub use embed::{embed_f16, embed_f32};
-pub use experts::{gate_grids, moe_combine_routed, moe_route};
+pub use experts::{add_bias_by_id, gate_grids, moe_combine_routed, moe_route};
 pub use flash_attention::{attention, rope_attention, OUT_F32, OUT_HALVES, OUT_Q8_0};
 pub use gemm::{
     bitlinear_i2s_gemm, bitlinear_tq_gemm, matvec_bf16_gemm, matvec_f16_gemm, matvec_f32_gemm,
@@ -43,15 +43,16 @@ pub use geometry::{
     NARROW_GEMM_TOKENS, Q8_0_BLOCKS_PER_WORKGROUP, TOKEN_TILE, WIDE_STEP,
 };
 pub use half::pack_f16;
-pub use k_quants::{matvec_kq, matvec_kq_wide};
+pub use k_quants::{matvec_kq, matvec_kq_id, matvec_kq_wide};
 pub use kv::{kv_shift, kv_write, landmark_update, rope_neox_kv_write};
 pub use matrix_cores::{
     bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in, bitlinear_tq_coop, bitlinear_tq_coop_stand_in,
     matvec_kq_coop, matvec_kq_coop_stand_in, matvec_q8_0_coop, matvec_q8_0_coop_stand_in,
 };
 pub use matvec::{
-    matvec_bf16, matvec_bf16_wide, matvec_f16, matvec_f16_wide, matvec_f32, matvec_f32_wide,
-    matvec_q8_0, matvec_q8_0_dp4, matvec_q8_0_dp4_wide, matvec_q8_0_wide,
+    matvec_bf16, matvec_bf16_id, matvec_bf16_wide, matvec_f16, matvec_f16_id, matvec_f16_wide,
+    matvec_f32, matvec_f32_wide, matvec_q8_0, matvec_q8_0_dp4, matvec_q8_0_dp4_id,
+    matvec_q8_0_dp4_wide, matvec_q8_0_id, matvec_q8_0_wide,
 };
 pub use norm::{
     rms_norm, rms_norm_add_norm_sg, rms_norm_heads, rms_norm_pack_f16_sg,

@@ -8,7 +8,7 @@
 use hesper_dsl::kernel;
 
 use crate::reduce::row_fold;
-use crate::tile::store_rows;
+use crate::tile::{expert_base, input_row, store_rows};
 
 /// F32 weights (held as raw words). Lane `l` sums columns `l, l + lanes, …` and the lanes'
 /// sums are added in lane order ([`row_fold`]), the order the tiled kernel
@@ -104,13 +104,14 @@ pub fn matvec_f32<const TILE: u32, const ROWS: u32>(
 /// order ([`row_fold`]), the order the tiled kernel [`crate::matvec_f16_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows),
-    consts(TILE = 4, ROWS = 1),
-    also(matvec_f16_wide(TILE = 16, ROWS = 4))
+    uses(row_fold, store_rows, expert_base, input_row),
+    consts(TILE = 4, ROWS = 1, IDS = 0),
+    also(matvec_f16_wide(TILE = 16, ROWS = 4), matvec_f16_id(TILE = 1, IDS = 1))
 )]
-pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
+pub fn matvec_f16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     w: &[u32],
     xh: &[u32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -126,17 +127,22 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
     #[uniform] split_k: u32,
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
+    #[uniform] per_input: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let group = 64u32 / lanes;
     let r0 = wid() * group * ROWS + t / lanes;
+    let t0 = wid_y() * TILE;
+    // The `_id` instances (one row of activations a workgroup row): the rows of expert
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
+    let base = expert_base(ids, t0, window_rows, IDS);
+    let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
-        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+        rr[m] = base + (r0 + m * group).min(window_rows - 1u32);
     }
-    let t0 = wid_y() * TILE;
     let half = cols / 2u32;
     let mut f = [0.0f32; TILE * ROWS];
     for i in (lane..half).step_by(lanes) {
@@ -152,7 +158,7 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
         }
         for j in 0..TILE {
             if t0 + j < n {
-                let a = xh[(t0 + j) * half + i];
+                let a = xh[(a0 + j) * half + i];
                 let alo = unpack_f16_lo(a);
                 let ahi = unpack_f16_hi(a);
                 for m in 0..ROWS {
@@ -199,13 +205,17 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32>(
 /// order the tiled kernel [`crate::matvec_bf16_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows),
-    consts(TILE = 4, ROWS = 1),
-    also(matvec_bf16_wide(TILE = 16, ROWS = 4))
+    uses(row_fold, store_rows, expert_base, input_row),
+    consts(TILE = 4, ROWS = 1, IDS = 0),
+    also(
+        matvec_bf16_wide(TILE = 16, ROWS = 4),
+        matvec_bf16_id(TILE = 1, IDS = 1)
+    )
 )]
-pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
+pub fn matvec_bf16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     w: &[u32],
     x: &[f32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -221,17 +231,22 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
     #[uniform] split_k: u32,
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
+    #[uniform] per_input: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let group = 64u32 / lanes;
     let r0 = wid() * group * ROWS + t / lanes;
+    let t0 = wid_y() * TILE;
+    // The `_id` instances (one row of activations a workgroup row): the rows of expert
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
+    let base = expert_base(ids, t0, window_rows, IDS);
+    let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
-        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+        rr[m] = base + (r0 + m * group).min(window_rows - 1u32);
     }
-    let t0 = wid_y() * TILE;
     let half = cols / 2u32;
     let mut f = [0.0f32; TILE * ROWS];
     for i in (lane..half).step_by(lanes) {
@@ -247,7 +262,7 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
         }
         for j in 0..TILE {
             if t0 + j < n {
-                let a = (t0 + j) * cols + 2u32 * i;
+                let a = (a0 + j) * cols + 2u32 * i;
                 let xa = f32_to_bits(x[a]);
                 let xb = f32_to_bits(x[a + 1u32]);
                 let ra = f32_from_bits((xa + 32767u32 + ((xa >> 16u32) & 1u32)) & 4294901760u32);
@@ -302,19 +317,22 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32>(
 /// (bound as `q` and as `d`).
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows),
-    consts(TILE = 4, ROWS = 1, DP4 = 0),
+    uses(row_fold, store_rows, expert_base, input_row),
+    consts(TILE = 4, ROWS = 1, DP4 = 0, IDS = 0),
     also(
         matvec_q8_0_wide(TILE = 8, ROWS = 4),
         matvec_q8_0_dp4(DP4 = 1),
-        matvec_q8_0_dp4_wide(TILE = 8, ROWS = 4, DP4 = 1)
+        matvec_q8_0_dp4_wide(TILE = 8, ROWS = 4, DP4 = 1),
+        matvec_q8_0_id(TILE = 1, IDS = 1),
+        matvec_q8_0_dp4_id(TILE = 1, DP4 = 1, IDS = 1)
     )
 )]
-pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
+pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32, const IDS: u32>(
     wq: &[u32],
     wd: &[f32],
     q: &[u32],
     d: &[f32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -331,17 +349,22 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
     #[uniform] d_at: u32,
+    #[uniform] per_input: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
     let lane = t % lanes;
     let group = 64u32 / lanes;
     let r0 = wid() * group * ROWS + t / lanes;
+    let t0 = wid_y() * TILE;
+    // The `_id` instances (one row of activations a workgroup row): the rows of expert
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
+    let base = expert_base(ids, t0, window_rows, IDS);
+    let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
-        rr[m] = (r0 + m * group).min(window_rows - 1u32);
+        rr[m] = base + (r0 + m * group).min(window_rows - 1u32);
     }
-    let t0 = wid_y() * TILE;
     let blocks = cols / 32u32;
     let mut f = [0.0f32; TILE * ROWS];
     for blk in (lane..blocks).step_by(lanes) {
@@ -356,7 +379,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
             }
             for j in 0..TILE {
                 if t0 + j < n {
-                    let qw = q[(t0 + j) * (cols / 4u32) + blk * 8u32 + i];
+                    let qw = q[(a0 + j) * (cols / 4u32) + blk * 8u32 + i];
                     if DP4 == 1u32 {
                         for m in 0..ROWS {
                             s[m * TILE + j] += dot4_i8_packed(word[m], qw);
@@ -378,7 +401,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32>(
             for j in 0..TILE {
                 if t0 + j < n {
                     f[m * TILE + j] +=
-                        (s[m * TILE + j] as f32) * (ws * d[d_at + (t0 + j) * blocks + blk]);
+                        (s[m * TILE + j] as f32) * (ws * d[d_at + (a0 + j) * blocks + blk]);
                 }
             }
         }

@@ -104,3 +104,25 @@ pub fn store_rows(
         }
     }
 }
+
+/// The first weight row of workgroup row `t0`'s expert in an `_id` instance (`by_id` 1: expert
+/// `ids[t0]` of a stacked matrix of `rows` rows an expert); 0 in the other instances.
+#[kernel_fn]
+pub fn expert_base(ids: &[u32], t0: u32, rows: u32, by_id: u32) -> u32 {
+    let mut base = 0u32;
+    if by_id == 1u32 {
+        base = ids[t0] * rows;
+    }
+    base
+}
+
+/// The activation row workgroup row `t0` reads: `t0 / per_input` in an `_id` instance
+/// (`by_id` 1: `per_input` rows picking their experts for each input row), `t0` otherwise.
+#[kernel_fn]
+pub fn input_row(t0: u32, per_input: u32, by_id: u32) -> u32 {
+    let mut row = t0;
+    if by_id == 1u32 {
+        row = t0 / per_input;
+    }
+    row
+}

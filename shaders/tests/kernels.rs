@@ -446,6 +446,45 @@ fn add_assign_is_exact() {
 }
 
 #[test]
+fn views_bind_read_and_write_their_own_elements() {
+    let mut g = gpu();
+    // Views of the second and third of four parts, each a multiple of the alignment.
+    let part = g.limits.min_storage_buffer_offset_alignment as usize / 4 * 3;
+    let all = data(4 * part, 3);
+    let whole = g.upload("parts", &all).unwrap();
+    assert!(
+        g.view(&whole, 1, part).is_none(),
+        "a view off the alignment"
+    );
+    assert!(
+        g.view(&whole, 3 * part, part + 1).is_none(),
+        "a view past the end"
+    );
+    let (Some(second), Some(mut third)) =
+        (g.view(&whole, part, part), g.view(&whole, 2 * part, part))
+    else {
+        panic!("aligned views refused");
+    };
+    // A kernel binds the view's elements alone (read-only: wgpu tracks a buffer's use whole, so
+    // one launch cannot also write another part of it).
+    let x = data(part, 4);
+    let mut bx = g.upload("x", &x).unwrap();
+    launch(
+        &mut g,
+        &add_assign_args(&mut bx, &second, part),
+        k::add_assign::grid_for(part as u32),
+    );
+    let sums: Vec<f32> = (0..part).map(|i| x[i] + all[part + i]).collect();
+    assert_eq!(read!(g, &bx), sums);
+    // Writes and reads land in the view's own elements.
+    g.write(&mut third, 1, &[0.5]).unwrap();
+    assert_eq!(read!(g, &third)[..2], [all[2 * part], 0.5]);
+    let mut want = all.clone();
+    want[2 * part + 1] = 0.5;
+    assert_eq!(read!(g, &whole), want, "the other parts are untouched");
+}
+
+#[test]
 fn qkv_biases_are_added_in_one_launch() {
     let mut g = gpu();
     // Three rows of 72 query and 24 key/value values: 504 threads, the last workgroup partly
@@ -608,6 +647,7 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
             out: &mut out,
             width: width as u32,
             n_used: n_used as u32,
+            add: 0,
             n: len,
         },
         k::moe_combine::grid_for(len),
@@ -624,6 +664,29 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
     }
     let d = max_rel_diff(&got, &want);
     assert!(d <= 1e-6, "moe_combine: max relative diff {d}");
+    // Added to a residual: the sum stored, then added (`add_assign`), bit for bit.
+    let residual = data(n * width, 42);
+    let mut added = g.upload("residual", &residual).unwrap();
+    launch(
+        &mut g,
+        &k::moe_combine::Args {
+            ys: &bys,
+            w: &bw,
+            out: &mut added,
+            width: width as u32,
+            n_used: n_used as u32,
+            add: 1,
+            n: len,
+        },
+        k::moe_combine::grid_for(len),
+    );
+    let mut stored = g.upload("residual", &residual).unwrap();
+    launch(
+        &mut g,
+        &add_assign_args(&mut stored, &out, n * width),
+        k::add_assign::grid_for(len),
+    );
+    assert!(bits(&read!(g, &added)) == bits(&read!(g, &stored)));
 }
 
 /// `moe_route` chooses each row's experts as `Experts::route` does — the same ids in the same
@@ -792,6 +855,7 @@ fn moe_combine_routed_picks_each_rows_experts_by_id() {
             width: width as u32,
             n_used: n_used as u32,
             rows: n as u32,
+            add: 0,
             n: len,
         },
         k::moe_combine_routed::grid_for(len),
@@ -804,6 +868,7 @@ fn moe_combine_routed_picks_each_rows_experts_by_id() {
             out: &mut want,
             width: width as u32,
             n_used: n_used as u32,
+            add: 0,
             n: len,
         },
         k::moe_combine::grid_for(len),
@@ -1491,7 +1556,7 @@ fn matvec_kq_matches_its_layouts_definition() {
             |g, out, p| {
                 launch_matrix!(g, out, p, out_scale;
                 matvec_kq | matvec_kq_wide {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1,
                     high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
                 })
             },
@@ -1525,7 +1590,7 @@ fn tiled_kq_kernel_gives_the_matrix_vector_kernels_bits() {
             |g, out, p| {
                 launch_matrix!(g, out, p, out_scale;
                 matvec_kq | matvec_kq_wide {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1,
                     high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
                 })
             },
@@ -1779,7 +1844,7 @@ fn matvec_f16_matches_f16_dot() {
         Matrix::new("matvec_f16", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x })
+                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -1801,7 +1866,7 @@ fn tiled_f16_kernel_gives_the_matrix_vector_kernels_bits() {
         },
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x })
+                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -1819,7 +1884,7 @@ fn matvec_bf16_matches_bf16_dot() {
         Matrix::new("matvec_bf16", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x })
+                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x, ids: &c.w, per_input: 1 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -1841,7 +1906,7 @@ fn tiled_bf16_kernel_gives_the_matrix_vector_kernels_bits() {
         },
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x })
+                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x, ids: &c.w, per_input: 1 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -2446,7 +2511,9 @@ fn matvec_q8_0_matches_q8_0_dot() {
         Matrix::new("matvec_q8_0", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0 | matvec_q8_0_wide { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0 });
+            matvec_q8_0 | matvec_q8_0_wide {
+                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1
+            });
             outputs[0].push(bits(&read!(g, &*out)));
         },
         |got| c.error(got),
@@ -2459,7 +2526,7 @@ fn matvec_q8_0_matches_q8_0_dot() {
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
             matvec_q8_0_dp4 | matvec_q8_0_dp4_wide {
-                wq: bwq, wd: bwd, q: bq, d: bd_past, d_at: SCALES_AT
+                wq: bwq, wd: bwd, q: bq, d: bd_past, d_at: SCALES_AT, ids: bwq, per_input: 1
             });
             outputs[1].push(bits(&read!(g, &*out)));
         },
@@ -2492,7 +2559,9 @@ fn tiled_q8_0_kernel_gives_the_matrix_vector_kernels_bits() {
         },
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
-                matvec_q8_0_dp4 | matvec_q8_0_dp4_wide { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0 })
+            matvec_q8_0_dp4 | matvec_q8_0_dp4_wide {
+                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1
+            })
         },
         |got| c.error(got),
         "diff of Σ|terms|",
@@ -2958,4 +3027,172 @@ fn kv_write_places_keys_and_values_at_their_positions() {
         assert_eq!(read!(g, &kc), want_k, "K cache (f16: {f16}, {slots} slots)");
         assert_eq!(read!(g, &vc), want_v, "V cache (f16: {f16}, {slots} slots)");
     }
+}
+
+/// Experts stacked in the `_id` tests: 3 of 37 rows each; 3 rows of activations, each feeding 2
+/// output rows whose experts `BY_ID` names (every expert, one twice for one input).
+const EXPERTS: usize = 3;
+const EXPERT_ROWS: usize = 37;
+const INPUTS: usize = 3;
+const BY_ID: [u32; 6] = [2, 0, 1, 1, 0, 2];
+
+/// An `_id` instance's outputs (`run_id`: `BY_ID.len()` rows of [`EXPERT_ROWS`]) equal, bit for
+/// bit, the decode instance's over the whole stack (`run_whole`: [`INPUTS`] rows of all the
+/// experts' rows), row `z` its expert's rows for input `z / 2`, at every lane count.
+fn assert_rows_by_id(
+    g: &mut Gpu,
+    name: &str,
+    cols: usize,
+    mut run_whole: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    mut run_id: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+) {
+    let (all, pairs) = (EXPERTS * EXPERT_ROWS, BY_ID.len());
+    for lanes in LANES {
+        let whole = Placement {
+            m: Matrix::new("whole", all, cols, INPUTS),
+            row0: 0,
+            width: all,
+            lanes,
+            wide: false,
+        };
+        let mut out = sentinel_out(g, INPUTS, all);
+        run_whole(g, &mut out, whole);
+        let full = read!(g, &out);
+        let by_id = Placement {
+            m: Matrix::new("by id", EXPERT_ROWS, cols, pairs),
+            width: EXPERT_ROWS,
+            ..whole
+        };
+        let mut out = sentinel_out(g, pairs, EXPERT_ROWS);
+        run_id(g, &mut out, by_id);
+        let got = read!(g, &out);
+        let want: Vec<f32> = (0..pairs)
+            .flat_map(|z| {
+                let first = (z / 2) * all + BY_ID[z] as usize * EXPERT_ROWS;
+                full[first..first + EXPERT_ROWS].to_vec()
+            })
+            .collect();
+        assert!(
+            bits(&got) == bits(&want),
+            "{name} at {lanes} lanes: rows by id differ from their experts' rows"
+        );
+    }
+}
+
+#[test]
+fn id_instances_multiply_each_row_by_its_experts_rows() {
+    let mut g = gpu();
+    let ids = g.upload("ids", &BY_ID).unwrap();
+    let rows = EXPERTS * EXPERT_ROWS;
+    // Q8_0, its dot4I8Packed instance, the three K-quant layouts, F16 and BF16.
+    let cols = 320;
+    let c = Q8_0Case::new(&g, rows, cols, INPUTS, 0.75, 53);
+    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
+    assert_rows_by_id(
+        &mut g,
+        "matvec_q8_0_id",
+        cols,
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75;
+                matvec_q8_0 { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1 })
+        },
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75;
+                matvec_q8_0_id { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: &ids, per_input: 2 })
+        },
+    );
+    assert_rows_by_id(
+        &mut g,
+        "matvec_q8_0_dp4_id",
+        cols,
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75;
+                matvec_q8_0 { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1 })
+        },
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75; matvec_q8_0_dp4_id {
+                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: &ids, per_input: 2
+            })
+        },
+    );
+    let cols = 512;
+    for ty in KQ_TYPES {
+        let c = KqCase::new(&g, ty, rows, cols, INPUTS, 1.25);
+        let (high, sub, offset) = (ty.high, ty.sub, ty.offset);
+        assert_rows_by_id(
+            &mut g,
+            &format!("matvec_kq_id ({ty:?})"),
+            cols,
+            |g, out, p| {
+                launch_matrix!(@one g, out, p, 1.25; matvec_kq {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1,
+                    high: high, sub: sub, offset: offset
+                })
+            },
+            |g, out, p| {
+                launch_matrix!(@one g, out, p, 1.25; matvec_kq_id {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &ids, per_input: 2,
+                    high: high, sub: sub, offset: offset
+                })
+            },
+        );
+    }
+    let cols = 96;
+    let c = f16_case(&g, rows, cols, INPUTS, 0.75, 59);
+    assert_rows_by_id(
+        &mut g,
+        "matvec_f16_id",
+        cols,
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75;
+                matvec_f16 { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1 })
+        },
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75;
+                matvec_f16_id { w: &c.w, xh: &c.x, ids: &ids, per_input: 2 })
+        },
+    );
+    let c = bf16_case(&g, rows, cols, INPUTS, 0.75, 61);
+    assert_rows_by_id(
+        &mut g,
+        "matvec_bf16_id",
+        cols,
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75;
+                matvec_bf16 { w: &c.w, x: &c.x, ids: &c.w, per_input: 1 })
+        },
+        |g, out, p| {
+            launch_matrix!(@one g, out, p, 0.75;
+                matvec_bf16_id { w: &c.w, x: &c.x, ids: &ids, per_input: 2 })
+        },
+    );
+}
+
+#[test]
+fn biases_by_id_add_each_rows_experts_bias() {
+    let mut g = gpu();
+    let (width, rows) = (5usize, BY_ID.len());
+    let x = data(rows * width, 71);
+    let biases = data(EXPERTS * width, 73);
+    let mut bx = g.upload("x", &x).unwrap();
+    let (bb, ids) = (
+        g.upload("b", &biases).unwrap(),
+        g.upload("ids", &BY_ID).unwrap(),
+    );
+    let len = (rows * width) as u32;
+    launch(
+        &mut g,
+        &k::add_bias_by_id::Args {
+            x: &mut bx,
+            b: &bb,
+            ids: &ids,
+            width: width as u32,
+            n: len,
+        },
+        k::add_bias_by_id::grid_for(len),
+    );
+    let want: Vec<f32> = (0..rows * width)
+        .map(|i| x[i] + biases[BY_ID[i / width] as usize * width + i % width])
+        .collect();
+    assert!(bits(&read!(g, &bx)) == bits(&want));
 }

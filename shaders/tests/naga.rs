@@ -35,6 +35,7 @@ fn all() -> Vec<Kernel> {
         moe_route,
         gate_grids,
         moe_combine_routed,
+        add_bias_by_id,
         rms_norm,
         rms_norm_sg,
         rms_norm_heads,
@@ -81,14 +82,19 @@ fn all() -> Vec<Kernel> {
         matvec_f32_wide,
         matvec_f16,
         matvec_f16_wide,
+        matvec_f16_id,
         matvec_q8_0,
         matvec_q8_0_wide,
         matvec_q8_0_dp4,
         matvec_q8_0_dp4_wide,
+        matvec_q8_0_id,
+        matvec_q8_0_dp4_id,
         matvec_bf16,
         matvec_bf16_wide,
+        matvec_bf16_id,
         matvec_kq,
         matvec_kq_wide,
+        matvec_kq_id,
         quantize_q8_0,
         pack_f16,
         embed_f32,
@@ -210,11 +216,14 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
         }
     }
     // Eight matrix kernels, each in its decode and wide instance (Q8_0 also in both of its
-    // dot4I8Packed ones), × seven lane counts (the K-quant ones × three code widths) × two
-    // capability sets; the K-quants' tiled kernel (lanes a uniform) × three code widths × two
-    // capability sets; their matrix-core kernel × three code widths on the native set, and its
-    // stand-in on both.
-    assert_eq!(specialised, (7 + 3 + 1) * 2 * 7 * 2 + 3 * 2 + 3 + 3 * 2);
+    // dot4I8Packed ones), and the `_id` instances of F16, BF16, Q8_0 (both) and the K-quants,
+    // × seven lane counts (the K-quant ones × three code widths) × two capability sets; the
+    // K-quants' tiled kernel (lanes a uniform) × three code widths × two capability sets; their
+    // matrix-core kernel × three code widths on the native set, and its stand-in on both.
+    assert_eq!(
+        specialised,
+        ((7 + 3 + 1) * 2 + 4 + 3) * 7 * 2 + 3 * 2 + 3 + 3 * 2
+    );
 }
 
 /// The matrix-core kernels need the capability (they fail without it) and SPIR-V is written

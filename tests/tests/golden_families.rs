@@ -842,8 +842,9 @@ mod gpu {
 
     /// Mixtures routed on the GPU in every step, as the page routes them (the router never read
     /// back): the bounds against llama.cpp, and the same bits as the native default, which
-    /// gathers a prefill's rows by expert from the routing read back — prefill (33 rows) and
-    /// decode alike, so a row's tokens do not depend on how its step was routed.
+    /// gathers a prefill's rows by expert from the routing read back — prefill (33 rows, gated
+    /// expert by expert) and decode (a row a step, through the stacked experts by id) alike,
+    /// so a row's tokens do not depend on how its step was routed.
     #[test]
     fn mixtures_routed_on_the_gpu_match_llama_cpp_and_the_rows_gathered_by_expert() {
         for stem in MIXTURES {

@@ -115,6 +115,14 @@ fn a_decoded_layer_launches_what_its_family_needs() {
         ("tiny-llama-q4_0", 8),
         ("tiny-llama-q6_k", 9),
         ("tiny-tq2_0", 9),
+        // A mixture's FFN, whatever its count of experts: the norm, the router's product and
+        // routing, the input quantized once, one launch a stacked matrix whose rows each pick
+        // their expert (gate and up: joined, with the activation; down), and the weighted sum
+        // added to the residual — 8 beside F16 attention's 4; more where the file mixes
+        // layouts that quantize apart (Qwen3-MoE's Q4_K_M) or adds biases (gpt-oss).
+        ("tiny-qwen3moe-f16", 12),
+        ("tiny-qwen3moe-q4_k_m", 16),
+        ("tiny-gpt-oss-mxfp4", 20),
     ];
     for (stem, per_layer) in cases {
         let g = Golden::load(stem);
@@ -216,10 +224,10 @@ fn gpu_top_k_equals_the_top_of_the_logits_it_would_read_back() {
 }
 
 /// A mixture's decoded tokens reuse its buffers from layer to layer and token to token: after
-/// the first tokens, each token creates one buffer and one bind group a layer (the grids of
-/// its experts' launches, which the host writes for that layer), nothing else.
+/// the first tokens nothing is created (each product of the stacked experts reads its rows'
+/// experts from the router's ids on the GPU; no grid is written for a layer).
 #[test]
-fn a_mixture_creates_only_its_grids_after_the_first_tokens() {
+fn a_mixture_creates_nothing_after_the_first_tokens() {
     let file = Golden::load("tiny-qwen3moe-f16").file();
     let model = gpu_model(&file, None);
     let mut s = model.new_session(32, 8).expect("session");
@@ -230,16 +238,14 @@ fn a_mixture_creates_only_its_grids_after_the_first_tokens() {
         next = model.eval_greedy(&mut s, &[next]).expect("first tokens");
     }
     let before = model.backend.stats();
-    let steps = 4;
-    for _ in 0..steps {
+    for _ in 0..4 {
         next = model.eval_greedy(&mut s, &[next]).expect("decode");
     }
     let after = model.backend.stats();
-    let per_layer = steps * model.config.n_layer as u64;
-    assert_eq!(after.buffers - before.buffers, per_layer, "buffers created");
+    assert_eq!(after.buffers - before.buffers, 0, "buffers created");
     assert_eq!(
         after.bind_groups - before.bind_groups,
-        per_layer,
+        0,
         "bind groups created"
     );
 }

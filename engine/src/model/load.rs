@@ -569,10 +569,12 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
             part,
             router_bytes + all * x.n_used as u64 / x.n_expert as u64,
         );
+        let (experts, stacked) = self.backend.stack_experts(experts)?;
         Ok(Moe {
             router,
             router_bias,
             experts,
+            stacked,
         })
     }
 
