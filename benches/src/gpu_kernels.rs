@@ -154,7 +154,7 @@ fn run() -> Result<(), GpuError> {
             rows * cols + rows * q8_blocks * 4,
             |b, g| {
                 one_token!(b, g, matvec_q8_0_dp4, rows, cols, q8_blocks;
-                    wq: &wq, wd: &wd, q: &xq, d: &xd, d_at: 0, ids: &wq, per_input: 1)
+                    wq: &wq, wd: &wd, q: &xq, d: &xd, d_at: 0, ids: &wq, per_input: 1, expert0: 0, experts: 0)
             },
         )?;
         // The same shape as Q4_K and Q6_K in `matvec_kq`'s layout (nibbles, high bits, two
@@ -171,7 +171,7 @@ fn run() -> Result<(), GpuError> {
                 4 * words + rows * blocks * 8,
                 |b, g| {
                     one_token!(b, g, matvec_kq, rows, cols, blocks;
-                        w: &w, wd: &wd, q: &q, d: &d, ids: &w, per_input: 1,
+                        w: &w, wd: &wd, q: &q, d: &d, ids: &w, per_input: 1, expert0: 0, experts: 0,
                         high: high as u32, sub: sub as u32, offset: offset)
                 },
             )?;
@@ -188,7 +188,7 @@ fn run() -> Result<(), GpuError> {
         "matvec_f16",
         &format!("LM head window {head_rows} × {D}"),
         head_rows * D * 2,
-        |b, g| one_token!(b, g, matvec_f16, head_rows, D, D / 2; w: &head, xh: &xh, ids: &head, per_input: 1),
+        |b, g| one_token!(b, g, matvec_f16, head_rows, D, D / 2; w: &head, xh: &xh, ids: &head, per_input: 1, expert0: 0, experts: 0),
     )?;
     // The golden Llama files' LM head (512 × 256): a short row, where the lanes' fold is a
     // large part of a launch.
@@ -198,7 +198,7 @@ fn run() -> Result<(), GpuError> {
         "matvec_f16",
         "512 × 256",
         512 * 256 * 2,
-        |b, g| one_token!(b, g, matvec_f16, 512, 256, 128; w: &head, xh: &xh, ids: &head, per_input: 1),
+        |b, g| one_token!(b, g, matvec_f16, 512, 256, 128; w: &head, xh: &xh, ids: &head, per_input: 1, expert0: 0, experts: 0),
     )?;
     time(
         &mut g,
@@ -206,7 +206,7 @@ fn run() -> Result<(), GpuError> {
         "matvec_f16_wide",
         "512 × 256",
         512 * 256 * 2,
-        |b, g| one_token!(b, g, matvec_f16_wide, 512, 256, 128; w: &head, xh: &xh, ids: &head, per_input: 1),
+        |b, g| one_token!(b, g, matvec_f16_wide, 512, 256, 128; w: &head, xh: &xh, ids: &head, per_input: 1, expert0: 0, experts: 0),
     )?;
     let kv = N_HEAD_KV * HEAD_DIM;
     let words = |x: Vec<f32>| -> Vec<u32> { x.iter().map(|v| v.to_bits()).collect() };

@@ -645,9 +645,12 @@ pub trait Backend {
         act: Activation,
         out: &mut Self::Buffer,
     );
-    /// Prepares a mixture's experts for [`Backend::moe_ffn`]: returns them and, for a backend
-    /// whose products can each pick their expert of one stacked matrix, the stack
-    /// ([`Moe::stacked`]). By default they stay as they are.
+    /// Prepares a mixture's experts (each gate and up apart, as loaded) for
+    /// [`Backend::moe_ffn`]: returns them and, for a backend whose products can each pick
+    /// their expert of one stacked matrix, the stack ([`Moe::stacked`]). By default each
+    /// expert's gate and up are joined as [`Backend::join_gate_up`] joins a dense pair, where
+    /// the expert has no biases (those are added to the gate and up products apart, before the
+    /// activation), and nothing is stacked.
     #[allow(clippy::type_complexity)]
     fn stack_experts(
         &self,
@@ -659,7 +662,14 @@ pub trait Backend {
         ),
         BackendError,
     > {
-        Ok((experts, None))
+        let joined = experts.into_iter().map(|e| {
+            let gate_up = match (e.gate_up, &e.biases) {
+                (GateUp::Apart { gate, up }, None) => self.join_gate_up(gate, up)?,
+                (gate_up, _) => gate_up,
+            };
+            Ok(Expert { gate_up, ..e })
+        });
+        Ok((joined.collect::<Result<_, BackendError>>()?, None))
     }
     /// Whether [`Backend::moe_ffn`] is computed (a model with mixture-of-experts layers is
     /// refused at load by a backend that does not).

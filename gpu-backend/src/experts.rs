@@ -35,7 +35,7 @@ use hesper_shaders as k;
 
 use crate::product::{self, glu_mode};
 use crate::shared_input::SharedInput;
-use crate::{device_error, GpuBackend, GpuMatrix};
+use crate::{device_error, GpuBackend, GpuMatrix, Quantized};
 
 /// The most experts a layer whose matrices did not stack may have for its short steps to be
 /// gated on the GPU natively: each expert's launches are recorded whether or not a row chose
@@ -117,6 +117,12 @@ pub fn moe_ffn(
     add: bool,
 ) -> Result<(), BackendError> {
     let (n_expert, n_used) = (routing.n_expert, routing.n_used);
+    // The rows the FFN's norm quantized for the stacked gate and up (`Ffn::first` in the
+    // engine), kept past a router that reads the norm's floats (and so leaves the scratch as
+    // it is) for the products by id.
+    let normed = b.state.borrow_mut().quantized.take();
+    let packed_dot = b.state.borrow().packed_dot;
+    let normed = normed.filter(|_| product::fused_form(moe.router.kind, packed_dot).is_none());
     let mut logits = floats(b, LOGITS, n * n_expert)?;
     b.matmul(&moe.router, x, n, &mut logits);
     if let Some(bias) = &moe.router_bias {
@@ -153,7 +159,7 @@ pub fn moe_ffn(
         w: &w,
         add,
     };
-    let done = route(b, mixture, out);
+    let done = route(b, mixture, out, normed);
     keep(b, [(LOGITS, logits), (WEIGHTS, w)]);
     b.state.borrow_mut().moe_pool.ids = Some(ids);
     done
@@ -174,12 +180,17 @@ struct Mixture<'a> {
     add: bool,
 }
 
-/// The experts a mixture's rows chose, over those rows into `out`: gathered on the host or
-/// routed on the GPU, as [`moe_ffn`] says.
-fn route(b: &GpuBackend, mixture: Mixture, out: &mut GpuBuffer<f32>) -> Result<(), BackendError> {
+/// The experts a mixture's rows chose, over those rows into `out`: by id, gathered on the host
+/// or gated on the GPU, as [`moe_ffn`] says (`normed`: what the FFN's norm quantized).
+fn route(
+    b: &GpuBackend,
+    mixture: Mixture,
+    out: &mut GpuBuffer<f32>,
+    normed: Option<Quantized>,
+) -> Result<(), BackendError> {
     if let Some(stacked) = &mixture.moe.stacked {
         if mixture.n <= k::TOKEN_TILE as usize {
-            return by_id(b, stacked, mixture, out);
+            return by_id(b, stacked, mixture, out, normed);
         }
     }
     #[cfg(not(target_arch = "wasm32"))]
@@ -230,9 +241,11 @@ fn expert_ffn(
     }
 }
 
-/// A mixture's experts, and their matrices and biases stacked for [`by_id`] where every
-/// matrix stacks ([`GpuMatrix::stack`]: one shape and route of an `_id` kernel; else `None`,
-/// and the experts route as before). The experts' matrices then view their rows in the stacks.
+/// A mixture's experts (each gate and up apart, as loaded), and their matrices and biases
+/// stacked for [`by_id`] where every matrix stacks ([`GpuMatrix::stack`]: one shape and route
+/// of an `_id` kernel; else `None`, and the experts route as before); the experts' matrices
+/// then view their rows in the stacks. Each expert's gate and up are joined first where it has
+/// no biases, as a dense pair is.
 #[allow(clippy::type_complexity)]
 pub fn stack(
     b: &GpuBackend,
@@ -245,44 +258,61 @@ pub fn stack(
     BackendError,
 > {
     let n = experts.len();
-    let (mut joined, mut gates, mut ups, mut downs, mut biases) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let every = |f: fn(&Expert<GpuMatrix, GpuBuffer<f32>>) -> bool| experts.iter().all(f);
+    let all_apart = every(|e| matches!(e.gate_up, GateUp::Apart { .. }));
+    let (biased, unbiased) = (every(|e| e.biases.is_some()), every(|e| e.biases.is_none()));
+    if n == 0 || !all_apart || !(biased || unbiased) {
+        return Ok((experts, None));
+    }
+    let (mut gates, mut ups, mut downs, mut biases) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in experts {
-        match e.gate_up {
-            GateUp::Joined(m) => joined.push(m),
-            GateUp::Apart { gate, up } => {
-                gates.push(gate);
-                ups.push(up);
-            }
+        if let GateUp::Apart { gate, up } = e.gate_up {
+            gates.push(gate);
+            ups.push(up);
         }
         downs.push(e.down);
         biases.extend(e.biases);
     }
     let mut st = b.state.borrow_mut();
     let gpu = &mut st.gpu;
-    let mut stack = |ms: Vec<GpuMatrix>| match GpuMatrix::stack(gpu, ms).map_err(device_error)? {
-        Ok((stacked, ms)) => Ok::<_, BackendError>((Some(stacked), ms)),
-        Err(ms) => Ok((None, ms)),
-    };
-    let (down, downs) = stack(downs)?;
-    let (gate_up, gate_ups) = match (joined.len() == n, gates.len() == n) {
-        (true, _) => {
-            let (m, joined) = stack(joined)?;
-            let each: Vec<_> = joined.into_iter().map(GateUp::Joined).collect();
-            (m.map(GateUp::Joined), each)
+    let (down, downs) = stacked(gpu, downs)?;
+    let (gate_up, gate_ups) = if unbiased {
+        // Each pair joined where it fits one window, as a dense pair is (all or none: one
+        // shape), the joined matrices stacked where all joined.
+        let (mut joined, mut apart) = (Vec::with_capacity(n), Vec::new());
+        for (gate, up) in gates.into_iter().zip(ups) {
+            match apart.is_empty() {
+                true => match GpuMatrix::join(gpu, gate, up).map_err(device_error)? {
+                    Ok(m) => joined.push(m),
+                    Err(pair) => apart.push(pair),
+                },
+                false => apart.push((gate, up)),
+            }
         }
-        (_, true) => {
-            let ((gate, gates), (up, ups)) = (stack(gates)?, stack(ups)?);
-            let each = gates.into_iter().zip(ups);
-            let each: Vec<_> = each.map(|(gate, up)| GateUp::Apart { gate, up }).collect();
-            let pair = gate.zip(up).map(|(gate, up)| GateUp::Apart { gate, up });
-            (pair, each)
-        }
-        _ => unreachable!("the loader joins every expert's gate and up or none"),
+        let (stack, joined) = match apart.is_empty() {
+            true => stacked(gpu, joined)?,
+            false => (None, joined),
+        };
+        let each = joined.into_iter().map(GateUp::Joined);
+        let each = each.chain(
+            apart
+                .into_iter()
+                .map(|(gate, up)| GateUp::Apart { gate, up }),
+        );
+        (stack.map(GateUp::Joined), each.collect::<Vec<_>>())
+    } else {
+        let ((gate, gates), (up, ups)) = (stacked(gpu, gates)?, stacked(gpu, ups)?);
+        let each = gates.into_iter().zip(ups);
+        let each: Vec<_> = each.map(|(gate, up)| GateUp::Apart { gate, up }).collect();
+        let pair = gate.zip(up).map(|(gate, up)| GateUp::Apart { gate, up });
+        (pair, each)
     };
-    // The biases one expert after another (copies: a few rows each).
-    let stacked_biases = match biases.len() == n && n > 0 {
-        true => {
+    // The biases one expert after another, where the matrices stacked (copies: a few rows
+    // each, so each expert keeps its own).
+    let stacks = gate_up.zip(down);
+    let stacked_biases = match (&stacks, biases.len() == n) {
+        (Some(_), true) => {
             let mut batch = gpu.batch();
             let mut part = |i: usize| {
                 let len = biases[0][i].len();
@@ -298,7 +328,7 @@ pub fn stack(
             gpu.submit(batch).map_err(device_error)?;
             Some(stacked)
         }
-        false => None,
+        _ => None,
     };
     let mut each_biases = biases.into_iter().map(Some);
     let experts = gate_ups
@@ -310,12 +340,24 @@ pub fn stack(
             biases: each_biases.next().flatten(),
         })
         .collect();
-    let stacked = gate_up.zip(down).map(|(gate_up, down)| Expert {
+    let stacked = stacks.map(|(gate_up, down)| Expert {
         gate_up,
         down,
         biases: stacked_biases,
     });
     Ok((experts, stacked))
+}
+
+/// `ms` stacked ([`GpuMatrix::stack`]) and viewing their rows in the stack, or untouched and
+/// no stack where they do not stack.
+fn stacked(
+    gpu: &mut hesper_gpu::Gpu,
+    ms: Vec<GpuMatrix>,
+) -> Result<(Option<GpuMatrix>, Vec<GpuMatrix>), BackendError> {
+    Ok(match GpuMatrix::stack(gpu, ms).map_err(device_error)? {
+        Ok((stack, ms)) => (Some(stack), ms),
+        Err(ms) => (None, ms),
+    })
 }
 
 /// The matrices that read an expert's input (its gate and up, or the two joined).
@@ -459,11 +501,13 @@ fn combine(
 /// nothing back. Row `t·n_used + rank` of each product is row `t`'s with its rank-th expert,
 /// the products those of each expert alone (the same sums in the same order), and
 /// [`combine`] adds them up as the gathered rows are added, so every bit is the other paths'.
+/// The gate and up products read the rows the FFN's norm quantized (`normed`) where it did.
 fn by_id(
     b: &GpuBackend,
     stacked: &Expert<GpuMatrix, GpuBuffer<f32>>,
     mixture: Mixture,
     out: &mut GpuBuffer<f32>,
+    normed: Option<Quantized>,
 ) -> Result<(), BackendError> {
     let (x, n, ids) = (mixture.x, mixture.n, mixture.ids);
     let d = mixture.moe.router.desc.cols;
@@ -476,6 +520,7 @@ fn by_id(
         ids,
         per_input: per_input as u32,
     };
+    b.state.borrow_mut().quantized = normed;
     match (&stacked.gate_up, &stacked.biases) {
         (GateUp::Joined(m), None) => {
             matmul_by_id(b, &[m], x, n, by(n_used), &mut [&mut a], glu_mode(act));

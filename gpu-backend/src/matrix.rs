@@ -104,8 +104,8 @@ pub struct GpuMatrix {
     pub odd: Option<(Kind, f32)>,
     /// A joined Q/K/V matrix ([`GpuMatrix::join_qkv`]): where its K and V rows start.
     pub qkv: Option<QkvParts>,
-    /// The experts stacked in its one window ([`GpuMatrix::stack`]), each of `desc.rows`
-    /// rows, one after another; 1 for any other matrix.
+    /// The experts stacked in its windows ([`GpuMatrix::stack`]), each of `desc.rows` rows,
+    /// one after another, each window holding whole experts; 1 for any other matrix.
     pub experts: usize,
 }
 
@@ -325,12 +325,13 @@ impl GpuMatrix {
         }))
     }
 
-    /// Stacks a mixture's expert matrices (of one shape and route, one window each) into one
-    /// buffer, expert `e`'s rows after expert `e − 1`'s, for products whose rows each pick
-    /// their expert (`product::Outputs::ById`); each expert's window then views its
-    /// rows there, so no byte is held twice. Returns the stack and the experts, or the experts
-    /// untouched where they differ, their route has no such kernel, an expert's bytes would not
-    /// start at the device's storage offset alignment, or the stack would not fit one binding.
+    /// Stacks a mixture's expert matrices (of one shape and route, one window each) for
+    /// products whose rows each pick their expert (`product::Outputs::ById`): expert `e`'s
+    /// rows after expert `e − 1`'s, in windows of as many whole experts as one binding holds
+    /// (a product launches once a window); each expert's window then views its rows there, so
+    /// no byte is held twice. Returns the stack and the experts, or the experts untouched where
+    /// they differ, their route has no such kernel, one expert alone would not fit a binding,
+    /// or an expert's bytes would not start at the device's storage offset alignment.
     #[allow(clippy::type_complexity)]
     pub fn stack(
         gpu: &mut Gpu,
@@ -355,36 +356,49 @@ impl GpuMatrix {
                 && m.windows[0].data.len() == data_len
                 && m.windows[0].scales.as_ref().map(GpuBuffer::len) == scales_len
         });
-        let words = |len: usize| (n * len * 4) as u64 <= gpu.max_binding();
-        let fits = words(data_len) && scales_len.is_none_or(words);
-        if !(first.kind.by_id() && alike && fits) {
+        // Experts a window holds: as many as one binding takes of the weights and the scales.
+        let fit = |len: usize| (gpu.max_binding() / (4 * len.max(1)) as u64) as usize;
+        let per_window = fit(data_len).min(scales_len.map_or(n, fit)).min(n);
+        if !(first.kind.by_id() && alike && per_window > 0) {
             return Ok(Err(parts));
         }
+        let rows = first.desc.rows;
         let mut batch = gpu.batch();
-        let mut data = gpu.zeroed::<u32>("experts", n * data_len)?;
-        let mut scales = match scales_len {
-            Some(len) => Some(gpu.zeroed::<f32>("experts' scales", n * len)?),
-            None => None,
-        };
-        // Each expert's bytes must start where a binding may.
-        let views: Option<Vec<_>> = (0..n)
-            .map(|e| {
-                let data = gpu.view(&data, e * data_len, data_len)?;
-                let scales = match (&scales, scales_len) {
-                    (Some(all), Some(len)) => Some(gpu.view(all, e * len, len)?),
-                    _ => None,
+        let mut windows = Vec::new();
+        let mut views = Vec::with_capacity(n);
+        for e0 in (0..n).step_by(per_window) {
+            let k = per_window.min(n - e0);
+            let data = gpu.zeroed::<u32>("experts", k * data_len)?;
+            let scales = match scales_len {
+                Some(len) => Some(gpu.zeroed::<f32>("experts' scales", k * len)?),
+                None => None,
+            };
+            // Each expert's bytes must start where a binding may.
+            for e in 0..k {
+                let d = gpu.view(&data, e * data_len, data_len);
+                let s = match (&scales, scales_len) {
+                    (Some(all), Some(len)) => gpu.view(all, e * len, len).map(Some),
+                    _ => Some(None),
                 };
-                Some((data, scales))
-            })
-            .collect();
-        let Some(views) = views else {
-            return Ok(Err(parts));
-        };
+                let (Some(d), Some(s)) = (d, s) else {
+                    return Ok(Err(parts));
+                };
+                views.push((d, s));
+            }
+            windows.push(Window {
+                row0: e0 * rows,
+                rows: k * rows,
+                data,
+                scales,
+            });
+        }
         for (e, m) in parts.iter().enumerate() {
-            let w = &m.windows[0];
-            batch.copy(&w.data, 0, &mut data, e * data_len, data_len)?;
-            if let (Some(all), Some(s), Some(len)) = (scales.as_mut(), &w.scales, scales_len) {
-                batch.copy(s, 0, all, e * len, len)?;
+            let (from, win) = (&m.windows[0], &mut windows[e / per_window]);
+            let at = e % per_window;
+            batch.copy(&from.data, 0, &mut win.data, at * data_len, data_len)?;
+            if let (Some(all), Some(s), Some(len)) = (win.scales.as_mut(), &from.scales, scales_len)
+            {
+                batch.copy(s, 0, all, at * len, len)?;
             }
         }
         gpu.submit(batch)?;
@@ -401,12 +415,7 @@ impl GpuMatrix {
             },
             kind: first.kind,
             scale: first.scale,
-            windows: vec![Window {
-                row0: 0,
-                rows: first.desc.rows,
-                data,
-                scales,
-            }],
+            windows,
             host: None,
             odd: first.odd,
             qkv: None,

@@ -291,6 +291,14 @@ pub fn multiply_into(
                 _ => outputs / 2,
             };
         let (row0, window_rows) = (win.row0 as u32, win.rows as u32);
+        // A window of stacked experts holds whole experts of `desc.rows` rows each, from
+        // expert `expert0` on; its rows by id are of one expert, written from row 0.
+        let expert_rows = w.desc.rows as u32;
+        let (expert0, experts) = (row0 / expert_rows.max(1), window_rows / expert_rows.max(1));
+        let (row0, window_rows) = match by_id {
+            Some(_) => (0, expert_rows),
+            None => (row0, window_rows),
+        };
         // Every matrix kernel's launch, its decode or its wide-step instance: its own buffers,
         // then the shared shape and output stage.
         macro_rules! launch {
@@ -334,10 +342,14 @@ pub fn multiply_into(
             }) => {
                 match by_id {
                     Some((ids, per_input)) => launch!(@one $id {
-                        $($field: $value,)* ids: ids, per_input: per_input
+                        $($field: $value,)*
+                        ids: ids,
+                        per_input: per_input,
+                        expert0: expert0,
+                        experts: experts
                     }),
                     None => launch!($decode | $wide {
-                        $($field: $value,)* ids: &win.data, per_input: 1
+                        $($field: $value,)* ids: &win.data, per_input: 1, expert0: 0, experts: 0
                     }),
                 }
             };

@@ -8,7 +8,7 @@
 use hesper_dsl::{kernel, kernel_fn};
 
 use crate::reduce::row_fold;
-use crate::tile::{expert_base, input_row, store_rows};
+use crate::tile::{expert_base, expert_rows, input_row, store_rows};
 
 /// The integer scale of sub-block `s` from the word holding its pair of sub-blocks (the low
 /// byte of its half, signed).
@@ -42,7 +42,15 @@ pub fn kq_min(word: u32, s: u32) -> i32 {
 /// order the tiled kernel follows.
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows, kq_scale, kq_min, expert_base, input_row),
+    uses(
+        row_fold,
+        store_rows,
+        kq_scale,
+        kq_min,
+        expert_base,
+        expert_rows,
+        input_row
+    ),
     consts(TILE = 4, ROWS = 1, IDS = 0),
     also(matvec_kq_wide(TILE = 8, ROWS = 2), matvec_kq_id(TILE = 1, IDS = 1))
 )]
@@ -71,6 +79,8 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32, const IDS: u32>(
     #[uniform] sub: u32,
     #[uniform] offset: u32,
     #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -79,8 +89,10 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32, const IDS: u32>(
     let r0 = wid() * group * ROWS + t / lanes;
     let t0 = wid_y() * TILE;
     // The `_id` instances (one row of activations a workgroup row): the rows of expert
-    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
-    let base = expert_base(ids, t0, window_rows, IDS);
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`; none where the
+    // expert lies in another window of experts.
+    let base = expert_base(ids, t0, window_rows, expert0, IDS);
+    let live = expert_rows(ids, t0, window_rows, expert0, experts, IDS);
     let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
@@ -98,7 +110,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32, const IDS: u32>(
     let stride = words + blocks * subs / 2u32;
     let mut f = [0.0f32; TILE * ROWS];
     for blk in (lane..blocks).step_by(lanes) {
-        if r0 >= window_rows {
+        if r0 >= live {
             break;
         }
         let mut si = [0i32; TILE * ROWS];
@@ -179,7 +191,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32, const IDS: u32>(
             lane,
             lanes,
             r0 + m * group,
-            window_rows,
+            live,
             row0,
             rows,
             t0,

@@ -8,7 +8,7 @@
 use hesper_dsl::kernel;
 
 use crate::reduce::row_fold;
-use crate::tile::{expert_base, input_row, store_rows};
+use crate::tile::{expert_base, expert_rows, input_row, store_rows};
 
 /// F32 weights (held as raw words). Lane `l` sums columns `l, l + lanes, …` and the lanes'
 /// sums are added in lane order ([`row_fold`]), the order the tiled kernel
@@ -104,7 +104,7 @@ pub fn matvec_f32<const TILE: u32, const ROWS: u32>(
 /// order ([`row_fold`]), the order the tiled kernel [`crate::matvec_f16_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows, expert_base, input_row),
+    uses(row_fold, store_rows, expert_base, expert_rows, input_row),
     consts(TILE = 4, ROWS = 1, IDS = 0),
     also(matvec_f16_wide(TILE = 16, ROWS = 4), matvec_f16_id(TILE = 1, IDS = 1))
 )]
@@ -128,6 +128,8 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
     #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -136,8 +138,10 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     let r0 = wid() * group * ROWS + t / lanes;
     let t0 = wid_y() * TILE;
     // The `_id` instances (one row of activations a workgroup row): the rows of expert
-    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
-    let base = expert_base(ids, t0, window_rows, IDS);
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`; none where the
+    // expert lies in another window of experts.
+    let base = expert_base(ids, t0, window_rows, expert0, IDS);
+    let live = expert_rows(ids, t0, window_rows, expert0, experts, IDS);
     let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
@@ -146,7 +150,7 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     let half = cols / 2u32;
     let mut f = [0.0f32; TILE * ROWS];
     for i in (lane..half).step_by(lanes) {
-        if r0 >= window_rows {
+        if r0 >= live {
             break;
         }
         let mut lo = [0.0f32; ROWS];
@@ -182,7 +186,7 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32, const IDS: u32>(
             lane,
             lanes,
             r0 + m * group,
-            window_rows,
+            live,
             row0,
             rows,
             t0,
@@ -205,7 +209,7 @@ pub fn matvec_f16<const TILE: u32, const ROWS: u32, const IDS: u32>(
 /// order the tiled kernel [`crate::matvec_bf16_gemm`] follows.
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows, expert_base, input_row),
+    uses(row_fold, store_rows, expert_base, expert_rows, input_row),
     consts(TILE = 4, ROWS = 1, IDS = 0),
     also(
         matvec_bf16_wide(TILE = 16, ROWS = 4),
@@ -232,6 +236,8 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
     #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -240,8 +246,10 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     let r0 = wid() * group * ROWS + t / lanes;
     let t0 = wid_y() * TILE;
     // The `_id` instances (one row of activations a workgroup row): the rows of expert
-    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
-    let base = expert_base(ids, t0, window_rows, IDS);
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`; none where the
+    // expert lies in another window of experts.
+    let base = expert_base(ids, t0, window_rows, expert0, IDS);
+    let live = expert_rows(ids, t0, window_rows, expert0, experts, IDS);
     let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
@@ -250,7 +258,7 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32, const IDS: u32>(
     let half = cols / 2u32;
     let mut f = [0.0f32; TILE * ROWS];
     for i in (lane..half).step_by(lanes) {
-        if r0 >= window_rows {
+        if r0 >= live {
             break;
         }
         let mut lo = [0.0f32; ROWS];
@@ -288,7 +296,7 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32, const IDS: u32>(
             lane,
             lanes,
             r0 + m * group,
-            window_rows,
+            live,
             row0,
             rows,
             t0,
@@ -317,7 +325,7 @@ pub fn matvec_bf16<const TILE: u32, const ROWS: u32, const IDS: u32>(
 /// (bound as `q` and as `d`).
 #[kernel(
     workgroup = 64,
-    uses(row_fold, store_rows, expert_base, input_row),
+    uses(row_fold, store_rows, expert_base, expert_rows, input_row),
     consts(TILE = 4, ROWS = 1, DP4 = 0, IDS = 0),
     also(
         matvec_q8_0_wide(TILE = 8, ROWS = 4),
@@ -350,6 +358,8 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32, const IDS: 
     #[uniform] out_scale_v: f32,
     #[uniform] d_at: u32,
     #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -358,8 +368,10 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32, const IDS: 
     let r0 = wid() * group * ROWS + t / lanes;
     let t0 = wid_y() * TILE;
     // The `_id` instances (one row of activations a workgroup row): the rows of expert
-    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`.
-    let base = expert_base(ids, t0, window_rows, IDS);
+    // `ids[t0]` of a stacked matrix, over activation row `t0 / per_input`; none where the
+    // expert lies in another window of experts.
+    let base = expert_base(ids, t0, window_rows, expert0, IDS);
+    let live = expert_rows(ids, t0, window_rows, expert0, experts, IDS);
     let a0 = input_row(t0, per_input, IDS);
     let mut rr = [0u32; ROWS];
     for m in 0..ROWS {
@@ -368,7 +380,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32, const IDS: 
     let blocks = cols / 32u32;
     let mut f = [0.0f32; TILE * ROWS];
     for blk in (lane..blocks).step_by(lanes) {
-        if r0 >= window_rows {
+        if r0 >= live {
             break;
         }
         let mut s = [0i32; TILE * ROWS];
@@ -421,7 +433,7 @@ pub fn matvec_q8_0<const TILE: u32, const ROWS: u32, const DP4: u32, const IDS: 
             lane,
             lanes,
             r0 + m * group,
-            window_rows,
+            live,
             row0,
             rows,
             t0,

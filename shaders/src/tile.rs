@@ -106,14 +106,29 @@ pub fn store_rows(
 }
 
 /// The first weight row of workgroup row `t0`'s expert in an `_id` instance (`by_id` 1: expert
-/// `ids[t0]` of a stacked matrix of `rows` rows an expert); 0 in the other instances.
+/// `ids[t0]` of a stacked matrix of `rows` rows an expert, whose window holds the experts from
+/// `expert0` on); 0 in the other instances.
 #[kernel_fn]
-pub fn expert_base(ids: &[u32], t0: u32, rows: u32, by_id: u32) -> u32 {
+pub fn expert_base(ids: &[u32], t0: u32, rows: u32, expert0: u32, by_id: u32) -> u32 {
     let mut base = 0u32;
     if by_id == 1u32 {
-        base = ids[t0] * rows;
+        base = (ids[t0] - expert0) * rows;
     }
     base
+}
+
+/// The rows workgroup row `t0` computes: `rows`, or in an `_id` instance 0 where its expert
+/// (`ids[t0]`) is not among the window's `experts` from `expert0` on (another launch's).
+#[kernel_fn]
+pub fn expert_rows(ids: &[u32], t0: u32, rows: u32, expert0: u32, experts: u32, by_id: u32) -> u32 {
+    let mut live = rows;
+    if by_id == 1u32 {
+        let e = ids[t0];
+        if e < expert0 || e >= expert0 + experts {
+            live = 0u32;
+        }
+    }
+    live
 }
 
 /// The activation row workgroup row `t0` reads: `t0 / per_input` in an `_id` instance

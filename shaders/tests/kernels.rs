@@ -1556,7 +1556,7 @@ fn matvec_kq_matches_its_layouts_definition() {
             |g, out, p| {
                 launch_matrix!(g, out, p, out_scale;
                 matvec_kq | matvec_kq_wide {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
                     high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
                 })
             },
@@ -1590,7 +1590,7 @@ fn tiled_kq_kernel_gives_the_matrix_vector_kernels_bits() {
             |g, out, p| {
                 launch_matrix!(g, out, p, out_scale;
                 matvec_kq | matvec_kq_wide {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
                     high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
                 })
             },
@@ -1844,7 +1844,7 @@ fn matvec_f16_matches_f16_dot() {
         Matrix::new("matvec_f16", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1 })
+                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1, expert0: 0, experts: 0 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -1866,7 +1866,7 @@ fn tiled_f16_kernel_gives_the_matrix_vector_kernels_bits() {
         },
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1 })
+                matvec_f16 | matvec_f16_wide { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1, expert0: 0, experts: 0 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -1884,7 +1884,7 @@ fn matvec_bf16_matches_bf16_dot() {
         Matrix::new("matvec_bf16", rows, cols, n),
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x, ids: &c.w, per_input: 1 })
+                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x, ids: &c.w, per_input: 1, expert0: 0, experts: 0 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -1906,7 +1906,7 @@ fn tiled_bf16_kernel_gives_the_matrix_vector_kernels_bits() {
         },
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
-                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x, ids: &c.w, per_input: 1 })
+                matvec_bf16 | matvec_bf16_wide { w: &c.w, x: &c.x, ids: &c.w, per_input: 1, expert0: 0, experts: 0 })
         },
         |got| c.error(got),
         "diff of Σ|w·x|",
@@ -2512,7 +2512,7 @@ fn matvec_q8_0_matches_q8_0_dot() {
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
             matvec_q8_0 | matvec_q8_0_wide {
-                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1
+                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1, expert0: 0, experts: 0
             });
             outputs[0].push(bits(&read!(g, &*out)));
         },
@@ -2526,7 +2526,7 @@ fn matvec_q8_0_matches_q8_0_dot() {
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
             matvec_q8_0_dp4 | matvec_q8_0_dp4_wide {
-                wq: bwq, wd: bwd, q: bq, d: bd_past, d_at: SCALES_AT, ids: bwq, per_input: 1
+                wq: bwq, wd: bwd, q: bq, d: bd_past, d_at: SCALES_AT, ids: bwq, per_input: 1, expert0: 0, experts: 0
             });
             outputs[1].push(bits(&read!(g, &*out)));
         },
@@ -2560,7 +2560,7 @@ fn tiled_q8_0_kernel_gives_the_matrix_vector_kernels_bits() {
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
             matvec_q8_0_dp4 | matvec_q8_0_dp4_wide {
-                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1
+                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1, expert0: 0, experts: 0
             })
         },
         |got| c.error(got),
@@ -3094,11 +3094,11 @@ fn id_instances_multiply_each_row_by_its_experts_rows() {
         cols,
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75;
-                matvec_q8_0 { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1 })
+                matvec_q8_0 { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1, expert0: 0, experts: 0 })
         },
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75;
-                matvec_q8_0_id { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: &ids, per_input: 2 })
+                matvec_q8_0_id { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32 })
         },
     );
     assert_rows_by_id(
@@ -3107,11 +3107,11 @@ fn id_instances_multiply_each_row_by_its_experts_rows() {
         cols,
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75;
-                matvec_q8_0 { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1 })
+                matvec_q8_0 { wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: bwq, per_input: 1, expert0: 0, experts: 0 })
         },
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75; matvec_q8_0_dp4_id {
-                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: &ids, per_input: 2
+                wq: bwq, wd: bwd, q: bq, d: bd, d_at: 0, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32
             })
         },
     );
@@ -3125,13 +3125,13 @@ fn id_instances_multiply_each_row_by_its_experts_rows() {
             cols,
             |g, out, p| {
                 launch_matrix!(@one g, out, p, 1.25; matvec_kq {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
                     high: high, sub: sub, offset: offset
                 })
             },
             |g, out, p| {
                 launch_matrix!(@one g, out, p, 1.25; matvec_kq_id {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &ids, per_input: 2,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32,
                     high: high, sub: sub, offset: offset
                 })
             },
@@ -3145,11 +3145,11 @@ fn id_instances_multiply_each_row_by_its_experts_rows() {
         cols,
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75;
-                matvec_f16 { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1 })
+                matvec_f16 { w: &c.w, xh: &c.x, ids: &c.w, per_input: 1, expert0: 0, experts: 0 })
         },
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75;
-                matvec_f16_id { w: &c.w, xh: &c.x, ids: &ids, per_input: 2 })
+                matvec_f16_id { w: &c.w, xh: &c.x, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32 })
         },
     );
     let c = bf16_case(&g, rows, cols, INPUTS, 0.75, 61);
@@ -3159,12 +3159,61 @@ fn id_instances_multiply_each_row_by_its_experts_rows() {
         cols,
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75;
-                matvec_bf16 { w: &c.w, x: &c.x, ids: &c.w, per_input: 1 })
+                matvec_bf16 { w: &c.w, x: &c.x, ids: &c.w, per_input: 1, expert0: 0, experts: 0 })
         },
         |g, out, p| {
             launch_matrix!(@one g, out, p, 0.75;
-                matvec_bf16_id { w: &c.w, x: &c.x, ids: &ids, per_input: 2 })
+                matvec_bf16_id { w: &c.w, x: &c.x, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32 })
         },
+    );
+}
+
+#[test]
+fn id_instances_multiply_the_experts_of_their_window_only() {
+    let mut g = gpu();
+    let ids = g.upload("ids", &BY_ID).unwrap();
+    let (rows, cols, pairs) = (EXPERTS * EXPERT_ROWS, 320usize, BY_ID.len());
+    let c = Q8_0Case::new(&g, rows, cols, INPUTS, 0.75, 67);
+    // The stack in two windows: experts 0 and 1 in the case's buffers, expert 2 in its own.
+    let (words, blocks) = (EXPERT_ROWS * cols / 4, EXPERT_ROWS * cols / 32);
+    let (wq, wd) = (read!(g, &c.wq), read!(g, &c.wd));
+    let last_wq = g.upload("wq 2", &wq[2 * words..]).unwrap();
+    let last_wd = g.upload("wd 2", &wd[2 * blocks..]).unwrap();
+    let p = Placement {
+        m: Matrix::new("by id", EXPERT_ROWS, cols, pairs),
+        row0: 0,
+        width: EXPERT_ROWS,
+        lanes: 4,
+        wide: false,
+    };
+    let run = |g: &mut Gpu, out: &mut GpuBuffer<f32>, window: usize| {
+        let (wq, wd, expert0, experts) = match window {
+            0 => (&c.wq, &c.wd, 0, 2),
+            _ => (&last_wq, &last_wd, 2, 1),
+        };
+        launch_matrix!(@one g, out, p, 0.75; matvec_q8_0_dp4_id {
+            wq: wq, wd: wd, q: &c.q, d: &c.d, d_at: 0, ids: &ids, per_input: 2,
+            expert0: expert0, experts: experts
+        })
+    };
+    let mut whole = sentinel_out(&g, pairs, EXPERT_ROWS);
+    launch_matrix!(@one &mut g, &mut whole, p, 0.75; matvec_q8_0_dp4_id {
+        wq: &c.wq, wd: &c.wd, q: &c.q, d: &c.d, d_at: 0, ids: &ids, per_input: 2,
+        expert0: 0, experts: EXPERTS as u32
+    });
+    let want = read!(g, &whole);
+    let mut out = sentinel_out(&g, pairs, EXPERT_ROWS);
+    run(&mut g, &mut out, 0);
+    // The first window writes the rows of its experts and leaves expert 2's to the other.
+    let first = read!(g, &out);
+    for (z, rows) in first.chunks_exact(EXPERT_ROWS).enumerate() {
+        let left = rows.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
+        assert_eq!(left, BY_ID[z] == 2, "row {z} (expert {})", BY_ID[z]);
+    }
+    run(&mut g, &mut out, 1);
+    assert!(
+        bits(&read!(g, &out)) == bits(&want),
+        "two windows differ from one"
     );
 }
 

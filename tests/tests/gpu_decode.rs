@@ -115,14 +115,15 @@ fn a_decoded_layer_launches_what_its_family_needs() {
         ("tiny-llama-q4_0", 8),
         ("tiny-llama-q6_k", 9),
         ("tiny-tq2_0", 9),
-        // A mixture's FFN, whatever its count of experts: the norm, the router's product and
-        // routing, the input quantized once, one launch a stacked matrix whose rows each pick
-        // their expert (gate and up: joined, with the activation; down), and the weighted sum
-        // added to the residual — 8 beside F16 attention's 4; more where the file mixes
-        // layouts that quantize apart (Qwen3-MoE's Q4_K_M) or adds biases (gpt-oss).
-        ("tiny-qwen3moe-f16", 12),
-        ("tiny-qwen3moe-q4_k_m", 16),
-        ("tiny-gpt-oss-mxfp4", 20),
+        // A mixture's FFN, whatever its count of experts: the norm (quantizing for the
+        // experts), the router's product and routing, one launch a stacked matrix whose rows
+        // each pick their expert (gate and up joined, with the activation; down, its input
+        // quantized), and the weighted sum added to the residual — 7 beside F16 attention's 4;
+        // more where the file mixes layouts that quantize apart (Qwen3-MoE's Q4_K_M) or adds
+        // biases (gpt-oss).
+        ("tiny-qwen3moe-f16", 11),
+        ("tiny-qwen3moe-q4_k_m", 15),
+        ("tiny-gpt-oss-mxfp4", 19),
     ];
     for (stem, per_layer) in cases {
         let g = Golden::load(stem);

@@ -109,11 +109,17 @@ pub(super) enum Ffn<M, V> {
 }
 
 impl<M, V> Ffn<M, V> {
-    /// The matrix that reads the FFN's input first.
+    /// The matrix whose reading of the FFN's input a norm before it may prepare
+    /// ([`crate::backend::Backend::rms_norm_for`]): the first to read it, or a mixture's
+    /// stacked gate and up where the backend stacked its experts (its router reads the norm's
+    /// floats).
     pub fn first(&self) -> &M {
         match self {
             Ffn::Dense { gate_up, .. } => gate_up.first(),
-            Ffn::Experts(moe) => &moe.router,
+            Ffn::Experts(moe) => match &moe.stacked {
+                Some(stacked) => stacked.gate_up.first(),
+                None => &moe.router,
+            },
         }
     }
 }

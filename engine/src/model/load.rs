@@ -555,11 +555,7 @@ impl<'a, 'p, B: Backend, F: Fetch> Loader<'a, 'p, B, F> {
         let mut experts = Vec::with_capacity(x.n_expert);
         for (((gate, up), down), biases) in gates.into_iter().zip(ups).zip(downs).zip(biases) {
             experts.push(Expert {
-                // Biases are added to the gate and up products apart, before the activation.
-                gate_up: match biases {
-                    Some(_) => GateUp::Apart { gate, up },
-                    None => self.backend.join_gate_up(gate, up)?,
-                },
+                gate_up: GateUp::Apart { gate, up },
                 down,
                 biases,
             });
