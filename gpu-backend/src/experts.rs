@@ -405,8 +405,7 @@ fn gathered_on_host(
         x,
         n,
         ids,
-        w,
-        add,
+        ..
     } = mixture;
     let d = moe.router.desc.cols;
     let (n_used, ff) = (routing.n_used, routing.n_ff);
@@ -448,7 +447,7 @@ fn gathered_on_host(
         }
     }
     b.keep_shared_input(shared);
-    combine(b, &ys, w, out, d, n_used, n, add);
+    combine(b, mixture, &ys, None, out);
     keep(
         b,
         [
@@ -463,31 +462,32 @@ fn gathered_on_host(
     Ok(())
 }
 
-/// `out` = each of `n` rows' `n_used` outputs in `ys` (row `t·n_used + rank`: row `t`'s from
-/// its rank-th expert, `width` wide) weighted by `w` and added in the order chosen (`out +=`
-/// that where `add`).
-#[allow(clippy::too_many_arguments)]
+/// `out` = each of the mixture's rows' outputs in `ys` (row `t·n_used + rank`: row `t`'s from
+/// its rank-th expert, the model's width) plus its expert's `bias` where given, weighted and
+/// added in the order chosen (`out +=` that where the mixture adds).
 fn combine(
     b: &GpuBackend,
+    mixture: Mixture,
     ys: &GpuBuffer<f32>,
-    w: &GpuBuffer<f32>,
+    bias: Option<&GpuBuffer<f32>>,
     out: &mut GpuBuffer<f32>,
-    width: usize,
-    n_used: usize,
-    n: usize,
-    add: bool,
 ) {
-    let len = (n * width) as u32;
+    let width = mixture.moe.router.desc.cols;
+    let len = (mixture.n * width) as u32;
     b.record(|st| {
         st.batch.run(
             &mut st.gpu,
             &k::moe_combine::Args {
                 ys,
-                w,
+                w: mixture.w,
+                ids: mixture.ids,
+                // Unread without biases.
+                bias: bias.unwrap_or(mixture.w),
                 out,
                 width: width as u32,
-                n_used: n_used as u32,
-                add: add.into(),
+                n_used: mixture.routing.n_used as u32,
+                biased: bias.is_some().into(),
+                add: mixture.add.into(),
                 n: len,
             },
             k::moe_combine::grid_for(len),
@@ -529,11 +529,29 @@ fn by_id(
             let (mut g, mut u) = (floats(b, GATE, pairs * ff)?, floats(b, UP, pairs * ff)?);
             let outs = &mut [&mut g, &mut u];
             matmul_by_id(b, &[gate, up], x, n, by(n_used), outs, k::STORE);
-            if let Some([gate_bias, up_bias, _]) = biases {
-                add_bias_by_id(b, &mut g, gate_bias, ids, ff, pairs);
-                add_bias_by_id(b, &mut u, up_bias, ids, ff, pairs);
+            match biases {
+                Some([gate_bias, up_bias, _]) => {
+                    let len = (pairs * ff) as u32;
+                    b.record(|st| {
+                        st.batch.run(
+                            &mut st.gpu,
+                            &k::biased_glu_by_id::Args {
+                                gate: &g,
+                                up: &u,
+                                bg: gate_bias,
+                                bu: up_bias,
+                                ids,
+                                out: &mut a,
+                                width: ff as u32,
+                                mode: glu_mode(act),
+                                n: len,
+                            },
+                            k::biased_glu_by_id::grid_for(len),
+                        )
+                    });
+                }
+                None => b.glu(&g, &u, pairs * ff, act, &mut a),
             }
-            b.glu(&g, &u, pairs * ff, act, &mut a);
             keep(b, [(GATE, g), (UP, u)]);
         }
         (GateUp::Joined(_), Some(_)) => {
@@ -549,10 +567,8 @@ fn by_id(
         &mut [&mut ys],
         k::STORE,
     );
-    if let Some([.., down_bias]) = &stacked.biases {
-        add_bias_by_id(b, &mut ys, down_bias, ids, d, pairs);
-    }
-    combine(b, &ys, mixture.w, out, d, n_used, n, mixture.add);
+    let down_bias = stacked.biases.as_ref().map(|[.., down]| down);
+    combine(b, mixture, &ys, down_bias, out);
     keep(b, [(ACT, a), (OUTPUTS, ys)]);
     Ok(())
 }
@@ -592,31 +608,6 @@ fn matmul_by_id(
             product::multiply_into(st, w, x, rows, outputs)?;
         }
         Ok(())
-    });
-}
-
-/// `x[z] += bias of expert ids[z]` over `rows` rows of `width` (`biases`: the experts' stacked).
-fn add_bias_by_id(
-    b: &GpuBackend,
-    x: &mut GpuBuffer<f32>,
-    biases: &GpuBuffer<f32>,
-    ids: &GpuBuffer<u32>,
-    width: usize,
-    rows: usize,
-) {
-    let len = (rows * width) as u32;
-    b.record(|st| {
-        st.batch.run(
-            &mut st.gpu,
-            &k::add_bias_by_id::Args {
-                x,
-                b: biases,
-                ids,
-                width: width as u32,
-                n: len,
-            },
-            k::add_bias_by_id::grid_for(len),
-        )
     });
 }
 

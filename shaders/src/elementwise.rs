@@ -114,15 +114,20 @@ pub fn swiglu_clamped_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] 
 
 /// `out[t][c] = Σ_r w[t·n_used + r] · ys[t·n_used + r][c]` over the `n` values of `out` (rows
 /// of `width`): each row's expert outputs weighted and added in the order they were chosen (a
-/// mixture of experts' output, as the CPU backend adds them up); where `add` is 1, added to
-/// `out` instead (the residual stream: `out + Σ`, as an `add_assign` of the sum after it).
+/// mixture of experts' output, as the CPU backend adds them up); where `biased` is 1, each
+/// output plus the bias of its expert first (`ys[k][c] + bias[ids[k]·width + c]`, as an
+/// `add_bias` of the expert's down bias before); where `add` is 1, added to `out` instead (the
+/// residual stream: `out + Σ`, as an `add_assign` of the sum after it).
 #[kernel(workgroup = 256)]
 pub fn moe_combine(
     ys: &[f32],
     w: &[f32],
+    ids: &[u32],
+    bias: &[f32],
     out: &mut [f32],
     #[uniform] width: u32,
     #[uniform] n_used: u32,
+    #[uniform] biased: u32,
     #[uniform] add: u32,
     #[uniform] n: u32,
 ) {
@@ -133,7 +138,11 @@ pub fn moe_combine(
         let mut acc: f32 = 0.0;
         for r in 0u32..n_used {
             let k = t * n_used + r;
-            acc = acc + ys[k * width + c] * w[k];
+            let mut y = ys[k * width + c];
+            if biased == 1u32 {
+                y = y + bias[ids[k] * width + c];
+            }
+            acc = acc + y * w[k];
         }
         if add == 1u32 {
             out[i] = out[i] + acc;

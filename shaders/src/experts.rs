@@ -122,19 +122,40 @@ pub fn moe_combine_routed(
     }
 }
 
-/// `x[i] += b[ids[i / width] · width + i % width]` over the `n` values of `x` (rows of
-/// `width`): each row's bias from the stacked biases of the expert its row chose (as
-/// [`crate::add_bias`] adds one expert's).
+/// `out[i] = act(gate[i] + bg[e·width + c]) · (up[i] + bu[e·width + c])` over the `n` values
+/// of rows of `width` (`e = ids[i / width]`, `c = i % width`): each row's gate and up plus the
+/// biases of the expert its row chose, then the gated activation `mode` names
+/// ([`crate::GLU_RELU2`], [`crate::GLU_SILU`], [`crate::GLU_GELU`], [`crate::GLU_CLAMPED`]),
+/// as `add_bias` of each expert's biases then `relu2_mul`, `silu_mul`, `gelu_mul` or
+/// `swiglu_clamped_mul` compute it.
 #[kernel(workgroup = 256)]
-pub fn add_bias_by_id(
-    x: &mut [f32],
-    b: &[f32],
+pub fn biased_glu_by_id(
+    gate: &[f32],
+    up: &[f32],
+    bg: &[f32],
+    bu: &[f32],
     ids: &[u32],
+    out: &mut [f32],
     #[uniform] width: u32,
+    #[uniform] mode: u32,
     #[uniform] n: u32,
 ) {
     let i = gid();
     if i < n {
-        x[i] = x[i] + b[ids[i / width] * width + i % width];
+        let b = ids[i / width] * width + i % width;
+        let g = gate[i] + bg[b];
+        let u = up[i] + bu[b];
+        if mode == 2u32 {
+            let r = g.max(0.0);
+            out[i] = r * r * u;
+        } else if mode == 5u32 {
+            let a = 0.7978846 * g * (1.0 + 0.044715 * g * g);
+            out[i] = g / (1.0 + (-2.0 * a).exp()) * u;
+        } else if mode == 6u32 {
+            let c = g.min(7.0);
+            out[i] = c / (1.0 + (-1.702 * c).exp()) * (u.max(-7.0).min(7.0) + 1.0);
+        } else {
+            out[i] = g / (1.0 + (-g).exp()) * u;
+        }
     }
 }

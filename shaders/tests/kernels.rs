@@ -637,6 +637,9 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
     let ys = data(n * n_used * width, 40);
     let w: Vec<f32> = data(n * n_used, 41).iter().map(|v| v.abs() + 0.1).collect();
     let (bys, bw) = (g.upload("ys", &ys).unwrap(), g.upload("w", &w).unwrap());
+    // Each output's expert, for the biased sum below.
+    let chosen: Vec<u32> = (0..n * n_used).map(|k| (k * 5 % 4) as u32).collect();
+    let ids = g.upload("ids", &chosen).unwrap();
     let mut out = g.zeroed::<f32>("out", n * width).unwrap();
     let len = (n * width) as u32;
     launch(
@@ -644,9 +647,12 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
         &k::moe_combine::Args {
             ys: &bys,
             w: &bw,
+            ids: &ids,
+            bias: &bw,
             out: &mut out,
             width: width as u32,
             n_used: n_used as u32,
+            biased: 0,
             add: 0,
             n: len,
         },
@@ -672,9 +678,12 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
         &k::moe_combine::Args {
             ys: &bys,
             w: &bw,
+            ids: &ids,
+            bias: &bw,
             out: &mut added,
             width: width as u32,
             n_used: n_used as u32,
+            biased: 0,
             add: 1,
             n: len,
         },
@@ -687,6 +696,39 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
         k::add_assign::grid_for(len),
     );
     assert!(bits(&read!(g, &added)) == bits(&read!(g, &stored)));
+    // Each output plus its expert's bias (4 experts' stacked): the biases added first, bit
+    // for bit.
+    let bias = data(4 * width, 43);
+    let biased: Vec<f32> = (0..n * n_used * width)
+        .map(|i| ys[i] + bias[chosen[i / width] as usize * width + i % width])
+        .collect();
+    let (bbias, bbiased) = (
+        g.upload("bias", &bias).unwrap(),
+        g.upload("ys + bias", &biased).unwrap(),
+    );
+    let mut sums = [
+        g.zeroed::<f32>("out", n * width).unwrap(),
+        g.zeroed::<f32>("out", n * width).unwrap(),
+    ];
+    for (i, out) in sums.iter_mut().enumerate() {
+        launch(
+            &mut g,
+            &k::moe_combine::Args {
+                ys: [&bys, &bbiased][i],
+                w: &bw,
+                ids: &ids,
+                bias: &bbias,
+                out,
+                width: width as u32,
+                n_used: n_used as u32,
+                biased: [1, 0][i],
+                add: 0,
+                n: len,
+            },
+            k::moe_combine::grid_for(len),
+        );
+    }
+    assert!(bits(&read!(g, &sums[0])) == bits(&read!(g, &sums[1])));
 }
 
 /// `moe_route` chooses each row's experts as `Experts::route` does — the same ids in the same
@@ -865,9 +907,12 @@ fn moe_combine_routed_picks_each_rows_experts_by_id() {
         &k::moe_combine::Args {
             ys: &bg,
             w: &bw,
+            ids: &bids,
+            bias: &bw,
             out: &mut want,
             width: width as u32,
             n_used: n_used as u32,
+            biased: 0,
             add: 0,
             n: len,
         },
@@ -3217,31 +3262,61 @@ fn id_instances_multiply_the_experts_of_their_window_only() {
     );
 }
 
+/// `biased_glu_by_id` adds each row's expert's gate and up biases, then the gated activation:
+/// the biases added on the host, then each activation's own kernel, bit for bit.
 #[test]
-fn biases_by_id_add_each_rows_experts_bias() {
+fn biased_gated_activations_by_id_match_the_biases_then_the_activation() {
     let mut g = gpu();
-    let (width, rows) = (5usize, BY_ID.len());
-    let x = data(rows * width, 71);
-    let biases = data(EXPERTS * width, 73);
-    let mut bx = g.upload("x", &x).unwrap();
-    let (bb, ids) = (
-        g.upload("b", &biases).unwrap(),
-        g.upload("ids", &BY_ID).unwrap(),
-    );
+    let (width, rows) = (300usize, BY_ID.len());
     let len = (rows * width) as u32;
-    launch(
-        &mut g,
-        &k::add_bias_by_id::Args {
-            x: &mut bx,
-            b: &bb,
-            ids: &ids,
-            width: width as u32,
-            n: len,
-        },
-        k::add_bias_by_id::grid_for(len),
+    let (gate, up) = (data(rows * width, 71), data(rows * width, 72));
+    let (bg, bu) = (data(EXPERTS * width, 73), data(EXPERTS * width, 74));
+    let plus = |x: &[f32], b: &[f32]| -> Vec<f32> {
+        (0..rows * width)
+            .map(|i| x[i] + b[BY_ID[i / width] as usize * width + i % width])
+            .collect::<Vec<f32>>()
+    };
+    let (gate_b, up_b) = (plus(&gate, &bg), plus(&up, &bu));
+    let up_of = |g: &mut Gpu, x: &[f32]| g.upload("x", x).unwrap();
+    let (bgate, bup, bbg, bbu) = (
+        up_of(&mut g, &gate),
+        up_of(&mut g, &up),
+        up_of(&mut g, &bg),
+        up_of(&mut g, &bu),
     );
-    let want: Vec<f32> = (0..rows * width)
-        .map(|i| x[i] + biases[BY_ID[i / width] as usize * width + i % width])
-        .collect();
-    assert!(bits(&read!(g, &bx)) == bits(&want));
+    let (gate_b, up_b) = (up_of(&mut g, &gate_b), up_of(&mut g, &up_b));
+    let ids = g.upload("ids", &BY_ID).unwrap();
+    for mode in [k::GLU_RELU2, k::GLU_SILU, k::GLU_GELU, k::GLU_CLAMPED] {
+        let mut got = g.zeroed::<f32>("got", rows * width).unwrap();
+        launch(
+            &mut g,
+            &k::biased_glu_by_id::Args {
+                gate: &bgate,
+                up: &bup,
+                bg: &bbg,
+                bu: &bbu,
+                ids: &ids,
+                out: &mut got,
+                width: width as u32,
+                mode,
+                n: len,
+            },
+            k::biased_glu_by_id::grid_for(len),
+        );
+        let mut want = g.zeroed::<f32>("want", rows * width).unwrap();
+        let (gate, up, out, n) = (&gate_b, &up_b, &mut want, len);
+        let grid = k::silu_mul::grid_for(len);
+        match mode {
+            k::GLU_RELU2 => launch(&mut g, &k::relu2_mul::Args { gate, up, out, n }, grid),
+            k::GLU_SILU => launch(&mut g, &k::silu_mul::Args { gate, up, out, n }, grid),
+            k::GLU_GELU => launch(&mut g, &k::gelu_mul::Args { gate, up, out, n }, grid),
+            _ => launch(
+                &mut g,
+                &k::swiglu_clamped_mul::Args { gate, up, out, n },
+                grid,
+            ),
+        }
+        let (got, want) = (read!(g, &got), read!(g, &want));
+        assert!(bits(&got) == bits(&want), "mode {mode}");
+    }
 }

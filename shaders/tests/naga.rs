@@ -35,7 +35,7 @@ fn all() -> Vec<Kernel> {
         moe_route,
         gate_grids,
         moe_combine_routed,
-        add_bias_by_id,
+        biased_glu_by_id,
         rms_norm,
         rms_norm_sg,
         rms_norm_heads,

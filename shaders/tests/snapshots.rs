@@ -25,7 +25,7 @@ fn generated_wgsl_is_unchanged() {
         moe_route,
         gate_grids,
         moe_combine_routed,
-        add_bias_by_id,
+        biased_glu_by_id,
         rms_norm,
         rms_norm_sg,
         rms_norm_heads,

@@ -119,11 +119,12 @@ fn a_decoded_layer_launches_what_its_family_needs() {
         // experts), the router's product and routing, one launch a stacked matrix whose rows
         // each pick their expert (gate and up joined, with the activation; down, its input
         // quantized), and the weighted sum added to the residual — 7 beside F16 attention's 4;
-        // more where the file mixes layouts that quantize apart (Qwen3-MoE's Q4_K_M) or adds
-        // biases (gpt-oss).
+        // more where the file mixes layouts that quantize apart (Qwen3-MoE's Q4_K_M) or the
+        // family adds biases (gpt-oss: its router's, and the experts' gate and up apart, their
+        // biases added with the activation, down's with the sum).
         ("tiny-qwen3moe-f16", 11),
         ("tiny-qwen3moe-q4_k_m", 15),
-        ("tiny-gpt-oss-mxfp4", 19),
+        ("tiny-gpt-oss-mxfp4", 16),
     ];
     for (stem, per_layer) in cases {
         let g = Golden::load(stem);
