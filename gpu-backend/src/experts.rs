@@ -227,7 +227,7 @@ fn expert_ffn(
             b.glu(gate, up, m * ff, act, a);
         }
         (Some(_), GateUp::Joined(_)) => {
-            unreachable!("the loader keeps an expert's gate and up apart where it has biases")
+            unreachable!("an expert with biases keeps its gate and up apart (`stack_experts`)")
         }
         (None, w) => b.gate_up(w, xs, m, ff, act, [gate, up], a),
     };
@@ -516,19 +516,15 @@ fn by_id(
     let pairs = n * n_used;
     let mut a = floats(b, ACT, pairs * ff)?;
     let mut ys = floats(b, OUTPUTS, pairs * d)?;
-    let by = |per_input: usize| ById {
-        ids,
-        per_input: per_input as u32,
-    };
     b.state.borrow_mut().quantized = normed;
     match (&stacked.gate_up, &stacked.biases) {
         (GateUp::Joined(m), None) => {
-            matmul_by_id(b, &[m], x, n, by(n_used), &mut [&mut a], glu_mode(act));
+            matmul_by_id(b, &[m], x, n, (ids, n_used), &mut [&mut a], glu_mode(act));
         }
         (GateUp::Apart { gate, up }, biases) => {
             let (mut g, mut u) = (floats(b, GATE, pairs * ff)?, floats(b, UP, pairs * ff)?);
             let outs = &mut [&mut g, &mut u];
-            matmul_by_id(b, &[gate, up], x, n, by(n_used), outs, k::STORE);
+            matmul_by_id(b, &[gate, up], x, n, (ids, n_used), outs, k::STORE);
             match biases {
                 Some([gate_bias, up_bias, _]) => {
                     let len = (pairs * ff) as u32;
@@ -555,7 +551,7 @@ fn by_id(
             keep(b, [(GATE, g), (UP, u)]);
         }
         (GateUp::Joined(_), Some(_)) => {
-            unreachable!("the loader keeps an expert's gate and up apart where it has biases")
+            unreachable!("an expert with biases keeps its gate and up apart (`stack_experts`)")
         }
     }
     matmul_by_id(
@@ -563,7 +559,7 @@ fn by_id(
         &[&stacked.down],
         &a,
         pairs,
-        by(1),
+        (ids, 1),
         &mut [&mut ys],
         k::STORE,
     );
@@ -571,14 +567,6 @@ fn by_id(
     combine(b, mixture, &ys, down_bias, out);
     keep(b, [(ACT, a), (OUTPUTS, ys)]);
     Ok(())
-}
-
-/// Which expert each row of a product of stacked experts multiplies, and how many rows one
-/// input row feeds.
-#[derive(Clone, Copy)]
-struct ById<'a> {
-    ids: &'a GpuBuffer<u32>,
-    per_input: u32,
 }
 
 /// `outs[i]` = the products of the stacked `ws[i]` with `inputs` rows of `x`, row `z` that of
@@ -589,11 +577,11 @@ fn matmul_by_id(
     ws: &[&GpuMatrix],
     x: &GpuBuffer<f32>,
     inputs: usize,
-    by: ById,
+    (ids, per_input): (&GpuBuffer<u32>, usize),
     outs: &mut [&mut GpuBuffer<f32>],
     mode: u32,
 ) {
-    let rows = inputs * by.per_input as usize;
+    let rows = inputs * per_input;
     b.record_product(|st| {
         for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
             if i == 0 || !product::same_input(ws[i - 1], w) {
@@ -602,8 +590,8 @@ fn matmul_by_id(
             let outputs = product::Outputs::ById {
                 out,
                 mode,
-                ids: by.ids,
-                per_input: by.per_input,
+                ids,
+                per_input: per_input as u32,
             };
             product::multiply_into(st, w, x, rows, outputs)?;
         }
