@@ -25,7 +25,10 @@
 #                `golden-values/families.py --bench`, numpy needed) or found; default
 #                /tmp/hesper-bench-gpu
 #   FAMILIES     0: the 2B4T shape only (about 3 minutes); FALCON3=1 adds the Falcon3-3B-shaped
-#                I2_S file (hesper-rs alone: mainline llama.cpp has no I2_S)
+#                I2_S file (hesper-rs alone: mainline llama.cpp has no I2_S); MOE=1 adds two
+#                mixtures of experts beside llama.cpp (`golden-values/families.py --bench-moe`,
+#                llama-quantize needed, about 10 GB of F16 on the way): Qwen3-30B-A3B's layers
+#                cut to 4 (Q4_K_M) and gpt-oss-20b's cut to 2 (MXFP4_MOE)
 #   GPU_DEBS     .deb packages unpacked (into a private folder, not /) when no Vulkan loader is
 #                installed; default benches/gpu-debs
 #   LLAMA_BENCH  llama.cpp's llama-bench built with -DGGML_VULKAN=ON (`-ngl 99`): run on the
@@ -139,11 +142,25 @@ else
       python3 "$root/golden-values/families.py" --bench "$dir" --bench-files "$list" \
         --threads "$(nproc)" $([ -x "$quantizer" ] && echo --quantizer "$quantizer")
     fi
+    if [ "${MOE:-0}" = 1 ]; then
+      if [ -x "$quantizer" ]; then
+        moe=(qwen3moe-a3b-4l-q4_k_m gpt-oss-20b-2l-mxfp4)
+        for m in "${moe[@]}"; do
+          [ -s "$dir/bench-$m.gguf" ] && continue
+          python3 "$root/golden-values/families.py" --bench-moe "$dir" --threads "$(nproc)" \
+            --quantizer "$quantizer"
+          break
+        done
+        files+=("${moe[@]}")
+      else
+        echo "no llama-quantize at $quantizer: the mixtures (MOE=1) are left out" >&2
+      fi
+    fi
     for m in "${files[@]}"; do
       peer=$m
       [ "$m" = falcon3b-i2s ] && peer=
       runs+=("$m|$dir/bench-$m.gguf|$peer")
-      if $cores && [ "$m" != llama1b-f16 ] && [ "$m" != falcon3b-i2s ]; then
+      if $cores && [[ $m == llama1b-q* ]]; then
         runs+=("$m-shader-cores|$dir/bench-$m.gguf|$m|--gpu-matrix-cores off")
       fi
     done

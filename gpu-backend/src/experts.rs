@@ -6,12 +6,13 @@
 //! f32); then one of three ways, the same bits for every row (the products of a row do not
 //! depend on the others, the weights are the same, and the combines add in the same order):
 //!
-//! - **By id** (a step of up to [`k::TOKEN_TILE`] rows, e.g. a decoded token, where the
-//!   experts' matrices stack: [`stack`], at load): each product reads the stack of all the
-//!   experts' matrices, each of its rows picking the rows of its expert from the router's ids
-//!   on the GPU (the `_id` instances of the matrix-vector kernels, llama.cpp's
-//!   `mul_mat_vec_id`): one launch a matrix whatever the count of experts, only the chosen
-//!   experts' weights read, nothing waited for; `moe_combine` adds them up.
+//! - **By id** (a decoded token, or a step whose rows make no more choices than the layer has
+//!   experts: [`by_id_pays`]; where the experts' matrices stack: [`stack`], at load): each
+//!   product reads the stack of all the experts' matrices, each of its rows picking the rows
+//!   of its expert from the router's ids on the GPU (the `_id` instances of the matrix-vector
+//!   kernels, llama.cpp's `mul_mat_vec_id`): one launch a matrix whatever the count of
+//!   experts, only the chosen experts' weights read, nothing waited for; `moe_combine` adds
+//!   them up.
 //! - **Gated on the GPU** (a browser's longer steps; natively a short step of a layer of at
 //!   most [`GATED_EXPERTS`] experts that did not stack, or every step by
 //!   [`crate::GpuBackend::set_experts_routed_on_gpu`]): every
@@ -20,8 +21,8 @@
 //!   experts no row chose, so their matrices are never read and nothing waits for the host;
 //!   `moe_combine_routed` picks each row's outputs by id. The weights are read once per tile of
 //!   rows anyway, so up to a tile this reads what the gathered products read.
-//! - **Gathered on the host** (natively, a longer step, e.g. a prefill): the chosen ids are read back
-//!   (a wait for the GPU once a layer and step, which a browser cannot do inside a step), each
+//! - **Gathered on the host** (natively, a longer step, e.g. a prefill): the chosen ids are read
+//!   back (a wait for the GPU once a layer and step, which a browser cannot do inside a step), each
 //!   chosen expert's rows gathered and multiplied by its matrices once for all of them (its
 //!   tiled kernels reading each weight once per tile of its rows), and `moe_combine` adds them
 //!   up.
@@ -189,7 +190,7 @@ fn route(
     normed: Option<Quantized>,
 ) -> Result<(), BackendError> {
     if let Some(stacked) = &mixture.moe.stacked {
-        if mixture.n <= k::TOKEN_TILE as usize {
+        if by_id_pays(mixture.n, mixture.routing) {
             return by_id(b, stacked, mixture, out, normed);
         }
     }
@@ -202,6 +203,17 @@ fn route(
         }
     }
     routed_on_gpu(b, mixture, out)
+}
+
+/// Whether a step of `n` rows multiplies its chosen experts by id ([`by_id`]): a decode tile
+/// of rows, or as many as make no more (row, choice) pairs than the layer has experts (16
+/// rows of Qwen3-30B-A3B's 128 choosing 8, 8 of gpt-oss-20b's 32 choosing 4). By id reads an
+/// expert's weights once a pair; gathering the rows reads each chosen expert once, on average
+/// `n_expert·(1 − (1 − 1/n_expert)^pairs)` of them, at least 63 % of the pairs while there are
+/// no more pairs than experts — so by id reads at most 1.6 times the weights, waits for no
+/// read-back, and launches each matrix once where gathering launches it once a chosen expert.
+fn by_id_pays(n: usize, routing: &Experts) -> bool {
+    n <= k::TOKEN_TILE as usize || n * routing.n_used <= routing.n_expert
 }
 
 /// `expert`'s FFN of `m` rows of `xs` into `y` (`m` rows of the model's width), through the
@@ -495,7 +507,7 @@ fn combine(
     });
 }
 
-/// The chosen experts of a step of up to [`k::TOKEN_TILE`] rows multiplied through the
+/// The chosen experts of a step of a few rows ([`by_id_pays`]) multiplied through the
 /// stacks ([`Moe::stacked`]), each product's rows picking their expert from `ids`: one launch
 /// a matrix whatever the layer's count of experts, reading only the chosen experts' rows and
 /// nothing back. Row `t·n_used + rank` of each product is row `t`'s with its rank-th expert,
@@ -570,33 +582,17 @@ fn by_id(
 }
 
 /// `outs[i]` = the products of the stacked `ws[i]` with `inputs` rows of `x`, row `z` that of
-/// expert `ids[z]` with input row `z / per_input`, written as `mode` says; `x` quantized once
-/// for every matrix that reads it the same way.
+/// expert `ids[z]` with input row `z / per_input`, written as `mode` says.
 fn matmul_by_id(
     b: &GpuBackend,
     ws: &[&GpuMatrix],
     x: &GpuBuffer<f32>,
     inputs: usize,
-    (ids, per_input): (&GpuBuffer<u32>, usize),
+    by_id: (&GpuBuffer<u32>, usize),
     outs: &mut [&mut GpuBuffer<f32>],
     mode: u32,
 ) {
-    let rows = inputs * per_input;
-    b.record_product(|st| {
-        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
-            if i == 0 || !product::same_input(ws[i - 1], w) {
-                product::quantize(st, w, x, inputs)?;
-            }
-            let outputs = product::Outputs::ById {
-                out,
-                mode,
-                ids,
-                per_input: per_input as u32,
-            };
-            product::multiply_into(st, w, x, rows, outputs)?;
-        }
-        Ok(())
-    });
+    b.record_product(|st| product::multiply_each(st, ws, x, inputs, outs, mode, Some(by_id)));
 }
 
 /// Every expert recorded behind a gate over all `n` rows, launched where a row chose it

@@ -511,11 +511,10 @@ impl GpuBackend {
     }
 
     /// Routes every step's mixture of experts on the GPU when `on`, as a browser always
-    /// does (steps of more than [`k::TOKEN_TILE`] rows gated expert by expert); by default
-    /// (natively) only steps of up to [`k::TOKEN_TILE`] rows are (by id, or gated where a
-    /// layer's experts did not stack), and another step's routing is read back once a layer
-    /// so that its rows are gathered by expert. All give the same bits for every row
-    /// (`experts.rs`).
+    /// does (steps too long to multiply by id gated expert by expert); by default (natively)
+    /// only steps of a few rows are (by id, or gated where a layer's experts did not stack),
+    /// and another step's routing is read back once a layer so that its rows are gathered by
+    /// expert. All give the same bits for every row (`experts.rs`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn set_experts_routed_on_gpu(&self, on: bool) {
         self.state.borrow_mut().route_on_gpu = on;
@@ -1415,15 +1414,7 @@ impl Backend for GpuBackend {
         n: usize,
         outs: &mut [&mut GpuBuffer<f32>],
     ) {
-        self.record_product(|st| {
-            for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
-                if i == 0 || !product::same_input(ws[i - 1], w) {
-                    product::quantize(st, w, x, n)?;
-                }
-                product::multiply(st, w, x, n, out, k::STORE)?;
-            }
-            Ok(())
-        });
+        self.record_product(|st| product::multiply_each(st, ws, x, n, outs, k::STORE, None));
     }
 
     /// The residual add fused into the product's output stage.

@@ -195,6 +195,39 @@ pub enum Outputs<'a> {
     },
 }
 
+/// Each `ws[i]` times `x`'s `inputs` rows into `outs[i]`, written as `mode` says; `x`
+/// quantized once for every run of matrices that read it the same way. With `by_id` (the
+/// experts' ids and the output rows an input row feeds) the matrices are stacked experts
+/// ([`Outputs::ById`]); without, output row `z` is input row `z`'s product.
+pub fn multiply_each(
+    st: &mut State,
+    ws: &[&GpuMatrix],
+    x: &GpuBuffer<f32>,
+    inputs: usize,
+    outs: &mut [&mut GpuBuffer<f32>],
+    mode: u32,
+    by_id: Option<(&GpuBuffer<u32>, usize)>,
+) -> Result<(), GpuError> {
+    for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+        if i == 0 || !same_input(ws[i - 1], w) {
+            quantize(st, w, x, inputs)?;
+        }
+        match by_id {
+            Some((ids, per_input)) => {
+                let outputs = Outputs::ById {
+                    out,
+                    mode,
+                    ids,
+                    per_input: per_input as u32,
+                };
+                multiply_into(st, w, x, inputs * per_input, outputs)?;
+            }
+            None => multiply(st, w, x, inputs, out, mode)?,
+        }
+    }
+    Ok(())
+}
+
 /// Runs `w`'s kernel over each of its windows on the activations [`quantize`] left (or `x`
 /// for float layouts), writing `out` as `mode` says.
 pub fn multiply(

@@ -879,6 +879,44 @@ mod gpu {
         }
     }
 
+    /// A step of more rows than a decode tile whose rows make no more choices than the layer
+    /// has experts multiplies them by id (Qwen3 MoE's layers made to choose one of their 8
+    /// experts: steps of 8 rows): nothing read back (a submit a step, the logits'), the bits
+    /// of the rows gathered by expert and of a token a step.
+    #[test]
+    fn a_step_of_as_many_choices_as_experts_multiplies_them_by_id() {
+        use hesper_engine::gguf::Value;
+        for stem in ["tiny-qwen3moe-f16", "tiny-qwen3moe-q4_k_m"] {
+            let one = Some(Value::U32(1));
+            let model = gpu_model(&with_key(stem, "qwen3moe.expert_used_count", one), None);
+            model.backend.set_flush_dispatches(usize::MAX);
+            let g = Golden::load(stem);
+            let tokens = &g.sequences.last().expect("a sequence").tokens;
+            let before = model.backend.stats().submits;
+            let by_id = logits_all(&model, tokens, 8);
+            let steps = tokens.len().div_ceil(8) as u64;
+            let submits = model.backend.stats().submits - before;
+            assert_eq!(
+                submits, steps,
+                "{stem}: submits of {steps} steps of up to 8 rows"
+            );
+            let gathered = logits_all(&model, tokens, 64);
+            let decoded = logits_all(&model, tokens, 1);
+            let (h, d) = (
+                max_abs_diff(&gathered, &by_id),
+                max_abs_diff(&decoded, &by_id),
+            );
+            assert!(
+                gathered == by_id,
+                "{stem}: against rows gathered max|Δ| {h}"
+            );
+            assert!(
+                decoded == by_id,
+                "{stem}: against a token a step max|Δ| {d}"
+            );
+        }
+    }
+
     #[test]
     fn families_match_every_layer_with_teacher_forcing_on_the_gpu() {
         for stem in on_gpu() {
