@@ -263,16 +263,18 @@ fn assert_same_bits(parts: &[f32], whole: &[f32], flush: usize) {
     );
 }
 
-/// A mixture routed on the GPU (each expert's launches behind a gate whose grids the host writes
-/// after recording them, and the layer's input quantized once for every expert) submitted in
-/// parts: the same logits as in one submit, wherever a part ends.
+/// A mixture submitted in parts gives the logits of one submit, wherever a part ends: a prompt
+/// routed on the GPU as the page routes it (each expert's launches behind a gate whose grids the
+/// host writes after recording them, the layer's input quantized once for every expert), then
+/// tokens decoded by id.
 #[test]
 fn a_mixture_submitted_in_parts_gives_the_logits_of_one_submit() {
     let file = Golden::load("tiny-qwen3moe-f16").file();
-    // Four rows: a step short enough to be routed on the GPU natively.
-    let prompt = [1u32, 5, 9, 14];
+    // Eight rows choosing 2 of 8 experts each: more choices than experts, so not by id.
+    let prompt = [1u32, 5, 9, 14, 2, 7, 3, 8];
     let run = |flush: usize| {
         let model = gpu_model(&file, None);
+        model.backend.set_experts_routed_on_gpu(true);
         model.backend.set_flush_dispatches(flush);
         let mut s = model.new_session(16, 8).expect("session");
         let mut logits = model.eval(&mut s, &prompt, Logits::All).expect("prefill");
