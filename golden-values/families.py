@@ -71,8 +71,10 @@ Steps (positional; default both):
              tiny-mistral-q4_k_m (untied: a Q4_K token_embd, a Q6_K output.weight), and
              tiny-qwen3moe-f16 into tiny-qwen3moe-q4_k_m (stacked Q4_K and Q6_K experts, Q8_0
              attn_v and Q5_K attn_output as llama.cpp mixes a mixture of experts, the router
-             kept F32), and tiny-gpt-oss-f16 into tiny-gpt-oss-mxfp4 (MXFP4_MOE, as gpt-oss is
-             published: MXFP4 experts, Q8_0 for the other matrices)
+             kept F32), tiny-gpt-oss-f16 into tiny-gpt-oss-mxfp4 (MXFP4_MOE, as gpt-oss is
+             published: MXFP4 experts, Q8_0 for the other matrices), and tiny-falcon3-f16 into
+             tiny-falcon3-q4_k_m (K-quants under heads of 256: a head's output is one Q8_K
+             block)
   llama    Run llama.cpp (generate.py's LlamaCpp: CPU, flash attention off, F32 KV cache, one
            ubatch) on each model but the I2_S one and the three token sequences of
            generate.py (a SentencePiece model also SPM_TEXT as llama.cpp tokenizes it); write
@@ -266,7 +268,10 @@ class Quantized:
     def hp(self) -> HParams:
         return self.source.hp
 
-    activation = "silu"
+    @property
+    def activation(self) -> str:
+        return self.source.activation
+
     spm = False
 
 
@@ -282,6 +287,8 @@ QUANTIZED = [
     Quantized("tiny-qwen3moe-q4_k_m", FAMILIES[8], 15, "q8_k"),
     # gpt-oss as published: MXFP4 experts (MXFP4_MOE), Q8_0 for every other matrix
     Quantized("tiny-gpt-oss-mxfp4", FAMILIES[13], 38, "q8_0"),
+    # Falcon3's Q4_K_M: heads of 256, each one Q8_K block of attention's output
+    Quantized("tiny-falcon3-q4_k_m", FAMILIES[3], 15, "q8_k"),
 ]
 
 

@@ -179,10 +179,10 @@ pub const FAMILIES: &[&str] = &[
 ];
 
 /// Golden models made by llama.cpp's own quantizer from `tiny-llama-f16`, `tiny-mistral-f32`,
-/// `tiny-gpt-oss-f16` and `tiny-qwen3moe-f16` (golden-values/families.py): the file types people
-/// download — Q4_0, Q4_K_M, Q5_K_M, Q6_K, BF16, an untied Q4_K_M (a Q4_K embedding), gpt-oss's
-/// MXFP4 experts beside Q8_0 matrices, and a mixture's Q4_K_M (Q4_K and Q6_K experts) — with
-/// llama.cpp's logits for them.
+/// `tiny-gpt-oss-f16`, `tiny-qwen3moe-f16` and `tiny-falcon3-f16` (golden-values/families.py):
+/// the file types people download — Q4_0, Q4_K_M, Q5_K_M, Q6_K, BF16, an untied Q4_K_M (a Q4_K
+/// embedding), gpt-oss's MXFP4 experts beside Q8_0 matrices, a mixture's Q4_K_M (Q4_K and Q6_K
+/// experts) and a Q4_K_M with heads of 256 (Falcon3's) — with llama.cpp's logits for them.
 pub const QUANTS: &[&str] = &[
     "tiny-llama-q4_0",
     "tiny-llama-q4_k_m",
@@ -192,6 +192,7 @@ pub const QUANTS: &[&str] = &[
     "tiny-mistral-q4_k_m",
     "tiny-gpt-oss-mxfp4",
     "tiny-qwen3moe-q4_k_m",
+    "tiny-falcon3-q4_k_m",
 ];
 
 /// The instruction sets to test on this machine: the scalar reference and the best SIMD one.
