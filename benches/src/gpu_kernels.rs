@@ -171,7 +171,7 @@ fn run() -> Result<(), GpuError> {
                 4 * words + rows * blocks * 8,
                 |b, g| {
                     one_token!(b, g, matvec_kq, rows, cols, blocks;
-                        w: &w, wd: &wd, q: &q, d: &d, ids: &w, per_input: 1, expert0: 0, experts: 0,
+                        w: &w, wd: &wd, q: &q, d: &d, d_at: 0, ids: &w, per_input: 1, expert0: 0, experts: 0,
                         high: high as u32, sub: sub as u32, offset: offset)
                 },
             )?;

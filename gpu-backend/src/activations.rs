@@ -16,9 +16,10 @@ pub(crate) struct Activations {
     pub(crate) act_scale: GpuBuffer<f32>,
     /// The activations of an F16 product as halves, two to a word (`pack_f16`).
     pub(crate) halves: GpuBuffer<u32>,
-    /// Where Q8_0 blocks' scales lie in `packed.0` (the word past their codes) when one
-    /// kernel wrote both there (a decoded token's attention, `rope_attention`), instead of in
-    /// `act_scale`; every reservation for a quantizer clears it.
+    /// Where the blocks' scales lie in the codes' buffer (the word past the codes: `packed.0`
+    /// for Q8_0 blocks, `q` for Q8_K) when one kernel wrote both there (a decoded token's
+    /// attention, `rope_attention`), instead of in `act_scale`; every reservation for a
+    /// quantizer clears it.
     pub(crate) scales_in_codes: Option<u32>,
 }
 
@@ -66,6 +67,23 @@ impl Activations {
         let words = codes + n * cols / 32;
         if self.packed.0.len() < words {
             self.packed.0 = gpu.zeroed("packed activations", words.next_power_of_two())?;
+        }
+        self.scales_in_codes = Some(codes as u32);
+        Ok(())
+    }
+
+    /// Makes `q` hold `n` rows of `cols` Q8_K codes and, past them, the blocks' scales (`cols`
+    /// a multiple of 256), and says the scales lie there.
+    pub(crate) fn reserve_q8k_with_scales(
+        &mut self,
+        gpu: &Gpu,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        let codes = n * cols;
+        let words = codes + n * cols / 256;
+        if self.q.len() < words {
+            self.q = gpu.zeroed("activation codes", words.next_power_of_two())?;
         }
         self.scales_in_codes = Some(codes as u32);
         Ok(())

@@ -2172,7 +2172,10 @@ fn attention_form(next: &GpuMatrix, shape: &AttentionShape, packed_dot: bool) ->
     let whole = match form {
         Form::Halves => head.is_multiple_of(2),
         Form::Q8_0 => head.is_multiple_of(32),
-        Form::I8Packed | Form::Q8K => false,
+        // A head of 256 is one Q8_K block (the kernel's heads are at most 256 wide); the TQ
+        // kernels read their scales apart.
+        Form::Q8K => head == 256 && matches!(next.kind, Kind::Kq { .. }),
+        Form::I8Packed => false,
     };
     (whole && next.desc.cols == shape.n_head * head).then_some(form)
 }
@@ -2202,13 +2205,17 @@ fn rope_attend(
         shape,
     } = step;
     let cols = shape.n_head * shape.head_dim;
-    // Where the kernel writes: the outputs as floats, or the product's halves or Q8_0 blocks
-    // in the activation scratch, with the scales past the codes.
+    // Where the kernel writes: the outputs as floats, or the product's halves, Q8_0 or Q8_K
+    // blocks in the activation scratch, with the scales past the codes.
     let (code, scales_at, written) = match form {
         None => (k::OUT_F32, 0, 4 * n * cols),
         Some(Form::Halves) => {
             st.reserve_halves(n * cols / 2)?;
             (k::OUT_HALVES, 0, 2 * n * cols)
+        }
+        Some(Form::Q8K) => {
+            st.act.reserve_q8k_with_scales(&st.gpu, n, cols)?;
+            (k::OUT_Q8_K, n * cols, 4 * n * cols + n * cols / 64)
         }
         Some(_) => {
             st.act.reserve_q8_0_with_scales(&st.gpu, n, cols)?;
@@ -2272,6 +2279,7 @@ fn rope_attend(
     };
     match form {
         Form::Halves => run(&mut act.halves)?,
+        Form::Q8K => act.q.as_elements_mut(run)?,
         _ => run(&mut act.packed.0)?,
     }
     // The output projection reads them as `pack_f16` or `quantize_q8_0` would have left them.

@@ -568,20 +568,42 @@ pub fn multiply_into(
                     offset: offset,
                 }
             ),
-            Kind::Kq { sub, high, offset } => launch!(
-                ids: matvec_kq
-                    | matvec_kq_wide
-                    | matvec_kq_id
-                    | matvec_kq_gemm if *packed_dot; {
-                        w: &win.data,
-                        wd: win.scales(&w.desc.name)?,
-                        q: q,
-                        d: act_scale,
-                        sub: sub,
-                        high: high,
-                        offset: offset,
-                    }
-            ),
+            Kind::Kq { sub, high, offset } if tiled && *packed_dot && scales_in_codes.is_none() => {
+                launch!(@tiled matvec_kq_gemm {
+                    w: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: q,
+                    d: act_scale,
+                    sub: sub,
+                    high: high,
+                    offset: offset,
+                    lanes: lanes,
+                })
+            }
+            // The scales are `act_scale`'s, or `q`'s past the codes where a decoded token's
+            // attention wrote both there (bound twice, as for Q8_0 above).
+            Kind::Kq { sub, high, offset } => {
+                let wd = win.scales(&w.desc.name)?;
+                let mut run = |d: &GpuBuffer<f32>, d_at: u32| -> Result<(), GpuError> {
+                    launch!(
+                        ids: matvec_kq | matvec_kq_wide | matvec_kq_id {
+                            w: &win.data,
+                            wd: wd,
+                            q: &*q,
+                            d: d,
+                            d_at: d_at,
+                            sub: sub,
+                            high: high,
+                            offset: offset,
+                        }
+                    );
+                    Ok(())
+                };
+                match *scales_in_codes {
+                    Some(at) => q.as_elements(|d| run(d, at))?,
+                    None => run(act_scale, 0)?,
+                }
+            }
             // The float layouts' tiled kernels multiply floats, on any adapter.
             Kind::F32 => {
                 launch!(matvec_f32 | matvec_f32_wide | matvec_f32_gemm { w: &win.data, x: x })

@@ -9,7 +9,7 @@ use hesper_dsl::{kernel, kernel_fn};
 
 use crate::half::f16_bits;
 use crate::norm::head_squares;
-use crate::quantize::q8_0_code;
+use crate::quantize::{q8_0_code, q8k_code, q8k_scale};
 use crate::reduce::tree_max;
 
 /// [`rope_attention`]'s `form`: the outputs as f32 bits.
@@ -18,6 +18,9 @@ pub const OUT_F32: u32 = 0;
 pub const OUT_HALVES: u32 = 1;
 /// [`rope_attention`]'s `form`: the outputs as ggml Q8_0 blocks, codes then scales.
 pub const OUT_Q8_0: u32 = 2;
+/// [`rope_attention`]'s `form`: the outputs as ggml Q8_K blocks (heads of 256), codes then
+/// scales.
+pub const OUT_Q8_K: u32 = 3;
 
 /// The dot product of the query in `qs` with the cached key at word offset `kb` of `k_cache`
 /// (f32 bits, or two f16 a word where `f16` is set), dimensions in order: how both attention
@@ -281,7 +284,10 @@ pub fn attention(
 /// for an F16 product ([`OUT_HALVES`]); or ([`OUT_Q8_0`], `head_dim` a multiple of 32, so a
 /// head holds whole blocks) as [`quantize_q8_0`](crate::quantize_q8_0) leaves them for a Q8_0
 /// product — four codes a word from word 0, each block's scale as f32 bits from word
-/// `scales_at` — one dispatch instead of two, the same bits.
+/// `scales_at`; or ([`OUT_Q8_K`], heads of 256, each one block) as
+/// [`quantize_q8k`](crate::quantize_q8k) leaves them for a K-quant product — a code a word
+/// from word 0, each block's scale as f32 bits from word `scales_at` — one dispatch instead of
+/// two, the same bits.
 ///
 /// `layer_params` holds the layer's parts that are set, in this order: each query head's
 /// attention sink (`sinks`), the query heads' norm gains then the key heads' (`norm`,
@@ -292,6 +298,8 @@ pub fn attention(
         tree_max,
         f16_bits,
         q8_0_code,
+        q8k_code,
+        q8k_scale,
         cached_key_dot,
         cached_value,
         head_squares
@@ -578,6 +586,21 @@ pub fn rope_attention(
         if 2u32 * t < head_dim {
             out[q_off / 2u32 + t] =
                 f16_bits(qs[2u32 * t]) | (f16_bits(qs[2u32 * t + 1u32]) << 16u32);
+        }
+    } else if form == 3u32 {
+        // OUT_Q8_K, the head one block: every thread finds the signed value of the largest
+        // magnitude, the first on ties (as `q8k_block_max`'s tree does), and writes codes `t`
+        // and `t + 128`; thread 0 the block's scale.
+        let mut max: f32 = 0.0;
+        for e in 0u32..256u32 {
+            if qs[e].abs() > max.abs() {
+                max = qs[e];
+            }
+        }
+        out[q_off + t] = q8k_code(qs[t], max) as u32;
+        out[q_off + t + 128u32] = q8k_code(qs[t + 128u32], max) as u32;
+        if t == 0u32 {
+            out[scales_at + q_off / 256u32] = f32_to_bits(q8k_scale(max));
         }
     } else if 4u32 * t < head_dim {
         // OUT_Q8_0. Thread `t` writes word `t` of the head: codes `4t .. 4t + 4` of block

@@ -39,7 +39,9 @@ pub fn kq_min(word: u32, s: u32) -> i32 {
 /// `sumi = Σ_s scale_s · Σ code·q` and `summ = Σ_s min_s · Σ q`, then
 /// `acc += (d·d_act)·sumi − (dmin·d_act)·summ`, as the CPU's scalar kernels do. Lane `l` sums
 /// blocks `l, l + lanes, …` and the lanes' sums are added in lane order ([`row_fold`]), the
-/// order the tiled kernel follows.
+/// order the tiled kernel follows. The activations' scales are read from element `d_at` of `d`
+/// on: 0 where a quantizer wrote them apart, past the codes where a decoded token's attention
+/// wrote both into the codes' buffer ([`crate::OUT_Q8_K`]), bound again as `d`.
 #[kernel(
     workgroup = 64,
     uses(
@@ -81,6 +83,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32, const IDS: u32>(
     #[uniform] per_input: u32,
     #[uniform] expert0: u32,
     #[uniform] experts: u32,
+    #[uniform] d_at: u32,
     #[shared] acc: &mut [f32; 64 * TILE],
 ) {
     let t = lid();
@@ -169,7 +172,7 @@ pub fn matvec_kq<const TILE: u32, const ROWS: u32, const IDS: u32>(
             let dm = wd[2u32 * (rr[m] * blocks + blk) + 1u32];
             for j in 0..TILE {
                 if t0 + j < n {
-                    let da = d[(a0 + j) * blocks + blk];
+                    let da = d[d_at + (a0 + j) * blocks + blk];
                     f[m * TILE + j] += (dw * da) * (si[m * TILE + j] as f32)
                         - (dm * da) * (sm[m * TILE + j] as f32);
                 }

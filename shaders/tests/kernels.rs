@@ -1601,7 +1601,7 @@ fn matvec_kq_matches_its_layouts_definition() {
             |g, out, p| {
                 launch_matrix!(g, out, p, out_scale;
                 matvec_kq | matvec_kq_wide {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, d_at: 0, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
                     high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
                 })
             },
@@ -1635,7 +1635,7 @@ fn tiled_kq_kernel_gives_the_matrix_vector_kernels_bits() {
             |g, out, p| {
                 launch_matrix!(g, out, p, out_scale;
                 matvec_kq | matvec_kq_wide {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, d_at: 0, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
                     high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset
                 })
             },
@@ -3170,13 +3170,13 @@ fn id_instances_multiply_each_row_by_its_experts_rows() {
             cols,
             |g, out, p| {
                 launch_matrix!(@one g, out, p, 1.25; matvec_kq {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, d_at: 0, ids: &c.w, per_input: 1, expert0: 0, experts: 0,
                     high: high, sub: sub, offset: offset
                 })
             },
             |g, out, p| {
                 launch_matrix!(@one g, out, p, 1.25; matvec_kq_id {
-                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32,
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, d_at: 0, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32,
                     high: high, sub: sub, offset: offset
                 })
             },

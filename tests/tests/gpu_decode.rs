@@ -107,7 +107,17 @@ fn a_decoded_layer_launches_what_its_family_needs() {
     // A decoded token's layers alone (what `bench --backend gpu` counts a layer): BF16 7
     // (its products round their input), F16 and the Q8_0 family 8 (attention leaves the
     // halves or blocks its output projection reads), the K-quants, TQ and BitNet 9 (a Q8_K
-    // block or an I2_S scale spans heads, so attention's output is quantized apart).
+    // block or an I2_S scale spans heads of 64 or 128, so attention's output is quantized
+    // apart).
+    let launched = |stem: &str| {
+        let g = Golden::load(stem);
+        let model = gpu_model(&g.file(), None);
+        let mut s = model.new_session(1, 1).expect("session");
+        let x = model.embed(&mut s, &[1]).expect("embed");
+        let d0 = model.backend.stats().dispatches;
+        model.forward_hidden(&mut s, &x).expect("layers");
+        (model.backend.stats().dispatches - d0, g.n_layer as u64)
+    };
     let cases = [
         ("tiny-llama-bf16", 7),
         ("tiny-qwen3-f16", 8),
@@ -127,15 +137,16 @@ fn a_decoded_layer_launches_what_its_family_needs() {
         ("tiny-gpt-oss-mxfp4", 16),
     ];
     for (stem, per_layer) in cases {
-        let g = Golden::load(stem);
-        let model = gpu_model(&g.file(), None);
-        let mut s = model.new_session(1, 1).expect("session");
-        let x = model.embed(&mut s, &[1]).expect("embed");
-        let d0 = model.backend.stats().dispatches;
-        model.forward_hidden(&mut s, &x).expect("layers");
-        let launched = model.backend.stats().dispatches - d0;
-        assert_eq!(launched, per_layer * g.n_layer as u64, "{stem}: dispatches");
+        let (n, layers) = launched(stem);
+        assert_eq!(n, per_layer * layers, "{stem}: dispatches");
     }
+    // Heads of 256 (Falcon3's) are one Q8_K block each: attention leaves the blocks a K-quant
+    // output projection reads, 8 a layer (9 in layer 1, whose Q6_K V is a product apart).
+    assert_eq!(
+        launched("tiny-falcon3-q4_k_m"),
+        (8 + 9, 2),
+        "tiny-falcon3-q4_k_m"
+    );
 }
 
 #[test]
