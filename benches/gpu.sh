@@ -145,12 +145,10 @@ else
     if [ "${MOE:-0}" = 1 ]; then
       if [ -x "$quantizer" ]; then
         moe=(qwen3moe-a3b-4l-q4_k_m gpt-oss-20b-2l-mxfp4)
-        for m in "${moe[@]}"; do
-          [ -s "$dir/bench-$m.gguf" ] && continue
+        if [ ! -s "$dir/bench-${moe[0]}.gguf" ] || [ ! -s "$dir/bench-${moe[1]}.gguf" ]; then
           python3 "$root/golden-values/families.py" --bench-moe "$dir" --threads "$(nproc)" \
             --quantizer "$quantizer"
-          break
-        done
+        fi
         files+=("${moe[@]}")
       else
         echo "no llama-quantize at $quantizer: the mixtures (MOE=1) are left out" >&2
