@@ -3,7 +3,7 @@
 //! its down product (and bias), then every row's outputs weighted and added in the order of
 //! its choice. `moe_route` chooses each row's experts and weights on the GPU from the router's
 //! logits (the definition of [`hesper_engine::config::Experts::route`], its softmax summed in
-//! f32); then one of three ways, the same bits for every row (the products of a row do not
+//! f32); then one of four ways, the same bits for every row (the products of a row do not
 //! depend on the others, the weights are the same, and the combines add in the same order):
 //!
 //! - **By id** (a decoded token, or a step whose rows make no more choices than the layer has
@@ -13,15 +13,25 @@
 //!   kernels, llama.cpp's `mul_mat_vec_id`): one launch a matrix whatever the count of
 //!   experts, only the chosen experts' weights read, nothing waited for; `moe_combine` adds
 //!   them up.
-//! - **Gated on the GPU** (a browser's longer steps; natively a short step of a layer of at
-//!   most [`GATED_EXPERTS`] experts that did not stack, or every step by
+//! - **Grouped on the GPU** (a longer step whose experts stacked in a layout with a tiled `_id`
+//!   instance, [`product::groups`]: the K-quants, Q8_0, Q4_0 and MXFP4): `moe_group` sorts the
+//!   step's (row, choice) pairs by expert into slots, each expert's run padded to whole tiles
+//!   of the tiled kernels, and each product runs once over the slots, every tile reading its
+//!   expert's weights once (the tiled kernels' `_id` instances: a tile's expert from the
+//!   tables); `moe_combine` reads each pair's output at its slot. One launch a matrix, nothing
+//!   waited for, each chosen expert's weights read once per 64 of its pairs (its run's
+//!   padding costs arithmetic, not reads: a GPU is to measure where by id or gathering would
+//!   be faster for a step of few pairs an expert).
+//! - **Gated on the GPU** (a browser's longer steps of other layouts; natively a short step of
+//!   a layer of at most [`GATED_EXPERTS`] experts that did not stack, or every step by
 //!   [`crate::GpuBackend::set_experts_routed_on_gpu`]): every
 //!   expert's launches are recorded over all the step's rows behind a gate (indirect
 //!   dispatches, [`hesper_gpu::Batch::open_gate`]) whose grids `gate_grids` zeroes for the
 //!   experts no row chose, so their matrices are never read and nothing waits for the host;
 //!   `moe_combine_routed` picks each row's outputs by id. The weights are read once per tile of
 //!   rows anyway, so up to a tile this reads what the gathered products read.
-//! - **Gathered on the host** (natively, a longer step, e.g. a prefill): the chosen ids are read
+//! - **Gathered on the host** (natively, a longer step, e.g. a prefill, of experts that do not
+//!   group: F16, BF16, or experts that did not stack): the chosen ids are read
 //!   back (a wait for the GPU once a layer and step, which a browser cannot do inside a step), each
 //!   chosen expert's rows gathered and multiplied by its matrices once for all of them (its
 //!   tiled kernels reading each weight once per tile of its rows), and `moe_combine` adds them
@@ -34,7 +44,7 @@ use hesper_engine::config::{Activation, Experts};
 use hesper_gpu::GpuBuffer;
 use hesper_shaders as k;
 
-use crate::product::{self, glu_mode};
+use crate::product::{self, glu_mode, Grouped, Picks};
 use crate::shared_input::SharedInput;
 use crate::{device_error, GpuBackend, GpuMatrix, Quantized};
 
@@ -129,10 +139,16 @@ pub fn moe_ffn(
     if let Some(bias) = &moe.router_bias {
         b.add_bias(&mut logits, bias, n);
     }
+    // A longer step of experts that group on the GPU: the slots of its pairs.
+    let pairs = n * n_used;
+    let grouped = moe
+        .stacked
+        .as_ref()
+        .filter(|s| !by_id_pays(n, routing) && groups(b, s, routing));
+    let slots = grouped.map(|_| slots(pairs, n_expert));
     let held = b.state.borrow_mut().moe_pool.ids.take();
-    let mut ids = words(held, n * n_used, || {
-        b.state.borrow().gpu.zeroed("expert ids", n * n_used)
-    })?;
+    let len = id_words(pairs, slots);
+    let mut ids = words(held, len, || b.state.borrow().gpu.zeroed("expert ids", len))?;
     let mut w = floats(b, WEIGHTS, n * n_used)?;
     b.record(|st| {
         st.batch.run(
@@ -150,6 +166,7 @@ pub fn moe_ffn(
             k::moe_route::grid_for(n as u32),
         )
     });
+    let tables = slots.map(|slots| group(b, &mut ids, n_expert, pairs, slots));
     let mixture = Mixture {
         moe,
         routing,
@@ -160,7 +177,7 @@ pub fn moe_ffn(
         w: &w,
         add,
     };
-    let done = route(b, mixture, out, normed);
+    let done = route(b, mixture, out, normed, tables);
     keep(b, [(LOGITS, logits), (WEIGHTS, w)]);
     b.state.borrow_mut().moe_pool.ids = Some(ids);
     done
@@ -181,17 +198,19 @@ struct Mixture<'a> {
     add: bool,
 }
 
-/// The experts a mixture's rows chose, over those rows into `out`: by id, gathered on the host
-/// or gated on the GPU, as [`moe_ffn`] says (`normed`: what the FFN's norm quantized).
+/// The experts a mixture's rows chose, over those rows into `out`: by id (of the rows, or of
+/// the slots `tables` grouped), gathered on the host or gated on the GPU, as [`moe_ffn`] says
+/// (`normed`: what the FFN's norm quantized).
 fn route(
     b: &GpuBackend,
     mixture: Mixture,
     out: &mut GpuBuffer<f32>,
     normed: Option<Quantized>,
+    tables: Option<Grouped>,
 ) -> Result<(), BackendError> {
     if let Some(stacked) = &mixture.moe.stacked {
-        if by_id_pays(mixture.n, mixture.routing) {
-            return by_id(b, stacked, mixture, out, normed);
+        if tables.is_some() || by_id_pays(mixture.n, mixture.routing) {
+            return by_id(b, stacked, mixture, out, normed, tables);
         }
     }
     #[cfg(not(target_arch = "wasm32"))]
@@ -214,6 +233,65 @@ fn route(
 /// read-back, and launches each matrix once where gathering launches it once a chosen expert.
 fn by_id_pays(n: usize, routing: &Experts) -> bool {
     n <= k::TOKEN_TILE as usize || n * routing.n_used <= routing.n_expert
+}
+
+/// Whether a longer step's pairs are grouped by expert on the GPU ([`group`]): every stacked
+/// matrix has a tiled `_id` instance ([`product::groups`]), `moe_group` takes the layer's
+/// count of experts, and the step is not set to be gated ([`GpuBackend::set_experts_routed_on_gpu`],
+/// natively).
+fn groups(b: &GpuBackend, stacked: &Expert<GpuMatrix, GpuBuffer<f32>>, routing: &Experts) -> bool {
+    let st = b.state.borrow();
+    #[cfg(not(target_arch = "wasm32"))]
+    if st.route_on_gpu {
+        return false;
+    }
+    let matrices = input_matrices(stacked).into_iter().chain([&stacked.down]);
+    routing.n_expert <= k::GROUPED_EXPERTS as usize
+        && matrices
+            .into_iter()
+            .all(|w| product::groups(w, st.packed_dot))
+}
+
+/// The slots of a step of `pairs` (row, choice) pairs grouped by expert: at most one partial
+/// tile an expert that a pair chose.
+fn slots(pairs: usize, n_expert: usize) -> usize {
+    let tile = k::GEMM_TOKENS as usize;
+    tile * (pairs.div_ceil(tile) + pairs.min(n_expert))
+}
+
+/// Words of the ids buffer for `pairs` router ids and, past them, `moe_group`'s tables over
+/// `slots` slots (`order`, `gid`, `pos`).
+fn id_words(pairs: usize, slots: Option<usize>) -> usize {
+    pairs + slots.map_or(0, |slots| 2 * slots + pairs)
+}
+
+/// The step's `pairs` (row, choice) pairs grouped by expert into `slots` slots on the GPU
+/// (`moe_group`), its tables written into `ids` past the router's ids.
+fn group(
+    b: &GpuBackend,
+    ids: &mut GpuBuffer<u32>,
+    n_expert: usize,
+    pairs: usize,
+    slots: usize,
+) -> Grouped {
+    b.record(|st| {
+        st.batch.run(
+            &mut st.gpu,
+            &k::moe_group::Args {
+                ids,
+                n_expert: n_expert as u32,
+                pairs: pairs as u32,
+                slots: slots as u32,
+                tile: k::GEMM_TOKENS,
+            },
+            [1, 1, 1],
+        )
+    });
+    Grouped {
+        gid_at: (pairs + slots) as u32,
+        order_at: pairs as u32,
+        gathered: true,
+    }
 }
 
 /// `expert`'s FFN of `m` rows of `xs` into `y` (`m` rows of the model's width), through the
@@ -459,7 +537,7 @@ fn gathered_on_host(
         }
     }
     b.keep_shared_input(shared);
-    combine(b, mixture, &ys, None, out);
+    combine(b, mixture, &ys, None, None, out);
     keep(
         b,
         [
@@ -475,13 +553,15 @@ fn gathered_on_host(
 }
 
 /// `out` = each of the mixture's rows' outputs in `ys` (row `t·n_used + rank`: row `t`'s from
-/// its rank-th expert, the model's width) plus its expert's `bias` where given, weighted and
-/// added in the order chosen (`out +=` that where the mixture adds).
+/// its rank-th expert, the model's width; or the row the table at `pos_at` of the ids buffer
+/// gives that pair) plus its expert's `bias` where given, weighted and added in the order
+/// chosen (`out +=` that where the mixture adds).
 fn combine(
     b: &GpuBackend,
     mixture: Mixture,
     ys: &GpuBuffer<f32>,
     bias: Option<&GpuBuffer<f32>>,
+    pos_at: Option<u32>,
     out: &mut GpuBuffer<f32>,
 ) {
     let width = mixture.moe.router.desc.cols;
@@ -500,6 +580,7 @@ fn combine(
                 n_used: mixture.routing.n_used as u32,
                 biased: bias.is_some().into(),
                 add: mixture.add.into(),
+                pos_at: pos_at.unwrap_or(0),
                 n: len,
             },
             k::moe_combine::grid_for(len),
@@ -514,32 +595,44 @@ fn combine(
 /// the products those of each expert alone (the same sums in the same order), and
 /// [`combine`] adds them up as the gathered rows are added, so every bit is the other paths'.
 /// The gate and up products read the rows the FFN's norm quantized (`normed`) where it did.
+/// Where `tables` grouped the pairs by expert (`moe_group`), the products' rows are its slots
+/// instead, each tile of them one expert's ([`product::Grouped`]), and the combine reads each
+/// pair's output at its slot: the same sums again.
 fn by_id(
     b: &GpuBackend,
     stacked: &Expert<GpuMatrix, GpuBuffer<f32>>,
     mixture: Mixture,
     out: &mut GpuBuffer<f32>,
     normed: Option<Quantized>,
+    tables: Option<Grouped>,
 ) -> Result<(), BackendError> {
     let (x, n, ids) = (mixture.x, mixture.n, mixture.ids);
     let d = mixture.moe.router.desc.cols;
     let (n_used, ff) = (mixture.routing.n_used, mixture.routing.n_ff);
     let act = mixture.act;
     let pairs = n * n_used;
-    let mut a = floats(b, ACT, pairs * ff)?;
-    let mut ys = floats(b, OUTPUTS, pairs * d)?;
+    // The products' rows: a row's choices one after another, or the slots.
+    let rows = tables.map_or(pairs, |g| (g.gid_at - g.order_at) as usize);
+    let picks = |per_input: usize, gathered: bool| Picks {
+        ids,
+        per_input: per_input as u32,
+        grouped: tables.map(|g| Grouped { gathered, ..g }),
+    };
+    let mut a = floats(b, ACT, rows * ff)?;
+    let mut ys = floats(b, OUTPUTS, rows * d)?;
     b.state.borrow_mut().quantized = normed;
+    let gate_up = (picks(n_used, true), rows);
     match (&stacked.gate_up, &stacked.biases) {
         (GateUp::Joined(m), None) => {
-            matmul_by_id(b, &[m], x, n, (ids, n_used), &mut [&mut a], glu_mode(act));
+            matmul_by_id(b, &[m], x, n, gate_up, &mut [&mut a], glu_mode(act));
         }
         (GateUp::Apart { gate, up }, biases) => {
-            let (mut g, mut u) = (floats(b, GATE, pairs * ff)?, floats(b, UP, pairs * ff)?);
+            let (mut g, mut u) = (floats(b, GATE, rows * ff)?, floats(b, UP, rows * ff)?);
             let outs = &mut [&mut g, &mut u];
-            matmul_by_id(b, &[gate, up], x, n, (ids, n_used), outs, k::STORE);
+            matmul_by_id(b, &[gate, up], x, n, gate_up, outs, k::STORE);
             match biases {
                 Some([gate_bias, up_bias, _]) => {
-                    let len = (pairs * ff) as u32;
+                    let len = (rows * ff) as u32;
                     b.record(|st| {
                         st.batch.run(
                             &mut st.gpu,
@@ -552,13 +645,14 @@ fn by_id(
                                 out: &mut a,
                                 width: ff as u32,
                                 mode: glu_mode(act),
+                                ids_at: tables.map_or(0, |g| g.gid_at),
                                 n: len,
                             },
                             k::biased_glu_by_id::grid_for(len),
                         )
                     });
                 }
-                None => b.glu(&g, &u, pairs * ff, act, &mut a),
+                None => b.glu(&g, &u, rows * ff, act, &mut a),
             }
             keep(b, [(GATE, g), (UP, u)]);
         }
@@ -566,29 +660,32 @@ fn by_id(
             unreachable!("an expert with biases keeps its gate and up apart (`stack_experts`)")
         }
     }
+    let down = (picks(1, false), rows);
     matmul_by_id(
         b,
         &[&stacked.down],
         &a,
-        pairs,
-        (ids, 1),
+        rows,
+        down,
         &mut [&mut ys],
         k::STORE,
     );
     let down_bias = stacked.biases.as_ref().map(|[.., down]| down);
-    combine(b, mixture, &ys, down_bias, out);
+    // `pos` follows `gid`, over the slots.
+    let pos_at = tables.map(|g| 2 * g.gid_at - g.order_at);
+    combine(b, mixture, &ys, down_bias, pos_at, out);
     keep(b, [(ACT, a), (OUTPUTS, ys)]);
     Ok(())
 }
 
-/// `outs[i]` = the products of the stacked `ws[i]` with `inputs` rows of `x`, row `z` that of
-/// expert `ids[z]` with input row `z / per_input`, written as `mode` says.
+/// `outs[i]` = the products of the stacked `ws[i]` with `inputs` rows of `x` over `by_id`'s
+/// rows, each picking its expert and input row as its [`Picks`] say, written as `mode` says.
 fn matmul_by_id(
     b: &GpuBackend,
     ws: &[&GpuMatrix],
     x: &GpuBuffer<f32>,
     inputs: usize,
-    by_id: (&GpuBuffer<u32>, usize),
+    by_id: (Picks, usize),
     outs: &mut [&mut GpuBuffer<f32>],
     mode: u32,
 ) {

@@ -510,11 +510,12 @@ impl GpuBackend {
         self.state.borrow_mut().flush = dispatches.max(1);
     }
 
-    /// Routes every step's mixture of experts on the GPU when `on`, as a browser always
-    /// does (steps too long to multiply by id gated expert by expert); by default (natively)
-    /// only steps of a few rows are (by id, or gated where a layer's experts did not stack),
-    /// and another step's routing is read back once a layer so that its rows are gathered by
-    /// expert. All give the same bits for every row (`experts.rs`).
+    /// Gates every step too long to multiply by id expert by expert on the GPU when `on`, as
+    /// a browser routes experts that do not group; by default, natively, such a step is
+    /// grouped by expert on the GPU where its experts' layout can be (K-quants, Q8_0, Q4_0,
+    /// MXFP4), a short one of experts that did not stack gated, and any other's routing read
+    /// back once a layer so that its rows are gathered by expert. All give the same bits for
+    /// every row (`experts.rs`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn set_experts_routed_on_gpu(&self, on: bool) {
         self.state.borrow_mut().route_on_gpu = on;

@@ -152,9 +152,18 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 )?
             };
         }
-        // The four products through `$i2s`, `$q8_0`, `$kq` and `$tq` on their grids.
+        // The four products through `$i2s`, `$q8_0`, `$kq` and `$tq` on their grids (`$ids`:
+        // the fields of the tiled kernels' rows that do not pick experts, where they have them).
         macro_rules! products {
-            ($i2s:ident, $q8_0:ident, $kq:ident, $tq:ident, $tiles:ident, $narrow:ident) => {{
+            (
+                $i2s:ident,
+                $q8_0:ident,
+                $kq:ident,
+                $tq:ident,
+                $tiles:ident,
+                $narrow:ident
+                $(, ids: $ids_q8:expr, $ids_kq:expr)?
+            ) => {{
                 let [i2s_out, q8_out, kq_out, tq_out] = &mut outs[..] else {
                     unreachable!("four outputs")
                 };
@@ -179,6 +188,8 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                         q: &xq,
                         d: &xd,
                         lanes: q8_lanes
+                        $(, ids: $ids_q8, per_input: 1, expert0: 0, experts: 0,
+                        gid_at: 0, order_at: 0, gathered: 0)?
                     }
                 );
                 run!(
@@ -194,6 +205,8 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                         high: 2,
                         sub: 16,
                         offset: 32
+                        $(, ids: $ids_kq, per_input: 1, expert0: 0, experts: 0,
+                        gid_at: 0, order_at: 0, gathered: 0)?
                     }
                 );
                 run!(
@@ -217,7 +230,8 @@ pub(crate) fn agrees(gpu: &mut Gpu, variant: MatrixCores) -> Result<bool, hesper
                 matvec_kq_gemm,
                 bitlinear_tq_gemm,
                 gemm_grid,
-                gemm_grid
+                gemm_grid,
+                ids: &wq, &kq6
             ),
             MatrixCores::On => products!(
                 bitlinear_i2s_coop,

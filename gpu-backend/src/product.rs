@@ -182,23 +182,53 @@ pub enum Outputs<'a> {
     Qkv([&'a mut GpuBuffer<f32>; 3]),
     /// One buffer, written as the mode says, by a matrix of stacked experts
     /// ([`GpuMatrix::experts`]): `n` rows, row `z` the product of expert `ids[z]`'s rows with
-    /// activation row `z / per_input` (`per_input`: the rows each input row is multiplied by).
+    /// activation row `z / per_input` (`per_input`: the rows each input row is multiplied by),
+    /// or of the slots `picks.grouped` says.
     ById {
         /// The outputs, `n` rows of one expert's width.
         out: &'a mut GpuBuffer<f32>,
         /// The output stage ([`k::STORE`], a gated pair's).
         mode: u32,
-        /// The expert of each output row.
-        ids: &'a GpuBuffer<u32>,
-        /// Output rows an activation row feeds.
-        per_input: u32,
+        /// Which expert and activation row each output row takes.
+        picks: Picks<'a>,
     },
 }
 
+/// How the rows of a product of stacked experts pick their expert and activation row.
+#[derive(Clone, Copy)]
+pub struct Picks<'a> {
+    /// The router's ids (row `z`'s expert `ids[z]`), and `moe_group`'s tables past them.
+    pub ids: &'a GpuBuffer<u32>,
+    /// Output rows an activation row feeds (a row's choices, or 1).
+    pub per_input: u32,
+    /// Where the rows are slots grouped by expert ([`k::moe_group`]): its tables.
+    pub grouped: Option<Grouped>,
+}
+
+/// Where [`k::moe_group`]'s tables lie in the ids buffer, for a product whose output rows are
+/// slots grouped by expert (run by the tiled kernels' `_id` instances, [`groups`]).
+#[derive(Clone, Copy)]
+pub struct Grouped {
+    /// The first word of `gid`, each slot's expert.
+    pub gid_at: u32,
+    /// The first word of `order`, each slot's (row, choice) pair.
+    pub order_at: u32,
+    /// Whether slot `z` reads activation row `order[z] / per_input` (a gate or up product);
+    /// else row `z` (a down product reading its input in slot order).
+    pub gathered: bool,
+}
+
+/// Whether a product of `w`'s stacked experts has a tiled `_id` instance to multiply slots
+/// grouped by expert: the K-quants and Q8_0 (with Q4_0 and MXFP4) on `dot4I8Packed`.
+pub fn groups(w: &GpuMatrix, packed_dot: bool) -> bool {
+    packed_dot && matches!(w.kind, Kind::Kq { .. } | Kind::Q8_0)
+}
+
 /// Each `ws[i]` times `x`'s `inputs` rows into `outs[i]`, written as `mode` says; `x`
-/// quantized once for every run of matrices that read it the same way. With `by_id` (the
-/// experts' ids and the output rows an input row feeds) the matrices are stacked experts
-/// ([`Outputs::ById`]); without, output row `z` is input row `z`'s product.
+/// quantized once for every run of matrices that read it the same way. With `by_id` (how the
+/// rows pick their expert, and the output rows: `inputs · per_input`, or the slots where they
+/// are grouped) the matrices are stacked experts ([`Outputs::ById`]); without, output row `z`
+/// is input row `z`'s product.
 pub fn multiply_each(
     st: &mut State,
     ws: &[&GpuMatrix],
@@ -206,21 +236,16 @@ pub fn multiply_each(
     inputs: usize,
     outs: &mut [&mut GpuBuffer<f32>],
     mode: u32,
-    by_id: Option<(&GpuBuffer<u32>, usize)>,
+    by_id: Option<(Picks, usize)>,
 ) -> Result<(), GpuError> {
     for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
         if i == 0 || !same_input(ws[i - 1], w) {
             quantize(st, w, x, inputs)?;
         }
         match by_id {
-            Some((ids, per_input)) => {
-                let outputs = Outputs::ById {
-                    out,
-                    mode,
-                    ids,
-                    per_input: per_input as u32,
-                };
-                multiply_into(st, w, x, inputs * per_input, outputs)?;
+            Some((picks, rows)) => {
+                let outputs = Outputs::ById { out, mode, picks };
+                multiply_into(st, w, x, rows, outputs)?;
             }
             None => multiply(st, w, x, inputs, out, mode)?,
         }
@@ -269,19 +294,11 @@ pub fn multiply_into(
     let (out, out_k, out_v, mode, by_id) = match outputs {
         Outputs::One(out, mode) => (out, &mut unused.0, &mut unused.1, mode, None),
         Outputs::Qkv([out_q, out_k, out_v]) => (out_q, out_k, out_v, k::SPLIT_QKV, None),
-        Outputs::ById {
-            out,
-            mode,
-            ids,
-            per_input,
-        } => (
-            out,
-            &mut unused.0,
-            &mut unused.1,
-            mode,
-            Some((ids, per_input)),
-        ),
+        Outputs::ById { out, mode, picks } => {
+            (out, &mut unused.0, &mut unused.1, mode, Some(picks))
+        }
     };
+    let grouped = by_id.and_then(|p| p.grouped);
     let (cols, rows, n32) = (w.desc.cols as u32, w.desc.rows as u32, n as u32);
     let (out_scale, out_scale_odd, out_scale_v) = w.out_scales();
     let (split_k, split_v) = w
@@ -296,8 +313,10 @@ pub fn multiply_into(
     });
     // Rows picking their expert run the `_id` instances (one row of activations a workgroup
     // row) on the activation rows they share, each reading one expert's share of the weights.
+    // Slots grouped by expert read each chosen expert's weights once per tile of its slots.
     let (inputs, share) = match by_id {
-        Some((_, per_input)) => (n.div_ceil(per_input as usize), (n, w.experts)),
+        Some(p) if p.grouped.is_some() => (n.div_ceil(p.per_input as usize), (1, 1)),
+        Some(p) => (n.div_ceil(p.per_input as usize), (n, w.experts)),
         None => (n, (1, 1)),
     };
     let activations = activation_bytes(w.kind, *packed_dot, inputs, w.desc.cols);
@@ -374,7 +393,7 @@ pub fn multiply_into(
                 $($field:ident: $value:expr),* $(,)?
             }) => {
                 match by_id {
-                    Some((ids, per_input)) => launch!(@one $id {
+                    Some(Picks { ids, per_input, .. }) => launch!(@one $id {
                         $($field: $value,)*
                         ids: ids,
                         per_input: per_input,
@@ -446,7 +465,49 @@ pub fn multiply_into(
         }
         // Matrix cores (or their stand-in) for a step of the tiled kernels' size.
         let cores = *packed_dot && tiled && *matrix_cores != MatrixCores::Off;
+        // The tiled kernels' fields for rows that do not pick experts, and for slots grouped by
+        // expert (`moe_group`'s tables).
+        let (ids, per_input) = by_id.map_or((&win.data, 1), |p| (p.ids, p.per_input));
+        let (gid_at, order_at, gathered) =
+            grouped.map_or((0, 0, 0), |g| (g.gid_at, g.order_at, g.gathered.into()));
         match w.kind {
+            // Slots grouped by expert: the `_id` instances of the tiled kernels, whatever the
+            // count (the activations' scales lie apart: the step's quantizer wrote them).
+            Kind::Kq { sub, high, offset } if grouped.is_some() => {
+                launch!(@tiled matvec_kq_gemm_id {
+                    w: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: q,
+                    d: act_scale,
+                    ids: ids,
+                    sub: sub,
+                    high: high,
+                    offset: offset,
+                    lanes: lanes,
+                    per_input: per_input,
+                    expert0: expert0,
+                    experts: experts,
+                    gid_at: gid_at,
+                    order_at: order_at,
+                    gathered: gathered,
+                })
+            }
+            Kind::Q8_0 if grouped.is_some() => launch!(
+                @tiled matvec_q8_0_gemm_id {
+                    wq: &win.data,
+                    wd: win.scales(&w.desc.name)?,
+                    q: &packed.0,
+                    d: act_scale,
+                    ids: ids,
+                    lanes: lanes,
+                    per_input: per_input,
+                    expert0: expert0,
+                    experts: experts,
+                    gid_at: gid_at,
+                    order_at: order_at,
+                    gathered: gathered,
+                }
+            ),
             // On matrix cores where the row's sums stay exact there.
             Kind::I2s { .. } if cores && w.desc.cols <= matrix_cores::MAX_COLS => launch!(
                 @cores tiled bitlinear_i2s_coop | bitlinear_i2s_coop_stand_in {
@@ -496,7 +557,14 @@ pub fn multiply_into(
                     wd: win.scales(&w.desc.name)?,
                     q: &packed.0,
                     d: act_scale,
+                    ids: ids,
                     lanes: lanes,
+                    per_input: per_input,
+                    expert0: 0,
+                    experts: 0,
+                    gid_at: 0,
+                    order_at: 0,
+                    gathered: 0,
                 }
             ),
             // The scales are `act_scale`'s, or `packed.0`'s past the codes where one kernel
@@ -574,10 +642,17 @@ pub fn multiply_into(
                     wd: win.scales(&w.desc.name)?,
                     q: q,
                     d: act_scale,
+                    ids: ids,
                     sub: sub,
                     high: high,
                     offset: offset,
                     lanes: lanes,
+                    per_input: per_input,
+                    expert0: 0,
+                    experts: 0,
+                    gid_at: 0,
+                    order_at: 0,
+                    gathered: 0,
                 })
             }
             // The scales are `act_scale`'s, or `q`'s past the codes where a decoded token's

@@ -117,7 +117,9 @@ pub fn swiglu_clamped_mul(gate: &[f32], up: &[f32], out: &mut [f32], #[uniform] 
 /// mixture of experts' output, as the CPU backend adds them up); where `biased` is 1, each
 /// output plus the bias of its expert first (`ys[k][c] + bias[ids[k]·width + c]`, as an
 /// `add_bias` of the expert's down bias before); where `add` is 1, added to `out` instead (the
-/// residual stream: `out + Σ`, as an `add_assign` of the sum after it).
+/// residual stream: `out + Σ`, as an `add_assign` of the sum after it). Where `pos_at` is not 0,
+/// pair `k`'s output is row `ids[pos_at + k]` of `ys` instead (the slot `crate::moe_group`
+/// gave it).
 #[kernel(workgroup = 256)]
 pub fn moe_combine(
     ys: &[f32],
@@ -129,6 +131,7 @@ pub fn moe_combine(
     #[uniform] n_used: u32,
     #[uniform] biased: u32,
     #[uniform] add: u32,
+    #[uniform] pos_at: u32,
     #[uniform] n: u32,
 ) {
     let i = gid();
@@ -138,7 +141,11 @@ pub fn moe_combine(
         let mut acc: f32 = 0.0;
         for r in 0u32..n_used {
             let k = t * n_used + r;
-            let mut y = ys[k * width + c];
+            let mut row = k;
+            if pos_at > 0u32 {
+                row = ids[pos_at + k];
+            }
+            let mut y = ys[row * width + c];
             if biased == 1u32 {
                 y = y + bias[ids[k] * width + c];
             }

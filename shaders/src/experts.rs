@@ -1,8 +1,10 @@
 //! A mixture of experts routed on the GPU, its router never read back: each row's experts are
 //! chosen from its router logits (`moe_route`, the definition of
-//! `hesper_engine::config::Experts::route`), the indirect grids of each expert's launches are
-//! zeroed where no row chose it (`gate_grids`: its matrices are never read), and each row's
-//! expert outputs are weighed and added in the order chosen (`moe_combine_routed`).
+//! `hesper_engine::config::Experts::route`); then either the step's (row, choice) pairs are
+//! grouped by expert into tiles (`moe_group`) for the tiled kernels' `_id` instances, or the
+//! indirect grids of each expert's launches are zeroed where no row chose it (`gate_grids`: its
+//! matrices are never read) and each row's expert outputs are weighed and added in the order
+//! chosen (`moe_combine_routed`).
 
 use hesper_dsl::kernel;
 
@@ -60,6 +62,81 @@ pub fn moe_route(
         for r in 0u32..n_used {
             w[t * n_used + r] = w[t * n_used + r] / div * scale;
         }
+    }
+}
+
+/// The most experts a layer may have for [`moe_group`] to group its pairs (one thread an
+/// expert, one workgroup): DeepSeek-V3's 256.
+pub const GROUPED_EXPERTS: u32 = 256;
+
+/// Groups a step's `pairs` (row, choice) pairs by expert, from the router's ids (`ids[p]`, `p =
+/// row·n_used + rank`), into `slots` slots whose runs of one expert fill whole tiles of `tile`
+/// slots: each expert's pairs in order, then its run padded to a whole tile with its last pair
+/// again, the runs expert by expert, and the slots past the last run given expert `n_expert`
+/// (no expert: a tiled kernel computes nothing there). The tables follow the ids in the same
+/// buffer: `order` (the pair of each slot) from `pairs`, `gid` (the expert of each slot) from
+/// `pairs + slots`, `pos` (the slot of each pair) from `pairs + 2·slots`. A tile of the tiled
+/// kernels' `_id` instances (`matvec_kq_gemm_id`, `matvec_q8_0_gemm_id`) reads one expert's
+/// weights, `gid` at its first slot; `slots` must be at least `Σ_e ⌈count_e / tile⌉·tile`
+/// (`tile·(⌈pairs / tile⌉ + min(pairs, n_expert))` always is). One workgroup; thread `e` takes
+/// expert `e` (`n_expert` ≤ [`GROUPED_EXPERTS`]).
+#[kernel(workgroup = 256)]
+pub fn moe_group(
+    ids: &mut [u32],
+    #[uniform] n_expert: u32,
+    #[uniform] pairs: u32,
+    #[uniform] slots: u32,
+    #[uniform] tile: u32,
+    #[shared] start: &mut [u32; 257],
+) {
+    let e = lid();
+    let mut count = 0u32;
+    if e < n_expert {
+        for p in 0u32..pairs {
+            if ids[p] == e {
+                count += 1u32;
+            }
+        }
+    }
+    start[e] = (count + tile - 1u32) / tile * tile;
+    barrier();
+    // Each run's first slot: the padded runs before it, added by the first thread.
+    if e == 0u32 {
+        let mut at = 0u32;
+        for x in 0u32..256u32 {
+            let len = start[x];
+            start[x] = at;
+            at += len;
+        }
+        start[256] = at;
+    }
+    barrier();
+    let order_at = pairs;
+    let gid_at = pairs + slots;
+    let pos_at = pairs + 2u32 * slots;
+    if e < n_expert {
+        let first = start[e];
+        let mut k = 0u32;
+        let mut last = 0u32;
+        for p in 0u32..pairs {
+            if ids[p] == e {
+                ids[order_at + first + k] = p;
+                ids[gid_at + first + k] = e;
+                ids[pos_at + p] = first + k;
+                k += 1u32;
+                last = p;
+            }
+        }
+        for j in count..(count + tile - 1u32) / tile * tile {
+            ids[order_at + first + j] = last;
+            ids[gid_at + first + j] = e;
+        }
+    }
+    // The slots past the last run.
+    let total = start[256];
+    for z in (total + e..slots).step_by(256u32) {
+        ids[order_at + z] = 0u32;
+        ids[gid_at + z] = n_expert;
     }
 }
 
@@ -123,7 +200,8 @@ pub fn moe_combine_routed(
 }
 
 /// `out[i] = act(gate[i] + bg[e·width + c]) · (up[i] + bu[e·width + c])` over the `n` values
-/// of rows of `width` (`e = ids[i / width]`, `c = i % width`): each row's gate and up plus the
+/// of rows of `width` (`e = ids[ids_at + i / width]`, `c = i % width`: the router's ids from 0,
+/// or [`moe_group`]'s `gid` where the rows are slots): each row's gate and up plus the
 /// biases of the expert its row chose, then the gated activation `mode` names
 /// ([`crate::GLU_RELU2`], [`crate::GLU_SILU`], [`crate::GLU_GELU`], [`crate::GLU_CLAMPED`]),
 /// as `add_bias` of each expert's biases then `relu2_mul`, `silu_mul`, `gelu_mul` or
@@ -138,11 +216,12 @@ pub fn biased_glu_by_id(
     out: &mut [f32],
     #[uniform] width: u32,
     #[uniform] mode: u32,
+    #[uniform] ids_at: u32,
     #[uniform] n: u32,
 ) {
     let i = gid();
     if i < n {
-        let b = ids[i / width] * width + i % width;
+        let b = ids[ids_at + i / width] * width + i % width;
         let g = gate[i] + bg[b];
         let u = up[i] + bu[b];
         if mode == 2u32 {

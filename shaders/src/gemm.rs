@@ -21,7 +21,7 @@ use hesper_dsl::kernel;
 
 use crate::k_quants::{kq_min, kq_scale};
 use crate::reduce::lane_order_block;
-use crate::tile::store_rows;
+use crate::tile::{expert_base, expert_rows, slot_input_row, store_rows};
 
 /// [`bitlinear_i2s_dp4`](crate::bitlinear_i2s_dp4) as a tiled product: the same exact integer
 /// `Σcode·q − Σq` of every row and token (four products an instruction with `dot4I8Packed`),
@@ -335,17 +335,34 @@ pub fn bitlinear_tq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: 
 /// codes, the even elements of each eight packed into one word and the odd ones into the next
 /// (the two nibbles of a weight byte), padded to 17 so that the 16 tokens a warp reads fall in
 /// distinct banks, with each staging thread's `Σq` of 16 codes. Thread `t` takes rows
-/// `t / 16 + 16·m` and tokens `t % 16 + 16·j`.
+/// `t / 16 + 16·m` and tokens `t % 16 + 16·j`. The `_id` instance multiplies slots grouped by
+/// expert ([`moe_group`](crate::moe_group)).
 #[kernel(
     workgroup = 256,
-    uses(lane_order_block, store_rows, kq_scale, kq_min),
-    consts(BM = 64, BN = 64, TM = 4, TN = 4)
+    uses(
+        lane_order_block,
+        store_rows,
+        kq_scale,
+        kq_min,
+        expert_base,
+        expert_rows,
+        slot_input_row
+    ),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, IDS = 0),
+    also(matvec_kq_gemm_id(IDS = 1))
 )]
-pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32>(
+pub fn matvec_kq_gemm<
+    const BM: u32,
+    const BN: u32,
+    const TM: u32,
+    const TN: u32,
+    const IDS: u32,
+>(
     w: &[u32],
     wd: &[f32],
     q: &[i32],
     d: &[f32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -364,6 +381,12 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
     #[uniform] out_scale_v: f32,
     #[uniform] sub: u32,
     #[uniform] offset: u32,
+    #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
+    #[uniform] gid_at: u32,
+    #[uniform] order_at: u32,
+    #[uniform] gathered: u32,
     #[shared] wt: &mut [u32; BM * 16],
     #[shared] xt: &mut [u32; BN * 17],
     #[shared] qsum: &mut [i32; 256],
@@ -374,6 +397,15 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
     let tc = t % 16u32;
     let r_base = wid() * BM;
     let t_base = wid_y() * BN;
+    // The `_id` instance: the rows of the tile's expert, none where it lies in another window
+    // (or the tile is past the step's slots); each slot's activation row from the tables.
+    let ebase = expert_base(ids, gid_at + t_base, window_rows, expert0, IDS);
+    let live = expert_rows(ids, gid_at + t_base, window_rows, expert0, experts, IDS) > 0u32;
+    let mut toks = [0u32; TN];
+    for j in 0..TN {
+        let z = (t_base + tc + 16u32 * j).min(n - 1u32);
+        toks[j] = slot_input_row(ids, z, order_at, per_input, gathered, IDS);
+    }
     // The row layout of `matvec_kq`.
     let nibble_words = cols / 8u32;
     let high_words = cols * high / 32u32;
@@ -387,7 +419,8 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
     let low = 252645135u32;
     // The token whose codes this thread stages: its 16 codes from `16·(t % 4)` of the step.
     let staged = t / 4u32;
-    let staged_tok = (t_base + staged).min(n - 1u32);
+    let staged_slot = (t_base + staged).min(n - 1u32);
+    let staged_tok = slot_input_row(ids, staged_slot, order_at, per_input, gathered, IDS);
     let mut sd = [0i32; TM * TN];
     let mut si = [0i32; TM * TN];
     let mut sm = [0i32; TM * TN];
@@ -401,23 +434,28 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
         // `x` of a row is nibbles for x < 8, high bits for 8 ≤ x < 8 + 2·high, and the scale
         // word of the step's sub-blocks `2·(x − 12)` and `2·(x − 12) + 1` from 12.
         for i in 0u32..BM * 16u32 / 256u32 {
-            let e = t + 256u32 * i;
-            let x = e % 16u32;
-            let base = (r_base + e / 16u32).min(window_rows - 1u32) * stride;
-            let mut v: u32 = 0u32;
-            if x < 8u32 {
-                v = w[base + k0 / 8u32 + x];
-            } else if x < 8u32 + 2u32 * high {
-                v = w[base + nibble_words + k0 * high / 32u32 + x - 8u32];
-            } else if x >= 12u32 && x < 12u32 + step_subs / 2u32 {
-                v = w[base + words + (blk * subs + (g % 4u32) * step_subs) / 2u32 + x - 12u32];
+            if live {
+                let e = t + 256u32 * i;
+                let x = e % 16u32;
+                let base = (ebase + (r_base + e / 16u32).min(window_rows - 1u32)) * stride;
+                let mut v: u32 = 0u32;
+                if x < 8u32 {
+                    v = w[base + k0 / 8u32 + x];
+                } else if x < 8u32 + 2u32 * high {
+                    v = w[base + nibble_words + k0 * high / 32u32 + x - 8u32];
+                } else if x >= 12u32 && x < 12u32 + step_subs / 2u32 {
+                    v = w[base + words + (blk * subs + (g % 4u32) * step_subs) / 2u32 + x - 12u32];
+                }
+                wt[e] = v;
             }
-            wt[e] = v;
         }
         // The codes of the tile's tokens (tokens past the step read its last token).
         let a = staged_tok * cols + k0 + 16u32 * (t % 4u32);
         let mut staged_sum: i32 = 0;
         for h in 0u32..2u32 {
+            if !live {
+                break;
+            }
             let mut even: u32 = 0u32;
             let mut odd: u32 = 0u32;
             for b in 0u32..4u32 {
@@ -434,6 +472,9 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
         qsum[t] = staged_sum;
         barrier();
         for i in 0u32..8u32 {
+            if !live {
+                break;
+            }
             // Eight weights: the even ones' codes in one word, the odd ones' in another.
             let mut ce = [0u32; TM];
             let mut co = [0u32; TM];
@@ -485,14 +526,13 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
         }
         // Every fourth step ends a block: its float step into the lane's sum, and at the lane's
         // last block that sum into the total.
-        if g % 4u32 == 3u32 {
+        if g % 4u32 == 3u32 && live {
             for m in 0..TM {
-                let row = (r_base + tr + 16u32 * m).min(window_rows - 1u32);
+                let row = ebase + (r_base + tr + 16u32 * m).min(window_rows - 1u32);
                 let dw = wd[2u32 * (row * blocks + blk)];
                 let dm = wd[2u32 * (row * blocks + blk) + 1u32];
                 for j in 0..TN {
-                    let tok = (t_base + tc + 16u32 * j).min(n - 1u32);
-                    let da = d[tok * blocks + blk];
+                    let da = d[toks[j] * blocks + blk];
                     part[m * TN + j] +=
                         (dw * da) * (si[m * TN + j] as f32) - (dm * da) * (sm[m * TN + j] as f32);
                     si[m * TN + j] = 0;
@@ -516,7 +556,7 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
         }
     }
     // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
-    let r = select(window_rows, r_base + t, t < BM);
+    let r = select(window_rows, r_base + t, t < BM && live);
     for j in 0..TN {
         for m in 0..TM {
             res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
@@ -554,11 +594,13 @@ pub fn matvec_kq_gemm<const BM: u32, const BN: u32, const TM: u32, const TN: u32
 /// into the total at the lane's last block — that kernel's order, so every output has its bits.
 /// A K-step is `KB` blocks of the walk: their codes and scales for the tile's 64 rows and 64
 /// tokens (the tokens' codes padded to `8·KB + 1` words, so the 16 tokens a warp reads fall in
-/// distinct banks). Thread `t` takes rows `t / 16 + 16·m` and tokens `t % 16 + 16·j`.
+/// distinct banks). Thread `t` takes rows `t / 16 + 16·m` and tokens `t % 16 + 16·j`. The `_id`
+/// instance multiplies slots grouped by expert ([`moe_group`](crate::moe_group)).
 #[kernel(
     workgroup = 256,
-    uses(lane_order_block, store_rows),
-    consts(BM = 64, BN = 64, TM = 4, TN = 4, KB = 2)
+    uses(lane_order_block, store_rows, expert_base, expert_rows, slot_input_row),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, KB = 2, IDS = 0),
+    also(matvec_q8_0_gemm_id(IDS = 1))
 )]
 pub fn matvec_q8_0_gemm<
     const BM: u32,
@@ -566,11 +608,13 @@ pub fn matvec_q8_0_gemm<
     const TM: u32,
     const TN: u32,
     const KB: u32,
+    const IDS: u32,
 >(
     wq: &[u32],
     wd: &[f32],
     q: &[u32],
     d: &[f32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -586,6 +630,12 @@ pub fn matvec_q8_0_gemm<
     #[uniform] split_k: u32,
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
+    #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
+    #[uniform] gid_at: u32,
+    #[uniform] order_at: u32,
+    #[uniform] gathered: u32,
     #[shared] wt: &mut [u32; BM * KB * 8],
     #[shared] ws: &mut [f32; BM * KB],
     #[shared] xt: &mut [u32; BN * (KB * 8 + 1)],
@@ -597,6 +647,10 @@ pub fn matvec_q8_0_gemm<
     let tc = t % 16u32;
     let r_base = wid() * BM;
     let t_base = wid_y() * BN;
+    // The `_id` instance: the rows of the tile's expert, none where it lies in another window
+    // (or the tile is past the step's slots); each slot's activation row from the tables.
+    let ebase = expert_base(ids, gid_at + t_base, window_rows, expert0, IDS);
+    let live = expert_rows(ids, gid_at + t_base, window_rows, expert0, experts, IDS) > 0u32;
     let blocks = cols / 32u32;
     let xw = KB * 8u32 + 1u32;
     let mut total = [0.0f32; TM * TN];
@@ -611,28 +665,34 @@ pub fn matvec_q8_0_gemm<
         // Their codes for the tile's rows and tokens (rows past the window and tokens past the
         // step read the last ones).
         for i in 0u32..BM * KB * 8u32 / 256u32 {
-            let e = t + 256u32 * i;
-            let row = (r_base + e / (KB * 8u32)).min(window_rows - 1u32);
-            let blk = step[(e % (KB * 8u32)) / 8u32];
-            wt[e] = wq[(row * blocks + blk) * 8u32 + e % 8u32];
+            if live {
+                let e = t + 256u32 * i;
+                let row = ebase + (r_base + e / (KB * 8u32)).min(window_rows - 1u32);
+                let blk = step[(e % (KB * 8u32)) / 8u32];
+                wt[e] = wq[(row * blocks + blk) * 8u32 + e % 8u32];
+            }
         }
         for i in 0u32..BN * KB * 8u32 / 256u32 {
-            let e = t + 256u32 * i;
-            let tok = (t_base + e / (KB * 8u32)).min(n - 1u32);
-            let blk = step[(e % (KB * 8u32)) / 8u32];
-            xt[(e / (KB * 8u32)) * xw + e % (KB * 8u32)] =
-                q[tok * (cols / 4u32) + blk * 8u32 + e % 8u32];
+            if live {
+                let e = t + 256u32 * i;
+                let z = (t_base + e / (KB * 8u32)).min(n - 1u32);
+                let tok = slot_input_row(ids, z, order_at, per_input, gathered, IDS);
+                let blk = step[(e % (KB * 8u32)) / 8u32];
+                xt[(e / (KB * 8u32)) * xw + e % (KB * 8u32)] =
+                    q[tok * (cols / 4u32) + blk * 8u32 + e % 8u32];
+            }
         }
-        if t < BM * KB {
+        if t < BM * KB && live {
             let blk = step[t % KB];
-            let row = (r_base + t / KB).min(window_rows - 1u32);
+            let row = ebase + (r_base + t / KB).min(window_rows - 1u32);
             ws[t] = wd[row * blocks + blk];
-            let tok = (t_base + t / KB).min(n - 1u32);
+            let z = (t_base + t / KB).min(n - 1u32);
+            let tok = slot_input_row(ids, z, order_at, per_input, gathered, IDS);
             xd[t] = d[tok * blocks + blk];
         }
         barrier();
         for b in 0..KB {
-            if k0 + b < blocks {
+            if k0 + b < blocks && live {
                 let blk = step[b];
                 let mut s = [0i32; TM * TN];
                 for i in 0u32..8u32 {
@@ -672,7 +732,7 @@ pub fn matvec_q8_0_gemm<
         }
     }
     // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
-    let r = select(window_rows, r_base + t, t < BM);
+    let r = select(window_rows, r_base + t, t < BM && live);
     for j in 0..TN {
         for m in 0..TM {
             res[BM * tc + tr + 16u32 * m] = total[m * TN + j];

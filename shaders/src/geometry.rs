@@ -9,8 +9,9 @@ use crate::{
     bitlinear_tq_coop, bitlinear_tq_coop_stand_in, bitlinear_tq_gemm, bitlinear_tq_wide,
     landmark_update, matvec_bf16, matvec_bf16_gemm, matvec_bf16_wide, matvec_f16, matvec_f16_gemm,
     matvec_f16_wide, matvec_f32, matvec_f32_gemm, matvec_f32_wide, matvec_kq, matvec_kq_coop,
-    matvec_kq_coop_stand_in, matvec_kq_gemm, matvec_kq_wide, matvec_q8_0, matvec_q8_0_coop,
-    matvec_q8_0_coop_stand_in, matvec_q8_0_gemm, matvec_q8_0_wide, quantize_q8_0,
+    matvec_kq_coop_stand_in, matvec_kq_gemm, matvec_kq_gemm_id, matvec_kq_wide, matvec_q8_0,
+    matvec_q8_0_coop, matvec_q8_0_coop_stand_in, matvec_q8_0_gemm, matvec_q8_0_gemm_id,
+    matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -131,7 +132,9 @@ tiled_shape!(
     bitlinear_i2s_gemm,
     bitlinear_tq_gemm,
     matvec_kq_gemm,
+    matvec_kq_gemm_id,
     matvec_q8_0_gemm,
+    matvec_q8_0_gemm_id,
     matvec_f16_gemm,
     matvec_f32_gemm,
     matvec_bf16_gemm

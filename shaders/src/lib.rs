@@ -31,11 +31,13 @@ pub use elementwise::{
     scale_assign, silu_mul, softcap_assign, swiglu_clamped_mul,
 };
 pub use embed::{embed_f16, embed_f32};
-pub use experts::{biased_glu_by_id, gate_grids, moe_combine_routed, moe_route};
+pub use experts::{
+    biased_glu_by_id, gate_grids, moe_combine_routed, moe_group, moe_route, GROUPED_EXPERTS,
+};
 pub use flash_attention::{attention, rope_attention, OUT_F32, OUT_HALVES, OUT_Q8_0, OUT_Q8_K};
 pub use gemm::{
     bitlinear_i2s_gemm, bitlinear_tq_gemm, matvec_bf16_gemm, matvec_f16_gemm, matvec_f32_gemm,
-    matvec_kq_gemm, matvec_q8_0_gemm,
+    matvec_kq_gemm, matvec_kq_gemm_id, matvec_q8_0_gemm, matvec_q8_0_gemm_id,
 };
 pub use geometry::{
     attention_grid, gemm_grid, landmark_grid, lanes_per_row, matrix_grid, narrow_gemm_grid,

@@ -141,3 +141,23 @@ pub fn input_row(t0: u32, per_input: u32, by_id: u32) -> u32 {
     }
     row
 }
+
+/// The activation row of slot `z` in a grouped `_id` instance of a tiled kernel (`by_id` 1):
+/// where `gathered` is 1, the row of the (row, choice) pair the slot holds, `ids[order_at + z] /
+/// per_input` (`moe_group`'s table: a gate or up product reading the step's rows); else `z`
+/// itself (a down product reading its input in slot order, and every other instance).
+#[kernel_fn]
+pub fn slot_input_row(
+    ids: &[u32],
+    z: u32,
+    order_at: u32,
+    per_input: u32,
+    gathered: u32,
+    by_id: u32,
+) -> u32 {
+    let mut row = z;
+    if by_id == 1u32 && gathered == 1u32 {
+        row = ids[order_at + z] / per_input;
+    }
+    row
+}

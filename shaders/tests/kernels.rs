@@ -654,6 +654,7 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
             n_used: n_used as u32,
             biased: 0,
             add: 0,
+            pos_at: 0,
             n: len,
         },
         k::moe_combine::grid_for(len),
@@ -685,6 +686,7 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
             n_used: n_used as u32,
             biased: 0,
             add: 1,
+            pos_at: 0,
             n: len,
         },
         k::moe_combine::grid_for(len),
@@ -723,6 +725,7 @@ fn moe_combine_weighs_each_rows_experts_in_order() {
                 n_used: n_used as u32,
                 biased: [1, 0][i],
                 add: 0,
+                pos_at: 0,
                 n: len,
             },
             k::moe_combine::grid_for(len),
@@ -778,6 +781,89 @@ fn moe_route_chooses_as_the_host_routes() {
         assert!(
             d <= 1e-6,
             "moe_route top {n_used}: weights' max relative diff {d}"
+        );
+    }
+}
+
+/// `moe_group` writes the tables its doc states, checked against a host grouping: each
+/// expert's pairs in order, its run padded to whole tiles with its last pair, the runs expert
+/// by expert, the slots past them given no expert, and every pair's slot. Cases: experts no
+/// pair chose, a run of exactly a tile, runs of two tiles and more, a layer of the most
+/// experts (256, every thread one), and one pair.
+#[test]
+fn moe_group_sorts_the_pairs_by_expert_into_whole_tiles() {
+    let mut g = gpu();
+    let tile = 64usize;
+    let mut cases: Vec<(usize, Vec<u32>)> = Vec::new();
+    // 8 experts: expert 3 none, expert 1 exactly a tile, expert 6 three tiles and a bit.
+    let mut ids: Vec<u32> = (0..300u32)
+        .map(|p| [0, 2, 4, 5, 7][(p * 7 % 11) as usize % 5])
+        .collect();
+    ids.extend(std::iter::repeat_n(1, 64));
+    ids.extend(std::iter::repeat_n(6, 200));
+    let mixed: Vec<usize> = (0..ids.len()).map(|p| p * 131 % ids.len()).collect();
+    cases.push((8, mixed.iter().map(|&p| ids[p]).collect()));
+    cases.push((256, (0..1000u32).map(|p| p * 37 % 256 / 2 * 2).collect()));
+    cases.push((4, vec![3]));
+    for (n_expert, ids) in cases {
+        let pairs = ids.len();
+        let slots = tile * (pairs.div_ceil(tile) + pairs.min(n_expert));
+        let mut words = ids.clone();
+        words.resize(pairs + 2 * slots + pairs, u32::MAX);
+        let mut buf = g.upload("ids", &words).unwrap();
+        launch(
+            &mut g,
+            &k::moe_group::Args {
+                ids: &mut buf,
+                n_expert: n_expert as u32,
+                pairs: pairs as u32,
+                slots: slots as u32,
+                tile: tile as u32,
+            },
+            [1, 1, 1],
+        );
+        let got = read!(g, &buf);
+        let (mut order, mut gid, mut pos) = (Vec::new(), Vec::new(), vec![u32::MAX; pairs]);
+        for e in 0..n_expert as u32 {
+            let run: Vec<u32> = (0..pairs as u32)
+                .filter(|&p| ids[p as usize] == e)
+                .collect();
+            for &p in &run {
+                pos[p as usize] = order.len() as u32;
+                order.push(p);
+            }
+            let padded = run.len().div_ceil(tile) * tile;
+            order.extend(std::iter::repeat_n(
+                *run.last().unwrap_or(&0),
+                padded - run.len(),
+            ));
+            gid.resize(order.len(), e);
+        }
+        assert!(
+            order.len() <= slots,
+            "{n_expert} experts: the bound on slots"
+        );
+        order.resize(slots, 0);
+        gid.resize(slots, n_expert as u32);
+        assert_eq!(
+            &got[..pairs],
+            &ids[..],
+            "{n_expert} experts: the router's ids kept"
+        );
+        assert_eq!(
+            &got[pairs..pairs + slots],
+            &order[..],
+            "{n_expert} experts: order"
+        );
+        assert_eq!(
+            &got[pairs + slots..pairs + 2 * slots],
+            &gid[..],
+            "{n_expert} experts: gid"
+        );
+        assert_eq!(
+            &got[pairs + 2 * slots..],
+            &pos[..],
+            "{n_expert} experts: pos"
         );
     }
 }
@@ -914,6 +1000,7 @@ fn moe_combine_routed_picks_each_rows_experts_by_id() {
             n_used: n_used as u32,
             biased: 0,
             add: 0,
+            pos_at: 0,
             n: len,
         },
         k::moe_combine::grid_for(len),
@@ -1629,7 +1716,9 @@ fn tiled_kq_kernel_gives_the_matrix_vector_kernels_bits() {
                 launch_tiled!(g, out, p, out_scale;
                 matvec_kq_gemm {
                     w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
-                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: p.lanes
+                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: p.lanes,
+                    ids: &c.w, per_input: 1, expert0: 0, experts: 0, gid_at: 0, order_at: 0,
+                    gathered: 0
                 })
             },
             |g, out, p| {
@@ -2600,7 +2689,7 @@ fn tiled_q8_0_kernel_gives_the_matrix_vector_kernels_bits() {
         Matrix::new("matvec_q8_0_gemm", rows, cols, n),
         |g, out, p| {
             launch_tiled!(g, out, p, out_scale;
-                matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes })
+                matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes, ids: bwq, per_input: 1, expert0: 0, experts: 0, gid_at: 0, order_at: 0, gathered: 0 })
         },
         |g, out, p| {
             launch_matrix!(g, out, p, out_scale;
@@ -2858,7 +2947,7 @@ fn matrix_core_q8_0_kernel_stand_in_gives_the_tiled_kernels_bits() {
         },
         |g, out, p, scale, odd, mode| {
             launch_tiled!(g, out, p, scale, odd, mode;
-                matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes })
+                matvec_q8_0_gemm { wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes, ids: bwq, per_input: 1, expert0: 0, experts: 0, gid_at: 0, order_at: 0, gathered: 0 })
         },
     );
 }
@@ -2886,7 +2975,9 @@ fn matrix_core_kq_kernel_stand_in_gives_the_tiled_kernels_bits() {
                 launch_tiled!(g, out, p, scale, odd, mode;
                 matvec_kq_gemm {
                     w: &c.w, wd: &c.wd, q: &c.q, d: &c.d,
-                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: p.lanes
+                    high: c.ty.high, sub: c.ty.sub, offset: c.ty.offset, lanes: p.lanes,
+                    ids: &c.w, per_input: 1, expert0: 0, experts: 0, gid_at: 0, order_at: 0,
+                    gathered: 0
                 })
             },
         );
@@ -3299,6 +3390,7 @@ fn biased_gated_activations_by_id_match_the_biases_then_the_activation() {
                 out: &mut got,
                 width: width as u32,
                 mode,
+                ids_at: 0,
                 n: len,
             },
             k::biased_glu_by_id::grid_for(len),

@@ -33,6 +33,7 @@ fn all() -> Vec<Kernel> {
         interleave_rows,
         moe_combine,
         moe_route,
+        moe_group,
         gate_grids,
         moe_combine_routed,
         biased_glu_by_id,
@@ -71,7 +72,9 @@ fn all() -> Vec<Kernel> {
         bitlinear_i2s_gemm,
         bitlinear_tq_gemm,
         matvec_kq_gemm,
+        matvec_kq_gemm_id,
         matvec_q8_0_gemm,
+        matvec_q8_0_gemm_id,
         matvec_f16_gemm,
         matvec_f32_gemm,
         matvec_bf16_gemm,
@@ -218,11 +221,12 @@ fn every_kernel_and_specialisation_validates_native_and_web() {
     // Eight matrix kernels, each in its decode and wide instance (Q8_0 also in both of its
     // dot4I8Packed ones), and the `_id` instances of F16, BF16, Q8_0 (both) and the K-quants,
     // × seven lane counts (the K-quant ones × three code widths) × two capability sets; the
-    // K-quants' tiled kernel (lanes a uniform) × three code widths × two capability sets; their
-    // matrix-core kernel × three code widths on the native set, and its stand-in on both.
+    // K-quants' tiled kernel and its `_id` instance (lanes a uniform) × three code widths × two
+    // capability sets; their matrix-core kernel × three code widths on the native set, and its
+    // stand-in on both.
     assert_eq!(
         specialised,
-        ((7 + 3 + 1) * 2 + 4 + 3) * 7 * 2 + 3 * 2 + 3 + 3 * 2
+        ((7 + 3 + 1) * 2 + 4 + 3) * 7 * 2 + 2 * 3 * 2 + 3 + 3 * 2
     );
 }
 

@@ -843,13 +843,14 @@ mod gpu {
         "tiny-qwen3moe-q4_k_m",
     ];
 
-    /// Mixtures routed on the GPU in every step, as the page routes them (the router never read
-    /// back): the bounds against llama.cpp, and the same bits as the native default, which
-    /// gathers a prefill's rows by expert from the routing read back — prefill (33 rows, gated
-    /// expert by expert) and decode (a row a step, through the stacked experts by id) alike,
-    /// so a row's tokens do not depend on how its step was routed.
+    /// Mixtures gated on the GPU in every step, as the page routes F16 experts (the router
+    /// never read back): the bounds against llama.cpp, and the same bits as the native default,
+    /// which groups a prefill's rows by expert on the GPU where the experts' layout has tiled
+    /// `_id` instances (Q4_K_M, MXFP4) and gathers them from the routing read back elsewhere
+    /// (F16) — prefill (33 rows, gated expert by expert) and decode (a row a step, through the
+    /// stacked experts by id) alike, so a row's tokens do not depend on how its step was routed.
     #[test]
-    fn mixtures_routed_on_the_gpu_match_llama_cpp_and_the_rows_gathered_by_expert() {
+    fn mixtures_gated_on_the_gpu_match_llama_cpp_and_the_native_routing() {
         for stem in MIXTURES {
             let g = Golden::load(stem);
             let file = g.file();
@@ -868,16 +869,16 @@ mod gpu {
             let s = g.sequences.last().expect("a sequence");
             let last = ours.last().expect("a sequence");
             let decoded = logits_all(&model, &s.tokens, 1);
-            let gathered = logits_all(&by_default, &s.tokens, 64);
-            let (d, h) = (max_abs_diff(&decoded, last), max_abs_diff(&gathered, last));
-            println!("{stem} gpu-routed: batch 1 vs 64 max|Δ| {d:e}, vs rows gathered {h:e}");
+            let native = logits_all(&by_default, &s.tokens, 64);
+            let (d, h) = (max_abs_diff(&decoded, last), max_abs_diff(&native, last));
+            println!("{stem} gpu-routed: batch 1 vs 64 max|Δ| {d:e}, vs the native routing {h:e}");
             assert!(
                 decoded == *last,
                 "{stem} gpu-routed: batch 1 vs batch 64 max|Δ| {d}"
             );
             assert!(
-                gathered == *last,
-                "{stem} gpu-routed: against rows gathered max|Δ| {h}"
+                native == *last,
+                "{stem} gpu-routed: against the native routing max|Δ| {h}"
             );
         }
     }
@@ -885,7 +886,8 @@ mod gpu {
     /// A step of more rows than a decode tile whose rows make no more choices than the layer
     /// has experts multiplies them by id (Qwen3 MoE's layers made to choose one of their 8
     /// experts: steps of 8 rows): nothing read back (a submit a step, the logits'), the bits
-    /// of the rows gathered by expert and of a token a step.
+    /// of 64-row steps (F16: gathered by expert on the host; Q4_K_M: grouped on the GPU) and
+    /// of a token a step.
     #[test]
     fn a_step_of_as_many_choices_as_experts_multiplies_them_by_id() {
         use hesper_engine::gguf::Value;
@@ -903,19 +905,73 @@ mod gpu {
                 submits, steps,
                 "{stem}: submits of {steps} steps of up to 8 rows"
             );
-            let gathered = logits_all(&model, tokens, 64);
+            let long = logits_all(&model, tokens, 64);
             let decoded = logits_all(&model, tokens, 1);
-            let (h, d) = (
-                max_abs_diff(&gathered, &by_id),
-                max_abs_diff(&decoded, &by_id),
-            );
-            assert!(
-                gathered == by_id,
-                "{stem}: against rows gathered max|Δ| {h}"
-            );
+            let (h, d) = (max_abs_diff(&long, &by_id), max_abs_diff(&decoded, &by_id));
+            assert!(long == by_id, "{stem}: against 64-row steps max|Δ| {h}");
             assert!(
                 decoded == by_id,
                 "{stem}: against a token a step max|Δ| {d}"
+            );
+        }
+    }
+
+    /// A step too long to multiply by id, of experts stacked in a layout with a tiled `_id`
+    /// instance (Qwen3 MoE's Q4_K_M, here choosing 4 of its 8 experts; gpt-oss's MXFP4 with its
+    /// biases, 4 of 8), groups its (row, choice) pairs by expert on the GPU: each product
+    /// launched by the tiled `_id` instance, nothing read back (a submit a step), and the bits
+    /// of a token a step (by id, over the first 48 rows) and of every expert gated on the GPU.
+    /// One step of the
+    /// context's 256 rows: 1024 pairs over 8 experts, so at least one expert's run spans two
+    /// tiles of 64 slots, and most runs end in a partial tile.
+    #[test]
+    fn a_long_step_of_stacked_quantized_experts_groups_its_rows_by_expert_on_the_gpu() {
+        use hesper_engine::gguf::Value;
+        for (stem, used, kernel) in [
+            (
+                "tiny-qwen3moe-q4_k_m",
+                "qwen3moe.expert_used_count",
+                "matvec_kq_gemm_id",
+            ),
+            (
+                "tiny-gpt-oss-mxfp4",
+                "gpt-oss.expert_used_count",
+                "matvec_q8_0_gemm_id",
+            ),
+        ] {
+            let file = with_key(stem, used, Some(Value::U32(4)));
+            let g = Golden::load(stem);
+            let tokens: Vec<u32> = g
+                .sequences
+                .iter()
+                .flat_map(|s| s.tokens.clone())
+                .cycle()
+                .take(256)
+                .collect();
+            let model = gpu_model(&file, None);
+            model.backend.set_flush_dispatches(usize::MAX);
+            let (before, launched) = (
+                model.backend.stats().submits,
+                model.backend.product_launches(),
+            );
+            let grouped = logits_all(&model, &tokens, tokens.len());
+            let submits = model.backend.stats().submits - before;
+            assert_eq!(submits, 1, "{stem}: submits of one step");
+            let count = |l: &std::collections::BTreeMap<&str, u64>| l.get(kernel).copied();
+            let ran = count(&model.backend.product_launches()).unwrap_or(0)
+                - count(&launched).unwrap_or(0);
+            assert!(ran > 0, "{stem}: no {kernel} launched");
+            // A row's logits depend on the rows before it alone: the first 48 a token a step.
+            let decoded = logits_all(&model, &tokens[..48], 1);
+            let head = &grouped[..decoded.len()];
+            let gated = gpu_model(&file, None);
+            gated.backend.set_experts_routed_on_gpu(true);
+            let gated = logits_all(&gated, &tokens, tokens.len());
+            let (d, h) = (max_abs_diff(&decoded, head), max_abs_diff(&gated, &grouped));
+            assert!(decoded == head, "{stem}: against a token a step max|Δ| {d}");
+            assert!(
+                gated == grouped,
+                "{stem}: against every expert gated max|Δ| {h}"
             );
         }
     }
