@@ -14,7 +14,8 @@
 //!   experts, only the chosen experts' weights read, nothing waited for; `moe_combine` adds
 //!   them up.
 //! - **Grouped on the GPU** (a longer step whose experts stacked in a layout with a tiled `_id`
-//!   instance, [`product::groups`]: the K-quants, Q8_0, Q4_0 and MXFP4): `moe_group` sorts the
+//!   instance, [`product::groups`]: the K-quants, Q8_0, Q4_0 and MXFP4 on `dot4I8Packed`, F16
+//!   and BF16): `moe_group` sorts the
 //!   step's (row, choice) pairs by expert into slots, each expert's run padded to whole tiles
 //!   of the tiled kernels, and each product runs once over the slots, every tile reading its
 //!   expert's weights once (the tiled kernels' `_id` instances: a tile's expert from the
@@ -31,7 +32,7 @@
 //!   `moe_combine_routed` picks each row's outputs by id. The weights are read once per tile of
 //!   rows anyway, so up to a tile this reads what the gathered products read.
 //! - **Gathered on the host** (natively, a longer step, e.g. a prefill, of experts that do not
-//!   group: F16, BF16, or experts that did not stack): the chosen ids are read
+//!   group: that did not stack, or quantized without `dot4I8Packed`): the chosen ids are read
 //!   back (a wait for the GPU once a layer and step, which a browser cannot do inside a step), each
 //!   chosen expert's rows gathered and multiplied by its matrices once for all of them (its
 //!   tiled kernels reading each weight once per tile of its rows), and `moe_combine` adds them

@@ -512,10 +512,10 @@ impl GpuBackend {
 
     /// Gates every step too long to multiply by id expert by expert on the GPU when `on`, as
     /// a browser routes experts that do not group; by default, natively, such a step is
-    /// grouped by expert on the GPU where its experts' layout can be (K-quants, Q8_0, Q4_0,
-    /// MXFP4), a short one of experts that did not stack gated, and any other's routing read
-    /// back once a layer so that its rows are gathered by expert. All give the same bits for
-    /// every row (`experts.rs`).
+    /// grouped by expert on the GPU where its experts stacked (and, quantized, the adapter has
+    /// `dot4I8Packed`), a short one of experts that did not stack gated, and any other's
+    /// routing read back once a layer so that its rows are gathered by expert. All give the
+    /// same bits for every row (`experts.rs`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn set_experts_routed_on_gpu(&self, on: bool) {
         self.state.borrow_mut().route_on_gpu = on;

@@ -219,9 +219,14 @@ pub struct Grouped {
 }
 
 /// Whether a product of `w`'s stacked experts has a tiled `_id` instance to multiply slots
-/// grouped by expert: the K-quants and Q8_0 (with Q4_0 and MXFP4) on `dot4I8Packed`.
+/// grouped by expert: the K-quants and Q8_0 (with Q4_0 and MXFP4) on `dot4I8Packed`, F16 and
+/// BF16 on any adapter.
 pub fn groups(w: &GpuMatrix, packed_dot: bool) -> bool {
-    packed_dot && matches!(w.kind, Kind::Kq { .. } | Kind::Q8_0)
+    match w.kind {
+        Kind::Kq { .. } | Kind::Q8_0 => packed_dot,
+        Kind::F16 | Kind::Bf16 => true,
+        Kind::F32 | Kind::I2s { .. } | Kind::Tq => false,
+    }
 }
 
 /// Each `ws[i]` times `x`'s `inputs` rows into `outs[i]`, written as `mode` says; `x`
@@ -351,6 +356,11 @@ pub fn multiply_into(
             Some(_) => (0, expert_rows),
             None => (row0, window_rows),
         };
+        // How the tiled kernels' rows pick their expert: unread for rows that do not pick experts, and for slots grouped by
+        // expert (`moe_group`'s tables).
+        let (ids, per_input) = by_id.map_or((&win.data, 1), |p| (p.ids, p.per_input));
+        let (gid_at, order_at, gathered) =
+            grouped.map_or((0, 0, 0), |g| (g.gid_at, g.order_at, g.gathered.into()));
         // Every matrix kernel's launch, its decode or its wide-step instance: its own buffers,
         // then the shared shape and output stage.
         macro_rules! launch {
@@ -382,7 +392,7 @@ pub fn multiply_into(
                 $($field:ident: $value:expr),* $(,)?
             }) => {
                 if tiled && $when {
-                    launch!(@tiled $tiled { $($field: $value,)* lanes: lanes })
+                    launch!(@picked $tiled { $($field: $value),* })
                 } else {
                     launch!(ids: $decode | $wide | $id { $($field: $value),* })
                 }
@@ -419,6 +429,21 @@ pub fn multiply_into(
             // A tiled kernel: no lanes, its own grid.
             (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value),* } k::gemm_grid(window_rows, n32))
+            };
+            // A tiled kernel with an `_id` instance (or that instance): the lanes whose order
+            // it follows and how its rows pick their expert (unread where they do not).
+            (@picked $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
+                launch!(@tiled $kernel {
+                    $($field: $value,)*
+                    lanes: lanes,
+                    ids: ids,
+                    per_input: per_input,
+                    expert0: expert0,
+                    experts: experts,
+                    gid_at: gid_at,
+                    order_at: order_at,
+                    gathered: gathered,
+                })
             };
             // A matrix-core kernel (`@tiled` or `@narrow`) where the backend uses matrix
             // cores, else its stand-in (same buffers, same grid).
@@ -465,47 +490,26 @@ pub fn multiply_into(
         }
         // Matrix cores (or their stand-in) for a step of the tiled kernels' size.
         let cores = *packed_dot && tiled && *matrix_cores != MatrixCores::Off;
-        // The tiled kernels' fields for rows that do not pick experts, and for slots grouped by
-        // expert (`moe_group`'s tables).
-        let (ids, per_input) = by_id.map_or((&win.data, 1), |p| (p.ids, p.per_input));
-        let (gid_at, order_at, gathered) =
-            grouped.map_or((0, 0, 0), |g| (g.gid_at, g.order_at, g.gathered.into()));
         match w.kind {
             // Slots grouped by expert: the `_id` instances of the tiled kernels, whatever the
             // count (the activations' scales lie apart: the step's quantizer wrote them).
             Kind::Kq { sub, high, offset } if grouped.is_some() => {
-                launch!(@tiled matvec_kq_gemm_id {
+                launch!(@picked matvec_kq_gemm_id {
                     w: &win.data,
                     wd: win.scales(&w.desc.name)?,
                     q: q,
                     d: act_scale,
-                    ids: ids,
                     sub: sub,
                     high: high,
                     offset: offset,
-                    lanes: lanes,
-                    per_input: per_input,
-                    expert0: expert0,
-                    experts: experts,
-                    gid_at: gid_at,
-                    order_at: order_at,
-                    gathered: gathered,
                 })
             }
             Kind::Q8_0 if grouped.is_some() => launch!(
-                @tiled matvec_q8_0_gemm_id {
+                @picked matvec_q8_0_gemm_id {
                     wq: &win.data,
                     wd: win.scales(&w.desc.name)?,
                     q: &packed.0,
                     d: act_scale,
-                    ids: ids,
-                    lanes: lanes,
-                    per_input: per_input,
-                    expert0: expert0,
-                    experts: experts,
-                    gid_at: gid_at,
-                    order_at: order_at,
-                    gathered: gathered,
                 }
             ),
             // On matrix cores where the row's sums stay exact there.
@@ -552,19 +556,11 @@ pub fn multiply_into(
                 }
             ),
             Kind::Q8_0 if *packed_dot && tiled && scales_in_codes.is_none() => launch!(
-                @tiled matvec_q8_0_gemm {
+                @picked matvec_q8_0_gemm {
                     wq: &win.data,
                     wd: win.scales(&w.desc.name)?,
                     q: &packed.0,
                     d: act_scale,
-                    ids: ids,
-                    lanes: lanes,
-                    per_input: per_input,
-                    expert0: 0,
-                    experts: 0,
-                    gid_at: 0,
-                    order_at: 0,
-                    gathered: 0,
                 }
             ),
             // The scales are `act_scale`'s, or `packed.0`'s past the codes where one kernel
@@ -637,22 +633,14 @@ pub fn multiply_into(
                 }
             ),
             Kind::Kq { sub, high, offset } if tiled && *packed_dot && scales_in_codes.is_none() => {
-                launch!(@tiled matvec_kq_gemm {
+                launch!(@picked matvec_kq_gemm {
                     w: &win.data,
                     wd: win.scales(&w.desc.name)?,
                     q: q,
                     d: act_scale,
-                    ids: ids,
                     sub: sub,
                     high: high,
                     offset: offset,
-                    lanes: lanes,
-                    per_input: per_input,
-                    expert0: 0,
-                    experts: 0,
-                    gid_at: 0,
-                    order_at: 0,
-                    gathered: 0,
                 })
             }
             // The scales are `act_scale`'s, or `q`'s past the codes where a decoded token's
@@ -680,8 +668,16 @@ pub fn multiply_into(
                 }
             }
             // The float layouts' tiled kernels multiply floats, on any adapter.
-            Kind::F32 => {
-                launch!(matvec_f32 | matvec_f32_wide | matvec_f32_gemm { w: &win.data, x: x })
+            Kind::F32 if tiled => launch!(@picked matvec_f32_gemm { w: &win.data, x: x }),
+            Kind::F32 => launch!(matvec_f32 | matvec_f32_wide { w: &win.data, x: x }),
+            Kind::F16 if grouped.is_some() => launch!(
+                @picked matvec_f16_gemm_id {
+                    w: &win.data,
+                    xh: &*halves,
+                }
+            ),
+            Kind::Bf16 if grouped.is_some() => {
+                launch!(@picked matvec_bf16_gemm_id { w: &win.data, x: x })
             }
             Kind::F16 => launch!(
                 ids: matvec_f16

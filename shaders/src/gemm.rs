@@ -772,11 +772,13 @@ pub fn matvec_q8_0_gemm<
 /// and 64 tokens (a lane's words are `lanes` apart in memory, so these loads are strided; each
 /// weight is still read from memory once per 64 tokens), the tokens' padded to `KW + 1` words
 /// so that the 16 tokens a warp reads fall in distinct banks. Thread `t` takes rows
-/// `t / 16 + 16·m` and tokens `t % 16 + 16·j`.
+/// `t / 16 + 16·m` and tokens `t % 16 + 16·j`. The `_id` instance multiplies slots grouped by
+/// expert ([`moe_group`](crate::moe_group)).
 #[kernel(
     workgroup = 256,
-    uses(lane_order_block, store_rows),
-    consts(BM = 64, BN = 64, TM = 4, TN = 4, KW = 8)
+    uses(lane_order_block, store_rows, expert_base, expert_rows, slot_input_row),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, KW = 8, IDS = 0),
+    also(matvec_f16_gemm_id(IDS = 1))
 )]
 pub fn matvec_f16_gemm<
     const BM: u32,
@@ -784,9 +786,11 @@ pub fn matvec_f16_gemm<
     const TM: u32,
     const TN: u32,
     const KW: u32,
+    const IDS: u32,
 >(
     w: &[u32],
     xh: &[u32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -802,6 +806,12 @@ pub fn matvec_f16_gemm<
     #[uniform] split_k: u32,
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
+    #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
+    #[uniform] gid_at: u32,
+    #[uniform] order_at: u32,
+    #[uniform] gathered: u32,
     #[shared] wt: &mut [u32; BM * KW],
     #[shared] xt: &mut [u32; BN * (KW + 1)],
     #[shared] res: &mut [f32; BM * 16],
@@ -811,6 +821,10 @@ pub fn matvec_f16_gemm<
     let tc = t % 16u32;
     let r_base = wid() * BM;
     let t_base = wid_y() * BN;
+    // The `_id` instance: the rows of the tile's expert, none where it lies in another window
+    // (or the tile is past the step's slots); each slot's activation row from the tables.
+    let ebase = expert_base(ids, gid_at + t_base, window_rows, expert0, IDS);
+    let live = expert_rows(ids, gid_at + t_base, window_rows, expert0, experts, IDS) > 0u32;
     let half = cols / 2u32;
     let xw = KW + 1u32;
     let mut total = [0.0f32; TM * TN];
@@ -825,18 +839,23 @@ pub fn matvec_f16_gemm<
         // Those words of the tile's rows and tokens (rows past the window and tokens past the
         // step read the last ones).
         for i in 0u32..BM * KW / 256u32 {
-            let e = t + 256u32 * i;
-            let row = (r_base + e / KW).min(window_rows - 1u32);
-            wt[e] = w[row * half + step[e % KW]];
+            if live {
+                let e = t + 256u32 * i;
+                let row = ebase + (r_base + e / KW).min(window_rows - 1u32);
+                wt[e] = w[row * half + step[e % KW]];
+            }
         }
         for i in 0u32..BN * KW / 256u32 {
-            let e = t + 256u32 * i;
-            let tok = (t_base + e / KW).min(n - 1u32);
-            xt[(e / KW) * xw + e % KW] = xh[tok * half + step[e % KW]];
+            if live {
+                let e = t + 256u32 * i;
+                let z = (t_base + e / KW).min(n - 1u32);
+                let tok = slot_input_row(ids, z, order_at, per_input, gathered, IDS);
+                xt[(e / KW) * xw + e % KW] = xh[tok * half + step[e % KW]];
+            }
         }
         barrier();
         for b in 0..KW {
-            if k0 + b < half {
+            if k0 + b < half && live {
                 let mut lo = [0.0f32; TM];
                 let mut hi = [0.0f32; TM];
                 for m in 0..TM {
@@ -870,7 +889,7 @@ pub fn matvec_f16_gemm<
         }
     }
     // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
-    let r = select(window_rows, r_base + t, t < BM);
+    let r = select(window_rows, r_base + t, t < BM && live);
     for j in 0..TN {
         for m in 0..TM {
             res[BM * tc + tr + 16u32 * m] = total[m * TN + j];
@@ -908,12 +927,13 @@ pub fn matvec_f16_gemm<
 /// ([`lane_order_block`]), each lane's sum added into the total at the lane's last word — the
 /// matrix-vector kernel's order ([`crate::reduce::row_fold`]), so every output has its bits. A
 /// K-step is `KW` words of the walk, staged as [`matvec_f16_gemm`] stages them (strided loads;
-/// BF16's activations rounded and packed two to a word as they are staged).
+/// BF16's activations rounded and packed two to a word as they are staged). The BF16 `_id`
+/// instance multiplies slots grouped by expert ([`moe_group`](crate::moe_group)).
 #[kernel(
     workgroup = 256,
-    uses(lane_order_block, store_rows),
-    consts(BM = 64, BN = 64, TM = 4, TN = 4, KW = 8, BF16 = 0),
-    also(matvec_bf16_gemm(BF16 = 1))
+    uses(lane_order_block, store_rows, expert_base, expert_rows, slot_input_row),
+    consts(BM = 64, BN = 64, TM = 4, TN = 4, KW = 8, BF16 = 0, IDS = 0),
+    also(matvec_bf16_gemm(BF16 = 1), matvec_bf16_gemm_id(BF16 = 1, IDS = 1))
 )]
 pub fn matvec_f32_gemm<
     const BM: u32,
@@ -922,9 +942,11 @@ pub fn matvec_f32_gemm<
     const TN: u32,
     const KW: u32,
     const BF16: u32,
+    const IDS: u32,
 >(
     w: &[u32],
     x: &[f32],
+    ids: &[u32],
     out: &mut [f32],
     out_k: &mut [f32],
     out_v: &mut [f32],
@@ -940,6 +962,12 @@ pub fn matvec_f32_gemm<
     #[uniform] split_k: u32,
     #[uniform] split_v: u32,
     #[uniform] out_scale_v: f32,
+    #[uniform] per_input: u32,
+    #[uniform] expert0: u32,
+    #[uniform] experts: u32,
+    #[uniform] gid_at: u32,
+    #[uniform] order_at: u32,
+    #[uniform] gathered: u32,
     #[shared] wt: &mut [u32; BM * KW],
     #[shared] xt: &mut [u32; BN * (KW + 1)],
     #[shared] res: &mut [f32; BM * 16],
@@ -949,6 +977,10 @@ pub fn matvec_f32_gemm<
     let tc = t % 16u32;
     let r_base = wid() * BM;
     let t_base = wid_y() * BN;
+    // The `_id` instance: the rows of the tile's expert, none where it lies in another window
+    // (or the tile is past the step's slots); each slot's activation row from the tables.
+    let ebase = expert_base(ids, gid_at + t_base, window_rows, expert0, IDS);
+    let live = expert_rows(ids, gid_at + t_base, window_rows, expert0, experts, IDS) > 0u32;
     let words = cols / (1u32 + BF16);
     let xw = KW + 1u32;
     let mut total = [0.0f32; TM * TN];
@@ -964,26 +996,31 @@ pub fn matvec_f32_gemm<
         // step read the last ones); BF16's two activations of a word rounded to nearest even
         // and packed as the weights are.
         for i in 0u32..BM * KW / 256u32 {
-            let e = t + 256u32 * i;
-            let row = (r_base + e / KW).min(window_rows - 1u32);
-            wt[e] = w[row * words + step[e % KW]];
+            if live {
+                let e = t + 256u32 * i;
+                let row = ebase + (r_base + e / KW).min(window_rows - 1u32);
+                wt[e] = w[row * words + step[e % KW]];
+            }
         }
         for i in 0u32..BN * KW / 256u32 {
-            let e = t + 256u32 * i;
-            let tok = (t_base + e / KW).min(n - 1u32);
-            let a = tok * cols + (1u32 + BF16) * step[e % KW];
-            let mut word = f32_to_bits(x[a]);
-            if BF16 == 1u32 {
-                let xb = f32_to_bits(x[a + 1u32]);
-                let ra = (word + 32767u32 + ((word >> 16u32) & 1u32)) & 4294901760u32;
-                let rb = (xb + 32767u32 + ((xb >> 16u32) & 1u32)) & 4294901760u32;
-                word = (ra >> 16u32) | rb;
+            if live {
+                let e = t + 256u32 * i;
+                let z = (t_base + e / KW).min(n - 1u32);
+                let tok = slot_input_row(ids, z, order_at, per_input, gathered, IDS);
+                let a = tok * cols + (1u32 + BF16) * step[e % KW];
+                let mut word = f32_to_bits(x[a]);
+                if BF16 == 1u32 {
+                    let xb = f32_to_bits(x[a + 1u32]);
+                    let ra = (word + 32767u32 + ((word >> 16u32) & 1u32)) & 4294901760u32;
+                    let rb = (xb + 32767u32 + ((xb >> 16u32) & 1u32)) & 4294901760u32;
+                    word = (ra >> 16u32) | rb;
+                }
+                xt[(e / KW) * xw + e % KW] = word;
             }
-            xt[(e / KW) * xw + e % KW] = word;
         }
         barrier();
         for b in 0..KW {
-            if k0 + b < words {
+            if k0 + b < words && live {
                 let mut wv = [0u32; TM];
                 for m in 0..TM {
                     wv[m] = wt[(tr + 16u32 * m) * KW + b];
@@ -1023,7 +1060,7 @@ pub fn matvec_f32_gemm<
         }
     }
     // Row `t` of the tile (the first BM threads) stores; the others only fill `res`.
-    let r = select(window_rows, r_base + t, t < BM);
+    let r = select(window_rows, r_base + t, t < BM && live);
     for j in 0..TN {
         for m in 0..TM {
             res[BM * tc + tr + 16u32 * m] = total[m * TN + j];

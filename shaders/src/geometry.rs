@@ -7,11 +7,11 @@ use crate::{
     bitlinear_i2s, bitlinear_i2s_coop, bitlinear_i2s_coop_stand_in, bitlinear_i2s_dp4,
     bitlinear_i2s_dp4_wide, bitlinear_i2s_gemm, bitlinear_i2s_wide, bitlinear_tq,
     bitlinear_tq_coop, bitlinear_tq_coop_stand_in, bitlinear_tq_gemm, bitlinear_tq_wide,
-    landmark_update, matvec_bf16, matvec_bf16_gemm, matvec_bf16_wide, matvec_f16, matvec_f16_gemm,
-    matvec_f16_wide, matvec_f32, matvec_f32_gemm, matvec_f32_wide, matvec_kq, matvec_kq_coop,
-    matvec_kq_coop_stand_in, matvec_kq_gemm, matvec_kq_gemm_id, matvec_kq_wide, matvec_q8_0,
-    matvec_q8_0_coop, matvec_q8_0_coop_stand_in, matvec_q8_0_gemm, matvec_q8_0_gemm_id,
-    matvec_q8_0_wide, quantize_q8_0,
+    landmark_update, matvec_bf16, matvec_bf16_gemm, matvec_bf16_gemm_id, matvec_bf16_wide,
+    matvec_f16, matvec_f16_gemm, matvec_f16_gemm_id, matvec_f16_wide, matvec_f32, matvec_f32_gemm,
+    matvec_f32_wide, matvec_kq, matvec_kq_coop, matvec_kq_coop_stand_in, matvec_kq_gemm,
+    matvec_kq_gemm_id, matvec_kq_wide, matvec_q8_0, matvec_q8_0_coop, matvec_q8_0_coop_stand_in,
+    matvec_q8_0_gemm, matvec_q8_0_gemm_id, matvec_q8_0_wide, quantize_q8_0,
 };
 
 /// Tokens one workgroup of the matrix kernels' decode instances multiplies at once (the second
@@ -136,8 +136,10 @@ tiled_shape!(
     matvec_q8_0_gemm,
     matvec_q8_0_gemm_id,
     matvec_f16_gemm,
+    matvec_f16_gemm_id,
     matvec_f32_gemm,
-    matvec_bf16_gemm
+    matvec_bf16_gemm,
+    matvec_bf16_gemm_id
 );
 
 // The I2_S matrix-core kernel and its stand-in cover the tiled kernels' tile, in their grid;

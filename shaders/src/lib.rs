@@ -36,8 +36,9 @@ pub use experts::{
 };
 pub use flash_attention::{attention, rope_attention, OUT_F32, OUT_HALVES, OUT_Q8_0, OUT_Q8_K};
 pub use gemm::{
-    bitlinear_i2s_gemm, bitlinear_tq_gemm, matvec_bf16_gemm, matvec_f16_gemm, matvec_f32_gemm,
-    matvec_kq_gemm, matvec_kq_gemm_id, matvec_q8_0_gemm, matvec_q8_0_gemm_id,
+    bitlinear_i2s_gemm, bitlinear_tq_gemm, matvec_bf16_gemm, matvec_bf16_gemm_id, matvec_f16_gemm,
+    matvec_f16_gemm_id, matvec_f32_gemm, matvec_kq_gemm, matvec_kq_gemm_id, matvec_q8_0_gemm,
+    matvec_q8_0_gemm_id,
 };
 pub use geometry::{
     attention_grid, gemm_grid, landmark_grid, lanes_per_row, matrix_grid, narrow_gemm_grid,

@@ -1893,7 +1893,7 @@ fn tiled_f32_kernel_gives_the_matrix_vector_kernels_bits() {
         Matrix::new("matvec_f32_gemm", rows, cols, n),
         |g, out, p| {
             launch_tiled!(g, out, p, 0.75;
-                matvec_f32_gemm { w: &c.w, x: &c.x, lanes: p.lanes })
+                matvec_f32_gemm { w: &c.w, x: &c.x, lanes: p.lanes, ids: &c.w, per_input: 1, expert0: 0, experts: 0, gid_at: 0, order_at: 0, gathered: 0 })
         },
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
@@ -1996,7 +1996,7 @@ fn tiled_f16_kernel_gives_the_matrix_vector_kernels_bits() {
         Matrix::new("matvec_f16_gemm", rows, cols, n),
         |g, out, p| {
             launch_tiled!(g, out, p, 0.75;
-                matvec_f16_gemm { w: &c.w, xh: &c.x, lanes: p.lanes })
+                matvec_f16_gemm { w: &c.w, xh: &c.x, lanes: p.lanes, ids: &c.w, per_input: 1, expert0: 0, experts: 0, gid_at: 0, order_at: 0, gathered: 0 })
         },
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
@@ -2036,7 +2036,7 @@ fn tiled_bf16_kernel_gives_the_matrix_vector_kernels_bits() {
         Matrix::new("matvec_bf16_gemm", rows, cols, n),
         |g, out, p| {
             launch_tiled!(g, out, p, 0.75;
-                matvec_bf16_gemm { w: &c.w, x: &c.x, lanes: p.lanes })
+                matvec_bf16_gemm { w: &c.w, x: &c.x, lanes: p.lanes, ids: &c.w, per_input: 1, expert0: 0, experts: 0, gid_at: 0, order_at: 0, gathered: 0 })
         },
         |g, out, p| {
             launch_matrix!(g, out, p, 0.75;
@@ -3301,6 +3301,175 @@ fn id_instances_multiply_each_row_by_its_experts_rows() {
             launch_matrix!(@one g, out, p, 0.75;
                 matvec_bf16_id { w: &c.w, x: &c.x, ids: &ids, per_input: 2, expert0: 0, experts: EXPERTS as u32 })
         },
+    );
+}
+
+/// Rows of activations in the grouped tests, each choosing two of the [`EXPERTS`]: first expert
+/// 1 (70 pairs: a run of two tiles, the second partial), then expert 0 or 2 by parity (35 each).
+const GROUPED_INPUTS: usize = 70;
+
+/// The router's ids of the grouped tests and, past them, `moe_group`'s tables over its slots
+/// (grouped on the GPU: `moe_group_sorts_the_pairs_by_expert_into_whole_tiles` checks them);
+/// with the slots, `pos` (each pair's slot, read back) and the tables' offsets.
+fn grouped_tables(g: &mut Gpu) -> (GpuBuffer<u32>, usize, Vec<u32>, u32, u32) {
+    let ids: Vec<u32> = (0..GROUPED_INPUTS)
+        .flat_map(|t| [1, 2 * (t as u32 % 2)])
+        .collect();
+    let pairs = ids.len();
+    let tile = k::GEMM_TOKENS as usize;
+    let slots = tile * (pairs.div_ceil(tile) + pairs.min(EXPERTS));
+    let mut words = ids;
+    words.resize(pairs + 2 * slots + pairs, 0);
+    let mut tables = g.upload("tables", &words).unwrap();
+    launch(
+        g,
+        &k::moe_group::Args {
+            ids: &mut tables,
+            n_expert: EXPERTS as u32,
+            pairs: pairs as u32,
+            slots: slots as u32,
+            tile: tile as u32,
+        },
+        [1, 1, 1],
+    );
+    let pos = read!(g, &tables)[pairs + 2 * slots..].to_vec();
+    let (order_at, gid_at) = (pairs as u32, (pairs + slots) as u32);
+    (tables, slots, pos, order_at, gid_at)
+}
+
+/// A grouped `_id` instance of a tiled kernel (`run_grouped`: one row of [`EXPERT_ROWS`] a slot)
+/// gives each pair, at its slot, the bits of the tiled kernel over the whole stack (`run_whole`:
+/// [`GROUPED_INPUTS`] rows of all the experts' rows): its expert's rows for its input row, at
+/// two lane counts.
+fn assert_slots_by_id(
+    g: &mut Gpu,
+    name: &str,
+    cols: usize,
+    mut run_whole: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    mut run_grouped: impl FnMut(&mut Gpu, &mut GpuBuffer<f32>, Placement),
+    (slots, pos): (usize, &[u32]),
+) {
+    let all = EXPERTS * EXPERT_ROWS;
+    for lanes in [1, 4] {
+        let whole = Placement {
+            m: Matrix::new("whole", all, cols, GROUPED_INPUTS),
+            row0: 0,
+            width: all,
+            lanes,
+            wide: false,
+        };
+        let mut out = sentinel_out(g, GROUPED_INPUTS, all);
+        run_whole(g, &mut out, whole);
+        let full = read!(g, &out);
+        let grouped = Placement {
+            m: Matrix::new("grouped", EXPERT_ROWS, cols, slots),
+            width: EXPERT_ROWS,
+            ..whole
+        };
+        let mut out = sentinel_out(g, slots, EXPERT_ROWS);
+        run_grouped(g, &mut out, grouped);
+        let got = read!(g, &out);
+        for (p, &slot) in pos.iter().enumerate() {
+            let (t, e) = (p / 2, [1, 2 * (p / 2 % 2)][p % 2]);
+            let want = &full[t * all + e * EXPERT_ROWS..][..EXPERT_ROWS];
+            let at = slot as usize * EXPERT_ROWS;
+            assert!(
+                bits(&got[at..at + EXPERT_ROWS]) == bits(want),
+                "{name} at {lanes} lanes: pair {p} (row {t}, expert {e}) at slot {slot}"
+            );
+        }
+    }
+}
+
+#[test]
+fn grouped_tiled_instances_multiply_each_slot_by_its_experts_rows() {
+    let mut g = gpu();
+    let (tables, slots, pos, order_at, gid_at) = grouped_tables(&mut g);
+    let layout = (slots, &pos[..]);
+    let rows = EXPERTS * EXPERT_ROWS;
+    let n = GROUPED_INPUTS;
+    let c = Q8_0Case::new(&g, rows, 320, n, 0.75, 83);
+    let (bwq, bwd, bq, bd) = (&c.wq, &c.wd, &c.q, &c.d);
+    assert_slots_by_id(
+        &mut g,
+        "matvec_q8_0_gemm_id",
+        320,
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75; matvec_q8_0_gemm {
+                wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes, ids: bwq, per_input: 1,
+                expert0: 0, experts: 0, gid_at: 0, order_at: 0, gathered: 0
+            })
+        },
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75; matvec_q8_0_gemm_id {
+                wq: bwq, wd: bwd, q: bq, d: bd, lanes: p.lanes, ids: &tables, per_input: 2,
+                expert0: 0, experts: EXPERTS as u32, gid_at: gid_at, order_at: order_at,
+                gathered: 1
+            })
+        },
+        layout,
+    );
+    for ty in KQ_TYPES {
+        let c = KqCase::new(&g, ty, rows, 512, n, 1.25);
+        let (high, sub, offset) = (ty.high, ty.sub, ty.offset);
+        assert_slots_by_id(
+            &mut g,
+            &format!("matvec_kq_gemm_id ({ty:?})"),
+            512,
+            |g, out, p| {
+                launch_tiled!(g, out, p, 1.25; matvec_kq_gemm {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, high: high, sub: sub,
+                    offset: offset, lanes: p.lanes, ids: &c.w, per_input: 1, expert0: 0,
+                    experts: 0, gid_at: 0, order_at: 0, gathered: 0
+                })
+            },
+            |g, out, p| {
+                launch_tiled!(g, out, p, 1.25; matvec_kq_gemm_id {
+                    w: &c.w, wd: &c.wd, q: &c.q, d: &c.d, high: high, sub: sub,
+                    offset: offset, lanes: p.lanes, ids: &tables, per_input: 2, expert0: 0,
+                    experts: EXPERTS as u32, gid_at: gid_at, order_at: order_at, gathered: 1
+                })
+            },
+            layout,
+        );
+    }
+    let c = f16_case(&g, rows, 96, n, 0.75, 89);
+    assert_slots_by_id(
+        &mut g,
+        "matvec_f16_gemm_id",
+        96,
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75; matvec_f16_gemm {
+                w: &c.w, xh: &c.x, lanes: p.lanes, ids: &c.w, per_input: 1, expert0: 0,
+                experts: 0, gid_at: 0, order_at: 0, gathered: 0
+            })
+        },
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75; matvec_f16_gemm_id {
+                w: &c.w, xh: &c.x, lanes: p.lanes, ids: &tables, per_input: 2, expert0: 0,
+                experts: EXPERTS as u32, gid_at: gid_at, order_at: order_at, gathered: 1
+            })
+        },
+        layout,
+    );
+    let c = bf16_case(&g, rows, 96, n, 0.75, 97);
+    assert_slots_by_id(
+        &mut g,
+        "matvec_bf16_gemm_id",
+        96,
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75; matvec_bf16_gemm {
+                w: &c.w, x: &c.x, lanes: p.lanes, ids: &c.w, per_input: 1, expert0: 0,
+                experts: 0, gid_at: 0, order_at: 0, gathered: 0
+            })
+        },
+        |g, out, p| {
+            launch_tiled!(g, out, p, 0.75; matvec_bf16_gemm_id {
+                w: &c.w, x: &c.x, lanes: p.lanes, ids: &tables, per_input: 2, expert0: 0,
+                experts: EXPERTS as u32, gid_at: gid_at, order_at: order_at, gathered: 1
+            })
+        },
+        layout,
     );
 }
 

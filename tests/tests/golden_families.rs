@@ -845,9 +845,8 @@ mod gpu {
 
     /// Mixtures gated on the GPU in every step, as the page routes F16 experts (the router
     /// never read back): the bounds against llama.cpp, and the same bits as the native default,
-    /// which groups a prefill's rows by expert on the GPU where the experts' layout has tiled
-    /// `_id` instances (Q4_K_M, MXFP4) and gathers them from the routing read back elsewhere
-    /// (F16) — prefill (33 rows, gated expert by expert) and decode (a row a step, through the
+    /// which groups a prefill's rows by expert on the GPU (the tiled kernels' `_id` instances)
+    /// — prefill (33 rows, gated expert by expert) and decode (a row a step, through the
     /// stacked experts by id) alike, so a row's tokens do not depend on how its step was routed.
     #[test]
     fn mixtures_gated_on_the_gpu_match_llama_cpp_and_the_native_routing() {
@@ -886,8 +885,7 @@ mod gpu {
     /// A step of more rows than a decode tile whose rows make no more choices than the layer
     /// has experts multiplies them by id (Qwen3 MoE's layers made to choose one of their 8
     /// experts: steps of 8 rows): nothing read back (a submit a step, the logits'), the bits
-    /// of 64-row steps (F16: gathered by expert on the host; Q4_K_M: grouped on the GPU) and
-    /// of a token a step.
+    /// of 64-row steps (grouped by expert on the GPU) and of a token a step.
     #[test]
     fn a_step_of_as_many_choices_as_experts_multiplies_them_by_id() {
         use hesper_engine::gguf::Value;
@@ -916,18 +914,22 @@ mod gpu {
         }
     }
 
-    /// A step too long to multiply by id, of experts stacked in a layout with a tiled `_id`
-    /// instance (Qwen3 MoE's Q4_K_M, here choosing 4 of its 8 experts; gpt-oss's MXFP4 with its
-    /// biases, 4 of 8), groups its (row, choice) pairs by expert on the GPU: each product
-    /// launched by the tiled `_id` instance, nothing read back (a submit a step), and the bits
-    /// of a token a step (by id, over the first 48 rows) and of every expert gated on the GPU.
-    /// One step of the
+    /// A step too long to multiply by id, of stacked experts (Qwen3 MoE's F16 and Q4_K_M, here
+    /// choosing 4 of their 8 experts; gpt-oss's MXFP4 with its biases, 4 of 8), groups its
+    /// (row, choice) pairs by expert on the GPU: each product launched by its layout's tiled
+    /// `_id` instance, nothing read back (a submit a step), and the bits of a token a step (by
+    /// id, over the first 48 rows) and of every expert gated on the GPU. One step of the
     /// context's 256 rows: 1024 pairs over 8 experts, so at least one expert's run spans two
     /// tiles of 64 slots, and most runs end in a partial tile.
     #[test]
-    fn a_long_step_of_stacked_quantized_experts_groups_its_rows_by_expert_on_the_gpu() {
+    fn a_long_step_of_stacked_experts_groups_its_rows_by_expert_on_the_gpu() {
         use hesper_engine::gguf::Value;
         for (stem, used, kernel) in [
+            (
+                "tiny-qwen3moe-f16",
+                "qwen3moe.expert_used_count",
+                "matvec_f16_gemm_id",
+            ),
             (
                 "tiny-qwen3moe-q4_k_m",
                 "qwen3moe.expert_used_count",
