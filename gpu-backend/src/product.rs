@@ -386,13 +386,15 @@ pub fn multiply_into(
                     launch!($decode | $wide { $($field: $value),* })
                 }
             };
-            // A layout with a tiled kernel run where `$when` holds and an `_id` instance of its
-            // matrix-vector kernel: as below where the step is not tiled.
-            (ids: $decode:ident | $wide:ident | $id:ident | $tiled:ident if $when:expr; {
+            // A layout with a tiled kernel (and its grouped `_id` instance) run where `$when`
+            // holds and an `_id` instance of its matrix-vector kernel: as below where the step
+            // is neither tiled nor grouped.
+            (ids: $decode:ident | $wide:ident | $id:ident | $tiled:ident | $grouped:ident
+                if $when:expr; {
                 $($field:ident: $value:expr),* $(,)?
             }) => {
-                if tiled && $when {
-                    launch!(@picked $tiled { $($field: $value),* })
+                if (tiled && $when) || grouped.is_some() {
+                    launch!(@picked $tiled | $grouped { $($field: $value),* })
                 } else {
                     launch!(ids: $decode | $wide | $id { $($field: $value),* })
                 }
@@ -429,6 +431,14 @@ pub fn multiply_into(
             // A tiled kernel: no lanes, its own grid.
             (@tiled $kernel:ident { $($field:ident: $value:expr),* $(,)? }) => {
                 launch!(@run $kernel { $($field: $value),* } k::gemm_grid(window_rows, n32))
+            };
+            // A tiled kernel, or its `_id` instance where the rows are slots grouped by expert.
+            (@picked $kernel:ident | $grouped:ident { $($field:ident: $value:expr),* $(,)? }) => {
+                if grouped.is_some() {
+                    launch!(@picked $grouped { $($field: $value),* })
+                } else {
+                    launch!(@picked $kernel { $($field: $value),* })
+                }
             };
             // A tiled kernel with an `_id` instance (or that instance): the lanes whose order
             // it follows and how its rows pick their expert (unread where they do not).
@@ -491,27 +501,6 @@ pub fn multiply_into(
         // Matrix cores (or their stand-in) for a step of the tiled kernels' size.
         let cores = *packed_dot && tiled && *matrix_cores != MatrixCores::Off;
         match w.kind {
-            // Slots grouped by expert: the `_id` instances of the tiled kernels, whatever the
-            // count (the activations' scales lie apart: the step's quantizer wrote them).
-            Kind::Kq { sub, high, offset } if grouped.is_some() => {
-                launch!(@picked matvec_kq_gemm_id {
-                    w: &win.data,
-                    wd: win.scales(&w.desc.name)?,
-                    q: q,
-                    d: act_scale,
-                    sub: sub,
-                    high: high,
-                    offset: offset,
-                })
-            }
-            Kind::Q8_0 if grouped.is_some() => launch!(
-                @picked matvec_q8_0_gemm_id {
-                    wq: &win.data,
-                    wd: win.scales(&w.desc.name)?,
-                    q: &packed.0,
-                    d: act_scale,
-                }
-            ),
             // On matrix cores where the row's sums stay exact there.
             Kind::I2s { .. } if cores && w.desc.cols <= matrix_cores::MAX_COLS => launch!(
                 @cores tiled bitlinear_i2s_coop | bitlinear_i2s_coop_stand_in {
@@ -555,14 +544,20 @@ pub fn multiply_into(
                     d: act_scale,
                 }
             ),
-            Kind::Q8_0 if *packed_dot && tiled && scales_in_codes.is_none() => launch!(
-                @picked matvec_q8_0_gemm {
-                    wq: &win.data,
-                    wd: win.scales(&w.desc.name)?,
-                    q: &packed.0,
-                    d: act_scale,
-                }
-            ),
+            // Tiled, or slots grouped by expert (never on matrix cores: `tiled` is false there;
+            // the activations' scales lie apart, as the step's quantizer wrote them).
+            Kind::Q8_0
+                if grouped.is_some() || (*packed_dot && tiled && scales_in_codes.is_none()) =>
+            {
+                launch!(
+                    @picked matvec_q8_0_gemm | matvec_q8_0_gemm_id {
+                        wq: &win.data,
+                        wd: win.scales(&w.desc.name)?,
+                        q: &packed.0,
+                        d: act_scale,
+                    }
+                )
+            }
             // The scales are `act_scale`'s, or `packed.0`'s past the codes where one kernel
             // wrote both there (bound twice: as the codes and as the scales; only a
             // decode-sized step's attention does, and the matrix-vector kernels read either).
@@ -632,8 +627,10 @@ pub fn multiply_into(
                     offset: offset,
                 }
             ),
-            Kind::Kq { sub, high, offset } if tiled && *packed_dot && scales_in_codes.is_none() => {
-                launch!(@picked matvec_kq_gemm {
+            Kind::Kq { sub, high, offset }
+                if grouped.is_some() || (tiled && *packed_dot && scales_in_codes.is_none()) =>
+            {
+                launch!(@picked matvec_kq_gemm | matvec_kq_gemm_id {
                     w: &win.data,
                     wd: win.scales(&w.desc.name)?,
                     q: q,
@@ -670,20 +667,12 @@ pub fn multiply_into(
             // The float layouts' tiled kernels multiply floats, on any adapter.
             Kind::F32 if tiled => launch!(@picked matvec_f32_gemm { w: &win.data, x: x }),
             Kind::F32 => launch!(matvec_f32 | matvec_f32_wide { w: &win.data, x: x }),
-            Kind::F16 if grouped.is_some() => launch!(
-                @picked matvec_f16_gemm_id {
-                    w: &win.data,
-                    xh: &*halves,
-                }
-            ),
-            Kind::Bf16 if grouped.is_some() => {
-                launch!(@picked matvec_bf16_gemm_id { w: &win.data, x: x })
-            }
             Kind::F16 => launch!(
                 ids: matvec_f16
                     | matvec_f16_wide
                     | matvec_f16_id
-                    | matvec_f16_gemm if true; {
+                    | matvec_f16_gemm
+                    | matvec_f16_gemm_id if true; {
                         w: &win.data,
                         xh: &*halves,
                     }
@@ -692,7 +681,8 @@ pub fn multiply_into(
                 ids: matvec_bf16
                     | matvec_bf16_wide
                     | matvec_bf16_id
-                    | matvec_bf16_gemm if true; {
+                    | matvec_bf16_gemm
+                    | matvec_bf16_gemm_id if true; {
                         w: &win.data,
                         x: x,
                     }
