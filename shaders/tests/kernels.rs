@@ -3522,6 +3522,60 @@ fn id_instances_multiply_the_experts_of_their_window_only() {
     );
 }
 
+/// A grouped `_id` instance over a stack in two windows (experts 0 and 1, then expert 2, as
+/// `id_instances_multiply_the_experts_of_their_window_only` splits it): the first launch writes
+/// the slots of its experts' tiles and leaves expert 2's and those past the runs; the second
+/// completes the one launch's output, bit for bit.
+#[test]
+fn grouped_instances_multiply_the_experts_of_their_window_only() {
+    let mut g = gpu();
+    let (tables, slots, pos, order_at, gid_at) = grouped_tables(&mut g);
+    let (rows, cols) = (EXPERTS * EXPERT_ROWS, 320usize);
+    let c = Q8_0Case::new(&g, rows, cols, GROUPED_INPUTS, 0.75, 101);
+    let (words, blocks) = (EXPERT_ROWS * cols / 4, EXPERT_ROWS * cols / 32);
+    let (wq, wd) = (read!(g, &c.wq), read!(g, &c.wd));
+    let last_wq = g.upload("wq 2", &wq[2 * words..]).unwrap();
+    let last_wd = g.upload("wd 2", &wd[2 * blocks..]).unwrap();
+    let p = Placement {
+        m: Matrix::new("grouped", EXPERT_ROWS, cols, slots),
+        row0: 0,
+        width: EXPERT_ROWS,
+        lanes: 4,
+        wide: false,
+    };
+    let run = |g: &mut Gpu, out: &mut GpuBuffer<f32>, window: Option<usize>| {
+        let (wq, wd, expert0, experts) = match window {
+            None => (&c.wq, &c.wd, 0, EXPERTS as u32),
+            Some(0) => (&c.wq, &c.wd, 0, 2),
+            Some(_) => (&last_wq, &last_wd, 2, 1),
+        };
+        launch_tiled!(g, out, p, 0.75; matvec_q8_0_gemm_id {
+            wq: wq, wd: wd, q: &c.q, d: &c.d, lanes: p.lanes, ids: &tables, per_input: 2,
+            expert0: expert0, experts: experts, gid_at: gid_at, order_at: order_at, gathered: 1
+        })
+    };
+    let mut whole = sentinel_out(&g, slots, EXPERT_ROWS);
+    run(&mut g, &mut whole, None);
+    let want = read!(g, &whole);
+    let mut out = sentinel_out(&g, slots, EXPERT_ROWS);
+    run(&mut g, &mut out, Some(0));
+    let first = read!(g, &out);
+    let gid = read!(g, &tables)[gid_at as usize..][..slots].to_vec();
+    for (z, rows) in first.chunks_exact(EXPERT_ROWS).enumerate() {
+        let left = rows.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
+        assert_eq!(left, gid[z] >= 2, "slot {z} (expert {})", gid[z]);
+    }
+    assert!(
+        pos.iter().all(|&z| gid[z as usize] < EXPERTS as u32),
+        "every pair in a run"
+    );
+    run(&mut g, &mut out, Some(1));
+    assert!(
+        bits(&read!(g, &out)) == bits(&want),
+        "two windows differ from one"
+    );
+}
+
 /// `biased_glu_by_id` adds each row's expert's gate and up biases, then the gated activation:
 /// the biases added on the host, then each activation's own kernel, bit for bit.
 #[test]
