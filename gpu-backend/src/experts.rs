@@ -207,7 +207,7 @@ fn route(
     mixture: Mixture,
     out: &mut GpuBuffer<f32>,
     normed: Option<Quantized>,
-    tables: Option<Grouped>,
+    tables: Option<Tables>,
 ) -> Result<(), BackendError> {
     if let Some(stacked) = &mixture.moe.stacked {
         if tables.is_some() || by_id_pays(mixture.n, mixture.routing) {
@@ -266,15 +266,24 @@ fn id_words(pairs: usize, slots: Option<usize>) -> usize {
     pairs + slots.map_or(0, |slots| 2 * slots + pairs)
 }
 
+/// A step's pairs grouped by expert ([`group`]): its slots, where the products find
+/// `moe_group`'s `order` and `gid`, and where the combine finds `pos`.
+#[derive(Clone, Copy)]
+struct Tables {
+    slots: usize,
+    grouped: Grouped,
+    pos_at: u32,
+}
+
 /// The step's `pairs` (row, choice) pairs grouped by expert into `slots` slots on the GPU
-/// (`moe_group`), its tables written into `ids` past the router's ids.
+/// (`moe_group`), its tables written into `ids` past the router's ids ([`id_words`]).
 fn group(
     b: &GpuBackend,
     ids: &mut GpuBuffer<u32>,
     n_expert: usize,
     pairs: usize,
     slots: usize,
-) -> Grouped {
+) -> Tables {
     b.record(|st| {
         st.batch.run(
             &mut st.gpu,
@@ -288,10 +297,14 @@ fn group(
             [1, 1, 1],
         )
     });
-    Grouped {
-        gid_at: (pairs + slots) as u32,
-        order_at: pairs as u32,
-        gathered: true,
+    Tables {
+        slots,
+        grouped: Grouped {
+            gid_at: (pairs + slots) as u32,
+            order_at: pairs as u32,
+            gathered: true,
+        },
+        pos_at: (pairs + 2 * slots) as u32,
     }
 }
 
@@ -605,7 +618,7 @@ fn by_id(
     mixture: Mixture,
     out: &mut GpuBuffer<f32>,
     normed: Option<Quantized>,
-    tables: Option<Grouped>,
+    tables: Option<Tables>,
 ) -> Result<(), BackendError> {
     let (x, n, ids) = (mixture.x, mixture.n, mixture.ids);
     let d = mixture.moe.router.desc.cols;
@@ -613,11 +626,14 @@ fn by_id(
     let act = mixture.act;
     let pairs = n * n_used;
     // The products' rows: a row's choices one after another, or the slots.
-    let rows = tables.map_or(pairs, |g| (g.gid_at - g.order_at) as usize);
+    let rows = tables.map_or(pairs, |t| t.slots);
     let picks = |per_input: usize, gathered: bool| Picks {
         ids,
         per_input: per_input as u32,
-        grouped: tables.map(|g| Grouped { gathered, ..g }),
+        grouped: tables.map(|t| Grouped {
+            gathered,
+            ..t.grouped
+        }),
     };
     let mut a = floats(b, ACT, rows * ff)?;
     let mut ys = floats(b, OUTPUTS, rows * d)?;
@@ -646,7 +662,7 @@ fn by_id(
                                 out: &mut a,
                                 width: ff as u32,
                                 mode: glu_mode(act),
-                                ids_at: tables.map_or(0, |g| g.gid_at),
+                                ids_at: tables.map_or(0, |t| t.grouped.gid_at),
                                 n: len,
                             },
                             k::biased_glu_by_id::grid_for(len),
@@ -672,9 +688,7 @@ fn by_id(
         k::STORE,
     );
     let down_bias = stacked.biases.as_ref().map(|[.., down]| down);
-    // `pos` follows `gid`, over the slots.
-    let pos_at = tables.map(|g| 2 * g.gid_at - g.order_at);
-    combine(b, mixture, &ys, down_bias, pos_at, out);
+    combine(b, mixture, &ys, down_bias, tables.map(|t| t.pos_at), out);
     keep(b, [(ACT, a), (OUTPUTS, ys)]);
     Ok(())
 }

@@ -356,8 +356,8 @@ pub fn multiply_into(
             Some(_) => (0, expert_rows),
             None => (row0, window_rows),
         };
-        // How the tiled kernels' rows pick their expert: unread for rows that do not pick experts, and for slots grouped by
-        // expert (`moe_group`'s tables).
+        // How the rows pick their expert (the `_id` instances' fields; where the rows do not
+        // pick, unread: the weights as the ids), and where `moe_group`'s tables lie.
         let (ids, per_input) = by_id.map_or((&win.data, 1), |p| (p.ids, p.per_input));
         let (gid_at, order_at, gathered) =
             grouped.map_or((0, 0, 0), |g| (g.gid_at, g.order_at, g.gathered.into()));
@@ -386,14 +386,13 @@ pub fn multiply_into(
                     launch!($decode | $wide { $($field: $value),* })
                 }
             };
-            // A layout with a tiled kernel (and its grouped `_id` instance) run where `$when`
-            // holds and an `_id` instance of its matrix-vector kernel: as below where the step
-            // is neither tiled nor grouped.
-            (ids: $decode:ident | $wide:ident | $id:ident | $tiled:ident | $grouped:ident
-                if $when:expr; {
+            // A layout with a tiled kernel (and its grouped `_id` instance) and an `_id`
+            // instance of its matrix-vector kernel: as below where the step is neither tiled
+            // nor grouped.
+            (ids: $decode:ident | $wide:ident | $id:ident | $tiled:ident | $grouped:ident {
                 $($field:ident: $value:expr),* $(,)?
             }) => {
-                if (tiled && $when) || grouped.is_some() {
+                if tiled || grouped.is_some() {
                     launch!(@picked $tiled | $grouped { $($field: $value),* })
                 } else {
                     launch!(ids: $decode | $wide | $id { $($field: $value),* })
@@ -405,7 +404,7 @@ pub fn multiply_into(
                 $($field:ident: $value:expr),* $(,)?
             }) => {
                 match by_id {
-                    Some(Picks { ids, per_input, .. }) => launch!(@one $id {
+                    Some(_) => launch!(@one $id {
                         $($field: $value,)*
                         ids: ids,
                         per_input: per_input,
@@ -413,7 +412,7 @@ pub fn multiply_into(
                         experts: experts
                     }),
                     None => launch!($decode | $wide {
-                        $($field: $value,)* ids: &win.data, per_input: 1, expert0: 0, experts: 0
+                        $($field: $value,)* ids: ids, per_input: per_input, expert0: 0, experts: 0
                     }),
                 }
             };
@@ -672,7 +671,7 @@ pub fn multiply_into(
                     | matvec_f16_wide
                     | matvec_f16_id
                     | matvec_f16_gemm
-                    | matvec_f16_gemm_id if true; {
+                    | matvec_f16_gemm_id {
                         w: &win.data,
                         xh: &*halves,
                     }
@@ -682,7 +681,7 @@ pub fn multiply_into(
                     | matvec_bf16_wide
                     | matvec_bf16_id
                     | matvec_bf16_gemm
-                    | matvec_bf16_gemm_id if true; {
+                    | matvec_bf16_gemm_id {
                         w: &win.data,
                         x: x,
                     }
